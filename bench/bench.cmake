@@ -1,0 +1,4 @@
+# Benchmarks (not ctest tests: they take minutes and their numbers depend on the machine).
+# bench_sgemm_peak: the sgemm "peak" bench/bench_train.py measures MFU against.
+add_executable(bench_sgemm_peak ${CMAKE_SOURCE_DIR}/bench/sgemm_peak.c)
+target_link_libraries(bench_sgemm_peak PRIVATE astrai_core)

@@ -1,0 +1,213 @@
+// checkpoint.c: write-to-temp, fsync, rename: the atomic checkpoint directory.
+#include "ckpt/checkpoint.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "common/fsutil.h"
+
+#define TMP_PREFIX ".tmp-"
+#define OLD_PREFIX ".old-"
+
+static int join(char *out, size_t cap, const char *dir, const char *name, Err *err) {
+    if ((size_t)snprintf(out, cap, "%s/%s", dir, name) >= cap)
+        return err_set(err, "%s/%s: path too long", dir, name);
+    return 0;
+}
+
+// A checkpoint name is one path component that cannot collide with our temp names.
+static int check_name(const char *name, Err *err) {
+    if (name[0] == '\0' || name[0] == '.' || strchr(name, '/'))
+        return err_set(err,
+                       "bad checkpoint name '%s' (one path component, not starting "
+                       "with '.')",
+                       name);
+    return 0;
+}
+
+int ckpt_begin(const char *ckpt_dir, const char *name, char *tmp_path_out, size_t cap, Err *err) {
+    if (check_name(name, err) != 0 || fs_mkdir_p(ckpt_dir, err) != 0) return -1;
+    char base[NAME_MAX + 1];
+    if ((size_t)snprintf(base, sizeof base, TMP_PREFIX "%s-%ld", name, (long)getpid()) >=
+        sizeof base)
+        return err_set(err, "checkpoint name '%s' too long", name);
+    if (join(tmp_path_out, cap, ckpt_dir, base, err) != 0) return -1;
+    // A leftover of an earlier attempt by a process with our pid is garbage.
+    if (fs_remove_tree(tmp_path_out, err) != 0) return -1;
+    if (mkdir(tmp_path_out, 0755) != 0)
+        return err_set(err, "%s: cannot create directory: %s", tmp_path_out, strerror(errno));
+    return 0;
+}
+
+static int fsync_file(const char *path, Err *err) {
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return err_set(err, "%s: cannot open: %s", path, strerror(errno));
+    int rc = fsync(fd);
+    int e = errno;
+    close(fd);
+    if (rc != 0) return err_set(err, "%s: fsync failed: %s", path, strerror(e));
+    return 0;
+}
+
+// Fsyncs every regular file of dir (recursively) and then dir itself.
+static int fsync_tree(const char *dir, Err *err) {
+    DIR *d = opendir(dir);
+    if (!d) return err_set(err, "%s: cannot list: %s", dir, strerror(errno));
+    int rc = 0;
+    struct dirent *ent;
+    while (rc == 0 && (ent = readdir(d)) != NULL) {
+        if (strcmp(ent->d_name, ".") == 0 || strcmp(ent->d_name, "..") == 0) continue;
+        char path[PATH_MAX];
+        if (join(path, sizeof path, dir, ent->d_name, err) != 0) {
+            rc = -1;
+        } else if (fs_is_dir(path)) {
+            rc = fsync_tree(path, err);
+        } else if (fs_is_file(path)) {
+            rc = fsync_file(path, err);
+        }
+    }
+    closedir(d);
+    return rc ? rc : fs_fsync_dir(dir, err);
+}
+
+static int rename_or_fail(const char *from, const char *to, Err *err) {
+    if (rename(from, to) != 0)
+        return err_set(err, "cannot rename %s to %s: %s", from, to, strerror(errno));
+    return 0;
+}
+
+int ckpt_commit(const char *ckpt_dir, const char *tmp_path, const char *name, Err *err) {
+    char final_path[PATH_MAX], old_path[PATH_MAX], old_base[NAME_MAX + 1];
+    if (check_name(name, err) != 0 || join(final_path, sizeof final_path, ckpt_dir, name, err))
+        return -1;
+    if ((size_t)snprintf(old_base, sizeof old_base, OLD_PREFIX "%s-%ld", name, (long)getpid()) >=
+            sizeof old_base ||
+        join(old_path, sizeof old_path, ckpt_dir, old_base, err) != 0)
+        return err_set(err, "checkpoint name '%s' too long", name);
+    if (fsync_tree(tmp_path, err) != 0) return -1;
+    // Replacing: move the old one aside first (a crash in between leaves it under
+    // .old-*, which ckpt_remove_stale puts back), then the new one in.
+    int replacing = fs_is_dir(final_path);
+    if (replacing) {
+        if (fs_remove_tree(old_path, err) != 0) return -1;
+        if (rename_or_fail(final_path, old_path, err) != 0) return -1;
+    }
+    if (rename_or_fail(tmp_path, final_path, err) != 0) {
+        if (replacing) rename(old_path, final_path); // best effort: put the old one back
+        return -1;
+    }
+    if (fs_fsync_dir(ckpt_dir, err) != 0) return -1;
+    return replacing ? fs_remove_tree(old_path, err) : 0;
+}
+
+int ckpt_abort(const char *tmp_path, Err *err) {
+    return fs_remove_tree(tmp_path, err);
+}
+
+// Parses the decimal digits at *p (at least one) and advances *p past them.
+static int parse_digits(const char **p, long *out) {
+    const char *s = *p;
+    long v = 0;
+    if (*s < '0' || *s > '9') return -1;
+    for (; *s >= '0' && *s <= '9'; s++) {
+        if (v > (LONG_MAX - 9) / 10) return -1;
+        v = v * 10 + (*s - '0');
+    }
+    *p = s;
+    *out = v;
+    return 0;
+}
+
+int ckpt_parse_name(const char *name, long *epoch, long *step) {
+    const char *p = name;
+    if (strncmp(p, "epoch_", 6) != 0) return -1;
+    p += 6;
+    if (parse_digits(&p, epoch) != 0 || strncmp(p, "_step_", 6) != 0) return -1;
+    p += 6;
+    if (parse_digits(&p, step) != 0 || *p != '\0') return -1;
+    return 0;
+}
+
+// A committed checkpoint: a directory with the right name and a meta.json.
+static int is_checkpoint(const char *ckpt_dir, const char *name, long *epoch, long *step) {
+    if (ckpt_parse_name(name, epoch, step) != 0) return 0;
+    char meta[PATH_MAX];
+    if ((size_t)snprintf(meta, sizeof meta, "%s/%s/meta.json", ckpt_dir, name) >= sizeof meta)
+        return 0;
+    return fs_is_file(meta);
+}
+
+int ckpt_find_latest(const char *ckpt_dir, char *out, size_t cap, Err *err) {
+    DIR *d = opendir(ckpt_dir);
+    if (!d) {
+        if (errno == ENOENT) return 1;
+        return err_set(err, "%s: cannot list: %s", ckpt_dir, strerror(errno));
+    }
+    char best[NAME_MAX + 1] = "";
+    long best_epoch = -1, best_step = -1;
+    struct dirent *ent;
+    while ((ent = readdir(d)) != NULL) {
+        long epoch, step;
+        if (!is_checkpoint(ckpt_dir, ent->d_name, &epoch, &step)) continue;
+        if (step > best_step || (step == best_step && epoch > best_epoch)) {
+            best_step = step;
+            best_epoch = epoch;
+            snprintf(best, sizeof best, "%s", ent->d_name);
+        }
+    }
+    closedir(d);
+    if (best_step < 0) return 1;
+    return join(out, cap, ckpt_dir, best, err);
+}
+
+// ".old-<name>-<pid>" → <name> into out; -1 when the entry does not have that form.
+static int old_entry_name(const char *entry, char *out, size_t cap) {
+    size_t plen = strlen(OLD_PREFIX);
+    const char *dash = strrchr(entry, '-');
+    if (strncmp(entry, OLD_PREFIX, plen) != 0 || !dash || dash <= entry + plen) return -1;
+    size_t n = (size_t)(dash - entry) - plen;
+    if (n >= cap) return -1;
+    memcpy(out, entry + plen, n);
+    out[n] = '\0';
+    return 0;
+}
+
+// A replace interrupted between its two renames leaves the old checkpoint
+// under .old-*: put it back when nothing took its name, else drop it.
+static int settle_old(const char *ckpt_dir, const char *entry, const char *path, Err *err) {
+    char name[NAME_MAX + 1], final_path[PATH_MAX];
+    if (old_entry_name(entry, name, sizeof name) == 0 &&
+        join(final_path, sizeof final_path, ckpt_dir, name, err) == 0 && !fs_is_dir(final_path))
+        return rename_or_fail(path, final_path, err);
+    return fs_remove_tree(path, err);
+}
+
+int ckpt_remove_stale(const char *ckpt_dir, Err *err) {
+    DIR *d = opendir(ckpt_dir);
+    if (!d) {
+        if (errno == ENOENT) return 0;
+        return err_set(err, "%s: cannot list: %s", ckpt_dir, strerror(errno));
+    }
+    int rc = 0;
+    struct dirent *ent;
+    while (rc == 0 && (ent = readdir(d)) != NULL) {
+        int is_tmp = strncmp(ent->d_name, TMP_PREFIX, strlen(TMP_PREFIX)) == 0;
+        int is_old = strncmp(ent->d_name, OLD_PREFIX, strlen(OLD_PREFIX)) == 0;
+        if (!is_tmp && !is_old) continue;
+        char path[PATH_MAX];
+        if (join(path, sizeof path, ckpt_dir, ent->d_name, err) != 0)
+            rc = -1;
+        else
+            rc = is_tmp ? fs_remove_tree(path, err) : settle_old(ckpt_dir, ent->d_name, path, err);
+    }
+    closedir(d);
+    if (rc == 0) rc = fs_fsync_dir(ckpt_dir, err);
+    return rc;
+}

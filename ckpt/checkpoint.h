@@ -1,0 +1,39 @@
+// checkpoint.h: atomic checkpoint directories (DESIGN §6).
+//
+//   ckpt_dir/epoch_E_step_S/{meta.json, config.json, model.safetensors, ...}
+//
+// A checkpoint is written into ckpt_dir/.tmp-<name>-<pid>/, every file and the
+// directory are fsynced, then it is renamed to ckpt_dir/<name>. A crash at any
+// moment leaves either the previous checkpoint or the new one, never a half
+// directory under a checkpoint name; `.tmp-*` leftovers are ignored by
+// ckpt_find_latest and removed by ckpt_remove_stale.
+#pragma once
+#include <stddef.h>
+
+#include "common/error.h"
+
+// Creates ckpt_dir (mkdir -p) and a fresh temporary directory for checkpoint
+// `name`; its path goes to tmp_path_out. Write the files into it (with
+// fs_write_file_synced / st_write), then ckpt_commit or ckpt_abort.
+int ckpt_begin(const char *ckpt_dir, const char *name, char *tmp_path_out, size_t cap, Err *err);
+
+// Fsyncs the files of tmp_path and the directory itself, renames it to
+// ckpt_dir/<name> (an existing <name> is moved aside first and removed once
+// the new one is durable), and fsyncs ckpt_dir.
+int ckpt_commit(const char *ckpt_dir, const char *tmp_path, const char *name, Err *err);
+
+// Removes a temporary directory from ckpt_begin (after a failed write).
+int ckpt_abort(const char *tmp_path, Err *err);
+
+// Finds the checkpoint `epoch_E_step_S` with the largest S (then E) that has a
+// meta.json; writes its full path to out. Returns 0 when found, 1 when ckpt_dir
+// has none (or does not exist), -1 on error.
+int ckpt_find_latest(const char *ckpt_dir, char *out, size_t cap, Err *err);
+
+// Parses a directory name "epoch_E_step_S"; 0 on success, -1 if it is not one.
+int ckpt_parse_name(const char *name, long *epoch, long *step);
+
+// Removes the `.tmp-*` directories a crashed writer left in ckpt_dir (also the
+// `.old-*` ones of an interrupted replace). Call it only when no other process
+// writes checkpoints into ckpt_dir.
+int ckpt_remove_stale(const char *ckpt_dir, Err *err);

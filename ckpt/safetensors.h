@@ -1,0 +1,64 @@
+// safetensors.h: reader and writer of the safetensors format
+// (8-byte little-endian header length N, N bytes of JSON header, then the data).
+//
+// The reader validates everything before any tensor is used: header length
+// within the file, JSON well formed, every entry with a known dtype, a shape
+// whose element count times the dtype size equals end-begin, offsets inside the
+// data area, and no two tensors overlapping.
+#pragma once
+#include <stddef.h>
+#include <stdint.h>
+
+#include "common/error.h"
+
+typedef enum { ST_F32, ST_BF16, ST_F16, ST_I32, ST_I64, ST_U8 } StDType;
+
+#define ST_MAX_DIMS 8
+
+typedef struct {
+    char *name;
+    StDType dtype;
+    int ndim;
+    int64_t shape[ST_MAX_DIMS];
+    uint64_t begin, end; // byte offsets into the data area
+} StTensor;
+
+typedef struct {
+    StTensor *tensors;
+    int n_tensors;
+    const uint8_t *data; // start of the data area
+    size_t data_len;
+    void *map; // mmap of the whole file (or NULL for st_parse on a caller buffer)
+    size_t map_len;
+} StFile;
+
+// Opens and validates path (mmap). Errors are prefixed with the path.
+int st_open(StFile *f, const char *path, Err *err);
+// Validates a buffer already in memory (used by st_open and the fuzz harness).
+// The buffer must outlive f.
+int st_parse(StFile *f, const uint8_t *buf, size_t len, Err *err);
+void st_close(StFile *f);
+
+const StTensor *st_find(const StFile *f, const char *name);
+
+// Copies tensor `name` into out as fp32, converting from bf16/f16/f32; fails
+// with a message naming the tensor when it is missing or its shape differs
+// from the expected (ndim, shape).
+int st_read_f32(const StFile *f, const char *name, int ndim, const int64_t *shape, float *out,
+                Err *err);
+
+typedef struct {
+    const char *name;
+    int ndim;
+    int64_t shape[ST_MAX_DIMS];
+    const float *data; // fp32 source; converted to the file dtype on write
+} StWriteTensor;
+
+// Writes tensors (sorted by name in the header, like the Python writer) in
+// dtype ST_F32 or ST_BF16 (round to nearest even), fsynced. Plain write: use it
+// inside a temporary checkpoint directory, or via a temp name + rename.
+int st_write(const char *path, const StWriteTensor *tensors, int n, StDType dtype, Err *err);
+
+float st_bf16_to_f32(uint16_t h);
+uint16_t st_f32_to_bf16(float f);
+float st_f16_to_f32(uint16_t h);

@@ -1,0 +1,33 @@
+#include "common/error.h"
+
+#include <stdarg.h>
+#include <stdio.h>
+#include <string.h>
+
+int err_set(Err *err, const char *fmt, ...) {
+    if (err) {
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(err->msg, sizeof err->msg, fmt, ap);
+        va_end(ap);
+    }
+    return -1;
+}
+
+int err_prefix(Err *err, const char *fmt, ...) {
+    if (!err) return -1;
+    char prefix[ERR_MSG_MAX];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(prefix, sizeof prefix, fmt, ap);
+    va_end(ap);
+    // Shift the old message right to make room for "prefix: " (truncating its tail).
+    size_t plen = strnlen(prefix, ERR_MSG_MAX - 3);
+    size_t room = ERR_MSG_MAX - 1 - (plen + 2);
+    size_t olen = strnlen(err->msg, room);
+    memmove(err->msg + plen + 2, err->msg, olen);
+    memcpy(err->msg, prefix, plen);
+    memcpy(err->msg + plen, ": ", 2);
+    err->msg[plen + 2 + olen] = 0;
+    return -1;
+}

@@ -1,0 +1,24 @@
+// error.h: the one error convention of astrai.
+//
+// Every function that can fail takes an `Err *` as its last argument, returns
+// 0 on success and -1 on failure, and on failure fills err->msg with a message
+// that names the file, key or value at fault ("model.safetensors: tensor
+// 'norm.weight' ends at byte 900 past the data size 512"). Callers add context
+// with err_prefix() and never print-and-continue.
+#pragma once
+#include <stddef.h>
+
+#define ERR_MSG_MAX 1024
+
+typedef struct {
+    char msg[ERR_MSG_MAX];
+} Err;
+
+// Formats the message into err (if err is non-NULL) and returns -1.
+int err_set(Err *err, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+// Prepends "prefix: " to an existing message (e.g. the file name); returns -1.
+int err_prefix(Err *err, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+// Exit code for bad input (flags, files, data) in every astrai binary.
+#define EXIT_BAD_INPUT 2

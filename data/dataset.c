@@ -1,0 +1,346 @@
+// dataset.c: AstrAI "bin" datasets (DESIGN §8): find root/**/meta.json,
+// validate every shard, concatenate each key in sorted shard-path order, and
+// cut the token stream into (window, stride) windows exactly as AstrAI's
+// Store.sample_window does.
+#include "data/dataset.h"
+
+#include <cjson/cJSON.h>
+#include <dirent.h>
+#include <errno.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "common/fsutil.h"
+
+enum { KEY_SEQUENCE, KEY_LOSS_MASK, KEY_POSITION_IDS, N_KEYS };
+static const char *const KEY_NAMES[N_KEYS] = {"sequence", "loss_mask", "position_ids"};
+
+// The dtypes AstrAI's pipeline can write for integer keys (its
+// output.dtype overrides); every one is widened to int32 on load.
+typedef struct {
+    const char *name;
+    int size;
+    int is_signed;
+    int is_bool; // numpy bool: any non-zero byte is True
+} Dtype;
+static const Dtype DTYPES[] = {
+    {"int32", 4, 1, 0}, {"int64", 8, 1, 0}, {"int16", 2, 1, 0},
+    {"int8", 1, 1, 0},  {"uint8", 1, 0, 0}, {"bool", 1, 0, 1},
+};
+
+typedef struct {
+    int present;
+    const Dtype *dtype;
+} ShardKey;
+
+typedef struct {
+    char *meta_path; // root/.../meta.json
+    int64_t n;       // elements of each present key
+    ShardKey keys[N_KEYS];
+} Shard;
+
+typedef struct {
+    char **items;
+    int n, cap;
+} PathList;
+
+static void path_list_free(PathList *l) {
+    for (int i = 0; i < l->n; i++)
+        free(l->items[i]);
+    free(l->items);
+    *l = (PathList){0};
+}
+
+static int path_list_push(PathList *l, const char *path, Err *err) {
+    if (l->n == l->cap) {
+        int cap = l->cap ? 2 * l->cap : 16;
+        char **items = realloc(l->items, (size_t)cap * sizeof *items);
+        if (!items) return err_set(err, "out of memory listing shards");
+        l->items = items;
+        l->cap = cap;
+    }
+    l->items[l->n] = strdup(path);
+    if (!l->items[l->n]) return err_set(err, "out of memory listing shards");
+    l->n++;
+    return 0;
+}
+
+static char *join_path(const char *dir, const char *name) {
+    size_t len = strlen(dir) + 1 + strlen(name) + 1;
+    char *p = malloc(len);
+    if (p) snprintf(p, len, "%s/%s", dir, name);
+    return p;
+}
+
+// Appends every regular file named meta.json under dir. Symlinked
+// directories are not followed, so a link cycle cannot recurse forever.
+static int collect_meta_paths(const char *dir, PathList *out, Err *err) {
+    DIR *d = opendir(dir);
+    if (!d) return err_set(err, "%s: cannot open directory: %s", dir, strerror(errno));
+    int rc = 0;
+    struct dirent *e;
+    while (rc == 0 && (e = readdir(d)) != NULL) {
+        if (strcmp(e->d_name, ".") == 0 || strcmp(e->d_name, "..") == 0) continue;
+        char *path = join_path(dir, e->d_name);
+        if (!path) {
+            rc = err_set(err, "out of memory listing %s", dir);
+            break;
+        }
+        struct stat st;
+        if (lstat(path, &st) != 0) {
+            rc = err_set(err, "%s: cannot stat: %s", path, strerror(errno));
+        } else if (S_ISDIR(st.st_mode)) {
+            rc = collect_meta_paths(path, out, err);
+        } else if (strcmp(e->d_name, "meta.json") == 0 && fs_is_file(path)) {
+            rc = path_list_push(out, path, err);
+        }
+        free(path);
+    }
+    closedir(d);
+    return rc;
+}
+
+static int compare_paths(const void *a, const void *b) {
+    return strcmp(*(char *const *)a, *(char *const *)b);
+}
+
+// "root/a/meta.json" + "sequence" -> "root/a/sequence.bin" (malloc'd).
+static char *bin_path_for(const char *meta_path, const char *key) {
+    const char *slash = strrchr(meta_path, '/');
+    int dir_len = slash ? (int)(slash - meta_path) : 1;
+    const char *dir = slash ? meta_path : ".";
+    size_t len = (size_t)dir_len + strlen(key) + 6;
+    char *p = malloc(len);
+    if (p) snprintf(p, len, "%.*s/%s.bin", dir_len, dir, key);
+    return p;
+}
+
+static const Dtype *find_dtype(const char *name) {
+    for (size_t i = 0; i < sizeof DTYPES / sizeof DTYPES[0]; i++)
+        if (strcmp(DTYPES[i].name, name) == 0) return &DTYPES[i];
+    return NULL;
+}
+
+// Validates meta[key] = {"shape":[N], "dtype":D} and that <key>.bin holds
+// exactly N elements of D; sets *n.
+static int parse_key_entry(const char *meta_path, const char *key, const cJSON *entry,
+                           ShardKey *out, int64_t *n, Err *err) {
+    if (!cJSON_IsObject(entry))
+        return err_set(err, "%s: key '%s' is not an object", meta_path, key);
+    const cJSON *dtype = cJSON_GetObjectItemCaseSensitive(entry, "dtype");
+    if (!cJSON_IsString(dtype))
+        return err_set(err, "%s: key '%s': \"dtype\" missing or not a string", meta_path, key);
+    out->dtype = find_dtype(dtype->valuestring);
+    if (!out->dtype)
+        return err_set(err,
+                       "%s: key '%s': dtype '%s' is not an integer type "
+                       "(int32, int64, int16, int8, uint8, bool)",
+                       meta_path, key, dtype->valuestring);
+    const cJSON *shape = cJSON_GetObjectItemCaseSensitive(entry, "shape");
+    const cJSON *dim = cJSON_IsArray(shape) ? cJSON_GetArrayItem(shape, 0) : NULL;
+    if (!dim || cJSON_GetArraySize(shape) != 1 || !cJSON_IsNumber(dim) || dim->valuedouble < 0 ||
+        dim->valuedouble != (double)(int64_t)dim->valuedouble || dim->valuedouble > 0x1p52)
+        return err_set(err, "%s: key '%s': \"shape\" must be [N] with N a non-negative integer",
+                       meta_path, key);
+    *n = (int64_t)dim->valuedouble;
+
+    char *bin = bin_path_for(meta_path, key);
+    if (!bin) return err_set(err, "out of memory");
+    struct stat st;
+    int rc = 0;
+    if (stat(bin, &st) != 0)
+        rc = err_set(err, "%s: key '%s': %s: %s", meta_path, key, bin, strerror(errno));
+    else if (!S_ISREG(st.st_mode))
+        rc = err_set(err, "%s: key '%s': %s is not a regular file", meta_path, key, bin);
+    else if ((int64_t)st.st_size != *n * out->dtype->size)
+        rc = err_set(
+            err, "%s: key '%s': shape [%" PRId64 "] of %s needs %" PRId64 " bytes but %s has %lld",
+            meta_path, key, *n, out->dtype->name, *n * out->dtype->size, bin,
+            (long long)st.st_size);
+    free(bin);
+    out->present = 1;
+    return rc;
+}
+
+static int parse_meta_json(const char *meta_path, cJSON **json, Err *err) {
+    char *text;
+    size_t len = 0;
+    if (fs_read_file(meta_path, &text, &len, err) != 0) return -1;
+    // len + 1 takes in the terminating NUL that cJSON's check for trailing
+    // garbage wants; an embedded NUL would hide the rest, so it is malformed.
+    *json = strlen(text) == len ? cJSON_ParseWithLengthOpts(text, len + 1, NULL, 1) : NULL;
+    free(text);
+    if (!*json) return err_set(err, "%s: malformed JSON", meta_path);
+    if (!cJSON_IsObject(*json)) {
+        cJSON_Delete(*json);
+        return err_set(err, "%s: top level is not an object", meta_path);
+    }
+    return 0;
+}
+
+// Reads one shard's meta.json; every key we know and find must be valid,
+// and all of them must have the same length.
+static int parse_shard(Shard *s, Err *err) {
+    cJSON *meta;
+    if (parse_meta_json(s->meta_path, &meta, err) != 0) return -1;
+    int rc = 0, first = -1;
+    for (int k = 0; k < N_KEYS && rc == 0; k++) {
+        const cJSON *entry = cJSON_GetObjectItemCaseSensitive(meta, KEY_NAMES[k]);
+        if (!entry) continue;
+        int64_t n = 0;
+        rc = parse_key_entry(s->meta_path, KEY_NAMES[k], entry, &s->keys[k], &n, err);
+        if (rc == 0 && first < 0) {
+            first = k;
+            s->n = n;
+        } else if (rc == 0 && n != s->n) {
+            rc = err_set(err, "%s: key '%s' has %" PRId64 " elements but '%s' has %" PRId64,
+                         s->meta_path, KEY_NAMES[k], n, KEY_NAMES[first], s->n);
+        }
+    }
+    cJSON_Delete(meta);
+    if (rc == 0 && !s->keys[KEY_SEQUENCE].present)
+        rc = err_set(err, "%s: key 'sequence' missing", s->meta_path);
+    return rc;
+}
+
+static int64_t read_element(const unsigned char *p, const Dtype *t) {
+    uint64_t u = 0;
+    for (int b = t->size - 1; b >= 0; b--)
+        u = (u << 8) | p[b]; // little-endian
+    if (t->is_signed && t->size < 8 && (u >> (8 * t->size - 1)))
+        u |= ~(uint64_t)0 << (8 * t->size); // sign-extend
+    if (t->is_bool) return u != 0;
+    return (int64_t)u;
+}
+
+// Decodes <key>.bin of shard s into dst[0..s->n), widening to int32.
+static int load_key(const Shard *s, int k, int32_t *dst, Err *err) {
+    char *bin = bin_path_for(s->meta_path, KEY_NAMES[k]);
+    if (!bin) return err_set(err, "out of memory");
+    char *raw = NULL;
+    size_t len = 0;
+    int rc = fs_read_file(bin, &raw, &len, err);
+    const Dtype *t = s->keys[k].dtype;
+    if (rc == 0 && (int64_t)len != s->n * t->size)
+        rc = err_set(err, "%s: changed size while loading", bin);
+    for (int64_t i = 0; rc == 0 && i < s->n; i++) {
+        int64_t v = read_element((const unsigned char *)raw + i * t->size, t);
+        if (v < INT32_MIN || v > INT32_MAX)
+            rc = err_set(err, "%s: key '%s': element %" PRId64 " = %" PRId64 " exceeds int32",
+                         s->meta_path, KEY_NAMES[k], i, v);
+        dst[i] = (int32_t)v;
+    }
+    free(raw);
+    free(bin);
+    return rc;
+}
+
+// A key is loaded when required, or (if optional) when every shard has it.
+static int decide_loaded_keys(const Shard *shards, int n, int need_sft, int loaded[N_KEYS],
+                              Err *err) {
+    for (int k = 0; k < N_KEYS; k++) {
+        loaded[k] = 1;
+        for (int i = 0; i < n && loaded[k]; i++) {
+            if (shards[i].keys[k].present) continue;
+            if (k == KEY_SEQUENCE || need_sft)
+                return err_set(err, "%s: key '%s' missing", shards[i].meta_path, KEY_NAMES[k]);
+            loaded[k] = 0;
+        }
+    }
+    return 0;
+}
+
+static int32_t **key_array(Dataset *d, int k) {
+    int32_t **arrays[N_KEYS] = {&d->sequence, &d->loss_mask, &d->position_ids};
+    return arrays[k];
+}
+
+static int concatenate_shards(Dataset *d, const Shard *shards, int n, const int loaded[N_KEYS],
+                              Err *err) {
+    for (int i = 0; i < n; i++)
+        d->n_tokens += shards[i].n;
+    for (int k = 0; k < N_KEYS; k++) {
+        if (!loaded[k]) continue;
+        int32_t *all = malloc((size_t)(d->n_tokens ? d->n_tokens : 1) * sizeof *all);
+        if (!all)
+            return err_set(err, "out of memory for %" PRId64 " tokens of key '%s'", d->n_tokens,
+                           KEY_NAMES[k]);
+        *key_array(d, k) = all;
+        int64_t at = 0;
+        for (int i = 0; i < n; i++) {
+            if (load_key(&shards[i], k, all + at, err) != 0) return -1;
+            at += shards[i].n;
+        }
+    }
+    return 0;
+}
+
+static int open_shards(Dataset *d, const PathList *paths, int need_sft, Err *err) {
+    Shard *shards = calloc((size_t)paths->n, sizeof *shards);
+    if (!shards) return err_set(err, "out of memory for %d shards", paths->n);
+    int rc = 0;
+    for (int i = 0; i < paths->n && rc == 0; i++) {
+        shards[i].meta_path = paths->items[i];
+        rc = parse_shard(&shards[i], err);
+    }
+    int loaded[N_KEYS];
+    if (rc == 0) rc = decide_loaded_keys(shards, paths->n, need_sft, loaded, err);
+    if (rc == 0) rc = concatenate_shards(d, shards, paths->n, loaded, err);
+    d->n_shards = paths->n;
+    free(shards);
+    return rc;
+}
+
+int dataset_open(Dataset *d, const char *root, int need_sft, Err *err) {
+    *d = (Dataset){0};
+    if (!fs_is_dir(root)) return err_set(err, "%s: dataset root is not a directory", root);
+    PathList paths = {0};
+    int rc = collect_meta_paths(root, &paths, err);
+    if (rc == 0 && paths.n == 0) rc = err_set(err, "%s: no meta.json found under it", root);
+    if (rc == 0) {
+        qsort(paths.items, (size_t)paths.n, sizeof *paths.items, compare_paths);
+        rc = open_shards(d, &paths, need_sft, err);
+    }
+    path_list_free(&paths);
+    if (rc != 0) dataset_close(d);
+    return rc;
+}
+
+void dataset_close(Dataset *d) {
+    free(d->sequence);
+    free(d->loss_mask);
+    free(d->position_ids);
+    *d = (Dataset){0};
+}
+
+int dataset_check_vocab(const Dataset *d, int vocab_size, Err *err) {
+    for (int64_t t = 0; t < d->n_tokens; t++) {
+        int32_t id = d->sequence[t];
+        if (id < 0 || id >= vocab_size)
+            return err_set(err,
+                           "dataset: token id %" PRId32 " at position %" PRId64
+                           " is outside the vocabulary [0, %d)",
+                           id, t, vocab_size);
+    }
+    return 0;
+}
+
+int64_t dataset_num_windows(int64_t n_tokens, int64_t window, int64_t stride) {
+    if (window <= 0 || stride <= 0 || n_tokens <= window) return 0;
+    return (n_tokens - 1 - window) / stride + 1;
+}
+
+void dataset_window(const Dataset *d, int64_t i, int64_t window, int64_t stride, int32_t *inputs,
+                    int32_t *targets, int32_t *loss_mask, int32_t *position_ids) {
+    int64_t last_begin = d->n_tokens - 1 - window;
+    int64_t begin = i * stride < last_begin ? i * stride : last_begin;
+    // T > w makes begin + w <= T - 1, so the window is always full: end = begin + w.
+    size_t bytes = (size_t)window * sizeof(int32_t);
+    memcpy(inputs, d->sequence + begin, bytes);
+    memcpy(targets, d->sequence + begin + 1, bytes);
+    if (loss_mask) memcpy(loss_mask, d->loss_mask + begin + 1, bytes);
+    if (position_ids) memcpy(position_ids, d->position_ids + begin, bytes);
+}

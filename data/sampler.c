@@ -1,0 +1,80 @@
+// sampler.c: the resumable distributed sampler (AstrAI RDSampler, DESIGN §8).
+// torch.randperm cannot be reproduced outside torch, so the permutation is our
+// own, specified in docs/sampler.md and re-implemented in tests/ref/sampler.py:
+// Fisher-Yates driven by splitmix64, with an unbiased bounded draw.
+#include "data/sampler.h"
+
+#include <inttypes.h>
+#include <stdlib.h>
+
+// splitmix64 (Steele, Lea, Flood 2014): state advances by the golden gamma.
+static uint64_t splitmix64_next(uint64_t *state) {
+    uint64_t z = (*state += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+
+// Uniform in [0, bound) without modulo bias: draws below 2^64 mod bound are
+// rejected, so the accepted range is a whole multiple of bound.
+static uint64_t uniform_below(uint64_t *state, uint64_t bound) {
+    uint64_t threshold = (0 - bound) % bound; // == 2^64 mod bound
+    for (;;) {
+        uint64_t x = splitmix64_next(state);
+        if (x >= threshold) return x % bound;
+    }
+}
+
+void sampler_permutation(int64_t n, uint64_t seed_plus_epoch, int shuffle, int64_t *perm) {
+    for (int64_t i = 0; i < n; i++)
+        perm[i] = i;
+    if (!shuffle) return;
+    uint64_t state = seed_plus_epoch;
+    for (int64_t i = n - 1; i > 0; i--) {
+        int64_t j = (int64_t)uniform_below(&state, (uint64_t)i + 1);
+        int64_t tmp = perm[i];
+        perm[i] = perm[j];
+        perm[j] = tmp;
+    }
+}
+
+int sampler_init(Sampler *s, int64_t n, int world_size, int rank, uint64_t seed, int shuffle,
+                 Err *err) {
+    *s = (Sampler){0};
+    if (n <= 0) return err_set(err, "sampler: the dataset has %" PRId64 " samples", n);
+    if (world_size < 1) return err_set(err, "sampler: world_size %d is not >= 1", world_size);
+    if (rank < 0 || rank >= world_size)
+        return err_set(err, "sampler: rank %d is outside [0, %d)", rank, world_size);
+    s->n = n;
+    s->world_size = world_size;
+    s->rank = rank;
+    s->seed = seed;
+    s->shuffle = shuffle;
+    s->per_replica = (n + world_size - 1) / world_size;
+    s->order = malloc((size_t)s->per_replica * sizeof *s->order);
+    s->perm = malloc((size_t)n * sizeof *s->perm);
+    if (!s->order || !s->perm) {
+        sampler_free(s);
+        return err_set(err, "sampler: out of memory for %" PRId64 " samples", n);
+    }
+    s->epoch = -1;
+    sampler_set_epoch(s, 0);
+    return 0;
+}
+
+void sampler_free(Sampler *s) {
+    free(s->order);
+    free(s->perm);
+    *s = (Sampler){0};
+}
+
+// Padded position p (0 <= p < per_replica*world) holds perm[p % n]: the head
+// of the permutation repeated, as RDSampler's `indices += indices[:pad]`.
+// Rank r takes padded positions r, r+world, r+2*world, ...
+void sampler_set_epoch(Sampler *s, long epoch) {
+    if (epoch == s->epoch) return;
+    sampler_permutation(s->n, s->seed + (uint64_t)epoch, s->shuffle, s->perm);
+    for (int64_t k = 0; k < s->per_replica; k++)
+        s->order[k] = s->perm[(k * s->world_size + s->rank) % s->n];
+    s->epoch = epoch;
+}

@@ -1,0 +1,86 @@
+// shard_writer.c: one bin shard, written to a temporary directory and renamed.
+#include "data/shard_writer.h"
+
+#include <errno.h>
+#include <inttypes.h>
+#include <libgen.h>
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "common/fsutil.h"
+
+// dir/name into buf[cap], failing rather than truncating.
+static int child_path(char *buf, size_t cap, const char *dir, const char *name, Err *err) {
+    if (snprintf(buf, cap, "%s/%s", dir, name) >= (int)cap)
+        return err_set(err, "%s/%s: path too long", dir, name);
+    return 0;
+}
+
+// meta.json text as AstrAI's json.dump writes it (", " and ": " separators),
+// so shards written here are byte-identical to AstrAI's.
+static int write_meta(const char *dir, const ShardArray *arrays, int n_arrays, int64_t n,
+                      Err *err) {
+    char text[4096], path[PATH_MAX];
+    int len = snprintf(text, sizeof text, "{");
+    for (int i = 0; i < n_arrays && len < (int)sizeof text; i++)
+        len += snprintf(text + len, sizeof text - (size_t)len,
+                        "%s\"%s\": {\"shape\": [%" PRId64 "], \"dtype\": \"int32\"}", i ? ", " : "",
+                        arrays[i].key, n);
+    if (len < (int)sizeof text) len += snprintf(text + len, sizeof text - (size_t)len, "}");
+    if (len >= (int)sizeof text) return err_set(err, "%s: meta.json too long", dir);
+    if (child_path(path, sizeof path, dir, "meta.json", err) != 0) return -1;
+    return fs_write_file_synced(path, text, (size_t)len, err);
+}
+
+static int write_array(const char *dir, const ShardArray *a, int64_t n, Err *err) {
+    unsigned char *bytes = malloc((size_t)(n ? n : 1) * 4);
+    if (!bytes) return err_set(err, "%s: out of memory for key '%s'", dir, a->key);
+    for (int64_t i = 0; i < n; i++) { // little-endian whatever the host
+        uint32_t v = (uint32_t)a->data[i];
+        for (int b = 0; b < 4; b++)
+            bytes[4 * i + b] = (unsigned char)(v >> (8 * b));
+    }
+    char name[NAME_MAX + 1], path[PATH_MAX];
+    int rc = snprintf(name, sizeof name, "%s.bin", a->key) >= (int)sizeof name
+                 ? err_set(err, "key '%s': name too long", a->key)
+                 : child_path(path, sizeof path, dir, name, err);
+    if (rc == 0) rc = fs_write_file_synced(path, bytes, (size_t)n * 4, err);
+    free(bytes);
+    return rc;
+}
+
+static int fill_dir(const char *tmp, const ShardArray *arrays, int n_arrays, int64_t n, Err *err) {
+    if (mkdir(tmp, 0755) != 0) return err_set(err, "%s: cannot create: %s", tmp, strerror(errno));
+    for (int i = 0; i < n_arrays; i++)
+        if (write_array(tmp, &arrays[i], n, err) != 0) return -1;
+    if (write_meta(tmp, arrays, n_arrays, n, err) != 0) return -1;
+    return fs_fsync_dir(tmp, err);
+}
+
+int shard_write(const char *dir, const ShardArray *arrays, int n_arrays, int64_t n, Err *err) {
+    char parent[PATH_MAX], tmp[PATH_MAX];
+    if (snprintf(parent, sizeof parent, "%s", dir) >= (int)sizeof parent ||
+        snprintf(tmp, sizeof tmp, "%s.tmp.%ld", dir, (long)getpid()) >= (int)sizeof tmp)
+        return err_set(err, "%s: path too long", dir);
+    char *parent_name = dirname(parent);
+    struct stat st;
+    if (lstat(dir, &st) == 0) return err_set(err, "%s: already exists", dir);
+    if (fs_mkdir_p(parent_name, err) != 0) return -1;
+    if (fs_remove_tree(tmp, err) != 0) return -1; // a leftover of a crashed run
+    if (fill_dir(tmp, arrays, n_arrays, n, err) != 0) {
+        Err ignored;
+        fs_remove_tree(tmp, &ignored);
+        return -1;
+    }
+    if (rename(tmp, dir) != 0) {
+        int e = errno;
+        Err ignored;
+        fs_remove_tree(tmp, &ignored);
+        return err_set(err, "%s: cannot rename %s into place: %s", dir, tmp, strerror(e));
+    }
+    return fs_fsync_dir(parent_name, err);
+}

@@ -1,0 +1,172 @@
+// config.c: config.json of an AstrAI autoregressive_lm (DESIGN §7) <-> ModelConfig.
+#include "engine/config.h"
+
+#include <cjson/cJSON.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/fsutil.h"
+
+static const cJSON *config_key(const cJSON *root, const char *key) {
+    const cJSON *item = cJSON_GetObjectItemCaseSensitive(root, key);
+    return cJSON_IsNull(item) ? NULL : item;
+}
+
+static int config_positive_int(const cJSON *root, const char *key, const char *source, int *out,
+                               Err *err) {
+    const cJSON *item = config_key(root, key);
+    if (!item) return err_set(err, "%s: missing required key '%s'", source, key);
+    double v = item->valuedouble;
+    if (!cJSON_IsNumber(item) || v != floor(v))
+        return err_set(err, "%s: key '%s' must be an integer", source, key);
+    if (v <= 0 || v > 1 << 30)
+        return err_set(err, "%s: key '%s' = %g must be a positive integer", source, key, v);
+    *out = (int)v;
+    return 0;
+}
+
+static int config_positive_number(const cJSON *root, const char *key, const char *source,
+                                  double fallback, double *out, Err *err) {
+    const cJSON *item = config_key(root, key);
+    if (!item) {
+        if (fallback > 0) return *out = fallback, 0;
+        return err_set(err, "%s: missing required key '%s'", source, key);
+    }
+    if (!cJSON_IsNumber(item)) return err_set(err, "%s: key '%s' must be a number", source, key);
+    if (!(item->valuedouble > 0))
+        return err_set(err, "%s: key '%s' = %g must be positive", source, key, item->valuedouble);
+    *out = item->valuedouble;
+    return 0;
+}
+
+// Optional boolean: absent or null means false (AstrAI's None).
+static int config_bool(const cJSON *root, const char *key, const char *source, bool *out,
+                       Err *err) {
+    const cJSON *item = config_key(root, key);
+    if (item && !cJSON_IsBool(item))
+        return err_set(err, "%s: key '%s' must be true or false", source, key);
+    *out = item && cJSON_IsTrue(item);
+    return 0;
+}
+
+// Optional string key that must equal `only` when present.
+static int config_choice(const cJSON *root, const char *key, const char *only, const char *source,
+                         Err *err) {
+    const cJSON *item = config_key(root, key);
+    if (!item) return 0;
+    if (!cJSON_IsString(item)) return err_set(err, "%s: key '%s' must be a string", source, key);
+    if (strcmp(item->valuestring, only) != 0)
+        return err_set(err, "%s: %s '%s' is not supported (only '%s')", source, key,
+                       item->valuestring, only);
+    return 0;
+}
+
+static int config_read_sizes(ModelConfig *cfg, const cJSON *root, const char *source, Err *err) {
+    const struct {
+        const char *key;
+        int *out;
+    } sizes[] = {
+        {"vocab_size", &cfg->vocab_size},
+        {"hidden_size", &cfg->hidden_size},
+        {"num_hidden_layers", &cfg->num_hidden_layers},
+        {"num_attention_heads", &cfg->num_attention_heads},
+        {"num_key_value_heads", &cfg->num_key_value_heads},
+        {"intermediate_size", &cfg->intermediate_size},
+        {"max_position_embeddings", &cfg->max_position_embeddings},
+    };
+    for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++)
+        if (config_positive_int(root, sizes[i].key, source, sizes[i].out, err)) return -1;
+    return 0;
+}
+
+static int config_check_shapes(ModelConfig *cfg, const char *source, Err *err) {
+    if (cfg->hidden_size % cfg->num_attention_heads)
+        return err_set(err, "%s: hidden_size %d is not divisible by num_attention_heads %d", source,
+                       cfg->hidden_size, cfg->num_attention_heads);
+    if (cfg->num_attention_heads % cfg->num_key_value_heads)
+        return err_set(err, "%s: num_attention_heads %d is not divisible by num_key_value_heads %d",
+                       source, cfg->num_attention_heads, cfg->num_key_value_heads);
+    cfg->head_dim = cfg->hidden_size / cfg->num_attention_heads;
+    if (cfg->head_dim % 2)
+        return err_set(err,
+                       "%s: head_dim %d (hidden_size / num_attention_heads) must be even "
+                       "for RoPE",
+                       source, cfg->head_dim);
+    return 0;
+}
+
+static int config_from_json(ModelConfig *cfg, const cJSON *root, const char *source, Err *err) {
+    if (!cJSON_IsObject(root)) return err_set(err, "%s: not a JSON object", source);
+    memset(cfg, 0, sizeof *cfg);
+    if (config_choice(root, "model_type", "autoregressive_lm", source, err) ||
+        config_choice(root, "attn_type", "gqa", source, err) ||
+        config_choice(root, "ffn_type", "mlp", source, err))
+        return -1;
+    if (config_key(root, "rope_scaling"))
+        return err_set(err, "%s: rope_scaling is not supported (must be null)", source);
+    double eps = 0;
+    if (config_read_sizes(cfg, root, source, err) ||
+        config_positive_number(root, "rms_norm_eps", source, 0, &eps, err) ||
+        config_positive_number(root, "rope_theta", source, 10000.0, &cfg->rope_theta, err) ||
+        config_bool(root, "tie_word_embeddings", source, &cfg->tie_word_embeddings, err) ||
+        config_bool(root, "use_qk_norm", source, &cfg->use_qk_norm, err) ||
+        config_bool(root, "use_gated_attention", source, &cfg->use_gated_attention, err))
+        return -1;
+    cfg->rms_norm_eps = (float)eps;
+    return config_check_shapes(cfg, source, err);
+}
+
+int model_config_parse(ModelConfig *cfg, const char *json, const char *source, Err *err) {
+    cJSON *root = cJSON_Parse(json);
+    if (!root)
+        return err_set(err, "%s: malformed JSON near byte %td", source,
+                       cJSON_GetErrorPtr() ? cJSON_GetErrorPtr() - json : (ptrdiff_t)0);
+    int rc = config_from_json(cfg, root, source, err);
+    cJSON_Delete(root);
+    return rc;
+}
+
+int model_config_load(ModelConfig *cfg, const char *path, Err *err) {
+    char *text = NULL;
+    size_t len = 0;
+    if (fs_read_file(path, &text, &len, err)) return -1;
+    int rc = model_config_parse(cfg, text, path, err);
+    free(text);
+    return rc;
+}
+
+// The shortest decimal that reads back as the same float (1e-05, not 9.99999975e-06).
+static double float_as_short_decimal(float f) {
+    char buf[32];
+    for (int digits = 6; digits < 9; digits++) {
+        snprintf(buf, sizeof buf, "%.*g", digits, (double)f);
+        if ((float)strtod(buf, NULL) == f) return strtod(buf, NULL);
+    }
+    return (double)f;
+}
+
+char *model_config_to_json(const ModelConfig *cfg) {
+    cJSON *root = cJSON_CreateObject();
+    if (!root) return NULL;
+    cJSON_AddStringToObject(root, "model_type", "autoregressive_lm");
+    cJSON_AddNumberToObject(root, "vocab_size", cfg->vocab_size);
+    cJSON_AddNumberToObject(root, "hidden_size", cfg->hidden_size);
+    cJSON_AddNumberToObject(root, "num_hidden_layers", cfg->num_hidden_layers);
+    cJSON_AddNumberToObject(root, "rms_norm_eps", float_as_short_decimal(cfg->rms_norm_eps));
+    cJSON_AddNumberToObject(root, "intermediate_size", cfg->intermediate_size);
+    cJSON_AddBoolToObject(root, "tie_word_embeddings", cfg->tie_word_embeddings);
+    cJSON_AddNumberToObject(root, "max_position_embeddings", cfg->max_position_embeddings);
+    cJSON_AddNumberToObject(root, "rope_theta", cfg->rope_theta);
+    cJSON_AddNullToObject(root, "rope_scaling");
+    cJSON_AddStringToObject(root, "attn_type", "gqa");
+    cJSON_AddNumberToObject(root, "num_attention_heads", cfg->num_attention_heads);
+    cJSON_AddNumberToObject(root, "num_key_value_heads", cfg->num_key_value_heads);
+    cJSON_AddBoolToObject(root, "use_qk_norm", cfg->use_qk_norm);
+    cJSON_AddBoolToObject(root, "use_gated_attention", cfg->use_gated_attention);
+    cJSON_AddStringToObject(root, "ffn_type", "mlp");
+    char *text = cJSON_Print(root);
+    cJSON_Delete(root);
+    return text;
+}

@@ -1,0 +1,32 @@
+// config.h: the model config (config.json of an AstrAI `autoregressive_lm`), DESIGN §7.
+#pragma once
+#include <stdbool.h>
+
+#include "common/error.h"
+
+typedef struct {
+    int vocab_size;
+    int hidden_size;
+    int num_hidden_layers;
+    int num_attention_heads;
+    int num_key_value_heads;
+    int intermediate_size;
+    int max_position_embeddings;
+    float rms_norm_eps;
+    double rope_theta; // 10000 when null/absent
+    bool tie_word_embeddings;
+    bool use_qk_norm;
+    bool use_gated_attention;
+    // derived
+    int head_dim; // hidden_size / num_attention_heads
+} ModelConfig;
+
+// Parses and validates config.json at path. Errors name the file and key:
+// "m/config.json: attn_type 'mla' is not supported (only 'gqa')".
+int model_config_load(ModelConfig *cfg, const char *path, Err *err);
+
+// Same, from JSON text; `source` names the origin in messages.
+int model_config_parse(ModelConfig *cfg, const char *json, const char *source, Err *err);
+
+// Serialises to config.json text with AstrAI's key names (malloc'd, caller frees).
+char *model_config_to_json(const ModelConfig *cfg);

@@ -1,0 +1,69 @@
+// backend.c: the CPU backend table (engine/backend.h), memory ops and the sgemm matmuls.
+#include <cblas.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "engine/backend.h"
+#include "engine/cpu/cpu_kernels.h"
+
+static void *cpu_alloc(size_t bytes) {
+    // 64-byte alignment for AVX loads; calloc semantics (zeroed).
+    size_t rounded = (bytes + 63) / 64 * 64;
+    void *p = aligned_alloc(64, rounded ? rounded : 64);
+    if (p) memset(p, 0, rounded);
+    return p;
+}
+
+static void cpu_zero(void *p, size_t bytes) {
+    memset(p, 0, bytes);
+}
+static void cpu_copy(void *dst, const void *src, size_t bytes) {
+    memcpy(dst, src, bytes);
+}
+static void cpu_free(void *p) {
+    free(p);
+}
+
+void cpu_matmul_fwd(float *out, const float *inp, const float *weight, int N, int C, int OC,
+                    int accumulate) {
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, N, OC, C, 1.0f, inp, C, weight, C,
+                accumulate ? 1.0f : 0.0f, out, OC);
+}
+
+void cpu_matmul_bwd(float *dinp, float *dweight, const float *dout, const float *inp,
+                    const float *weight, int N, int C, int OC, int accumulate_dinp) {
+    // dinp: (N,C) = dout: (N,OC) @ weight: (OC,C)
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, N, C, OC, 1.0f, dout, OC, weight, C,
+                accumulate_dinp ? 1.0f : 0.0f, dinp, C);
+    // dweight: (OC,C) += dout^T: (OC,N) @ inp: (N,C)
+    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, OC, C, N, 1.0f, dout, OC, inp, C, 1.0f,
+                dweight, C);
+}
+
+static const Backend cpu_backend = {
+    .name = "cpu",
+    .alloc = cpu_alloc,
+    .zero = cpu_zero,
+    .copy = cpu_copy,
+    .free = cpu_free,
+    .matmul_fwd = cpu_matmul_fwd,
+    .matmul_bwd = cpu_matmul_bwd,
+    .embedding_fwd = cpu_embedding_fwd,
+    .embedding_bwd = cpu_embedding_bwd,
+    .rmsnorm_fwd = cpu_rmsnorm_fwd,
+    .rmsnorm_bwd = cpu_rmsnorm_bwd,
+    .rope_fwd = cpu_rope_fwd,
+    .rope_bwd = cpu_rope_bwd,
+    .attention_fwd = cpu_attention_fwd,
+    .attention_bwd = cpu_attention_bwd,
+    .swiglu_fwd = cpu_swiglu_fwd,
+    .swiglu_bwd = cpu_swiglu_bwd,
+    .sigmoid_gate_fwd = cpu_sigmoid_gate_fwd,
+    .sigmoid_gate_bwd = cpu_sigmoid_gate_bwd,
+    .cross_entropy_fwd = cpu_cross_entropy_fwd,
+    .cross_entropy_bwd = cpu_cross_entropy_bwd,
+};
+
+const Backend *backend_cpu(void) {
+    return &cpu_backend;
+}

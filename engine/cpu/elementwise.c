@@ -1,0 +1,68 @@
+// elementwise.c: embedding lookup, SwiGLU and the sigmoid gate of gated attention (CPU).
+#include <string.h>
+
+#include "engine/cpu/cpu_kernels.h"
+
+void cpu_embedding_fwd(float *out, const int32_t *ids, const float *table, int N, int C) {
+#pragma omp parallel for
+    for (int n = 0; n < N; n++)
+        memcpy(out + (size_t)n * C, table + (size_t)ids[n] * C, C * 4);
+}
+
+void cpu_embedding_bwd(float *dtable, const float *dout, const int32_t *ids, int N, int C) {
+    // Split by channel blocks, not tokens: tokens repeat, channels never collide.
+    enum { BLOCK = 64 };
+#pragma omp parallel for
+    for (int c0 = 0; c0 < C; c0 += BLOCK) {
+        int c1 = c0 + BLOCK < C ? c0 + BLOCK : C;
+        for (int n = 0; n < N; n++) {
+            float *dst = dtable + (size_t)ids[n] * C;
+            const float *src = dout + (size_t)n * C;
+#pragma omp simd
+            for (int c = c0; c < c1; c++)
+                dst[c] += src[c];
+        }
+    }
+}
+
+void cpu_swiglu_fwd(float *out, const float *h, int N, int FF) {
+#pragma omp parallel for
+    for (int n = 0; n < N; n++) {
+        const float *up = h + (size_t)n * 2 * FF, *gate = up + FF;
+        float *o = out + (size_t)n * FF;
+#pragma omp simd
+        for (int i = 0; i < FF; i++)
+            o[i] = up[i] * gate[i] * cpu_sigmoidf(gate[i]);
+    }
+}
+
+void cpu_swiglu_bwd(float *dh, const float *dout, const float *h, int N, int FF) {
+#pragma omp parallel for
+    for (int n = 0; n < N; n++) {
+        const float *up = h + (size_t)n * 2 * FF, *gate = up + FF, *d = dout + (size_t)n * FF;
+        float *dup = dh + (size_t)n * 2 * FF, *dgate = dup + FF;
+#pragma omp simd
+        for (int i = 0; i < FF; i++) {
+            float s = cpu_sigmoidf(gate[i]);
+            dup[i] = d[i] * gate[i] * s;
+            // d silu(g)/dg = s * (1 + g * (1 - s))
+            dgate[i] = d[i] * up[i] * s * (1.0f + gate[i] * (1.0f - s));
+        }
+    }
+}
+
+void cpu_sigmoid_gate_fwd(float *out, const float *x, const float *g, size_t n) {
+#pragma omp parallel for simd
+    for (size_t i = 0; i < n; i++)
+        out[i] = x[i] * cpu_sigmoidf(g[i]);
+}
+
+void cpu_sigmoid_gate_bwd(float *dx, float *dg, const float *dout, const float *x, const float *g,
+                          size_t n) {
+#pragma omp parallel for simd
+    for (size_t i = 0; i < n; i++) {
+        float s = cpu_sigmoidf(g[i]);
+        dx[i] = dout[i] * s;
+        dg[i] = dout[i] * x[i] * s * (1.0f - s);
+    }
+}

@@ -1,0 +1,1 @@
+"""PyTorch reference implementations used by the numerical tests."""

@@ -1,0 +1,95 @@
+// test_config: config.json parsing errors name the file and the key; a valid config
+// round-trips through model_config_to_json.
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "check.h"
+#include "engine/config.h"
+
+#define VALID                                                                                      \
+    "\"vocab_size\": 100, \"hidden_size\": 64, \"num_hidden_layers\": 2, "                         \
+    "\"num_attention_heads\": 4, \"intermediate_size\": 96, "                                      \
+    "\"max_position_embeddings\": 128, \"tie_word_embeddings\": true, \"rope_theta\": null, "      \
+    "\"use_gated_attention\": null"
+
+// The keys each case below may replace (cJSON keeps the first of duplicate keys).
+#define EPS_QK "\"rms_norm_eps\": 1e-5, \"use_qk_norm\": false"
+
+// Parses `json` as "m/config.json"; expects failure with every fragment in the message.
+static void expect_error(const char *json, const char *frag1, const char *frag2) {
+    ModelConfig cfg;
+    Err err = {{0}};
+    int rc = model_config_parse(&cfg, json, "m/config.json", &err);
+    CHECK_MSG(rc == -1, "accepted: %s", json);
+    CHECK_MSG(strstr(err.msg, "m/config.json"), "no file in '%s'", err.msg);
+    CHECK_MSG(strstr(err.msg, frag1), "'%s' not in '%s'", frag1, err.msg);
+    CHECK_MSG(!frag2 || strstr(err.msg, frag2), "'%s' not in '%s'", frag2, err.msg);
+}
+
+static void test_valid_and_round_trip(void) {
+    ModelConfig cfg, back;
+    Err err = {{0}};
+    CHECK(model_config_parse(&cfg, "{" VALID ", " EPS_QK ", \"num_key_value_heads\": 2}", "x",
+                             &err) == 0);
+    CHECK(cfg.head_dim == 16 && cfg.num_key_value_heads == 2 && cfg.tie_word_embeddings);
+    CHECK(cfg.rope_theta == 10000.0 && !cfg.use_gated_attention && cfg.rms_norm_eps == 1e-5f);
+    char *json = model_config_to_json(&cfg);
+    CHECK(json && strstr(json, "\"attn_type\":\t\"gqa\"") && strstr(json, "1e-05"));
+    CHECK(model_config_parse(&back, json, "y", &err) == 0);
+    CHECK(memcmp(&cfg, &back, sizeof cfg) == 0);
+    free(json);
+}
+
+static void test_errors(void) {
+    expect_error("{" VALID ", " EPS_QK ", \"num_key_value_heads\": 2", "malformed JSON", NULL);
+    expect_error("{" VALID ", " EPS_QK "}", "num_key_value_heads", "missing");
+    expect_error("{" VALID ", \"num_key_value_heads\": \"2\", " EPS_QK "}", "num_key_value_heads",
+                 "integer");
+    expect_error("{" VALID ", \"num_key_value_heads\": 2.5, " EPS_QK "}", "num_key_value_heads",
+                 "integer");
+    expect_error("{" VALID ", \"num_key_value_heads\": 0, " EPS_QK "}", "num_key_value_heads",
+                 "positive");
+    expect_error("{" VALID ", \"num_key_value_heads\": 3, " EPS_QK "}", "num_key_value_heads",
+                 "divisible");
+    expect_error("{" VALID ", \"num_key_value_heads\": 2, \"attn_type\": \"mla\", " EPS_QK "}",
+                 "attn_type", "'mla'");
+    expect_error("{" VALID ", \"num_key_value_heads\": 2, \"ffn_type\": \"moe\", " EPS_QK "}",
+                 "ffn_type", "'moe'");
+    expect_error("{" VALID
+                 ", \"num_key_value_heads\": 2, \"use_qk_norm\": 1, \"rms_norm_eps\": 1e-5}",
+                 "use_qk_norm", "true or false");
+    expect_error("{" VALID
+                 ", \"num_key_value_heads\": 2, \"rms_norm_eps\": -1, \"use_qk_norm\": false}",
+                 "rms_norm_eps", "positive");
+    expect_error("[1, 2]", "JSON object", NULL);
+}
+
+static void test_missing_file(void) {
+    ModelConfig cfg;
+    Err err = {{0}};
+    CHECK(model_config_load(&cfg, "/nonexistent/dir/config.json", &err) == -1);
+    CHECK_MSG(strstr(err.msg, "/nonexistent/dir/config.json"), "%s", err.msg);
+}
+
+static void test_load_from_file(void) {
+    char path[] = "test_config_tmp.json";
+    FILE *f = fopen(path, "w");
+    CHECK(f != NULL);
+    if (!f) return;
+    fputs("{" VALID ", " EPS_QK ", \"num_key_value_heads\": 4, \"attn_type\": \"moe\"}", f);
+    fclose(f);
+    ModelConfig cfg;
+    Err err = {{0}};
+    CHECK(model_config_load(&cfg, path, &err) == -1);
+    CHECK_MSG(strstr(err.msg, path) && strstr(err.msg, "attn_type"), "%s", err.msg);
+    remove(path);
+}
+
+int main(void) {
+    test_valid_and_round_trip();
+    test_errors();
+    test_missing_file();
+    test_load_from_file();
+    CHECK_DONE();
+}

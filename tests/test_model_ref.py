@@ -1,0 +1,149 @@
+"""test_model_ref: the C model (tests/model_dump) against the PyTorch reference
+(tests/ref/model.py): logits, loss and every parameter gradient, fp32, for several
+configs (GQA / MHA, tied / untied, qk-norm, gated attention, SFT masks with packed
+documents, label smoothing, a long window over several attention tiles), plus load
+errors naming the tensor at fault."""
+import json
+import os
+import subprocess
+import sys
+import tempfile
+
+import numpy as np
+import torch
+
+from ref import st_io
+from ref.model import RefModel, loss, param_shapes
+
+torch.set_num_threads(2)
+BUILD = os.environ["ASTRAI_BUILD"]
+DUMP = os.path.join(BUILD, "model_dump")
+TOL = 1e-4
+
+
+def make_config(**over):
+    cfg = dict(vocab_size=67, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+               num_key_value_heads=2, intermediate_size=48, rms_norm_eps=1e-5,
+               max_position_embeddings=128, rope_theta=None, tie_word_embeddings=False,
+               use_qk_norm=False, use_gated_attention=False, attn_type="gqa", ffn_type="mlp")
+    cfg.update(over)
+    return cfg
+
+
+def random_weights(cfg, rng):
+    """Larger than AstrAI's init (std 0.02) so every nonlinearity is exercised."""
+    out = {}
+    for name, shape in param_shapes(cfg).items():
+        if len(shape) == 1:
+            out[name] = (1.0 + 0.2 * rng.standard_normal(shape)).astype(np.float32)
+        else:
+            out[name] = (0.3 * rng.standard_normal(shape) / np.sqrt(shape[1])).astype(np.float32)
+    return out
+
+
+def packed_positions(T, starts):
+    pos = np.zeros(T, np.int32)
+    bounds = list(starts) + [T]
+    for a, b in zip(bounds[:-1], bounds[1:]):
+        pos[a:b] = np.arange(b - a)
+    return pos
+
+
+def write_model(d, cfg, weights, bf16=False):
+    os.makedirs(d, exist_ok=True)
+    with open(os.path.join(d, "config.json"), "w") as f:
+        json.dump(cfg, f)
+    st_io.save(os.path.join(d, "model.safetensors"), weights, bf16=bf16)
+
+
+def run_dump(d, batch, smoothing):
+    inp = os.path.join(d, "inputs.safetensors")
+    out = os.path.join(d, "out.safetensors")
+    st_io.save(inp, {k: v.astype(np.int32) for k, v in batch.items()})
+    r = subprocess.run([DUMP, d, inp, out, repr(smoothing)], capture_output=True, text=True)
+    return r, (st_io.load(out) if r.returncode == 0 else None)
+
+
+def rel_err(got, ref):
+    ref = np.asarray(ref, np.float64)
+    scale = max(np.abs(ref).max(), 1e-30)
+    return np.abs(np.asarray(got, np.float64) - ref).max() / scale
+
+
+def check_case(name, cfg, B, T, seed, smoothing=0.0, sft=False, doc_starts=None, bf16=False):
+    rng = np.random.default_rng(seed)
+    weights = random_weights(cfg, rng)
+    V = cfg["vocab_size"]
+    batch = {"inputs": rng.integers(0, V, (B, T)), "targets": rng.integers(0, V, (B, T))}
+    if sft:
+        batch["loss_mask"] = (rng.random((B, T)) < 0.6).astype(np.int32)
+    if doc_starts is not None:
+        batch["position_ids"] = np.stack([packed_positions(T, s) for s in doc_starts])
+    with tempfile.TemporaryDirectory() as d:
+        write_model(d, cfg, weights, bf16)
+        r, out = run_dump(d, batch, smoothing)
+        assert r.returncode == 0, f"{name}: model_dump failed: {r.stderr}"
+        ref = RefModel.from_dir(d)
+    logits = ref.forward(batch["inputs"], batch.get("position_ids"))
+    l = loss(logits, batch["targets"], batch.get("loss_mask"), smoothing)
+    l.backward()
+    errors = {"logits": rel_err(out["logits"], logits.detach().numpy()),
+              "loss": rel_err(out["loss"], [l.item()])}
+    for k, g in ref.grads().items():
+        errors["grad." + k] = rel_err(out["grad." + k], g.numpy())
+    missing = set(out) - set(errors)
+    assert not missing, f"{name}: unexpected dump tensors {missing}"
+    worst = max(errors, key=errors.get)
+    print(f"{name}: loss {l.item():.6f}, worst {worst} {errors[worst]:.2e}")
+    bad = {k: v for k, v in errors.items() if not v <= TOL}
+    assert not bad, f"{name}: outside {TOL}: {bad}"
+
+
+def check_load_errors():
+    cfg = make_config()
+    rng = np.random.default_rng(7)
+    batch = {"inputs": rng.integers(0, 67, (1, 4)), "targets": rng.integers(0, 67, (1, 4))}
+    cases = []
+    w = random_weights(cfg, rng)
+    w["layers.0.mlp.extra.weight"] = np.zeros((2, 2), np.float32)
+    cases.append((w, "layers.0.mlp.extra.weight"))
+    w = random_weights(cfg, rng)
+    del w["layers.1.post_attention_norm.weight"]
+    cases.append((w, "layers.1.post_attention_norm.weight"))
+    w = random_weights(cfg, rng)
+    w["layers.0.attention.k_proj.weight"] = np.zeros((32, 32), np.float32)
+    cases.append((w, "layers.0.attention.k_proj.weight"))
+    for weights, fragment in cases:
+        with tempfile.TemporaryDirectory() as d:
+            write_model(d, cfg, weights)
+            r, _ = run_dump(d, batch, 0.0)
+        assert r.returncode == 2 and fragment in r.stderr and "model.safetensors" in r.stderr, (
+            fragment, r.returncode, r.stderr)
+    print("load errors: ok")
+
+
+def main():
+    check_case("seq gqa untied", make_config(), B=2, T=16, seed=1)
+    check_case("seq mha tied qknorm gated smoothing",
+               make_config(num_key_value_heads=4, tie_word_embeddings=True, use_qk_norm=True,
+                           use_gated_attention=True, rope_theta=500.0),
+               B=2, T=24, seed=2, smoothing=0.1)
+    check_case("sft packed gqa qknorm gated bf16",
+               make_config(num_attention_heads=8, num_key_value_heads=2, use_qk_norm=True,
+                           use_gated_attention=True),
+               B=3, T=20, seed=3, sft=True, doc_starts=[[0, 7, 8, 15], [0], [0, 1, 19]],
+               bf16=True)
+    check_case("sft smoothing mha untied", make_config(num_key_value_heads=4, num_hidden_layers=3),
+               B=2, T=12, seed=4, sft=True, smoothing=0.2, doc_starts=[[0, 5], [0, 6, 9]])
+    check_case("long window T=512 packed across tiles",
+               make_config(num_attention_heads=2, num_key_value_heads=1, num_hidden_layers=1,
+                           max_position_embeddings=512),
+               B=2, T=512, seed=5, doc_starts=[[0, 50, 130, 200, 333, 500], [0, 64, 65, 257]])
+    check_case("long window T=512 causal", make_config(num_attention_heads=2,
+               num_key_value_heads=2, num_hidden_layers=1, max_position_embeddings=512,
+               use_qk_norm=True), B=1, T=512, seed=6)
+    check_load_errors()
+
+
+if __name__ == "__main__":
+    main()

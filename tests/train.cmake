@@ -1,0 +1,7 @@
+# astrai-train end to end: against the PyTorch reference, resume, accumulation, bad input,
+# real text.
+astrai_py_test(train_ref test_train_ref.py)
+astrai_py_test(train_resume test_train_resume.py)
+astrai_py_test(train_accum test_train_accum.py)
+astrai_py_test(train_text test_train_text.py)
+astrai_py_test(train_errors test_train_errors.py)

@@ -1,0 +1,145 @@
+"""Helpers shared by the training tests: run the binaries, make models and datasets,
+and train the PyTorch reference on the batches astrai-train sees."""
+
+import json
+import math
+import os
+import subprocess
+import tempfile
+
+import numpy as np
+import torch
+
+from ref import sampler as ref_sampler
+from ref.model import RefModel, loss as ref_loss
+from ref.optim import clip_grad_norm, make_optimizer
+
+BUILD = os.environ.get("ASTRAI_BUILD", os.path.join(os.path.dirname(__file__), "..", "build"))
+TEXT = "/usr/share/common-licenses/GPL-3"
+
+
+def binary(name):
+    return os.path.join(BUILD, name)
+
+
+def run(args, expect=0, timeout=600, env=None):
+    """Runs a binary; asserts its exit code; returns (stdout, stderr)."""
+    proc = subprocess.run(args, capture_output=True, text=True, timeout=timeout, env=env)
+    if proc.returncode != expect:
+        raise AssertionError(
+            f"{' '.join(args)}: exit {proc.returncode}, expected {expect}\n"
+            f"stdout:\n{proc.stdout}\nstderr:\n{proc.stderr}")
+    return proc.stdout, proc.stderr
+
+
+def tmpdir():
+    return tempfile.mkdtemp(prefix="astrai-test-")
+
+
+SMALL_CONFIG = {
+    "vocab_size": 256, "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
+    "num_key_value_heads": 2, "intermediate_size": 160, "rms_norm_eps": 1e-5,
+    "rope_theta": 10000.0, "max_position_embeddings": 32, "tie_word_embeddings": False,
+    "attn_type": "gqa", "ffn_type": "mlp", "use_qk_norm": True, "use_gated_attention": True,
+}
+
+
+def make_model(root, config=None, seed=3407):
+    """astrai-model init, fp32, into root/model."""
+    cfg_path = os.path.join(root, "model.json")
+    with open(cfg_path, "w") as f:
+        json.dump(config or SMALL_CONFIG, f)
+    out = os.path.join(root, "model")
+    run([binary("astrai-model"), "init", "--config", cfg_path, "--out", out, "--dtype", "fp32",
+         "--seed", str(seed)])
+    return out
+
+
+def make_text_data(root, n_bytes, name="data"):
+    """astrai-data prep of the first n_bytes of a real text (byte tokenizer)."""
+    with open(TEXT, "rb") as f:
+        text = f.read(n_bytes)
+    src = os.path.join(root, name + ".txt")
+    with open(src, "wb") as f:
+        f.write(text)
+    out = os.path.join(root, name)
+    run([binary("astrai-data"), "prep", "--out", out, "--format", "text", "--tokenizer", "bytes",
+         src])
+    return out, np.frombuffer(text, dtype=np.uint8).astype(np.int64)
+
+
+def train(args, expect=0):
+    return run([binary("astrai-train")] + [f"--{k}={v}" for k, v in args.items()], expect)
+
+
+def metric_rows(ckpt):
+    with open(os.path.join(ckpt, "metric.jsonl")) as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+def latest_checkpoint(ckpt_dir):
+    names = [n for n in os.listdir(ckpt_dir) if n.startswith("epoch_")]
+    return os.path.join(ckpt_dir, max(names, key=lambda n: int(n.rsplit("_", 1)[1])))
+
+
+def windows(tokens, window, stride):
+    """DESIGN §8 windowing: (inputs, targets) per sample index."""
+    T = len(tokens)
+    n = (T - 1 - window) // stride + 1 if T > window else 0
+    out = []
+    for i in range(n):
+        begin = min(i * stride, T - 1 - window)
+        end = min(begin + window, T - 1)
+        out.append((tokens[begin:end], tokens[begin + 1:end + 1]))
+    return out
+
+
+def cosine_factor(t, total, warmup_ratio, min_rate):
+    """DESIGN §8 cosine schedule, written from the formula."""
+    W = int(warmup_ratio * total)
+    if t < W:
+        return max(min_rate, t / max(W, 1))
+    p = min((t - W) / max(total - W, 1), 1.0)
+    return max(min_rate, 0.5 * (1 + math.cos(math.pi * p)))
+
+
+def reference_training(model_dir, tokens, window, batch, accum, steps_limit, optimizer, max_lr,
+                       weight_decay, max_grad_norm, seed, shuffle=True, warmup_ratio=0.05,
+                       min_rate=0.01, n_epoch=1):
+    """Trains RefModel like astrai-train does (one rank); returns (rows, model)."""
+    torch.manual_seed(0)
+    model = RefModel.from_dir(model_dir)
+    samples = windows(tokens, window, window)
+    n = len(samples)
+    total = (math.ceil(n / batch) // accum) * n_epoch
+    opt = make_optimizer(optimizer, list(model.named_parameters()), lr=max_lr,
+                         weight_decay=weight_decay)
+    rows, step, micro, loss_sum, consumed = [], 0, 0, 0.0, 0
+    for epoch in range(n_epoch):
+        order = ref_sampler.rank_order(n, 1, 0, seed, epoch, shuffle)
+        for b0 in range(0, len(order), batch):
+            idx = order[b0:b0 + batch]
+            x = torch.tensor(np.stack([samples[i][0] for i in idx]))
+            y = torch.tensor(np.stack([samples[i][1] for i in idx]))
+            loss = ref_loss(model.forward(x), y)
+            (loss / accum).backward()
+            loss_sum += float(loss)
+            consumed += len(idx)
+            micro += 1
+            if micro % accum:
+                continue
+            norm = clip_grad_norm(list(model.parameters()), max_grad_norm)
+            lr = max_lr * cosine_factor(step, total, warmup_ratio, min_rate)
+            opt.step(lr)
+            opt.zero_grad()
+            step += 1
+            rows.append({"step": step, "epoch": epoch, "loss": loss_sum / accum, "lr": lr,
+                         "grad_norm": norm, "consumed_samples": consumed})
+            loss_sum = 0.0
+            if step == steps_limit:
+                return rows, model
+    return rows, model
+
+
+def rel_err(a, b):
+    return abs(a - b) / max(abs(b), 1e-12)

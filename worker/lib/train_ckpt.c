@@ -1,0 +1,197 @@
+#include "worker/lib/train_ckpt.h"
+
+#include <cjson/cJSON.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "ckpt/checkpoint.h"
+#include "ckpt/meta.h"
+#include "common/fsutil.h"
+#include "common/path.h"
+#include "worker/lib/trainer.h"
+
+#define PATH_CAP 4096
+
+int train_ckpt_locate(const TrainSpec *spec, char *out, size_t cap, Err *err) {
+    char meta[PATH_CAP];
+    if (path_join(meta, sizeof meta, spec->param_path, "meta.json", err)) return -1;
+    if (fs_is_file(meta)) {
+        snprintf(out, cap, "%s", spec->param_path);
+        return 0;
+    }
+    int rc = ckpt_find_latest(spec->ckpt_dir, out, cap, err);
+    if (rc == 1)
+        return err_set(err, "resume: no checkpoint in param_path %s (no meta.json) nor in ckpt_dir %s",
+                       spec->param_path, spec->ckpt_dir);
+    return rc;
+}
+
+int train_ckpt_load_model(Model *m, const char *dir, Err *err) {
+    char path[PATH_CAP];
+    ModelConfig cfg;
+    if (path_join(path, sizeof path, dir, "config.json", err) ||
+        model_config_load(&cfg, path, err) || model_create(m, &cfg, err) ||
+        path_join(path, sizeof path, dir, "model.safetensors", err))
+        return -1;
+    return model_load(m, path, err);
+}
+
+// Writes text into dir/name, fsynced (dir is the checkpoint's temporary directory).
+static int write_text(const char *dir, const char *name, char *text, Err *err) {
+    if (!text) return err_set(err, "%s/%s: out of memory", dir, name);
+    char path[PATH_CAP];
+    int rc = path_join(path, sizeof path, dir, name, err) ||
+             fs_write_file_synced(path, text, strlen(text), err);
+    free(text);
+    return rc;
+}
+
+static char *json_text(cJSON *obj) {
+    char *text = obj ? cJSON_Print(obj) : NULL;
+    cJSON_Delete(obj);
+    return text;
+}
+
+static char *meta_text(const Trainer *t) {
+    CkptMeta m = {.epoch = t->epoch,
+                  .consumed_samples = t->consumed_samples,
+                  .step = t->step,
+                  .config = train_spec_to_json(t->spec)};
+    meta_stamp_now(&m);
+    char *text = m.config ? meta_to_json(&m) : NULL;
+    meta_free(&m);
+    return text;
+}
+
+static char *scheduler_text(const Trainer *t) {
+    const Schedule *s = &t->sched;
+    cJSON *o = cJSON_CreateObject();
+    cJSON_AddStringToObject(o, "schedule_type", t->spec->schedule_type);
+    cJSON_AddNumberToObject(o, "last_epoch", (double)t->step);
+    cJSON_AddNumberToObject(o, "total_steps", (double)s->total_steps);
+    cJSON_AddNumberToObject(o, "warmup_steps", (double)s->warmup_steps);
+    cJSON_AddNumberToObject(o, "min_rate", s->min_rate);
+    cJSON_AddNumberToObject(o, "stable_steps", (double)s->stable_steps);
+    cJSON_AddNumberToObject(o, "decay_steps", (double)s->decay_steps);
+    cJSON_AddNumberToObject(o, "cycle_length", (double)s->cycle_length);
+    cJSON_AddNumberToObject(o, "t_mult", (double)s->t_mult);
+    return json_text(o);
+}
+
+// The sampler position is kept in global samples so a run can resume with
+// another number of ranks.
+static char *sampler_text(const Trainer *t) {
+    cJSON *o = cJSON_CreateObject();
+    cJSON_AddNumberToObject(o, "epoch", (double)t->epoch);
+    cJSON_AddNumberToObject(o, "epoch_samples", (double)(t->epoch_pos * t->spec->nprocs));
+    cJSON_AddNumberToObject(o, "n_samples", (double)t->n_samples);
+    cJSON_AddNumberToObject(o, "seed", (double)t->spec->random_seed);
+    cJSON_AddBoolToObject(o, "shuffle", t->spec->shuffle);
+    return json_text(o);
+}
+
+static char *metrics_text(const Trainer *t) {
+    size_t len;
+    return metrics_to_jsonl(&t->metrics, &len);
+}
+
+static int write_files(const Trainer *t, const char *tmp, Err *err) {
+    char path[PATH_CAP];
+    StDType dtype = !strcmp(t->spec->ckpt_dtype, "bf16") ? ST_BF16 : ST_F32;
+    if (write_text(tmp, "meta.json", meta_text(t), err) ||
+        write_text(tmp, "config.json", model_config_to_json(&t->model.cfg), err) ||
+        write_text(tmp, "scheduler.json", scheduler_text(t), err) ||
+        write_text(tmp, "sampler.json", sampler_text(t), err) ||
+        write_text(tmp, "metric.jsonl", metrics_text(t), err))
+        return -1;
+    if (path_join(path, sizeof path, tmp, "model.safetensors", err) ||
+        model_save(&t->model, path, dtype, err) ||
+        path_join(path, sizeof path, tmp, "optimizer.safetensors", err))
+        return -1;
+    return optim_save(&t->opt, &t->model, path, err);
+}
+
+int train_ckpt_save(const Trainer *t, char *path_out, size_t cap, Err *err) {
+    char name[128], tmp[PATH_CAP];
+    snprintf(name, sizeof name, "epoch_%ld_step_%ld", t->epoch, t->step);
+    if (ckpt_begin(t->spec->ckpt_dir, name, tmp, sizeof tmp, err)) return -1;
+    if (write_files(t, tmp, err) || ckpt_commit(t->spec->ckpt_dir, tmp, name, err)) {
+        Err ignored;
+        ckpt_abort(tmp, &ignored);
+        return err_prefix(err, "checkpoint %s/%s", t->spec->ckpt_dir, name);
+    }
+    return path_join(path_out, cap, t->spec->ckpt_dir, name, err);
+}
+
+static int json_long(const cJSON *o, const char *key, long *out, const char *path, Err *err) {
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, key);
+    if (!cJSON_IsNumber(v) || v->valuedouble < 0)
+        return err_set(err, "%s: \"%s\" must be a non-negative integer", path, key);
+    *out = (long)v->valuedouble;
+    return 0;
+}
+
+// Restores epoch and the position inside it from sampler.json; without one (a
+// checkpoint written by AstrAI) derives it from consumed_samples as AstrAI does.
+static int load_sampler_position(Trainer *t, const char *dir, Err *err) {
+    char path[PATH_CAP];
+    if (path_join(path, sizeof path, dir, "sampler.json", err)) return -1;
+    long world = t->spec->nprocs;
+    if (!fs_is_file(path)) {
+        int64_t offset = t->consumed_samples / world;
+        t->epoch_pos = offset - (int64_t)t->epoch * t->sampler.per_replica;
+        if (t->epoch_pos < 0 || t->epoch_pos > t->sampler.per_replica) t->epoch_pos = 0;
+        return 0;
+    }
+    char *text;
+    size_t len;
+    if (fs_read_file(path, &text, &len, err)) return -1;
+    cJSON *o = cJSON_Parse(text);
+    free(text);
+    long epoch = 0, samples = 0, n = 0;
+    int rc = !o ? err_set(err, "%s: not valid JSON", path)
+                : (json_long(o, "epoch", &epoch, path, err) ||
+                   json_long(o, "epoch_samples", &samples, path, err) ||
+                   json_long(o, "n_samples", &n, path, err));
+    cJSON_Delete(o);
+    if (rc) return -1;
+    if (n != t->n_samples)
+        return err_set(err, "%s: the checkpoint was trained on %ld samples, data_root_path now "
+                            "gives %lld (a different dataset or window_size)",
+                       path, n, (long long)t->n_samples);
+    t->epoch = epoch;
+    t->epoch_pos = (samples + world - 1) / world;
+    return 0;
+}
+
+static int load_optimizer(Trainer *t, const char *dir, Err *err) {
+    char path[PATH_CAP];
+    if (path_join(path, sizeof path, dir, "optimizer.safetensors", err)) return -1;
+    if (!fs_is_file(path)) {
+        fprintf(stderr, "warning: %s: no optimizer.safetensors; the optimizer state starts "
+                        "fresh\n", dir);
+        return 0;
+    }
+    return optim_load(&t->opt, &t->model, path, err);
+}
+
+int train_ckpt_load_state(Trainer *t, const char *dir, Err *err) {
+    char path[PATH_CAP];
+    CkptMeta meta;
+    if (path_join(path, sizeof path, dir, "meta.json", err) || meta_load(&meta, path, err))
+        return -1;
+    t->epoch = meta.epoch;
+    t->consumed_samples = meta.consumed_samples;
+    t->step = meta.step;
+    meta_free(&meta);
+    const char *base = strrchr(dir, '/') ? strrchr(dir, '/') + 1 : dir;
+    long name_epoch;
+    if (t->step < 0 && ckpt_parse_name(base, &name_epoch, &t->step))
+        return err_set(err, "%s: no \"step\" and the directory name is not epoch_E_step_S", path);
+    if (load_sampler_position(t, dir, err) || load_optimizer(t, dir, err)) return -1;
+    if (path_join(path, sizeof path, dir, "metric.jsonl", err)) return -1;
+    if (fs_is_file(path) && metrics_load(&t->metrics, path, t->step, err)) return -1;
+    fprintf(stderr, "resuming from %s: step %ld, epoch %ld\n", dir, t->step, t->epoch);
+    return 0;
+}

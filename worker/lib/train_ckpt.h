@@ -1,0 +1,32 @@
+// train_ckpt.h: a run's checkpoint (DESIGN §6) — everything --resume needs to
+// continue bit-for-bit:
+//   meta.json              epoch, consumed_samples, step, timestamp, the training spec
+//   config.json            model config
+//   model.safetensors      weights (fp32 by default: resume is exact; bf16 on request)
+//   optimizer.safetensors  AdamW moments / Muon momentum, step count
+//   scheduler.json         schedule kind and parameters, steps done
+//   sampler.json           epoch, samples consumed in it, seed, shuffle
+//   metric.jsonl           one row per optimizer step so far
+#pragma once
+#include <stddef.h>
+
+#include "common/error.h"
+#include "engine/model.h"
+#include "proto/train_spec.h"
+
+struct Trainer;
+
+// The checkpoint to resume from: param_path if it holds meta.json, else the
+// latest checkpoint in ckpt_dir.
+int train_ckpt_locate(const TrainSpec *spec, char *out, size_t cap, Err *err);
+
+// Creates the model from dir/config.json and loads dir/model.safetensors.
+int train_ckpt_load_model(Model *m, const char *dir, Err *err);
+
+// Writes checkpoint epoch_E_step_S of the trainer's current position into
+// spec->ckpt_dir (atomically); its path goes to path_out.
+int train_ckpt_save(const struct Trainer *t, char *path_out, size_t cap, Err *err);
+
+// Restores position, optimizer state and metric rows from checkpoint dir (the
+// model weights come from train_ckpt_load_model).
+int train_ckpt_load_state(struct Trainer *t, const char *dir, Err *err);

@@ -1,0 +1,54 @@
+// trainer.h: the training loop of one rank (DESIGN §8): micro-batches, gradient
+// accumulation, clipping, optimizer and scheduler steps, progress, checkpoints,
+// resume.
+#pragma once
+#include <signal.h>
+#include <stdint.h>
+
+#include "common/error.h"
+#include "data/dataset.h"
+#include "data/sampler.h"
+#include "engine/model.h"
+#include "engine/optim.h"
+#include "engine/schedule.h"
+#include "proto/train_spec.h"
+#include "worker/lib/progress.h"
+
+// Requests from signal handlers, polled at optimizer-step boundaries.
+extern volatile sig_atomic_t trainer_stop_requested;       // SIGTERM/SIGINT: checkpoint, exit
+extern volatile sig_atomic_t trainer_checkpoint_requested; // SIGUSR1: checkpoint, continue
+
+typedef struct Trainer {
+    const TrainSpec *spec;
+    Model model;
+    Optimizer opt;
+    Schedule sched;
+    Dataset data;
+    Sampler sampler;
+    int sft;               // train_type == sft
+    int64_t window, stride;
+    int64_t n_samples;     // windows in the dataset
+    long total_steps;
+    // position in the run (what a checkpoint records)
+    long epoch;
+    int64_t epoch_pos;     // samples of this rank's epoch order already consumed
+    long step;             // optimizer steps done
+    long micro;            // micro-steps done since the last optimizer step
+    long consumed_samples; // samples consumed by all ranks, cumulative
+    long last_ckpt_step;
+    // batch buffers: (B, window)
+    int32_t *inputs, *targets, *loss_mask, *position_ids;
+    MetricLog metrics;
+    ProgressDb progress;
+} Trainer;
+
+// Sets everything up from the spec: model (from param_path, or the checkpoint
+// when resuming), data, optimizer, schedule, progress database.
+int trainer_init(Trainer *t, const TrainSpec *spec, Err *err);
+// Runs to the end of the last epoch or until a stop request; checkpoints on the
+// way (every ckpt_interval steps, on request, at the end).
+int trainer_run(Trainer *t, Err *err);
+void trainer_free(Trainer *t);
+
+// total_steps = (ceil(ceil(N/nprocs)/batch_per_device) // grad_accum_steps) * n_epoch
+long trainer_total_steps(int64_t n_samples, long nprocs, long batch, long accum, long n_epoch);
