@@ -259,7 +259,7 @@ static int parse_header_json(const char *json, size_t n, cJSON **root, Err *err)
     }
     // Only padding may follow the object (the Python writer pads with spaces).
     for (const char *p = end; p < json + n; p++) {
-        if (*p != ' ' && *p != '\t' && *p != '\n' && *p != '\r' && *p != '\0')
+        if (*p != ' ' && *p != '\t' && *p != '\n' && *p != '\r')
             return err_set(err, "header has data after the JSON object at byte %zu",
                            (size_t)(p - json));
     }

@@ -76,14 +76,15 @@ static char *join_path(const char *dir, const char *name) {
 }
 
 // Appends every regular file named meta.json under dir. Symlinked
-// directories are not followed, so a link cycle cannot recurse forever.
+// directories are not followed, so a link cycle cannot recurse forever;
+// hidden entries are skipped like Python's glob("**") does.
 static int collect_meta_paths(const char *dir, PathList *out, Err *err) {
     DIR *d = opendir(dir);
     if (!d) return err_set(err, "%s: cannot open directory: %s", dir, strerror(errno));
     int rc = 0;
     struct dirent *e;
     while (rc == 0 && (e = readdir(d)) != NULL) {
-        if (strcmp(e->d_name, ".") == 0 || strcmp(e->d_name, "..") == 0) continue;
+        if (e->d_name[0] == '.') continue; // hidden, as AstrAI's glob: also our temporaries
         char *path = join_path(dir, e->d_name);
         if (!path) {
             rc = err_set(err, "out of memory listing %s", dir);
@@ -124,6 +125,25 @@ static const Dtype *find_dtype(const char *name) {
     return NULL;
 }
 
+// <key>.bin next to meta_path must hold exactly n elements of dtype t.
+static int check_bin_size(const char *meta_path, const char *key, int64_t n, const Dtype *t,
+                          Err *err) {
+    char *bin = bin_path_for(meta_path, key);
+    if (!bin) return err_set(err, "out of memory");
+    struct stat st;
+    int rc = 0;
+    if (stat(bin, &st) != 0)
+        rc = err_set(err, "%s: key '%s': %s: %s", meta_path, key, bin, strerror(errno));
+    else if (!S_ISREG(st.st_mode))
+        rc = err_set(err, "%s: key '%s': %s is not a regular file", meta_path, key, bin);
+    else if ((int64_t)st.st_size != n * t->size)
+        rc = err_set(
+            err, "%s: key '%s': shape [%" PRId64 "] of %s needs %" PRId64 " bytes but %s has %lld",
+            meta_path, key, n, t->name, n * t->size, bin, (long long)st.st_size);
+    free(bin);
+    return rc;
+}
+
 // Validates meta[key] = {"shape":[N], "dtype":D} and that <key>.bin holds
 // exactly N elements of D; sets *n.
 static int parse_key_entry(const char *meta_path, const char *key, const cJSON *entry,
@@ -141,28 +161,14 @@ static int parse_key_entry(const char *meta_path, const char *key, const cJSON *
                        meta_path, key, dtype->valuestring);
     const cJSON *shape = cJSON_GetObjectItemCaseSensitive(entry, "shape");
     const cJSON *dim = cJSON_IsArray(shape) ? cJSON_GetArrayItem(shape, 0) : NULL;
+    // The range test comes before the cast: casting a huge double is undefined.
     if (!dim || cJSON_GetArraySize(shape) != 1 || !cJSON_IsNumber(dim) || dim->valuedouble < 0 ||
-        dim->valuedouble != (double)(int64_t)dim->valuedouble || dim->valuedouble > 0x1p52)
+        dim->valuedouble > 0x1p52 || dim->valuedouble != (double)(int64_t)dim->valuedouble)
         return err_set(err, "%s: key '%s': \"shape\" must be [N] with N a non-negative integer",
                        meta_path, key);
     *n = (int64_t)dim->valuedouble;
-
-    char *bin = bin_path_for(meta_path, key);
-    if (!bin) return err_set(err, "out of memory");
-    struct stat st;
-    int rc = 0;
-    if (stat(bin, &st) != 0)
-        rc = err_set(err, "%s: key '%s': %s: %s", meta_path, key, bin, strerror(errno));
-    else if (!S_ISREG(st.st_mode))
-        rc = err_set(err, "%s: key '%s': %s is not a regular file", meta_path, key, bin);
-    else if ((int64_t)st.st_size != *n * out->dtype->size)
-        rc = err_set(
-            err, "%s: key '%s': shape [%" PRId64 "] of %s needs %" PRId64 " bytes but %s has %lld",
-            meta_path, key, *n, out->dtype->name, *n * out->dtype->size, bin,
-            (long long)st.st_size);
-    free(bin);
     out->present = 1;
-    return rc;
+    return check_bin_size(meta_path, key, *n, out->dtype, err);
 }
 
 static int parse_meta_json(const char *meta_path, cJSON **json, Err *err) {

@@ -62,11 +62,15 @@ static int fill_dir(const char *tmp, const ShardArray *arrays, int n_arrays, int
 }
 
 int shard_write(const char *dir, const ShardArray *arrays, int n_arrays, int64_t n, Err *err) {
-    char parent[PATH_MAX], tmp[PATH_MAX];
-    if (snprintf(parent, sizeof parent, "%s", dir) >= (int)sizeof parent ||
-        snprintf(tmp, sizeof tmp, "%s.tmp.%ld", dir, (long)getpid()) >= (int)sizeof tmp)
+    char parent[PATH_MAX], base[PATH_MAX], tmp[PATH_MAX];
+    if (snprintf(parent, sizeof parent, "%s", dir) >= (int)sizeof parent)
         return err_set(err, "%s: path too long", dir);
+    snprintf(base, sizeof base, "%s", dir);
     char *parent_name = dirname(parent);
+    // Hidden (leading '.'): dataset readers, ours and AstrAI's glob, skip it.
+    if (snprintf(tmp, sizeof tmp, "%s/.%s.tmp.%ld", parent_name, basename(base), (long)getpid()) >=
+        (int)sizeof tmp)
+        return err_set(err, "%s: path too long", dir);
     struct stat st;
     if (lstat(dir, &st) == 0) return err_set(err, "%s: already exists", dir);
     if (fs_mkdir_p(parent_name, err) != 0) return -1;

@@ -11,8 +11,8 @@ typedef struct {
     const int32_t *data; // (n,)
 } ShardArray;
 
-// Writes the shard atomically: the files go into the temporary sibling
-// <dir>.tmp.<pid>, are fsynced, and the directory is renamed to dir (then the
-// parent is fsynced), so a crash leaves either no shard or a whole one.
+// Writes the shard atomically: the files go into the hidden temporary sibling
+// .<name>.tmp.<pid> (dataset readers skip hidden entries), are fsynced, and the directory is
+// renamed to dir (then the parent is fsynced), so a crash leaves either no shard or a whole one.
 // The parent is created if needed; dir itself must not exist yet.
 int shard_write(const char *dir, const ShardArray *arrays, int n_arrays, int64_t n, Err *err);

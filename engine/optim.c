@@ -3,6 +3,13 @@
 //
 // Numerics follow PyTorch: torch.optim.AdamW (single-tensor path) and torch.optim.Muon
 // (torch >= 2.9, _single_tensor_muon), except that Newton-Schulz runs in fp32 (torch: bf16).
+// Reductions add fixed blocks in a fixed order, so a step is bitwise reproducible and a run
+// resumed from optim_save/optim_load continues exactly.
+//
+// State file: exp_avg.<param> and exp_avg_sq.<param> for AdamW-owned parameters,
+// momentum_buffer.<param> for Muon-owned ones (fp32, the parameter's shape), and "step": a
+// 1-element fp32 tensor holding the step count, exact up to 2^24 (saving beyond that fails).
+// An adamw optimizer has no momentum_buf (NULL).
 #include "engine/optim.h"
 
 #include <cblas.h>
@@ -338,9 +345,11 @@ static void format_shape(char *out, size_t size, int ndim, const int64_t *shape)
     if (len > 0 && (size_t)len < size) snprintf(out + len, size - (size_t)len, "]");
 }
 
-// The other optimizer's tensor for parameter i, if the file has it (a kind mismatch).
+// The other optimizer's tensor for parameter i, if the file has it (a kind mismatch): Muon
+// state in an adamw run, AdamW state of a Muon-owned matrix in a muon run.
 static const char *foreign_state(const Optimizer *o, const StFile *f, const ParamSpec *p, int i) {
     static const char *muon_prefix = "momentum_buffer.", *adamw_prefix = "exp_avg.";
+    if (o->kind == OPT_MUON && !o->is_muon[i]) return NULL; // AdamW-owned in both kinds
     char name[STATE_NAME_MAX];
     const char *prefix = o->is_muon[i] ? adamw_prefix : muon_prefix;
     snprintf(name, sizeof name, "%s%s", prefix, p->name);
@@ -356,10 +365,11 @@ static int check_state_file(const Optimizer *o, const Model *m, const StFile *f,
         const char *foreign = foreign_state(o, f, p, i);
         if (foreign)
             return err_set(err,
-                           "%s: tensor '%s' is state of the other optimizer: this run uses "
-                           "'%s' and parameter '%s' is owned by %s",
-                           path, foreign, kind_name(o->kind), p->name,
-                           o->is_muon[i] ? "muon" : "adamw");
+                           "%s: tensor '%s' is %s state: the file was written by the '%s' "
+                           "optimizer, this run uses '%s'",
+                           path, foreign, o->is_muon[i] ? "AdamW" : "Muon",
+                           kind_name(o->kind == OPT_MUON ? OPT_ADAMW : OPT_MUON),
+                           kind_name(o->kind));
         const char *prefixes[2];
         int k = state_fields(o, i, prefixes);
         for (int fi = 0; fi < k; fi++) {

@@ -1,5 +1,6 @@
 // test_dataset.c: bin shards (written by shard_writer and by hand), their
 // validation errors, vocabulary checks and the windows of DESIGN §8.
+#include <dirent.h>
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -42,6 +43,15 @@ static void hand_shard(const char *dir, const char *meta) {
     write_bytes(dir, "meta.json", meta, strlen(meta));
 }
 
+static int count_entries(const char *dir) {
+    DIR *d = opendir(dir);
+    int n = 0;
+    for (struct dirent *e; d && (e = readdir(d)) != NULL;)
+        n += strcmp(e->d_name, ".") != 0 && strcmp(e->d_name, "..") != 0;
+    if (d) closedir(d);
+    return n;
+}
+
 static const int64_t THREE[3] = {1, 2, 3};
 
 // Opens scratch/name and expects failure with a message holding both needles.
@@ -73,6 +83,8 @@ static void test_write_and_concatenate(void) {
     snprintf(shard, sizeof shard, "%s/a", root);
     CHECK_MSG(shard_write(shard, a, 3, 2, &err) == 0, "%s", err.msg);
     CHECK(shard_write(shard, a, 3, 2, &err) == -1 && strstr(err.msg, "already exists"));
+    // A hidden directory (e.g. a crashed writer's temporary) is not a shard.
+    hand_shard("concat/.partial", "{\"sequence\": ");
 
     Dataset d;
     CHECK_MSG(dataset_open(&d, root, 1, &err) == 0, "%s", err.msg);
@@ -107,6 +119,7 @@ static void test_shard_bytes(void) {
     CHECK(text && len == 8 && memcmp(text, want, 8) == 0);
     free(text);
     path_of(path, sizeof path, "bytes");
+    CHECK_MSG(count_entries(path) == 1, "a temporary directory is left in %s", path);
     CHECK(fs_remove_tree(path, &err) == 0 && fs_mkdir_p(path, &err) == 0);
     CHECK(shard_write(path, a, 1, 2, &err) == -1); // the shard dir itself exists
 }

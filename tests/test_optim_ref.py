@@ -33,6 +33,7 @@ SPEC = [
     ("layers.0.attention.q_proj.weight", (32, 16)),
     ("layers.0.attention.k_proj.weight", (16, 16)),
     ("layers.0.attention.o_proj.weight", (16, 32)),
+    ("layers.0.attention.v_proj.weight", (16, 16)),  # zero grads: Newton-Schulz's norm clamp
     ("layers.0.post_attention_norm.weight", (16,)),
     ("layers.0.mlp.up.weight", (300, 64)),
     ("layers.0.mlp.down.weight", (64, 300)),
@@ -56,7 +57,8 @@ def write_problem(d, spec, seed):
     g = torch.Generator().manual_seed(seed)
     weights = [torch.randn(shape, generator=g) * 0.1 + (1.0 if "norm" in n else 0.0)
                for n, shape in spec]
-    grads = [[torch.randn(shape, generator=g) * s for _, shape in spec] for s in GRAD_SCALES]
+    grads = [[torch.randn(shape, generator=g) * s * ("v_proj" not in n) for n, shape in spec]
+             for s in GRAD_SCALES]
     with open(os.path.join(d, "spec.txt"), "w") as f:
         for name, shape in spec:
             f.write(f"{name} {len(shape)} {' '.join(map(str, shape))}\n")
@@ -188,9 +190,10 @@ def check_load_errors(d):
     adamw_state = os.path.join(d, "whole_adamw.state.safetensors")
     check(run_c("load", d, "muon", muon_state).stdout.strip() == "ok", "muon state reloads")
     expect_load_error(d, "adamw", muon_state, muon_state, "momentum_buffer.layers.0",
-                      "other optimizer", "'adamw'")
+                      "written by the 'muon' optimizer", "uses 'adamw'")
     expect_load_error(d, "muon", adamw_state, adamw_state,
-                      "exp_avg.layers.0.attention.q_proj.weight", "other optimizer", "'muon'")
+                      "exp_avg.layers.0.attention.q_proj.weight",
+                      "written by the 'adamw' optimizer", "uses 'muon'")
     expect_load_error(d, "muon", os.path.join(d, "absent.safetensors"), "absent.safetensors")
 
     good = read_safetensors(adamw_state)
@@ -209,6 +212,11 @@ def check_load_errors(d):
         path = os.path.join(d, f"{case}.safetensors")
         write_safetensors(path, tensors)
         expect_load_error(d, "adamw", path, path, *fragments)
+    muon_extra = os.path.join(d, "muon_extra.safetensors")
+    write_safetensors(muon_extra, {**read_safetensors(muon_state),
+                                   "momentum_buffer.norm.weight": np.zeros(16, "f4")})
+    expect_load_error(d, "muon", muon_extra, muon_extra,
+                      "unexpected tensor 'momentum_buffer.norm.weight'")
     # A file from a different model shape.
     other = os.path.join(d, "other")
     os.mkdir(other)
@@ -221,7 +229,7 @@ def main():
     with tempfile.TemporaryDirectory() as d:
         weights, grads = write_problem(d, SPEC, seed=1234)
         owned = [n for n, s in SPEC if muon_owns(n, torch.empty(s))]
-        assert len(owned) == 5, owned  # the spec exercises both halves of MuonMix
+        assert len(owned) == 6, owned  # the spec exercises both halves of MuonMix
         clipped = 0
         for kind in ("adamw", "muon"):
             clipped += compare_run(d, SPEC, weights, grads, kind, 0.1, 5.0) or 0

@@ -38,7 +38,9 @@ def main():
         wa = dict(RefModel.from_dir(a).named_parameters())
         for name, p in RefModel.from_dir(b).named_parameters():
             err = float((p - wa[name]).abs().max() / p.abs().max())
-            if err > 1e-4:
+            # Summation order differs (4 micro-batches vs one batch); AdamW's normalised
+            # update amplifies that rounding for tiny gradients over 8 steps.
+            if err > 1e-3:
                 failures.append(f"{kind}: {name} differs by {err:.2e}")
     for f in failures:
         print("FAIL:", f)

@@ -19,6 +19,7 @@ def base_args(model, data, root):
 
 
 def copy_model(model, root, name):
+    """A copy of the model directory to break in one way."""
     out = os.path.join(root, name)
     shutil.copytree(model, out)
     return out
@@ -111,7 +112,8 @@ def cases(root, model, data):
     model_case("bad-dtype", ["model.safetensors", "Q7"], weights="dtype")
     model_case("bad-shape", ["model.safetensors", "norm.weight"], weights="shape")
     model_case("missing-tensor", ["model.safetensors", "norm.weight"], weights="missing")
-    model_case("small-vocab", [data, "vocab"], config={"vocab_size": 64})
+    small = tu.make_model(os.path.join(root, "small-vocab"), dict(tu.SMALL_CONFIG, vocab_size=64))
+    out.append(("small vocab", {"param_path": small}, [data, "vocab"]))
     out.append(("sft on text data", {"train_type": "sft"}, ["loss_mask"]))
     out.append(("window too large", {"window_size": "64"}, ["window_size", "max_position_embeddings"]))
     no_data = os.path.join(root, "no-data")

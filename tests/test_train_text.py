@@ -20,7 +20,7 @@ def main():
     files = sorted(glob.glob("/usr/share/common-licenses/*"))
     files = [f for f in files if os.path.isfile(f)]
     tu.run([tu.binary("astrai-data"), "prep", "--out", data, "--format", "text",
-            "--tokenizer", "bytes"] + files[:6])
+            "--tokenizer", "bytes"] + files)
     ckpt = os.path.join(root, "ckpt")
     tu.train({"train_type": "seq", "param_path": model, "data_root_path": data,
               "batch_per_device": 8, "window_size": 64, "ckpt_dir": ckpt, "max_steps": 300,

@@ -46,6 +46,7 @@ SMALL_CONFIG = {
 
 def make_model(root, config=None, seed=3407):
     """astrai-model init, fp32, into root/model."""
+    os.makedirs(root, exist_ok=True)
     cfg_path = os.path.join(root, "model.json")
     with open(cfg_path, "w") as f:
         json.dump(config or SMALL_CONFIG, f)

@@ -229,24 +229,35 @@ static int check_out_dir(const char *out, Err *err) {
     return empty ? 0 : err_set(err, "--out %s: exists and is not empty", out);
 }
 
+// DIR/shard_0000, ...: zero-padded to a common width so that the sorted
+// path order of the reader is the writing order even past 10000 shards.
+static int shard_dir(char *buf, size_t cap, const char *out, int64_t i, int64_t n_shards,
+                     Err *err) {
+    int width = 4;
+    for (int64_t limit = 10000; n_shards > limit && width < 19; limit *= 10)
+        width++;
+    if (snprintf(buf, cap, "%s/shard_%0*" PRId64, out, width, i) >= (int)cap)
+        return err_set(err, "--out %s: path too long", out);
+    return 0;
+}
+
 // Splits the stream into shards of shard_tokens (0: one shard); on failure
 // removes the shards already written so no partial dataset is left.
-static int write_shards(const char *out, const Stream *s, int64_t shard_tokens, int *n_shards,
+static int write_shards(const char *out, const Stream *s, int64_t shard_tokens, int64_t *n_shards,
                         Err *err) {
     int64_t per = shard_tokens ? shard_tokens : s->n;
-    *n_shards = (int)((s->n + per - 1) / per);
+    *n_shards = (s->n + per - 1) / per;
     char dir[PATH_MAX];
-    for (int i = 0; i < *n_shards; i++) {
+    for (int64_t i = 0; i < *n_shards; i++) {
         int64_t at = i * per, n = s->n - at < per ? s->n - at : per;
         ShardArray arrays[3] = {{"sequence", s->seq + at},
                                 {"loss_mask", s->sft ? s->loss_mask + at : NULL},
                                 {"position_ids", s->sft ? s->position_ids + at : NULL}};
-        if (snprintf(dir, sizeof dir, "%s/shard_%04d", out, i) >= (int)sizeof dir)
-            return err_set(err, "--out %s: path too long", out);
+        if (shard_dir(dir, sizeof dir, out, i, *n_shards, err) != 0) return -1;
         if (shard_write(dir, arrays, s->sft ? 3 : 1, n, err) == 0) continue;
-        for (int j = 0; j < i; j++) {
+        for (int64_t j = 0; j < i; j++) {
             Err ignored;
-            snprintf(dir, sizeof dir, "%s/shard_%04d", out, j);
+            shard_dir(dir, sizeof dir, out, j, *n_shards, &ignored);
             fs_remove_tree(dir, &ignored);
         }
         return -1;
@@ -299,10 +310,11 @@ static int cmd_prep(int argc, char **argv) {
         rc = s.sft ? prep_sft_file(a.files[i], &tok, &s, &err)
                    : prep_text_file(a.files[i], &tok, &s, &err);
     if (rc == 0 && s.n == 0) rc = err_set(&err, "prep: the input files hold no tokens");
-    int status = rc == 0 ? 0 : EXIT_BAD_INPUT, n_shards = 0;
+    int status = rc == 0 ? 0 : EXIT_BAD_INPUT;
+    int64_t n_shards = 0;
     if (rc == 0 && write_shards(a.out, &s, a.shard_tokens, &n_shards, &err) != 0) status = 1;
     if (status == 0)
-        printf("wrote %" PRId64 " tokens in %d shard(s) to %s\n", s.n, n_shards, a.out);
+        printf("wrote %" PRId64 " tokens in %" PRId64 " shard(s) to %s\n", s.n, n_shards, a.out);
     else
         fprintf(stderr, "astrai-data: %s\n", err.msg);
     stream_free(&s);
