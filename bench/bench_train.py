@@ -2,7 +2,7 @@
 """bench_train.py: astrai-train against the PyTorch reference doing the same training steps.
 
 One run measures, on the same threads and one after the other (never side by side):
-  1. the sgemm peak (build/bench_sgemm_peak on the model's matmul shapes),
+  1. the sgemm peak (build/bench_sgemm_peak on the model's matmul shapes), before and after,
   2. astrai-train: tokens/s from progress.db (warm-up steps discarded), peak RSS,
   3. the PyTorch peer (tests/ref/model.py + torch.optim.AdamW) in its own process:
      tokens/s over the same steps, peak RSS,
@@ -124,7 +124,7 @@ def count_params(safetensors_path):
 # ------------------------------------------------------------------ measurements
 
 
-def sgemm_peak(args, root):
+def sgemm_peak(args, root, label):
     """The model's forward matmul shapes at B*T rows, on args.threads threads."""
     rows = args.batch * args.window
     C, FF, V = CONFIG["hidden_size"], CONFIG["intermediate_size"], CONFIG["vocab_size"]
@@ -134,7 +134,7 @@ def sgemm_peak(args, root):
            "--seconds", str(args.sgemm_seconds)]
     for m, n, k in shapes:
         cmd += ["--shape", f"{m},{n},{k}"]
-    out, _, _ = run_child(cmd, os.path.join(root, "sgemm.log"), args.threads)
+    out, _, _ = run_child(cmd, os.path.join(root, f"sgemm-{label}.log"), args.threads)
     return json.loads(out)
 
 
@@ -253,7 +253,7 @@ def flops_per_token(params, window):
                        "x3 with backward, /T); MFU = tokens/s * flops/token / sgemm peak"}
 
 
-def report(args, sgemm, flops, astrai, peer):
+def report(args, sgemm, flops, astrai, peer, load):
     peak = sgemm["peak_gflops"] * 1e9
     for side in (astrai, peer):
         side["achieved_gflops"] = side["tokens_per_s"] * flops["flops_per_token"] / 1e9
@@ -264,6 +264,7 @@ def report(args, sgemm, flops, astrai, peer):
     ratio = astrai["tokens_per_s"] / peer["tokens_per_s"]
     result = {"config": CONFIG, "batch": args.batch, "window": args.window,
               "threads": args.threads, "warmup_steps": args.warmup, "timed_steps": args.steps,
+              "load_average_1min": load,
               "sgemm": sgemm, **flops, "astrai": astrai, "pytorch": peer,
               "ratio_tokens_per_s": ratio,
               "targets": {"ratio_min": 1.5, "mfu_min": 0.5,
@@ -276,6 +277,10 @@ def report(args, sgemm, flops, astrai, peer):
           f"(peak sgemm {sgemm['peak_gflops']:.0f} GFLOP/s), "
           f"peak RSS astrai {astrai['peak_rss_mib']:.0f} MiB / "
           f"pytorch {peer['peak_rss_mib']:.0f} MiB")
+    busiest = max(load.values())
+    if busiest > args.threads + 0.5:
+        print(f"warning: 1-minute load average reached {busiest:.1f} on {os.cpu_count()} cores "
+              f"during the run: other work shared the cores, the numbers are noisy")
 
 
 def main(argv):
@@ -292,10 +297,17 @@ def main(argv):
         model_dir = make_model(args.build, root)
         data_dir = make_dataset(root, (args.warmup + args.steps) * args.batch, args.window)
         params = count_params(os.path.join(model_dir, "model.safetensors"))
-        sgemm = sgemm_peak(args, root)
+        # sgemm before and after the training runs: the better of the two is the peak, so a
+        # burst of load from elsewhere during one of them does not lower it.
+        load = {"start": os.getloadavg()[0]}
+        sgemm = {"before": sgemm_peak(args, root, "before")}
         astrai = run_astrai(args, root, model_dir, data_dir)
+        load["after_astrai"] = os.getloadavg()[0]
         peer = run_peer(args, root, model_dir, data_dir)
-        report(args, sgemm, flops_per_token(params, args.window), astrai, peer)
+        load["after_pytorch"] = os.getloadavg()[0]
+        sgemm["after"] = sgemm_peak(args, root, "after")
+        sgemm["peak_gflops"] = max(sgemm["before"]["peak_gflops"], sgemm["after"]["peak_gflops"])
+        report(args, sgemm, flops_per_token(params, args.window), astrai, peer, load)
     finally:
         if not args.workdir:
             shutil.rmtree(root, ignore_errors=True)
