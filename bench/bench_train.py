@@ -146,6 +146,7 @@ def steady_rate(times, losses, args):
     step_s = [b - a for a, b in zip([start] + timed[:-1], timed)]
     return {"tokens_per_s": tokens / seconds, "seconds": seconds, "steps": len(timed),
             "step_s_min": min(step_s), "step_s_max": max(step_s),
+            "tokens_per_s_best_step": args.batch * args.window / min(step_s),
             "loss_first": losses[0], "loss_last": losses[-1]}
 
 
@@ -276,7 +277,12 @@ def report(args, sgemm, flops, astrai, peer, load):
           f"pytorch {100 * peer['mfu']:.0f}%) "
           f"(peak sgemm {sgemm['peak_gflops']:.0f} GFLOP/s), "
           f"peak RSS astrai {astrai['peak_rss_mib']:.0f} MiB / "
-          f"pytorch {peer['peak_rss_mib']:.0f} MiB")
+          f"pytorch {peer['peak_rss_mib']:.0f} MiB; fastest step: astrai "
+          f"{astrai['tokens_per_s_best_step']:.0f} tok/s, pytorch "
+          f"{peer['tokens_per_s_best_step']:.0f} tok/s")
+    if abs(astrai["loss_first"] - peer["loss_first"]) > 1e-3 * abs(peer["loss_first"]):
+        print(f"warning: first-step losses differ (astrai {astrai['loss_first']:.5f}, pytorch "
+              f"{peer['loss_first']:.5f}): the two sides did not train the same step")
     busiest = max(load.values())
     if busiest > args.threads + 0.5:
         print(f"warning: 1-minute load average reached {busiest:.1f} on {os.cpu_count()} cores "
@@ -291,6 +297,8 @@ def main(argv):
     for name in ("astrai-model", "astrai-train", "bench_sgemm_peak"):
         if not os.access(os.path.join(args.build, name), os.X_OK):
             sys.exit(f"bench_train: {os.path.join(args.build, name)} not found (build first)")
+    if args.workdir and os.path.exists(args.workdir) and os.listdir(args.workdir):
+        sys.exit(f"bench_train: --workdir {args.workdir} is not empty")
     root = args.workdir or tempfile.mkdtemp(prefix="astrai-bench-")
     os.makedirs(root, exist_ok=True)
     try:

@@ -6,6 +6,11 @@
 // Every call has a timeout: a dead or stuck peer gives a clear error naming it
 // (and a non-zero exit in the caller), never a silent hang. Results are
 // bitwise identical on every rank.
+//
+// Every rank must call the same collectives in the same order with the same
+// sizes (the shm backend checks this and fails every rank on a mismatch).
+// After any error the Comm is unusable: every later call fails with the first
+// error; comm_destroy() is still required.
 #pragma once
 #include <stddef.h>
 #include <stdint.h>
@@ -16,24 +21,40 @@ typedef enum { COMM_SUM, COMM_AVG } CommOp;
 
 typedef struct Comm Comm;
 
+// Size of the ncclUniqueId handed from rank 0 to every rank.
+#define COMM_NCCL_ID_BYTES 128
+
 typedef struct {
     const char *backend; // "shm" | "nccl"
     int rank, world_size;
-    int timeout_ms;      // per collective call
+    int timeout_ms; // per collective call (and for comm_create to see every rank)
     // shm: the segment name, the same on every rank ("/astrai-<job>-<nonce>").
     const char *shm_name;
     // nccl: the 128-byte ncclUniqueId from the rendezvous, and the CUDA device.
     const uint8_t *nccl_id;
     int cuda_device;
+    // shm: bytes each rank stages per step; 0 = COMM_SHM_DEFAULT_CHUNK. Must be
+    // the same on every rank, a multiple of 64 and at least 64 * world_size.
+    // Buffers larger than this are processed in steps.
+    size_t shm_chunk_bytes;
 } CommConfig;
 
+#define COMM_SHM_DEFAULT_CHUNK ((size_t)4 << 20)
+
+// shm: rank 0 creates the segment (replacing a stale one left by a crashed
+// run), the others attach; returns once every rank is attached, and the
+// segment name is unlinked by then so nothing outlives the processes.
+// nccl: buffers given to the collectives are CUDA device pointers on
+// cfg->cuda_device; NCCL and the CUDA runtime are loaded at this call (dlopen),
+// so binaries start on machines without them.
 int comm_create(Comm **out, const CommConfig *cfg, Err *err);
 void comm_destroy(Comm *c);
 
 int comm_rank(const Comm *c);
 int comm_world_size(const Comm *c);
 
-// buf: (n,) floats, reduced in place on every rank.
+// buf: (n,) floats, reduced in place on every rank. AVG = SUM, then multiplied
+// by 1/world_size. Sums run in rank order (rank 0 + rank 1 + ...).
 int comm_all_reduce(Comm *c, float *buf, size_t n, CommOp op, Err *err);
 // send: (world*n,) floats; recv: (n,) = rank r's slice of the reduction.
 int comm_reduce_scatter(Comm *c, const float *send, float *recv, size_t n, CommOp op, Err *err);
@@ -42,3 +63,8 @@ int comm_all_gather(Comm *c, const float *send, float *recv, size_t n, Err *err)
 // bytes from root's buf to every rank's buf.
 int comm_broadcast(Comm *c, void *buf, size_t bytes, int root, Err *err);
 int comm_barrier(Comm *c, Err *err);
+
+// nccl rendezvous, rank 0's side: a fresh ncclUniqueId to hand to every rank
+// (by astraid, or the TCP rendezvous). Fails with a clear error when the nccl
+// backend is not built or NCCL cannot be loaded.
+int comm_nccl_unique_id(uint8_t id[COMM_NCCL_ID_BYTES], Err *err);

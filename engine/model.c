@@ -323,6 +323,27 @@ void model_free(Model *m) {
     memset(m, 0, sizeof *m);
 }
 
+int model_acquire(Model *m, bool weights, bool grads, Err *err) {
+    const Backend *be = m->acts->be;
+    size_t bytes = m->num_floats * sizeof(float);
+    if (weights && !m->weights && !(m->weights = be->alloc(bytes)))
+        return err_set(err, "model: out of memory for %zu weights", m->num_floats);
+    if (grads && !m->grads && !(m->grads = be->alloc(bytes)))
+        return err_set(err, "model: out of memory for %zu gradients", m->num_floats);
+    return 0;
+}
+
+void model_release(Model *m, bool weights, bool grads) {
+    if (weights) {
+        m->acts->be->free(m->weights);
+        m->weights = NULL;
+    }
+    if (grads) {
+        m->acts->be->free(m->grads);
+        m->grads = NULL;
+    }
+}
+
 void model_zero_grad(Model *m) {
     m->acts->be->zero(m->grads, m->num_floats * sizeof(float));
 }

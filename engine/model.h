@@ -8,6 +8,7 @@
 // The numerics run through a Backend (engine/backend.h): the model code only
 // orchestrates, so a CUDA backend can be added beside the CPU one.
 #pragma once
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -69,6 +70,12 @@ const float *model_logits(const Model *m);
 void model_backward(Model *m, float loss_scale);
 
 void model_zero_grad(Model *m);
+
+// FSDP holds the full weights and gradients only while a micro-step needs them:
+// model_release frees the chosen buffers (pointers become NULL), model_acquire
+// allocates the missing ones again (zeroed).
+int model_acquire(Model *m, bool weights, bool grads, Err *err);
+void model_release(Model *m, bool weights, bool grads);
 
 // Bytes held by activations (for memory reports).
 size_t model_activation_bytes(const Model *m);

@@ -52,9 +52,8 @@ static size_t ns_scratch_floats(const ParamSpec *p) {
 }
 
 static int check_param_table(const Model *m, Err *err) {
-    if (m->n_params > 0 && (!m->params || !m->weights || !m->grads))
-        return err_set(err, "optimizer: model has %d parameters but no weight/grad buffers",
-                       m->n_params);
+    if (m->n_params > 0 && !m->params)
+        return err_set(err, "optimizer: model has %d parameters but no table", m->n_params);
     for (int i = 0; i < m->n_params; i++) {
         const ParamSpec *p = &m->params[i];
         if (p->ndim != 1 && p->ndim != 2)
@@ -146,12 +145,20 @@ static void scale(float *x, size_t n, float factor) {
         x[i] *= factor;
 }
 
-float clip_grad_norm(Model *m, float max_norm) {
-    double norm = sqrt(sum_squares(m->grads, m->num_floats));
+double grad_sq_sum(const Model *m) {
+    return sum_squares(m->grads, m->num_floats);
+}
+
+void clip_grads_to(Model *m, double norm, float max_norm) {
     // torch clip_grad_norm_: coef = max_norm / (norm + 1e-6), clamped to 1. A NaN norm
     // leaves the grads alone; the caller sees it in the returned value.
     double coef = (double)max_norm / (norm + 1e-6);
     if (max_norm > 0 && coef < 1.0) scale(m->grads, m->num_floats, (float)coef);
+}
+
+float clip_grad_norm(Model *m, float max_norm) {
+    double norm = sqrt(grad_sq_sum(m));
+    clip_grads_to(m, norm, max_norm);
     return (float)norm;
 }
 

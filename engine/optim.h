@@ -38,6 +38,10 @@ void optim_step(Optimizer *o, Model *m, float lr);
 // Global L2 norm of m->grads; scales grads by min(1, max_norm/(norm+1e-6)) when
 // max_norm > 0. Returns the norm before clipping.
 float clip_grad_norm(Model *m, float max_norm);
+// The two halves of clip_grad_norm, for sharded gradients: the local sum of
+// squares (deterministic order), and the scaling for a global norm.
+double grad_sq_sum(const Model *m);
+void clip_grads_to(Model *m, double norm, float max_norm);
 
 // State as safetensors ("optimizer.safetensors": exp_avg.<param>, exp_avg_sq.<param>,
 // momentum_buffer.<param>, and a 1-element "step") — no pickle.

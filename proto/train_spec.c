@@ -58,6 +58,7 @@ static const KeyDef KEYS[] = {
     {"log_interval", KEY_INT, F(log_interval), "10", 1, 1e12, NULL, "optimizer steps between progress lines"},
     {"parallel_mode", KEY_STR, F(parallel_mode), "none", 0, 0, "none|ddp|fsdp", "parallel executor"},
     {"nprocs", KEY_INT, F(nprocs), "1", 1, 4096, NULL, "number of ranks"},
+    {"comm_timeout", KEY_INT, F(comm_timeout), "600", 1, 86400, NULL, "seconds a collective may wait for the other ranks"},
     {"threads", KEY_INT, F(threads), "0", 0, 4096, NULL, "CPU threads per rank (0: cores / local ranks)"},
 };
 // clang-format on
@@ -272,9 +273,6 @@ int train_spec_validate(const TrainSpec *s, Err *err) {
     if (!*s->ckpt_dir) return err_set(err, "ckpt_dir: must not be empty");
     if (s->nprocs > 1 && !strcmp(s->parallel_mode, "none"))
         return err_set(err, "nprocs: %ld ranks need parallel_mode ddp or fsdp", s->nprocs);
-    if (strcmp(s->parallel_mode, "none") != 0)
-        return err_set(err, "parallel_mode: '%s' is not available in this build (only 'none')",
-                       s->parallel_mode);
     return 0;
 }
 

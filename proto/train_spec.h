@@ -46,6 +46,7 @@ typedef struct {
     char *parallel_mode; // none | ddp | fsdp
     long nprocs;
     long threads; // 0: cores / local ranks
+    long comm_timeout; // seconds a collective may wait for the other ranks
 } TrainSpec;
 
 // Fills every field with its default.

@@ -1,6 +1,7 @@
 #include "worker/lib/train_ckpt.h"
 
 #include <cjson/cJSON.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -27,12 +28,15 @@ int train_ckpt_locate(const TrainSpec *spec, char *out, size_t cap, Err *err) {
     return rc;
 }
 
-int train_ckpt_load_model(Model *m, const char *dir, Err *err) {
+int train_ckpt_load_config(ModelConfig *cfg, const char *dir, Err *err) {
     char path[PATH_CAP];
-    ModelConfig cfg;
-    if (path_join(path, sizeof path, dir, "config.json", err) ||
-        model_config_load(&cfg, path, err) || model_create(m, &cfg, err) ||
-        path_join(path, sizeof path, dir, "model.safetensors", err))
+    return path_join(path, sizeof path, dir, "config.json", err) ||
+           model_config_load(cfg, path, err);
+}
+
+int train_ckpt_load_model(Model *m, const ModelConfig *cfg, const char *dir, Err *err) {
+    char path[PATH_CAP];
+    if (model_create(m, cfg, err) || path_join(path, sizeof path, dir, "model.safetensors", err))
         return -1;
     return model_load(m, path, err);
 }
@@ -96,7 +100,7 @@ static char *metrics_text(const Trainer *t) {
     return metrics_to_jsonl(&t->metrics, &len);
 }
 
-static int write_files(const Trainer *t, const char *tmp, Err *err) {
+static int write_files(const Trainer *t, const Optimizer *opt, const char *tmp, Err *err) {
     char path[PATH_CAP];
     StDType dtype = !strcmp(t->spec->ckpt_dtype, "bf16") ? ST_BF16 : ST_F32;
     if (write_text(tmp, "meta.json", meta_text(t), err) ||
@@ -109,18 +113,44 @@ static int write_files(const Trainer *t, const char *tmp, Err *err) {
         model_save(&t->model, path, dtype, err) ||
         path_join(path, sizeof path, tmp, "optimizer.safetensors", err))
         return -1;
-    return optim_save(&t->opt, &t->model, path, err);
+    return optim_save(opt, &t->model, path, err);
 }
 
-int train_ckpt_save(const Trainer *t, char *path_out, size_t cap, Err *err) {
-    char name[128], tmp[PATH_CAP];
-    snprintf(name, sizeof name, "epoch_%ld_step_%ld", t->epoch, t->step);
+// Rank 0 writes the checkpoint directory.
+static int write_checkpoint(const Trainer *t, const Optimizer *opt, const char *name, Err *err) {
+    char tmp[PATH_CAP];
     if (ckpt_begin(t->spec->ckpt_dir, name, tmp, sizeof tmp, err)) return -1;
-    if (write_files(t, tmp, err) || ckpt_commit(t->spec->ckpt_dir, tmp, name, err)) {
+    if (write_files(t, opt, tmp, err) || ckpt_commit(t->spec->ckpt_dir, tmp, name, err)) {
         Err ignored;
         ckpt_abort(tmp, &ignored);
         return err_prefix(err, "checkpoint %s/%s", t->spec->ckpt_dir, name);
     }
+    return 0;
+}
+
+// fsdp: every rank takes part in gathering the full weights and optimizer state.
+static int gather_full_state(Trainer *t, Optimizer *full, Err *err) {
+    return executor_gather_weights(&t->exec, &t->model, err) ||
+           optim_create(full, t->opt.kind, &t->model, t->opt.weight_decay, err) ||
+           executor_gather_optim(&t->exec, &t->model, &t->opt, full, err);
+}
+
+int train_ckpt_save(Trainer *t, char *path_out, size_t cap, Err *err) {
+    char name[128];
+    snprintf(name, sizeof name, "epoch_%ld_step_%ld", t->epoch, t->step);
+    Optimizer full = {0};
+    bool sharded = t->exec.mode == EXEC_FSDP;
+    int rc = sharded ? gather_full_state(t, &full, err) : 0;
+    if (!rc && t->rank == 0) rc = write_checkpoint(t, sharded ? &full : &t->opt, name, err);
+    if (sharded) {
+        executor_drop_full(&t->exec, &t->model);
+        optim_free(&full);
+    }
+    // Every rank learns whether rank 0 wrote it, so none trains on alone.
+    float failed = rc != 0;
+    if (executor_sum(&t->exec, &failed, 1, rc ? NULL : err)) return -1;
+    if (failed > 0 && !rc) return err_set(err, "rank 0 failed to write checkpoint %s", name);
+    if (rc) return -1;
     return path_join(path_out, cap, t->spec->ckpt_dir, name, err);
 }
 
@@ -173,7 +203,13 @@ static int load_optimizer(Trainer *t, const char *dir, Err *err) {
                         "fresh\n", dir);
         return 0;
     }
-    return optim_load(&t->opt, &t->model, path, err);
+    if (t->exec.mode != EXEC_FSDP) return optim_load(&t->opt, &t->model, path, err);
+    Optimizer full;
+    if (optim_create(&full, t->opt.kind, &t->model, t->opt.weight_decay, err)) return -1;
+    int rc = optim_load(&full, &t->model, path, err);
+    if (!rc) executor_scatter_optim(&t->exec, &t->model, &full, &t->opt);
+    optim_free(&full);
+    return rc;
 }
 
 int train_ckpt_load_state(Trainer *t, const char *dir, Err *err) {

@@ -20,12 +20,14 @@ struct Trainer;
 // latest checkpoint in ckpt_dir.
 int train_ckpt_locate(const TrainSpec *spec, char *out, size_t cap, Err *err);
 
-// Creates the model from dir/config.json and loads dir/model.safetensors.
-int train_ckpt_load_model(Model *m, const char *dir, Err *err);
+// Reads dir/config.json.
+int train_ckpt_load_config(ModelConfig *cfg, const char *dir, Err *err);
+// Creates the model for cfg and loads dir/model.safetensors.
+int train_ckpt_load_model(Model *m, const ModelConfig *cfg, const char *dir, Err *err);
 
 // Writes checkpoint epoch_E_step_S of the trainer's current position into
 // spec->ckpt_dir (atomically); its path goes to path_out.
-int train_ckpt_save(const struct Trainer *t, char *path_out, size_t cap, Err *err);
+int train_ckpt_save(struct Trainer *t, char *path_out, size_t cap, Err *err);
 
 // Restores position, optimizer state and metric rows from checkpoint dir (the
 // model weights come from train_ckpt_load_model).

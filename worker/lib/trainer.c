@@ -2,6 +2,7 @@
 
 #include <cblas.h>
 #include <cjson/cJSON.h>
+#include <malloc.h>
 #include <math.h>
 #include <omp.h>
 #include <stdio.h>
@@ -11,6 +12,7 @@
 #include <unistd.h>
 
 #include "common/fsutil.h"
+#include "common/path.h"
 #include "worker/lib/train_ckpt.h"
 
 volatile sig_atomic_t trainer_stop_requested = 0;
@@ -28,20 +30,13 @@ long trainer_total_steps(int64_t n_samples, long nprocs, long batch, long accum,
     return (long)(batches / accum) * n_epoch;
 }
 
-static void set_threads(const TrainSpec *spec) {
-    long n = spec->threads;
-    if (n <= 0) {
-        long cores = sysconf(_SC_NPROCESSORS_ONLN);
-        n = cores > 0 ? cores / spec->nprocs : 1;
-        if (n < 1) n = 1;
-    }
+static void set_threads(long n) {
     omp_set_num_threads((int)n);
     openblas_set_num_threads((int)n);
 }
 
-static int open_data(Trainer *t, Err *err) {
+static int open_data(Trainer *t, const ModelConfig *cfg, Err *err) {
     const TrainSpec *s = t->spec;
-    const ModelConfig *cfg = &t->model.cfg;
     if (dataset_open(&t->data, s->data_root_path, t->sft, err)) return -1;
     if (dataset_check_vocab(&t->data, cfg->vocab_size, err))
         return err_prefix(err, "data_root_path %s", s->data_root_path);
@@ -54,7 +49,7 @@ static int open_data(Trainer *t, Err *err) {
     if (t->n_samples == 0)
         return err_set(err, "data_root_path %s: %lld tokens give no sample of window_size %lld",
                        s->data_root_path, (long long)t->data.n_tokens, (long long)t->window);
-    return sampler_init(&t->sampler, t->n_samples, (int)s->nprocs, 0, (uint64_t)s->random_seed,
+    return sampler_init(&t->sampler, t->n_samples, t->world, t->rank, (uint64_t)s->random_seed,
                         s->shuffle, err);
 }
 
@@ -75,25 +70,61 @@ static int alloc_batch(Trainer *t, Err *err) {
     return 0;
 }
 
-int trainer_init(Trainer *t, const TrainSpec *spec, Err *err) {
+static ExecMode exec_mode(const char *name) {
+    if (!strcmp(name, "ddp")) return EXEC_DDP;
+    if (!strcmp(name, "fsdp")) return EXEC_FSDP;
+    return EXEC_NONE;
+}
+
+// Private anonymous resident bytes of this process (RssAnon of /proc/self/status): the
+// heap and mmap'd buffers, without the code, mapped files and the shared collectives
+// segment. 0 if unknown.
+static long resident_bytes(void) {
+    FILE *f = fopen("/proc/self/status", "r");
+    if (!f) return 0;
+    char line[256];
+    long kib = 0;
+    while (fgets(line, sizeof line, f))
+        if (sscanf(line, "RssAnon: %ld kB", &kib) == 1) break;
+    fclose(f);
+    return kib * 1024;
+}
+
+int trainer_init(Trainer *t, const TrainSpec *spec, Comm *comm, long threads, Err *err) {
     memset(t, 0, sizeof *t);
     t->spec = spec;
     t->sft = !strcmp(spec->train_type, "sft");
-    set_threads(spec);
+    t->rank = comm ? comm_rank(comm) : 0;
+    t->world = comm ? comm_world_size(comm) : 1;
+    set_threads(threads);
+    // Large buffers (fsdp's transient full weights and gradients) come from mmap and go
+    // back to the system when freed; a fixed threshold stops glibc from moving them to the
+    // heap after the first free.
+    mallopt(M_MMAP_THRESHOLD, 1 << 20);
     char resume_dir[4096] = "";
     if (spec->resume && train_ckpt_locate(spec, resume_dir, sizeof resume_dir, err)) return -1;
     const char *model_dir = *resume_dir ? resume_dir : spec->param_path;
-    if (train_ckpt_load_model(&t->model, model_dir, err) || open_data(t, err)) return -1;
-    t->total_steps = trainer_total_steps(t->n_samples, spec->nprocs, spec->batch_per_device,
+    ModelConfig cfg;
+    if (train_ckpt_load_config(&cfg, model_dir, err) || open_data(t, &cfg, err)) return -1;
+    t->rss_baseline = resident_bytes();
+    if (train_ckpt_load_model(&t->model, &cfg, model_dir, err) ||
+        executor_init(&t->exec, exec_mode(spec->parallel_mode), comm, &t->model, err) ||
+        executor_adopt_weights(&t->exec, &t->model, err))
+        return -1;
+    t->total_steps = trainer_total_steps(t->n_samples, t->world, spec->batch_per_device,
                                          spec->grad_accum_steps, spec->n_epoch);
     schedule_init(&t->sched, schedule_kind(spec->schedule_type), t->total_steps,
                   spec->warmup_ratio, spec->min_rate, spec->stable_steps, spec->decay_steps,
                   spec->cycle_length, spec->t_mult);
     OptimizerKind kind = !strcmp(spec->optimizer, "adamw") ? OPT_ADAMW : OPT_MUON;
-    if (optim_create(&t->opt, kind, &t->model, (float)spec->weight_decay, err)) return -1;
+    if (optim_create(&t->opt, kind, executor_opt_model(&t->exec, &t->model),
+                     (float)spec->weight_decay, err))
+        return -1;
     if (*resume_dir && train_ckpt_load_state(t, resume_dir, err)) return -1;
     t->last_ckpt_step = t->step;
-    if (progress_open(&t->progress, spec->ckpt_dir, t->total_steps, t->step, err)) return -1;
+    if (t->rank == 0 &&
+        progress_open(&t->progress, spec->ckpt_dir, t->total_steps, t->step, err))
+        return -1;
     return alloc_batch(t, err);
 }
 
@@ -112,6 +143,7 @@ static int save_checkpoint(Trainer *t, Err *err) {
     char path[4096];
     if (train_ckpt_save(t, path, sizeof path, err)) return -1;
     t->last_ckpt_step = t->step;
+    if (t->rank != 0) return 0;
     fprintf(stderr, "checkpoint %s\n", path);
     return progress_add_checkpoint(&t->progress, t->step, t->epoch, path, err);
 }
@@ -124,26 +156,42 @@ typedef struct {
     long tokens;       // tokens of the current optimizer step
 } StepClock;
 
-static int optimizer_step(Trainer *t, StepClock *c, Err *err) {
+// Requests agreed by all ranks at a step boundary (DESIGN §5): a request that
+// reached any rank applies to all, so they stop or checkpoint at the same step.
+enum { AGREE_LOSS, AGREE_STOP, AGREE_CKPT, AGREE_N };
+
+static int optimizer_step(Trainer *t, StepClock *c, int *stop, int *ckpt, Err *err) {
     const TrainSpec *s = t->spec;
-    float gnorm = clip_grad_norm(&t->model, (float)s->max_grad_norm);
+    float agreed[AGREE_N] = {(float)c->loss_sum, (float)(trainer_stop_requested != 0),
+                             (float)(trainer_checkpoint_requested != 0)};
+    trainer_checkpoint_requested = 0;
+    float gnorm;
+    if (executor_sum(&t->exec, agreed, AGREE_N, err) ||
+        executor_clip(&t->exec, &t->model, (float)s->max_grad_norm, &gnorm, err))
+        return -1;
+    *stop = agreed[AGREE_STOP] > 0;
+    *ckpt = agreed[AGREE_CKPT] > 0;
     double lr = s->max_lr * schedule_factor(&t->sched, t->step);
-    optim_step(&t->opt, &t->model, (float)lr);
-    model_zero_grad(&t->model);
+    optim_step(&t->opt, executor_opt_model(&t->exec, &t->model), (float)lr);
+    if (t->exec.mode != EXEC_FSDP) model_zero_grad(&t->model);
     t->step++;
     double now = now_s();
     StepRow row = {.step = t->step,
                    .epoch = t->epoch,
                    .consumed_samples = t->consumed_samples,
-                   .loss = (float)(c->loss_sum / (double)s->grad_accum_steps),
+                   .loss = agreed[AGREE_LOSS] / (float)(s->grad_accum_steps * t->world),
                    .lr = lr,
                    .grad_norm = gnorm,
-                   .tokens_per_s = (double)c->tokens / fmax(now - c->step_start, 1e-9),
+                   .tokens_per_s = (double)c->tokens * t->world / fmax(now - c->step_start, 1e-9),
                    .wall_time = now};
     c->steps_run++;
-    if (metrics_append(&t->metrics, &row, err) || progress_add_step(&t->progress, &row, err))
+    long rss = resident_bytes() - t->rss_baseline;
+    if (rss > t->rss_state_max) t->rss_state_max = rss;
+    if (t->rank == 0 &&
+        (metrics_append(&t->metrics, &row, err) || progress_add_step(&t->progress, &row, err)))
         return -1;
-    if (t->step % s->log_interval == 0 || t->step == 1 || t->step == t->total_steps) {
+    if (t->rank == 0 &&
+        (t->step % s->log_interval == 0 || t->step == 1 || t->step == t->total_steps)) {
         char line[256];
         double eta = (now - c->run_start) / (double)c->steps_run * (double)(t->total_steps - t->step);
         progress_format_line(line, sizeof line, &row, t->total_steps, eta);
@@ -155,10 +203,12 @@ static int optimizer_step(Trainer *t, StepClock *c, Err *err) {
     return 0;
 }
 
-// One micro-step: forward, backward (scaled by 1/grad_accum_steps), bookkeeping.
+// One micro-step: forward, backward (scaled by 1/grad_accum_steps), bookkeeping,
+// and on a sync micro-step the gradient exchange between ranks.
 static int micro_step(Trainer *t, StepClock *c, int nb, Err *err) {
     const TrainSpec *s = t->spec;
     fill_batch(t, nb);
+    if (executor_begin_micro(&t->exec, &t->model, err)) return -1;
     Err ferr = {{0}};
     float loss = model_forward(&t->model, t->inputs, t->targets, t->sft ? t->loss_mask : NULL,
                                t->sft ? t->position_ids : NULL, nb, (int)t->window,
@@ -171,25 +221,37 @@ static int micro_step(Trainer *t, StepClock *c, int nb, Err *err) {
     c->loss_sum += loss;
     c->tokens += (long)nb * (long)t->window;
     t->epoch_pos += nb;
-    t->consumed_samples += (long)nb * s->nprocs;
+    t->consumed_samples += (long)nb * t->world;
     t->micro++;
-    return 0;
+    return executor_end_micro(&t->exec, &t->model, t->micro == s->grad_accum_steps, err);
 }
 
 // After an optimizer step: checkpoint when due or requested. Returns 1 to stop.
-static int after_step(Trainer *t, Err *err) {
-    int stop = trainer_stop_requested != 0 ||
-               (t->spec->max_steps > 0 && t->step >= t->spec->max_steps);
+static int after_step(Trainer *t, int stop, int ckpt, Err *err) {
+    stop = stop || (t->spec->max_steps > 0 && t->step >= t->spec->max_steps);
     int due = t->step - t->last_ckpt_step >= t->spec->ckpt_interval;
-    if (due || stop || trainer_checkpoint_requested) {
-        trainer_checkpoint_requested = 0;
-        if (save_checkpoint(t, err)) return -1;
-    }
-    if (stop) fprintf(stderr, "stopped at step %ld of %ld\n", t->step, t->total_steps);
+    if ((due || stop || ckpt) && save_checkpoint(t, err)) return -1;
+    if (stop && t->rank == 0)
+        fprintf(stderr, "stopped at step %ld of %ld\n", t->step, t->total_steps);
     return stop;
 }
 
-int trainer_run(Trainer *t, Err *err) {
+// With $ASTRAI_MEMORY_REPORT=DIR, each rank writes DIR/rank<R>.json: the most resident
+// bytes it held above its pre-model baseline between optimizer steps (parameters,
+// gradients, optimizer state, activations), as measured by the kernel.
+static int write_memory_report(const Trainer *t, Err *err) {
+    const char *dir = getenv("ASTRAI_MEMORY_REPORT");
+    if (!dir || !*dir) return 0;
+    char name[64], path[4096], text[128];
+    snprintf(name, sizeof name, "rank%d.json", t->rank);
+    int n = snprintf(text, sizeof text, "{\"rank\": %d, \"state_bytes\": %ld}\n", t->rank,
+                     t->rss_state_max);
+    return path_join(path, sizeof path, dir, name, err) ||
+           fs_write_file_atomic(path, text, (size_t)n, err);
+}
+
+// Trains until the last epoch ends (0) or a stop is agreed (1); -1 on error.
+static int run_epochs(Trainer *t, Err *err) {
     const TrainSpec *s = t->spec;
     StepClock clock = {.step_start = now_s(), .run_start = now_s()};
     for (; t->epoch < s->n_epoch; t->epoch++, t->epoch_pos = 0) {
@@ -200,17 +262,26 @@ int trainer_run(Trainer *t, Err *err) {
             if (micro_step(t, &clock, nb, err)) return -1;
             if (t->micro < s->grad_accum_steps) continue;
             t->micro = 0;
-            if (optimizer_step(t, &clock, err)) return -1;
-            int rc = after_step(t, err);
-            if (rc) return rc < 0 ? -1 : 0;
+            int stop, ckpt;
+            if (optimizer_step(t, &clock, &stop, &ckpt, err)) return -1;
+            int rc = after_step(t, stop, ckpt, err);
+            if (rc) return rc;
         }
     }
-    // The epoch loop ended: the last epoch is complete.
-    t->epoch = s->n_epoch - 1;
-    t->epoch_pos = t->sampler.per_replica;
-    if (t->step != t->last_ckpt_step && save_checkpoint(t, err)) return -1;
-    fprintf(stderr, "done: %ld optimizer steps\n", t->step);
     return 0;
+}
+
+int trainer_run(Trainer *t, Err *err) {
+    int rc = run_epochs(t, err);
+    if (rc < 0) return -1;
+    if (rc == 0) {
+        // The last epoch is complete.
+        t->epoch = t->spec->n_epoch - 1;
+        t->epoch_pos = t->sampler.per_replica;
+        if (t->step != t->last_ckpt_step && save_checkpoint(t, err)) return -1;
+        if (t->rank == 0) fprintf(stderr, "done: %ld optimizer steps\n", t->step);
+    }
+    return write_memory_report(t, err);
 }
 
 void trainer_free(Trainer *t) {
@@ -221,6 +292,7 @@ void trainer_free(Trainer *t) {
     free(t->loss_mask);
     free(t->position_ids);
     optim_free(&t->opt);
+    executor_free(&t->exec);
     sampler_free(&t->sampler);
     dataset_close(&t->data);
     model_free(&t->model);

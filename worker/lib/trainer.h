@@ -12,6 +12,7 @@
 #include "engine/optim.h"
 #include "engine/schedule.h"
 #include "proto/train_spec.h"
+#include "worker/lib/executor.h"
 #include "worker/lib/progress.h"
 
 // Requests from signal handlers, polled at optimizer-step boundaries.
@@ -20,6 +21,8 @@ extern volatile sig_atomic_t trainer_checkpoint_requested; // SIGUSR1: checkpoin
 
 typedef struct Trainer {
     const TrainSpec *spec;
+    Executor exec;         // none / ddp / fsdp over the job's communicator
+    int rank, world;
     Model model;
     Optimizer opt;
     Schedule sched;
@@ -38,13 +41,16 @@ typedef struct Trainer {
     long last_ckpt_step;
     // batch buffers: (B, window)
     int32_t *inputs, *targets, *loss_mask, *position_ids;
-    MetricLog metrics;
-    ProgressDb progress;
+    MetricLog metrics;     // rank 0 only
+    ProgressDb progress;   // rank 0 only
+    long rss_baseline;     // resident bytes before the model existed
+    long rss_state_max;    // most resident bytes above the baseline between steps
 } Trainer;
 
 // Sets everything up from the spec: model (from param_path, or the checkpoint
-// when resuming), data, optimizer, schedule, progress database.
-int trainer_init(Trainer *t, const TrainSpec *spec, Err *err);
+// when resuming), data, optimizer, schedule, progress database. comm is the
+// job's communicator (NULL for one rank); threads the CPU threads of this rank.
+int trainer_init(Trainer *t, const TrainSpec *spec, Comm *comm, long threads, Err *err);
 // Runs to the end of the last epoch or until a stop request; checkpoints on the
 // way (every ckpt_interval steps, on request, at the end).
 int trainer_run(Trainer *t, Err *err);

@@ -1,0 +1,30 @@
+// backend.h: what a comm backend provides to the dispatch in comm.c (internal).
+#pragma once
+#include "comm/comm.h"
+
+typedef struct {
+    int (*all_reduce)(Comm *c, float *buf, size_t n, CommOp op, Err *err);
+    int (*reduce_scatter)(Comm *c, const float *send, float *recv, size_t n, CommOp op, Err *err);
+    int (*all_gather)(Comm *c, const float *send, float *recv, size_t n, Err *err);
+    int (*broadcast)(Comm *c, void *buf, size_t bytes, int root, Err *err);
+    int (*barrier)(Comm *c, Err *err);
+    void (*destroy)(Comm *c);
+} CommBackend;
+
+struct Comm {
+    const CommBackend *ops;
+    int rank, world;
+    int timeout_ms;
+    char label[96]; // "shm /astrai-x rank 1/4": the prefix of every error message
+    int broken;     // an earlier call failed; later calls repeat its error
+    Err first_err;
+    void *state; // the backend's own
+};
+
+// Each fills c->ops and c->state (c->rank, world, timeout_ms are set); on
+// failure it frees what it allocated and leaves c->state NULL.
+int shm_comm_init(Comm *c, const CommConfig *cfg, Err *err);
+#ifdef ASTRAI_HAVE_NCCL
+int nccl_comm_init(Comm *c, const CommConfig *cfg, Err *err);
+int nccl_unique_id(uint8_t id[COMM_NCCL_ID_BYTES], Err *err);
+#endif

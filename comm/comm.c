@@ -1,0 +1,162 @@
+// comm.c: the backend-independent half of the collectives: config and argument
+// checks, dispatch, error context, and the "unusable after an error" rule.
+#include "comm/comm.h"
+
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "comm/backend.h"
+
+#define NCCL_NOT_BUILT "nccl backend not built (CUDA/NCCL not found at configure time)"
+
+static int check_config(const CommConfig *cfg, Err *err) {
+    if (!cfg->backend) return err_set(err, "comm: backend is not set (want \"shm\" or \"nccl\")");
+    if (cfg->world_size < 1)
+        return err_set(err, "comm: world_size %d must be at least 1", cfg->world_size);
+    if (cfg->rank < 0 || cfg->rank >= cfg->world_size)
+        return err_set(err, "comm: rank %d is outside 0..%d (world_size %d)", cfg->rank,
+                       cfg->world_size - 1, cfg->world_size);
+    if (cfg->timeout_ms <= 0)
+        return err_set(err, "comm: timeout_ms %d must be positive", cfg->timeout_ms);
+    return 0;
+}
+
+static int init_backend(Comm *c, const CommConfig *cfg, Err *err) {
+    if (!strcmp(cfg->backend, "shm")) {
+        snprintf(c->label, sizeof c->label, "shm %s rank %d/%d",
+                 cfg->shm_name ? cfg->shm_name : "?", c->rank, c->world);
+        return shm_comm_init(c, cfg, err);
+    }
+    if (!strcmp(cfg->backend, "nccl")) {
+        snprintf(c->label, sizeof c->label, "nccl rank %d/%d (cuda device %d)", c->rank, c->world,
+                 cfg->cuda_device);
+#ifdef ASTRAI_HAVE_NCCL
+        return nccl_comm_init(c, cfg, err);
+#else
+        return err_set(err, NCCL_NOT_BUILT);
+#endif
+    }
+    return err_set(err, "comm: unknown backend \"%s\" (want \"shm\" or \"nccl\")", cfg->backend);
+}
+
+int comm_create(Comm **out, const CommConfig *cfg, Err *err) {
+    *out = NULL;
+    if (check_config(cfg, err)) return -1;
+    Comm *c = calloc(1, sizeof *c);
+    if (!c) return err_set(err, "comm: out of memory");
+    c->rank = cfg->rank;
+    c->world = cfg->world_size;
+    c->timeout_ms = cfg->timeout_ms;
+    if (init_backend(c, cfg, err)) {
+        free(c);
+        return -1;
+    }
+    *out = c;
+    return 0;
+}
+
+void comm_destroy(Comm *c) {
+    if (!c) return;
+    c->ops->destroy(c);
+    free(c);
+}
+
+int comm_rank(const Comm *c) {
+    return c->rank;
+}
+
+int comm_world_size(const Comm *c) {
+    return c->world;
+}
+
+int comm_nccl_unique_id(uint8_t id[COMM_NCCL_ID_BYTES], Err *err) {
+#ifdef ASTRAI_HAVE_NCCL
+    return nccl_unique_id(id, err);
+#else
+    (void)id;
+    return err_set(err, NCCL_NOT_BUILT);
+#endif
+}
+
+// Called before each collective: a broken Comm repeats its first error.
+static int usable(Comm *c, Err *err) {
+    if (!c->broken) return 0;
+    err_set(err, "%s", c->first_err.msg);
+    return err_prefix(err, "comm unusable after an earlier error");
+}
+
+// Called after each collective: adds the context and remembers the first error.
+static int finish(Comm *c, int rc, Err *err) {
+    if (rc == 0) return 0;
+    err_prefix(err, "%s", c->label);
+    if (!c->broken) {
+        c->broken = 1;
+        c->first_err = *err;
+    }
+    return -1;
+}
+
+// Empty buffers may be NULL; the backends get a valid address all the same
+// (zero-length copies from NULL are undefined behaviour).
+static float empty_buffer[1];
+#define OR_EMPTY(p) ((p) ? (p) : empty_buffer)
+
+// Bad arguments fail this rank only (its peers then time out naming it).
+static int check_buffer(Comm *c, const void *p, size_t n, const char *call, const char *what,
+                        Err *err) {
+    if (!n || p) return 0;
+    err_set(err, "%s: %s is NULL for %zu elements", call, what, n);
+    return finish(c, -1, err);
+}
+
+static int check_op(Comm *c, CommOp op, const char *call, Err *err) {
+    if (op == COMM_SUM || op == COMM_AVG) return 0;
+    err_set(err, "%s: op %d is not COMM_SUM or COMM_AVG", call, (int)op);
+    return finish(c, -1, err);
+}
+
+static int check_total(Comm *c, size_t n, const char *call, Err *err) {
+    if (n <= SIZE_MAX / sizeof(float) / (size_t)c->world) return 0;
+    err_set(err, "%s: n %zu times world_size %d overflows", call, n, c->world);
+    return finish(c, -1, err);
+}
+
+int comm_all_reduce(Comm *c, float *buf, size_t n, CommOp op, Err *err) {
+    const char *call = "all_reduce";
+    if (usable(c, err) || check_buffer(c, buf, n, call, "buf", err) || check_op(c, op, call, err))
+        return -1;
+    return finish(c, c->ops->all_reduce(c, OR_EMPTY(buf), n, op, err), err);
+}
+
+int comm_reduce_scatter(Comm *c, const float *send, float *recv, size_t n, CommOp op, Err *err) {
+    const char *call = "reduce_scatter";
+    if (usable(c, err) || check_total(c, n, call, err) ||
+        check_buffer(c, send, n, call, "send", err) ||
+        check_buffer(c, recv, n, call, "recv", err) || check_op(c, op, call, err))
+        return -1;
+    return finish(c, c->ops->reduce_scatter(c, OR_EMPTY(send), OR_EMPTY(recv), n, op, err), err);
+}
+
+int comm_all_gather(Comm *c, const float *send, float *recv, size_t n, Err *err) {
+    const char *call = "all_gather";
+    if (usable(c, err) || check_total(c, n, call, err) ||
+        check_buffer(c, send, n, call, "send", err) || check_buffer(c, recv, n, call, "recv", err))
+        return -1;
+    return finish(c, c->ops->all_gather(c, OR_EMPTY(send), OR_EMPTY(recv), n, err), err);
+}
+
+int comm_broadcast(Comm *c, void *buf, size_t bytes, int root, Err *err) {
+    if (usable(c, err) || check_buffer(c, buf, bytes, "broadcast", "buf", err)) return -1;
+    if (root < 0 || root >= c->world) {
+        err_set(err, "broadcast: root %d is outside 0..%d", root, c->world - 1);
+        return finish(c, -1, err);
+    }
+    return finish(c, c->ops->broadcast(c, buf ? buf : (void *)empty_buffer, bytes, root, err), err);
+}
+
+int comm_barrier(Comm *c, Err *err) {
+    if (usable(c, err)) return -1;
+    return finish(c, c->ops->barrier(c, err), err);
+}

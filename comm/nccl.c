@@ -1,0 +1,311 @@
+// nccl.c: the `nccl` backend (GPU ranks): the same collectives on CUDA device
+// buffers, with the timeouts NCCL itself does not have.
+//
+// NCCL and the CUDA runtime are loaded with dlopen at comm_create, not linked:
+// every astrai binary links astrai_core, and must start (and run the CPU
+// path) on a machine without a GPU driver or without these libraries.
+//
+// Timeouts: the communicator is created non-blocking, every call is enqueued
+// on our own stream and then polled (stream done? NCCL async error?) until the
+// deadline; past it the communicator is aborted (ncclCommAbort), which is what
+// unblocks the GPU when a peer died, and the Comm stays broken.
+#include <dlfcn.h>
+#include <nccl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "comm/backend.h"
+
+#define POLL_NS 100000 // 0.1 ms between polls of a running collective
+
+#ifndef ASTRAI_NCCL_LIB
+#define ASTRAI_NCCL_LIB "libnccl.so.2"
+#endif
+#ifndef ASTRAI_CUDART_LIB
+#define ASTRAI_CUDART_LIB "libcudart.so"
+#endif
+
+// The entry points we use, typed from the headers.
+#define API_FN(name) __typeof__(&name) name
+typedef struct {
+    void *nccl, *cudart;
+    API_FN(ncclGetUniqueId);
+    API_FN(ncclCommInitRankConfig);
+    API_FN(ncclCommGetAsyncError);
+    API_FN(ncclCommAbort);
+    API_FN(ncclCommFinalize);
+    API_FN(ncclCommDestroy);
+    API_FN(ncclGetErrorString);
+    API_FN(ncclGetLastError);
+    API_FN(ncclAllReduce);
+    API_FN(ncclReduceScatter);
+    API_FN(ncclAllGather);
+    API_FN(ncclBroadcast);
+    API_FN(cudaGetDeviceCount);
+    API_FN(cudaSetDevice);
+    API_FN(cudaStreamCreateWithFlags);
+    API_FN(cudaStreamQuery);
+    API_FN(cudaStreamDestroy);
+    API_FN(cudaMalloc);
+    API_FN(cudaFree);
+    API_FN(cudaGetErrorString);
+} Api;
+
+typedef struct {
+    Api api;
+    ncclComm_t comm;
+    cudaStream_t stream;
+    float *scratch; // one float on the device, for the barrier
+} Nccl;
+
+// ---------------------------------------------------------------- loading
+
+static void *open_lib(const char *path, const char *fallback, Err *err) {
+    void *h = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+    if (!h) h = dlopen(fallback, RTLD_NOW | RTLD_LOCAL);
+    if (!h) err_set(err, "cannot load %s: %s", fallback, dlerror());
+    return h;
+}
+
+static int load_sym(void *lib, const char *name, void **fn, Err *err) {
+    *fn = dlsym(lib, name);
+    if (!*fn) return err_set(err, "symbol %s missing: %s", name, dlerror());
+    return 0;
+}
+
+#define LOAD(lib, name) load_sym(a->lib, #name, (void **)&a->name, err)
+
+static int load_api(Api *a, Err *err) {
+    memset(a, 0, sizeof *a);
+    if (!(a->cudart = open_lib(ASTRAI_CUDART_LIB, "libcudart.so", err))) return -1;
+    if (!(a->nccl = open_lib(ASTRAI_NCCL_LIB, "libnccl.so.2", err))) return -1;
+    if (LOAD(nccl, ncclGetUniqueId) || LOAD(nccl, ncclCommInitRankConfig) ||
+        LOAD(nccl, ncclCommGetAsyncError) || LOAD(nccl, ncclCommAbort) ||
+        LOAD(nccl, ncclCommFinalize) || LOAD(nccl, ncclCommDestroy) ||
+        LOAD(nccl, ncclGetErrorString) || LOAD(nccl, ncclGetLastError) ||
+        LOAD(nccl, ncclAllReduce) || LOAD(nccl, ncclReduceScatter) || LOAD(nccl, ncclAllGather) ||
+        LOAD(nccl, ncclBroadcast) || LOAD(cudart, cudaGetDeviceCount) ||
+        LOAD(cudart, cudaSetDevice) || LOAD(cudart, cudaStreamCreateWithFlags) ||
+        LOAD(cudart, cudaStreamQuery) || LOAD(cudart, cudaStreamDestroy) ||
+        LOAD(cudart, cudaMalloc) || LOAD(cudart, cudaFree) || LOAD(cudart, cudaGetErrorString))
+        return -1;
+    return 0;
+}
+
+static void unload_api(Api *a) {
+    // Only after a failed load: once NCCL ran, its threads may still reference the library.
+    if (a->nccl) dlclose(a->nccl);
+    if (a->cudart) dlclose(a->cudart);
+}
+
+// ---------------------------------------------------------------- errors and waiting
+
+static int cuda_fail(const Api *a, cudaError_t e, const char *what, Err *err) {
+    return err_set(err, "%s: %s (CUDA error %d)", what, a->cudaGetErrorString(e), (int)e);
+}
+
+static int nccl_fail(Nccl *x, ncclResult_t r, const char *what, Err *err) {
+    const char *detail = x->comm ? x->api.ncclGetLastError(x->comm) : "";
+    return err_set(err, "%s: %s%s%s", what, x->api.ncclGetErrorString(r),
+                   detail && *detail ? ": " : "", detail ? detail : "");
+}
+
+static double now_ms(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return t.tv_sec * 1e3 + t.tv_nsec / 1e6;
+}
+
+static void pause_poll(void) {
+    struct timespec t = {0, POLL_NS};
+    nanosleep(&t, NULL);
+}
+
+// Aborts the communicator: the only way to free a GPU stuck on a dead peer.
+static int abort_after(Comm *c, const char *what, Err *err) {
+    Nccl *x = c->state;
+    x->api.ncclCommAbort(x->comm);
+    x->comm = NULL;
+    return err_set(err,
+                   "timed out after %d ms in %s (a peer died, hangs or was not started with "
+                   "the same id); communicator aborted",
+                   c->timeout_ms, what);
+}
+
+// Waits until the communicator leaves ncclInProgress (non-blocking init / enqueue).
+static int wait_comm_ready(Comm *c, double deadline, const char *what, Err *err) {
+    Nccl *x = c->state;
+    for (;;) {
+        ncclResult_t state;
+        ncclResult_t r = x->api.ncclCommGetAsyncError(x->comm, &state);
+        if (r != ncclSuccess) return nccl_fail(x, r, what, err);
+        if (state == ncclSuccess) return 0;
+        if (state != ncclInProgress) return nccl_fail(x, state, what, err);
+        if (now_ms() > deadline) return abort_after(c, what, err);
+        pause_poll();
+    }
+}
+
+// Waits for the enqueued collective to finish on the stream.
+static int wait_stream(Comm *c, double deadline, const char *what, Err *err) {
+    Nccl *x = c->state;
+    for (;;) {
+        cudaError_t e = x->api.cudaStreamQuery(x->stream);
+        if (e == cudaSuccess) return 0;
+        if (e != cudaErrorNotReady) return cuda_fail(&x->api, e, what, err);
+        ncclResult_t state;
+        if (x->api.ncclCommGetAsyncError(x->comm, &state) == ncclSuccess && state != ncclSuccess &&
+            state != ncclInProgress)
+            return nccl_fail(x, state, what, err);
+        if (now_ms() > deadline) return abort_after(c, what, err);
+        pause_poll();
+    }
+}
+
+// Every collective: refuse after an abort, enqueue, wait for the enqueue, wait for the GPU.
+static int run(Comm *c, ncclResult_t enqueued, const char *what, Err *err) {
+    Nccl *x = c->state;
+    double deadline = now_ms() + c->timeout_ms;
+    if (enqueued != ncclSuccess && enqueued != ncclInProgress)
+        return nccl_fail(x, enqueued, what, err);
+    if (wait_comm_ready(c, deadline, what, err)) return -1;
+    return wait_stream(c, deadline, what, err);
+}
+
+static int aborted(Comm *c, Err *err) {
+    if (((Nccl *)c->state)->comm) return 0;
+    return err_set(err, "the communicator was aborted after an earlier error");
+}
+
+// ---------------------------------------------------------------- collectives
+
+static ncclRedOp_t red_op(CommOp op) {
+    return op == COMM_AVG ? ncclAvg : ncclSum;
+}
+
+static int nccl_all_reduce(Comm *c, float *buf, size_t n, CommOp op, Err *err) {
+    Nccl *x = c->state;
+    if (aborted(c, err)) return -1;
+    return run(c, x->api.ncclAllReduce(buf, buf, n, ncclFloat, red_op(op), x->comm, x->stream),
+               "ncclAllReduce", err);
+}
+
+static int nccl_reduce_scatter(Comm *c, const float *send, float *recv, size_t n, CommOp op,
+                               Err *err) {
+    Nccl *x = c->state;
+    if (aborted(c, err)) return -1;
+    return run(c,
+               x->api.ncclReduceScatter(send, recv, n, ncclFloat, red_op(op), x->comm, x->stream),
+               "ncclReduceScatter", err);
+}
+
+static int nccl_all_gather(Comm *c, const float *send, float *recv, size_t n, Err *err) {
+    Nccl *x = c->state;
+    if (aborted(c, err)) return -1;
+    return run(c, x->api.ncclAllGather(send, recv, n, ncclFloat, x->comm, x->stream),
+               "ncclAllGather", err);
+}
+
+static int nccl_broadcast(Comm *c, void *buf, size_t bytes, int root, Err *err) {
+    Nccl *x = c->state;
+    if (aborted(c, err)) return -1;
+    return run(c, x->api.ncclBroadcast(buf, buf, bytes, ncclUint8, root, x->comm, x->stream),
+               "ncclBroadcast", err);
+}
+
+static int nccl_barrier(Comm *c, Err *err) {
+    return nccl_all_reduce(c, ((Nccl *)c->state)->scratch, 1, COMM_SUM, err);
+}
+
+// ---------------------------------------------------------------- create / destroy
+
+static void nccl_destroy(Comm *c) {
+    Nccl *x = c->state;
+    if (x->comm && c->broken)
+        x->api.ncclCommAbort(x->comm);
+    else if (x->comm) {
+        // Finalize flushes pending work (non-blocking: wait for it, abort past the timeout).
+        Err ignored;
+        ncclResult_t r = x->api.ncclCommFinalize(x->comm);
+        if ((r == ncclSuccess || r == ncclInProgress) &&
+            !wait_comm_ready(c, now_ms() + c->timeout_ms, "ncclCommFinalize", &ignored))
+            x->api.ncclCommDestroy(x->comm);
+        else if (x->comm)
+            x->api.ncclCommAbort(x->comm);
+    }
+    if (x->scratch) x->api.cudaFree(x->scratch);
+    if (x->stream) x->api.cudaStreamDestroy(x->stream);
+    free(x);
+}
+
+static const CommBackend NCCL_OPS = {nccl_all_reduce, nccl_reduce_scatter, nccl_all_gather,
+                                     nccl_broadcast,  nccl_barrier,        nccl_destroy};
+
+static int open_device(Nccl *x, int device, Err *err) {
+    const Api *a = &x->api;
+    int count = 0;
+    cudaError_t e = a->cudaGetDeviceCount(&count);
+    if (e != cudaSuccess) return cuda_fail(a, e, "no usable CUDA device (cudaGetDeviceCount)", err);
+    if (device < 0 || device >= count)
+        return err_set(err, "cuda_device %d is outside the %d device(s) present", device, count);
+    if ((e = a->cudaSetDevice(device))) return cuda_fail(a, e, "cudaSetDevice", err);
+    if ((e = a->cudaStreamCreateWithFlags(&x->stream, cudaStreamNonBlocking)))
+        return cuda_fail(a, e, "cudaStreamCreateWithFlags", err);
+    if ((e = a->cudaMalloc((void **)&x->scratch, sizeof(float))))
+        return cuda_fail(a, e, "cudaMalloc", err);
+    return 0;
+}
+
+static int init_comm(Comm *c, const CommConfig *cfg, Err *err) {
+    Nccl *x = c->state;
+    ncclUniqueId id;
+    memcpy(id.internal, cfg->nccl_id, sizeof id.internal);
+    ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+    config.blocking = 0; // so that a missing peer times out instead of hanging here
+    ncclResult_t r = x->api.ncclCommInitRankConfig(&x->comm, c->world, id, c->rank, &config);
+    if (r != ncclSuccess && r != ncclInProgress) {
+        x->comm = NULL;
+        return nccl_fail(x, r, "ncclCommInitRankConfig", err);
+    }
+    return wait_comm_ready(c, now_ms() + c->timeout_ms, "ncclCommInitRankConfig", err);
+}
+
+int nccl_comm_init(Comm *c, const CommConfig *cfg, Err *err) {
+    _Static_assert(sizeof(ncclUniqueId) == COMM_NCCL_ID_BYTES, "ncclUniqueId size");
+    if (!cfg->nccl_id)
+        return err_set(err,
+                       "nccl backend needs nccl_id (the %d-byte ncclUniqueId from rank 0 "
+                       "via the rendezvous)",
+                       COMM_NCCL_ID_BYTES);
+    Nccl *x = calloc(1, sizeof *x);
+    if (!x) return err_set(err, "out of memory");
+    if (load_api(&x->api, err)) {
+        unload_api(&x->api);
+        free(x);
+        return err_prefix(err, "nccl backend");
+    }
+    c->state = x;
+    c->ops = &NCCL_OPS;
+    if (open_device(x, cfg->cuda_device, err) || init_comm(c, cfg, err)) {
+        c->broken = 1; // abort, not finalize, a communicator that failed to come up
+        nccl_destroy(c);
+        c->state = NULL;
+        return err_prefix(err, "%s", c->label);
+    }
+    return 0;
+}
+
+int nccl_unique_id(uint8_t id[COMM_NCCL_ID_BYTES], Err *err) {
+    Api a;
+    if (load_api(&a, err)) {
+        unload_api(&a);
+        return err_prefix(err, "nccl backend");
+    }
+    ncclUniqueId uid;
+    ncclResult_t r = a.ncclGetUniqueId(&uid);
+    if (r != ncclSuccess) return err_set(err, "ncclGetUniqueId: %s", a.ncclGetErrorString(r));
+    memcpy(id, uid.internal, COMM_NCCL_ID_BYTES);
+    return 0;
+}

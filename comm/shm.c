@@ -1,0 +1,569 @@
+// shm.c: the `shm` backend: CPU ranks on one host exchange data through one
+// POSIX shared-memory segment (no copy through the kernel).
+//
+// Segment: a header (per-rank slots: state, pid, barrier counter) and a data
+// area of two sets of `world` staging slots of `chunk` bytes each. Every step
+// of a collective stages at most one chunk per rank in one set, then waits at
+// a barrier; steps alternate between the two sets, so a rank may stage step
+// k+1 while a slower peer still reads step k.
+//
+// Liveness: each rank holds an OFD write lock on byte `rank` of the segment.
+// The kernel drops it when the process dies (even while it is an unreaped
+// zombie, where kill(pid, 0) still succeeds), so "slot attached but lock free"
+// means the rank died. Waits poll that, a group-wide abort word and the
+// deadline every few milliseconds, and sleep on a futex in between.
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <linux/futex.h>
+#include <sched.h>
+#include <stdatomic.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/random.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "comm/backend.h"
+
+#define SHM_MAGIC 0x3173686d69617274ull // "trainshm1"-ish tag, xor-ed with the nonce
+#define POLL_NS 2000000                 // liveness / deadline checks every 2 ms
+#define SPIN_ITERS 4000                 // busy-wait before yielding the core
+#define YIELD_ITERS 16                  // sched_yield rounds before sleeping
+#define REDUCE_BLOCK 1024               // floats summed per block (stays in L1)
+#define ALIGN_FLOATS 16                 // slice boundaries on 64-byte lines
+#define SHM_MAX_WORLD 1024              // one host
+
+enum { SLOT_EMPTY, SLOT_ATTACHED, SLOT_LEFT };
+enum { OP_BARRIER, OP_ALL_REDUCE, OP_REDUCE_SCATTER, OP_ALL_GATHER, OP_BROADCAST, OP_CREATE };
+static const char *const OP_NAMES[] = {"barrier",    "all_reduce", "reduce_scatter",
+                                       "all_gather", "broadcast",  "comm_create"};
+
+// What a rank is doing in its current collective, compared across ranks.
+typedef struct {
+    uint32_t op, arg; // arg: CommOp or broadcast root
+    uint64_t n;
+} CallDesc;
+
+typedef struct {
+    _Alignas(64) _Atomic uint32_t state;
+    _Atomic int32_t pid;
+    _Atomic uint32_t arrived; // barriers passed; the futex word peers sleep on
+    _Atomic uint32_t waiters; // peers sleeping on `arrived` (wake only if any)
+    CallDesc desc[2];         // by call parity: a peer is at most one call ahead
+} RankSlot;
+
+typedef struct {
+    uint64_t nonce;
+    _Atomic uint64_t ready; // SHM_MAGIC ^ nonce once rank 0 initialised the header
+    uint32_t world;
+    uint64_t chunk_bytes;
+    _Atomic int32_t abort_by; // -1, or the rank that failed the group first
+    char abort_msg[ERR_MSG_MAX];
+    RankSlot slots[];
+} ShmHeader;
+
+typedef struct {
+    char name[256];
+    int fd;
+    size_t size, chunk_floats;
+    ShmHeader *hdr;
+    float *data;    // 2 sets x world slots x chunk
+    uint32_t seq;   // barriers this rank passed
+    uint32_t calls; // collectives this rank started
+    int parity;     // the set the next step stages into
+    int unlinked;   // rank 0: the name is gone
+    struct timespec deadline;
+    int op; // the collective in progress (for messages)
+} Shm;
+
+// ---------------------------------------------------------------- small helpers
+
+static Shm *shm_of(Comm *c) {
+    return c->state;
+}
+
+static struct timespec deadline_after(int ms) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    t.tv_sec += ms / 1000;
+    t.tv_nsec += (long)(ms % 1000) * 1000000L;
+    if (t.tv_nsec >= 1000000000L) {
+        t.tv_sec++;
+        t.tv_nsec -= 1000000000L;
+    }
+    return t;
+}
+
+static int past(struct timespec deadline) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return t.tv_sec > deadline.tv_sec ||
+           (t.tv_sec == deadline.tv_sec && t.tv_nsec >= deadline.tv_nsec);
+}
+
+static void sleep_ns(long ns) {
+    struct timespec t = {0, ns};
+    nanosleep(&t, NULL);
+}
+
+static void cpu_relax(void) {
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#endif
+}
+
+static size_t segment_size(int world, size_t chunk) {
+    size_t header = sizeof(ShmHeader) + (size_t)world * sizeof(RankSlot);
+    size_t page = 4096;
+    return (header + page - 1) / page * page + 2 * (size_t)world * chunk;
+}
+
+static float *slot_data(Shm *s, int world, int parity, int rank) {
+    return s->data + ((size_t)parity * world + rank) * s->chunk_floats;
+}
+
+// Slice r of n floats split over `world` ranks, boundaries on cache lines.
+static void slice_of(size_t n, int world, int r, size_t *lo, size_t *hi) {
+    size_t per = ((n + world - 1) / world + ALIGN_FLOATS - 1) / ALIGN_FLOATS * ALIGN_FLOATS;
+    *lo = per * r < n ? per * r : n;
+    *hi = per * (r + 1) < n ? per * (r + 1) : n;
+}
+
+// ---------------------------------------------------------------- liveness
+
+static int lock_byte(int fd, int rank, short type, int cmd) {
+    struct flock fl = {.l_type = type, .l_whence = SEEK_SET, .l_start = rank, .l_len = 1};
+    return fcntl(fd, cmd, &fl);
+}
+
+// 1 when some process holds rank's liveness lock.
+static int lock_held(int fd, int rank) {
+    struct flock fl = {.l_type = F_WRLCK, .l_whence = SEEK_SET, .l_start = rank, .l_len = 1};
+    if (fcntl(fd, F_OFD_GETLK, &fl))
+        return 1; // cannot tell: assume alive, the deadline still holds
+    return fl.l_type != F_UNLCK;
+}
+
+// Fails the whole group: the first failing rank's message is what peers report.
+static void abort_group(Comm *c, const Err *err) {
+    ShmHeader *h = shm_of(c)->hdr;
+    int32_t none = -1;
+    if (!atomic_compare_exchange_strong(&h->abort_by, &none, -2)) return;
+    snprintf(h->abort_msg, sizeof h->abort_msg, "%s", err->msg);
+    atomic_store(&h->abort_by, c->rank);
+}
+
+// The slow-path check while waiting: a peer that died or left, an abort by
+// another rank, the deadline. `peer` is the rank being waited for.
+static int check_group(Comm *c, int peer, Err *err) {
+    Shm *s = shm_of(c);
+    const char *what = OP_NAMES[s->op];
+    int32_t by = atomic_load(&s->hdr->abort_by);
+    if (by >= 0) return err_set(err, "rank %d failed the group: %s", by, s->hdr->abort_msg);
+    for (int r = 0; r < c->world; r++) {
+        if (r == c->rank) continue;
+        RankSlot *slot = &s->hdr->slots[r];
+        uint32_t state = atomic_load(&slot->state);
+        int pid = atomic_load(&slot->pid);
+        if (state == SLOT_LEFT)
+            return err_set(err, "rank %d (pid %d) left the group (comm_destroy) during %s", r, pid,
+                           what);
+        if (state == SLOT_ATTACHED && !lock_held(s->fd, r))
+            return err_set(err, "rank %d (pid %d) died during %s", r, pid, what);
+    }
+    if (!past(s->deadline)) return 0;
+    if (atomic_load(&s->hdr->slots[peer].state) == SLOT_EMPTY)
+        return err_set(err, "timed out after %d ms waiting for rank %d to join (%s)", c->timeout_ms,
+                       peer, what);
+    return err_set(err, "timed out after %d ms waiting for rank %d (pid %d) in %s", c->timeout_ms,
+                   peer, (int)atomic_load(&s->hdr->slots[peer].pid), what);
+}
+
+// ---------------------------------------------------------------- barrier
+
+static int passed(uint32_t arrived, uint32_t target) {
+    return (int32_t)(arrived - target) >= 0;
+}
+
+static void futex_wait(_Atomic uint32_t *word, uint32_t expected, long ns) {
+    struct timespec t = {0, ns};
+    syscall(SYS_futex, (uint32_t *)word, FUTEX_WAIT, expected, &t, NULL, 0);
+}
+
+static void futex_wake_all(_Atomic uint32_t *word) {
+    syscall(SYS_futex, (uint32_t *)word, FUTEX_WAKE, INT_MAX, NULL, NULL, 0);
+}
+
+// Spins briefly (the peer is usually microseconds behind), then yields, then
+// sleeps on the peer's counter, checking liveness and the deadline each round.
+static int wait_for(Comm *c, int peer, uint32_t target, Err *err) {
+    RankSlot *slot = &shm_of(c)->hdr->slots[peer];
+    for (int i = 0; i < SPIN_ITERS; i++) {
+        if (passed(atomic_load_explicit(&slot->arrived, memory_order_acquire), target)) return 0;
+        cpu_relax();
+    }
+    for (int i = 0;; i++) {
+        uint32_t now = atomic_load(&slot->arrived);
+        if (passed(now, target)) return 0;
+        if (check_group(c, peer, err)) return -1;
+        if (i < YIELD_ITERS) {
+            sched_yield();
+            continue;
+        }
+        // Dekker pair with arrive(): either it sees our `waiters` or we see its count.
+        atomic_fetch_add(&slot->waiters, 1);
+        futex_wait(&slot->arrived, now, POLL_NS);
+        atomic_fetch_sub(&slot->waiters, 1);
+    }
+}
+
+static void arrive(Comm *c) {
+    Shm *s = shm_of(c);
+    RankSlot *me = &s->hdr->slots[c->rank];
+    atomic_store(&me->arrived, ++s->seq);
+    if (atomic_load(&me->waiters)) futex_wake_all(&me->arrived);
+}
+
+static int barrier(Comm *c, Err *err) {
+    arrive(c);
+    Shm *s = shm_of(c);
+    for (int r = 0; r < c->world; r++)
+        if (r != c->rank && wait_for(c, r, s->seq, err)) {
+            abort_group(c, err);
+            return -1;
+        }
+    return 0;
+}
+
+// ---------------------------------------------------------------- calls and steps
+
+// Starts a collective: the deadline, and the description peers compare.
+static void begin_call(Comm *c, int op, uint32_t arg, size_t n) {
+    Shm *s = shm_of(c);
+    s->op = op;
+    if (op != OP_CREATE) s->deadline = deadline_after(c->timeout_ms); // create keeps its own
+    s->hdr->slots[c->rank].desc[s->calls & 1] = (CallDesc){(uint32_t)op, arg, n};
+}
+
+static void describe(char *out, size_t size, const CallDesc *d) {
+    snprintf(out, size, "%s(n=%llu, %s=%u)", d->op <= OP_CREATE ? OP_NAMES[d->op] : "?",
+             (unsigned long long)d->n, d->op == OP_BROADCAST ? "root" : "op", d->arg);
+}
+
+// After the first barrier of a call every peer has published its description.
+static int check_same_call(Comm *c, Err *err) {
+    Shm *s = shm_of(c);
+    int par = s->calls++ & 1;
+    const CallDesc *mine = &s->hdr->slots[c->rank].desc[par];
+    for (int r = 0; r < c->world; r++) {
+        const CallDesc *theirs = &s->hdr->slots[r].desc[par];
+        if (!memcmp(mine, theirs, sizeof *mine)) continue;
+        char a[96], b[96];
+        describe(a, sizeof a, mine);
+        describe(b, sizeof b, theirs);
+        err_set(err, "rank %d called %s while rank %d called %s", c->rank, a, r, b);
+        abort_group(c, err);
+        return -1;
+    }
+    return 0;
+}
+
+// The barrier after staging a step; the first step of a call checks the call.
+static int step_barrier(Comm *c, int first, Err *err) {
+    if (barrier(c, err)) return -1;
+    return first ? check_same_call(c, err) : 0;
+}
+
+static void next_set(Shm *s) {
+    s->parity ^= 1;
+}
+
+// dst[i] = (src[0][i] + src[1][i] + ...) * scale, in rank order so that the
+// bits do not depend on which rank computes them. dst2 (optional) gets a copy;
+// dst may be one of the sources (each block is read before it is written).
+static void reduce_ranks(float *dst, float *dst2, const float *const *src, int nsrc, size_t n,
+                         CommOp op) {
+    float scale = 1.0f / (float)nsrc;
+    float acc[REDUCE_BLOCK];
+    for (size_t b = 0; b < n; b += REDUCE_BLOCK) {
+        size_t m = n - b < REDUCE_BLOCK ? n - b : REDUCE_BLOCK;
+        memcpy(acc, src[0] + b, m * sizeof(float));
+        for (int k = 1; k < nsrc; k++) {
+            const float *x = src[k] + b;
+            for (size_t i = 0; i < m; i++)
+                acc[i] += x[i];
+        }
+        if (op == COMM_AVG)
+            for (size_t i = 0; i < m; i++)
+                acc[i] *= scale;
+        memcpy(dst + b, acc, m * sizeof(float));
+        if (dst2) memcpy(dst2 + b, acc, m * sizeof(float));
+    }
+}
+
+// ---------------------------------------------------------------- collectives
+
+static int shm_barrier(Comm *c, Err *err) {
+    begin_call(c, OP_BARRIER, 0, 0);
+    return step_barrier(c, 1, err);
+}
+
+// Per step: stage the slices of my chunk that other ranks reduce, barrier,
+// reduce my slice across ranks (my own input read in place) into my output
+// and into the unused slice of my staging slot, barrier, copy the other
+// ranks' result slices. Each rank moves 2 bytes per byte of buffer, half of
+// them across cores: the least an all_reduce can.
+static int shm_all_reduce(Comm *c, float *buf, size_t n, CommOp op, Err *err) {
+    Shm *s = shm_of(c);
+    int W = c->world, me = c->rank;
+    begin_call(c, OP_ALL_REDUCE, op, n);
+    size_t off = 0;
+    do {
+        size_t m = n - off < s->chunk_floats ? n - off : s->chunk_floats, lo, hi;
+        float *mine = slot_data(s, W, s->parity, me), *chunk = buf + off;
+        for (int r = 0; r < W; r++) {
+            slice_of(m, W, r, &lo, &hi);
+            if (r != me) memcpy(mine + lo, chunk + lo, (hi - lo) * sizeof(float));
+        }
+        if (step_barrier(c, off == 0, err)) return -1;
+        slice_of(m, W, me, &lo, &hi);
+        const float *src[W];
+        for (int r = 0; r < W; r++)
+            src[r] = (r == me ? chunk : slot_data(s, W, s->parity, r)) + lo;
+        reduce_ranks(chunk + lo, mine + lo, src, W, hi - lo, op);
+        if (barrier(c, err)) return -1;
+        for (int r = 0; r < W; r++) {
+            slice_of(m, W, r, &lo, &hi);
+            if (r != me)
+                memcpy(chunk + lo, slot_data(s, W, s->parity, r) + lo, (hi - lo) * sizeof(float));
+        }
+        next_set(s);
+        off += m;
+    } while (off < n);
+    return 0;
+}
+
+// Per step: stage a piece of every other rank's block, barrier, reduce my
+// block (my own piece read in place).
+static int shm_reduce_scatter(Comm *c, const float *send, float *recv, size_t n, CommOp op,
+                              Err *err) {
+    Shm *s = shm_of(c);
+    int W = c->world, me = c->rank;
+    size_t per = s->chunk_floats / W / ALIGN_FLOATS * ALIGN_FLOATS;
+    begin_call(c, OP_REDUCE_SCATTER, op, n);
+    size_t off = 0;
+    do {
+        size_t m = n - off < per ? n - off : per;
+        float *mine = slot_data(s, W, s->parity, me);
+        for (int r = 0; r < W; r++)
+            if (r != me) memcpy(mine + r * per, send + r * n + off, m * sizeof(float));
+        if (step_barrier(c, off == 0, err)) return -1;
+        const float *src[W];
+        for (int r = 0; r < W; r++)
+            src[r] = r == me ? send + me * n + off : slot_data(s, W, s->parity, r) + me * per;
+        reduce_ranks(recv + off, NULL, src, W, m, op);
+        next_set(s);
+        off += m;
+    } while (off < n);
+    return 0;
+}
+
+// Per step: stage my chunk, barrier, copy every other rank's chunk.
+static int shm_all_gather(Comm *c, const float *send, float *recv, size_t n, Err *err) {
+    Shm *s = shm_of(c);
+    int W = c->world, me = c->rank;
+    begin_call(c, OP_ALL_GATHER, 0, n);
+    memcpy(recv + me * n, send, n * sizeof(float));
+    size_t off = 0;
+    do {
+        size_t m = n - off < s->chunk_floats ? n - off : s->chunk_floats;
+        memcpy(slot_data(s, W, s->parity, me), send + off, m * sizeof(float));
+        if (step_barrier(c, off == 0, err)) return -1;
+        for (int r = 0; r < W; r++)
+            if (r != me)
+                memcpy(recv + r * n + off, slot_data(s, W, s->parity, r), m * sizeof(float));
+        next_set(s);
+        off += m;
+    } while (off < n);
+    return 0;
+}
+
+// Per step: the root stages up to a whole set, barrier, the others copy it.
+static int shm_broadcast(Comm *c, void *buf, size_t bytes, int root, Err *err) {
+    Shm *s = shm_of(c);
+    int W = c->world;
+    size_t per = (size_t)W * s->chunk_floats * sizeof(float);
+    begin_call(c, OP_BROADCAST, (uint32_t)root, bytes);
+    size_t off = 0;
+    do {
+        size_t m = bytes - off < per ? bytes - off : per;
+        char *set = (char *)slot_data(s, W, s->parity, 0);
+        if (c->rank == root) memcpy(set, (char *)buf + off, m);
+        if (step_barrier(c, off == 0, err)) return -1;
+        if (c->rank != root) memcpy((char *)buf + off, set, m);
+        next_set(s);
+        off += m;
+    } while (off < bytes);
+    return 0;
+}
+
+// ---------------------------------------------------------------- create / attach / destroy
+
+static void release(Shm *s, size_t mapped) {
+    if (s->hdr) munmap(s->hdr, mapped);
+    if (s->fd >= 0) close(s->fd);
+    free(s);
+}
+
+static void shm_destroy(Comm *c) {
+    Shm *s = shm_of(c);
+    // LEFT before the lock goes, so peers report "left", not "died".
+    atomic_store(&s->hdr->slots[c->rank].state, SLOT_LEFT);
+    if (c->rank == 0 && !s->unlinked) shm_unlink(s->name);
+    release(s, s->size);
+}
+
+static const CommBackend SHM_OPS = {shm_all_reduce, shm_reduce_scatter, shm_all_gather,
+                                    shm_broadcast,  shm_barrier,        shm_destroy};
+
+static int map_segment(Shm *s, Err *err) {
+    void *p = mmap(NULL, s->size, PROT_READ | PROT_WRITE, MAP_SHARED, s->fd, 0);
+    if (p == MAP_FAILED) return err_set(err, "mmap of %zu bytes: %s", s->size, strerror(errno));
+    s->hdr = p;
+    return 0;
+}
+
+// Rank 0: a fresh segment under the name, replacing a stale one from a crashed run.
+static int create_segment(Shm *s, int world, Err *err) {
+    for (int tries = 0; (s->fd = shm_open(s->name, O_CREAT | O_EXCL | O_RDWR, 0600)) < 0; tries++) {
+        if (errno != EEXIST || tries == 8)
+            return err_set(err, "shm_open(O_CREAT|O_EXCL): %s", strerror(errno));
+        shm_unlink(s->name); // stale: its ranks are gone (names are unique per job)
+    }
+    if (lock_byte(s->fd, 0, F_WRLCK, F_OFD_SETLK))
+        return err_set(err, "locking rank 0's liveness byte: %s", strerror(errno));
+    if (ftruncate(s->fd, (off_t)s->size))
+        return err_set(err, "ftruncate to %zu bytes: %s", s->size, strerror(errno));
+    if (map_segment(s, err)) return -1;
+    ShmHeader *h = s->hdr;
+    if (getrandom(&h->nonce, sizeof h->nonce, 0) != sizeof h->nonce)
+        h->nonce = (uint64_t)getpid() * 0x9e3779b97f4a7c15ull ^ (uint64_t)time(NULL);
+    h->world = (uint32_t)world;
+    h->chunk_bytes = s->chunk_floats * sizeof(float);
+    atomic_store(&h->abort_by, -1);
+    atomic_store(&h->slots[0].pid, getpid());
+    atomic_store(&h->slots[0].state, SLOT_ATTACHED);
+    atomic_store(&h->ready, SHM_MAGIC ^ h->nonce);
+    return 0;
+}
+
+// One attempt to attach to the segment under the name. Returns 0 attached, 1
+// not (yet) usable — absent, still being set up, or stale — with the reason
+// in `why`, -1 a hard error.
+static int try_attach(Comm *c, Shm *s, char *why, size_t why_size, Err *err) {
+    s->fd = shm_open(s->name, O_RDWR, 0);
+    if (s->fd < 0) {
+        snprintf(why, why_size, "shm_open: %s", strerror(errno));
+        return 1;
+    }
+    struct stat st = {0};
+    if (fstat(s->fd, &st) || (size_t)st.st_size != s->size) {
+        snprintf(why, why_size,
+                 "segment has %lld bytes, expected %zu (not set up yet, stale, or "
+                 "world/chunk differ between ranks)",
+                 (long long)st.st_size, s->size);
+        goto not_yet;
+    }
+    if (map_segment(s, err)) return -1;
+    ShmHeader *h = s->hdr;
+    if (atomic_load(&h->ready) != (SHM_MAGIC ^ h->nonce) || h->world != (uint32_t)c->world ||
+        h->chunk_bytes != s->chunk_floats * sizeof(float)) {
+        snprintf(why, why_size, "segment header is not (yet) a group of world %d", c->world);
+        goto not_yet;
+    }
+    if (!lock_held(s->fd, 0)) {
+        snprintf(why, why_size, "segment is stale (its rank 0 is gone)");
+        goto not_yet;
+    }
+    if (lock_byte(s->fd, c->rank, F_WRLCK, F_OFD_SETLK))
+        return err_set(err, "rank %d is already attached (pid %d): %s", c->rank,
+                       (int)atomic_load(&h->slots[c->rank].pid), strerror(errno));
+    atomic_store(&h->slots[c->rank].pid, getpid());
+    atomic_store(&h->slots[c->rank].state, SLOT_ATTACHED);
+    return 0;
+not_yet:
+    if (s->hdr) munmap(s->hdr, s->size);
+    s->hdr = NULL;
+    close(s->fd);
+    s->fd = -1;
+    return 1;
+}
+
+static int attach_segment(Comm *c, Shm *s, Err *err) {
+    char why[256] = "";
+    for (;;) {
+        int rc = try_attach(c, s, why, sizeof why, err);
+        if (rc <= 0) return rc;
+        if (past(s->deadline))
+            return err_set(err,
+                           "timed out after %d ms waiting for rank 0 to create the segment "
+                           "(last: %s)",
+                           c->timeout_ms, why);
+        sleep_ns(POLL_NS);
+    }
+}
+
+static int check_shm_config(const CommConfig *cfg, size_t chunk, Err *err) {
+    if (!cfg->shm_name || cfg->shm_name[0] != '/' || strchr(cfg->shm_name + 1, '/') ||
+        strlen(cfg->shm_name) < 2 || strlen(cfg->shm_name) > 200)
+        return err_set(err, "shm_name \"%s\" must be \"/name\" (one leading slash, 1..199 chars)",
+                       cfg->shm_name ? cfg->shm_name : "(null)");
+    if (cfg->world_size > SHM_MAX_WORLD)
+        return err_set(err, "world_size %d is above the shm backend's %d", cfg->world_size,
+                       SHM_MAX_WORLD);
+    if (chunk % 64 || chunk < 64 * (size_t)cfg->world_size)
+        return err_set(err,
+                       "shm_chunk_bytes %zu must be a multiple of 64 and at least 64 * "
+                       "world_size (%d)",
+                       chunk, 64 * cfg->world_size);
+    return 0;
+}
+
+int shm_comm_init(Comm *c, const CommConfig *cfg, Err *err) {
+    size_t chunk = cfg->shm_chunk_bytes ? cfg->shm_chunk_bytes : COMM_SHM_DEFAULT_CHUNK;
+    if (check_shm_config(cfg, chunk, err)) return -1;
+    Shm *s = calloc(1, sizeof *s);
+    if (!s) return err_set(err, "out of memory");
+    snprintf(s->name, sizeof s->name, "%s", cfg->shm_name);
+    s->fd = -1;
+    s->chunk_floats = chunk / sizeof(float);
+    s->size = segment_size(c->world, chunk);
+    s->deadline = deadline_after(c->timeout_ms);
+    s->op = OP_CREATE;
+    c->state = s;
+    c->ops = &SHM_OPS;
+    int rc = c->rank == 0 ? create_segment(s, c->world, err) : attach_segment(c, s, err);
+    if (rc == 0) {
+        s->data = (float *)((char *)s->hdr + segment_size(c->world, 0));
+        begin_call(c, OP_CREATE, 0, 0);
+        rc = step_barrier(c, 1, err);
+    }
+    // Everybody attached (or the group failed): the name has done its job.
+    if (c->rank == 0 && s->fd >= 0) {
+        shm_unlink(s->name);
+        s->unlinked = 1;
+    }
+    if (rc) {
+        if (s->hdr) atomic_store(&s->hdr->slots[c->rank].state, SLOT_LEFT);
+        release(s, s->size);
+        c->state = NULL;
+        return err_prefix(err, "%s", c->label);
+    }
+    return 0;
+}

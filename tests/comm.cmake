@@ -1,0 +1,5 @@
+# Collectives (comm/): the shm backend with forked ranks, and the nccl backend's
+# error paths on a machine without a GPU.
+astrai_c_test(test_comm_shm ${CMAKE_SOURCE_DIR}/tests/test_comm_shm.c)
+set_tests_properties(test_comm_shm PROPERTIES TIMEOUT 300)
+astrai_c_test(test_comm_nccl ${CMAKE_SOURCE_DIR}/tests/test_comm_nccl.c)

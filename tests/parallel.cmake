@@ -1,0 +1,1 @@
+astrai_py_test(parallel test_parallel.py)

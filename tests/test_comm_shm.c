@@ -1,0 +1,559 @@
+// test_comm_shm.c: the shm collectives with real processes (forked ranks):
+// results against sums computed here, bitwise equal on every rank; a peer
+// killed mid-collective, a rank that never arrives, a stale segment, calls
+// that do not match, bad configs and arguments.
+#include <errno.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "check.h"
+#include "comm/comm.h"
+
+#define MAX_WORLD 4
+
+// What each forked rank reports back to the parent (in MAP_SHARED memory).
+typedef struct {
+    int started;     // comm_create succeeded
+    int failed;      // a call returned an error
+    double fail_ms;  // when (CLOCK_MONOTONIC)
+    uint64_t digest; // FNV-1a of every result this rank got
+    char msg[ERR_MSG_MAX];
+} Report;
+
+static Report *reports; // [MAX_WORLD]
+
+static double now_ms(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return t.tv_sec * 1e3 + t.tv_nsec / 1e6;
+}
+
+static void sleep_ms(int ms) {
+    struct timespec t = {ms / 1000, (long)(ms % 1000) * 1000000L};
+    nanosleep(&t, NULL);
+}
+
+static CommConfig group_config(const char *name, int world, int rank, int timeout_ms,
+                               size_t chunk) {
+    return (CommConfig){.backend = "shm",
+                        .rank = rank,
+                        .world_size = world,
+                        .timeout_ms = timeout_ms,
+                        .shm_name = name,
+                        .shm_chunk_bytes = chunk};
+}
+
+static void unique_name(char *out, size_t size, const char *what) {
+    static int counter;
+    snprintf(out, size, "/astrai-test-%d-%s-%d", (int)getpid(), what, counter++);
+}
+
+static int segment_exists(const char *name) {
+    char path[300];
+    snprintf(path, sizeof path, "/dev/shm%s", name);
+    return access(path, F_OK) == 0;
+}
+
+static void report_failure(int rank, const Err *err) {
+    Report *r = &reports[rank];
+    r->fail_ms = now_ms();
+    snprintf(r->msg, sizeof r->msg, "%s", err->msg);
+    r->failed = 1;
+}
+
+typedef int (*RankBody)(Comm *c, void *ctx);
+
+// In the child: create, run the body, destroy. Exit 0 when the body is happy.
+static void rank_main(const CommConfig *cfg, RankBody body, void *ctx) {
+    Err err = {{0}};
+    Comm *c;
+    if (comm_create(&c, cfg, &err)) {
+        report_failure(cfg->rank, &err);
+        _exit(3);
+    }
+    reports[cfg->rank].started = 1;
+    int rc = body(c, ctx);
+    comm_destroy(c);
+    _exit(rc);
+}
+
+static pid_t spawn(const CommConfig *cfg, RankBody body, void *ctx) {
+    pid_t pid = fork();
+    if (pid == 0) rank_main(cfg, body, ctx);
+    return pid;
+}
+
+// Waits for one child up to limit_ms; kills it past that. Returns its exit
+// code, or -1 when it had to be killed (a hang), -2 when a signal ended it.
+static int wait_child(pid_t pid, int limit_ms) {
+    double end = now_ms() + limit_ms;
+    int status;
+    while (waitpid(pid, &status, WNOHANG) == 0) {
+        if (now_ms() > end) {
+            kill(pid, SIGKILL);
+            waitpid(pid, &status, 0);
+            return -1;
+        }
+        sleep_ms(2);
+    }
+    return WIFEXITED(status) ? WEXITSTATUS(status) : -2;
+}
+
+static void reset_reports(void) {
+    memset(reports, 0, MAX_WORLD * sizeof *reports);
+}
+
+// Runs a group of `world` ranks, all with the same body; returns how many
+// ranks did not exit 0 (a hang counts).
+static int run_group(const char *name, int world, int timeout_ms, size_t chunk, RankBody body,
+                     void *ctx) {
+    reset_reports();
+    pid_t pids[MAX_WORLD];
+    for (int r = 0; r < world; r++) {
+        CommConfig cfg = group_config(name, world, r, timeout_ms, chunk);
+        pids[r] = spawn(&cfg, body, ctx);
+    }
+    int bad = 0;
+    for (int r = 0; r < world; r++) {
+        int rc = wait_child(pids[r], 60000);
+        if (rc != 0) fprintf(stderr, "rank %d exited %d: %s\n", r, rc, reports[r].msg);
+        bad += rc != 0;
+    }
+    return bad;
+}
+
+// ---------------------------------------------------------------- values and expectations
+
+// A float for (seed, rank, i): irregular mantissas so that the order of the sum matters.
+static float value(uint32_t seed, int rank, size_t i) {
+    uint32_t h = seed * 2654435761u ^ (uint32_t)rank * 40503u ^ (uint32_t)i * 2246822519u;
+    h ^= h >> 15;
+    h *= 2654435761u;
+    h ^= h >> 13;
+    return ((float)(h % 2000003u) - 1000001.0f) / 7919.0f;
+}
+
+// The documented result: summed in rank order, AVG then scaled by 1/world.
+static float expected_reduce(uint32_t seed, int world, size_t i, CommOp op) {
+    float acc = value(seed, 0, i);
+    for (int r = 1; r < world; r++)
+        acc += value(seed, r, i);
+    return op == COMM_AVG ? acc * (1.0f / (float)world) : acc;
+}
+
+static uint64_t fnv(uint64_t h, const void *p, size_t n) {
+    const unsigned char *b = p;
+    for (size_t i = 0; i < n; i++)
+        h = (h ^ b[i]) * 1099511628211ull;
+    return h;
+}
+
+static int same_bits(float a, float b) {
+    return memcmp(&a, &b, sizeof a) == 0;
+}
+
+// Compares got[i] with want(i) bitwise; prints the first difference.
+#define EXPECT_FLOATS(what, rank, n, got, want_expr)                                               \
+    do {                                                                                           \
+        for (size_t i = 0; i < (n); i++) {                                                         \
+            float want = (want_expr);                                                              \
+            if (!same_bits((got)[i], want)) {                                                      \
+                fprintf(stderr, "rank %d: %s n=%zu: [%zu] = %.9g, want %.9g\n", rank, what, n, i,  \
+                        (double)(got)[i], (double)want);                                           \
+                return 1;                                                                          \
+            }                                                                                      \
+        }                                                                                          \
+    } while (0)
+
+// ---------------------------------------------------------------- every collective, every size
+
+typedef struct {
+    size_t sizes[6];
+    int nsizes;
+} SizesCtx;
+
+static int fail_call(Comm *c, const Err *err) {
+    report_failure(comm_rank(c), err);
+    fprintf(stderr, "%s\n", err->msg);
+    return 1;
+}
+
+static int check_all_reduce(Comm *c, size_t n, CommOp op, uint32_t seed, float *buf) {
+    int me = comm_rank(c), W = comm_world_size(c);
+    Err err;
+    for (size_t i = 0; i < n; i++)
+        buf[i] = value(seed, me, i);
+    if (comm_all_reduce(c, buf, n, op, &err)) return fail_call(c, &err);
+    EXPECT_FLOATS(op == COMM_AVG ? "all_reduce avg" : "all_reduce sum", me, n, buf,
+                  expected_reduce(seed, W, i, op));
+    reports[me].digest = fnv(reports[me].digest, buf, n * sizeof(float));
+    return 0;
+}
+
+static int check_reduce_scatter(Comm *c, size_t n, CommOp op, uint32_t seed, float *send,
+                                float *recv) {
+    int me = comm_rank(c), W = comm_world_size(c);
+    Err err;
+    for (size_t i = 0; i < (size_t)W * n; i++)
+        send[i] = value(seed, me, i);
+    if (comm_reduce_scatter(c, send, recv, n, op, &err)) return fail_call(c, &err);
+    EXPECT_FLOATS("reduce_scatter", me, n, recv, expected_reduce(seed, W, me * n + i, op));
+    return 0;
+}
+
+static int check_all_gather(Comm *c, size_t n, uint32_t seed, float *send, float *recv) {
+    int me = comm_rank(c), W = comm_world_size(c);
+    Err err;
+    for (size_t i = 0; i < n; i++)
+        send[i] = value(seed, me, i);
+    if (comm_all_gather(c, send, recv, n, &err)) return fail_call(c, &err);
+    EXPECT_FLOATS("all_gather", me, (size_t)W * n, recv, value(seed, (int)(i / n), i % n));
+    reports[me].digest = fnv(reports[me].digest, recv, (size_t)W * n * sizeof(float));
+    return 0;
+}
+
+// An odd byte count, from the last rank.
+static int check_broadcast(Comm *c, size_t n, unsigned char *buf) {
+    int me = comm_rank(c), W = comm_world_size(c);
+    size_t bytes = n * 4 + (n ? 3 : 0);
+    Err err;
+    for (size_t i = 0; i < bytes; i++)
+        buf[i] = me == W - 1 ? (unsigned char)(i * 7 + n) : 0;
+    if (comm_broadcast(c, buf, bytes, W - 1, &err)) return fail_call(c, &err);
+    for (size_t i = 0; i < bytes; i++)
+        if (buf[i] != (unsigned char)(i * 7 + n)) {
+            fprintf(stderr, "rank %d: broadcast %zu bytes: byte %zu = %d\n", me, bytes, i, buf[i]);
+            return 1;
+        }
+    return 0;
+}
+
+static int body_all_collectives(Comm *c, void *ctx) {
+    const SizesCtx *sz = ctx;
+    int W = comm_world_size(c);
+    Err err;
+    for (int k = 0; k < sz->nsizes; k++) {
+        size_t n = sz->sizes[k];
+        float *a = malloc((size_t)W * n * sizeof(float) + 16);
+        float *b = malloc((size_t)W * n * sizeof(float) + 16);
+        int bad = check_all_reduce(c, n, COMM_SUM, 11 + k, a) ||
+                  check_all_reduce(c, n, COMM_AVG, 23 + k, a) ||
+                  check_reduce_scatter(c, n, COMM_SUM, 37 + k, a, b) ||
+                  check_reduce_scatter(c, n, COMM_AVG, 41 + k, a, b) ||
+                  check_all_gather(c, n, 53 + k, a, b) || check_broadcast(c, n, (void *)a);
+        free(a);
+        free(b);
+        if (bad) return 1;
+        if (comm_barrier(c, &err)) return fail_call(c, &err);
+    }
+    return 0;
+}
+
+static void test_collectives(int world, size_t chunk, SizesCtx sizes) {
+    char name[96];
+    unique_name(name, sizeof name, "all");
+    int bad = run_group(name, world, 20000, chunk, body_all_collectives, &sizes);
+    CHECK_MSG(bad == 0, "world %d chunk %zu: %d rank(s) failed", world, chunk, bad);
+    for (int r = 1; r < world; r++)
+        CHECK_MSG(reports[r].digest == reports[0].digest, "world %d: rank %d's results differ",
+                  world, r);
+    CHECK_MSG(!segment_exists(name), "%s left behind", name);
+}
+
+// ---------------------------------------------------------------- a peer killed mid-collective
+
+static int body_reduce_until_error(Comm *c, void *ctx) {
+    (void)ctx;
+    size_t n = 1 << 16;
+    float *buf = calloc(n, sizeof(float));
+    Err err;
+    double end = now_ms() + 30000;
+    while (now_ms() < end)
+        if (comm_all_reduce(c, buf, n, COMM_SUM, &err)) {
+            report_failure(comm_rank(c), &err);
+            free(buf);
+            return 0; // the expected way out
+        }
+    free(buf);
+    return 1;
+}
+
+static void test_peer_killed(int world, int victim) {
+    char name[96];
+    unique_name(name, sizeof name, "kill");
+    int timeout_ms = 4000;
+    reset_reports();
+    pid_t pids[MAX_WORLD];
+    for (int r = 0; r < world; r++) {
+        CommConfig cfg = group_config(name, world, r, timeout_ms, 4096);
+        pids[r] = spawn(&cfg, body_reduce_until_error, NULL);
+    }
+    double until = now_ms() + 10000;
+    for (int r = 0; r < world; r++)
+        while (!reports[r].started && now_ms() < until)
+            sleep_ms(1);
+    sleep_ms(100); // well into the all_reduce loop
+    double killed_at = now_ms();
+    kill(pids[victim], SIGKILL);
+    // The victim stays an unreaped zombie while the survivors must notice it.
+    for (int r = 0; r < world; r++) {
+        if (r == victim) continue;
+        int rc = wait_child(pids[r], 3 * timeout_ms);
+        CHECK_MSG(rc == 0, "survivor rank %d exited %d (-1: hung)", r, rc);
+        char want[64];
+        snprintf(want, sizeof want, "rank %d (pid %d) died", victim, (int)pids[victim]);
+        CHECK_MSG(strstr(reports[r].msg, want), "rank %d's error does not say \"%s\": %s", r, want,
+                  reports[r].msg);
+        double took = reports[r].fail_ms - killed_at;
+        CHECK_MSG(reports[r].failed && took < timeout_ms / 2,
+                  "rank %d noticed the death after %.0f ms (timeout %d)", r, took, timeout_ms);
+    }
+    waitpid(pids[victim], NULL, 0);
+    CHECK_MSG(!segment_exists(name), "%s left behind", name);
+}
+
+// ---------------------------------------------------------------- ranks that never arrive
+
+static int body_nothing(Comm *c, void *ctx) {
+    (void)c;
+    (void)ctx;
+    return 0;
+}
+
+// Rank 0 alone: comm_create must time out naming rank 1, and unlink its segment.
+static void test_rank_never_joins(void) {
+    char name[96];
+    unique_name(name, sizeof name, "nojoin");
+    reset_reports();
+    CommConfig cfg = group_config(name, 2, 0, 300, 0);
+    double t0 = now_ms();
+    int rc = wait_child(spawn(&cfg, body_nothing, NULL), 5000);
+    double took = now_ms() - t0;
+    CHECK_MSG(rc == 3, "rank 0 exited %d, want 3 (comm_create failed)", rc);
+    CHECK_MSG(strstr(reports[0].msg, "timed out after 300 ms waiting for rank 1 to join"),
+              "message: %s", reports[0].msg);
+    CHECK_MSG(took < 3 * 300, "took %.0f ms", took);
+    CHECK_MSG(!segment_exists(name), "%s left behind", name);
+}
+
+// Rank 1 alone: it must time out waiting for rank 0's segment.
+static void test_rank0_never_creates(void) {
+    char name[96];
+    unique_name(name, sizeof name, "norank0");
+    reset_reports();
+    CommConfig cfg = group_config(name, 2, 1, 300, 0);
+    int rc = wait_child(spawn(&cfg, body_nothing, NULL), 5000);
+    CHECK_MSG(rc == 3, "rank 1 exited %d, want 3", rc);
+    CHECK_MSG(strstr(reports[1].msg, "timed out after 300 ms waiting for rank 0 to create"),
+              "message: %s", reports[1].msg);
+}
+
+// Rank 1 joins but is late to the first all_reduce: rank 0 times out naming
+// it; rank 1, arriving later, fails too instead of waiting for nobody.
+static int body_late_rank1(Comm *c, void *ctx) {
+    (void)ctx;
+    float x = 1;
+    Err err;
+    if (comm_rank(c) == 1) sleep_ms(1000);
+    if (comm_all_reduce(c, &x, 1, COMM_SUM, &err) == 0) return 1;
+    report_failure(comm_rank(c), &err);
+    return 0;
+}
+
+static void test_rank_late_to_collective(void) {
+    char name[96];
+    unique_name(name, sizeof name, "late");
+    double t0 = now_ms();
+    int bad = run_group(name, 2, 300, 0, body_late_rank1, NULL);
+    CHECK_MSG(bad == 0, "%d rank(s) did not fail cleanly", bad);
+    CHECK_MSG(strstr(reports[0].msg, "timed out after 300 ms waiting for rank 1 (pid ") &&
+                  strstr(reports[0].msg, "in all_reduce"),
+              "rank 0: %s", reports[0].msg);
+    CHECK_MSG(reports[0].fail_ms - t0 < 3 * 300 + 500, "rank 0 failed after %.0f ms",
+              reports[0].fail_ms - t0);
+    CHECK_MSG(strstr(reports[1].msg, "rank 0"), "rank 1: %s", reports[1].msg);
+}
+
+// ---------------------------------------------------------------- stale segments
+
+static int body_one_all_reduce(Comm *c, void *ctx) {
+    (void)ctx;
+    float x[3] = {1, 2, (float)comm_rank(c)};
+    Err err;
+    if (comm_all_reduce(c, x, 3, COMM_SUM, &err)) return fail_call(c, &err);
+    int W = comm_world_size(c);
+    return !(x[0] == W && x[1] == 2 * W && x[2] == W * (W - 1) / 2);
+}
+
+static void write_garbage_segment(const char *name, size_t bytes) {
+    int fd = shm_open(name, O_CREAT | O_RDWR, 0600);
+    CHECK(fd >= 0);
+    if (fd < 0) return;
+    unsigned char page[4096];
+    for (size_t i = 0; i < sizeof page; i++)
+        page[i] = (unsigned char)(i * 131 + 7);
+    for (size_t off = 0; off < bytes; off += sizeof page)
+        CHECK(write(fd, page, sizeof page) == (ssize_t)sizeof page);
+    close(fd);
+}
+
+static void test_stale_garbage(void) {
+    char name[96];
+    unique_name(name, sizeof name, "garbage");
+    write_garbage_segment(name, 1 << 20);
+    CHECK(segment_exists(name));
+    int bad = run_group(name, 3, 5000, 0, body_one_all_reduce, NULL);
+    CHECK_MSG(bad == 0, "group over a garbage segment: %d rank(s) failed", bad);
+    CHECK_MSG(!segment_exists(name), "%s left behind", name);
+}
+
+// A crashed run: rank 0 created a valid segment and was killed. A new rank 1
+// that comes first must not attach to it; the new group must work.
+static void test_stale_crashed_run(void) {
+    char name[96];
+    unique_name(name, sizeof name, "crashed");
+    reset_reports();
+    CommConfig old0 = group_config(name, 2, 0, 30000, 0);
+    pid_t old = spawn(&old0, body_nothing, NULL);
+    double until = now_ms() + 5000;
+    while (!segment_exists(name) && now_ms() < until)
+        sleep_ms(1);
+    sleep_ms(50); // past its ftruncate and header
+    kill(old, SIGKILL);
+    waitpid(old, NULL, 0);
+    CHECK_MSG(segment_exists(name), "the crashed run left no segment: the test proves nothing");
+    reset_reports();
+    CommConfig c1 = group_config(name, 2, 1, 5000, 0), c0 = group_config(name, 2, 0, 5000, 0);
+    pid_t p1 = spawn(&c1, body_one_all_reduce, NULL);
+    sleep_ms(200); // rank 1 sees the stale segment first
+    pid_t p0 = spawn(&c0, body_one_all_reduce, NULL);
+    CHECK_MSG(wait_child(p0, 20000) == 0, "rank 0: %s", reports[0].msg);
+    CHECK_MSG(wait_child(p1, 20000) == 0, "rank 1: %s", reports[1].msg);
+    CHECK_MSG(!segment_exists(name), "%s left behind", name);
+}
+
+// ---------------------------------------------------------------- mismatched calls
+
+// Rank 0: all_reduce(n=10); rank 1: all_reduce(n=9) (kind 0) or all_gather(n=10) (kind 1).
+static int body_mismatch(Comm *c, void *ctx) {
+    const int *kind = ctx;
+    float a[10] = {0}, b[20];
+    Err err;
+    int rc;
+    if (comm_rank(c) == 0)
+        rc = comm_all_reduce(c, a, 10, COMM_SUM, &err);
+    else if (*kind == 0)
+        rc = comm_all_reduce(c, a, 9, COMM_SUM, &err);
+    else
+        rc = comm_all_gather(c, a, b, 10, &err);
+    if (rc == 0) return 1;
+    report_failure(comm_rank(c), &err);
+    return 0;
+}
+
+static void test_mismatched_calls(void) {
+    int kinds[2] = {0, 1};
+    for (int k = 0; k < 2; k++) {
+        char name[96];
+        unique_name(name, sizeof name, "mismatch");
+        int bad = run_group(name, 2, 5000, 0, body_mismatch, &kinds[k]);
+        CHECK_MSG(bad == 0, "kind %d: %d rank(s) did not fail", k, bad);
+        for (int r = 0; r < 2; r++)
+            CHECK_MSG(strstr(reports[r].msg, "called all_reduce(n=10"), "kind %d rank %d: %s", k, r,
+                      reports[r].msg);
+    }
+}
+
+// ---------------------------------------------------------------- bad configs and arguments
+
+static void expect_create_error(CommConfig cfg, const char *want) {
+    Comm *c = NULL;
+    Err err = {{0}};
+    CHECK_MSG(comm_create(&c, &cfg, &err) == -1 && c == NULL, "no error, want \"%s\"", want);
+    CHECK_MSG(strstr(err.msg, want), "got \"%s\", want \"%s\"", err.msg, want);
+}
+
+static void test_bad_configs(void) {
+    CommConfig ok = group_config("/astrai-test-bad", 1, 0, 1000, 0);
+    CommConfig cfg = ok;
+    cfg.backend = "gloo";
+    expect_create_error(cfg, "unknown backend \"gloo\"");
+    cfg = ok, cfg.rank = 2, cfg.world_size = 2;
+    expect_create_error(cfg, "rank 2 is outside 0..1");
+    cfg = ok, cfg.world_size = 0;
+    expect_create_error(cfg, "world_size 0 must be at least 1");
+    cfg = ok, cfg.timeout_ms = 0;
+    expect_create_error(cfg, "timeout_ms 0 must be positive");
+    cfg = ok, cfg.shm_name = "astrai-no-slash";
+    expect_create_error(cfg, "shm_name \"astrai-no-slash\" must be");
+    cfg = ok, cfg.shm_name = NULL;
+    expect_create_error(cfg, "shm_name \"(null)\"");
+    cfg = ok, cfg.shm_chunk_bytes = 100;
+    expect_create_error(cfg, "shm_chunk_bytes 100 must be a multiple of 64");
+}
+
+// World 1 runs in this process: argument errors, and a Comm unusable after one.
+static void test_bad_arguments(void) {
+    char name[96];
+    unique_name(name, sizeof name, "args");
+    CommConfig cfg = group_config(name, 1, 0, 1000, 0);
+    Comm *c;
+    Err err = {{0}};
+    CHECK_MSG(comm_create(&c, &cfg, &err) == 0, "%s", err.msg);
+    if (check_failures) return;
+    float x[4] = {1, 2, 3, 4}, y[4];
+    CHECK(comm_all_reduce(c, x, 4, COMM_AVG, &err) == 0 && x[3] == 4);
+    CHECK(comm_all_gather(c, x, y, 4, &err) == 0 && y[2] == 3);
+    CHECK(comm_broadcast(c, NULL, 0, 0, &err) == 0);
+    CHECK(comm_all_reduce(c, NULL, 0, COMM_SUM, &err) == 0);
+    CHECK(comm_reduce_scatter(c, NULL, NULL, 0, COMM_SUM, &err) == 0);
+    CHECK(comm_all_gather(c, NULL, NULL, 0, &err) == 0);
+    CHECK(comm_broadcast(c, x, 4, 1, &err) == -1);
+    CHECK_MSG(strstr(err.msg, "broadcast: root 1 is outside 0..0"), "%s", err.msg);
+    CHECK(comm_barrier(c, &err) == -1);
+    CHECK_MSG(strstr(err.msg, "comm unusable after an earlier error"), "%s", err.msg);
+    comm_destroy(c);
+
+    CHECK(comm_create(&c, &cfg, &err) == 0);
+    CHECK(comm_all_reduce(c, NULL, 3, COMM_SUM, &err) == -1);
+    CHECK_MSG(strstr(err.msg, "all_reduce: buf is NULL for 3 elements"), "%s", err.msg);
+    comm_destroy(c);
+
+    CHECK(comm_create(&c, &cfg, &err) == 0);
+    CHECK(comm_reduce_scatter(c, x, y, 4, (CommOp)7, &err) == -1);
+    CHECK_MSG(strstr(err.msg, "reduce_scatter: op 7 is not COMM_SUM or COMM_AVG"), "%s", err.msg);
+    comm_destroy(c);
+    CHECK_MSG(!segment_exists(name), "%s left behind", name);
+}
+
+int main(void) {
+    reports = mmap(NULL, MAX_WORLD * sizeof *reports, PROT_READ | PROT_WRITE,
+                   MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+    if (reports == MAP_FAILED) return 1;
+    // A 1 KiB chunk (256 floats): 1000 floats take several steps, misaligned.
+    SizesCtx small = {{0, 1, 37, 1000}, 4};
+    for (int world = 2; world <= 4; world++)
+        test_collectives(world, 1024, small);
+    // The default chunk, with a buffer of two and a bit chunks.
+    SizesCtx big = {{COMM_SHM_DEFAULT_CHUNK / sizeof(float) * 2 + 5}, 1};
+    test_collectives(2, 0, big);
+    test_peer_killed(3, 2);
+    test_peer_killed(2, 0);
+    test_rank_never_joins();
+    test_rank0_never_creates();
+    test_rank_late_to_collective();
+    test_stale_garbage();
+    test_stale_crashed_run();
+    test_mismatched_calls();
+    test_bad_configs();
+    test_bad_arguments();
+    CHECK_DONE();
+}

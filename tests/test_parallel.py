@@ -1,0 +1,118 @@
+"""none / ddp / fsdp give the same training trajectory for the same global batch
+(nprocs x batch_per_device x grad_accum_steps), with adamw and muon; a checkpoint written under
+fsdp with 2 ranks resumes under none and under ddp and continues the same curve; fsdp holds about
+1/N of the parameter + gradient + optimizer state per rank (measured resident memory)."""
+
+import json
+import os
+import shutil
+import sys
+
+import train_util as tu
+
+WINDOW = 32
+N_BYTES = 80 * WINDOW + 1  # 80 windows: 20 steps of global batch 4
+
+
+def run(root, model, data, name, mode, nprocs, batch, accum, kind, **extra):
+    ckpt = os.path.join(root, name)
+    args = {"train_type": "seq", "param_path": model, "data_root_path": data,
+            "parallel_mode": mode, "nprocs": nprocs, "batch_per_device": batch,
+            "grad_accum_steps": accum, "window_size": WINDOW, "ckpt_dir": ckpt,
+            "optimizer": kind, "max_lr": 3e-3, "threads": 1, "ckpt_interval": 10}
+    args.update(extra)
+    tu.train(args)
+    return ckpt
+
+
+def compare(rows_a, rows_b, what, failures, tol=1e-5):
+    if len(rows_a) != len(rows_b) or not rows_a:
+        failures.append(f"{what}: {len(rows_a)} vs {len(rows_b)} steps")
+        return
+    worst = 0.0
+    for a, b in zip(rows_a, rows_b):
+        for key in ("loss", "grad_norm", "lr"):
+            worst = max(worst, tu.rel_err(a[key], b[key]))
+        if a["consumed_samples"] != b["consumed_samples"] or a["step"] != b["step"]:
+            failures.append(f"{what}: step/consumed_samples differ at step {a['step']}")
+            return
+    if worst > tol:
+        failures.append(f"{what}: loss/grad_norm/lr differ by {worst:.2e} relative (> {tol})")
+    print(f"{what}: {len(rows_a)} steps, worst relative difference {worst:.2e}")
+
+
+def curves(root, model, data, failures):
+    for kind in ("adamw", "muon"):
+        none = run(root, model, data, f"none-{kind}", "none", 1, 4, 1, kind)
+        base = tu.metric_rows(tu.latest_checkpoint(none))
+        for mode, batch, accum in (("ddp", 2, 1), ("fsdp", 2, 1), ("ddp", 1, 2), ("fsdp", 1, 2)):
+            name = f"{mode}-b{batch}-a{accum}-{kind}"
+            ck = run(root, model, data, name, mode, 2, batch, accum, kind)
+            compare(tu.metric_rows(tu.latest_checkpoint(ck)), base, f"{name} vs none", failures)
+
+
+def resume_across_modes(root, model, data, failures):
+    straight = tu.metric_rows(tu.latest_checkpoint(os.path.join(root, "none-muon")))
+    fsdp = os.path.join(root, "fsdp-b2-a1-muon")
+    for mode, nprocs, batch in (("none", 1, 4), ("ddp", 2, 2)):
+        ck = os.path.join(root, f"resume-{mode}")
+        os.makedirs(ck)
+        shutil.copytree(os.path.join(fsdp, "epoch_0_step_10"), os.path.join(ck, "epoch_0_step_10"))
+        run(root, model, data, f"resume-{mode}", mode, nprocs, batch, 1, "muon", resume="true")
+        compare(tu.metric_rows(tu.latest_checkpoint(ck)), straight,
+                f"fsdp checkpoint at step 10 resumed under {mode}", failures)
+
+
+MEM_CONFIG = dict(tu.SMALL_CONFIG, hidden_size=256, num_hidden_layers=4, intermediate_size=704,
+                  num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=16,
+                  use_qk_norm=False, use_gated_attention=False)
+
+
+def state_memory(root, model, data, mode, nprocs):
+    """Most resident bytes above the pre-model baseline between steps, per rank."""
+    report = os.path.join(root, f"mem-{mode}")
+    os.makedirs(report, exist_ok=True)
+    ck = os.path.join(root, f"memck-{mode}")
+    env = dict(os.environ, ASTRAI_MEMORY_REPORT=report)
+    args = {"train_type": "seq", "param_path": model, "data_root_path": data,
+            "parallel_mode": mode, "nprocs": nprocs, "batch_per_device": 1, "window_size": 16,
+            "ckpt_dir": ck, "optimizer": "adamw", "max_steps": 3, "threads": 1}
+    tu.run([tu.binary("astrai-train")] + [f"--{k}={v}" for k, v in args.items()], env=env)
+    out = {}
+    for name in os.listdir(report):
+        with open(os.path.join(report, name)) as f:
+            r = json.load(f)
+        out[r["rank"]] = r["state_bytes"]
+    return out
+
+
+def fsdp_memory(root, failures):
+    model = tu.make_model(os.path.join(root, "mem"), MEM_CONFIG)
+    data, _ = tu.make_text_data(os.path.join(root, "mem"), 2000)
+    none = state_memory(root, model, data, "none", 1)[0]
+    fsdp = state_memory(root, model, data, "fsdp", 2)
+    for rank, b in sorted(fsdp.items()):
+        ratio = b / none
+        print(f"fsdp rank {rank}: {b / 2**20:.1f} MiB of state vs none {none / 2**20:.1f} MiB "
+              f"(ratio {ratio:.2f})")
+        if not 0.35 <= ratio <= 0.65:
+            failures.append(f"fsdp rank {rank} holds {ratio:.2f} of none's state, expected ~0.5")
+    if sorted(fsdp) != [0, 1]:
+        failures.append(f"memory reports from ranks {sorted(fsdp)}")
+
+
+def main():
+    failures = []
+    root = tu.tmpdir()
+    model = tu.make_model(root)
+    data, _ = tu.make_text_data(root, N_BYTES)
+    curves(root, model, data, failures)
+    resume_across_modes(root, model, data, failures)
+    fsdp_memory(root, failures)
+    for f in failures:
+        print("FAIL:", f)
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,153 @@
+"""External launch: processes started by hand (RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT),
+by SLURM's variables, or by torchrun --no_python meet over TCP and get the same
+payload from rank 0; a disagreeing WORLD_SIZE, a rank used twice, a missing rank or
+an unreachable master is a clear error on every rank, within the timeout."""
+
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+
+import test_launch_util as lu
+
+TIMEOUT_S = 2  # ASTRAI_RENDEZVOUS_TIMEOUT_S of the error cases
+
+
+def rank(out, r, world, port, timeout_s=20, **extra):
+    env = lu.clean_env(RANK=r, WORLD_SIZE=world, MASTER_ADDR="127.0.0.1", MASTER_PORT=port,
+                       ASTRAI_RENDEZVOUS_TIMEOUT_S=timeout_s, **extra)
+    return lu.start(out, "--rendezvous", env=env)
+
+
+def check_same_payload(out, world, root_pid):
+    reports = lu.wait_reports(out, world)
+    for r, rep in reports.items():
+        assert rep["external"] == "1" and rep["world"] == str(world), rep
+        assert rep["shm"] == reports[0]["shm"] and rep["nccl_id"] == reports[0]["nccl_id"], rep
+    assert reports[0]["shm"].startswith(f"/astrai-{root_pid}-"), reports[0]
+    return reports
+
+
+def test_two_ranks_by_hand(tmp):
+    port = lu.free_port()
+    # Rank 1 first: it keeps retrying until rank 0 listens.
+    p1 = rank(tmp, 1, 2, port)
+    time.sleep(0.5)
+    p0 = rank(tmp, 0, 2, port)
+    for p in (p0, p1):
+        rc, err = lu.finish(p)
+        assert rc == 0, err
+    reports = check_same_payload(tmp, 2, p0.pid)
+    assert reports[1]["local_rank"] == "1", reports[1]
+
+
+def test_slurm_variables(tmp):
+    port = lu.free_port()
+    procs = []
+    for r in range(3):
+        env = lu.clean_env(SLURM_PROCID=r, SLURM_NTASKS=3, SLURM_LOCALID=r, SLURM_NODEID=0,
+                           SLURM_TASKS_PER_NODE=3, MASTER_ADDR="localhost", MASTER_PORT=port,
+                           ASTRAI_RENDEZVOUS_TIMEOUT_S=20)
+        procs.append(lu.start(tmp, "--rendezvous", env=env))
+    for p in procs:
+        rc, err = lu.finish(p)
+        assert rc == 0, err
+    reports = check_same_payload(tmp, 3, procs[0].pid)
+    assert [rep["local_world"] for rep in reports.values()] == ["3"] * 3
+
+
+def test_stray_connection_is_ignored(tmp):
+    port = lu.free_port()
+    p0 = rank(tmp, 0, 2, port)
+    deadline = time.monotonic() + 10
+    while True:  # something that is not a rank talks to rank 0's port first
+        try:
+            with socket.create_connection(("127.0.0.1", port)) as s:
+                s.sendall(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+            break
+        except ConnectionRefusedError:
+            assert time.monotonic() < deadline, "rank 0 never listened"
+            time.sleep(0.05)
+    p1 = rank(tmp, 1, 2, port)
+    for p in (p0, p1):
+        rc, err = lu.finish(p)
+        assert rc == 0, err
+    check_same_payload(tmp, 2, p0.pid)
+
+
+def expect_failures(procs, want, max_s):
+    start = time.monotonic()
+    for p in procs:
+        rc, err = lu.finish(p)
+        assert rc == 1 and want in err, f"want '{want}', rc {rc}, stderr:\n{err}"
+    took = time.monotonic() - start
+    assert took < max_s, f"took {took:.1f} s"
+    return took
+
+
+def test_wrong_world_size(tmp):
+    port = lu.free_port()
+    p0 = rank(tmp, 0, 2, port, TIMEOUT_S)
+    p1 = rank(tmp, 1, 3, port, TIMEOUT_S)
+    # Both hear it as soon as rank 1 says hello, not only at the timeout.
+    expect_failures([p0, p1], "says WORLD_SIZE=3 but rank 0 has WORLD_SIZE=2", TIMEOUT_S + 3)
+
+
+def test_rank_used_twice(tmp):
+    port = lu.free_port()
+    p0 = rank(tmp, 0, 3, port, TIMEOUT_S)
+    p1 = rank(tmp, 1, 3, port, TIMEOUT_S)
+    p2 = rank(tmp, 1, 3, port, TIMEOUT_S)
+    expect_failures([p0, p1, p2], "rendezvous: rank 1 connected twice", TIMEOUT_S + 3)
+
+
+def test_missing_rank(tmp):
+    port = lu.free_port()
+    p0 = rank(tmp, 0, 3, port, TIMEOUT_S)
+    p1 = rank(tmp, 1, 3, port, TIMEOUT_S)
+    took = expect_failures(
+        [p0, p1], f"only 2 of 3 ranks arrived within {TIMEOUT_S} s (missing: rank 2)",
+        TIMEOUT_S + 5)
+    assert took >= TIMEOUT_S - 0.5, took
+
+
+def test_unreachable_master(tmp):
+    port = lu.free_port()  # nobody listens there
+    p1 = rank(tmp, 1, 2, port, TIMEOUT_S)
+    took = expect_failures(
+        [p1], f"rendezvous: no connection to MASTER_ADDR 127.0.0.1:{port} after {TIMEOUT_S} s",
+        TIMEOUT_S + 5)
+    assert took >= TIMEOUT_S - 0.5, took
+
+
+def test_torchrun(tmp):
+    """torchrun --no_python: its static rendezvous keeps a store on MASTER_PORT, so the
+    ranks meet on MASTER_PORT+1."""
+    port = lu.free_port(2)
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes=1", "--nproc_per_node=2",
+           "--master_addr=127.0.0.1", f"--master_port={port}",
+           # torch 1.13 under Python 3.11 cannot parse the default "0" of these two
+           "--redirects=1", "--tee=1", f"--log_dir={tmp}/logs", "--no_python", lu.PROBE,
+           f"--out={tmp}", "--rendezvous"]
+    env = lu.clean_env(ASTRAI_RENDEZVOUS_TIMEOUT_S=30, OMP_NUM_THREADS=1)
+    res = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stderr
+    reports = lu.wait_reports(tmp, 2)
+    for r, rep in reports.items():
+        assert rep["external"] == "1" and rep["local_rank"] == str(r), rep
+        assert rep["local_world"] == "2", rep
+        assert rep["nccl_id"] == reports[0]["nccl_id"] and rep["shm"] == reports[0]["shm"], rep
+
+
+def main():
+    tests = [v for k, v in sorted(globals().items()) if k.startswith("test_")]
+    for t in tests:
+        with tempfile.TemporaryDirectory() as tmp:
+            t(tmp)
+        print(f"ok {t.__name__}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,68 @@
+// launch.h: how this astrai-train process came to be, and the launcher of local
+// ranks (DESIGN §1, §5, §9).
+//
+// Three ways to run:
+//  - single:       no rank variables and nprocs == 1: one process is the whole job.
+//  - local parent: no rank variables and nprocs > 1: this process spawns nprocs
+//                  ranks (fork+exec of itself, same argv), supervises them and
+//                  exits with the first failure's code; it never trains itself.
+//  - rank:         RANK/WORLD_SIZE[/LOCAL_RANK/LOCAL_WORLD_SIZE] (torchrun, or by
+//                  hand) or SLURM_PROCID/SLURM_NTASKS[/SLURM_LOCALID] (srun), with
+//                  MASTER_ADDR/MASTER_PORT; or the same variables set by our own
+//                  local parent (ASTRAI_LAUNCHED=1). Under an external launcher the
+//                  world size comes from the environment and --nprocs is ignored,
+//                  as in AstrAI.
+//
+// Environment knobs: ASTRAI_STOP_GRACE_S (seconds between SIGTERM and SIGKILL
+// when ranks are stopped, default 30), ASTRAI_RENDEZVOUS_TIMEOUT_S (default 300),
+// ASTRAI_RENDEZVOUS_PORT (rendezvous port; default MASTER_PORT, or MASTER_PORT+1
+// under torchrun's static rendezvous, whose own store holds MASTER_PORT).
+#pragma once
+#include <stdint.h>
+
+#include "common/error.h"
+
+typedef enum { LAUNCH_SINGLE, LAUNCH_LOCAL_PARENT, LAUNCH_RANK } LaunchMode;
+
+#define LAUNCH_NCCL_ID_BYTES 128
+
+typedef struct {
+    LaunchMode mode;
+    int rank, world_size, local_rank, local_world_size;
+    int external;          // launched by torchrun/SLURM/by hand, not by our local parent
+    const char *source;    // the variables it came from, for messages ("SLURM_PROCID", ...)
+    char master_addr[256]; // where rank 0 serves the rendezvous
+    int master_port;       // the rendezvous port (see ASTRAI_RENDEZVOUS_PORT above)
+    int rendezvous_fd;     // rank 0 of a local launch: the socket the parent listens on; else -1
+    // The shm segment of the collectives: set by the local parent (ASTRAI_SHM_NAME),
+    // or chosen by rank 0 and handed out by launch_rendezvous().
+    char shm_name[64];
+} LaunchInfo;
+
+// This process's launch: astrai-train's main fills it with launch_detect(), the
+// trainer reads it (rank, world size, shm name).
+LaunchInfo *launch_info(void);
+
+// Reads the environment (see above); nprocs is --nprocs. Errors name the variable
+// ("RANK=2 is not below WORLD_SIZE=2", "MASTER_ADDR is not set ..."). A rank also
+// arranges to get SIGTERM when its parent (launcher, torchrun) dies, and fails if
+// that parent is already gone.
+int launch_detect(LaunchInfo *li, long nprocs, Err *err);
+
+// Local parent: runs li->world_size ranks of /proc/self/exe with argv, each in its
+// own process group, and supervises them: SIGTERM/SIGINT/SIGUSR1 are forwarded to
+// every rank; when a rank fails (non-zero exit or a signal) the others get SIGTERM,
+// then SIGKILL after the grace period. Prints which rank failed and how, removes
+// the run's shm segments, and returns the exit code for the launcher: 0, the first
+// failing rank's code, or 128+signal. -1 with err when the ranks could not be started.
+int launch_local(const LaunchInfo *li, char **argv, Err *err);
+
+// Ranks meet before the collectives exist (every mode; returns at once when there
+// is only one rank): rank 0 hands every rank the shm segment name (filling
+// li->shm_name) and, when nccl_id is not NULL, its LAUNCH_NCCL_ID_BYTES bytes
+// (read on rank 0, written on the others). Every rank must pass nccl_id alike.
+int launch_rendezvous(LaunchInfo *li, uint8_t *nccl_id, Err *err);
+
+// CPU threads for one rank: `threads` if > 0, else the usable cores divided by the
+// ranks on this host (at least 1).
+long launch_threads(const LaunchInfo *li, long threads);
