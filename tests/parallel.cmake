@@ -1,1 +1,2 @@
 astrai_py_test(parallel test_parallel.py)
+astrai_py_test(parallel_signals test_parallel_signals.py)

@@ -1,0 +1,192 @@
+"""Multi-rank runs under signals and external launchers (real processes, real signals):
+- SIGTERM to the launcher mid-run: every rank stops at the same step, rank 0 checkpoints, all
+  exit 0, and --resume continues the very same curve;
+- kill -9 of one rank: the other exits with a clear error naming the dead rank well within the
+  timeout, the launcher fails, and no rank process or shm segment is left behind;
+- external launch (RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT set by hand, and SLURM variables):
+  two processes train together like one rank with the global batch; a wrong WORLD_SIZE or an
+  unreachable master is a clear error after the rendezvous timeout."""
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import train_util as tu
+from test_train_resume import wait_for_step
+
+WINDOW = 32
+N_BYTES = 80 * WINDOW + 1
+
+
+def args(model, data, ckpt, mode="ddp", nprocs=2, batch=2, **extra):
+    a = {"train_type": "seq", "param_path": model, "data_root_path": data,
+         "parallel_mode": mode, "nprocs": nprocs, "batch_per_device": batch,
+         "window_size": WINDOW, "ckpt_dir": ckpt, "max_lr": 3e-3, "threads": 1,
+         "ckpt_interval": 1000, "comm_timeout": 60}
+    a.update(extra)
+    return [tu.binary("astrai-train")] + [f"--{k}={v}" for k, v in a.items()]
+
+
+def children(pid):
+    out = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    if int(f.read().rsplit(")", 1)[1].split()[1]) == pid:
+                        out.append(int(entry))
+            except (OSError, IndexError):
+                pass
+    return out
+
+
+def rank_of(pid):
+    with open(f"/proc/{pid}/environ", "rb") as f:
+        env = dict(kv.split(b"=", 1) for kv in f.read().split(b"\0") if b"=" in kv)
+    return int(env[b"RANK"])
+
+
+def alive(pid):
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def shm_segments():
+    return {n for n in os.listdir("/dev/shm") if n.startswith("astrai")}
+
+
+def check_sigterm(root, model, data, failures):
+    extra = {"n_epoch": 6}
+    straight = os.path.join(root, "straight")
+    tu.run(args(model, data, straight, **extra))
+    ck = os.path.join(root, "sigterm")
+    proc = subprocess.Popen(args(model, data, ck, **extra), stderr=subprocess.PIPE, text=True)
+    if not wait_for_step(ck, 4, proc):
+        failures.append("sigterm: the run did not reach step 4")
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=120)
+    if proc.returncode != 0:
+        failures.append(f"sigterm: launcher exit {proc.returncode}: {err[-400:]}")
+    stop = tu.latest_checkpoint(ck)
+    step = int(stop.rsplit("_", 1)[1])
+    if err.count("stopped at step") != 1 or f"stopped at step {step} " not in err:
+        failures.append(f"sigterm: expected one stop at step {step}: {err[-400:]}")
+    tu.run(args(model, data, ck, resume="true", **extra))
+    a, b = tu.latest_checkpoint(straight), tu.latest_checkpoint(ck)
+    if tu.metric_rows(a) != tu.metric_rows(b):
+        failures.append(f"sigterm at step {step} + resume differs from the straight run")
+    print(f"SIGTERM: both ranks stopped at step {step}; resumed to {os.path.basename(b)}")
+
+
+def check_kill9(root, model, data, failures):
+    before = shm_segments()
+    ck = os.path.join(root, "kill9")
+    proc = subprocess.Popen(args(model, data, ck, n_epoch=50, comm_timeout=30),
+                            stderr=subprocess.PIPE, text=True)
+    if not wait_for_step(ck, 2, proc):
+        failures.append("kill -9: the run did not reach step 2")
+    ranks = {rank_of(p): p for p in children(proc.pid)}
+    os.kill(ranks[1], signal.SIGKILL)
+    t0 = time.time()
+    _, err = proc.communicate(timeout=120)
+    took = time.time() - t0
+    if proc.returncode == 0:
+        failures.append("kill -9: the launcher exited 0")
+    if "rank 1" not in err or took > 30:
+        failures.append(f"kill -9: no clear error naming rank 1 within the timeout "
+                        f"({took:.1f} s): {err[-600:]}")
+    left = [p for p in ranks.values() if alive(p)]
+    if left:
+        failures.append(f"kill -9: rank processes left: {left}")
+    if shm_segments() - before:
+        failures.append(f"kill -9: shm segments left: {shm_segments() - before}")
+    print(f"kill -9 of rank 1: launcher exit {proc.returncode} after {took:.1f} s: "
+          f"{[l for l in err.splitlines() if 'rank' in l][:3]}")
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def external(cmd, env_list, timeout=300):
+    procs = [subprocess.Popen(cmd, env=dict(os.environ, **e), stderr=subprocess.PIPE, text=True)
+             for e in env_list]
+    return [(p.wait(timeout=timeout), p.stderr.read()) for p in procs]
+
+
+def check_external(root, model, data, failures):
+    none = os.path.join(root, "ext-none")
+    tu.run(args(model, data, none, mode="none", nprocs=1, batch=4))
+    base = tu.metric_rows(tu.latest_checkpoint(none))
+    for style in ("torchrun", "slurm"):
+        port = free_port()
+        ck = os.path.join(root, f"ext-{style}")
+        envs = []
+        for r in range(2):
+            e = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
+            if style == "torchrun":
+                e.update(RANK=str(r), WORLD_SIZE="2", LOCAL_RANK=str(r), LOCAL_WORLD_SIZE="2")
+            else:
+                e.update(SLURM_PROCID=str(r), SLURM_NTASKS="2", SLURM_LOCALID=str(r))
+            envs.append(e)
+        results = external(args(model, data, ck, mode="fsdp"), envs)
+        if any(rc != 0 for rc, _ in results):
+            failures.append(f"external {style}: exits {[rc for rc, _ in results]}: "
+                            f"{results[0][1][-300:]} {results[1][1][-300:]}")
+            continue
+        rows = tu.metric_rows(tu.latest_checkpoint(ck))
+        worst = max(tu.rel_err(a["loss"], b["loss"]) for a, b in zip(rows, base))
+        if len(rows) != len(base) or worst > 1e-5:
+            failures.append(f"external {style}: curve differs from none ({worst:.2e})")
+        print(f"external launch ({style}): {len(rows)} steps, worst difference {worst:.2e}")
+
+
+def check_external_errors(root, model, data, failures):
+    env = {"ASTRAI_RENDEZVOUS_TIMEOUT_S": "3"}
+    port = free_port()
+    ck = os.path.join(root, "ext-bad")
+    common = dict(env, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    t0 = time.time()
+    results = external(args(model, data, ck),
+                       [dict(common, RANK="0", WORLD_SIZE="2"),
+                        dict(common, RANK="1", WORLD_SIZE="3")], timeout=60)
+    took = time.time() - t0
+    for r, (rc, err) in enumerate(results):
+        if rc == 0 or "WORLD_SIZE" not in err:
+            failures.append(f"wrong WORLD_SIZE: rank {r} exit {rc}: {err[-300:]}")
+    print(f"wrong WORLD_SIZE: exits {[rc for rc, _ in results]} after {took:.1f} s: "
+          f"{results[0][1].strip().splitlines()[-1]}")
+    t0 = time.time()
+    (rc, err), = external(args(model, data, ck),
+                          [dict(env, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()),
+                                RANK="1", WORLD_SIZE="2")], timeout=60)
+    took = time.time() - t0
+    if rc == 0 or "127.0.0.1" not in err or not 2.5 <= took <= 30:
+        failures.append(f"unreachable master: exit {rc} after {took:.1f} s: {err[-300:]}")
+    print(f"unreachable master: exit {rc} after {took:.1f} s: {err.strip().splitlines()[-1]}")
+
+
+def main():
+    failures = []
+    root = tu.tmpdir()
+    model = tu.make_model(root)
+    data, _ = tu.make_text_data(root, N_BYTES)
+    check_sigterm(root, model, data, failures)
+    check_kill9(root, model, data, failures)
+    check_external(root, model, data, failures)
+    check_external_errors(root, model, data, failures)
+    for f in failures:
+        print("FAIL:", f)
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
