@@ -33,65 +33,62 @@ static int reps_for(size_t bytes) {
     return r < 5 ? 5 : r > 50 ? 50 : (int)r;
 }
 
-// Best single-thread memcpy time for `bytes` (buffers touched first).
-static double memcpy_seconds(size_t bytes) {
-    char *a = malloc(bytes), *b = malloc(bytes);
-    if (!a || !b) exit(1);
-    memset(a, 1, bytes);
-    memset(b, 2, bytes);
-    double best = 1e30;
-    for (int r = 0; r < reps_for(bytes); r++) {
-        double t = now_s();
-        memcpy(b, a, bytes);
-        t = now_s() - t;
-        best = t < best ? t : best;
-        a[r] = b[bytes - 1 - r]; // keep the copies observable
-    }
-    free(a);
-    free(b);
-    return best;
+// Best times per size, written by rank 0 into shared memory.
+typedef struct {
+    double all_reduce[NSIZES], memcpy[NSIZES];
+} Times;
+
+static double memcpy_once(char *dst, const char *src, size_t bytes) {
+    double t = now_s();
+    memcpy(dst, src, bytes);
+    return now_s() - t;
 }
 
-// One rank: the best all_reduce time per size, written to times[] by rank 0.
-static int rank_main(int rank, const char *name, size_t chunk, double *times) {
+// One size: rounds of (rank 0 alone: memcpy; both: all_reduce), so that both
+// are measured under the same (noisy, shared) conditions; keeps the best.
+static int measure(Comm *c, size_t k, Times *times, Err *err) {
+    size_t bytes = SIZES_MIB[k] * MiB, n = bytes / sizeof(float);
+    float *buf = malloc(bytes), *copy = malloc(bytes);
+    if (!buf || !copy) exit(1);
+    for (size_t i = 0; i < n; i++)
+        buf[i] = copy[i] = (float)(i % 7) * 1e-3f;
+    double best_ar = 1e30, best_copy = 1e30;
+    int rc = 0;
+    for (int r = -1; r < reps_for(bytes) && rc == 0; r++) { // r = -1: warm-up
+        double t = comm_rank(c) == 0 ? memcpy_once((char *)copy, (char *)buf, bytes) : 1e30;
+        if (r >= 0 && t < best_copy) best_copy = t;
+        if ((rc = comm_barrier(c, err))) break;
+        t = now_s();
+        rc = comm_all_reduce(c, buf, n, COMM_AVG, err);
+        t = now_s() - t;
+        if (r >= 0 && t < best_ar) best_ar = t;
+    }
+    free(buf);
+    free(copy);
+    times->all_reduce[k] = best_ar;
+    times->memcpy[k] = best_copy;
+    return rc;
+}
+
+static int rank_main(int rank, const char *name, size_t chunk, Times *times) {
     CommConfig cfg = {.backend = "shm",
                       .rank = rank,
                       .world_size = WORLD,
                       .timeout_ms = 60000,
                       .shm_name = name,
                       .shm_chunk_bytes = chunk};
-    Comm *c;
+    Comm *c = NULL;
     Err err;
-    if (comm_create(&c, &cfg, &err)) {
-        fprintf(stderr, "rank %d: %s\n", rank, err.msg);
-        return 1;
-    }
-    for (size_t k = 0; k < NSIZES; k++) {
-        size_t n = SIZES_MIB[k] * MiB / sizeof(float);
-        float *buf = malloc(n * sizeof(float));
-        for (size_t i = 0; i < n; i++)
-            buf[i] = (float)(i % 7) * 1e-3f;
-        double best = 1e30;
-        for (int r = -1; r < reps_for(n * sizeof(float)); r++) { // r = -1: warm-up
-            if (comm_barrier(c, &err)) break;
-            double t = now_s();
-            if (comm_all_reduce(c, buf, n, COMM_AVG, &err)) break;
-            t = now_s() - t;
-            if (r >= 0 && t < best) best = t;
-        }
-        free(buf);
-        if (best == 1e30) {
-            fprintf(stderr, "rank %d: %s\n", rank, err.msg);
-            comm_destroy(c);
-            return 1;
-        }
-        if (rank == 0) times[k] = best;
-    }
-    comm_destroy(c);
-    return 0;
+    int rc = comm_create(&c, &cfg, &err);
+    Times ignored; // rank 1's
+    for (size_t k = 0; k < NSIZES && rc == 0; k++)
+        rc = measure(c, k, rank == 0 ? times : &ignored, &err);
+    if (rc) fprintf(stderr, "rank %d: %s\n", rank, err.msg);
+    if (c) comm_destroy(c);
+    return rc ? 1 : 0;
 }
 
-static int run_ranks(size_t chunk, double *times) {
+static int run_ranks(size_t chunk, Times *times) {
     char name[64];
     snprintf(name, sizeof name, "/astrai-bench-%d", (int)getpid());
     pid_t pids[WORLD];
@@ -108,20 +105,21 @@ static int run_ranks(size_t chunk, double *times) {
 
 int main(int argc, char **argv) {
     size_t chunk = argc > 1 ? strtoull(argv[1], NULL, 0) : 0;
-    double *times = mmap(NULL, NSIZES * sizeof(double), PROT_READ | PROT_WRITE,
-                         MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+    Times *times =
+        mmap(NULL, sizeof *times, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
     if (times == MAP_FAILED || run_ranks(chunk, times)) return 1;
-    printf("shm all_reduce (AVG, fp32), %d ranks, chunk %zu bytes; best of several runs\n", WORLD,
-           chunk ? chunk : COMM_SHM_DEFAULT_CHUNK);
+    printf("shm all_reduce (AVG, fp32), %d ranks, chunk %zu bytes; best of several rounds, memcpy "
+           "(1 thread) measured in the same rounds\n",
+           WORLD, chunk ? chunk : COMM_SHM_DEFAULT_CHUNK);
     printf("%10s %14s %14s %14s %8s\n", "size", "all_reduce ms", "busbw GB/s", "memcpy GB/s",
            "ratio");
     double ratio64 = 0;
     for (size_t k = 0; k < NSIZES; k++) {
-        size_t bytes = SIZES_MIB[k] * MiB;
-        double busbw = 2.0 * (WORLD - 1) / WORLD * bytes / times[k] / 1e9;
-        double copy = bytes / memcpy_seconds(bytes) / 1e9;
-        printf("%7zu MiB %14.3f %14.2f %14.2f %7.0f%%\n", SIZES_MIB[k], times[k] * 1e3, busbw, copy,
-               100 * busbw / copy);
+        double bytes = (double)(SIZES_MIB[k] * MiB);
+        double busbw = 2.0 * (WORLD - 1) / WORLD * bytes / times->all_reduce[k] / 1e9;
+        double copy = bytes / times->memcpy[k] / 1e9;
+        printf("%7zu MiB %14.3f %14.2f %14.2f %7.0f%%\n", SIZES_MIB[k], times->all_reduce[k] * 1e3,
+               busbw, copy, 100 * busbw / copy);
         if (SIZES_MIB[k] == 64) ratio64 = busbw / copy;
     }
     printf("at 64 MiB: busbw / memcpy = %.0f%% (target >= 50%%)\n", 100 * ratio64);

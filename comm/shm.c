@@ -285,16 +285,21 @@ static void next_set(Shm *s) {
 }
 
 // dst[i] = (src[0][i] + src[1][i] + ...) * scale, in rank order so that the
-// bits do not depend on which rank computes them. dst2 (optional) gets a copy;
-// dst may be one of the sources (each block is read before it is written).
+// bits do not depend on which rank computes them. dst2 (optional) gets a copy.
+// Summed block by block in an L1-resident buffer, so dst may be a source.
 static void reduce_ranks(float *dst, float *dst2, const float *const *src, int nsrc, size_t n,
                          CommOp op) {
     float scale = 1.0f / (float)nsrc;
     float acc[REDUCE_BLOCK];
     for (size_t b = 0; b < n; b += REDUCE_BLOCK) {
         size_t m = n - b < REDUCE_BLOCK ? n - b : REDUCE_BLOCK;
-        memcpy(acc, src[0] + b, m * sizeof(float));
-        for (int k = 1; k < nsrc; k++) {
+        const float *x0 = src[0] + b, *x1 = nsrc > 1 ? src[1] + b : NULL;
+        if (x1)
+            for (size_t i = 0; i < m; i++)
+                acc[i] = x0[i] + x1[i];
+        else
+            memcpy(acc, x0, m * sizeof(float));
+        for (int k = 2; k < nsrc; k++) {
             const float *x = src[k] + b;
             for (size_t i = 0; i < m; i++)
                 acc[i] += x[i];

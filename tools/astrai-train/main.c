@@ -78,8 +78,10 @@ static int run(const TrainSpec *spec, char **argv) {
         fprintf(stderr, "astrai-train: %s\n", err.msg);
         return 2;
     }
-    install_signals();
-    if (li->mode != LAUNCH_LOCAL_PARENT) return train_rank(li, spec);
+    if (li->mode != LAUNCH_LOCAL_PARENT) {
+        install_signals();
+        return train_rank(li, spec);
+    }
     int rc = launch_local(li, argv, &err);
     if (rc < 0) {
         fprintf(stderr, "astrai-train: %s\n", err.msg);

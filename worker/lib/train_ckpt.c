@@ -88,7 +88,7 @@ static char *scheduler_text(const Trainer *t) {
 static char *sampler_text(const Trainer *t) {
     cJSON *o = cJSON_CreateObject();
     cJSON_AddNumberToObject(o, "epoch", (double)t->epoch);
-    cJSON_AddNumberToObject(o, "epoch_samples", (double)(t->epoch_pos * t->spec->nprocs));
+    cJSON_AddNumberToObject(o, "epoch_samples", (double)(t->epoch_pos * t->world));
     cJSON_AddNumberToObject(o, "n_samples", (double)t->n_samples);
     cJSON_AddNumberToObject(o, "seed", (double)t->spec->random_seed);
     cJSON_AddBoolToObject(o, "shuffle", t->spec->shuffle);
@@ -167,7 +167,7 @@ static int json_long(const cJSON *o, const char *key, long *out, const char *pat
 static int load_sampler_position(Trainer *t, const char *dir, Err *err) {
     char path[PATH_CAP];
     if (path_join(path, sizeof path, dir, "sampler.json", err)) return -1;
-    long world = t->spec->nprocs;
+    long world = t->world;
     if (!fs_is_file(path)) {
         int64_t offset = t->consumed_samples / world;
         t->epoch_pos = offset - (int64_t)t->epoch * t->sampler.per_replica;

@@ -1,6 +1,7 @@
 #include "worker/lib/trainer.h"
 
 #include <cblas.h>
+#include <fcntl.h>
 #include <cjson/cJSON.h>
 #include <malloc.h>
 #include <math.h>
@@ -90,6 +91,13 @@ static long resident_bytes(void) {
     return kib * 1024;
 }
 
+// Where progress.db lives: the run directory a supervisor (astraid) names in
+// $ASTRAI_RUN_DIR, else ckpt_dir.
+static const char *progress_dir(const TrainSpec *spec) {
+    const char *run_dir = getenv("ASTRAI_RUN_DIR");
+    return run_dir && *run_dir ? run_dir : spec->ckpt_dir;
+}
+
 int trainer_init(Trainer *t, const TrainSpec *spec, Comm *comm, long threads, Err *err) {
     memset(t, 0, sizeof *t);
     t->spec = spec;
@@ -123,7 +131,7 @@ int trainer_init(Trainer *t, const TrainSpec *spec, Comm *comm, long threads, Er
     if (*resume_dir && train_ckpt_load_state(t, resume_dir, err)) return -1;
     t->last_ckpt_step = t->step;
     if (t->rank == 0 &&
-        progress_open(&t->progress, spec->ckpt_dir, t->total_steps, t->step, err))
+        progress_open(&t->progress, progress_dir(spec), t->total_steps, t->step, err))
         return -1;
     return alloc_batch(t, err);
 }
@@ -160,8 +168,35 @@ typedef struct {
 // reached any rank applies to all, so they stop or checkpoint at the same step.
 enum { AGREE_LOSS, AGREE_STOP, AGREE_CKPT, AGREE_N };
 
+// A supervisor (astraid) may give each rank a control pipe in $ASTRAI_CONTROL_FD
+// carrying lines "stop" (checkpoint and exit: pause, shutdown) and "checkpoint"
+// (checkpoint and go on). Read without blocking at step boundaries; EOF (the
+// supervisor is gone) counts as stop.
+static void poll_control(void) {
+    static int fd = -2;
+    if (fd == -2) {
+        const char *v = getenv("ASTRAI_CONTROL_FD");
+        fd = v && *v ? atoi(v) : -1;
+        if (fd >= 0) fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK);
+    }
+    char buf[256];
+    ssize_t n;
+    while (fd >= 0 && (n = read(fd, buf, sizeof buf - 1)) != 0) {
+        if (n < 0) return; // EAGAIN: nothing new
+        buf[n] = 0;
+        if (strstr(buf, "stop")) trainer_stop_requested = 1;
+        if (strstr(buf, "checkpoint")) trainer_checkpoint_requested = 1;
+    }
+    if (fd >= 0) {
+        close(fd);
+        fd = -1;
+        trainer_stop_requested = 1;
+    }
+}
+
 static int optimizer_step(Trainer *t, StepClock *c, int *stop, int *ckpt, Err *err) {
     const TrainSpec *s = t->spec;
+    poll_control();
     float agreed[AGREE_N] = {(float)c->loss_sum, (float)(trainer_stop_requested != 0),
                              (float)(trainer_checkpoint_requested != 0)};
     trainer_checkpoint_requested = 0;

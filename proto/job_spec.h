@@ -1,0 +1,31 @@
+// job_spec.h: the job spec of astraid (DESIGN §4): the astrai-train keys of
+// proto/train_spec.h plus the job keys below. One validator for astraictl (client
+// side), astraid (on submit) and astrai-train.
+//
+//   name          string, default the file name / "job-<id>"
+//   devices       integer >= 1 (defaults to nprocs) or a list of device ids
+//   max_restarts  integer >= 0 (default: the daemon's --max-restarts)
+//   priority      integer (higher starts first; FIFO within a priority), default 0
+#pragma once
+#include "common/error.h"
+#include "proto/train_spec.h"
+
+typedef struct cJSON cJSON;
+
+typedef struct {
+    TrainSpec train;
+    char *name;       // NULL when not given
+    long max_restarts; // -1 when not given
+    long priority;
+    long n_devices;   // devices asked for (= train.nprocs unless given)
+} JobSpec;
+
+// Validates obj (a JSON object) into spec. Errors name the key and suggest the
+// nearest valid one for unknown keys; required training keys must be present.
+int job_spec_parse(JobSpec *spec, const cJSON *obj, Err *err);
+void job_spec_free(JobSpec *spec);
+
+// The astrai-train argv for the spec (NULL-terminated, malloc'd strings):
+// {binary, "--key=value", ..., NULL}. Free with job_spec_free_argv.
+char **job_spec_argv(const JobSpec *spec, const char *binary);
+void job_spec_free_argv(char **argv);

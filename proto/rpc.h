@@ -1,0 +1,73 @@
+// rpc.h: the wire protocol of astraid (DESIGN §3): newline-delimited JSON-RPC 2.0
+// over a Unix stream socket (and optionally TCP).
+//
+//   request:  {"jsonrpc":"2.0","id":7,"method":"submit","params":{...}}\n
+//   reply:    {"jsonrpc":"2.0","id":7,"result":{...}}\n
+//             {"jsonrpc":"2.0","id":7,"error":{"code":-32602,"message":"...","data":{...}}}\n
+//   push:     {"jsonrpc":"2.0","method":"progress","params":JOB}\n   (no id)
+#pragma once
+#include <stddef.h>
+
+#include "common/error.h"
+
+typedef struct cJSON cJSON;
+
+#define RPC_MAX_LINE (1u << 20) // 1 MiB: longer lines are answered with an error
+
+// Standard JSON-RPC codes.
+#define RPC_PARSE_ERROR -32700
+#define RPC_INVALID_REQUEST -32600
+#define RPC_METHOD_NOT_FOUND -32601
+#define RPC_INVALID_PARAMS -32602
+#define RPC_INTERNAL_ERROR -32603
+// astraid's own codes (-32000 ... -32099).
+#define RPC_NO_SUCH_JOB -32001
+#define RPC_BAD_STATE -32002    // the verb does not apply to the job's state
+#define RPC_UNAUTHORIZED -32003
+#define RPC_BUSY -32004         // too many connections / requests
+#define RPC_LINE_TOO_LONG -32005
+
+// Line splitter for a byte stream: feed bytes as they arrive, take complete lines.
+// A line longer than RPC_MAX_LINE is reported once (rpc_reader_next returns
+// RPC_LINE_OVERSIZED) and its remaining bytes are skipped up to the next newline.
+typedef struct {
+    char *buf;
+    size_t len, cap;
+    int skipping; // inside an oversized line
+} RpcReader;
+
+enum { RPC_LINE_NONE = 0, RPC_LINE_OK = 1, RPC_LINE_OVERSIZED = 2 };
+
+void rpc_reader_init(RpcReader *r);
+void rpc_reader_free(RpcReader *r);
+// Appends bytes; -1 when out of memory.
+int rpc_reader_feed(RpcReader *r, const char *data, size_t len);
+// Takes the next complete line (without the newline, NUL-terminated, valid until the
+// next call) into *line. Returns RPC_LINE_NONE when no complete line is buffered.
+int rpc_reader_next(RpcReader *r, char **line, size_t *len);
+
+// A parsed request. id is NULL for a notification; params is an object (an empty one
+// when absent). The request owns the JSON tree.
+typedef struct {
+    cJSON *root;
+    const cJSON *id;
+    const char *method;
+    const cJSON *params;
+} RpcRequest;
+
+// Parses one line. On failure returns -1 with *code (RPC_PARSE_ERROR for bad JSON or
+// bad UTF-8, RPC_INVALID_REQUEST for a wrong envelope) and a message in err; req->id
+// is kept when it could be read, so the error reply can carry it.
+int rpc_parse_request(RpcRequest *req, const char *line, size_t len, int *code, Err *err);
+void rpc_request_free(RpcRequest *req);
+
+// Serialised messages, newline-terminated, malloc'd. `id` may be NULL (JSON null).
+// rpc_result takes ownership of result; rpc_error of data (may be NULL).
+char *rpc_result(const cJSON *id, cJSON *result);
+char *rpc_error(const cJSON *id, int code, const char *message, cJSON *data);
+char *rpc_push(const char *method, cJSON *params);
+// A client request line; takes ownership of params (may be NULL).
+char *rpc_request(long id, const char *method, cJSON *params);
+
+// 1 if s[0..len) is valid UTF-8.
+int rpc_utf8_valid(const char *s, size_t len);
