@@ -39,7 +39,7 @@ typedef struct {
     size_t shm_chunk_bytes;
 } CommConfig;
 
-#define COMM_SHM_DEFAULT_CHUNK ((size_t)4 << 20)
+#define COMM_SHM_DEFAULT_CHUNK ((size_t)512 << 10)
 
 // shm: rank 0 creates the segment (replacing a stale one left by a crashed
 // run), the others attach; returns once every rank is attached, and the
@@ -65,6 +65,6 @@ int comm_broadcast(Comm *c, void *buf, size_t bytes, int root, Err *err);
 int comm_barrier(Comm *c, Err *err);
 
 // nccl rendezvous, rank 0's side: a fresh ncclUniqueId to hand to every rank
-// (by astraid, or the TCP rendezvous). Fails with a clear error when the nccl
+// (by astraid, or worker/lib/rendezvous.h). Fails with a clear error when the nccl
 // backend is not built or NCCL cannot be loaded.
 int comm_nccl_unique_id(uint8_t id[COMM_NCCL_ID_BYTES], Err *err);

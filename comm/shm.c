@@ -2,15 +2,16 @@
 // POSIX shared-memory segment (no copy through the kernel).
 //
 // Segment: a header (per-rank slots: state, pid, barrier counter) and a data
-// area of two sets of `world` staging slots of `chunk` bytes each. Every step
-// of a collective stages at most one chunk per rank in one set, then waits at
-// a barrier; steps alternate between the two sets, so a rank may stage step
-// k+1 while a slower peer still reads step k.
+// area of two sets of `world` staging slots plus one result slot, of `chunk`
+// bytes each. Every step of a collective stages at most one chunk per rank in
+// one set, then waits at a barrier; steps alternate between the two sets, so a
+// rank may stage step k+1 while a slower peer still reads step k.
 //
 // Liveness: each rank holds an OFD write lock on byte `rank` of the segment.
 // The kernel drops it when the process dies (even while it is an unreaped
 // zombie, where kill(pid, 0) still succeeds), so "slot attached but lock free"
-// means the rank died. Waits poll that, a group-wide abort word and the
+// means the rank died (a child forked without exec keeps the lock alive: then
+// only the deadline catches it). Waits poll that, a group-wide abort word and the
 // deadline every few milliseconds, and sleep on a futex in between.
 #include <errno.h>
 #include <fcntl.h>
@@ -31,9 +32,9 @@
 
 #include "comm/backend.h"
 
-#define SHM_MAGIC 0x3173686d69617274ull // "trainshm1"-ish tag, xor-ed with the nonce
+#define SHM_MAGIC 0x3173686d69617274ull // arbitrary tag, xor-ed with the nonce
 #define POLL_NS 2000000                 // liveness / deadline checks every 2 ms
-#define SPIN_ITERS 4000                 // busy-wait before yielding the core
+#define SPIN_ITERS 2000                 // busy-wait (~70 us) before yielding the core
 #define YIELD_ITERS 16                  // sched_yield rounds before sleeping
 #define REDUCE_BLOCK 1024               // floats summed per block (stays in L1)
 #define ALIGN_FLOATS 16                 // slice boundaries on 64-byte lines
@@ -73,7 +74,7 @@ typedef struct {
     int fd;
     size_t size, chunk_floats;
     ShmHeader *hdr;
-    float *data;    // 2 sets x world slots x chunk
+    float *data;    // 2 sets x (world staging slots + 1 result slot) x chunk
     uint32_t seq;   // barriers this rank passed
     uint32_t calls; // collectives this rank started
     int parity;     // the set the next step stages into
@@ -121,11 +122,12 @@ static void cpu_relax(void) {
 static size_t segment_size(int world, size_t chunk) {
     size_t header = sizeof(ShmHeader) + (size_t)world * sizeof(RankSlot);
     size_t page = 4096;
-    return (header + page - 1) / page * page + 2 * (size_t)world * chunk;
+    return (header + page - 1) / page * page + 2 * ((size_t)world + 1) * chunk;
 }
 
+// Rank r's staging slot in set `parity`; r == world is the set's result slot.
 static float *slot_data(Shm *s, int world, int parity, int rank) {
-    return s->data + ((size_t)parity * world + rank) * s->chunk_floats;
+    return s->data + ((size_t)parity * (world + 1) + rank) * s->chunk_floats;
 }
 
 // Slice r of n floats split over `world` ranks, boundaries on cache lines.
@@ -211,7 +213,9 @@ static int wait_for(Comm *c, int peer, uint32_t target, Err *err) {
     for (int i = 0;; i++) {
         uint32_t now = atomic_load(&slot->arrived);
         if (passed(now, target)) return 0;
-        if (check_group(c, peer, err)) return -1;
+        // A peer that left or exited may have done so legitimately, after this
+        // barrier completed: only a failure if `peer` has still not arrived.
+        if (check_group(c, peer, err)) return passed(atomic_load(&slot->arrived), target) ? 0 : -1;
         if (i < YIELD_ITERS) {
             sched_yield();
             continue;
@@ -319,16 +323,30 @@ static int shm_barrier(Comm *c, Err *err) {
     return step_barrier(c, 1, err);
 }
 
-// Per step: stage the slices of my chunk that other ranks reduce, barrier,
+// Copies the other ranks' result slices of a step (m floats at `chunk`) out
+// of the result slot of set `parity`.
+static void gather_results(Comm *c, float *chunk, size_t m, int parity) {
+    Shm *s = shm_of(c);
+    const float *result = slot_data(s, c->world, parity, c->world);
+    for (int r = 0; r < c->world; r++) {
+        size_t lo, hi;
+        slice_of(m, c->world, r, &lo, &hi);
+        if (r != c->rank) memcpy(chunk + lo, result + lo, (hi - lo) * sizeof(float));
+    }
+}
+
+// Per step k: stage the slices of my chunk that other ranks reduce, barrier,
 // reduce my slice across ranks (my own input read in place) into my output
-// and into the unused slice of my staging slot, barrier, copy the other
-// ranks' result slices. Each rank moves 2 bytes per byte of buffer, half of
-// them across cores: the least an all_reduce can.
+// and the set's result slot, then copy step k-1's other slices (finished by
+// everybody before this barrier). One barrier per step, plus one at the end.
+// Each rank moves 2 bytes per byte of buffer, half of them across cores: the
+// least an all_reduce can.
 static int shm_all_reduce(Comm *c, float *buf, size_t n, CommOp op, Err *err) {
     Shm *s = shm_of(c);
     int W = c->world, me = c->rank;
     begin_call(c, OP_ALL_REDUCE, op, n);
-    size_t off = 0;
+    float *prev = NULL; // the step whose other slices are still to be copied
+    size_t off = 0, prev_m = 0;
     do {
         size_t m = n - off < s->chunk_floats ? n - off : s->chunk_floats, lo, hi;
         float *mine = slot_data(s, W, s->parity, me), *chunk = buf + off;
@@ -341,16 +359,15 @@ static int shm_all_reduce(Comm *c, float *buf, size_t n, CommOp op, Err *err) {
         const float *src[W];
         for (int r = 0; r < W; r++)
             src[r] = (r == me ? chunk : slot_data(s, W, s->parity, r)) + lo;
-        reduce_ranks(chunk + lo, mine + lo, src, W, hi - lo, op);
-        if (barrier(c, err)) return -1;
-        for (int r = 0; r < W; r++) {
-            slice_of(m, W, r, &lo, &hi);
-            if (r != me)
-                memcpy(chunk + lo, slot_data(s, W, s->parity, r) + lo, (hi - lo) * sizeof(float));
-        }
+        reduce_ranks(chunk + lo, slot_data(s, W, s->parity, W) + lo, src, W, hi - lo, op);
+        if (prev) gather_results(c, prev, prev_m, !s->parity);
+        prev = chunk;
+        prev_m = m;
         next_set(s);
         off += m;
     } while (off < n);
+    if (barrier(c, err)) return -1;
+    gather_results(c, prev, prev_m, !s->parity);
     return 0;
 }
 
@@ -403,7 +420,7 @@ static int shm_all_gather(Comm *c, const float *send, float *recv, size_t n, Err
 static int shm_broadcast(Comm *c, void *buf, size_t bytes, int root, Err *err) {
     Shm *s = shm_of(c);
     int W = c->world;
-    size_t per = (size_t)W * s->chunk_floats * sizeof(float);
+    size_t per = ((size_t)W + 1) * s->chunk_floats * sizeof(float);
     begin_call(c, OP_BROADCAST, (uint32_t)root, bytes);
     size_t off = 0;
     do {

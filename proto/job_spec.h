@@ -3,7 +3,9 @@
 // side), astraid (on submit) and astrai-train.
 //
 //   name          string, default the file name / "job-<id>"
-//   devices       integer >= 1 (defaults to nprocs) or a list of device ids
+//   devices       integer >= 1 (defaults to nprocs) or a non-empty list of distinct device
+//                 ids (integers >= 0). When nprocs is given too, the number of devices must
+//                 equal it; when only devices is given, nprocs is set to that number.
 //   max_restarts  integer >= 0 (default: the daemon's --max-restarts)
 //   priority      integer (higher starts first; FIFO within a priority), default 0
 #pragma once
@@ -18,6 +20,7 @@ typedef struct {
     long max_restarts; // -1 when not given
     long priority;
     long n_devices;   // devices asked for (= train.nprocs unless given)
+    long *device_ids; // the n_devices ids when devices is a list, else NULL
 } JobSpec;
 
 // Validates obj (a JSON object) into spec. Errors name the key and suggest the

@@ -34,6 +34,8 @@ typedef struct {
     char *buf;
     size_t len, cap;
     int skipping; // inside an oversized line
+    size_t start;   // first byte of buf not yet returned as a line
+    size_t scanned; // buf[start..scanned) holds no newline
 } RpcReader;
 
 enum { RPC_LINE_NONE = 0, RPC_LINE_OK = 1, RPC_LINE_OVERSIZED = 2 };
@@ -57,7 +59,9 @@ typedef struct {
 
 // Parses one line. On failure returns -1 with *code (RPC_PARSE_ERROR for bad JSON or
 // bad UTF-8, RPC_INVALID_REQUEST for a wrong envelope) and a message in err; req->id
-// is kept when it could be read, so the error reply can carry it.
+// is kept when it could be read, so the error reply can carry it. Params that are an
+// array get RPC_INVALID_PARAMS (every method takes named params). Call
+// rpc_request_free after success and failure alike.
 int rpc_parse_request(RpcRequest *req, const char *line, size_t len, int *code, Err *err);
 void rpc_request_free(RpcRequest *req);
 

@@ -333,14 +333,14 @@ static void test_rank_never_joins(void) {
     char name[96];
     unique_name(name, sizeof name, "nojoin");
     reset_reports();
-    CommConfig cfg = group_config(name, 2, 0, 300, 0);
+    CommConfig cfg = group_config(name, 2, 0, 500, 0);
     double t0 = now_ms();
     int rc = wait_child(spawn(&cfg, body_nothing, NULL), 5000);
     double took = now_ms() - t0;
     CHECK_MSG(rc == 3, "rank 0 exited %d, want 3 (comm_create failed)", rc);
-    CHECK_MSG(strstr(reports[0].msg, "timed out after 300 ms waiting for rank 1 to join"),
+    CHECK_MSG(strstr(reports[0].msg, "timed out after 500 ms waiting for rank 1 to join"),
               "message: %s", reports[0].msg);
-    CHECK_MSG(took < 3 * 300, "took %.0f ms", took);
+    CHECK_MSG(took < 3 * 500, "took %.0f ms", took);
     CHECK_MSG(!segment_exists(name), "%s left behind", name);
 }
 
@@ -362,7 +362,7 @@ static int body_late_rank1(Comm *c, void *ctx) {
     (void)ctx;
     float x = 1;
     Err err;
-    if (comm_rank(c) == 1) sleep_ms(1000);
+    if (comm_rank(c) == 1) sleep_ms(3000);
     if (comm_all_reduce(c, &x, 1, COMM_SUM, &err) == 0) return 1;
     report_failure(comm_rank(c), &err);
     return 0;
@@ -372,12 +372,12 @@ static void test_rank_late_to_collective(void) {
     char name[96];
     unique_name(name, sizeof name, "late");
     double t0 = now_ms();
-    int bad = run_group(name, 2, 300, 0, body_late_rank1, NULL);
+    int bad = run_group(name, 2, 1000, 0, body_late_rank1, NULL);
     CHECK_MSG(bad == 0, "%d rank(s) did not fail cleanly", bad);
-    CHECK_MSG(strstr(reports[0].msg, "timed out after 300 ms waiting for rank 1 (pid ") &&
+    CHECK_MSG(strstr(reports[0].msg, "timed out after 1000 ms waiting for rank 1 (pid ") &&
                   strstr(reports[0].msg, "in all_reduce"),
               "rank 0: %s", reports[0].msg);
-    CHECK_MSG(reports[0].fail_ms - t0 < 3 * 300 + 500, "rank 0 failed after %.0f ms",
+    CHECK_MSG(reports[0].fail_ms - t0 < 3 * 1000, "rank 0 failed after %.0f ms",
               reports[0].fail_ms - t0);
     CHECK_MSG(strstr(reports[1].msg, "rank 0"), "rank 1: %s", reports[1].msg);
 }
@@ -507,8 +507,9 @@ static void test_bad_arguments(void) {
     CommConfig cfg = group_config(name, 1, 0, 1000, 0);
     Comm *c;
     Err err = {{0}};
-    CHECK_MSG(comm_create(&c, &cfg, &err) == 0, "%s", err.msg);
-    if (check_failures) return;
+    int created = comm_create(&c, &cfg, &err) == 0;
+    CHECK_MSG(created, "%s", err.msg);
+    if (!created) return;
     float x[4] = {1, 2, 3, 4}, y[4];
     CHECK(comm_all_reduce(c, x, 4, COMM_AVG, &err) == 0 && x[3] == 4);
     CHECK(comm_all_gather(c, x, y, 4, &err) == 0 && y[2] == 3);

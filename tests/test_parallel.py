@@ -108,10 +108,13 @@ def main():
     data, _ = tu.make_text_data(root, N_BYTES)
     curves(root, model, data, failures)
     resume_across_modes(root, model, data, failures)
-    fsdp_memory(root, failures)
-    for f in failures:
-        print("FAIL:", f)
-    return 1 if failures else 0
+    if os.environ.get("ASTRAI_SANITIZED") == "1":
+        # ASan's allocator keeps freed memory in quarantine: resident memory no longer
+        # tells what the process holds. The gcc build asserts it.
+        print("fsdp memory: not measured under the sanitizers")
+    else:
+        fsdp_memory(root, failures)
+    return tu.finish(failures)
 
 
 if __name__ == "__main__":

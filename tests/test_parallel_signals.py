@@ -183,9 +183,7 @@ def main():
     check_kill9(root, model, data, failures)
     check_external(root, model, data, failures)
     check_external_errors(root, model, data, failures)
-    for f in failures:
-        print("FAIL:", f)
-    return 1 if failures else 0
+    return tu.finish(failures)
 
 
 if __name__ == "__main__":

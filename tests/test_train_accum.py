@@ -42,9 +42,7 @@ def main():
             # update amplifies that rounding for tiny gradients over 8 steps.
             if err > 1e-3:
                 failures.append(f"{kind}: {name} differs by {err:.2e}")
-    for f in failures:
-        print("FAIL:", f)
-    return 1 if failures else 0
+    return tu.finish(failures)
 
 
 if __name__ == "__main__":

@@ -63,10 +63,8 @@ def main():
     saved = st_io.load(os.path.join(tu.latest_checkpoint(ckpt), "model.safetensors"))
     if "lm_head.weight" in saved:
         failures.append("a tied model's checkpoint holds lm_head.weight")
-    for f in failures:
-        print("FAIL:", f)
     print(f"AstrAI bf16 directory: loss {ours[0]['loss']:.5f} vs reference {ref[0]['loss']:.5f}")
-    return 1 if failures else 0
+    return tu.finish(failures)
 
 
 if __name__ == "__main__":

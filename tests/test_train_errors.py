@@ -141,9 +141,7 @@ def main():
             failures.append(f"{name}: message lacks {missing}: {err.strip()}")
         else:
             print(f"ok {name}: {err.strip().splitlines()[-1]}")
-    for f in failures:
-        print("FAIL:", f)
-    return 1 if failures else 0
+    return tu.finish(failures)
 
 
 if __name__ == "__main__":

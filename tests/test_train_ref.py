@@ -64,9 +64,7 @@ def main():
     failures = []
     for kind in ("adamw", "muon"):
         check_optimizer(kind, failures)
-    for f in failures:
-        print("FAIL:", f)
-    return 1 if failures else 0
+    return tu.finish(failures)
 
 
 if __name__ == "__main__":

@@ -107,9 +107,7 @@ def main():
     data, _ = tu.make_text_data(root, N_BYTES)
     check_max_steps_resume(root, model, data, failures)
     check_sigterm_resume(root, model, data, failures)
-    for f in failures:
-        print("FAIL:", f)
-    return 1 if failures else 0
+    return tu.finish(failures)
 
 
 if __name__ == "__main__":

@@ -144,3 +144,10 @@ def reference_training(model_dir, tokens, window, batch, accum, steps_limit, opt
 
 def rel_err(a, b):
     return abs(a - b) / max(abs(b), 1e-12)
+
+
+def finish(failures):
+    """Prints the failures; the test's exit code (0 when there are none)."""
+    for f in failures:
+        print("FAIL:", f)
+    return 1 if failures else 0

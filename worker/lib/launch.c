@@ -74,8 +74,7 @@ static int64_t now_ms(void) {
     return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
 }
 
-// "/astrai-<pid>-<random>": unique per run, so a crashed run's segment is never reused.
-static void new_shm_name(char *out, size_t cap) {
+void launch_new_shm_name(char *out, size_t cap) {
     uint64_t nonce = 0;
     if (getrandom(&nonce, sizeof nonce, 0) != (ssize_t)sizeof nonce)
         nonce = (uint64_t)now_ms() ^ ((uint64_t)getpid() << 32);
@@ -239,7 +238,7 @@ int launch_rendezvous(LaunchInfo *li, uint8_t *nccl_id, Err *err) {
     uint8_t payload[SHM_PAYLOAD + LAUNCH_NCCL_ID_BYTES] = {0};
     size_t len = SHM_PAYLOAD + (nccl_id ? LAUNCH_NCCL_ID_BYTES : 0);
     if (li->rank == 0) {
-        if (!li->shm_name[0]) new_shm_name(li->shm_name, sizeof li->shm_name);
+        if (!li->shm_name[0]) launch_new_shm_name(li->shm_name, sizeof li->shm_name);
         memcpy(payload, li->shm_name, sizeof li->shm_name);
         if (nccl_id) memcpy(payload + SHM_PAYLOAD, nccl_id, LAUNCH_NCCL_ID_BYTES);
     }
@@ -288,14 +287,14 @@ static int is_rank_env(const char *entry) {
     return 0;
 }
 
-static void free_env(char **env) {
+void launch_free_env(char **env) {
     if (!env) return;
     for (char **e = env; *e; e++)
         free(*e);
     free(env);
 }
 
-// Appends one formatted entry; on failure the slot stays NULL (the end for free_env).
+// Appends one formatted entry; on failure the slot stays NULL (the end for launch_free_env).
 static int env_add(char **env, size_t *k, const char *fmt, ...) {
     va_list ap;
     va_start(ap, fmt);
@@ -309,16 +308,31 @@ static int env_add(char **env, size_t *k, const char *fmt, ...) {
     return 0;
 }
 
-// The environment of one rank: ours without our rank variables, then the rank's.
-static char **rank_env(const LaunchInfo *li, int rank, int port, int listen_fd) {
-    size_t n = 0, k = 0;
+// 1 if entry ("NAME=value") sets one of the variables of extra (NULL-terminated, may be NULL).
+static int overridden(const char *entry, const char *const *extra) {
+    for (; extra && *extra; extra++) {
+        const char *eq = strchr(*extra, '=');
+        size_t n = eq ? (size_t)(eq - *extra) : strlen(*extra);
+        if (!strncmp(entry, *extra, n) && entry[n] == '=') return 1;
+    }
+    return 0;
+}
+
+char **launch_rank_env(const LaunchInfo *li, int rank, int port, int listen_fd,
+                       const char *const *extra) {
+    size_t n = 0, k = 0, n_extra = 0;
     while (environ[n])
         n++;
-    char **env = calloc(n + RANK_ENV_SET + 1, sizeof *env);
+    while (extra && extra[n_extra])
+        n_extra++;
+    char **env = calloc(n + RANK_ENV_SET + n_extra + 1, sizeof *env);
     if (!env) return NULL;
     int rc = 0;
     for (size_t i = 0; i < n && !rc; i++)
-        if (!is_rank_env(environ[i])) rc = env_add(env, &k, "%s", environ[i]);
+        if (!is_rank_env(environ[i]) && !overridden(environ[i], extra))
+            rc = env_add(env, &k, "%s", environ[i]);
+    for (size_t i = 0; i < n_extra && !rc; i++)
+        rc = env_add(env, &k, "%s", extra[i]);
     if (rc || env_add(env, &k, "RANK=%d", rank) ||
         env_add(env, &k, "WORLD_SIZE=%d", li->world_size) ||
         env_add(env, &k, "LOCAL_RANK=%d", rank) ||
@@ -328,7 +342,7 @@ static char **rank_env(const LaunchInfo *li, int rank, int port, int listen_fd) 
         env_add(env, &k, "ASTRAI_SHM_NAME=%s", li->shm_name) ||
         env_add(env, &k, "ASTRAI_LAUNCHER_PID=%d", (int)getpid()) ||
         (rank == 0 && env_add(env, &k, "ASTRAI_RENDEZVOUS_FD=%d", listen_fd))) {
-        free_env(env);
+        launch_free_env(env);
         return NULL;
     }
     return env;
@@ -370,13 +384,13 @@ static void exec_rank(char **argv, char **env, int keep_fd, pid_t parent) {
 
 static int spawn_rank(Supervisor *s, const LaunchInfo *li, int rank, char **argv, int port,
                       int listen_fd, Err *err) {
-    char **env = rank_env(li, rank, port, listen_fd);
+    char **env = launch_rank_env(li, rank, port, listen_fd, NULL);
     if (!env) return err_set(err, "cannot start rank %d: out of memory", rank);
     pid_t parent = getpid();
     pid_t pid = fork();
     if (pid == 0) exec_rank(argv, env, rank == 0 ? listen_fd : -1, parent);
     int fork_errno = errno;
-    free_env(env);
+    launch_free_env(env);
     if (pid < 0) return err_set(err, "cannot start rank %d: fork: %s", rank, strerror(fork_errno));
     setpgid(pid, pid); // also here, so the group exists before we might signal it
     s->ranks[rank] = (RankProc){.pid = pid, .running = 1};
@@ -486,9 +500,7 @@ static void supervise(Supervisor *s, const sigset_t *watched) {
     }
 }
 
-// Removes the run's shm segments ("<name>" and any "<name>-..." the backend made)
-// that a rank killed before its cleanup left behind.
-static void remove_shm_segments(const char *name) {
+void launch_remove_shm(const char *name) {
     DIR *d = opendir("/dev/shm");
     if (!d) return;
     size_t n = strlen(name + 1);
@@ -517,7 +529,7 @@ int launch_local(const LaunchInfo *li, char **argv, Err *err) {
     s.ranks = calloc((size_t)li->world_size, sizeof *s.ranks);
     if (!s.ranks) return err_set(err, "out of memory for %d ranks", li->world_size);
     LaunchInfo job = *li;
-    new_shm_name(job.shm_name, sizeof job.shm_name);
+    launch_new_shm_name(job.shm_name, sizeof job.shm_name);
     // Signals are taken synchronously (sigtimedwait), so none can slip in between
     // a check and a wait; SIGCHLD must not be ignored or the exit codes are lost.
     struct sigaction dfl = {.sa_handler = SIG_DFL};
@@ -532,7 +544,7 @@ int launch_local(const LaunchInfo *li, char **argv, Err *err) {
     if (rc && s.n > 0) // some ranks started: stop them before reporting
         start_stop(&s, SIGTERM);
     supervise(&s, &watched);
-    remove_shm_segments(job.shm_name);
+    launch_remove_shm(job.shm_name);
     sigprocmask(SIG_SETMASK, &old, NULL);
     free(s.ranks);
     return rc ? -1 : s.first_code;

@@ -66,3 +66,22 @@ int launch_rendezvous(LaunchInfo *li, uint8_t *nccl_id, Err *err);
 // CPU threads for one rank: `threads` if > 0, else the usable cores divided by the
 // ranks on this host (at least 1).
 long launch_threads(const LaunchInfo *li, long threads);
+
+// Helpers shared with other supervisors of local ranks (astraid).
+
+// The environment of rank `rank` of a local launch: ours without inherited rank
+// variables and without the variables `extra` sets, then `extra` ("NAME=value",
+// NULL-terminated, may be NULL), then RANK/WORLD_SIZE/LOCAL_RANK/LOCAL_WORLD_SIZE,
+// MASTER_ADDR=127.0.0.1, MASTER_PORT=port, ASTRAI_LAUNCHED=1, ASTRAI_SHM_NAME,
+// ASTRAI_LAUNCHER_PID (this process) and for rank 0 ASTRAI_RENDEZVOUS_FD=listen_fd.
+// NULL when out of memory; free with launch_free_env.
+char **launch_rank_env(const LaunchInfo *li, int rank, int port, int listen_fd,
+                       const char *const *extra);
+void launch_free_env(char **env);
+
+// "/astrai-<pid>-<random>": unique per run, so a crashed run's segment is never reused.
+void launch_new_shm_name(char *out, size_t cap);
+
+// Removes a run's shm segments ("<name>" and any "<name>-..." the backend made) that a
+// rank killed before its cleanup left behind.
+void launch_remove_shm(const char *name);

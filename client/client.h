@@ -1,0 +1,67 @@
+// client.h: the pieces of astraictl (docs/astraictl.md): connection and calls
+// (connect.c), commands (commands.c), human rendering (render.c).
+#pragma once
+#include <stdbool.h>
+#include <stdio.h>
+
+#include "common/error.h"
+#include "proto/rpc.h"
+
+typedef struct cJSON cJSON;
+
+// Exit codes of astraictl (docs/astraictl.md).
+enum {
+    EXIT_OK = 0,
+    EXIT_DAEMON_ERROR = 1, // the daemon answered with an error
+    EXIT_USAGE = 2,        // bad usage or an invalid job file (= EXIT_BAD_INPUT)
+    EXIT_CONNECT = 3,      // cannot connect, connection lost, or no reply in time
+    EXIT_JOB_FAILED = 4,   // submit --wait: the job ended failed or cancelled
+};
+
+typedef struct {
+    const char *socket_path; // NULL: $ASTRAID_SOCKET, else the default
+    const char *host;        // HOST:PORT for TCP, NULL for the Unix socket
+    const char *token_file;
+    bool json;
+    double timeout_s; // connect and each reply; pushes are waited for without limit
+    // command options
+    bool wait, follow;
+    const char *state;
+    long rank, tail; // -1 when not given
+    unsigned given;  // OPT_* bits of the command options on the command line
+} Options;
+
+enum { OPT_WAIT = 1, OPT_FOLLOW = 2, OPT_STATE = 4, OPT_RANK = 8, OPT_TAIL = 16 };
+
+// Called for each server push (a message without id) while waiting.
+typedef void (*PushHandler)(const char *method, const cJSON *params, void *ctx);
+
+typedef struct {
+    int fd;
+    RpcReader reader;
+    long next_id;
+    int timeout_ms;
+    PushHandler on_push;
+    void *push_ctx;
+} Conn;
+
+// connect.c. Functions return an exit code (EXIT_OK on success) with err filled.
+int client_socket_path(const Options *o, char *buf, size_t cap, Err *err);
+int conn_open(Conn *c, const Options *o, Err *err);
+void conn_close(Conn *c);
+// Sends a request (takes params) and waits for its reply; *result is owned by the caller.
+int conn_call(Conn *c, const char *method, cJSON *params, cJSON **result, Err *err);
+// Waits (without limit) for the next message and hands pushes to c->on_push.
+int conn_wait_push(Conn *c, Err *err);
+
+// commands.c: `astraictl COMMAND args...`; returns the exit code.
+int run_command(const char *command, int argc, char **argv, const Options *o);
+
+// render.c
+void render_job_table(FILE *out, const cJSON *jobs);
+void render_job_detail(FILE *out, const cJSON *job);
+void render_daemon_info(FILE *out, const cJSON *info);
+// One progress line for a job: a bar sized to `width` columns on a terminal, else
+// plain text ("job 3 tiny running step 120/400 loss 3.4172 tok/s 51.2k ETA 5m12s").
+void render_progress_line(const cJSON *job, bool bar, int width, char *buf, size_t cap);
+bool job_state_is_final(const char *state);

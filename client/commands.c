@@ -1,0 +1,437 @@
+// commands.c: astraictl's commands (docs/astraictl.md), each one request (plus pushes
+// for watch, logs -f and submit --wait/--follow) rendered for humans or as --json.
+#include <cjson/cJSON.h>
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/ioctl.h>
+#include <unistd.h>
+
+#include "client/client.h"
+#include "proto/job_spec.h"
+
+static int fail(int code, const Err *err) {
+    fprintf(stderr, "astraictl: %s\n", err->msg);
+    return code;
+}
+
+static void print_json(const cJSON *v) {
+    char *text = cJSON_PrintUnformatted(v);
+    printf("%s\n", text ? text : "null");
+    cJSON_free(text);
+    fflush(stdout);
+}
+
+static int parse_job_id(const char *text, long *id, Err *err) {
+    char *end;
+    errno = 0;
+    *id = strtol(text, &end, 10);
+    if (errno || end == text || *end || *id < 1)
+        return err_set(err, "bad job id '%s' (a positive integer)", text), EXIT_USAGE;
+    return EXIT_OK;
+}
+
+static cJSON *job_params(long id) {
+    cJSON *params = cJSON_CreateObject();
+    cJSON_AddNumberToObject(params, "job", (double)id);
+    return params;
+}
+
+// One request on a fresh connection; prints errors and returns the exit code.
+static int call_once(const Options *o, const char *method, cJSON *params, cJSON **result) {
+    Conn c;
+    Err err;
+    int rc = conn_open(&c, o, &err);
+    if (!rc)
+        rc = conn_call(&c, method, params, result, &err);
+    else
+        cJSON_Delete(params);
+    conn_close(&c);
+    return rc ? fail(rc, &err) : EXIT_OK;
+}
+
+// ---------------------------------------------------------------- progress (watch, --follow)
+
+typedef struct {
+    long job;    // the job followed, -1 for every job
+    cJSON *jobs; // latest JOB of each job seen, in the order first seen
+    bool show;   // print progress (watch, --follow) or not (--wait)
+    bool json;   // one JOB per line
+    bool tty;    // redraw bars in place
+    int drawn;   // lines of the last redraw
+    bool done;
+    char final_state[32];
+} Progress;
+
+static long job_id_of(const cJSON *job) {
+    const cJSON *id = cJSON_GetObjectItemCaseSensitive(job, "id");
+    return cJSON_IsNumber(id) ? (long)id->valuedouble : -1;
+}
+
+static int terminal_width(void) {
+    struct winsize ws;
+    return ioctl(STDOUT_FILENO, TIOCGWINSZ, &ws) == 0 && ws.ws_col > 0 ? ws.ws_col : 80;
+}
+
+// Moves back to the first bar and rewrites every bar (the last without a newline,
+// so a single job is redrawn with \r only).
+static void redraw_bars(Progress *p) {
+    char line[1024];
+    int width = terminal_width() - 1;
+    printf("\r");
+    if (p->drawn > 1) printf("\033[%dA", p->drawn - 1);
+    int i = 0;
+    const cJSON *job;
+    cJSON_ArrayForEach(job, p->jobs) {
+        render_progress_line(job, true, width, line, sizeof line);
+        printf("%s\033[K%s", i++ ? "\n" : "", line);
+    }
+    p->drawn = i;
+    fflush(stdout);
+}
+
+static void show_job(Progress *p, const cJSON *job) {
+    char line[1024];
+    if (!p->show) return;
+    if (p->json)
+        print_json(job);
+    else if (p->tty)
+        redraw_bars(p);
+    else {
+        render_progress_line(job, false, 0, line, sizeof line);
+        printf("%s\n", line);
+        fflush(stdout);
+    }
+}
+
+static void finish(Progress *p, const char *state) {
+    snprintf(p->final_state, sizeof p->final_state, "%s", state);
+    p->done = true;
+}
+
+// Records a JOB (replacing the older copy) and shows it.
+static void update_job(Progress *p, const cJSON *job) {
+    long id = job_id_of(job);
+    if (id < 0 || (p->job >= 0 && id != p->job)) return;
+    cJSON *copy = cJSON_Duplicate(job, 1), *old;
+    if (!copy) return;
+    int i = 0;
+    cJSON_ArrayForEach(old, p->jobs) {
+        if (job_id_of(old) == id) break;
+        i++;
+    }
+    if (old)
+        cJSON_ReplaceItemInArray(p->jobs, i, copy);
+    else
+        cJSON_AddItemToArray(p->jobs, copy);
+    show_job(p, copy);
+    const cJSON *state = cJSON_GetObjectItemCaseSensitive(copy, "state");
+    if (p->job >= 0 && cJSON_IsString(state) && job_state_is_final(state->valuestring))
+        finish(p, state->valuestring);
+}
+
+static void on_progress_push(const char *method, const cJSON *params, void *ctx) {
+    Progress *p = ctx;
+    if (!strcmp(method, "progress")) update_job(p, params);
+    const cJSON *state = cJSON_GetObjectItemCaseSensitive(params, "state");
+    if (!strcmp(method, "end") && p->job >= 0 && job_id_of(params) < 0 &&
+        cJSON_IsString(state)) // {"job":ID,"state":S}
+        finish(p, state->valuestring);
+}
+
+// watch on an open connection until the followed job ends (forever for every job).
+static int follow_progress(Conn *c, Progress *p, Err *err) {
+    p->jobs = cJSON_CreateArray();
+    c->on_push = on_progress_push;
+    c->push_ctx = p;
+    cJSON *result = NULL;
+    int rc = conn_call(c, "watch", p->job >= 0 ? job_params(p->job) : cJSON_CreateObject(), &result,
+                       err);
+    const cJSON *job;
+    cJSON_ArrayForEach(job, cJSON_GetObjectItemCaseSensitive(result, "jobs")) update_job(p, job);
+    cJSON_Delete(result);
+    while (!rc && !p->done)
+        rc = conn_wait_push(c, err);
+    if (p->tty && p->drawn) printf("\n");
+    return rc;
+}
+
+// ---------------------------------------------------------------- submit
+
+// Relative paths in the job file are taken from the current directory (the daemon
+// runs elsewhere).
+static int absolutize_paths(cJSON *spec, Err *err) {
+    static const char *const keys[] = {"param_path", "data_root_path", "ckpt_dir"};
+    char cwd[4096];
+    if (!getcwd(cwd, sizeof cwd)) return err_set(err, "getcwd: %s", strerror(errno));
+    for (size_t i = 0; i < sizeof keys / sizeof keys[0]; i++) {
+        cJSON *v = cJSON_GetObjectItemCaseSensitive(spec, keys[i]);
+        if (!cJSON_IsString(v) || v->valuestring[0] == '/') continue;
+        size_t n = strlen(cwd) + strlen(v->valuestring) + 2;
+        char *path = malloc(n);
+        if (!path) return err_set(err, "out of memory");
+        snprintf(path, n, "%s/%s", cwd, v->valuestring);
+        cJSON_ReplaceItemInObjectCaseSensitive(spec, keys[i], cJSON_CreateString(path));
+        free(path);
+    }
+    return 0;
+}
+
+// Reads and validates the job file with the daemon's own validator.
+static int load_job_file(const char *path, cJSON **spec, Err *err) {
+    FILE *f = fopen(path, "rb");
+    if (!f) return err_set(err, "%s: %s", path, strerror(errno));
+    char *text = NULL;
+    size_t len = 0, cap = 0, n;
+    char chunk[65536];
+    while ((n = fread(chunk, 1, sizeof chunk, f)) > 0 && len + n < RPC_MAX_LINE) {
+        char *grown = cap < len + n + 1 ? realloc(text, cap = 2 * (len + n) + 1) : text;
+        if (!grown) break;
+        text = grown;
+        memcpy(text + len, chunk, n);
+        len += n;
+    }
+    int too_big = n > 0, read_error = ferror(f);
+    fclose(f);
+    if (too_big || read_error || !text) {
+        free(text);
+        return err_set(err, "%s: %s", path, read_error ? "read error" : text ? "too big" : "empty");
+    }
+    *spec = cJSON_ParseWithLength(text, len);
+    free(text);
+    if (!*spec) return err_set(err, "%s: not valid JSON", path);
+    JobSpec job;
+    if (job_spec_parse(&job, *spec, err) || absolutize_paths(*spec, err)) {
+        cJSON_Delete(*spec);
+        return err_prefix(err, "%s", path);
+    }
+    job_spec_free(&job);
+    return 0;
+}
+
+static const char *job_error(const Progress *p) {
+    const cJSON *job = cJSON_GetArrayItem(p->jobs, 0);
+    const cJSON *error = cJSON_GetObjectItemCaseSensitive(job, "error");
+    return cJSON_IsString(error) ? error->valuestring : "no cause recorded";
+}
+
+// submit --wait / --follow: follow the job until it ends; 0 only when completed.
+static int await_job(Conn *c, long id, const Options *o, Err *err) {
+    Progress p = {.job = id, .show = o->follow, .json = o->json, .tty = !o->json && isatty(1)};
+    int rc = follow_progress(c, &p, err);
+    if (!rc && o->json && !o->follow) print_json(cJSON_GetArrayItem(p.jobs, 0));
+    if (!rc && strcmp(p.final_state, "completed")) {
+        fprintf(stderr, "astraictl: job %ld %s: %s\n", id, p.final_state, job_error(&p));
+        rc = EXIT_JOB_FAILED;
+    } else if (!rc && !o->json)
+        printf("job %ld completed\n", id);
+    cJSON_Delete(p.jobs);
+    return rc;
+}
+
+static int cmd_submit(char **args, const Options *o) {
+    Err err;
+    cJSON *spec, *result = NULL;
+    if (load_job_file(args[0], &spec, &err)) return fail(EXIT_USAGE, &err);
+    Conn c;
+    int rc = conn_open(&c, o, &err);
+    if (rc)
+        cJSON_Delete(spec);
+    else
+        rc = conn_call(&c, "submit", spec, &result, &err);
+    const cJSON *job = cJSON_GetObjectItemCaseSensitive(result, "job");
+    if (!rc && !cJSON_IsNumber(job)) {
+        err_set(&err, "submit reply without a job id");
+        rc = EXIT_CONNECT;
+    }
+    if (!rc && o->json && !o->wait && !o->follow)
+        print_json(result);
+    else if (!rc) {
+        const cJSON *state = cJSON_GetObjectItemCaseSensitive(result, "state");
+        printf("job %.0f %s\n", job->valuedouble, cJSON_IsString(state) ? state->valuestring : "?");
+    }
+    if (!rc && (o->wait || o->follow)) {
+        fflush(stdout);
+        rc = await_job(&c, (long)job->valuedouble, o, &err);
+    }
+    cJSON_Delete(result);
+    conn_close(&c);
+    return rc && rc != EXIT_JOB_FAILED ? fail(rc, &err) : rc;
+}
+
+// ---------------------------------------------------------------- reads and verbs
+
+static int cmd_list(const Options *o) {
+    cJSON *params = cJSON_CreateObject(), *result = NULL;
+    if (o->state) cJSON_AddStringToObject(params, "state", o->state);
+    int rc = call_once(o, "list", params, &result);
+    if (!rc && o->json)
+        print_json(result);
+    else if (!rc)
+        render_job_table(stdout, cJSON_GetObjectItemCaseSensitive(result, "jobs"));
+    cJSON_Delete(result);
+    return rc;
+}
+
+static int cmd_status(char **args, const Options *o) {
+    Err err;
+    long id;
+    if (!args[0]) return cmd_list(o);
+    if (parse_job_id(args[0], &id, &err)) return fail(EXIT_USAGE, &err);
+    cJSON *result = NULL;
+    int rc = call_once(o, "status", job_params(id), &result);
+    if (!rc && o->json)
+        print_json(result);
+    else if (!rc)
+        render_job_detail(stdout, result);
+    cJSON_Delete(result);
+    return rc;
+}
+
+// pause, resume, checkpoint, cancel: the JOB in its new state.
+static int cmd_verb(const char *verb, char **args, const Options *o) {
+    Err err;
+    long id;
+    if (parse_job_id(args[0], &id, &err)) return fail(EXIT_USAGE, &err);
+    cJSON *result = NULL;
+    int rc = call_once(o, verb, job_params(id), &result);
+    const cJSON *state = cJSON_GetObjectItemCaseSensitive(result, "state");
+    if (!rc && o->json)
+        print_json(result);
+    else if (!rc)
+        printf("job %ld: %s\n", id, cJSON_IsString(state) ? state->valuestring : "?");
+    cJSON_Delete(result);
+    return rc;
+}
+
+static int cmd_daemon(const Options *o) {
+    cJSON *result = NULL;
+    int rc = call_once(o, "daemon.info", cJSON_CreateObject(), &result);
+    if (!rc && o->json)
+        print_json(result);
+    else if (!rc)
+        render_daemon_info(stdout, result);
+    cJSON_Delete(result);
+    return rc;
+}
+
+typedef struct {
+    long job;
+    bool json, done;
+} LogFollow;
+
+static void on_log_push(const char *method, const cJSON *params, void *ctx) {
+    LogFollow *f = ctx;
+    const cJSON *job = cJSON_GetObjectItemCaseSensitive(params, "job");
+    if (!cJSON_IsNumber(job) || (long)job->valuedouble != f->job) return;
+    const cJSON *line = cJSON_GetObjectItemCaseSensitive(params, "line");
+    if (!strcmp(method, "end"))
+        f->done = true;
+    else if (!strcmp(method, "log") && f->json)
+        print_json(params);
+    else if (!strcmp(method, "log") && cJSON_IsString(line)) {
+        printf("%s\n", line->valuestring);
+        fflush(stdout);
+    }
+}
+
+static int cmd_logs(char **args, const Options *o) {
+    Err err;
+    LogFollow f = {.json = o->json};
+    if (parse_job_id(args[0], &f.job, &err)) return fail(EXIT_USAGE, &err);
+    cJSON *params = job_params(f.job), *result = NULL;
+    if (o->rank >= 0) cJSON_AddNumberToObject(params, "rank", (double)o->rank);
+    if (o->tail >= 0) cJSON_AddNumberToObject(params, "tail", (double)o->tail);
+    if (o->follow) cJSON_AddBoolToObject(params, "follow", 1);
+    Conn c;
+    int rc = conn_open(&c, o, &err);
+    c.on_push = on_log_push;
+    c.push_ctx = &f;
+    if (rc)
+        cJSON_Delete(params);
+    else
+        rc = conn_call(&c, "logs", params, &result, &err);
+    const cJSON *line;
+    if (!rc && o->json)
+        print_json(result);
+    else if (!rc)
+        cJSON_ArrayForEach(line, cJSON_GetObjectItemCaseSensitive(result, "lines")) {
+            if (cJSON_IsString(line)) printf("%s\n", line->valuestring);
+        }
+    fflush(stdout);
+    while (!rc && o->follow && !f.done)
+        rc = conn_wait_push(&c, &err);
+    cJSON_Delete(result);
+    conn_close(&c);
+    return rc ? fail(rc, &err) : EXIT_OK;
+}
+
+static int cmd_watch(char **args, const Options *o) {
+    Err err;
+    Progress p = {.job = -1, .show = true, .json = o->json, .tty = !o->json && isatty(1)};
+    if (args[0] && parse_job_id(args[0], &p.job, &err)) return fail(EXIT_USAGE, &err);
+    Conn c;
+    int rc = conn_open(&c, o, &err);
+    if (!rc) rc = follow_progress(&c, &p, &err);
+    cJSON_Delete(p.jobs);
+    conn_close(&c);
+    return rc ? fail(rc, &err) : EXIT_OK;
+}
+
+// ---------------------------------------------------------------- dispatch
+
+typedef struct {
+    const char *name;
+    int min_args, max_args;
+    unsigned options; // OPT_* bits this command takes
+} Command;
+
+static const Command COMMANDS[] = {
+    {"submit", 1, 1, OPT_WAIT | OPT_FOLLOW},
+    {"list", 0, 0, OPT_STATE},
+    {"status", 0, 1, OPT_STATE},
+    {"pause", 1, 1, 0},
+    {"resume", 1, 1, 0},
+    {"checkpoint", 1, 1, 0},
+    {"cancel", 1, 1, 0},
+    {"logs", 1, 1, OPT_RANK | OPT_TAIL | OPT_FOLLOW},
+    {"watch", 0, 1, 0},
+    {"daemon", 0, 0, 0},
+};
+
+static int dispatch(const char *name, char **args, const Options *o) {
+    if (!strcmp(name, "submit")) return cmd_submit(args, o);
+    if (!strcmp(name, "list")) return cmd_list(o);
+    if (!strcmp(name, "status")) return cmd_status(args, o);
+    if (!strcmp(name, "logs")) return cmd_logs(args, o);
+    if (!strcmp(name, "watch")) return cmd_watch(args, o);
+    if (!strcmp(name, "daemon")) return cmd_daemon(o);
+    return cmd_verb(name, args, o); // pause, resume, checkpoint, cancel
+}
+
+int run_command(const char *name, int argc, char **argv, const Options *o) {
+    const Command *cmd = NULL;
+    for (size_t i = 0; i < sizeof COMMANDS / sizeof COMMANDS[0]; i++)
+        if (!strcmp(COMMANDS[i].name, name)) cmd = &COMMANDS[i];
+    if (!cmd) {
+        fprintf(stderr, "astraictl: unknown command '%s' (see astraictl --help)\n", name);
+        return EXIT_USAGE;
+    }
+    if (argc < cmd->min_args || argc > cmd->max_args) {
+        fprintf(stderr, "astraictl %s: expected %d to %d argument(s), got %d\n", name,
+                cmd->min_args, cmd->max_args, argc);
+        return EXIT_USAGE;
+    }
+    static const char *const option_names[] = {"--wait", "--follow", "--state", "--rank", "--tail"};
+    for (int bit = 0; bit < 5; bit++)
+        if (o->given & ~cmd->options & (1u << bit)) {
+            fprintf(stderr, "astraictl %s: %s does not apply to this command\n", name,
+                    option_names[bit]);
+            return EXIT_USAGE;
+        }
+    if ((o->given & OPT_WAIT) && (o->given & OPT_FOLLOW)) {
+        fprintf(stderr, "astraictl submit: --wait and --follow exclude each other\n");
+        return EXIT_USAGE;
+    }
+    return dispatch(name, argv, o);
+}

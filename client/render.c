@@ -1,0 +1,157 @@
+// render.c: astraictl's human output: job tables that fit 80 columns, a job's
+// details, daemon info, and progress lines/bars for watch and --follow.
+#include <cjson/cJSON.h>
+#include <math.h>
+#include <string.h>
+
+#include "client/client.h"
+
+bool job_state_is_final(const char *state) {
+    return state &&
+           (!strcmp(state, "completed") || !strcmp(state, "failed") || !strcmp(state, "cancelled"));
+}
+
+static const char *str_field(const cJSON *job, const char *key) {
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(job, key);
+    return cJSON_IsString(v) ? v->valuestring : "-";
+}
+
+// A number field, NAN when missing or null.
+static double num_field(const cJSON *job, const char *key) {
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(job, key);
+    return cJSON_IsNumber(v) ? v->valuedouble : NAN;
+}
+
+// "42", "51.2k", "3.1M"; "-" for NAN.
+static void fmt_count(double v, char *buf, size_t cap) {
+    if (isnan(v))
+        snprintf(buf, cap, "-");
+    else if (fabs(v) >= 1e6)
+        snprintf(buf, cap, "%.1fM", v / 1e6);
+    else if (fabs(v) >= 1e4)
+        snprintf(buf, cap, "%.1fk", v / 1e3);
+    else
+        snprintf(buf, cap, "%.0f", v);
+}
+
+// "45s", "5m12s", "2h03m", "3d04h"; "-" for NAN or negative.
+static void fmt_duration(double s, char *buf, size_t cap) {
+    if (isnan(s) || s < 0) {
+        snprintf(buf, cap, "-");
+        return;
+    }
+    long t = (long)(s + 0.5);
+    if (t < 60)
+        snprintf(buf, cap, "%lds", t);
+    else if (t < 3600)
+        snprintf(buf, cap, "%ldm%02lds", t / 60, t % 60);
+    else if (t < 86400)
+        snprintf(buf, cap, "%ldh%02ldm", t / 3600, t % 3600 / 60);
+    else
+        snprintf(buf, cap, "%ldd%02ldh", t / 86400, t % 86400 / 3600);
+}
+
+static void fmt_loss(double v, char *buf, size_t cap) {
+    if (isnan(v))
+        snprintf(buf, cap, "-");
+    else
+        snprintf(buf, cap, "%.4f", v);
+}
+
+// "step/total", or "step" while the total is unknown (0 or missing).
+static void fmt_steps(const cJSON *job, char *buf, size_t cap) {
+    double step = num_field(job, "step"), total = num_field(job, "total_steps");
+    if (isnan(step)) step = 0;
+    if (isnan(total) || total <= 0)
+        snprintf(buf, cap, "%.0f", step);
+    else
+        snprintf(buf, cap, "%.0f/%.0f", step, total);
+}
+
+// Every job column as text, shared by the table and the progress lines.
+typedef struct {
+    char id[24], name[136], steps[48], loss[24], rate[24], eta[24];
+    const char *state;
+} JobText;
+
+static void job_text(const cJSON *job, JobText *t) {
+    snprintf(t->id, sizeof t->id, "%.0f", num_field(job, "id"));
+    snprintf(t->name, sizeof t->name, "%s", str_field(job, "name"));
+    t->state = str_field(job, "state");
+    fmt_steps(job, t->steps, sizeof t->steps);
+    fmt_loss(num_field(job, "loss"), t->loss, sizeof t->loss);
+    fmt_count(num_field(job, "tokens_per_s"), t->rate, sizeof t->rate);
+    fmt_duration(num_field(job, "eta_s"), t->eta, sizeof t->eta);
+}
+
+// Columns: 5+1+16+1+11+1+13+1+8+1+9+1+8 = 76 characters.
+#define ROW_FORMAT "%-5.5s %-16.16s %-11.11s %13.13s %8.8s %9.9s %8.8s\n"
+
+void render_job_table(FILE *out, const cJSON *jobs) {
+    fprintf(out, ROW_FORMAT, "ID", "NAME", "STATE", "STEP", "LOSS", "TOK/S", "ETA");
+    const cJSON *job;
+    cJSON_ArrayForEach(job, jobs) {
+        JobText t;
+        job_text(job, &t);
+        fprintf(out, ROW_FORMAT, t.id, t.name, t.state, t.steps, t.loss, t.rate, t.eta);
+    }
+}
+
+// "key: value" for each member, scalars as text and the rest as compact JSON.
+static void render_members(FILE *out, const cJSON *obj, int width) {
+    const cJSON *v;
+    cJSON_ArrayForEach(v, obj) {
+        if (cJSON_IsString(v))
+            fprintf(out, "%-*s %s\n", width, v->string, v->valuestring);
+        else if (cJSON_IsNumber(v))
+            fprintf(out, "%-*s %.10g\n", width, v->string, v->valuedouble);
+        else {
+            char *text = cJSON_PrintUnformatted(v);
+            fprintf(out, "%-*s %s\n", width, v->string, text ? text : "?");
+            cJSON_free(text);
+        }
+    }
+}
+
+void render_job_detail(FILE *out, const cJSON *job) {
+    JobText t;
+    job_text(job, &t);
+    fprintf(out, "job %s (%s): %s, step %s, loss %s, %s tok/s, ETA %s\n", t.id, t.name, t.state,
+            t.steps, t.loss, t.rate, t.eta);
+    render_members(out, job, 16);
+}
+
+void render_daemon_info(FILE *out, const cJSON *info) {
+    render_members(out, info, 10);
+}
+
+// [#####.....] filling `cells` columns with the step fraction.
+static void fmt_bar(const cJSON *job, int cells, char *buf, size_t cap) {
+    double step = num_field(job, "step"), total = num_field(job, "total_steps");
+    double frac = isnan(step) || isnan(total) || total <= 0 ? 0 : fmin(1, fmax(0, step / total));
+    if (cells < 1 || (size_t)cells + 3 > cap) cells = 0;
+    int filled = (int)(frac * cells);
+    buf[0] = '[';
+    for (int i = 0; i < cells; i++)
+        buf[1 + i] = i < filled ? '#' : '.';
+    buf[1 + cells] = ']';
+    buf[2 + cells] = '\0';
+}
+
+void render_progress_line(const cJSON *job, bool bar, int width, char *buf, size_t cap) {
+    JobText t;
+    job_text(job, &t);
+    if (!bar) {
+        snprintf(buf, cap, "job %s %s %s step %s loss %s tok/s %s ETA %s", t.id, t.name, t.state,
+                 t.steps, t.loss, t.rate, t.eta);
+        return;
+    }
+    char tail[160], bars[512];
+    int n =
+        snprintf(tail, sizeof tail, " %s loss %s %s tok/s ETA %s", t.steps, t.loss, t.rate, t.eta);
+    // "ID NAME STATE " takes 5+11+10 columns, the brackets 2; the bar gets what is left.
+    int cells = width - 26 - n - 2;
+    fmt_bar(job, cells < 5 ? 5 : cells > 400 ? 400 : cells, bars, sizeof bars);
+    snprintf(buf, cap, "%-4.4s %-10.10s %-9.9s %s%s", t.id, t.name, t.state, bars, tail);
+    if (width > 0 && (size_t)width < cap) buf[width] = '\0'; // never wrap the line
+}

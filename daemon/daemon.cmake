@@ -1,0 +1,21 @@
+# astraid: the training service (daemon/*.c) and its systemd units (systemd/).
+pkg_check_modules(LIBUV REQUIRED IMPORTED_TARGET libuv)
+file(GLOB ASTRAID_SOURCES CONFIGURE_DEPENDS ${CMAKE_SOURCE_DIR}/daemon/*.c)
+add_executable(astraid ${ASTRAID_SOURCES})
+target_link_libraries(astraid PRIVATE astrai_core PkgConfig::LIBUV ${CMAKE_DL_LIBS})
+install(TARGETS astraid RUNTIME DESTINATION bin)
+
+# Units go where systemd looks for packaged ones (override with -DASTRAI_SYSTEMD_DIR=...).
+include(GNUInstallDirs)
+set(ASTRAI_SYSTEMD_DIR "${CMAKE_INSTALL_PREFIX}/lib/systemd" CACHE PATH
+  "root of the systemd unit directories (system/, sysusers.d/, tmpfiles.d/)")
+# The unit in the tree names /usr/local/bin/astraid; the installed one the real prefix.
+file(READ ${CMAKE_SOURCE_DIR}/systemd/astraid.service _unit)
+string(REPLACE "/usr/local/bin/astraid" "${CMAKE_INSTALL_FULL_BINDIR}/astraid" _unit "${_unit}")
+file(WRITE ${CMAKE_BINARY_DIR}/systemd/astraid.service "${_unit}")
+install(FILES ${CMAKE_BINARY_DIR}/systemd/astraid.service ${CMAKE_SOURCE_DIR}/systemd/astraid.socket
+  DESTINATION ${ASTRAI_SYSTEMD_DIR}/system)
+install(FILES ${CMAKE_SOURCE_DIR}/systemd/astraid.sysusers.conf
+  DESTINATION ${ASTRAI_SYSTEMD_DIR}/../sysusers.d RENAME astraid.conf)
+install(FILES ${CMAKE_SOURCE_DIR}/systemd/astraid.tmpfiles.conf
+  DESTINATION ${ASTRAI_SYSTEMD_DIR}/../tmpfiles.d RENAME astraid.conf)

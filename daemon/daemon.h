@@ -1,0 +1,219 @@
+// daemon.h: astraid, the training service (DESIGN §1, §3, §5, §6). One file per
+// subsystem, sharing the one daemon state `astraid` (as Redis shares `server`):
+//
+//   main.c            flags and config file, startup, shutdown
+//   log.c             leveled logging to stderr
+//   server.c          unix/tcp listeners, connections, line framing, output queues
+//   dispatch.c        the JSON-RPC methods
+//   jobs.c            jobs and their state machine (DESIGN §5)
+//   scheduler.c       devices (CPU slots, GPUs via NVML) and the queue
+//   runner.c          the ranks of a run: spawn, control pipes, logs, exits, stops
+//   state.c           the daemon database (sqlite: jobs, runs, events), recovery
+//   progress_reader.c each running job's progress.db, polled read-only
+//   sdnotify.c        systemd notifications and socket activation
+#pragma once
+#include <stdint.h>
+#include <sys/types.h>
+#include <uv.h>
+
+#include "common/error.h"
+#include "proto/rpc.h"
+
+typedef struct cJSON cJSON;
+typedef struct sqlite3 sqlite3;
+
+#define ASTRAID_VERSION "0.1.0"
+
+// ---------------------------------------------------------------- log.c
+enum { LOG_ERROR, LOG_WARN, LOG_INFO, LOG_DEBUG };
+int log_set_level(const char *name, Err *err);
+void log_msg(int level, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+#define log_error(...) log_msg(LOG_ERROR, __VA_ARGS__)
+#define log_warn(...) log_msg(LOG_WARN, __VA_ARGS__)
+#define log_info(...) log_msg(LOG_INFO, __VA_ARGS__)
+#define log_debug(...) log_msg(LOG_DEBUG, __VA_ARGS__)
+
+// ---------------------------------------------------------------- main.c: configuration
+typedef struct {
+    char *socket_path;  // unix control socket
+    char *state_dir;    // astraid.db and jobs/<id>/
+    char *tcp;          // "HOST:PORT" or NULL (off)
+    char *token_file;   // bearer token for tcp (mode 0600)
+    char *devices;      // "N", "cpu:N", "cuda:0,1" or NULL (auto)
+    char *train_binary; // astrai-train
+    char *log_level;
+    long max_restarts;    // default of a job's max_restarts
+    double stop_timeout;  // seconds ranks get to checkpoint and exit before SIGKILL
+    long max_connections; // open connections at once
+    double poll_interval; // seconds between progress.db reads
+} Config;
+
+double now_wall(void); // unix seconds
+
+// ---------------------------------------------------------------- scheduler.c: devices
+typedef struct {
+    int gpu;    // 1: CUDA devices (ids are GPU indices), 0: CPU slots
+    int n;      // devices
+    int *ids;   // (n,) device ids
+    long *used; // (n,) id of the job holding device i, 0 when free
+} Devices;
+
+// spec: "N" or "cpu:N" (CPU slots), "cuda:0,1,..." (GPUs), NULL: the GPUs NVML
+// finds, else one CPU slot per core.
+int devices_init(Devices *d, const char *spec, Err *err);
+void devices_free(Devices *d);
+cJSON *devices_to_json(const Devices *d);
+void device_name(const Devices *d, int id, char *out, size_t cap); // "cuda:0", "cpu:3"
+int devices_has(const Devices *d, int id);
+
+// ---------------------------------------------------------------- jobs.c
+typedef enum {
+    JOB_QUEUED,
+    JOB_STARTING,
+    JOB_RUNNING,
+    JOB_PAUSING,
+    JOB_PAUSED,
+    JOB_COMPLETED,
+    JOB_FAILED,
+    JOB_CANCELLED,
+    JOB_INTERRUPTED,
+    JOB_NSTATES
+} JobState;
+
+const char *job_state_name(JobState s);
+int job_state_parse(const char *name, JobState *out);
+
+#define JOB_LOG_LINES 1000 // stderr lines kept in memory per job (all ranks)
+
+typedef struct {
+    int rank;
+    char *text;
+} LogLine;
+
+typedef struct Run Run;
+
+typedef struct Job {
+    long id;
+    char *name;
+    JobState state;
+    cJSON *spec; // as submitted, plus the defaulted ckpt_dir
+    char *ckpt_dir;
+    // progress (from progress.db)
+    long step, total_steps, epoch;
+    double loss, lr, grad_norm, tokens_per_s, eta_s;
+    int has_progress;
+    long restarts, max_restarts, priority, n_devices;
+    int *want_ids; // (n_devices,) device ids the spec names, or NULL for any
+    int *devices;  // (n_devices,) ids held while a run is alive, else NULL
+    char *last_checkpoint, *error;
+    long submitted_by;                          // uid, -1 when unknown (tcp)
+    double created_at, started_at, finished_at; // unix seconds, 0: not yet
+    int resume;                                 // the next run adds --resume=true
+    long runs;                                  // runs started so far (run<N>-rank<R>.log)
+    double hold_until;                          // restart backoff: not started before this time
+    Run *run;
+    sqlite3 *progress_db;       // read-only handle on run_dir/progress.db
+    LogLine log[JOB_LOG_LINES]; // ring of the last stderr lines
+    int log_start, log_len;
+    struct Job *next;
+} Job;
+
+Job *job_find(long id);
+// Validates spec (proto/job_spec.h) and queues a new job; err names the bad key.
+Job *jobs_submit(const cJSON *spec, long uid, Err *err);
+// The verbs of DESIGN §5. -1 with *code (RPC_BAD_STATE, ...) and err on refusal.
+int job_pause(Job *j, int *code, Err *err);
+int job_resume(Job *j, int *code, Err *err);
+int job_checkpoint(Job *j, int *code, Err *err);
+int job_cancel(Job *j, int *code, Err *err);
+void job_set_state(Job *j, JobState s);
+void job_add_log(Job *j, int rank, const char *text, size_t len);
+cJSON *job_to_json(const Job *j);
+int job_run_dir(const Job *j, char *out, size_t cap);
+// Adds a job read back from the database (state.c).
+void jobs_adopt(Job *j);
+void job_free(Job *j);
+void jobs_free_all(void);
+
+// How a run ended (runner.c → jobs.c).
+typedef enum { STOP_NONE, STOP_PAUSE, STOP_SHUTDOWN, STOP_CANCEL } StopKind;
+typedef struct {
+    StopKind stop;     // why the daemon stopped it, STOP_NONE when it ended by itself
+    int failed;        // a rank failed (non-zero exit or signal) on its own
+    int bad_input;     // ... with exit code 2: restarting cannot help
+    const char *cause; // the root cause when failed
+} RunOutcome;
+void job_run_ended(Job *j, const RunOutcome *o);
+
+// ---------------------------------------------------------------- scheduler.c: the queue
+// Starts queued jobs whose devices are free (priority, then FIFO).
+void scheduler_kick(void);
+void devices_release(Job *j);
+
+// ---------------------------------------------------------------- runner.c
+int runner_start(Job *j, Err *err);
+void runner_stop(Job *j, StopKind why);
+void runner_checkpoint(Job *j);
+int runner_alive(void); // runs not yet ended
+
+// ---------------------------------------------------------------- state.c
+int state_open(const char *state_dir, Err *err);
+void state_close(void);
+void state_save_job(const Job *j);
+void state_event(long job_id, const char *kind, const char *detail);
+void state_run_started(const Job *j, const pid_t *pids, int n);
+void state_run_ended(const Job *j, const char *outcome);
+// Loads every job; running/starting/pausing ones (the daemon died under them) and
+// interrupted ones go back to the queue, resuming when they have a checkpoint.
+// Waits (bounded by stop_timeout) for ranks of a killed daemon still finishing.
+int state_recover(Err *err);
+long state_max_job_id(void);
+
+// ---------------------------------------------------------------- progress_reader.c
+void progress_reader_start(void);
+// Reads j's progress.db now; 1 if the job changed.
+int progress_read(Job *j);
+void progress_close_job(Job *j);
+
+// ---------------------------------------------------------------- sdnotify.c
+void sd_init(void); // takes NOTIFY_SOCKET / LISTEN_* out of the environment
+void sd_notifyf(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+int sd_listen_fd(void); // the activated unix socket, or -1
+
+// ---------------------------------------------------------------- server.c
+typedef struct Conn Conn;
+int server_start(Err *err);
+void server_close_listeners(void);
+void server_close_all(void);
+// Takes ownership of msg (a serialised line). Drops the client when its queue is full.
+void conn_send(Conn *c, char *msg);
+long conn_uid(const Conn *c);
+// Closes c once what it was sent is written (an error reply before hanging up).
+void conn_hang_up(Conn *c);
+int conn_is_authed(const Conn *c);
+void conn_set_authed(Conn *c);
+int server_check_token(const char *token);
+void conn_watch(Conn *c, long job_id);            // 0: every job
+void conn_follow(Conn *c, long job_id, int rank); // rank -1: every rank
+void server_push_progress(const Job *j);
+void server_push_log(const Job *j, int rank, const char *line);
+int server_connections(void);
+
+// ---------------------------------------------------------------- dispatch.c
+void dispatch_line(Conn *c, const char *line, size_t len);
+
+// ---------------------------------------------------------------- the daemon
+typedef struct {
+    uv_loop_t *loop;
+    Config cfg;
+    Devices devices;
+    Job *jobs; // by id, ascending
+    long next_id;
+    double started_at;
+    int stopping; // SIGTERM/SIGINT taken: no new runs, the running ones are stopped
+} Astraid;
+
+extern Astraid astraid;
+
+// Called when a run ended while stopping: exits the loop once none is left.
+void daemon_maybe_finish(void);

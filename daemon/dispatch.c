@@ -1,0 +1,251 @@
+// dispatch.c: the methods of the control protocol (DESIGN §3, docs/protocol.md).
+// Each handler returns a result (a cJSON tree) or fills code and err; the reply is
+// written by dispatch_line. Requests without an id (notifications) get no reply.
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include <cjson/cJSON.h>
+
+#include "daemon/daemon.h"
+
+typedef cJSON *(*Handler)(Conn *c, const cJSON *params, int *code, Err *err);
+
+static cJSON *fail(int *code, int value, Err *err, const char *msg) {
+    *code = value;
+    err_set(err, "%s", msg);
+    return NULL;
+}
+
+// params.job: an existing job's id.
+static Job *param_job(const cJSON *params, int *code, Err *err) {
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(params, "job");
+    if (!cJSON_IsNumber(v) || v->valuedouble != floor(v->valuedouble)) {
+        *code = RPC_INVALID_PARAMS;
+        err_set(err, "job: expected an integer job id");
+        return NULL;
+    }
+    Job *j = job_find((long)v->valuedouble);
+    if (!j) {
+        *code = RPC_NO_SUCH_JOB;
+        err_set(err, "no such job: %.0f", v->valuedouble);
+    }
+    return j;
+}
+
+// An optional integer param in [lo, hi]; *out keeps its default when absent.
+static int param_long(const cJSON *params, const char *key, long lo, long hi, long *out, int *code,
+                      Err *err) {
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(params, key);
+    if (!v) return 0;
+    if (!cJSON_IsNumber(v) || v->valuedouble != floor(v->valuedouble) || v->valuedouble < lo ||
+        v->valuedouble > hi) {
+        *code = RPC_INVALID_PARAMS;
+        return err_set(err, "%s: expected an integer in [%ld, %ld]", key, lo, hi);
+    }
+    *out = (long)v->valuedouble;
+    return 0;
+}
+
+static cJSON *do_submit(Conn *c, const cJSON *params, int *code, Err *err) {
+    Job *j = jobs_submit(params, conn_uid(c), err);
+    if (!j) {
+        *code = RPC_INVALID_PARAMS;
+        return NULL;
+    }
+    cJSON *r = cJSON_CreateObject();
+    cJSON_AddNumberToObject(r, "job", (double)j->id);
+    cJSON_AddStringToObject(r, "state", job_state_name(j->state));
+    return r;
+}
+
+static cJSON *do_list(Conn *c, const cJSON *params, int *code, Err *err) {
+    (void)c;
+    const cJSON *s = cJSON_GetObjectItemCaseSensitive(params, "state");
+    JobState want = JOB_NSTATES;
+    if (s && (!cJSON_IsString(s) || job_state_parse(s->valuestring, &want))) {
+        *code = RPC_INVALID_PARAMS;
+        err_set(err, "state: expected one of queued, starting, running, pausing, paused, "
+                     "completed, failed, cancelled, interrupted");
+        return NULL;
+    }
+    cJSON *r = cJSON_CreateObject(), *jobs = cJSON_AddArrayToObject(r, "jobs");
+    for (Job *j = astraid.jobs; j; j = j->next)
+        if (want == JOB_NSTATES || j->state == want) cJSON_AddItemToArray(jobs, job_to_json(j));
+    return r;
+}
+
+static cJSON *do_status(Conn *c, const cJSON *params, int *code, Err *err) {
+    (void)c;
+    Job *j = param_job(params, code, err);
+    return j ? job_to_json(j) : NULL;
+}
+
+typedef int (*Verb)(Job *j, int *code, Err *err);
+
+static cJSON *do_verb(const cJSON *params, Verb verb, int *code, Err *err) {
+    Job *j = param_job(params, code, err);
+    if (!j || verb(j, code, err)) return NULL;
+    return job_to_json(j);
+}
+
+static cJSON *do_pause(Conn *c, const cJSON *p, int *code, Err *err) {
+    (void)c;
+    return do_verb(p, job_pause, code, err);
+}
+
+static cJSON *do_resume(Conn *c, const cJSON *p, int *code, Err *err) {
+    (void)c;
+    cJSON *r = do_verb(p, job_resume, code, err);
+    if (r) scheduler_kick();
+    return r;
+}
+
+static cJSON *do_checkpoint(Conn *c, const cJSON *p, int *code, Err *err) {
+    (void)c;
+    return do_verb(p, job_checkpoint, code, err);
+}
+
+static cJSON *do_cancel(Conn *c, const cJSON *p, int *code, Err *err) {
+    (void)c;
+    return do_verb(p, job_cancel, code, err);
+}
+
+// The kept lines of one rank (default 0), the last `tail` of them; then, with
+// follow, every new line is pushed.
+static cJSON *do_logs(Conn *c, const cJSON *params, int *code, Err *err) {
+    Job *j = param_job(params, code, err);
+    long rank = 0, tail = JOB_LOG_LINES;
+    if (!j || param_long(params, "rank", 0, 1 << 20, &rank, code, err) ||
+        param_long(params, "tail", 0, 1L << 30, &tail, code, err))
+        return NULL;
+    const cJSON *follow = cJSON_GetObjectItemCaseSensitive(params, "follow");
+    if (follow && !cJSON_IsBool(follow))
+        return fail(code, RPC_INVALID_PARAMS, err, "follow: expected true or false");
+    int n = 0, first = j->log_len; // the last `tail` lines of the rank start at `first`
+    for (int k = j->log_len - 1; k >= 0 && n < tail; k--)
+        if (j->log[(j->log_start + k) % JOB_LOG_LINES].rank == rank) {
+            n++;
+            first = k;
+        }
+    cJSON *r = cJSON_CreateObject(), *lines = cJSON_AddArrayToObject(r, "lines");
+    for (int k = first; k < j->log_len; k++) {
+        const LogLine *l = &j->log[(j->log_start + k) % JOB_LOG_LINES];
+        if (l->rank == rank) cJSON_AddItemToArray(lines, cJSON_CreateString(l->text));
+    }
+    if (cJSON_IsTrue(follow)) conn_follow(c, j->id, (int)rank);
+    return r;
+}
+
+static cJSON *do_watch(Conn *c, const cJSON *params, int *code, Err *err) {
+    Job *one = NULL;
+    if (cJSON_GetObjectItemCaseSensitive(params, "job") && !(one = param_job(params, code, err)))
+        return NULL;
+    cJSON *r = cJSON_CreateObject(), *jobs = cJSON_AddArrayToObject(r, "jobs");
+    for (Job *j = astraid.jobs; j; j = j->next)
+        if (!one || j == one) cJSON_AddItemToArray(jobs, job_to_json(j));
+    conn_watch(c, one ? one->id : 0);
+    return r;
+}
+
+static cJSON *do_info(Conn *c, const cJSON *params, int *code, Err *err) {
+    (void)c, (void)params, (void)code, (void)err;
+    cJSON *r = cJSON_CreateObject();
+    cJSON_AddStringToObject(r, "version", ASTRAID_VERSION);
+    cJSON_AddNumberToObject(r, "pid", getpid());
+    cJSON_AddNumberToObject(r, "uptime_s", now_wall() - astraid.started_at);
+    cJSON_AddItemToObject(r, "devices", devices_to_json(&astraid.devices));
+    cJSON *socks = cJSON_AddArrayToObject(r, "sockets");
+    cJSON_AddItemToArray(socks, cJSON_CreateString(astraid.cfg.socket_path));
+    if (astraid.cfg.tcp) {
+        char tcp[300];
+        snprintf(tcp, sizeof tcp, "tcp:%s", astraid.cfg.tcp);
+        cJSON_AddItemToArray(socks, cJSON_CreateString(tcp));
+    }
+    cJSON_AddStringToObject(r, "state_dir", astraid.cfg.state_dir);
+    cJSON_AddStringToObject(r, "train_binary", astraid.cfg.train_binary);
+    cJSON_AddNumberToObject(r, "connections", server_connections());
+    int counts[JOB_NSTATES] = {0};
+    for (Job *j = astraid.jobs; j; j = j->next)
+        counts[j->state]++;
+    cJSON *jobs = cJSON_AddObjectToObject(r, "jobs");
+    for (int s = 0; s < JOB_NSTATES; s++)
+        if (counts[s]) cJSON_AddNumberToObject(jobs, job_state_name((JobState)s), counts[s]);
+    return r;
+}
+
+static cJSON *do_auth(Conn *c, const cJSON *params, int *code, Err *err) {
+    const cJSON *t = cJSON_GetObjectItemCaseSensitive(params, "token");
+    // On the unix socket every client is authenticated (by the socket's mode).
+    if (!conn_is_authed(c) && (!cJSON_IsString(t) || !server_check_token(t->valuestring)))
+        return fail(code, RPC_UNAUTHORIZED, err, "unauthorized: wrong token");
+    conn_set_authed(c);
+    cJSON *r = cJSON_CreateObject();
+    cJSON_AddTrueToObject(r, "ok");
+    return r;
+}
+
+static const struct {
+    const char *name;
+    Handler fn;
+} METHODS[] = {
+    {"submit", do_submit},    {"list", do_list},     {"status", do_status},
+    {"pause", do_pause},      {"resume", do_resume}, {"checkpoint", do_checkpoint},
+    {"cancel", do_cancel},    {"logs", do_logs},     {"watch", do_watch},
+    {"daemon.info", do_info}, {"auth", do_auth},
+};
+
+static Handler find_method(const char *name) {
+    for (size_t i = 0; i < sizeof METHODS / sizeof *METHODS; i++)
+        if (!strcmp(name, METHODS[i].name)) return METHODS[i].fn;
+    return NULL;
+}
+
+static cJSON *bad_state_data(const cJSON *params) {
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(params, "job");
+    Job *j = cJSON_IsNumber(v) ? job_find((long)v->valuedouble) : NULL;
+    if (!j) return NULL;
+    cJSON *d = cJSON_CreateObject();
+    cJSON_AddStringToObject(d, "state", job_state_name(j->state));
+    return d;
+}
+
+static void call(Conn *c, const RpcRequest *req) {
+    Handler fn = find_method(req->method);
+    int code = RPC_INTERNAL_ERROR, hang_up = 0;
+    Err err = {{0}};
+    cJSON *result = NULL;
+    if (!conn_is_authed(c) && (!fn || fn != do_auth)) {
+        code = RPC_UNAUTHORIZED;
+        err_set(&err, "unauthorized: send auth first");
+        hang_up = 1;
+    } else if (!fn) {
+        code = RPC_METHOD_NOT_FOUND;
+        err_set(&err, "no such method: %s", req->method);
+    } else {
+        result = fn(c, req->params, &code, &err);
+        hang_up = !result && code == RPC_UNAUTHORIZED;
+    }
+    if (req->id && result)
+        conn_send(c, rpc_result(req->id, result));
+    else if (req->id)
+        conn_send(c, rpc_error(req->id, code, err.msg,
+                               code == RPC_BAD_STATE ? bad_state_data(req->params) : NULL));
+    else
+        cJSON_Delete(result);
+    if (result && fn == do_submit) scheduler_kick(); // after the reply said "queued"
+    if (hang_up) conn_hang_up(c);
+}
+
+void dispatch_line(Conn *c, const char *line, size_t len) {
+    RpcRequest req;
+    int code;
+    Err err = {{0}};
+    if (rpc_parse_request(&req, line, len, &code, &err))
+        conn_send(c, rpc_error(req.id, code, err.msg, NULL));
+    else
+        call(c, &req);
+    rpc_request_free(&req);
+}

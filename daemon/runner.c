@@ -1,0 +1,440 @@
+// runner.c: the ranks of one run of a job (DESIGN §5).
+//
+// Each rank is astrai-train started with uv_spawn in its own session and process
+// group (UV_PROCESS_DETACHED), with the environment of a local launch
+// (worker/lib/launch.h launch_rank_env: RANK, WORLD_SIZE, ..., ASTRAI_LAUNCHER_PID =
+// astraid, so the rank arms PR_SET_PDEATHSIG against us) plus:
+//   fd 0            /dev/null
+//   fd 1, 2         one pipe: its lines go to run_dir/run<N>-rank<R>.log and to the
+//                   job's in-memory log (logs, logs -f)
+//   fd 3            ASTRAI_CONTROL_FD: "stop\n" (pause, shutdown), "checkpoint\n"
+//   fd 4            rank 0 only: ASTRAI_RENDEZVOUS_FD, a loopback listener (astraid
+//                   is the rendezvous of its own jobs: it picks the port)
+//   ASTRAI_RUN_DIR  run_dir (rank 0 writes progress.db there)
+//   CUDA_VISIBLE_DEVICES  the job's GPUs ("" on CPU slots)
+//
+// The first rank that fails (non-zero exit or a signal) is the root cause: the others
+// get SIGTERM, then SIGKILL after --stop-timeout. A run ends when every rank has
+// exited and its output is drained; the job then decides what comes next.
+#include <fcntl.h>
+#include <limits.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include <cjson/cJSON.h>
+
+#include "daemon/daemon.h"
+#include "proto/job_spec.h"
+#include "worker/lib/launch.h"
+#include "worker/lib/rendezvous.h"
+
+#define CONTROL_FD 3
+#define RENDEZVOUS_FD 4
+#define LINE_MAX_BYTES (64 * 1024) // longer output lines are split
+#define DRAIN_MS 2000              // after the last exit, how long we wait for output EOF
+#define CAUSE_LINES 5              // stderr lines of the failing rank kept in the cause
+
+typedef struct {
+    Run *run;
+    int index;
+    pid_t pid;
+    uv_process_t proc;
+    uv_pipe_t out;
+    int control_fd, log_fd;
+    int alive, out_open;
+    int64_t exit_status;
+    int term_signal;
+    char *line; // the current incomplete output line
+    size_t line_len;
+} Rank;
+
+struct Run {
+    Job *job;
+    Rank *ranks;
+    int n, alive, outs_open;
+    int handles; // libuv handles not yet closed: the Run is freed at 0
+    int ended;
+    StopKind stop;
+    int shutdown_asked; // a second SIGTERM kills at once
+    int failed_rank, bad_input;
+    char shm_name[64];
+    uv_timer_t kill_timer, drain_timer;
+};
+
+static int runs_alive;
+
+int runner_alive(void) {
+    return runs_alive;
+}
+
+// ---------------------------------------------------------------- teardown
+
+static void on_handle_closed(uv_handle_t *h) {
+    Run *run = h->data;
+    if (--run->handles > 0) return;
+    for (int i = 0; i < run->n; i++)
+        free(run->ranks[i].line);
+    free(run->ranks);
+    free(run);
+}
+
+static void close_handle(Run *run, uv_handle_t *h) {
+    h->data = run;
+    uv_close(h, on_handle_closed);
+}
+
+static void signal_ranks(Run *run, int sig) {
+    for (int i = 0; i < run->n; i++)
+        if (run->ranks[i].alive) kill(-run->ranks[i].pid, sig); // the rank's process group
+}
+
+static void send_control(Run *run, const char *msg) {
+    for (int i = 0; i < run->n; i++) {
+        Rank *r = &run->ranks[i];
+        if (r->alive && r->control_fd >= 0 && write(r->control_fd, msg, strlen(msg)) < 0)
+            log_warn("job %ld: rank %d: control pipe: write failed", run->job->id, i);
+    }
+}
+
+// "rank 1 (pid 42) was killed by signal 9 (Killed); last output:\n..."
+static char *root_cause(const Run *run) {
+    const Rank *r = &run->ranks[run->failed_rank];
+    const Job *j = run->job;
+    char head[256];
+    if (r->term_signal)
+        snprintf(head, sizeof head, "rank %d (pid %d) was killed by signal %d (%s)", r->index,
+                 (int)r->pid, r->term_signal, strsignal(r->term_signal));
+    else
+        snprintf(head, sizeof head, "rank %d (pid %d) exited with code %lld", r->index, (int)r->pid,
+                 (long long)r->exit_status);
+    const char *lines[CAUSE_LINES];
+    int n = 0;
+    for (int k = j->log_len - 1; k >= 0 && n < CAUSE_LINES; k--) {
+        const LogLine *l = &j->log[(j->log_start + k) % JOB_LOG_LINES];
+        if (l->rank == r->index) lines[n++] = l->text;
+    }
+    size_t len = strlen(head) + 32;
+    for (int k = 0; k < n; k++)
+        len += strlen(lines[k]) + 1;
+    char *out = malloc(len);
+    if (!out) return NULL;
+    strcpy(out, head);
+    if (n) strcat(out, "; last output:");
+    for (int k = n - 1; k >= 0; k--) {
+        strcat(out, "\n");
+        strcat(out, lines[k]);
+    }
+    return out;
+}
+
+static void run_end(Run *run) {
+    run->ended = 1;
+    runs_alive--;
+    uv_timer_stop(&run->kill_timer);
+    uv_timer_stop(&run->drain_timer);
+    close_handle(run, (uv_handle_t *)&run->kill_timer);
+    close_handle(run, (uv_handle_t *)&run->drain_timer);
+    for (int i = 0; i < run->n; i++) {
+        Rank *r = &run->ranks[i];
+        if (r->control_fd >= 0) close(r->control_fd);
+        if (r->log_fd >= 0) close(r->log_fd);
+        r->control_fd = r->log_fd = -1;
+    }
+    launch_remove_shm(run->shm_name); // segments of ranks killed before their cleanup
+    char *cause = run->failed_rank >= 0 ? root_cause(run) : NULL;
+    RunOutcome o = {.stop = run->stop,
+                    .failed = run->failed_rank >= 0,
+                    .bad_input = run->bad_input,
+                    .cause = cause};
+    Job *j = run->job;
+    j->run = NULL;
+    job_run_ended(j, &o);
+    free(cause);
+}
+
+static void maybe_end(Run *run) {
+    if (!run->ended && run->alive == 0 && run->outs_open == 0) run_end(run);
+}
+
+// ---------------------------------------------------------------- output
+
+static void close_output(Rank *r) {
+    if (!r->out_open) return;
+    r->out_open = 0;
+    r->run->outs_open--;
+    uv_read_stop((uv_stream_t *)&r->out);
+    close_handle(r->run, (uv_handle_t *)&r->out);
+}
+
+static void flush_line(Rank *r) {
+    if (!r->line_len) return;
+    job_add_log(r->run->job, r->index, r->line, r->line_len);
+    r->line_len = 0;
+}
+
+static void take_output(Rank *r, const char *buf, size_t n) {
+    if (r->log_fd >= 0 && write(r->log_fd, buf, n) < 0)
+        log_warn("job %ld: rank %d: cannot write its log file", r->run->job->id, r->index);
+    for (size_t i = 0; i < n; i++) {
+        if (buf[i] == '\n' || r->line_len == LINE_MAX_BYTES) flush_line(r);
+        if (buf[i] != '\n') r->line[r->line_len++] = buf[i];
+    }
+}
+
+static void on_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf) {
+    (void)h;
+    (void)suggested;
+    static char chunk[64 * 1024]; // consumed by on_read before the next allocation
+    *buf = uv_buf_init(chunk, sizeof chunk);
+}
+
+static void on_read(uv_stream_t *s, ssize_t n, const uv_buf_t *buf) {
+    Rank *r = s->data;
+    if (n > 0) {
+        take_output(r, buf->base, (size_t)n);
+        return;
+    }
+    if (n == 0) return;
+    flush_line(r);
+    Run *run = r->run;
+    close_output(r);
+    maybe_end(run);
+}
+
+static void on_drain_timeout(uv_timer_t *t) {
+    Run *run = t->data;
+    for (int i = 0; i < run->n; i++) {
+        flush_line(&run->ranks[i]);
+        close_output(&run->ranks[i]);
+    }
+    maybe_end(run);
+}
+
+// ---------------------------------------------------------------- exits
+
+static void on_kill_timeout(uv_timer_t *t) {
+    Run *run = t->data;
+    log_warn("job %ld: %d rank(s) did not stop within %g s; SIGKILL", run->job->id, run->alive,
+             astraid.cfg.stop_timeout);
+    signal_ranks(run, SIGKILL);
+}
+
+static void arm_kill(Run *run) {
+    if (!uv_is_active((uv_handle_t *)&run->kill_timer))
+        uv_timer_start(&run->kill_timer, on_kill_timeout,
+                       (uint64_t)(astraid.cfg.stop_timeout * 1000), 0);
+}
+
+static void on_rank_failed(Run *run, Rank *r) {
+    run->failed_rank = r->index;
+    run->bad_input = !r->term_signal && r->exit_status == EXIT_BAD_INPUT;
+    log_warn("job %ld: rank %d (pid %d) %s %d; stopping the other %d rank(s)", run->job->id,
+             r->index, (int)r->pid, r->term_signal ? "was killed by signal" : "exited with code",
+             r->term_signal ? r->term_signal : (int)r->exit_status, run->alive);
+    signal_ranks(run, SIGTERM);
+    arm_kill(run);
+}
+
+static void on_rank_exit(uv_process_t *p, int64_t exit_status, int term_signal) {
+    Rank *r = p->data;
+    Run *run = r->run;
+    r->alive = 0;
+    r->exit_status = exit_status;
+    r->term_signal = term_signal;
+    run->alive--;
+    close_handle(run, (uv_handle_t *)p);
+    log_debug("job %ld: rank %d exited (code %lld, signal %d)", run->job->id, r->index,
+              (long long)exit_status, term_signal);
+    if ((exit_status || term_signal) && run->failed_rank < 0 && run->stop == STOP_NONE)
+        on_rank_failed(run, r);
+    if (run->alive == 0) uv_timer_start(&run->drain_timer, on_drain_timeout, DRAIN_MS, 0);
+    maybe_end(run);
+}
+
+// ---------------------------------------------------------------- spawn
+
+typedef struct {
+    LaunchInfo li;
+    int listen_fd, port;
+    char **argv;
+    char run_dir[PATH_MAX];
+    char control[32], run_dir_env[PATH_MAX + 16], cuda[4096];
+} Launch;
+
+static int visible_devices(const Job *j, char *out, size_t cap) {
+    out[0] = 0;
+    int n = snprintf(out, cap, "CUDA_VISIBLE_DEVICES=");
+    for (long i = 0; astraid.devices.gpu && i < j->n_devices && n > 0 && (size_t)n < cap; i++)
+        n += snprintf(out + n, cap - (size_t)n, "%s%d", i ? "," : "", j->devices[i]);
+    return n > 0 && (size_t)n < cap ? 0 : -1;
+}
+
+static int launch_prepare(Launch *l, Job *j, Err *err) {
+    JobSpec js;
+    if (job_spec_parse(&js, j->spec, err)) return err_prefix(err, "job spec");
+    if (j->resume) js.train.resume = true;
+    l->argv = job_spec_argv(&js, astraid.cfg.train_binary);
+    job_spec_free(&js);
+    if (!l->argv) return err_set(err, "out of memory building the argv");
+    l->li = (LaunchInfo){.mode = LAUNCH_RANK,
+                         .world_size = (int)j->n_devices,
+                         .local_world_size = (int)j->n_devices,
+                         .rendezvous_fd = -1};
+    launch_new_shm_name(l->li.shm_name, sizeof l->li.shm_name);
+    snprintf(l->control, sizeof l->control, "ASTRAI_CONTROL_FD=%d", CONTROL_FD);
+    if (job_run_dir(j, l->run_dir, sizeof l->run_dir) ||
+        visible_devices(j, l->cuda, sizeof l->cuda))
+        return err_set(err, "run directory or device list too long");
+    snprintf(l->run_dir_env, sizeof l->run_dir_env, "ASTRAI_RUN_DIR=%s", l->run_dir);
+    return rendezvous_listen(0, 1, &l->listen_fd, &l->port, err);
+}
+
+static int open_rank_log(const Launch *l, long run_no, int rank, Err *err) {
+    char path[PATH_MAX + 64];
+    snprintf(path, sizeof path, "%s/run%ld-rank%d.log", l->run_dir, run_no, rank);
+    int fd = open(path, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+    if (fd < 0) err_set(err, "%s: cannot open", path);
+    return fd;
+}
+
+// Spawns rank r; on failure err says why and the rank stays not alive.
+static int spawn_rank(Run *run, Launch *l, int r, Err *err) {
+    Rank *rk = &run->ranks[r];
+    *rk = (Rank){.run = run, .index = r, .control_fd = -1, .log_fd = -1};
+    rk->line = malloc(LINE_MAX_BYTES);
+    int out[2] = {-1, -1}, ctl[2] = {-1, -1};
+    rk->log_fd = open_rank_log(l, run->job->runs, r, err);
+    if (!rk->line || rk->log_fd < 0 || uv_pipe(out, UV_NONBLOCK_PIPE, 0) ||
+        uv_pipe(ctl, 0, UV_NONBLOCK_PIPE)) {
+        if (!*err->msg) err_set(err, "rank %d: cannot create its pipes", r);
+        for (int k = 0; k < 2; k++) {
+            if (out[k] >= 0) close(out[k]);
+            if (ctl[k] >= 0) close(ctl[k]);
+        }
+        return -1;
+    }
+    const char *extra[] = {l->control, l->run_dir_env, l->cuda, NULL};
+    char **env = launch_rank_env(&l->li, r, l->port, RENDEZVOUS_FD, extra);
+    uv_stdio_container_t stdio[5] = {
+        {.flags = UV_IGNORE},
+        {.flags = UV_INHERIT_FD, .data.fd = out[1]},
+        {.flags = UV_INHERIT_FD, .data.fd = out[1]},
+        {.flags = UV_INHERIT_FD, .data.fd = ctl[0]},
+        {.flags = UV_INHERIT_FD, .data.fd = l->listen_fd},
+    };
+    uv_process_options_t opt = {.exit_cb = on_rank_exit,
+                                .file = l->argv[0],
+                                .args = l->argv,
+                                .env = env,
+                                .flags = UV_PROCESS_DETACHED,
+                                .stdio_count = r == 0 ? 5 : 4,
+                                .stdio = stdio};
+    rk->proc.data = rk;
+    int rc = env ? uv_spawn(astraid.loop, &rk->proc, &opt) : UV_ENOMEM;
+    launch_free_env(env);
+    close(out[1]);
+    close(ctl[0]);
+    run->handles++; // the process handle is initialised even when the spawn failed
+    if (rc) {
+        close_handle(run, (uv_handle_t *)&rk->proc);
+        close(out[0]);
+        close(ctl[1]);
+        return err_set(err, "cannot start rank %d (%s): %s", r, l->argv[0], uv_strerror(rc));
+    }
+    rk->pid = rk->proc.pid;
+    rk->alive = 1;
+    rk->control_fd = ctl[1];
+    run->alive++;
+    uv_pipe_init(astraid.loop, &rk->out, 0);
+    uv_pipe_open(&rk->out, out[0]);
+    rk->out.data = rk;
+    rk->out_open = 1;
+    run->outs_open++;
+    run->handles++;
+    uv_read_start((uv_stream_t *)&rk->out, on_alloc, on_read);
+    return 0;
+}
+
+static Run *run_new(Job *j) {
+    Run *run = calloc(1, sizeof *run);
+    if (run) run->ranks = calloc((size_t)j->n_devices, sizeof *run->ranks);
+    if (!run || !run->ranks) {
+        free(run);
+        return NULL;
+    }
+    run->job = j;
+    run->failed_rank = -1;
+    uv_timer_init(astraid.loop, &run->kill_timer);
+    uv_timer_init(astraid.loop, &run->drain_timer);
+    run->kill_timer.data = run->drain_timer.data = run;
+    run->handles = 2;
+    return run;
+}
+
+// A rank that could not be started fails the run like a rank that exits with 2.
+static void spawn_failed(Run *run, int r, const char *msg) {
+    job_add_log(run->job, r, msg, strlen(msg));
+    run->failed_rank = r;
+    run->ranks[r].exit_status = EXIT_BAD_INPUT;
+    run->bad_input = 1;
+    signal_ranks(run, SIGKILL);
+}
+
+int runner_start(Job *j, Err *err) {
+    Launch l = {.listen_fd = -1};
+    if (launch_prepare(&l, j, err)) {
+        job_spec_free_argv(l.argv);
+        return -1;
+    }
+    Run *run = run_new(j);
+    if (!run) {
+        close(l.listen_fd);
+        job_spec_free_argv(l.argv);
+        return err_set(err, "out of memory");
+    }
+    memcpy(run->shm_name, l.li.shm_name, sizeof run->shm_name);
+    run->n = (int)j->n_devices;
+    j->run = run;
+    j->runs++;
+    runs_alive++;
+    job_set_state(j, JOB_STARTING);
+    pid_t *pids = calloc((size_t)run->n, sizeof *pids);
+    for (int r = 0; r < run->n && run->failed_rank < 0; r++) {
+        Err serr = {{0}};
+        if (spawn_rank(run, &l, r, &serr)) spawn_failed(run, r, serr.msg);
+        if (pids) pids[r] = run->ranks[r].pid;
+    }
+    run->n = run->failed_rank >= 0 ? run->failed_rank + 1 : run->n;
+    close(l.listen_fd); // rank 0 has its own copy
+    job_spec_free_argv(l.argv);
+    if (pids) state_run_started(j, pids, run->n);
+    free(pids);
+    log_info("job %ld: run %ld started: %d rank(s)%s", j->id, j->runs, run->alive,
+             j->resume ? ", resuming from the last checkpoint" : "");
+    if (run->failed_rank < 0) job_set_state(j, JOB_RUNNING);
+    if (run->alive == 0) uv_timer_start(&run->drain_timer, on_drain_timeout, 0, 0);
+    return 0;
+}
+
+// ---------------------------------------------------------------- control
+
+void runner_stop(Job *j, StopKind why) {
+    Run *run = j->run;
+    if (!run || run->ended) return;
+    if (why == STOP_CANCEL || (why == STOP_SHUTDOWN && run->shutdown_asked)) {
+        if (why == STOP_CANCEL) run->stop = why; // else a second SIGTERM: no more waiting
+        signal_ranks(run, SIGKILL);
+        return;
+    }
+    run->shutdown_asked |= why == STOP_SHUTDOWN;
+    if (run->stop == STOP_NONE) run->stop = why; // a pause under way stays a pause
+    send_control(run, "stop\n"); // checkpoint at the next step, all ranks agree, exit 0
+    arm_kill(run);
+}
+
+void runner_checkpoint(Job *j) {
+    if (j->run) send_control(j->run, "checkpoint\n");
+}

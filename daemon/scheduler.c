@@ -1,0 +1,223 @@
+// scheduler.c: the devices astraid hands out and the queue of jobs waiting for them.
+//
+// Devices are CPU slots (one per core unless --devices says otherwise) or GPUs. GPUs
+// are counted with NVML, loaded with dlopen so astraid starts on machines without a
+// driver and never initialises CUDA itself (DESIGN §1). A job needs n_devices of
+// them (or the ones its spec names); queued jobs start in order of priority, then
+// submission (FIFO), on disjoint devices. The head of the queue is never overtaken
+// by a smaller job behind it, so a large job cannot starve.
+#include <dlfcn.h>
+#include <errno.h>
+#include <limits.h>
+#include <sched.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include <cjson/cJSON.h>
+
+#include "daemon/daemon.h"
+
+#define MAX_DEVICES 4096
+
+// ---------------------------------------------------------------- devices
+
+static int nvml_gpu_count(void) {
+    void *lib = dlopen("libnvidia-ml.so.1", RTLD_NOW | RTLD_LOCAL);
+    if (!lib) return 0;
+    int (*init)(void) = (int (*)(void))dlsym(lib, "nvmlInit_v2");
+    int (*count)(unsigned *) = (int (*)(unsigned *))dlsym(lib, "nvmlDeviceGetCount_v2");
+    int (*shutdown)(void) = (int (*)(void))dlsym(lib, "nvmlShutdown");
+    unsigned n = 0;
+    if (init && count && shutdown && init() == 0) { // NVML_SUCCESS
+        if (count(&n)) n = 0;
+        shutdown();
+    }
+    dlclose(lib);
+    return (int)n;
+}
+
+static int usable_cores(void) {
+    cpu_set_t set;
+    if (sched_getaffinity(0, sizeof set, &set) == 0) return CPU_COUNT(&set);
+    long n = sysconf(_SC_NPROCESSORS_ONLN);
+    return n > 0 ? (int)n : 1;
+}
+
+static int devices_alloc(Devices *d, int gpu, int n, Err *err) {
+    if (n < 1 || n > MAX_DEVICES)
+        return err_set(err, "devices: %d is not a device count in [1, %d]", n, MAX_DEVICES);
+    d->gpu = gpu;
+    d->n = n;
+    d->ids = calloc((size_t)n, sizeof *d->ids);
+    d->used = calloc((size_t)n, sizeof *d->used);
+    if (!d->ids || !d->used) return err_set(err, "devices: out of memory");
+    for (int i = 0; i < n; i++)
+        d->ids[i] = i;
+    return 0;
+}
+
+// "0,1,3": the GPU indices to use.
+static int parse_cuda_list(Devices *d, const char *list, Err *err) {
+    int n = 1;
+    for (const char *p = list; *p; p++)
+        n += *p == ',';
+    if (devices_alloc(d, 1, n, err)) return -1;
+    const char *p = list;
+    for (int i = 0; i < n; i++) {
+        char *end;
+        errno = 0;
+        long id = strtol(p, &end, 10);
+        if (end == p || errno || id < 0 || id > INT_MAX || (*end && *end != ','))
+            return err_set(err, "devices: 'cuda:%s' is not a list of GPU indices", list);
+        for (int k = 0; k < i; k++)
+            if (d->ids[k] == id) return err_set(err, "devices: GPU %ld is listed twice", id);
+        d->ids[i] = (int)id;
+        p = end + 1;
+    }
+    return 0;
+}
+
+int devices_init(Devices *d, const char *spec, Err *err) {
+    memset(d, 0, sizeof *d);
+    if (!spec || !*spec) {
+        int gpus = nvml_gpu_count();
+        return gpus > 0 ? devices_alloc(d, 1, gpus, err) : devices_alloc(d, 0, usable_cores(), err);
+    }
+    if (!strncmp(spec, "cuda:", 5)) return parse_cuda_list(d, spec + 5, err);
+    const char *count = !strncmp(spec, "cpu:", 4) ? spec + 4 : spec;
+    char *end;
+    errno = 0;
+    long n = strtol(count, &end, 10);
+    if (end == count || *end || errno || n < 1 || n > MAX_DEVICES)
+        return err_set(err, "devices: '%s' is not N, cpu:N or cuda:0,1,...", spec);
+    return devices_alloc(d, 0, (int)n, err);
+}
+
+void devices_free(Devices *d) {
+    free(d->ids);
+    free(d->used);
+    memset(d, 0, sizeof *d);
+}
+
+void device_name(const Devices *d, int id, char *out, size_t cap) {
+    snprintf(out, cap, "%s:%d", d->gpu ? "cuda" : "cpu", id);
+}
+
+// [{"id":"cpu:0","busy_job":3}, ...] (docs/protocol.md, daemon.info)
+cJSON *devices_to_json(const Devices *d) {
+    cJSON *list = cJSON_CreateArray();
+    for (int i = 0; i < d->n; i++) {
+        cJSON *dev = cJSON_CreateObject();
+        char name[32];
+        device_name(d, d->ids[i], name, sizeof name);
+        cJSON_AddStringToObject(dev, "id", name);
+        if (d->used[i])
+            cJSON_AddNumberToObject(dev, "busy_job", (double)d->used[i]);
+        else
+            cJSON_AddNullToObject(dev, "busy_job");
+        cJSON_AddItemToArray(list, dev);
+    }
+    return list;
+}
+
+int devices_has(const Devices *d, int id) {
+    for (int i = 0; i < d->n; i++)
+        if (d->ids[i] == id) return 1;
+    return 0;
+}
+
+static int device_index(int id) {
+    for (int i = 0; i < astraid.devices.n; i++)
+        if (astraid.devices.ids[i] == id) return i;
+    return -1;
+}
+
+// Takes j's devices if they are free: the ones its spec names, else the first free ones.
+static int devices_take(Job *j) {
+    Devices *d = &astraid.devices;
+    int *pick = calloc((size_t)j->n_devices, sizeof *pick), found = 0;
+    if (!pick) return 0;
+    for (int k = 0; k < j->n_devices && j->want_ids; k++) {
+        int i = device_index(j->want_ids[k]);
+        if (i >= 0 && !d->used[i]) pick[found++] = i;
+    }
+    for (int i = 0; i < d->n && !j->want_ids && found < j->n_devices; i++)
+        if (!d->used[i]) pick[found++] = i;
+    if (found < j->n_devices) {
+        free(pick);
+        return 0;
+    }
+    for (int k = 0; k < found; k++) {
+        d->used[pick[k]] = j->id;
+        pick[k] = d->ids[pick[k]];
+    }
+    j->devices = pick;
+    return 1;
+}
+
+void devices_release(Job *j) {
+    for (int i = 0; i < astraid.devices.n; i++)
+        if (astraid.devices.used[i] == j->id) astraid.devices.used[i] = 0;
+    free(j->devices);
+    j->devices = NULL;
+}
+
+// ---------------------------------------------------------------- the queue
+
+static uv_timer_t wake_timer; // the earliest end of a restart backoff
+static int wake_timer_ready;
+
+static int runs_before(const Job *a, const Job *b) {
+    return a->priority != b->priority ? a->priority > b->priority : a->id < b->id;
+}
+
+// The next queued job to start, skipping those held by a backoff (*earliest gets
+// the first time one of them may start).
+static Job *queue_head(double now, double *earliest) {
+    Job *best = NULL;
+    for (Job *j = astraid.jobs; j; j = j->next) {
+        if (j->state != JOB_QUEUED) continue;
+        if (j->hold_until > now) {
+            if (!*earliest || j->hold_until < *earliest) *earliest = j->hold_until;
+            continue;
+        }
+        if (!best || runs_before(j, best)) best = j;
+    }
+    return best;
+}
+
+static void on_wake(uv_timer_t *t) {
+    (void)t;
+    scheduler_kick();
+}
+
+static void arm_wake(double earliest, double now) {
+    if (!wake_timer_ready) {
+        uv_timer_init(astraid.loop, &wake_timer);
+        wake_timer_ready = 1;
+    }
+    if (uv_is_closing((uv_handle_t *)&wake_timer)) return;
+    uv_timer_stop(&wake_timer);
+    if (earliest > 0)
+        uv_timer_start(&wake_timer, on_wake, (uint64_t)((earliest - now) * 1000) + 1, 0);
+}
+
+void scheduler_kick(void) {
+    if (astraid.stopping) return;
+    for (;;) {
+        double now = now_wall(), earliest = 0;
+        Job *j = queue_head(now, &earliest);
+        arm_wake(earliest, now);
+        if (!j || !devices_take(j)) return;
+        Err err = {{0}};
+        if (runner_start(j, &err)) {
+            log_error("job %ld: %s", j->id, err.msg);
+            devices_release(j);
+            free(j->error);
+            j->error = strdup(err.msg);
+            job_set_state(j, JOB_FAILED);
+        }
+    }
+}
