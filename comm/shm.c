@@ -339,8 +339,8 @@ static void gather_results(Comm *c, float *chunk, size_t m, int parity) {
 // reduce my slice across ranks (my own input read in place) into my output
 // and the set's result slot, then copy step k-1's other slices (finished by
 // everybody before this barrier). One barrier per step, plus one at the end.
-// Each rank moves 2 bytes per byte of buffer, half of them across cores: the
-// least an all_reduce can.
+// With 2 ranks each reads and writes the buffer about twice (a memcpy: once),
+// and reads its half of the peer's data across cores, as any all_reduce must.
 static int shm_all_reduce(Comm *c, float *buf, size_t n, CommOp op, Err *err) {
     Shm *s = shm_of(c);
     int W = c->world, me = c->rank;

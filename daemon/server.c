@@ -207,13 +207,14 @@ static void on_read(uv_stream_t *s, ssize_t n, const uv_buf_t *buf) {
     }
 }
 
-static uid_t peer_uid(Conn *c) {
+// The unix peer's uid, -1 when unknown.
+static long peer_uid(Conn *c) {
     uv_os_fd_t fd;
     struct ucred cred;
     socklen_t len = sizeof cred;
     if (uv_fileno(&c->h.handle, &fd) || getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &len))
-        return (uid_t)-1;
-    return cred.uid;
+        return -1;
+    return (long)cred.uid;
 }
 
 static void on_connection(uv_stream_t *listener, int status) {
@@ -238,7 +239,7 @@ static void on_connection(uv_stream_t *listener, int status) {
         conn_close(c);
         return;
     }
-    c->uid = c->tcp ? -1 : (long)peer_uid(c);
+    c->uid = c->tcp ? -1 : peer_uid(c);
     if (n_conns > astraid.cfg.max_connections) {
         conn_send(c, rpc_error(NULL, RPC_BUSY, "too many connections; try again later", NULL));
         conn_hang_up(c);

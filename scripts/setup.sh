@@ -2,7 +2,7 @@
 # Installs astrai's build and test dependencies from Debian packages (idempotent).
 set -eu
 PKGS="build-essential cmake pkg-config clang libclang-rt-14-dev libomp-dev \
-libopenblas-dev libcjson-dev libsqlite3-dev libuv1-dev sqlite3 \
+libopenblas-dev libopenblas-openmp-dev libcjson-dev libsqlite3-dev libuv1-dev sqlite3 systemd \
 python3 python3-torch python3-numpy"
 missing=""
 for p in $PKGS; do

@@ -1,9 +1,11 @@
-// attention.c: causal GQA attention with document masks, flash-attention style (CPU).
+// attention.c: causal GQA attention with document masks (CPU).
 //
-// Forward walks each query row's visible keys in blocks of KEY_BLOCK with an online
-// softmax (running max m and sum l, the output rescaled as m grows) and keeps only the
-// row's logsumexp; no (T,T) score matrix exists. Backward recomputes the probabilities
-// p = exp(s - lse) from that logsumexp.
+// Forward takes QBLOCK query rows of one head at a time: their scores against the visible
+// keys come from a register-blocked product with the keys transposed (D, Tp), so the inner
+// loop runs over consecutive keys (no horizontal sums), and their outputs from one pass over
+// the value rows. Only each row's logsumexp is kept; no (T,T) score matrix exists. Backward
+// works on the same tiles: it recomputes the probabilities p = exp(s - lse) from that
+// logsumexp and adds the whole tile's dk and dv to each key row in one pass.
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -11,7 +13,13 @@
 
 #include "engine/cpu/cpu_kernels.h"
 
-enum { KEY_BLOCK = 64 };
+// Query rows per forward tile and the vector width of the register-blocked kernels (keys,
+// or head dims): QBLOCK x LANES accumulators stay in registers.
+enum { QBLOCK = 4, LANES = 16 };
+
+static inline int round_up(int n, int m) {
+    return (n + m - 1) / m * m;
+}
 
 static inline float dot(const float *a, const float *b, int D) {
     float s = 0.0f;
@@ -21,129 +29,289 @@ static inline float dot(const float *a, const float *b, int D) {
     return s;
 }
 
-static inline void axpy(float *y, float a, const float *x, int D) {
-#pragma omp simd
-    for (int d = 0; d < D; d++)
-        y[d] += a * x[d];
-}
-
 // Visible keys of query i: [first, i].
 static inline int first_key(const int32_t *doc_start, int b, int T, int i) {
     return doc_start ? doc_start[(size_t)b * T + i] : 0;
 }
 
-// One query row: o: (D) = softmax(scale * q.K^T) V over keys [j_begin, j_end); returns lse.
-static float attend_row(float *o, const float *qi, const float *k, const float *v, int j_begin,
-                        int j_end, int D, int stride, float scale) {
-    float m = -INFINITY, l = 0.0f, s[KEY_BLOCK];
-    memset(o, 0, (size_t)D * sizeof *o);
-    for (int j0 = j_begin; j0 < j_end; j0 += KEY_BLOCK) {
-        int nb = j_end - j0 < KEY_BLOCK ? j_end - j0 : KEY_BLOCK;
-        float block_max = -INFINITY;
-        for (int jj = 0; jj < nb; jj++) {
-            s[jj] = scale * dot(qi, k + (size_t)(j0 + jj) * stride, D);
-            block_max = s[jj] > block_max ? s[jj] : block_max;
-        }
-        float m_new = m > block_max ? m : block_max;
-        float correction = cpu_expf(m - m_new); // 0 on the first block (m = -inf)
-        l *= correction;
-#pragma omp simd
-        for (int d = 0; d < D; d++)
-            o[d] *= correction;
-        for (int jj = 0; jj < nb; jj++) {
-            float p = cpu_expf(s[jj] - m_new);
-            l += p;
-            axpy(o, p, v + (size_t)(j0 + jj) * stride, D);
-        }
-        m = m_new;
+// Aborts: these kernels have no error path, and without scratch there is no way to go on.
+static void *scratch_alloc(size_t floats, const char *what, int T) {
+    float *p = malloc(floats * sizeof *p);
+    if (!p) {
+        fprintf(stderr, "%s: out of memory for %d tokens\n", what, T);
+        abort();
     }
-    float inv = 1.0f / l;
-#pragma omp simd
+    return p;
+}
+
+// dst: (D, ld) = the T rows of src (token stride `stride`) transposed, zero-padded from T to
+// ld keys, so that the scores of one query against consecutive keys vectorise over keys.
+static void transpose_rows(float *dst, int ld, const float *src, int T, int D, int stride) {
     for (int d = 0; d < D; d++)
-        o[d] *= inv;
-    return m + logf(l);
+        memset(dst + (size_t)d * ld + T, 0, (size_t)(ld - T) * sizeof *dst);
+    for (int t = 0; t < T; t++)
+        for (int d = 0; d < D; d++)
+            dst[(size_t)d * ld + t] = src[(size_t)t * stride + d];
+}
+
+// dst: (T, ld) = the T rows of src (token stride `stride`), D values each, zero-padded to ld.
+static void copy_rows_padded(float *dst, int ld, const float *src, int T, int D, int stride) {
+    for (int t = 0; t < T; t++) {
+        memcpy(dst + (size_t)t * ld, src + (size_t)t * stride, (size_t)D * sizeof *dst);
+        memset(dst + (size_t)t * ld + D, 0, (size_t)(ld - D) * sizeof *dst);
+    }
+}
+
+// s: (QBLOCK, ld), s[r][j] = x[r] . key j for j in [j_begin, j_end) rounded out to LANES;
+// kt: (D, ld) the transposed keys; x[r]: D floats each (a short tile repeats a row).
+static void tile_scores(float *s, int ld, const float *const x[QBLOCK], const float *kt, int D,
+                        int j_begin, int j_end) {
+    for (int j = j_begin / LANES * LANES; j < j_end; j += LANES) {
+        float acc[QBLOCK][LANES] = {{0}};
+        for (int d = 0; d < D; d++) {
+            const float *col = kt + (size_t)d * ld + j;
+            for (int r = 0; r < QBLOCK; r++) {
+                float xd = x[r][d];
+#pragma omp simd
+                for (int jj = 0; jj < LANES; jj++)
+                    acc[r][jj] += xd * col[jj];
+            }
+        }
+        for (int r = 0; r < QBLOCK; r++)
+            memcpy(s + (size_t)r * ld + j, acc[r], sizeof acc[r]);
+    }
+}
+
+// o: (QBLOCK, ld) = p[:, j_begin:j_end] @ v[j_begin:j_end]; p: (QBLOCK, ld_p), 0 where a row
+// does not see the key; v: (T, ld) value rows zero-padded to ld, a multiple of LANES.
+static void tile_weighted_values(float *o, int ld, const float *p, int ld_p, const float *v,
+                                 int j_begin, int j_end) {
+    for (int d = 0; d < ld; d += LANES) {
+        float acc[QBLOCK][LANES] = {{0}};
+        for (int j = j_begin; j < j_end; j++) {
+            const float *vj = v + (size_t)j * ld + d;
+            for (int r = 0; r < QBLOCK; r++) {
+                float prj = p[(size_t)r * ld_p + j];
+#pragma omp simd
+                for (int dd = 0; dd < LANES; dd++)
+                    acc[r][dd] += prj * vj[dd];
+            }
+        }
+        for (int r = 0; r < QBLOCK; r++)
+            memcpy(o + (size_t)r * ld + d, acc[r], sizeof acc[r]);
+    }
+}
+
+// Scores s over the row's keys [j0, j1) -> softmax(scale * s) in place, 0 over the rest of
+// the tile's span [j_begin, j_end); returns the logsumexp of scale * s over [j0, j1).
+static float softmax_row(float *s, int j_begin, int j_end, int j0, int j1, float scale) {
+    float mx = -INFINITY, sum = 0.0f;
+#pragma omp simd reduction(max : mx)
+    for (int j = j0; j < j1; j++)
+        mx = s[j] > mx ? s[j] : mx;
+#pragma omp simd reduction(+ : sum)
+    for (int j = j0; j < j1; j++) {
+        s[j] = cpu_expf(scale * (s[j] - mx));
+        sum += s[j];
+    }
+    float inv = 1.0f / sum;
+#pragma omp simd
+    for (int j = j0; j < j1; j++)
+        s[j] *= inv;
+    for (int j = j_begin; j < j0; j++)
+        s[j] = 0.0f;
+    for (int j = j1; j < j_end; j++)
+        s[j] = 0.0f;
+    return scale * mx + logf(sum);
+}
+
+// Per-thread forward scratch: keys transposed (D, Tp), values padded (T, Dp), one tile's
+// scores then probabilities (QBLOCK, Tp) and outputs (QBLOCK, Dp).
+typedef struct {
+    int Tp, Dp;
+    float *kt, *vp, *p, *o;
+} FwdScratch;
+
+// Query head h of batch row b. out: (B*T, H, D), lse: (B, H, T).
+static void attention_fwd_head(float *out, float *lse, const float *q, const float *k,
+                               const float *v, const int32_t *doc_start, int b, int h, int T, int H,
+                               int group, int D, int stride, const FwdScratch *w) {
+    float scale = 1.0f / sqrtf((float)D);
+    size_t kv_at = (size_t)b * T * stride + (size_t)(h / group) * D;
+    transpose_rows(w->kt, w->Tp, k + kv_at, T, D, stride);
+    copy_rows_padded(w->vp, w->Dp, v + kv_at, T, D, stride);
+    for (int i0 = 0; i0 < T; i0 += QBLOCK) {
+        int rows = T - i0 < QBLOCK ? T - i0 : QBLOCK;
+        const float *x[QBLOCK];
+        int last[QBLOCK]; // query row of tile row r (a short tile repeats its last row)
+        for (int r = 0; r < QBLOCK; r++) {
+            last[r] = i0 + (r < rows ? r : rows - 1);
+            x[r] = q + ((size_t)b * T + last[r]) * stride + (size_t)h * D;
+        }
+        // keys any row of the tile sees (document starts never decrease along a sequence)
+        int j_begin = first_key(doc_start, b, T, i0), j_end = i0 + rows;
+        tile_scores(w->p, w->Tp, x, w->kt, D, j_begin, j_end);
+        for (int r = 0; r < QBLOCK; r++) {
+            int i = last[r];
+            float row_lse = softmax_row(w->p + (size_t)r * w->Tp, j_begin, j_end,
+                                        first_key(doc_start, b, T, i), i + 1, scale);
+            if (r < rows) lse[((size_t)b * H + h) * T + i] = row_lse;
+        }
+        tile_weighted_values(w->o, w->Dp, w->p, w->Tp, w->vp, j_begin, j_end);
+        for (int r = 0; r < rows; r++)
+            memcpy(out + (((size_t)b * T + i0 + r) * H + h) * D, w->o + (size_t)r * w->Dp,
+                   (size_t)D * sizeof *out);
+    }
 }
 
 void cpu_attention_fwd(float *out, float *lse, const float *q, const float *k, const float *v,
                        const int32_t *doc_start, int B, int T, int H, int KVH, int D,
                        int qkv_stride) {
-    int group = H / KVH;
-    float scale = 1.0f / sqrtf((float)D);
-#pragma omp parallel for collapse(3) schedule(dynamic, 8)
-    for (int b = 0; b < B; b++)
-        for (int h = 0; h < H; h++)
-            for (int i = 0; i < T; i++) {
-                size_t row = (size_t)b * T + i,
-                       kv_at = (size_t)b * T * qkv_stride + (size_t)(h / group) * D;
-                lse[((size_t)b * H + h) * T + i] = attend_row(
-                    out + (row * H + h) * D, q + row * qkv_stride + (size_t)h * D, k + kv_at,
-                    v + kv_at, first_key(doc_start, b, T, i), i + 1, D, qkv_stride, scale);
-            }
-}
-
-// dst: (D, T) = the T rows of src (token stride `stride`) transposed, so that the scores
-// of one query against consecutive keys vectorise over keys without horizontal sums.
-static void transpose_rows(float *dst, const float *src, int T, int D, int stride) {
-    for (int t = 0; t < T; t++)
-        for (int d = 0; d < D; d++)
-            dst[(size_t)d * T + t] = src[(size_t)t * stride + d];
-}
-
-// out[j] = sum_d x[d] * mt[d][j] for j in [j0, j1); mt: (D, T).
-static void row_times_transposed(float *out, const float *x, const float *mt, int j0, int j1, int D,
-                                 int T) {
-    memset(out + j0, 0, (size_t)(j1 - j0) * sizeof *out);
-    for (int d = 0; d < D; d++) {
-        const float *col = mt + (size_t)d * T;
-        float xd = x[d];
-#pragma omp simd
-        for (int j = j0; j < j1; j++)
-            out[j] += xd * col[j];
+#pragma omp parallel
+    {
+        FwdScratch w = {.Tp = round_up(T, LANES), .Dp = round_up(D, LANES)};
+        size_t kt = (size_t)D * w.Tp, vp = (size_t)T * w.Dp, p = (size_t)QBLOCK * w.Tp;
+        w.kt = scratch_alloc(kt + vp + p + (size_t)QBLOCK * w.Dp, "attention_fwd", T);
+        w.vp = w.kt + kt;
+        w.p = w.vp + vp;
+        w.o = w.p + p;
+#pragma omp for collapse(2) schedule(dynamic, 1)
+        for (int b = 0; b < B; b++)
+            for (int h = 0; h < H; h++)
+                attention_fwd_head(out, lse, q, k, v, doc_start, b, h, T, H, H / KVH, D, qkv_stride,
+                                   &w);
+        free(w.kt);
     }
 }
 
-// Gradients of the query heads sharing kv head `kvh` of batch row b; the only writer
-// of dk/dv of that kv head, so tasks (b, kvh) run in parallel without races.
-// scratch: 2*D*T + 2*T floats (k and v transposed; p and ds of one query row).
-static void attention_bwd_kv_head(float *dq, float *dk, float *dv, const float *dout,
-                                  const float *out, const float *lse, const float *q,
-                                  const float *k, const float *v, const int32_t *doc_start, int b,
-                                  int kvh, int T, int H, int KVH, int D, int stride,
-                                  float *scratch) {
-    int group = H / KVH;
-    float scale = 1.0f / sqrtf((float)D);
-    size_t kv_at = (size_t)b * T * stride + (size_t)kvh * D;
-    float *kt = scratch, *vt = kt + (size_t)D * T, *p = vt + (size_t)D * T, *ds = p + T;
-    transpose_rows(kt, k + kv_at, T, D, stride);
-    transpose_rows(vt, v + kv_at, T, D, stride);
-    for (int t = 0; t < T; t++) {
-        memset(dk + kv_at + (size_t)t * stride, 0, (size_t)D * sizeof *dk);
-        memset(dv + kv_at + (size_t)t * stride, 0, (size_t)D * sizeof *dv);
-    }
-    for (int h = kvh * group; h < (kvh + 1) * group; h++)
-        for (int i = 0; i < T; i++) {
-            size_t row = (size_t)b * T + i;
-            const float *qi = q + row * stride + (size_t)h * D;
-            const float *doi = dout + (row * H + h) * D;
-            float *dqi = dq + row * stride + (size_t)h * D;
-            float row_lse = lse[((size_t)b * H + h) * T + i];
-            float delta = dot(doi, out + (row * H + h) * D, D); // sum_j p_j dp_j
-            int j0 = first_key(doc_start, b, T, i);
-            row_times_transposed(p, qi, kt, j0, i + 1, D, T);   // scores
-            row_times_transposed(ds, doi, vt, j0, i + 1, D, T); // dp
+// dst: (T, ld) += for each key j in [j_begin, j_end): sum_r coef[r][j] * x[r];
+// coef: (QBLOCK, ld_c); x: (QBLOCK, ld) rows zero-padded to ld, a multiple of LANES.
+static void tile_accumulate_keys(float *dst, int ld, const float *coef, int ld_c, const float *x,
+                                 int j_begin, int j_end) {
+    for (int d = 0; d < ld; d += LANES) {
+        float xr[QBLOCK][LANES]; // the tile's rows, this slice: held in registers over all keys
+        for (int r = 0; r < QBLOCK; r++)
+            memcpy(xr[r], x + (size_t)r * ld + d, sizeof xr[r]);
+        for (int j = j_begin; j < j_end; j++) {
+            float *out = dst + (size_t)j * ld + d;
+            for (int r = 0; r < QBLOCK; r++) {
+                float c = coef[(size_t)r * ld_c + j];
 #pragma omp simd
-            for (int j = j0; j <= i; j++) {
-                p[j] = cpu_expf(scale * p[j] - row_lse);
-                ds[j] = p[j] * (ds[j] - delta) * scale;
-            }
-            memset(dqi, 0, (size_t)D * sizeof *dqi);
-            for (int j = j0; j <= i; j++) {
-                size_t at = kv_at + (size_t)j * stride;
-                axpy(dqi, ds[j], k + at, D);
-                axpy(dk + at, ds[j], qi, D);
-                axpy(dv + at, p[j], doi, D);
+                for (int dd = 0; dd < LANES; dd++)
+                    out[dd] += c * xr[r][dd];
             }
         }
+    }
+}
+
+// Per-thread backward scratch. (D, Tp): keys and values transposed; (T, Dp): keys padded,
+// the dk and dv accumulators; (QBLOCK, Tp): one tile's p and ds; (QBLOCK, Dp): its q and
+// dout rows padded, its dq.
+typedef struct {
+    int Tp, Dp;
+    float *kt, *vt, *kp, *dkp, *dvp, *p, *ds, *xq, *xdo, *dqt;
+} BwdScratch;
+
+static void bwd_scratch_alloc(BwdScratch *w, int T, int D) {
+    w->Tp = round_up(T, LANES);
+    w->Dp = round_up(D, LANES);
+    size_t dt = (size_t)D * w->Tp, td = (size_t)T * w->Dp, qt = (size_t)QBLOCK * w->Tp,
+           qd = (size_t)QBLOCK * w->Dp;
+    float **parts[] = {&w->kt, &w->vt, &w->kp, &w->dkp, &w->dvp,
+                       &w->p,  &w->ds, &w->xq, &w->xdo, &w->dqt};
+    size_t sizes[] = {dt, dt, td, td, td, qt, qt, qd, qd, qd};
+    float *at = scratch_alloc(2 * dt + 3 * td + 2 * qt + 3 * qd, "attention_bwd", T);
+    for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++) {
+        *parts[i] = at;
+        at += sizes[i];
+    }
+}
+
+// One backward task: batch row b, kv head kvh, and the tensors' geometry.
+typedef struct {
+    int b, kvh, T, H, KVH, D, stride;
+    const int32_t *doc_start;
+} BwdTask;
+
+// Tile row r of query row i (r < rows) -> p = exp(scale*s - lse), ds = p * (dp - delta) *
+// scale over its keys [j0, i]; 0 over the rest of [j_begin, j_end) and on padding rows.
+static void tile_row_grads(float *p, float *ds, int j_begin, int j_end, int j0, int j1,
+                           float row_lse, float delta, float scale) {
+    for (int j = j_begin; j < j0; j++)
+        p[j] = ds[j] = 0.0f;
+#pragma omp simd
+    for (int j = j0; j < j1; j++) {
+        p[j] = cpu_expf(scale * p[j] - row_lse);
+        ds[j] = p[j] * (ds[j] - delta) * scale;
+    }
+    for (int j = j1 > j0 ? j1 : j0; j < j_end; j++)
+        p[j] = ds[j] = 0.0f;
+}
+
+// Query rows [i0, i0+rows) of head h: their dq, and their part of dk, dv (accumulated).
+static void attention_bwd_tile(float *dq, const float *dout, const float *out, const float *lse,
+                               const float *q, const BwdTask *t, int h, int i0, int rows,
+                               const BwdScratch *w) {
+    int T = t->T, D = t->D, H = t->H;
+    float scale = 1.0f / sqrtf((float)D);
+    const float *xq[QBLOCK], *xdo[QBLOCK];
+    for (int r = 0; r < QBLOCK; r++) {
+        size_t row = (size_t)t->b * T + i0 + (r < rows ? r : rows - 1);
+        xq[r] = q + row * t->stride + (size_t)h * D;
+        xdo[r] = dout + (row * H + h) * D;
+        float *pq = w->xq + (size_t)r * w->Dp, *pdo = w->xdo + (size_t)r * w->Dp;
+        memset(pq, 0, (size_t)w->Dp * sizeof *pq);
+        memset(pdo, 0, (size_t)w->Dp * sizeof *pdo);
+        if (r < rows) {
+            memcpy(pq, xq[r], (size_t)D * sizeof *pq);
+            memcpy(pdo, xdo[r], (size_t)D * sizeof *pdo);
+        }
+    }
+    // keys any row of the tile sees (document starts never decrease along a sequence)
+    int j_begin = first_key(t->doc_start, t->b, T, i0), j_end = i0 + rows;
+    tile_scores(w->p, w->Tp, xq, w->kt, D, j_begin, j_end);   // s = q.k
+    tile_scores(w->ds, w->Tp, xdo, w->vt, D, j_begin, j_end); // dp = dout.v
+    for (int r = 0; r < QBLOCK; r++) {
+        int i = i0 + r, real = r < rows;
+        size_t row = (size_t)t->b * T + i;
+        float row_lse = real ? lse[((size_t)t->b * H + h) * T + i] : 0.0f,
+              delta = real ? dot(xdo[r], out + (row * H + h) * D, D) : 0.0f; // sum_j p_j dp_j
+        tile_row_grads(w->p + (size_t)r * w->Tp, w->ds + (size_t)r * w->Tp, j_begin, j_end,
+                       real ? first_key(t->doc_start, t->b, T, i) : j_end, real ? i + 1 : j_end,
+                       row_lse, delta, scale);
+    }
+    tile_weighted_values(w->dqt, w->Dp, w->ds, w->Tp, w->kp, j_begin, j_end); // dq = ds @ k
+    for (int r = 0; r < rows; r++)
+        memcpy(dq + ((size_t)t->b * T + i0 + r) * t->stride + (size_t)h * D,
+               w->dqt + (size_t)r * w->Dp, (size_t)D * sizeof *dq);
+    tile_accumulate_keys(w->dkp, w->Dp, w->ds, w->Tp, w->xq, j_begin, j_end); // dk += ds^T q
+    tile_accumulate_keys(w->dvp, w->Dp, w->p, w->Tp, w->xdo, j_begin, j_end); // dv += p^T dout
+}
+
+// Gradients of the query heads sharing kv head t->kvh of batch row t->b; the only writer
+// of dk/dv of that kv head, so tasks (b, kvh) run in parallel without races, and the sum
+// order does not depend on the thread count.
+static void attention_bwd_kv_head(float *dq, float *dk, float *dv, const float *dout,
+                                  const float *out, const float *lse, const float *q,
+                                  const float *k, const float *v, const BwdTask *t,
+                                  const BwdScratch *w) {
+    int T = t->T, D = t->D, group = t->H / t->KVH;
+    size_t kv_at = (size_t)t->b * T * t->stride + (size_t)t->kvh * D;
+    transpose_rows(w->kt, w->Tp, k + kv_at, T, D, t->stride);
+    transpose_rows(w->vt, w->Tp, v + kv_at, T, D, t->stride);
+    copy_rows_padded(w->kp, w->Dp, k + kv_at, T, D, t->stride);
+    memset(w->dkp, 0, (size_t)T * w->Dp * sizeof *w->dkp);
+    memset(w->dvp, 0, (size_t)T * w->Dp * sizeof *w->dvp);
+    for (int h = t->kvh * group; h < (t->kvh + 1) * group; h++)
+        for (int i0 = 0; i0 < T; i0 += QBLOCK)
+            attention_bwd_tile(dq, dout, out, lse, q, t, h, i0, T - i0 < QBLOCK ? T - i0 : QBLOCK,
+                               w);
+    for (int j = 0; j < T; j++) {
+        memcpy(dk + kv_at + (size_t)j * t->stride, w->dkp + (size_t)j * w->Dp,
+               (size_t)D * sizeof *dk);
+        memcpy(dv + kv_at + (size_t)j * t->stride, w->dvp + (size_t)j * w->Dp,
+               (size_t)D * sizeof *dv);
+    }
 }
 
 void cpu_attention_bwd(float *dq, float *dk, float *dv, const float *dout, const float *out,
@@ -152,17 +320,21 @@ void cpu_attention_bwd(float *dq, float *dk, float *dv, const float *dout, const
                        int qkv_stride) {
 #pragma omp parallel
     {
-        // A few KiB per thread; running out here leaves no way to compute the gradient.
-        float *scratch = malloc(((size_t)2 * D * T + 2 * (size_t)T) * sizeof *scratch);
-        if (!scratch) {
-            fprintf(stderr, "attention_bwd: out of memory for %d tokens\n", T);
-            abort();
-        }
+        BwdScratch w;
+        bwd_scratch_alloc(&w, T, D);
 #pragma omp for collapse(2) schedule(dynamic, 1)
         for (int b = 0; b < B; b++)
-            for (int kvh = 0; kvh < KVH; kvh++)
-                attention_bwd_kv_head(dq, dk, dv, dout, out, lse, q, k, v, doc_start, b, kvh, T, H,
-                                      KVH, D, qkv_stride, scratch);
-        free(scratch);
+            for (int kvh = 0; kvh < KVH; kvh++) {
+                BwdTask t = {.b = b,
+                             .kvh = kvh,
+                             .T = T,
+                             .H = H,
+                             .KVH = KVH,
+                             .D = D,
+                             .stride = qkv_stride,
+                             .doc_start = doc_start};
+                attention_bwd_kv_head(dq, dk, dv, dout, out, lse, q, k, v, &t, &w);
+            }
+        free(w.kt);
     }
 }

@@ -2,15 +2,24 @@
 #include <cblas.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 
 #include "engine/backend.h"
 #include "engine/cpu/cpu_kernels.h"
 
+// Buffers from this size on (weights, gradients, activations) are backed by transparent
+// huge pages: far fewer page faults when first touched (costly here, ~20 us each under a
+// hypervisor) and fewer TLB misses in the matmuls.
+enum { HUGE_PAGE = 2 << 20 };
+
 static void *cpu_alloc(size_t bytes) {
-    // 64-byte alignment for AVX loads; calloc semantics (zeroed).
-    size_t rounded = (bytes + 63) / 64 * 64;
-    void *p = aligned_alloc(64, rounded ? rounded : 64);
-    if (p) memset(p, 0, rounded);
+    // 64-byte alignment for AVX loads, 2 MiB for huge pages; calloc semantics (zeroed).
+    size_t align = bytes >= HUGE_PAGE ? HUGE_PAGE : 64;
+    size_t rounded = bytes ? (bytes + align - 1) / align * align : align;
+    void *p = aligned_alloc(align, rounded);
+    if (!p) return NULL;
+    if (align == HUGE_PAGE) madvise(p, rounded, MADV_HUGEPAGE); // a hint: failure is harmless
+    memset(p, 0, rounded);
     return p;
 }
 

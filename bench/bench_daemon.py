@@ -1,0 +1,151 @@
+#!/usr/bin/python3
+"""bench_daemon.py: astraid's control-socket latency and its training overhead.
+
+One run measures, while a job trains through astraid:
+  1. `status` round trips on the unix socket: p50/p99 latency and requests/s with 1 client
+     and with 64 concurrent clients (one connection each, requests back to back);
+  2. training tokens/s of a job run through astraid vs the same astrai-train command run
+     alone, one after the other (never side by side), both read from their progress.db
+     (median tokens_per_s over the steps after the warm-up).
+Prints one JSON object and a summary.
+
+    /usr/bin/python3 bench/bench_daemon.py --build build-h8
+"""
+import argparse
+import asyncio
+import json
+import os
+import sqlite3
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "..", "tests"))
+
+CONFIG = {  # steps of ~0.1-1 s: long enough to show a daemon's overhead, short enough to bench
+    "vocab_size": 256, "hidden_size": 128, "num_hidden_layers": 4, "num_attention_heads": 4,
+    "num_key_value_heads": 2, "intermediate_size": 352, "rms_norm_eps": 1e-5,
+    "rope_theta": 10000.0, "max_position_embeddings": 128, "tie_word_embeddings": False,
+    "attn_type": "gqa", "ffn_type": "mlp", "use_qk_norm": False, "use_gated_attention": False,
+}
+
+
+def parse_args():
+    p = argparse.ArgumentParser(description=__doc__,
+                                formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("--build", default="build", help="build directory with the binaries")
+    p.add_argument("--requests", type=int, default=3000, help="status calls per measurement")
+    p.add_argument("--warmup", type=int, default=5, help="first steps left out of tokens/s")
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--rounds", type=int, default=3, help="alternating alone/astraid rounds")
+    return p.parse_args()
+
+
+def percentile(xs, q):
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, int(q * len(xs)))]
+
+
+async def client_loop(path, job, n, latencies):
+    reader, writer = await asyncio.open_unix_connection(path, limit=1 << 22)
+    req = (json.dumps({"jsonrpc": "2.0", "id": 1, "method": "status",
+                       "params": {"job": job}}) + "\n").encode()
+    for _ in range(n):
+        t0 = time.perf_counter()
+        writer.write(req)
+        line = await reader.readline()
+        latencies.append(time.perf_counter() - t0)
+        assert b'"result"' in line, line[:200]
+    writer.close()
+
+
+def round_trips(path, job, clients, total):
+    latencies = []
+
+    async def run():
+        await asyncio.gather(*(client_loop(path, job, total // clients, latencies)
+                               for _ in range(clients)))
+
+    t0 = time.perf_counter()
+    asyncio.run(run())
+    wall = time.perf_counter() - t0
+    return {"clients": clients, "requests": len(latencies),
+            "p50_ms": percentile(latencies, 0.5) * 1e3, "p99_ms": percentile(latencies, 0.99) * 1e3,
+            "req_per_s": len(latencies) / wall}
+
+
+def tokens_per_s(progress_db, warmup):
+    db = sqlite3.connect(progress_db, timeout=5)
+    rows = [r[0] for r in db.execute("SELECT tokens_per_s FROM steps WHERE step > ? ORDER BY step",
+                                     (warmup,))]
+    db.close()
+    return statistics.median(rows), len(rows)
+
+
+def main():
+    a = parse_args()
+    os.environ["ASTRAI_BUILD"] = os.path.abspath(a.build)
+    import daemon_util as du
+    import train_util as tu
+    root = tempfile.mkdtemp(prefix="astrai-bench-daemon-")
+    model = tu.make_model(os.path.join(root, "m"), CONFIG)
+    window, batch = 128, 8
+    data, _ = tu.make_text_data(root, 1 << 20)  # the whole text: ~34 steps
+    train = {"train_type": "seq", "param_path": model, "data_root_path": data,
+             "batch_per_device": batch, "window_size": window, "threads": a.threads,
+             "ckpt_interval": 100000, "random_seed": 1, "n_epoch": 1}
+    d = du.Daemon(root, devices="cpu:2").start()
+    c = d.client()
+    out = {"load_avg_start": os.getloadavg()[0]}
+    # 1. round trips while a job trains (a long background job on the second slot)
+    busy = c.call("submit", dict(train, n_epoch=1000, name="background"))["job"]
+    du.wait_job(c, busy, ["running"], pred=lambda j: j["step"] > 0)
+    out["status_1_client"] = round_trips(d.socket, busy, 1, a.requests)
+    out["status_64_clients"] = round_trips(d.socket, busy, 64, a.requests * 4)
+    assert c.call("status", {"job": busy})["state"] == "running"
+    c.call("cancel", {"job": busy})
+    du.wait_job(c, busy, ["cancelled"], pred=lambda j: not j["devices"])
+    time.sleep(1)
+    # 2. the same training alone and through astraid, one after the other, in alternating
+    # rounds (the machine is shared: the median of the rounds is the figure)
+    rounds = []
+    for r in range(a.rounds):
+        alone_dir = os.path.join(root, f"alone{r}")
+        subprocess.run([tu.binary("astrai-train")] + [f"--{k}={v}" for k, v in train.items()] +
+                       [f"--ckpt_dir={alone_dir}"], check=True, capture_output=True)
+        job = c.call("submit", dict(train, name=f"measured{r}"))["job"]
+        du.wait_job(c, job, ["completed"], timeout=3600)
+        alone, n = tokens_per_s(os.path.join(alone_dir, "progress.db"), a.warmup)
+        through, _ = tokens_per_s(os.path.join(d.state_dir, "jobs", str(job), "progress.db"),
+                                  a.warmup)
+        rounds.append({"steps_measured": n, "alone_tokens_per_s": alone,
+                       "astraid_tokens_per_s": through})
+    alone = statistics.median(x["alone_tokens_per_s"] for x in rounds)
+    through = statistics.median(x["astraid_tokens_per_s"] for x in rounds)
+    # On a busy machine the best round of each side is the least disturbed one.
+    best_alone = max(x["alone_tokens_per_s"] for x in rounds)
+    best_through = max(x["astraid_tokens_per_s"] for x in rounds)
+    out["training"] = {"rounds": rounds, "alone_tokens_per_s": alone,
+                       "astraid_tokens_per_s": through,
+                       "overhead_pct": (alone - through) / alone * 100,
+                       "best_alone_tokens_per_s": best_alone,
+                       "best_astraid_tokens_per_s": best_through,
+                       "best_overhead_pct": (best_alone - best_through) / best_alone * 100}
+    out["load_avg_end"] = os.getloadavg()[0]
+    c.close()
+    d.stop()
+    print(json.dumps(out, indent=1))
+    s1, s64, t = out["status_1_client"], out["status_64_clients"], out["training"]
+    print(f"status 1 client: p50 {s1['p50_ms']:.3f} ms p99 {s1['p99_ms']:.3f} ms "
+          f"{s1['req_per_s']:.0f} req/s | 64 clients: p50 {s64['p50_ms']:.3f} ms "
+          f"p99 {s64['p99_ms']:.3f} ms {s64['req_per_s']:.0f} req/s | tokens/s alone "
+          f"{t['alone_tokens_per_s']:.0f} vs astraid {t['astraid_tokens_per_s']:.0f} "
+          f"({t['overhead_pct']:+.2f}% overhead; best rounds {t['best_alone_tokens_per_s']:.0f} vs "
+          f"{t['best_astraid_tokens_per_s']:.0f}, {t['best_overhead_pct']:+.2f}%)")
+
+
+if __name__ == "__main__":
+    main()
