@@ -7,7 +7,8 @@ One run measures, while a job trains through astraid:
   2. training tokens/s of a job run through astraid vs the same astrai-train command run
      alone, one after the other (never side by side), both read from their progress.db
      (median tokens_per_s over the steps after the warm-up).
-Prints one JSON object and a summary.
+Prints one JSON object and a summary. On a shared machine the rounds are noisy: the best
+round of each side is reported too.
 
     /usr/bin/python3 bench/bench_daemon.py --build build-h8
 """
