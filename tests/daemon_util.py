@@ -2,11 +2,13 @@
 directory, talk NDJSON JSON-RPC to it over its real socket (no astraictl), and make tiny
 training jobs (tests/train_util.py models and data) that take seconds."""
 
+import contextlib
 import json
 import os
 import signal
 import socket
 import subprocess
+import sys
 import time
 
 import train_util as tu
@@ -225,3 +227,15 @@ def wait_gone(pids, timeout=60):
 
 def dump_on_failure(daemon):
     return f"\n--- astraid log ---\n{daemon.logs()[-4000:]}"
+
+
+@contextlib.contextmanager
+def guarded(daemon):
+    """The body of a daemon test: on failure, prints the daemon's log and kills it."""
+    try:
+        yield daemon
+    except BaseException:
+        print(dump_on_failure(daemon), file=sys.stderr)
+        if daemon.proc.poll() is None:
+            daemon.proc.kill()
+        raise

@@ -8,7 +8,6 @@ import json
 import os
 import socket
 import subprocess
-import sys
 import time
 
 import daemon_util as du
@@ -180,7 +179,7 @@ def main():
     port = free_port()
     d = du.Daemon(root, args=[f"--tcp=127.0.0.1:{port}", f"--token-file={token_file}",
                               "--max-connections=16"]).start()
-    try:
+    with du.guarded(d):
         check_framing(d)
         check_specs(d, model, data)
         check_jobs(d, model, data)
@@ -188,11 +187,6 @@ def main():
         check_connection_limit(d)
         check_tcp(port, token)
         assert d.stop() == 0
-    except BaseException:
-        print(du.dump_on_failure(d), file=sys.stderr)
-        if d.proc.poll() is None:
-            d.proc.kill()
-        raise
     check_token_mode(root, token_file)
     print("ok")
 

@@ -5,7 +5,6 @@ and the signal; a rank that exits 2 (bad input) is failed at once with its messa
 
 import os
 import signal
-import sys
 
 import daemon_util as du
 import train_util as tu
@@ -60,7 +59,7 @@ def main():
     root = tu.tmpdir()
     model, data = du.make_setup(root)
     d = du.Daemon(root, devices="cpu:2").start()
-    try:
+    with du.guarded(d):
         c = d.client()
         one = du.wait_job(c, c.call("submit", du.spec(model, data, n_epoch=EPOCHS))["job"],
                           ["completed"])
@@ -73,11 +72,6 @@ def main():
         check_bad_input(c, model, data)
         c.close()
         assert d.stop() == 0
-    except BaseException:
-        print(du.dump_on_failure(d), file=sys.stderr)
-        if d.proc.poll() is None:
-            d.proc.kill()
-        raise
     print("ok")
 
 

@@ -3,7 +3,6 @@ checkpoint on disk; watch and logs -f pushes; the checkpoint verb; cancel; two j
 device run one after the other."""
 
 import os
-import sys
 import time
 
 import daemon_util as du
@@ -99,18 +98,13 @@ def main():
     root = tu.tmpdir()
     model, data = du.make_setup(root)
     d = du.Daemon(root).start()
-    try:
+    with du.guarded(d):
         c = d.client()
         check_submit_to_completed(d, c, model, data)
         check_checkpoint_and_cancel(d, c, model, data)
         check_queue_on_one_device(d, c, model, data)
         c.close()
         assert d.stop() == 0
-    except BaseException:
-        print(du.dump_on_failure(d), file=sys.stderr)
-        if d.proc.poll() is None:
-            d.proc.kill()
-        raise
     print("ok")
 
 

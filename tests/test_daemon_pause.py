@@ -3,7 +3,6 @@ completed with the same loss curve as the same job never paused; pause and resum
 wrong state are refused with -32002 naming the state."""
 
 import os
-import sys
 
 import daemon_util as du
 import train_util as tu
@@ -20,7 +19,7 @@ def main():
     root = tu.tmpdir()
     model, data = du.make_setup(root)
     d = du.Daemon(root).start()
-    try:
+    with du.guarded(d):
         c = d.client()
         straight = c.call("submit", du.spec(model, data, n_epoch=EPOCHS))["job"]
         reference = du.wait_job(c, straight, ["completed"])
@@ -52,11 +51,6 @@ def main():
         du.expect_error(lambda: c.call("resume", {"job": jid}), -32002, "completed")
         c.close()
         assert d.stop() == 0
-    except BaseException:
-        print(du.dump_on_failure(d), file=sys.stderr)
-        if d.proc.poll() is None:
-            d.proc.kill()
-        raise
     print("ok")
 
 

@@ -5,7 +5,6 @@ stopped. kill -9: no rank outlives it (PDEATHSIG); the next astraid resumes the 
 import os
 import signal
 import sqlite3
-import sys
 
 import daemon_util as du
 import train_util as tu
@@ -47,7 +46,7 @@ def main():
     root = tu.tmpdir()
     model, data = du.make_setup(root)
     d = du.Daemon(root).start()
-    try:
+    with du.guarded(d):
         c = d.client()
         reference = du.wait_job(c, c.call("submit", du.spec(model, data, n_epoch=EPOCHS))["job"],
                                 ["completed"])
@@ -63,11 +62,6 @@ def main():
             assert done["restarts"] == 0, done  # an interruption is not a failure
         c.close()
         assert d.stop() == 0
-    except BaseException:
-        print(du.dump_on_failure(d), file=sys.stderr)
-        if d.proc.poll() is None:
-            d.proc.kill()
-        raise
     print("ok")
 
 

@@ -9,7 +9,6 @@ import shutil
 import signal
 import socket
 import subprocess
-import sys
 import time
 
 import daemon_util as du
@@ -41,25 +40,21 @@ def check_notify(root, model, data, abstract):
     os.makedirs(d.root, exist_ok=True)
     d.start(wait=False)
     try:
-        ready = messages_until(s, "READY=1")
-        assert any(m.startswith("STATUS=") for m in ready), ready
-        d.wait_ready()
-        c = d.client()
-        jid = c.call("submit", du.spec(model, data, n_epoch=400))["job"]
-        du.wait_job(c, jid, ["running"], pred=lambda j: j["step"] >= 3)
-        c.close()
-        d.proc.send_signal(signal.SIGTERM)
-        stopping = messages_until(s, "STOPPING=1")
-        extend = [m for m in stopping if m.startswith("EXTEND_TIMEOUT_USEC=")]
-        assert extend and int(extend[0].split("=")[1]) >= 30e6, stopping  # >= --stop-timeout
-        assert d.proc.wait(60) == 0, d.logs()
-        assert "NOTIFY_SOCKET" not in open(os.path.join(
-            d.state_dir, "jobs", str(jid), "run1-rank0.log")).read()
-    except BaseException:
-        print(du.dump_on_failure(d), file=sys.stderr)
-        if d.proc.poll() is None:
-            d.proc.kill()
-        raise
+        with du.guarded(d):
+            ready = messages_until(s, "READY=1")
+            assert any(m.startswith("STATUS=") for m in ready), ready
+            d.wait_ready()
+            c = d.client()
+            jid = c.call("submit", du.spec(model, data, n_epoch=400))["job"]
+            du.wait_job(c, jid, ["running"], pred=lambda j: j["step"] >= 3)
+            c.close()
+            d.proc.send_signal(signal.SIGTERM)
+            stopping = messages_until(s, "STOPPING=1")
+            extend = [m for m in stopping if m.startswith("EXTEND_TIMEOUT_USEC=")]
+            assert extend and int(extend[0].split("=")[1]) >= 30e6, stopping  # >= --stop-timeout
+            assert d.proc.wait(60) == 0, d.logs()
+            assert "NOTIFY_SOCKET" not in open(os.path.join(
+                d.state_dir, "jobs", str(jid), "run1-rank0.log")).read()
     finally:
         s.close()
 
