@@ -1,9 +1,14 @@
 #!/bin/sh
-# Installs astrai's build and test dependencies from Debian packages (idempotent).
+# Installs astrai's dependencies from Debian packages (idempotent).
+#   scripts/setup.sh        what building and running needs
+#   scripts/setup.sh test   also what the tests need (clang + sanitizer runtimes and libFuzzer,
+#                           PyTorch for the numerical reference, systemd-analyze)
 set -eu
-PKGS="build-essential cmake pkg-config clang libclang-rt-14-dev libomp-dev \
-libopenblas-dev libopenblas-openmp-dev libcjson-dev libsqlite3-dev libuv1-dev sqlite3 systemd \
-python3 python3-torch python3-numpy"
+PKGS="build-essential cmake pkg-config libomp-dev libopenblas-dev libopenblas-openmp-dev \
+libcjson-dev libsqlite3-dev libuv1-dev sqlite3"
+if [ "${1:-}" = test ]; then
+    PKGS="$PKGS clang libclang-rt-14-dev systemd python3 python3-torch python3-numpy"
+fi
 missing=""
 for p in $PKGS; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing="$missing $p"
