@@ -4,7 +4,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-// ---------------------------------------------------------------- fsdp shard plan
+// ---------------------------------------------------------------- shard plan (ddp, fsdp)
 
 // Greedy: largest tensors first, each to the rank with the fewest floats so far.
 static int assign_owners(Executor *x, const Model *m, size_t *load) {
@@ -35,7 +35,7 @@ static int build_shard(Executor *x, const Model *m, Err *err) {
     memset(s, 0, sizeof *s);
     s->cfg = m->cfg;
     s->params = calloc((size_t)m->n_params, sizeof *s->params);
-    if (!s->params) return err_set(err, "fsdp: out of memory");
+    if (!s->params) return err_set(err, "shard plan: out of memory");
     for (int i = 0; i < m->n_params; i++) {
         if (x->owner[i] != x->rank) continue;
         s->params[s->n_params] = m->params[i];
@@ -45,7 +45,7 @@ static int build_shard(Executor *x, const Model *m, Err *err) {
     s->num_floats = x->region; // the optimizer state spans the region, padding included
     s->weights = calloc(x->region ? x->region : 1, sizeof(float));
     s->grads = calloc(x->region ? x->region : 1, sizeof(float));
-    if (!s->weights || !s->grads) return err_set(err, "fsdp: out of memory for the shard");
+    if (!s->weights || !s->grads) return err_set(err, "shard plan: out of memory for the shard");
     return 0;
 }
 
@@ -59,17 +59,17 @@ static void place_foreign(Executor *x, const Model *m) {
     free(used);
 }
 
-static int plan_fsdp(Executor *x, Model *m, Err *err) {
+static int plan_shards(Executor *x, Model *m, Err *err) {
     x->owner = calloc((size_t)m->n_params, sizeof *x->owner);
     x->region_off = calloc((size_t)m->n_params, sizeof *x->region_off);
     size_t *load = calloc((size_t)x->world, sizeof *load);
     if (!x->owner || !x->region_off || !load) {
         free(load);
-        return err_set(err, "fsdp: out of memory");
+        return err_set(err, "shard plan: out of memory");
     }
     if (assign_owners(x, m, load)) {
         free(load);
-        return err_set(err, "fsdp: out of memory");
+        return err_set(err, "shard plan: out of memory");
     }
     for (int r = 0; r < x->world; r++)
         if (load[r] > x->region) x->region = load[r];
@@ -84,7 +84,13 @@ int executor_init(Executor *x, ExecMode mode, Comm *comm, Model *m, Err *err) {
     x->comm = comm;
     x->rank = comm ? comm_rank(comm) : 0;
     x->world = comm ? comm_world_size(comm) : 1;
-    return x->mode == EXEC_FSDP ? plan_fsdp(x, m, err) : 0;
+    if (x->mode == EXEC_NONE) return 0;
+    if (plan_shards(x, m, err)) return -1;
+    // ddp keeps its exchange buffer for the whole run; fsdp allocates it per use, so that
+    // between steps a rank holds only its shard.
+    if (x->mode == EXEC_DDP && !(x->regions = calloc((size_t)x->world * x->region + 1, sizeof(float))))
+        return err_set(err, "ddp: out of memory for the exchange buffer");
+    return 0;
 }
 
 void executor_free(Executor *x) {
@@ -93,11 +99,12 @@ void executor_free(Executor *x) {
     free(x->shard.params);
     free(x->shard.weights);
     free(x->shard.grads);
+    free(x->regions);
     memset(x, 0, sizeof *x);
 }
 
 Model *executor_opt_model(Executor *x, Model *m) {
-    return x->mode == EXEC_FSDP ? &x->shard : m;
+    return x->mode == EXEC_NONE ? m : &x->shard;
 }
 
 // ---------------------------------------------------------------- region <-> model layout
@@ -120,13 +127,25 @@ static void from_regions(const Executor *x, const Model *m, const float *regions
     }
 }
 
+// The (world*S) exchange buffer: ddp's persistent one, or a fresh zeroed one (fsdp).
+static float *regions_acquire(Executor *x, Err *err) {
+    if (x->regions) return x->regions;
+    float *r = calloc((size_t)x->world * x->region + 1, sizeof(float));
+    if (!r) err_set(err, "out of memory for the exchange buffer");
+    return r;
+}
+
+static void regions_release(Executor *x, float *r) {
+    if (r != x->regions) free(r);
+}
+
 // All ranks: shard (S) of every rank -> full (model layout).
 static int gather_full(Executor *x, const Model *m, const float *shard, float *full, Err *err) {
-    float *regions = malloc((size_t)x->world * x->region * sizeof(float) + sizeof(float));
-    if (!regions) return err_set(err, "fsdp: out of memory for the gather buffer");
+    float *regions = regions_acquire(x, err);
+    if (!regions) return -1;
     int rc = comm_all_gather(x->comm, shard, regions, x->region, err);
     if (!rc) from_regions(x, m, regions, full);
-    free(regions);
+    regions_release(x, regions);
     return rc;
 }
 
@@ -146,19 +165,20 @@ int executor_begin_micro(Executor *x, Model *m, Err *err) {
     return gather_full(x, m, x->shard.weights, m->weights, err);
 }
 
+// The padding of the regions is never written, so it stays zero in a reused buffer.
 static int reduce_scatter_grads(Executor *x, Model *m, Err *err) {
-    float *regions = calloc((size_t)x->world * x->region + 1, sizeof(float));
-    if (!regions) return err_set(err, "fsdp: out of memory for the scatter buffer");
+    float *regions = regions_acquire(x, err);
+    if (!regions) return -1;
     to_regions(x, m, m->grads, regions);
     int rc = comm_reduce_scatter(x->comm, regions, x->shard.grads, x->region, COMM_AVG, err);
-    free(regions);
+    regions_release(x, regions);
     return rc;
 }
 
 int executor_end_micro(Executor *x, Model *m, bool sync, Err *err) {
     switch (x->mode) {
     case EXEC_NONE: return 0;
-    case EXEC_DDP: return sync ? comm_all_reduce(x->comm, m->grads, m->num_floats, COMM_AVG, err) : 0;
+    case EXEC_DDP: return sync ? reduce_scatter_grads(x, m, err) : 0;
     case EXEC_FSDP:
         model_release(m, true, false);
         if (!sync) return 0;
@@ -172,12 +192,16 @@ int executor_end_micro(Executor *x, Model *m, bool sync, Err *err) {
 int executor_clip(Executor *x, Model *m, float max_norm, float *norm, Err *err) {
     Model *om = executor_opt_model(x, m);
     float sq = (float)grad_sq_sum(om);
-    // ddp: the gradients are already identical on every rank; fsdp: sum the shards.
-    if (x->mode == EXEC_FSDP && comm_all_reduce(x->comm, &sq, 1, COMM_SUM, err)) return -1;
-    double total = x->mode == EXEC_FSDP ? (double)sq : grad_sq_sum(om);
+    // Sharded gradients: sum the ranks' sums of squares.
+    if (x->mode != EXEC_NONE && comm_all_reduce(x->comm, &sq, 1, COMM_SUM, err)) return -1;
+    double total = x->mode != EXEC_NONE ? (double)sq : grad_sq_sum(om);
     *norm = (float)sqrt(total);
     clip_grads_to(om, sqrt(total), max_norm);
     return 0;
+}
+
+int executor_after_step(Executor *x, Model *m, Err *err) {
+    return x->mode == EXEC_DDP ? gather_full(x, m, x->shard.weights, m->weights, err) : 0;
 }
 
 int executor_sum(Executor *x, float *vals, int n, Err *err) {
@@ -198,9 +222,9 @@ void executor_drop_full(Executor *x, Model *m) {
 
 int executor_adopt_weights(Executor *x, Model *m, Err *err) {
     (void)err;
-    if (x->mode != EXEC_FSDP) return 0;
+    if (x->mode == EXEC_NONE) return 0;
     take_own(x, m, m->weights, x->shard.weights);
-    model_release(m, true, true);
+    if (x->mode == EXEC_FSDP) model_release(m, true, true);
     return 0;
 }
 
@@ -219,7 +243,7 @@ int executor_gather_optim(Executor *x, Model *m, const Optimizer *opt, Optimizer
     if (state_arrays(full, all) != n) return err_set(err, "optimizer state layouts differ");
     full->step = opt->step;
     for (int k = 0; k < n; k++) {
-        if (x->mode != EXEC_FSDP) memcpy(all[k], mine[k], m->num_floats * sizeof(float));
+        if (x->mode == EXEC_NONE) memcpy(all[k], mine[k], m->num_floats * sizeof(float));
         else if (gather_full(x, m, mine[k], all[k], err)) return -1;
     }
     return 0;
@@ -231,7 +255,7 @@ void executor_scatter_optim(Executor *x, Model *m, const Optimizer *full, Optimi
     state_arrays(full, all);
     opt->step = full->step;
     for (int k = 0; k < n; k++) {
-        if (x->mode != EXEC_FSDP) memcpy(mine[k], all[k], m->num_floats * sizeof(float));
+        if (x->mode == EXEC_NONE) memcpy(mine[k], all[k], m->num_floats * sizeof(float));
         else take_own(x, m, all[k], mine[k]);
     }
 }

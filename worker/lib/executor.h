@@ -1,8 +1,11 @@
 // executor.h: how the ranks of a job share the work (DESIGN §9).
 //
 // none: one rank, the model as is.
-// ddp:  every rank holds the whole model; on sync micro-steps the gradients are
-//       averaged with one all_reduce; every rank then takes the same optimizer step.
+// ddp:  every rank holds the whole model and its gradients; on sync micro-steps the
+//       gradients are averaged with a reduce_scatter into the ranks' shards (the
+//       tensor ownership of fsdp below), each rank steps the optimizer on the tensors
+//       it owns (so the optimizer work and state are split, ZeRO-1 style, instead of
+//       done N times), and the updated weights are all-gathered.
 // fsdp: parameters, gradients and optimizer state are sharded by whole tensors:
 //       each tensor has one owner rank (greedy by size, so each rank owns ~1/N of
 //       the floats), and a rank's tensors sit contiguously in its region of S floats
@@ -32,12 +35,13 @@ typedef struct {
     size_t *region_off;  // (n_params,) offset of each tensor in its owner's region
     size_t region;       // S, floats per rank region
     Model shard;         // view: owned tensors; weights/grads are (S,) region buffers
+    float *regions;      // ddp: (world*S,) exchange buffer kept for the run; fsdp: NULL
 } Executor;
 
 int executor_init(Executor *x, ExecMode mode, Comm *comm, Model *m, Err *err);
 void executor_free(Executor *x);
 
-// The model the optimizer steps: m itself, or the fsdp shard view.
+// The model the optimizer steps: m itself (none), or this rank's shard view.
 Model *executor_opt_model(Executor *x, Model *m);
 
 // Before a micro-step's forward: fsdp gathers the full weights (and allocates the
@@ -51,6 +55,9 @@ int executor_end_micro(Executor *x, Model *m, bool sync, Err *err);
 // Global gradient norm (sharded: all-reduce of the local sums of squares) and
 // clipping of the optimizer model's gradients.
 int executor_clip(Executor *x, Model *m, float max_norm, float *norm, Err *err);
+
+// After the optimizer step: ddp all-gathers the updated weights into every rank's model.
+int executor_after_step(Executor *x, Model *m, Err *err);
 
 // Sums vals[0..n) over ranks in place (loss, stop flags, ...); none: no-op.
 int executor_sum(Executor *x, float *vals, int n, Err *err);

@@ -128,7 +128,7 @@ static int write_checkpoint(const Trainer *t, const Optimizer *opt, const char *
     return 0;
 }
 
-// fsdp: every rank takes part in gathering the full weights and optimizer state.
+// ddp/fsdp: every rank takes part in gathering the full weights and optimizer state.
 static int gather_full_state(Trainer *t, Optimizer *full, Err *err) {
     return executor_gather_weights(&t->exec, &t->model, err) ||
            optim_create(full, t->opt.kind, &t->model, t->opt.weight_decay, err) ||
@@ -139,7 +139,7 @@ int train_ckpt_save(Trainer *t, char *path_out, size_t cap, Err *err) {
     char name[128];
     snprintf(name, sizeof name, "epoch_%ld_step_%ld", t->epoch, t->step);
     Optimizer full = {0};
-    bool sharded = t->exec.mode == EXEC_FSDP;
+    bool sharded = t->exec.mode != EXEC_NONE;
     int rc = sharded ? gather_full_state(t, &full, err) : 0;
     if (!rc && t->rank == 0) rc = write_checkpoint(t, sharded ? &full : &t->opt, name, err);
     if (sharded) {
@@ -203,7 +203,7 @@ static int load_optimizer(Trainer *t, const char *dir, Err *err) {
                         "fresh\n", dir);
         return 0;
     }
-    if (t->exec.mode != EXEC_FSDP) return optim_load(&t->opt, &t->model, path, err);
+    if (t->exec.mode == EXEC_NONE) return optim_load(&t->opt, &t->model, path, err);
     Optimizer full;
     if (optim_create(&full, t->opt.kind, &t->model, t->opt.weight_decay, err)) return -1;
     int rc = optim_load(&full, &t->model, path, err);

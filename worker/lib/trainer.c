@@ -208,6 +208,7 @@ static int optimizer_step(Trainer *t, StepClock *c, int *stop, int *ckpt, Err *e
     *ckpt = agreed[AGREE_CKPT] > 0;
     double lr = s->max_lr * schedule_factor(&t->sched, t->step);
     optim_step(&t->opt, executor_opt_model(&t->exec, &t->model), (float)lr);
+    if (executor_after_step(&t->exec, &t->model, err)) return -1;
     if (t->exec.mode != EXEC_FSDP) model_zero_grad(&t->model);
     t->step++;
     double now = now_s();
