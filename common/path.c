@@ -4,7 +4,6 @@
 
 int path_join(char *out, size_t cap, const char *dir, const char *name, Err *err) {
     int n = snprintf(out, cap, "%s/%s", dir, name);
-    if (n < 0 || (size_t)n >= cap)
-        return err_set(err, "path too long: %s/%s", dir, name);
+    if (n < 0 || (size_t)n >= cap) return err_set(err, "path too long: %s/%s", dir, name);
     return 0;
 }

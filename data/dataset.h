@@ -31,6 +31,5 @@ int64_t dataset_num_windows(int64_t n_tokens, int64_t window, int64_t stride);
 // Window i: begin = min(i*stride, T-1-w), end = min(begin+w, T-1).
 // Fills inputs[0..w), targets[0..w); loss_mask / position_ids when non-NULL
 // (from loss_mask[begin+1:end+1] and position_ids[begin:end]).
-void dataset_window(const Dataset *d, int64_t i, int64_t window, int64_t stride,
-                    int32_t *inputs, int32_t *targets, int32_t *loss_mask,
-                    int32_t *position_ids);
+void dataset_window(const Dataset *d, int64_t i, int64_t window, int64_t stride, int32_t *inputs,
+                    int32_t *targets, int32_t *loss_mask, int32_t *position_ids);

@@ -10,7 +10,7 @@
 #include "common/error.h"
 
 typedef struct {
-    int64_t n;           // dataset windows
+    int64_t n; // dataset windows
     int world_size, rank;
     uint64_t seed;
     int shuffle;

@@ -16,7 +16,7 @@ typedef struct cJSON cJSON;
 
 typedef struct {
     TrainSpec train;
-    char *name;       // NULL when not given
+    char *name;        // NULL when not given
     long max_restarts; // -1 when not given
     long priority;
     long n_devices;   // devices asked for (= train.nprocs unless given)

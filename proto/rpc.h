@@ -22,9 +22,9 @@ typedef struct cJSON cJSON;
 #define RPC_INTERNAL_ERROR -32603
 // astraid's own codes (-32000 ... -32099).
 #define RPC_NO_SUCH_JOB -32001
-#define RPC_BAD_STATE -32002    // the verb does not apply to the job's state
+#define RPC_BAD_STATE -32002 // the verb does not apply to the job's state
 #define RPC_UNAUTHORIZED -32003
-#define RPC_BUSY -32004         // too many connections / requests
+#define RPC_BUSY -32004 // too many connections / requests
 #define RPC_LINE_TOO_LONG -32005
 
 // Line splitter for a byte stream: feed bytes as they arrive, take complete lines.
@@ -33,7 +33,7 @@ typedef struct cJSON cJSON;
 typedef struct {
     char *buf;
     size_t len, cap;
-    int skipping; // inside an oversized line
+    int skipping;   // inside an oversized line
     size_t start;   // first byte of buf not yet returned as a line
     size_t scanned; // buf[start..scanned) holds no newline
 } RpcReader;

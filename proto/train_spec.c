@@ -75,7 +75,8 @@ static size_t edit_distance(const char *a, const char *b) {
     size_t la = strlen(a), lb = strlen(b);
     if (la > 63 || lb > 63) return SIZE_MAX;
     size_t row[64];
-    for (size_t j = 0; j <= lb; j++) row[j] = j;
+    for (size_t j = 0; j <= lb; j++)
+        row[j] = j;
     for (size_t i = 1; i <= la; i++) {
         size_t diag = row[0];
         row[0] = i;
@@ -115,15 +116,17 @@ static int choice_ok(const char *choices, const char *value) {
 
 static int check_range(const KeyDef *k, double v, const char *text, Err *err) {
     if (v < k->min || v > k->max || isnan(v))
-        return err_set(err, "%s: value %s is out of range [%g, %g]", k->name, text, k->min,
-                       k->max);
+        return err_set(err, "%s: value %s is out of range [%g, %g]", k->name, text, k->min, k->max);
     return 0;
 }
 
 static int set_bool(const KeyDef *k, bool *dst, const char *value, Err *err) {
-    if (!strcmp(value, "true") || !strcmp(value, "1") || !strcmp(value, "yes")) *dst = true;
-    else if (!strcmp(value, "false") || !strcmp(value, "0") || !strcmp(value, "no")) *dst = false;
-    else return err_set(err, "%s: '%s' is not a boolean (true|false)", k->name, value);
+    if (!strcmp(value, "true") || !strcmp(value, "1") || !strcmp(value, "yes"))
+        *dst = true;
+    else if (!strcmp(value, "false") || !strcmp(value, "0") || !strcmp(value, "no"))
+        *dst = false;
+    else
+        return err_set(err, "%s: '%s' is not a boolean (true|false)", k->name, value);
     return 0;
 }
 
@@ -162,10 +165,14 @@ static int set_str(const KeyDef *k, char **dst, const char *value, Err *err) {
 static int set_key(TrainSpec *s, const KeyDef *k, const char *value, Err *err) {
     char *field = (char *)s + k->offset;
     switch (k->type) {
-    case KEY_BOOL: return set_bool(k, (bool *)field, value, err);
-    case KEY_INT: return set_int(k, (long *)field, value, err);
-    case KEY_FLOAT: return set_float(k, (double *)field, value, err);
-    case KEY_STR: return set_str(k, (char **)field, value, err);
+    case KEY_BOOL:
+        return set_bool(k, (bool *)field, value, err);
+    case KEY_INT:
+        return set_int(k, (long *)field, value, err);
+    case KEY_FLOAT:
+        return set_float(k, (double *)field, value, err);
+    case KEY_STR:
+        return set_str(k, (char **)field, value, err);
     }
     return err_set(err, "%s: unknown key type", k->name);
 }
@@ -175,8 +182,10 @@ void train_spec_defaults(TrainSpec *s) {
     for (size_t i = 0; i < N_KEYS; i++) {
         Err err;
         // Required keys default to "" (unset), which is not one of their choices.
-        if (!*KEYS[i].def) *(char **)((char *)s + KEYS[i].offset) = strdup("");
-        else if (set_key(s, &KEYS[i], KEYS[i].def, &err)) abort(); // a bad default is a bug
+        if (!*KEYS[i].def)
+            *(char **)((char *)s + KEYS[i].offset) = strdup("");
+        else if (set_key(s, &KEYS[i], KEYS[i].def, &err))
+            abort(); // a bad default is a bug
     }
 }
 
@@ -282,10 +291,18 @@ cJSON *train_spec_to_json(const TrainSpec *s) {
         const KeyDef *k = &KEYS[i];
         const char *field = (const char *)s + k->offset;
         switch (k->type) {
-        case KEY_BOOL: cJSON_AddBoolToObject(obj, k->name, *(const bool *)field); break;
-        case KEY_INT: cJSON_AddNumberToObject(obj, k->name, (double)*(const long *)field); break;
-        case KEY_FLOAT: cJSON_AddNumberToObject(obj, k->name, *(const double *)field); break;
-        case KEY_STR: cJSON_AddStringToObject(obj, k->name, *(char *const *)field); break;
+        case KEY_BOOL:
+            cJSON_AddBoolToObject(obj, k->name, *(const bool *)field);
+            break;
+        case KEY_INT:
+            cJSON_AddNumberToObject(obj, k->name, (double)*(const long *)field);
+            break;
+        case KEY_FLOAT:
+            cJSON_AddNumberToObject(obj, k->name, *(const double *)field);
+            break;
+        case KEY_STR:
+            cJSON_AddStringToObject(obj, k->name, *(char *const *)field);
+            break;
         }
     }
     return obj;

@@ -32,9 +32,9 @@ typedef struct {
     char *schedule_type; // cosine | wsd | sgdr
     double warmup_ratio;
     double min_rate;
-    long stable_steps;  // 0: default
-    long decay_steps;   // 0: default
-    long cycle_length;  // 0: default
+    long stable_steps; // 0: default
+    long decay_steps;  // 0: default
+    long cycle_length; // 0: default
     long t_mult;
     // checkpoints and progress
     long ckpt_interval;
@@ -45,7 +45,7 @@ typedef struct {
     // parallelism
     char *parallel_mode; // none | ddp | fsdp
     long nprocs;
-    long threads; // 0: cores / local ranks
+    long threads;      // 0: cores / local ranks
     long comm_timeout; // seconds a collective may wait for the other ranks
 } TrainSpec;
 

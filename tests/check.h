@@ -26,7 +26,7 @@ static int check_failures = 0;
     } while (0)
 
 #define CHECK_NEAR(a, b, rel)                                                                      \
-    CHECK_MSG(fabs((double)(a) - (double)(b)) <= (rel) * fmax(1e-30, fabs((double)(b))),           \
+    CHECK_MSG(fabs((double)(a) - (double)(b)) <= (rel)*fmax(1e-30, fabs((double)(b))),             \
               "%.9g vs %.9g", (double)(a), (double)(b))
 
 #define CHECK_DONE()                                                                               \

@@ -11,7 +11,8 @@ static int assign_owners(Executor *x, const Model *m, size_t *load) {
     int n = m->n_params;
     int *order = malloc((size_t)n * sizeof *order);
     if (!order) return -1;
-    for (int i = 0; i < n; i++) order[i] = i;
+    for (int i = 0; i < n; i++)
+        order[i] = i;
     for (int i = 1; i < n; i++) // insertion sort by numel desc, stable (ties keep AstrAI order)
         for (int j = i; j > 0 && m->params[order[j]].numel > m->params[order[j - 1]].numel; j--) {
             int t = order[j];
@@ -88,7 +89,8 @@ int executor_init(Executor *x, ExecMode mode, Comm *comm, Model *m, Err *err) {
     if (plan_shards(x, m, err)) return -1;
     // ddp keeps its exchange buffer for the whole run; fsdp allocates it per use, so that
     // between steps a rank holds only its shard.
-    if (x->mode == EXEC_DDP && !(x->regions = calloc((size_t)x->world * x->region + 1, sizeof(float))))
+    if (x->mode == EXEC_DDP &&
+        !(x->regions = calloc((size_t)x->world * x->region + 1, sizeof(float))))
         return err_set(err, "ddp: out of memory for the exchange buffer");
     return 0;
 }
@@ -177,8 +179,10 @@ static int reduce_scatter_grads(Executor *x, Model *m, Err *err) {
 
 int executor_end_micro(Executor *x, Model *m, bool sync, Err *err) {
     switch (x->mode) {
-    case EXEC_NONE: return 0;
-    case EXEC_DDP: return sync ? reduce_scatter_grads(x, m, err) : 0;
+    case EXEC_NONE:
+        return 0;
+    case EXEC_DDP:
+        return sync ? reduce_scatter_grads(x, m, err) : 0;
     case EXEC_FSDP:
         model_release(m, true, false);
         if (!sync) return 0;
@@ -243,8 +247,10 @@ int executor_gather_optim(Executor *x, Model *m, const Optimizer *opt, Optimizer
     if (state_arrays(full, all) != n) return err_set(err, "optimizer state layouts differ");
     full->step = opt->step;
     for (int k = 0; k < n; k++) {
-        if (x->mode == EXEC_NONE) memcpy(all[k], mine[k], m->num_floats * sizeof(float));
-        else if (gather_full(x, m, mine[k], all[k], err)) return -1;
+        if (x->mode == EXEC_NONE)
+            memcpy(all[k], mine[k], m->num_floats * sizeof(float));
+        else if (gather_full(x, m, mine[k], all[k], err))
+            return -1;
     }
     return 0;
 }
@@ -255,7 +261,9 @@ void executor_scatter_optim(Executor *x, Model *m, const Optimizer *full, Optimi
     state_arrays(full, all);
     opt->step = full->step;
     for (int k = 0; k < n; k++) {
-        if (x->mode == EXEC_NONE) memcpy(mine[k], all[k], m->num_floats * sizeof(float));
-        else take_own(x, m, all[k], mine[k]);
+        if (x->mode == EXEC_NONE)
+            memcpy(mine[k], all[k], m->num_floats * sizeof(float));
+        else
+            take_own(x, m, all[k], mine[k]);
     }
 }

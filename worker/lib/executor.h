@@ -31,11 +31,11 @@ typedef struct {
     Comm *comm; // NULL for none
     int rank, world;
     // fsdp
-    int *owner;          // (n_params,) owner rank of each tensor
-    size_t *region_off;  // (n_params,) offset of each tensor in its owner's region
-    size_t region;       // S, floats per rank region
-    Model shard;         // view: owned tensors; weights/grads are (S,) region buffers
-    float *regions;      // ddp: (world*S,) exchange buffer kept for the run; fsdp: NULL
+    int *owner;         // (n_params,) owner rank of each tensor
+    size_t *region_off; // (n_params,) offset of each tensor in its owner's region
+    size_t region;      // S, floats per rank region
+    Model shard;        // view: owned tensors; weights/grads are (S,) region buffers
+    float *regions;     // ddp: (world*S,) exchange buffer kept for the run; fsdp: NULL
 } Executor;
 
 int executor_init(Executor *x, ExecMode mode, Comm *comm, Model *m, Err *err);
@@ -76,4 +76,3 @@ int executor_adopt_weights(Executor *x, Model *m, Err *err);
 int executor_gather_optim(Executor *x, Model *m, const Optimizer *opt, Optimizer *full, Err *err);
 // The inverse: takes this rank's part of a full optimizer state.
 void executor_scatter_optim(Executor *x, Model *m, const Optimizer *full, Optimizer *opt);
-

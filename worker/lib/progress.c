@@ -55,9 +55,8 @@ int progress_open(ProgressDb *p, const char *dir, long total_steps, long resume_
     }
     sqlite3_busy_timeout(p->db, 5000);
     if (exec_sql(p, SCHEMA, err) || forget_after(p, total_steps, resume_step, err) ||
-        sqlite3_prepare_v2(p->db,
-                           "INSERT OR REPLACE INTO steps VALUES(?1,?2,?3,?4,?5,?6,?7,?8)", -1,
-                           &p->insert_step, NULL) != SQLITE_OK ||
+        sqlite3_prepare_v2(p->db, "INSERT OR REPLACE INTO steps VALUES(?1,?2,?3,?4,?5,?6,?7,?8)",
+                           -1, &p->insert_step, NULL) != SQLITE_OK ||
         sqlite3_prepare_v2(p->db, "INSERT OR REPLACE INTO checkpoints VALUES(?1,?2,?3,?4)", -1,
                            &p->insert_ckpt, NULL) != SQLITE_OK) {
         if (!err || !*err->msg || !strstr(err->msg, p->path)) db_fail(p, "prepare", err);
@@ -132,8 +131,12 @@ static int parse_metric_line(const char *line, StepRow *row) {
               number_field(obj, "grad_norm", &gnorm);
     cJSON_Delete(obj);
     if (bad) return -1;
-    *row = (StepRow){.step = (long)step, .epoch = (long)epoch, .consumed_samples = (long)consumed,
-                     .loss = (float)loss, .lr = lr, .grad_norm = (float)gnorm};
+    *row = (StepRow){.step = (long)step,
+                     .epoch = (long)epoch,
+                     .consumed_samples = (long)consumed,
+                     .loss = (float)loss,
+                     .lr = lr,
+                     .grad_norm = (float)gnorm};
     return 0;
 }
 
@@ -148,8 +151,10 @@ int metrics_load(MetricLog *m, const char *path, long up_to_step, Err *err) {
         StepRow row;
         lineno++;
         if (parse_metric_line(line, &row))
-            rc = err_set(err, "%s:%ld: not a metric row {step, epoch, consumed_samples, loss, "
-                              "lr, grad_norm}", path, lineno);
+            rc = err_set(err,
+                         "%s:%ld: not a metric row {step, epoch, consumed_samples, loss, "
+                         "lr, grad_norm}",
+                         path, lineno);
         else if (row.step <= up_to_step)
             rc = metrics_append(m, &row, err);
     }
@@ -187,13 +192,15 @@ static void format_duration(char *buf, size_t cap, double s) {
         return;
     }
     long t = (long)(s + 0.5);
-    if (t >= 3600) snprintf(buf, cap, "%ldh%02ldm", t / 3600, t / 60 % 60);
-    else if (t >= 60) snprintf(buf, cap, "%ldm%02lds", t / 60, t % 60);
-    else snprintf(buf, cap, "%lds", t);
+    if (t >= 3600)
+        snprintf(buf, cap, "%ldh%02ldm", t / 3600, t / 60 % 60);
+    else if (t >= 60)
+        snprintf(buf, cap, "%ldm%02lds", t / 60, t % 60);
+    else
+        snprintf(buf, cap, "%lds", t);
 }
 
-void progress_format_line(char *buf, size_t cap, const StepRow *r, long total_steps,
-                          double eta_s) {
+void progress_format_line(char *buf, size_t cap, const StepRow *r, long total_steps, double eta_s) {
     char eta[32];
     format_duration(eta, sizeof eta, eta_s);
     double pct = total_steps > 0 ? 100.0 * (double)r->step / (double)total_steps : 0;

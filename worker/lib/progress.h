@@ -14,11 +14,11 @@ typedef struct sqlite3 sqlite3;
 typedef struct sqlite3_stmt sqlite3_stmt;
 
 typedef struct {
-    long step;   // optimizer steps done after this one (1-based)
+    long step; // optimizer steps done after this one (1-based)
     long epoch;
     long consumed_samples;
-    float loss;  // mean of the step's micro-step losses (averaged over ranks)
-    double lr;   // learning rate the step applied
+    float loss; // mean of the step's micro-step losses (averaged over ranks)
+    double lr;  // learning rate the step applied
     float grad_norm;
     double tokens_per_s;
     double wall_time; // unix seconds when the step finished
@@ -51,6 +51,7 @@ int metrics_load(MetricLog *m, const char *path, long up_to_step, Err *err);
 char *metrics_to_jsonl(const MetricLog *m, size_t *len);
 void metrics_free(MetricLog *m);
 
-// "step 10/200 (5.0%) | epoch 0 | loss 5.4321 | lr 3.00e-04 | grad_norm 1.23 | 12345 tok/s | ETA 1m23s"
+// "step 10/200 (5.0%) | epoch 0 | loss 5.4321 | lr 3.00e-04 | grad_norm 1.23 | 12345 tok/s | ETA
+// 1m23s"
 void progress_format_line(char *buf, size_t cap, const StepRow *row, long total_steps,
                           double eta_s);

@@ -23,7 +23,8 @@ int train_ckpt_locate(const TrainSpec *spec, char *out, size_t cap, Err *err) {
     }
     int rc = ckpt_find_latest(spec->ckpt_dir, out, cap, err);
     if (rc == 1)
-        return err_set(err, "resume: no checkpoint in param_path %s (no meta.json) nor in ckpt_dir %s",
+        return err_set(err,
+                       "resume: no checkpoint in param_path %s (no meta.json) nor in ckpt_dir %s",
                        spec->param_path, spec->ckpt_dir);
     return rc;
 }
@@ -187,8 +188,9 @@ static int load_sampler_position(Trainer *t, const char *dir, Err *err) {
     cJSON_Delete(o);
     if (rc) return -1;
     if (n != t->n_samples)
-        return err_set(err, "%s: the checkpoint was trained on %ld samples, data_root_path now "
-                            "gives %lld (a different dataset or window_size)",
+        return err_set(err,
+                       "%s: the checkpoint was trained on %ld samples, data_root_path now "
+                       "gives %lld (a different dataset or window_size)",
                        path, n, (long long)t->n_samples);
     t->epoch = epoch;
     t->epoch_pos = (samples + world - 1) / world;
@@ -199,8 +201,10 @@ static int load_optimizer(Trainer *t, const char *dir, Err *err) {
     char path[PATH_CAP];
     if (path_join(path, sizeof path, dir, "optimizer.safetensors", err)) return -1;
     if (!fs_is_file(path)) {
-        fprintf(stderr, "warning: %s: no optimizer.safetensors; the optimizer state starts "
-                        "fresh\n", dir);
+        fprintf(stderr,
+                "warning: %s: no optimizer.safetensors; the optimizer state starts "
+                "fresh\n",
+                dir);
         return 0;
     }
     if (t->exec.mode == EXEC_NONE) return optim_load(&t->opt, &t->model, path, err);

@@ -1,8 +1,8 @@
 #include "worker/lib/trainer.h"
 
 #include <cblas.h>
-#include <fcntl.h>
 #include <cjson/cJSON.h>
+#include <fcntl.h>
 #include <malloc.h>
 #include <math.h>
 #include <omp.h>
@@ -121,9 +121,9 @@ int trainer_init(Trainer *t, const TrainSpec *spec, Comm *comm, long threads, Er
         return -1;
     t->total_steps = trainer_total_steps(t->n_samples, t->world, spec->batch_per_device,
                                          spec->grad_accum_steps, spec->n_epoch);
-    schedule_init(&t->sched, schedule_kind(spec->schedule_type), t->total_steps,
-                  spec->warmup_ratio, spec->min_rate, spec->stable_steps, spec->decay_steps,
-                  spec->cycle_length, spec->t_mult);
+    schedule_init(&t->sched, schedule_kind(spec->schedule_type), t->total_steps, spec->warmup_ratio,
+                  spec->min_rate, spec->stable_steps, spec->decay_steps, spec->cycle_length,
+                  spec->t_mult);
     OptimizerKind kind = !strcmp(spec->optimizer, "adamw") ? OPT_ADAMW : OPT_MUON;
     if (optim_create(&t->opt, kind, executor_opt_model(&t->exec, &t->model),
                      (float)spec->weight_decay, err))
@@ -229,7 +229,8 @@ static int optimizer_step(Trainer *t, StepClock *c, int *stop, int *ckpt, Err *e
     if (t->rank == 0 &&
         (t->step % s->log_interval == 0 || t->step == 1 || t->step == t->total_steps)) {
         char line[256];
-        double eta = (now - c->run_start) / (double)c->steps_run * (double)(t->total_steps - t->step);
+        double eta =
+            (now - c->run_start) / (double)c->steps_run * (double)(t->total_steps - t->step);
         progress_format_line(line, sizeof line, &row, t->total_steps, eta);
         fprintf(stderr, "%s\n", line);
     }

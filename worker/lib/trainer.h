@@ -21,16 +21,16 @@ extern volatile sig_atomic_t trainer_checkpoint_requested; // SIGUSR1: checkpoin
 
 typedef struct Trainer {
     const TrainSpec *spec;
-    Executor exec;         // none / ddp / fsdp over the job's communicator
+    Executor exec; // none / ddp / fsdp over the job's communicator
     int rank, world;
     Model model;
     Optimizer opt;
     Schedule sched;
     Dataset data;
     Sampler sampler;
-    int sft;               // train_type == sft
+    int sft; // train_type == sft
     int64_t window, stride;
-    int64_t n_samples;     // windows in the dataset
+    int64_t n_samples; // windows in the dataset
     long total_steps;
     // position in the run (what a checkpoint records)
     long epoch;
@@ -41,10 +41,10 @@ typedef struct Trainer {
     long last_ckpt_step;
     // batch buffers: (B, window)
     int32_t *inputs, *targets, *loss_mask, *position_ids;
-    MetricLog metrics;     // rank 0 only
-    ProgressDb progress;   // rank 0 only
-    long rss_baseline;     // resident bytes before the model existed
-    long rss_state_max;    // most resident bytes above the baseline between steps
+    MetricLog metrics;   // rank 0 only
+    ProgressDb progress; // rank 0 only
+    long rss_baseline;   // resident bytes before the model existed
+    long rss_state_max;  // most resident bytes above the baseline between steps
 } Trainer;
 
 // Sets everything up from the spec: model (from param_path, or the checkpoint
