@@ -6,7 +6,6 @@ and no shm segment is left behind."""
 
 import os
 import signal
-import tempfile
 import time
 
 import test_launch_util as lu
@@ -116,13 +115,5 @@ def test_bad_grace_period(tmp):
     assert not os.path.exists(os.path.join(tmp, "rank0.txt")), "ranks started anyway"
 
 
-def main():
-    tests = [v for k, v in sorted(globals().items()) if k.startswith("test_")]
-    for t in tests:
-        with tempfile.TemporaryDirectory() as tmp:
-            t(tmp)
-        print(f"ok {t.__name__}")
-
-
 if __name__ == "__main__":
-    main()
+    lu.run_tests(globals())

@@ -5,6 +5,7 @@ import os
 import signal
 import socket
 import subprocess
+import tempfile
 import time
 
 PROBE = os.path.join(os.environ["ASTRAI_BUILD"], "launch_probe")
@@ -97,3 +98,12 @@ def free_port(count=1):
             return port
         except OSError:
             continue
+
+
+def run_tests(namespace):
+    """Runs every test_* function of a test module (a fresh temp dir each), by name."""
+    for name, test in sorted(namespace.items()):
+        if name.startswith("test_") and callable(test):
+            with tempfile.TemporaryDirectory() as tmp:
+                test(tmp)
+            print(f"ok {name}")

@@ -7,7 +7,6 @@ import os
 import socket
 import subprocess
 import sys
-import tempfile
 import time
 
 import test_launch_util as lu
@@ -141,13 +140,5 @@ def test_torchrun(tmp):
         assert rep["nccl_id"] == reports[0]["nccl_id"] and rep["shm"] == reports[0]["shm"], rep
 
 
-def main():
-    tests = [v for k, v in sorted(globals().items()) if k.startswith("test_")]
-    for t in tests:
-        with tempfile.TemporaryDirectory() as tmp:
-            t(tmp)
-        print(f"ok {t.__name__}")
-
-
 if __name__ == "__main__":
-    main()
+    lu.run_tests(globals())

@@ -195,10 +195,12 @@ int executor_end_micro(Executor *x, Model *m, bool sync, Err *err) {
 
 int executor_clip(Executor *x, Model *m, float max_norm, float *norm, Err *err) {
     Model *om = executor_opt_model(x, m);
-    float sq = (float)grad_sq_sum(om);
-    // Sharded gradients: sum the ranks' sums of squares.
-    if (x->mode != EXEC_NONE && comm_all_reduce(x->comm, &sq, 1, COMM_SUM, err)) return -1;
-    double total = x->mode != EXEC_NONE ? (double)sq : grad_sq_sum(om);
+    double total = grad_sq_sum(om);
+    if (x->mode != EXEC_NONE) { // sharded gradients: sum the ranks' sums of squares
+        float sq = (float)total;
+        if (comm_all_reduce(x->comm, &sq, 1, COMM_SUM, err)) return -1;
+        total = sq;
+    }
     *norm = (float)sqrt(total);
     clip_grads_to(om, sqrt(total), max_norm);
     return 0;
@@ -247,10 +249,7 @@ int executor_gather_optim(Executor *x, Model *m, const Optimizer *opt, Optimizer
     if (state_arrays(full, all) != n) return err_set(err, "optimizer state layouts differ");
     full->step = opt->step;
     for (int k = 0; k < n; k++) {
-        if (x->mode == EXEC_NONE)
-            memcpy(all[k], mine[k], m->num_floats * sizeof(float));
-        else if (gather_full(x, m, mine[k], all[k], err))
-            return -1;
+        if (gather_full(x, m, mine[k], all[k], err)) return -1;
     }
     return 0;
 }
@@ -261,9 +260,6 @@ void executor_scatter_optim(Executor *x, Model *m, const Optimizer *full, Optimi
     state_arrays(full, all);
     opt->step = full->step;
     for (int k = 0; k < n; k++) {
-        if (x->mode == EXEC_NONE)
-            memcpy(mine[k], all[k], m->num_floats * sizeof(float));
-        else
-            take_own(x, m, all[k], mine[k]);
+        take_own(x, m, all[k], mine[k]);
     }
 }

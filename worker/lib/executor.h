@@ -71,8 +71,8 @@ void executor_drop_full(Executor *x, Model *m);
 // into the shard and frees the full buffers.
 int executor_adopt_weights(Executor *x, Model *m, Err *err);
 
-// Optimizer state as for the full model (every rank calls it; fsdp gathers): fills
-// a full Optimizer `full` created by the caller for m.
+// ddp/fsdp only: the optimizer state as for the full model (every rank calls it and
+// takes part in the gather): fills a full Optimizer `full` created by the caller for m.
 int executor_gather_optim(Executor *x, Model *m, const Optimizer *opt, Optimizer *full, Err *err);
 // The inverse: takes this rank's part of a full optimizer state.
 void executor_scatter_optim(Executor *x, Model *m, const Optimizer *full, Optimizer *opt);

@@ -163,7 +163,8 @@ int metrics_load(MetricLog *m, const char *path, long up_to_step, Err *err) {
 }
 
 char *metrics_to_jsonl(const MetricLog *m, size_t *len) {
-    size_t cap = m->n * 200 + 1, used = 0;
+    // A row is at most ~220 bytes (three 20-digit longs, %.9g and %.17g numbers).
+    size_t cap = m->n * 256 + 1, used = 0;
     char *out = malloc(cap);
     if (!out) return NULL;
     for (size_t i = 0; i < m->n; i++) {

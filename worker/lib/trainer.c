@@ -114,7 +114,9 @@ int trainer_init(Trainer *t, const TrainSpec *spec, Comm *comm, long threads, Er
     const char *model_dir = *resume_dir ? resume_dir : spec->param_path;
     ModelConfig cfg;
     if (train_ckpt_load_config(&cfg, model_dir, err) || open_data(t, &cfg, err)) return -1;
-    t->rss_baseline = resident_bytes();
+    t->memory_report = getenv("ASTRAI_MEMORY_REPORT");
+    if (t->memory_report && !*t->memory_report) t->memory_report = NULL;
+    if (t->memory_report) t->rss_baseline = resident_bytes();
     if (train_ckpt_load_model(&t->model, &cfg, model_dir, err) ||
         executor_init(&t->exec, exec_mode(spec->parallel_mode), comm, &t->model, err) ||
         executor_adopt_weights(&t->exec, &t->model, err))
@@ -221,8 +223,10 @@ static int optimizer_step(Trainer *t, StepClock *c, int *stop, int *ckpt, Err *e
                    .tokens_per_s = (double)c->tokens * t->world / fmax(now - c->step_start, 1e-9),
                    .wall_time = now};
     c->steps_run++;
-    long rss = resident_bytes() - t->rss_baseline;
-    if (rss > t->rss_state_max) t->rss_state_max = rss;
+    if (t->memory_report) {
+        long rss = resident_bytes() - t->rss_baseline;
+        if (rss > t->rss_state_max) t->rss_state_max = rss;
+    }
     if (t->rank == 0 &&
         (metrics_append(&t->metrics, &row, err) || progress_add_step(&t->progress, &row, err)))
         return -1;
@@ -277,8 +281,8 @@ static int after_step(Trainer *t, int stop, int ckpt, Err *err) {
 // bytes it held above its pre-model baseline between optimizer steps (parameters,
 // gradients, optimizer state, activations), as measured by the kernel.
 static int write_memory_report(const Trainer *t, Err *err) {
-    const char *dir = getenv("ASTRAI_MEMORY_REPORT");
-    if (!dir || !*dir) return 0;
+    const char *dir = t->memory_report;
+    if (!dir) return 0;
     char name[64], path[4096], text[128];
     snprintf(name, sizeof name, "rank%d.json", t->rank);
     int n = snprintf(text, sizeof text, "{\"rank\": %d, \"state_bytes\": %ld}\n", t->rank,

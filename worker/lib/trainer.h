@@ -41,10 +41,11 @@ typedef struct Trainer {
     long last_ckpt_step;
     // batch buffers: (B, window)
     int32_t *inputs, *targets, *loss_mask, *position_ids;
-    MetricLog metrics;   // rank 0 only
-    ProgressDb progress; // rank 0 only
-    long rss_baseline;   // resident bytes before the model existed
-    long rss_state_max;  // most resident bytes above the baseline between steps
+    MetricLog metrics;         // rank 0 only
+    ProgressDb progress;       // rank 0 only
+    const char *memory_report; // $ASTRAI_MEMORY_REPORT, NULL: resident memory not tracked
+    long rss_baseline;         // resident bytes before the model existed
+    long rss_state_max;        // most resident bytes above the baseline between steps
 } Trainer;
 
 // Sets everything up from the spec: model (from param_path, or the checkpoint
