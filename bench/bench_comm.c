@@ -59,7 +59,7 @@ static int measure(Comm *c, size_t k, Times *times, Err *err) {
         if (r >= 0 && t < best_copy) best_copy = t;
         if ((rc = comm_barrier(c, err))) break;
         t = now_s();
-        rc = comm_all_reduce(c, buf, n, COMM_AVG, err);
+        rc = comm_all_reduce(c, buf, n, DT_F32, COMM_AVG, err);
         t = now_s() - t;
         if (r >= 0 && t < best_ar) best_ar = t;
     }

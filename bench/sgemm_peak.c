@@ -160,7 +160,7 @@ static void print_json(const Options *o, const ShapeResult *results) {
 
 int main(int argc, char **argv) {
     Options o;
-    Err err = {{0}};
+    Err err = {0};
     if (parse_options(&o, argc, argv, &err)) {
         fprintf(stderr, "bench_sgemm_peak: %s\n", err.msg);
         return EXIT_BAD_INPUT;

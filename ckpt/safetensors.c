@@ -449,19 +449,32 @@ static int build_header(StrBuf *sb, const StWriteTensor *const *order, int n, St
     return rc;
 }
 
-static int write_tensor_data(FILE *fp, const StWriteTensor *t, StDType dtype) {
-    uint64_t n = numel_of(t);
-    if (dtype == ST_F32) return fwrite(t->data, sizeof(float), n, fp) == n ? 0 : -1;
+// Host floats staged at a time: a tensor held elsewhere (fetch) comes over in chunks.
+enum { STAGE_FLOATS = 1 << 18 };
+
+static int write_floats(FILE *fp, const float *src, size_t n, StDType dtype) {
+    if (dtype == ST_F32) return fwrite(src, sizeof(float), n, fp) == n ? 0 : -1;
     enum { CHUNK = 8192 };
     uint8_t buf[2 * CHUNK];
-    for (uint64_t i = 0; i < n; i += CHUNK) {
-        size_t m = n - i < CHUNK ? (size_t)(n - i) : CHUNK;
+    for (size_t i = 0; i < n; i += CHUNK) {
+        size_t m = n - i < CHUNK ? n - i : CHUNK;
         for (size_t j = 0; j < m; j++) {
-            uint16_t h = st_f32_to_bf16(t->data[i + j]);
+            uint16_t h = st_f32_to_bf16(src[i + j]);
             buf[2 * j] = (uint8_t)(h & 0xFF);
             buf[2 * j + 1] = (uint8_t)(h >> 8);
         }
         if (fwrite(buf, 2, m, fp) != m) return -1;
+    }
+    return 0;
+}
+
+static int write_tensor_data(FILE *fp, const StWriteTensor *t, StDType dtype, float *stage) {
+    uint64_t n = numel_of(t);
+    if (!t->fetch) return write_floats(fp, t->data, (size_t)n, dtype);
+    for (uint64_t i = 0; i < n; i += STAGE_FLOATS) {
+        size_t m = n - i < STAGE_FLOATS ? (size_t)(n - i) : STAGE_FLOATS;
+        t->fetch(stage, t->data + i, m * sizeof(float));
+        if (write_floats(fp, stage, m, dtype)) return -1;
     }
     return 0;
 }
@@ -485,8 +498,13 @@ static int check_write_args(const StWriteTensor *const *order, int n, StDType dt
 
 static int write_file(const char *path, const StrBuf *header, const StWriteTensor *const *order,
                       int n, StDType dtype, Err *err) {
+    float *stage = malloc(STAGE_FLOATS * sizeof *stage);
+    if (!stage) return err_set(err, "%s: out of memory for the staging buffer", path);
     FILE *fp = fopen(path, "wb");
-    if (!fp) return err_set(err, "%s: cannot create: %s", path, strerror(errno));
+    if (!fp) {
+        free(stage);
+        return err_set(err, "%s: cannot create: %s", path, strerror(errno));
+    }
     uint8_t prefix[8];
     for (int i = 0; i < 8; i++)
         prefix[i] = (uint8_t)((uint64_t)header->len >> (8 * i));
@@ -494,7 +512,8 @@ static int write_file(const char *path, const StrBuf *header, const StWriteTenso
                  ? 0
                  : -1;
     for (int i = 0; i < n && rc == 0; i++)
-        rc = write_tensor_data(fp, order[i], dtype);
+        rc = write_tensor_data(fp, order[i], dtype, stage);
+    free(stage);
     if (rc == 0 && (fflush(fp) != 0 || fsync(fileno(fp)) != 0)) rc = -1;
     int e = errno;
     if (fclose(fp) != 0 && rc == 0) {

@@ -52,6 +52,9 @@ typedef struct {
     int ndim;
     int64_t shape[ST_MAX_DIMS];
     const float *data; // fp32 source; converted to the file dtype on write
+    // NULL: data is host memory. Else data is elsewhere (a GPU) and fetch copies `bytes`
+    // from it into host memory, chunk by chunk (a backend's download).
+    void (*fetch)(void *host, const void *src, size_t bytes);
 } StWriteTensor;
 
 // Writes tensors (sorted by name in the header, like the Python writer) in

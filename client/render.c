@@ -1,5 +1,6 @@
 // render.c: astraictl's human output: job tables that fit 80 columns, a job's
-// details, daemon info, and progress lines/bars for watch and --follow.
+// details (with a line per rank: its GPU, memory, utilisation), daemon info (with a
+// line per GPU), and progress lines/bars for watch and --follow.
 #include <cjson/cJSON.h>
 #include <math.h>
 #include <string.h>
@@ -97,10 +98,28 @@ void render_job_table(FILE *out, const cJSON *jobs) {
     }
 }
 
-// "key: value" for each member, scalars as text and the rest as compact JSON.
-static void render_members(FILE *out, const cJSON *obj, int width) {
+// "3.2 GiB", "512 MiB"; "-" for NAN (unknown).
+static void fmt_bytes(double v, char *buf, size_t cap) {
+    if (isnan(v))
+        snprintf(buf, cap, "-");
+    else if (v >= (double)(1 << 30))
+        snprintf(buf, cap, "%.1f GiB", v / (double)(1 << 30));
+    else
+        snprintf(buf, cap, "%.0f MiB", v / (double)(1 << 20));
+}
+
+static void fmt_pct(double v, char *buf, size_t cap) {
+    if (isnan(v))
+        snprintf(buf, cap, "-");
+    else
+        snprintf(buf, cap, "%.0f%%", v);
+}
+
+// "key: value" for each member but `skip`, scalars as text and the rest as compact JSON.
+static void render_members(FILE *out, const cJSON *obj, int width, const char *skip) {
     const cJSON *v;
     cJSON_ArrayForEach(v, obj) {
+        if (skip && !strcmp(v->string, skip)) continue;
         if (cJSON_IsString(v))
             fprintf(out, "%-*s %s\n", width, v->string, v->valuestring);
         else if (cJSON_IsNumber(v))
@@ -113,16 +132,51 @@ static void render_members(FILE *out, const cJSON *obj, int width) {
     }
 }
 
+// One line per rank of a running job: "rank 0  cuda:1  3.2 GiB  87%  pid 4242" (the
+// rank's memory on its GPU and the GPU's utilisation), "rank 0  cpu  pid 4242".
+static void render_ranks(FILE *out, const cJSON *ranks) {
+    const cJSON *r;
+    cJSON_ArrayForEach(r, ranks) {
+        char pid[32], mem[32], pct[16];
+        double p = num_field(r, "pid"), gpu = num_field(r, "gpu");
+        if (isnan(p))
+            snprintf(pid, sizeof pid, "-");
+        else
+            snprintf(pid, sizeof pid, "%.0f", p);
+        if (isnan(gpu)) {
+            fprintf(out, "rank %.0f  cpu  pid %s\n", num_field(r, "rank"), pid);
+            continue;
+        }
+        fmt_bytes(num_field(r, "memory_used_bytes"), mem, sizeof mem);
+        fmt_pct(num_field(r, "utilization_pct"), pct, sizeof pct);
+        fprintf(out, "rank %.0f  cuda:%.0f  %s  %s  pid %s\n", num_field(r, "rank"), gpu, mem, pct,
+                pid);
+    }
+}
+
 void render_job_detail(FILE *out, const cJSON *job) {
     JobText t;
     job_text(job, &t);
     fprintf(out, "job %s (%s): %s, step %s, loss %s, %s tok/s, ETA %s\n", t.id, t.name, t.state,
             t.steps, t.loss, t.rate, t.eta);
-    render_members(out, job, 16);
+    render_ranks(out, cJSON_GetObjectItemCaseSensitive(job, "ranks"));
+    render_members(out, job, 16, "ranks");
 }
 
+// "gpu 0  NVIDIA H200  12.3/139.8 GiB  87%" per GPU after the other members.
 void render_daemon_info(FILE *out, const cJSON *info) {
-    render_members(out, info, 10);
+    render_members(out, info, 10, "gpus");
+    const cJSON *g;
+    cJSON_ArrayForEach(g, cJSON_GetObjectItemCaseSensitive(info, "gpus")) {
+        char used[32], total[32], pct[16];
+        fmt_bytes(num_field(g, "memory_used_bytes"), used, sizeof used);
+        fmt_bytes(num_field(g, "memory_total_bytes"), total, sizeof total);
+        fmt_pct(num_field(g, "utilization_pct"), pct, sizeof pct);
+        char *unit = strstr(used, " GiB"); // "12.3/139.8 GiB" when both are GiB
+        if (unit && strstr(total, " GiB")) *unit = 0;
+        fprintf(out, "gpu %.0f  %s  %s/%s  %s\n", num_field(g, "index"), str_field(g, "name"), used,
+                total, pct);
+    }
 }
 
 // [#####.....] filling `cells` columns with the step fraction.

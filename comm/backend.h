@@ -3,9 +3,12 @@
 #include "comm/comm.h"
 
 typedef struct {
-    int (*all_reduce)(Comm *c, float *buf, size_t n, CommOp op, Err *err);
-    int (*reduce_scatter)(Comm *c, const float *send, float *recv, size_t n, CommOp op, Err *err);
-    int (*all_gather)(Comm *c, const float *send, float *recv, size_t n, Err *err);
+    int device_memory; // buffers are device pointers
+    // Reductions: the backend says which dtypes it reduces (an error naming it otherwise).
+    int (*all_reduce)(Comm *c, void *buf, size_t n, DType dt, CommOp op, Err *err);
+    int (*reduce_scatter)(Comm *c, const void *send, void *recv, size_t n, DType dt, CommOp op,
+                          Err *err);
+    int (*all_gather)(Comm *c, const void *send, void *recv, size_t n, DType dt, Err *err);
     int (*broadcast)(Comm *c, void *buf, size_t bytes, int root, Err *err);
     int (*barrier)(Comm *c, Err *err);
     void (*destroy)(Comm *c);

@@ -117,34 +117,49 @@ static int check_op(Comm *c, CommOp op, const char *call, Err *err) {
     return finish(c, -1, err);
 }
 
+static int check_dtype(Comm *c, DType dt, const char *call, Err *err) {
+    if (dt == DT_F32 || dt == DT_BF16) return 0;
+    err_set(err, "%s: dtype %d is not fp32 or bf16", call, (int)dt);
+    return finish(c, -1, err);
+}
+
 static int check_total(Comm *c, size_t n, const char *call, Err *err) {
     if (n <= SIZE_MAX / sizeof(float) / (size_t)c->world) return 0;
     err_set(err, "%s: n %zu times world_size %d overflows", call, n, c->world);
     return finish(c, -1, err);
 }
 
-int comm_all_reduce(Comm *c, float *buf, size_t n, CommOp op, Err *err) {
-    const char *call = "all_reduce";
-    if (usable(c, err) || check_buffer(c, buf, n, call, "buf", err) || check_op(c, op, call, err))
-        return -1;
-    return finish(c, c->ops->all_reduce(c, OR_EMPTY(buf), n, op, err), err);
+int comm_device_memory(const Comm *c) {
+    return c->ops->device_memory;
 }
 
-int comm_reduce_scatter(Comm *c, const float *send, float *recv, size_t n, CommOp op, Err *err) {
+int comm_all_reduce(Comm *c, void *buf, size_t n, DType dt, CommOp op, Err *err) {
+    const char *call = "all_reduce";
+    if (usable(c, err) || check_buffer(c, buf, n, call, "buf", err) || check_op(c, op, call, err) ||
+        check_dtype(c, dt, call, err))
+        return -1;
+    return finish(c, c->ops->all_reduce(c, OR_EMPTY(buf), n, dt, op, err), err);
+}
+
+int comm_reduce_scatter(Comm *c, const void *send, void *recv, size_t n, DType dt, CommOp op,
+                        Err *err) {
     const char *call = "reduce_scatter";
     if (usable(c, err) || check_total(c, n, call, err) ||
         check_buffer(c, send, n, call, "send", err) ||
-        check_buffer(c, recv, n, call, "recv", err) || check_op(c, op, call, err))
+        check_buffer(c, recv, n, call, "recv", err) || check_op(c, op, call, err) ||
+        check_dtype(c, dt, call, err))
         return -1;
-    return finish(c, c->ops->reduce_scatter(c, OR_EMPTY(send), OR_EMPTY(recv), n, op, err), err);
+    return finish(c, c->ops->reduce_scatter(c, OR_EMPTY(send), OR_EMPTY(recv), n, dt, op, err),
+                  err);
 }
 
-int comm_all_gather(Comm *c, const float *send, float *recv, size_t n, Err *err) {
+int comm_all_gather(Comm *c, const void *send, void *recv, size_t n, DType dt, Err *err) {
     const char *call = "all_gather";
     if (usable(c, err) || check_total(c, n, call, err) ||
-        check_buffer(c, send, n, call, "send", err) || check_buffer(c, recv, n, call, "recv", err))
+        check_buffer(c, send, n, call, "send", err) ||
+        check_buffer(c, recv, n, call, "recv", err) || check_dtype(c, dt, call, err))
         return -1;
-    return finish(c, c->ops->all_gather(c, OR_EMPTY(send), OR_EMPTY(recv), n, err), err);
+    return finish(c, c->ops->all_gather(c, OR_EMPTY(send), OR_EMPTY(recv), n, dt, err), err);
 }
 
 int comm_broadcast(Comm *c, void *buf, size_t bytes, int root, Err *err) {

@@ -16,6 +16,7 @@
 #include <stdint.h>
 
 #include "common/error.h"
+#include "engine/dtype.h"
 
 typedef enum { COMM_SUM, COMM_AVG } CommOp;
 
@@ -33,6 +34,10 @@ typedef struct {
     // nccl: the 128-byte ncclUniqueId from the rendezvous, and the CUDA device.
     const uint8_t *nccl_id;
     int cuda_device;
+    // nccl: the stream (cudaStream_t) of the compute that produces and consumes the
+    // buffers; every collective waits for what was enqueued on it before the call, and
+    // finishes before the call returns. NULL: the legacy default stream's order.
+    void *cuda_stream;
     // shm: bytes each rank stages per step; 0 = COMM_SHM_DEFAULT_CHUNK. Must be
     // the same on every rank, a multiple of 64 and at least 64 * world_size.
     // Buffers larger than this are processed in steps.
@@ -52,14 +57,20 @@ void comm_destroy(Comm *c);
 
 int comm_rank(const Comm *c);
 int comm_world_size(const Comm *c);
+// 1 when the buffers are device memory (nccl), 0 when host memory (shm).
+int comm_device_memory(const Comm *c);
 
-// buf: (n,) floats, reduced in place on every rank. AVG = SUM, then multiplied
-// by 1/world_size. Sums run in rank order (rank 0 + rank 1 + ...).
-int comm_all_reduce(Comm *c, float *buf, size_t n, CommOp op, Err *err);
-// send: (world*n,) floats; recv: (n,) = rank r's slice of the reduction.
-int comm_reduce_scatter(Comm *c, const float *send, float *recv, size_t n, CommOp op, Err *err);
-// send: (n,) floats from each rank; recv: (world*n,), rank r's at r*n.
-int comm_all_gather(Comm *c, const float *send, float *recv, size_t n, Err *err);
+// Buffers hold n elements of dtype dt (fp32 or bf16). shm reduces fp32 only (CPU ranks
+// compute in fp32); gathers and broadcasts move any dtype.
+//
+// buf: (n,) reduced in place on every rank. AVG = SUM, then multiplied by
+// 1/world_size. shm sums in rank order (rank 0 + rank 1 + ...).
+int comm_all_reduce(Comm *c, void *buf, size_t n, DType dt, CommOp op, Err *err);
+// send: (world*n,); recv: (n,) = rank r's slice of the reduction.
+int comm_reduce_scatter(Comm *c, const void *send, void *recv, size_t n, DType dt, CommOp op,
+                        Err *err);
+// send: (n,) from each rank; recv: (world*n,), rank r's at r*n.
+int comm_all_gather(Comm *c, const void *send, void *recv, size_t n, DType dt, Err *err);
 // bytes from root's buf to every rank's buf.
 int comm_broadcast(Comm *c, void *buf, size_t bytes, int root, Err *err);
 int comm_barrier(Comm *c, Err *err);

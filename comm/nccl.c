@@ -48,6 +48,10 @@ typedef struct {
     API_FN(cudaStreamCreateWithFlags);
     API_FN(cudaStreamQuery);
     API_FN(cudaStreamDestroy);
+    API_FN(cudaEventCreateWithFlags);
+    API_FN(cudaEventRecord);
+    API_FN(cudaEventDestroy);
+    API_FN(cudaStreamWaitEvent);
     API_FN(cudaMalloc);
     API_FN(cudaFree);
     API_FN(cudaGetErrorString);
@@ -56,8 +60,10 @@ typedef struct {
 typedef struct {
     Api api;
     ncclComm_t comm;
-    cudaStream_t stream;
-    float *scratch; // one float on the device, for the barrier
+    cudaStream_t stream;  // where the collectives run
+    cudaStream_t compute; // the caller's compute stream (CommConfig.cuda_stream)
+    cudaEvent_t ready;    // recorded on `compute` before each collective
+    float *scratch;       // one float on the device, for the barrier
 } Nccl;
 
 // ---------------------------------------------------------------- loading
@@ -89,6 +95,8 @@ static int load_api(Api *a, Err *err) {
         LOAD(nccl, ncclBroadcast) || LOAD(cudart, cudaGetDeviceCount) ||
         LOAD(cudart, cudaSetDevice) || LOAD(cudart, cudaStreamCreateWithFlags) ||
         LOAD(cudart, cudaStreamQuery) || LOAD(cudart, cudaStreamDestroy) ||
+        LOAD(cudart, cudaEventCreateWithFlags) || LOAD(cudart, cudaEventRecord) ||
+        LOAD(cudart, cudaEventDestroy) || LOAD(cudart, cudaStreamWaitEvent) ||
         LOAD(cudart, cudaMalloc) || LOAD(cudart, cudaFree) || LOAD(cudart, cudaGetErrorString))
         return -1;
     return 0;
@@ -185,38 +193,51 @@ static ncclRedOp_t red_op(CommOp op) {
     return op == COMM_AVG ? ncclAvg : ncclSum;
 }
 
-static int nccl_all_reduce(Comm *c, float *buf, size_t n, CommOp op, Err *err) {
+static ncclDataType_t nccl_type(DType dt) {
+    return dt == DT_BF16 ? ncclBfloat16 : ncclFloat;
+}
+
+// Orders the collective after the compute enqueued so far: our stream waits for an
+// event recorded on the compute stream (the buffers are ready when the event is).
+static int after_compute(Comm *c, const char *what, Err *err) {
     Nccl *x = c->state;
-    if (aborted(c, err)) return -1;
-    return run(c, x->api.ncclAllReduce(buf, buf, n, ncclFloat, red_op(op), x->comm, x->stream),
+    cudaError_t e = x->api.cudaEventRecord(x->ready, x->compute);
+    if (e == cudaSuccess) e = x->api.cudaStreamWaitEvent(x->stream, x->ready, 0);
+    return e == cudaSuccess ? 0 : cuda_fail(&x->api, e, what, err);
+}
+
+static int nccl_all_reduce(Comm *c, void *buf, size_t n, DType dt, CommOp op, Err *err) {
+    Nccl *x = c->state;
+    if (aborted(c, err) || after_compute(c, "ncclAllReduce", err)) return -1;
+    return run(c, x->api.ncclAllReduce(buf, buf, n, nccl_type(dt), red_op(op), x->comm, x->stream),
                "ncclAllReduce", err);
 }
 
-static int nccl_reduce_scatter(Comm *c, const float *send, float *recv, size_t n, CommOp op,
+static int nccl_reduce_scatter(Comm *c, const void *send, void *recv, size_t n, DType dt, CommOp op,
                                Err *err) {
     Nccl *x = c->state;
-    if (aborted(c, err)) return -1;
-    return run(c,
-               x->api.ncclReduceScatter(send, recv, n, ncclFloat, red_op(op), x->comm, x->stream),
-               "ncclReduceScatter", err);
+    if (aborted(c, err) || after_compute(c, "ncclReduceScatter", err)) return -1;
+    return run(
+        c, x->api.ncclReduceScatter(send, recv, n, nccl_type(dt), red_op(op), x->comm, x->stream),
+        "ncclReduceScatter", err);
 }
 
-static int nccl_all_gather(Comm *c, const float *send, float *recv, size_t n, Err *err) {
+static int nccl_all_gather(Comm *c, const void *send, void *recv, size_t n, DType dt, Err *err) {
     Nccl *x = c->state;
-    if (aborted(c, err)) return -1;
-    return run(c, x->api.ncclAllGather(send, recv, n, ncclFloat, x->comm, x->stream),
+    if (aborted(c, err) || after_compute(c, "ncclAllGather", err)) return -1;
+    return run(c, x->api.ncclAllGather(send, recv, n, nccl_type(dt), x->comm, x->stream),
                "ncclAllGather", err);
 }
 
 static int nccl_broadcast(Comm *c, void *buf, size_t bytes, int root, Err *err) {
     Nccl *x = c->state;
-    if (aborted(c, err)) return -1;
+    if (aborted(c, err) || after_compute(c, "ncclBroadcast", err)) return -1;
     return run(c, x->api.ncclBroadcast(buf, buf, bytes, ncclUint8, root, x->comm, x->stream),
                "ncclBroadcast", err);
 }
 
 static int nccl_barrier(Comm *c, Err *err) {
-    return nccl_all_reduce(c, ((Nccl *)c->state)->scratch, 1, COMM_SUM, err);
+    return nccl_all_reduce(c, ((Nccl *)c->state)->scratch, 1, DT_F32, COMM_SUM, err);
 }
 
 // ---------------------------------------------------------------- create / destroy
@@ -236,14 +257,20 @@ static void nccl_destroy(Comm *c) {
             x->api.ncclCommAbort(x->comm);
     }
     if (x->scratch) x->api.cudaFree(x->scratch);
+    if (x->ready) x->api.cudaEventDestroy(x->ready);
     if (x->stream) x->api.cudaStreamDestroy(x->stream);
     free(x);
 }
 
-static const CommBackend NCCL_OPS = {nccl_all_reduce, nccl_reduce_scatter, nccl_all_gather,
-                                     nccl_broadcast,  nccl_barrier,        nccl_destroy};
+static const CommBackend NCCL_OPS = {1,
+                                     nccl_all_reduce,
+                                     nccl_reduce_scatter,
+                                     nccl_all_gather,
+                                     nccl_broadcast,
+                                     nccl_barrier,
+                                     nccl_destroy};
 
-static int open_device(Nccl *x, int device, Err *err) {
+static int open_device(Nccl *x, int device, void *compute_stream, Err *err) {
     const Api *a = &x->api;
     int count = 0;
     cudaError_t e = a->cudaGetDeviceCount(&count);
@@ -253,6 +280,9 @@ static int open_device(Nccl *x, int device, Err *err) {
     if ((e = a->cudaSetDevice(device))) return cuda_fail(a, e, "cudaSetDevice", err);
     if ((e = a->cudaStreamCreateWithFlags(&x->stream, cudaStreamNonBlocking)))
         return cuda_fail(a, e, "cudaStreamCreateWithFlags", err);
+    if ((e = a->cudaEventCreateWithFlags(&x->ready, cudaEventDisableTiming)))
+        return cuda_fail(a, e, "cudaEventCreateWithFlags", err);
+    x->compute = (cudaStream_t)compute_stream;
     if ((e = a->cudaMalloc((void **)&x->scratch, sizeof(float))))
         return cuda_fail(a, e, "cudaMalloc", err);
     return 0;
@@ -288,7 +318,7 @@ int nccl_comm_init(Comm *c, const CommConfig *cfg, Err *err) {
     }
     c->state = x;
     c->ops = &NCCL_OPS;
-    if (open_device(x, cfg->cuda_device, err) || init_comm(c, cfg, err)) {
+    if (open_device(x, cfg->cuda_device, cfg->cuda_stream, err) || init_comm(c, cfg, err)) {
         c->broken = 1; // abort, not finalize, a communicator that failed to come up
         nccl_destroy(c);
         c->state = NULL;

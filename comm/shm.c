@@ -341,7 +341,15 @@ static void gather_results(Comm *c, float *chunk, size_t m, int parity) {
 // everybody before this barrier). One barrier per step, plus one at the end.
 // With 2 ranks each reads and writes the buffer about twice (a memcpy: once),
 // and reads its half of the peer's data across cores, as any all_reduce must.
-static int shm_all_reduce(Comm *c, float *buf, size_t n, CommOp op, Err *err) {
+// CPU ranks compute in fp32; reducing bf16 here would be a bug upstream, not a format.
+static int fp32_only(DType dt, const char *call, Err *err) {
+    if (dt == DT_F32) return 0;
+    return err_set(err, "%s: the shm backend reduces fp32 only, not %s", call, dtype_name(dt));
+}
+
+static int shm_all_reduce(Comm *c, void *buf_, size_t n, DType dt, CommOp op, Err *err) {
+    if (fp32_only(dt, "all_reduce", err)) return -1;
+    float *buf = buf_;
     Shm *s = shm_of(c);
     int W = c->world, me = c->rank;
     begin_call(c, OP_ALL_REDUCE, op, n);
@@ -373,8 +381,11 @@ static int shm_all_reduce(Comm *c, float *buf, size_t n, CommOp op, Err *err) {
 
 // Per step: stage a piece of every other rank's block, barrier, reduce my
 // block (my own piece read in place).
-static int shm_reduce_scatter(Comm *c, const float *send, float *recv, size_t n, CommOp op,
-                              Err *err) {
+static int shm_reduce_scatter(Comm *c, const void *send_, void *recv_, size_t n, DType dt,
+                              CommOp op, Err *err) {
+    if (fp32_only(dt, "reduce_scatter", err)) return -1;
+    const float *send = send_;
+    float *recv = recv_;
     Shm *s = shm_of(c);
     int W = c->world, me = c->rank;
     size_t per = s->chunk_floats / W / ALIGN_FLOATS * ALIGN_FLOATS;
@@ -396,23 +407,26 @@ static int shm_reduce_scatter(Comm *c, const float *send, float *recv, size_t n,
     return 0;
 }
 
-// Per step: stage my chunk, barrier, copy every other rank's chunk.
-static int shm_all_gather(Comm *c, const float *send, float *recv, size_t n, Err *err) {
+// Per step: stage my chunk, barrier, copy every other rank's chunk. A copy: any dtype,
+// in bytes.
+static int shm_all_gather(Comm *c, const void *send_, void *recv_, size_t n, DType dt, Err *err) {
     Shm *s = shm_of(c);
     int W = c->world, me = c->rank;
-    begin_call(c, OP_ALL_GATHER, 0, n);
-    memcpy(recv + me * n, send, n * sizeof(float));
+    const char *send = send_;
+    char *recv = recv_;
+    size_t bytes = n * dtype_size(dt), chunk = s->chunk_floats * sizeof(float);
+    begin_call(c, OP_ALL_GATHER, (uint32_t)dt, n);
+    memcpy(recv + me * bytes, send, bytes);
     size_t off = 0;
     do {
-        size_t m = n - off < s->chunk_floats ? n - off : s->chunk_floats;
-        memcpy(slot_data(s, W, s->parity, me), send + off, m * sizeof(float));
+        size_t m = bytes - off < chunk ? bytes - off : chunk;
+        memcpy(slot_data(s, W, s->parity, me), send + off, m);
         if (step_barrier(c, off == 0, err)) return -1;
         for (int r = 0; r < W; r++)
-            if (r != me)
-                memcpy(recv + r * n + off, slot_data(s, W, s->parity, r), m * sizeof(float));
+            if (r != me) memcpy(recv + r * bytes + off, slot_data(s, W, s->parity, r), m);
         next_set(s);
         off += m;
-    } while (off < n);
+    } while (off < bytes);
     return 0;
 }
 
@@ -451,8 +465,8 @@ static void shm_destroy(Comm *c) {
     release(s, s->size);
 }
 
-static const CommBackend SHM_OPS = {shm_all_reduce, shm_reduce_scatter, shm_all_gather,
-                                    shm_broadcast,  shm_barrier,        shm_destroy};
+static const CommBackend SHM_OPS = {
+    0, shm_all_reduce, shm_reduce_scatter, shm_all_gather, shm_broadcast, shm_barrier, shm_destroy};
 
 static int map_segment(Shm *s, Err *err) {
     void *p = mmap(NULL, s->size, PROT_READ | PROT_WRITE, MAP_SHARED, s->fd, 0);

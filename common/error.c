@@ -14,6 +14,17 @@ int err_set(Err *err, const char *fmt, ...) {
     return -1;
 }
 
+int err_resource(Err *err, const char *fmt, ...) {
+    if (err) {
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(err->msg, sizeof err->msg, fmt, ap);
+        va_end(ap);
+        err->resource = 1;
+    }
+    return -1;
+}
+
 int err_prefix(Err *err, const char *fmt, ...) {
     if (!err) return -1;
     char prefix[ERR_MSG_MAX];

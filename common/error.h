@@ -12,10 +12,15 @@
 
 typedef struct {
     char msg[ERR_MSG_MAX];
+    int resource; // set by whoever failed for want of a resource (memory, a device), not input
 } Err;
 
 // Formats the message into err (if err is non-NULL) and returns -1.
 int err_set(Err *err, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+// err_set for a failure for want of a resource (out of memory, no device): the message,
+// and err->resource = 1 so that binaries exit 1 (a failure), not 2 (bad input).
+int err_resource(Err *err, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
 // Prepends "prefix: " to an existing message (e.g. the file name); returns -1.
 int err_prefix(Err *err, const char *fmt, ...) __attribute__((format(printf, 2, 3)));

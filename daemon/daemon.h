@@ -6,7 +6,8 @@
 //   server.c          unix/tcp listeners, connections, line framing, output queues
 //   dispatch.c        the JSON-RPC methods
 //   jobs.c            jobs and their state machine (DESIGN §5)
-//   scheduler.c       devices (CPU slots, GPUs via NVML) and the queue
+//   scheduler.c       devices (CPU slots or GPUs) and the queue
+//   gpu.c             NVML (dlopen): the GPUs, their memory and use, sampled on a timer
 //   runner.c          the ranks of a run: spawn, control pipes, logs, exits, stops
 //   state.c           the daemon database (sqlite: jobs, runs, events), recovery
 //   progress_reader.c each running job's progress.db, polled read-only
@@ -59,12 +60,23 @@ typedef struct {
 } Devices;
 
 // spec: "N" or "cpu:N" (CPU slots), "cuda:0,1,..." (GPUs), NULL: the GPUs NVML
-// finds, else one CPU slot per core.
+// finds (gpu_count), else one CPU slot per core.
 int devices_init(Devices *d, const char *spec, Err *err);
 void devices_free(Devices *d);
 cJSON *devices_to_json(const Devices *d);
 void device_name(const Devices *d, int id, char *out, size_t cap); // "cuda:0", "cpu:3"
 int devices_has(const Devices *d, int id);
+
+// ---------------------------------------------------------------- gpu.c
+// Loads NVML, reads the GPUs and takes a first sample, then samples every 2 s on the
+// threadpool. Without NVML (or GPUs): no timer, gpu_count() 0. Needs astraid.loop.
+void gpu_init(void);
+void gpu_free(void); // after uv_run returned
+int gpu_count(void); // GPUs NVML found
+// From the last sample (never NVML itself); -1 when unknown.
+int gpu_utilization(int index);                   // percent
+int64_t gpu_process_memory(int index, pid_t pid); // bytes pid uses on the GPU
+cJSON *gpus_to_json(void);                        // daemon.info "gpus"
 
 // ---------------------------------------------------------------- jobs.c
 typedef enum {
@@ -154,7 +166,9 @@ void devices_release(Job *j);
 int runner_start(Job *j, Err *err);
 void runner_stop(Job *j, StopKind why);
 void runner_checkpoint(Job *j);
-int runner_alive(void); // runs not yet ended
+int runner_alive(void);                     // runs not yet ended
+int runner_ranks(const Job *j);             // ranks of j's run, 0 without one
+pid_t runner_rank_pid(const Job *j, int r); // 0 when rank r is not alive
 
 // ---------------------------------------------------------------- state.c
 int state_open(const char *state_dir, Err *err);

@@ -157,6 +157,7 @@ static cJSON *do_info(Conn *c, const cJSON *params, int *code, Err *err) {
     cJSON_AddNumberToObject(r, "pid", getpid());
     cJSON_AddNumberToObject(r, "uptime_s", now_wall() - astraid.started_at);
     cJSON_AddItemToObject(r, "devices", devices_to_json(&astraid.devices));
+    cJSON_AddItemToObject(r, "gpus", gpus_to_json());
     cJSON *socks = cJSON_AddArrayToObject(r, "sockets");
     cJSON_AddItemToArray(socks, cJSON_CreateString(astraid.cfg.socket_path));
     if (astraid.cfg.tcp) {
@@ -215,7 +216,7 @@ static cJSON *bad_state_data(const cJSON *params) {
 static void call(Conn *c, const RpcRequest *req) {
     Handler fn = find_method(req->method);
     int code = RPC_INTERNAL_ERROR, hang_up = 0;
-    Err err = {{0}};
+    Err err = {0};
     cJSON *result = NULL;
     if (!conn_is_authed(c) && (!fn || fn != do_auth)) {
         code = RPC_UNAUTHORIZED;
@@ -242,7 +243,7 @@ static void call(Conn *c, const RpcRequest *req) {
 void dispatch_line(Conn *c, const char *line, size_t len) {
     RpcRequest req;
     int code;
-    Err err = {{0}};
+    Err err = {0};
     if (rpc_parse_request(&req, line, len, &code, &err))
         conn_send(c, rpc_error(req.id, code, err.msg, NULL));
     else

@@ -72,8 +72,12 @@ static int check_absolute(const cJSON *spec, Err *err) {
     return 0;
 }
 
-static int check_devices(const JobSpec *js, Err *err) {
+static int check_devices(const JobSpec *js, const cJSON *spec, Err *err) {
     const Devices *d = &astraid.devices;
+    const cJSON *asked = cJSON_GetObjectItemCaseSensitive(spec, "devices");
+    if (cJSON_IsString(asked) && !d->gpu)
+        return err_set(err, "devices: the job asks for GPUs (%s); astraid has %d CPU slot(s)",
+                       asked->valuestring, d->n);
     if (js->n_devices > d->n)
         return err_set(err, "devices: the job needs %ld device(s); astraid has %d (%s)",
                        js->n_devices, d->n, d->gpu ? "cuda" : "cpu");
@@ -124,7 +128,7 @@ Job *jobs_submit(const cJSON *spec, long uid, Err *err) {
     JobSpec js;
     if (job_spec_parse(&js, spec, err)) return NULL;
     Job *j = NULL;
-    if (!check_absolute(spec, err) && !check_devices(&js, err)) {
+    if (!check_absolute(spec, err) && !check_devices(&js, spec, err)) {
         j = job_new(&js, spec, uid);
         if (!j) err_set(err, "out of memory");
     }
@@ -207,7 +211,7 @@ int job_cancel(Job *j, int *code, Err *err) {
 // The latest checkpoint in the job's ckpt_dir (what --resume=true will find).
 static int find_checkpoint(Job *j) {
     char path[PATH_MAX];
-    Err err = {{0}};
+    Err err = {0};
     int rc = ckpt_find_latest(j->ckpt_dir, path, sizeof path, &err);
     if (rc < 0) log_warn("job %ld: %s", j->id, err.msg);
     if (rc) return 0;
@@ -310,6 +314,32 @@ static void add_string(cJSON *o, const char *key, const char *s) {
         cJSON_AddNullToObject(o, key);
 }
 
+static void add_count(cJSON *o, const char *key, int64_t v) {
+    if (v >= 0)
+        cJSON_AddNumberToObject(o, key, (double)v);
+    else
+        cJSON_AddNullToObject(o, key);
+}
+
+// The ranks of a live run: [{"rank":0,"pid":4242,"gpu":1,"memory_used_bytes":...,
+// "utilization_pct":87}]; gpu and its figures null on CPU slots or when unknown
+// (from gpu.c's last sample, at most a few seconds old). [] without a run.
+static cJSON *ranks_to_json(const Job *j) {
+    cJSON *list = cJSON_CreateArray();
+    for (int r = 0; r < runner_ranks(j) && j->devices && r < j->n_devices; r++) {
+        cJSON *o = cJSON_CreateObject();
+        pid_t pid = runner_rank_pid(j, r);
+        int gpu = astraid.devices.gpu ? j->devices[r] : -1; // its LOCAL_RANK-th visible GPU
+        cJSON_AddNumberToObject(o, "rank", r);
+        add_count(o, "pid", pid > 0 ? pid : -1);
+        add_count(o, "gpu", gpu);
+        add_count(o, "memory_used_bytes", gpu >= 0 ? gpu_process_memory(gpu, pid) : -1);
+        add_count(o, "utilization_pct", gpu >= 0 ? gpu_utilization(gpu) : -1);
+        cJSON_AddItemToArray(list, o);
+    }
+    return list;
+}
+
 // The JOB object of DESIGN §3 / docs/protocol.md.
 cJSON *job_to_json(const Job *j) {
     cJSON *o = cJSON_CreateObject();
@@ -332,6 +362,7 @@ cJSON *job_to_json(const Job *j) {
         device_name(&astraid.devices, j->devices[i], name, sizeof name);
         cJSON_AddItemToArray(devs, cJSON_CreateString(name));
     }
+    cJSON_AddItemToObject(o, "ranks", ranks_to_json(j));
     add_string(o, "last_checkpoint", j->last_checkpoint);
     add_string(o, "error", j->error);
     if (j->submitted_by >= 0)

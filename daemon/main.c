@@ -282,6 +282,7 @@ static void on_stop_signal(uv_signal_t *h, int signum) {
 static int start(Err *err) {
     char jobs_dir[PATH_MAX];
     snprintf(jobs_dir, sizeof jobs_dir, "%s/jobs", astraid.cfg.state_dir);
+    gpu_init(); // before devices_init: without --devices the GPUs are NVML's
     if (fs_mkdir_p(jobs_dir, err) || devices_init(&astraid.devices, astraid.cfg.devices, err) ||
         state_open(astraid.cfg.state_dir, err) || state_recover(err))
         return -1;
@@ -309,7 +310,7 @@ int main(int argc, char **argv) {
     }
     signal(SIGPIPE, SIG_IGN); // a vanished client is an error return, never a signal
     sd_init();
-    Err err = {{0}};
+    Err err = {0};
     astraid.loop = uv_default_loop();
     astraid.started_at = now_wall();
     int rc = load_config(&astraid.cfg, argc, argv, &err) ? EXIT_BAD_INPUT : start(&err) ? 1 : 0;
@@ -329,6 +330,7 @@ int main(int argc, char **argv) {
     jobs_free_all();
     state_close();
     devices_free(&astraid.devices);
+    gpu_free();
     config_free(&astraid.cfg);
     return rc;
 }

@@ -11,7 +11,10 @@
 //   fd 4            rank 0 only: ASTRAI_RENDEZVOUS_FD, a loopback listener (astraid
 //                   is the rendezvous of its own jobs: it picks the port)
 //   ASTRAI_RUN_DIR  run_dir (rank 0 writes progress.db there)
-//   CUDA_VISIBLE_DEVICES  the job's GPUs ("" on CPU slots)
+//   CUDA_VISIBLE_DEVICES  all the job's GPUs ("" on CPU slots); rank R uses the
+//                   LOCAL_RANK-th of them (as under torchrun), so rank R's GPU is
+//                   job->devices[R]
+//   CUDA_DEVICE_ORDER=PCI_BUS_ID  (GPU jobs) CUDA numbers the GPUs as NVML does
 //
 // The first rank that fails (non-zero exit or a signal) is the root cause: the others
 // get SIGTERM, then SIGKILL after --stop-timeout. A run ends when every rank has
@@ -68,6 +71,16 @@ static int runs_alive;
 
 int runner_alive(void) {
     return runs_alive;
+}
+
+int runner_ranks(const Job *j) {
+    return j->run && !j->run->ended ? j->run->n : 0;
+}
+
+pid_t runner_rank_pid(const Job *j, int r) {
+    if (r < 0 || r >= runner_ranks(j)) return 0;
+    const Rank *rk = &j->run->ranks[r];
+    return rk->alive ? rk->pid : 0;
 }
 
 // ---------------------------------------------------------------- teardown
@@ -316,7 +329,9 @@ static int spawn_rank(Run *run, Launch *l, int r, Err *err) {
         }
         return -1;
     }
-    const char *extra[] = {l->control, l->run_dir_env, l->cuda, NULL};
+    // GPU ids are NVML's indices (PCI bus order); CUDA's default order is fastest first.
+    const char *order = astraid.devices.gpu ? "CUDA_DEVICE_ORDER=PCI_BUS_ID" : NULL;
+    const char *extra[] = {l->control, l->run_dir_env, l->cuda, order, NULL};
     char **env = launch_rank_env(&l->li, r, l->port, RENDEZVOUS_FD, extra);
     uv_stdio_container_t stdio[5] = {
         {.flags = UV_IGNORE},
@@ -403,7 +418,7 @@ int runner_start(Job *j, Err *err) {
     job_set_state(j, JOB_STARTING);
     pid_t *pids = calloc((size_t)run->n, sizeof *pids);
     for (int r = 0; r < run->n && run->failed_rank < 0; r++) {
-        Err serr = {{0}};
+        Err serr = {0};
         if (spawn_rank(run, &l, r, &serr)) spawn_failed(run, r, serr.msg);
         if (pids) pids[r] = run->ranks[r].pid;
     }

@@ -1,12 +1,11 @@
 // scheduler.c: the devices astraid hands out and the queue of jobs waiting for them.
 //
-// Devices are CPU slots (one per core unless --devices says otherwise) or GPUs. GPUs
-// are counted with NVML, loaded with dlopen so astraid starts on machines without a
-// driver and never initialises CUDA itself (DESIGN §1). A job needs n_devices of
-// them (or the ones its spec names); queued jobs start in order of priority, then
-// submission (FIFO), on disjoint devices. The head of the queue is never overtaken
+// Devices are CPU slots (one per core unless --devices says otherwise) or GPUs, by
+// default the ones NVML finds (gpu.c; astraid never initialises CUDA itself, DESIGN
+// §1). A GPU's id is its NVML index. A job needs n_devices of them (or the ones its
+// spec names); queued jobs start in order of priority, then submission (FIFO), on
+// disjoint devices. The head of the queue is never overtaken
 // by a smaller job behind it, so a large job cannot starve.
-#include <dlfcn.h>
 #include <errno.h>
 #include <limits.h>
 #include <sched.h>
@@ -22,21 +21,6 @@
 #define MAX_DEVICES 4096
 
 // ---------------------------------------------------------------- devices
-
-static int nvml_gpu_count(void) {
-    void *lib = dlopen("libnvidia-ml.so.1", RTLD_NOW | RTLD_LOCAL);
-    if (!lib) return 0;
-    int (*init)(void) = (int (*)(void))dlsym(lib, "nvmlInit_v2");
-    int (*count)(unsigned *) = (int (*)(unsigned *))dlsym(lib, "nvmlDeviceGetCount_v2");
-    int (*shutdown)(void) = (int (*)(void))dlsym(lib, "nvmlShutdown");
-    unsigned n = 0;
-    if (init && count && shutdown && init() == 0) { // NVML_SUCCESS
-        if (count(&n)) n = 0;
-        shutdown();
-    }
-    dlclose(lib);
-    return (int)n;
-}
 
 static int usable_cores(void) {
     cpu_set_t set;
@@ -82,7 +66,7 @@ static int parse_cuda_list(Devices *d, const char *list, Err *err) {
 int devices_init(Devices *d, const char *spec, Err *err) {
     memset(d, 0, sizeof *d);
     if (!spec || !*spec) {
-        int gpus = nvml_gpu_count();
+        int gpus = gpu_count();
         return gpus > 0 ? devices_alloc(d, 1, gpus, err) : devices_alloc(d, 0, usable_cores(), err);
     }
     if (!strncmp(spec, "cuda:", 5)) return parse_cuda_list(d, spec + 5, err);
@@ -211,7 +195,7 @@ void scheduler_kick(void) {
         Job *j = queue_head(now, &earliest);
         arm_wake(earliest, now);
         if (!j || !devices_take(j)) return;
-        Err err = {{0}};
+        Err err = {0};
         if (runner_start(j, &err)) {
             log_error("job %ld: %s", j->id, err.msg);
             devices_release(j);

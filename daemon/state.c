@@ -275,7 +275,7 @@ static void recover_job(Job *j) {
     if (!died_under && j->state != JOB_INTERRUPTED) return;
     if (died_under) wait_orphans(j);
     char path[PATH_MAX];
-    Err err = {{0}};
+    Err err = {0};
     j->resume = ckpt_find_latest(j->ckpt_dir, path, sizeof path, &err) == 0;
     if (j->resume) {
         free(j->last_checkpoint);

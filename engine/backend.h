@@ -1,95 +1,171 @@
-// backend.h: the numerics ops of the model (DESIGN §7, §10) behind function pointers.
+// backend.h: the numerics of the model and the optimizer (DESIGN §7, §8, §10) behind
+// function pointers, and the memory they work on.
 //
-// engine/model.c orchestrates the layers and calls only these ops, so a CUDA
-// backend can sit beside the CPU one (engine/cpu/) without touching the model.
-// All tensors are fp32, row-major; N = B*T token rows. Pointers are device
-// pointers of the backend (host memory for the CPU backend).
+// engine/model.c and engine/optim.c orchestrate and call only these ops, so the CPU
+// backend (engine/cpu/) and the CUDA backend (engine/cuda/) serve the same model code.
+// A backend is chosen when the model is created (backend_open) and owns every buffer
+// the trainer touches: weights, gradients, fp32 master weights, optimizer state,
+// activations, the batch. Pointers below are the backend's (host memory for the CPU,
+// device memory for CUDA). Host and backend memory meet only through upload/download.
 //
-// Several ops take a "grouped rows" layout so they can work in place on the
-// fused q|k|v projection output: token n, group g, element c lives at
-// x[n*stride + g*C + c] (G groups of C floats per token, tokens `stride` apart).
+// Types: `void *` / `const void *` tensors are in the backend's compute dtype `dtype`
+// (fp32 or bf16, engine/dtype.h); `float *` tensors are always fp32; `double *` are
+// single backend-resident accumulators (loss, sum of squares) read back once per
+// optimizer step. All tensors are row-major; N = B*T token rows.
+//
+// Ordering: ops run in issue order (the CUDA backend enqueues them on one stream and
+// returns at once; download waits for what came before). Ops do not fail: shapes are
+// checked by the caller, and memory comes from alloc, the one op that can fail.
+//
+// Determinism: every op gives the same bits for the same inputs, run after run (no
+// floating-point atomics whose order varies); reductions add in a fixed order.
+//
+// Grouped rows: rmsnorm and rope work in place on the fused q|k|v projection output:
+// token n, group g, element c lives at x[n*stride + g*C + c] (G groups of C elements per
+// token, tokens `stride` elements apart).
 #pragma once
 #include <stddef.h>
 #include <stdint.h>
 
+#include "common/error.h"
+#include "engine/dtype.h"
+
+// The scalars of one AdamW update, computed on the host (torch.optim.AdamW, single tensor):
+// w = w*decay; m = m*beta1 + g*one_minus_beta1; v = v*beta2 + g*g*one_minus_beta2;
+// w += -step_size * m / (sqrt(v)/bc2_sqrt + eps).
 typedef struct {
-    const char *name;
+    float decay, step_size, bc2_sqrt, beta1, beta2, one_minus_beta1, one_minus_beta2, eps;
+} AdamwArgs;
+
+// One Muon update of a (rows, cols) weight (torch.optim.Muon, nesterov):
+// buf = lerp(buf, g, 1-momentum); u = lerp(g, buf, momentum); x = u (transposed when
+// rows > cols, so x is (r, c) with r <= c); x /= max(||x||_F, 1e-7); ns_steps times:
+// A = x x^T, B = ns_b*A + ns_c*A@A, x = ns_a*x + B@x; then w = w*decay - adjusted_lr*x
+// (transposed back).
+typedef struct {
+    int rows, cols, ns_steps;
+    float momentum, one_minus_momentum, decay, adjusted_lr, ns_a, ns_b, ns_c, norm_eps;
+} MuonArgs;
+
+typedef struct Backend Backend;
+struct Backend {
+    const char *name; // "cpu" | "cuda"
+    DType dtype;      // compute dtype of weights and activations
+    int device;       // CUDA device ordinal (-1 on the CPU)
 
     // ---------------------------------------------------------------- memory
-    void *(*alloc)(size_t bytes); // NULL on failure; memory is zeroed
-    void (*zero)(void *p, size_t bytes);
-    void (*copy)(void *dst, const void *src, size_t bytes);
+    // Zeroed memory, or NULL with err naming the size asked for and (GPU) what was free.
+    void *(*alloc)(size_t bytes, Err *err);
     void (*free)(void *p);
+    void (*zero)(void *p, size_t bytes);
+    void (*copy)(void *dst, const void *src, size_t bytes);      // backend to backend
+    void (*upload)(void *dst, const void *host, size_t bytes);   // host to backend
+    void (*download)(void *host, const void *src, size_t bytes); // backend to host, waits
+    // dst: (n) compute dtype = src: (n) fp32 (round to nearest even); the CPU never calls it.
+    void (*cast_from_f32)(void *dst, const float *src, size_t n);
+    // host: (n) fp32 = src: (n) compute dtype; waits (tests, logits, checkpoints of bf16).
+    void (*download_f32)(float *host, const void *src, size_t n);
+    void (*sync)(void);    // waits for every op issued so far (before timing, before exit)
+    void *(*stream)(void); // the CUDA stream (cudaStream_t) the ops run on; NULL on the CPU
 
-    // ---------------------------------------------------------------- matmul (sgemm)
+    // ---------------------------------------------------------------- matmul
     // out: (N,OC) = inp: (N,C) @ weight: (OC,C)^T, plus the old out if accumulate.
-    void (*matmul_fwd)(float *out, const float *inp, const float *weight, int N, int C, int OC,
+    void (*matmul_fwd)(void *out, const void *inp, const void *weight, int N, int C, int OC,
                        int accumulate);
     // dinp: (N,C) = dout: (N,OC) @ weight (or += if accumulate_dinp);
-    // dweight: (OC,C) += dout^T @ inp.
-    void (*matmul_bwd)(float *dinp, float *dweight, const float *dout, const float *inp,
-                       const float *weight, int N, int C, int OC, int accumulate_dinp);
+    // dweight: (OC,C) fp32 += dout^T @ inp.
+    void (*matmul_bwd)(void *dinp, float *dweight, const void *dout, const void *inp,
+                       const void *weight, int N, int C, int OC, int accumulate_dinp);
 
     // ---------------------------------------------------------------- embedding
     // out: (N,C) = table[ids[n]]; table: (V,C).
-    void (*embedding_fwd)(float *out, const int32_t *ids, const float *table, int N, int C);
-    // dtable[ids[n]] += dout[n].
-    void (*embedding_bwd)(float *dtable, const float *dout, const int32_t *ids, int N, int C);
+    void (*embedding_fwd)(void *out, const int32_t *ids, const void *table, int N, int C);
+    // dtable[ids[n]] += dout[n]. by_id: (N) the token indices 0..N-1 stably sorted by
+    // ids[n] (built on the host with the batch), so each table row is summed by one
+    // thread in token order: deterministic without atomics.
+    void (*embedding_bwd)(float *dtable, const void *dout, const int32_t *ids, const int32_t *by_id,
+                          int N, int C);
 
     // ---------------------------------------------------------------- rmsnorm (grouped rows)
     // out = inp * rsqrt(mean(inp^2) + eps) * weight over each row of C;
-    // rstd: (N*G) the per-row rsqrt, kept for backward. out and inp share the layout.
-    void (*rmsnorm_fwd)(float *out, float *rstd, const float *inp, const float *weight, int N,
-                        int G, int C, int stride, float eps);
-    // dinp (= or += if accumulate_dinp) and dweight: (C) += from dout, same layout as inp.
-    void (*rmsnorm_bwd)(float *dinp, float *dweight, const float *dout, const float *inp,
-                        const float *weight, const float *rstd, int N, int G, int C, int stride,
+    // rstd: (N*G) fp32, the per-row rsqrt kept for backward. out and inp share the layout.
+    void (*rmsnorm_fwd)(void *out, float *rstd, const void *inp, const void *weight, int N, int G,
+                        int C, int stride, float eps);
+    // dinp (= or += if accumulate_dinp) same layout as inp; dweight: (C) fp32 += sum over
+    // rows (fixed order).
+    void (*rmsnorm_bwd)(void *dinp, float *dweight, const void *dout, const void *inp,
+                        const void *weight, const float *rstd, int N, int G, int C, int stride,
                         int accumulate_dinp);
 
     // ---------------------------------------------------------------- rope (grouped rows)
     // In place on x: (N, G heads of D) rotating interleaved pairs (2i,2i+1) by the angle
-    // of position pos[n]; cos_sin: (P, D/2, 2) table of (cos, sin) for positions 0..P-1.
-    // rope_bwd rotates by the negative angle (the transpose of the rotation).
-    void (*rope_fwd)(float *x, const int32_t *pos, const float *cos_sin, int N, int G, int D,
+    // of position pos[n]; cos_sin: (P, D/2, 2) fp32 table of (cos, sin) for positions
+    // 0..P-1. rope_bwd rotates by the negative angle (the transpose of the rotation).
+    void (*rope_fwd)(void *x, const int32_t *pos, const float *cos_sin, int N, int G, int D,
                      int stride);
-    void (*rope_bwd)(float *dx, const int32_t *pos, const float *cos_sin, int N, int G, int D,
+    void (*rope_bwd)(void *dx, const int32_t *pos, const float *cos_sin, int N, int G, int D,
                      int stride);
 
     // ---------------------------------------------------------------- causal attention
-    // q: (B,T,H,D), k,v: (B,T,KVH,D), all with token stride qkv_stride (floats);
-    // out: (B,T,H,D) contiguous; lse: (B,H,T) logsumexp of each query row's scaled scores.
-    // Query head h reads kv head h / (H/KVH). Key j is visible to query i iff
-    // doc_start[b,i] <= j <= i; doc_start: (B,T) or NULL (one document per row).
-    void (*attention_fwd)(float *out, float *lse, const float *q, const float *k, const float *v,
+    // q: (B,T,H,D), k,v: (B,T,KVH,D), all with token stride qkv_stride (elements);
+    // out: (B,T,H,D) contiguous; lse: (B,H,T) fp32 logsumexp of each query row's scaled
+    // scores (scale 1/sqrt(D)). Query head h reads kv head h / (H/KVH). Key j is visible
+    // to query i iff doc_start[b*T+i] <= j <= i; doc_start: (B,T), never NULL.
+    void (*attention_fwd)(void *out, float *lse, const void *q, const void *k, const void *v,
                           const int32_t *doc_start, int B, int T, int H, int KVH, int D,
                           int qkv_stride);
     // dq, dk, dv: same layout as q, k, v (overwritten); recomputes the probabilities.
-    void (*attention_bwd)(float *dq, float *dk, float *dv, const float *dout, const float *out,
-                          const float *lse, const float *q, const float *k, const float *v,
+    void (*attention_bwd)(void *dq, void *dk, void *dv, const void *dout, const void *out,
+                          const float *lse, const void *q, const void *k, const void *v,
                           const int32_t *doc_start, int B, int T, int H, int KVH, int D,
                           int qkv_stride);
 
     // ---------------------------------------------------------------- swiglu
     // h: (N, 2FF) = [up | gate] per row; out: (N,FF) = up * silu(gate).
-    void (*swiglu_fwd)(float *out, const float *h, int N, int FF);
+    void (*swiglu_fwd)(void *out, const void *h, int N, int FF);
     // dh: (N, 2FF) from dout: (N,FF).
-    void (*swiglu_bwd)(float *dh, const float *dout, const float *h, int N, int FF);
+    void (*swiglu_bwd)(void *dh, const void *dout, const void *h, int N, int FF);
 
     // ---------------------------------------------------------------- sigmoid gate
     // out = x * sigmoid(g), all (n) elements.
-    void (*sigmoid_gate_fwd)(float *out, const float *x, const float *g, size_t n);
-    void (*sigmoid_gate_bwd)(float *dx, float *dg, const float *dout, const float *x,
-                             const float *g, size_t n);
+    void (*sigmoid_gate_fwd)(void *out, const void *x, const void *g, size_t n);
+    void (*sigmoid_gate_bwd)(void *dx, void *dg, const void *dout, const void *x, const void *g,
+                             size_t n);
 
     // ---------------------------------------------------------------- cross entropy
-    // logits: (N,V); targets: (N); mask: (N) or NULL. Row n counts iff mask[n] != 0.
-    // loss[n] = torch's label-smoothed CE of row n (0 when not counted); lse: (N).
-    void (*cross_entropy_fwd)(float *loss, float *lse, const float *logits, const int32_t *targets,
+    // logits: (N,V); targets: (N); mask: (N), never NULL. Row n counts iff mask[n] != 0.
+    // loss[n] = torch's label-smoothed CE of row n (0 when not counted); lse: (N). Both fp32.
+    // The probabilities are never written.
+    void (*cross_entropy_fwd)(float *loss, float *lse, const void *logits, const int32_t *targets,
                               const int32_t *mask, int N, int V, float label_smoothing);
     // dlogits: (N,V) = dloss * (softmax - smoothed one-hot) on counted rows, 0 elsewhere.
-    void (*cross_entropy_bwd)(float *dlogits, const float *logits, const float *lse,
+    void (*cross_entropy_bwd)(void *dlogits, const void *logits, const float *lse,
                               const int32_t *targets, const int32_t *mask, int N, int V,
                               float label_smoothing, float dloss);
-} Backend;
+    // acc[0] += (double)(float)(sum over n of loss[n], in double / counted); counted > 0.
+    void (*loss_mean_add)(double *acc, const float *loss, int N, int counted);
+
+    // ---------------------------------------------------------------- optimizer
+    // out[0] = sum of x[i]^2 over (n), in double, fixed order (the global grad norm).
+    void (*sum_squares)(double *out, const float *x, size_t n);
+    // x: (n) *= factor (gradient clipping).
+    void (*scale)(float *x, size_t n, float factor);
+    // One AdamW step on a tensor of n floats: w, exp_avg, exp_avg_sq updated in place.
+    void (*adamw)(float *w, const float *g, float *exp_avg, float *exp_avg_sq, size_t n,
+                  const AdamwArgs *a);
+    // One Muon step (see MuonArgs) on w, buf: (rows, cols); scratch: muon_scratch_floats.
+    void (*muon)(float *w, const float *g, float *buf, float *scratch, const MuonArgs *a);
+};
+
+// fp32 floats of Muon scratch for a (rows, cols) weight: X and the next X as (r, c), the
+// Gram matrix and the polynomial as (r, r), r = min(rows, cols), and 2 doubles of norms.
+size_t muon_scratch_floats(int rows, int cols);
+
+// The backend of a rank: device_type "cpu" (dtype must be fp32) or "cuda" (the CUDA
+// device ordinal `device`, dtype bf16 or fp32). Fails with a clear error when CUDA was
+// not built in or no such GPU is usable.
+int backend_open(const Backend **out, const char *device_type, int device, DType dtype, Err *err);
+// Whether this build has the CUDA backend and a GPU is visible (for --device_type auto).
+int backend_cuda_available(void);
 
 const Backend *backend_cpu(void);

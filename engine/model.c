@@ -1,14 +1,19 @@
 // model.c: the AstrAI autoregressive LM (DESIGN §7): parameter table, init, load/save,
 // forward with loss and backward, orchestrated over the ops of engine/backend.h.
 //
-// Layout tricks that keep the big matmuls big (one sgemm over all B*T rows):
+// Layout tricks that keep the big matmuls big (one GEMM over all B*T rows):
 // - q_proj, k_proj, v_proj are adjacent in the flat weights, so one matmul with the
 //   (H+2*KVH)*D x C block gives qkv: (N, QKV) rows [q | k | v]; rope, qk-norm and
 //   attention work on it in place through a token stride.
 // - mlp.up and mlp.gate are adjacent too: one matmul gives h: (N, 2FF) rows [up | gate].
+//
+// Activations of a block live in a slot: slot l for block l, or one shared slot 0 with
+// gradient checkpointing, where only the block inputs (res) are kept and backward runs
+// the block's forward again into slot 0 first (same ops, same bits).
 #include "engine/model.h"
 
 #include <math.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -21,8 +26,19 @@ typedef struct {
     int q_proj, o_proj, q_norm, k_norm, gate, input_norm, post_norm, mlp_up, mlp_down;
 } LayerParams;
 
+// The batch as uploaded: BATCH_FIELDS int32 arrays of N, one after the other.
+enum {
+    BATCH_INPUTS,
+    BATCH_TARGETS,
+    BATCH_MASK,
+    BATCH_POS,
+    BATCH_DOC_START,
+    BATCH_BY_ID,
+    BATCH_FIELDS
+};
+
+// Tensors of the compute dtype are `void *` (bytes through act()); fp32 ones `float *`.
 struct ModelActs {
-    const Backend *be;
     float *rope; // (max_position_embeddings, head_dim/2, 2) cos, sin
     LayerParams *layer;
     int embed, norm, lm_head; // parameter indices (lm_head = embed when tied)
@@ -32,20 +48,33 @@ struct ModelActs {
     int B, T;
     int has_loss;
     float label_smoothing, counted;
-    int32_t *inputs, *targets, *mask, *pos, *doc_start; // (N)
-    // per layer, (L, N, ...): the layer input and what backward needs
-    float *res;                 // (L+1, N, C): res[L] is the last block's output
-    float *ln1, *rstd1;         // (L,N,C), (L,N)
-    float *qkv;                 // (L,N,QKV) after rope
-    float *qkn, *rstdq, *rstdk; // (L,N,QKV) q,k after qk-norm; (L,N,H), (L,N,KVH)
-    float *att, *lse;           // (L,N,C), (L,B,H,T)
-    float *gate, *gated;        // (L,N,C) gate pre-activation and att * sigmoid(gate)
-    float *mid, *ln2, *rstd2;   // (L,N,C), (L,N,C), (L,N)
-    float *h, *act;             // (L,N,2FF), (L,N,FF)
-    float *lnf, *rstdf, *logits, *lse_ce, *loss_rows; // (N,C), (N), (N,V), (N), (N)
+    int32_t *host_batch;  // (BATCH_FIELDS, N) host staging of the batch
+    int32_t *host_counts; // (vocab_size + 1) counting sort of ids (by_id)
+    int32_t *batch;       // (BATCH_FIELDS, N) on the backend
+    int32_t *inputs, *targets, *mask, *pos, *doc_start, *by_id; // (N) views into batch
+    // per slot S (L slots, or 1 with gradient checkpointing): what backward needs
+    void *res;            // (L+1, N, C) block inputs: res[L] is the last block's output
+    void *ln1;            // (S,N,C)
+    float *rstd1;         // (S,N)
+    void *qkv;            // (S,N,QKV) after rope
+    void *qkn;            // (S,N,QKV) q,k after qk-norm
+    float *rstdq, *rstdk; // (S,N,H), (S,N,KVH)
+    void *att;            // (S,N,C)
+    float *lse;           // (S,B,H,T)
+    void *gate, *gated;   // (S,N,C) gate pre-activation and att * sigmoid(gate)
+    void *mid, *ln2;      // (S,N,C), (S,N,C)
+    float *rstd2;         // (S,N)
+    void *h, *act;        // (S,N,2FF), (S,N,FF)
+    void *lnf, *logits;   // (N,C), (N,V)
+    float *rstdf, *lse_ce, *loss_rows; // (N), (N), (N)
     // backward scratch, reused by every layer
-    float *dres, *dln, *dqkv, *dqkn, *dgated, *datt, *dgate, *dh, *dact, *dlogits;
+    void *dres, *dln, *dqkv, *dqkn, *dgated, *datt, *dgate, *dh, *dact, *dlogits;
 };
+
+// Element i of a compute-dtype buffer.
+static void *at(const Model *m, const void *base, size_t i) {
+    return (char *)base + i * dtype_size(m->be->dtype);
+}
 
 // ---------------------------------------------------------------- parameter table
 
@@ -120,23 +149,77 @@ static void fill_rope_table(float *table, const ModelConfig *c) {
         }
 }
 
-int model_create(Model *m, const ModelConfig *cfg, Err *err) {
+// ---------------------------------------------------------------- buffers
+
+static bool weights_are_master(const Model *m) {
+    return m->be->dtype == DT_F32;
+}
+
+// With an fp32 compute dtype the weights and the master are one buffer.
+static int joint(const Model *m, int which) {
+    if (weights_are_master(m) && (which & (MODEL_WEIGHTS | MODEL_MASTER)))
+        which |= MODEL_WEIGHTS | MODEL_MASTER;
+    return which;
+}
+
+int model_acquire(Model *m, int which, Err *err) {
+    const Backend *be = m->be;
+    size_t n = m->num_floats;
+    which = joint(m, which);
+    if ((which & MODEL_MASTER) && !m->master) {
+        if (!(m->master = be->alloc(n * sizeof(float), err)))
+            return err_prefix(err, "model: %zu master weights", n);
+        if (weights_are_master(m)) m->weights = m->master;
+    }
+    if ((which & MODEL_WEIGHTS) && !m->weights &&
+        !(m->weights = be->alloc(n * dtype_size(be->dtype), err)))
+        return err_prefix(err, "model: %zu %s weights", n, dtype_name(be->dtype));
+    if ((which & MODEL_GRADS) && !m->grads && !(m->grads = be->alloc(n * sizeof(float), err)))
+        return err_prefix(err, "model: %zu gradients", n);
+    return 0;
+}
+
+void model_release(Model *m, int which) {
+    which = joint(m, which);
+    if (which & MODEL_WEIGHTS) {
+        if (m->weights != m->master) m->be->free(m->weights);
+        m->weights = NULL;
+    }
+    if (which & MODEL_MASTER) {
+        m->be->free(m->master);
+        m->master = NULL;
+    }
+    if (which & MODEL_GRADS) {
+        m->be->free(m->grads);
+        m->grads = NULL;
+    }
+}
+
+int model_create(Model *m, const ModelConfig *cfg, const Backend *be, Err *err) {
     memset(m, 0, sizeof *m);
     m->cfg = *cfg;
+    m->be = be;
     m->acts = calloc(1, sizeof *m->acts);
     if (!m->acts) return err_set(err, "model: out of memory");
     ModelActs *a = m->acts;
-    a->be = backend_cpu();
-    if (build_param_table(m, err)) return model_free(m), -1;
     size_t rope_floats = (size_t)cfg->max_position_embeddings * cfg->head_dim;
-    m->weights = a->be->alloc(m->num_floats * sizeof(float));
-    m->grads = a->be->alloc(m->num_floats * sizeof(float));
-    a->rope = a->be->alloc(rope_floats * sizeof(float));
-    if (!m->weights || !m->grads || !a->rope) {
+    float *rope = malloc(rope_floats * sizeof *rope);
+    a->host_counts = malloc(((size_t)cfg->vocab_size + 1) * sizeof *a->host_counts);
+    if (!rope || !a->host_counts || build_param_table(m, err)) {
+        free(rope);
         model_free(m);
-        return err_set(err, "model: out of memory for %zu parameters", m->num_floats);
+        return err_set(err, "model: out of memory");
     }
-    fill_rope_table(a->rope, cfg);
+    fill_rope_table(rope, cfg);
+    if (model_acquire(m, MODEL_WEIGHTS | MODEL_MASTER | MODEL_GRADS, err) ||
+        !(a->rope = be->alloc(rope_floats * sizeof(float), err)) ||
+        !(m->stats = be->alloc(2 * sizeof(double), err))) {
+        free(rope);
+        model_free(m);
+        return err_prefix(err, "model of %zu parameters", m->num_floats);
+    }
+    be->upload(a->rope, rope, rope_floats * sizeof(float));
+    free(rope);
     return 0;
 }
 
@@ -146,8 +229,17 @@ const ParamSpec *model_param(const Model *m, const char *name) {
     return NULL;
 }
 
-static float *weight(const Model *m, int index) {
-    return m->weights + m->params[index].offset;
+ParamView model_view(const Model *m) {
+    return (ParamView){.be = m->be,
+                       .params = m->params,
+                       .n_params = m->n_params,
+                       .num_floats = m->num_floats,
+                       .master = m->master,
+                       .grads = m->grads};
+}
+
+static void *weight(const Model *m, int index) {
+    return at(m, m->weights, m->params[index].offset);
 }
 static float *grad(const Model *m, int index) {
     return m->grads + m->params[index].offset;
@@ -155,22 +247,33 @@ static float *grad(const Model *m, int index) {
 
 // ---------------------------------------------------------------- init, load, save
 
-void model_init_random(Model *m, uint64_t seed) {
+static size_t largest_param(const Model *m) {
+    size_t n = 1;
+    for (int i = 0; i < m->n_params; i++)
+        if (m->params[i].numel > n) n = m->params[i].numel;
+    return n;
+}
+
+void model_refresh_weights(Model *m) {
+    if (m->weights != m->master) m->be->cast_from_f32(m->weights, m->master, m->num_floats);
+}
+
+int model_init_random(Model *m, uint64_t seed, Err *err) {
+    float *host = malloc(largest_param(m) * sizeof *host);
+    if (!host) return err_set(err, "model: out of memory for the init staging buffer");
     Rng rng;
     rng_seed(&rng, seed);
     float std_out = 0.02f / sqrtf(2.0f * m->cfg.num_hidden_layers);
     for (int i = 0; i < m->n_params; i++) {
         const ParamSpec *p = &m->params[i];
-        float *w = m->weights + p->offset;
-        if (p->ndim == 1) {
-            for (size_t j = 0; j < p->numel; j++)
-                w[j] = 1.0f;
-            continue;
-        }
         int scaled = strstr(p->name, "o_proj") || strstr(p->name, "mlp.down");
         for (size_t j = 0; j < p->numel; j++)
-            w[j] = rng_normal(&rng, 0.0f, scaled ? std_out : 0.02f);
+            host[j] = p->ndim == 1 ? 1.0f : rng_normal(&rng, 0.0f, scaled ? std_out : 0.02f);
+        m->be->upload(m->master + p->offset, host, p->numel * sizeof *host);
     }
+    free(host);
+    model_refresh_weights(m);
+    return 0;
 }
 
 static int check_no_unexpected(const Model *m, const StFile *f, const char *path, Err *err) {
@@ -183,22 +286,34 @@ static int check_no_unexpected(const Model *m, const StFile *f, const char *path
     return 0;
 }
 
+// Each tensor: file -> host staging (fp32) -> master.
+static int load_tensors(Model *m, const StFile *f, const char *path, float *host, Err *err) {
+    const Backend *be = m->be;
+    for (int i = 0; i < m->n_params; i++) {
+        const ParamSpec *p = &m->params[i];
+        float *dst = m->master + p->offset;
+        // AstrAI: an untied model without lm_head.weight starts from a copy of the embedding.
+        if (strcmp(p->name, "lm_head.weight") == 0 && !st_find(f, p->name)) {
+            be->copy(dst, m->master + m->params[m->acts->embed].offset, p->numel * sizeof *dst);
+            continue;
+        }
+        if (st_read_f32(f, p->name, p->ndim, p->shape, host, err))
+            return err_prefix(err, "%s", path);
+        be->upload(dst, host, p->numel * sizeof *host);
+    }
+    return 0;
+}
+
 int model_load(Model *m, const char *path, Err *err) {
     StFile f;
     if (st_open(&f, path, err)) return -1;
-    int rc = check_no_unexpected(m, &f, path, err);
-    for (int i = 0; i < m->n_params && rc == 0; i++) {
-        const ParamSpec *p = &m->params[i];
-        float *w = m->weights + p->offset;
-        // AstrAI: an untied model without lm_head.weight starts from a copy of the embedding.
-        if (strcmp(p->name, "lm_head.weight") == 0 && !st_find(&f, p->name)) {
-            memcpy(w, weight(m, m->acts->embed), p->numel * sizeof *w);
-            continue;
-        }
-        rc = st_read_f32(&f, p->name, p->ndim, p->shape, w, err);
-        if (rc) err_prefix(err, "%s", path);
-    }
+    float *host = malloc(largest_param(m) * sizeof *host);
+    int rc = !host ? err_set(err, "%s: out of memory for the staging buffer", path)
+                   : check_no_unexpected(m, &f, path, err);
+    if (!rc) rc = load_tensors(m, &f, path, host, err);
+    free(host);
     st_close(&f);
+    if (!rc) model_refresh_weights(m);
     return rc;
 }
 
@@ -207,7 +322,10 @@ int model_save(const Model *m, const char *path, StDType dtype, Err *err) {
     if (!t) return err_set(err, "%s: out of memory", path);
     for (int i = 0; i < m->n_params; i++) {
         const ParamSpec *p = &m->params[i];
-        t[i] = (StWriteTensor){.name = p->name, .ndim = p->ndim, .data = weight(m, i)};
+        t[i] = (StWriteTensor){.name = p->name,
+                               .ndim = p->ndim,
+                               .data = m->master + p->offset,
+                               .fetch = m->be->download};
         t[i].shape[0] = p->shape[0];
         t[i].shape[1] = p->shape[1];
     }
@@ -223,52 +341,53 @@ typedef struct {
     size_t bytes;
 } Buffer;
 
-// Every activation buffer with its size for N token rows; one table for alloc and free.
-static int activation_buffers(const Model *m, size_t N, int B, Buffer *out) {
+static int activation_slots(const Model *m) {
+    return m->grad_checkpointing ? 1 : m->cfg.num_hidden_layers;
+}
+
+// Every backend activation buffer with its size for N token rows; one table for alloc
+// and free.
+static int activation_buffers(const Model *m, size_t N, Buffer *out) {
     ModelActs *a = m->acts;
     const ModelConfig *c = &m->cfg;
-    size_t L = c->num_hidden_layers, C = c->hidden_size, V = c->vocab_size,
-           FF = c->intermediate_size, H = c->num_attention_heads, KVH = c->num_key_value_heads,
-           QKV = (H + 2 * KVH) * c->head_dim, qk = c->use_qk_norm, gated = c->use_gated_attention;
-    const size_t f = sizeof(float), i32 = sizeof(int32_t);
-    (void)B;
+    size_t L = c->num_hidden_layers, S = (size_t)activation_slots(m), C = c->hidden_size,
+           V = c->vocab_size, FF = c->intermediate_size, H = c->num_attention_heads,
+           KVH = c->num_key_value_heads, QKV = (H + 2 * KVH) * c->head_dim, qk = c->use_qk_norm,
+           gated = c->use_gated_attention;
+    const size_t A = dtype_size(m->be->dtype), f = sizeof(float), i32 = sizeof(int32_t);
     Buffer table[] = {
-        {(void **)&a->inputs, N * i32},
-        {(void **)&a->targets, N * i32},
-        {(void **)&a->mask, N * i32},
-        {(void **)&a->pos, N * i32},
-        {(void **)&a->doc_start, N * i32},
-        {(void **)&a->res, (L + 1) * N * C * f},
-        {(void **)&a->ln1, L * N * C * f},
-        {(void **)&a->rstd1, L * N * f},
-        {(void **)&a->qkv, L * N * QKV * f},
-        {(void **)&a->qkn, qk * L * N * QKV * f},
-        {(void **)&a->rstdq, qk * L * N * H * f},
-        {(void **)&a->rstdk, qk * L * N * KVH * f},
-        {(void **)&a->att, L * N * C * f},
-        {(void **)&a->lse, L * N * H * f},
-        {(void **)&a->gate, gated * L * N * C * f},
-        {(void **)&a->gated, gated * L * N * C * f},
-        {(void **)&a->mid, L * N * C * f},
-        {(void **)&a->ln2, L * N * C * f},
-        {(void **)&a->rstd2, L * N * f},
-        {(void **)&a->h, L * N * 2 * FF * f},
-        {(void **)&a->act, L * N * FF * f},
-        {(void **)&a->lnf, N * C * f},
+        {(void **)&a->batch, BATCH_FIELDS * N * i32},
+        {(void **)&a->res, (L + 1) * N * C * A},
+        {(void **)&a->ln1, S * N * C * A},
+        {(void **)&a->rstd1, S * N * f},
+        {(void **)&a->qkv, S * N * QKV * A},
+        {(void **)&a->qkn, qk * S * N * QKV * A},
+        {(void **)&a->rstdq, qk * S * N * H * f},
+        {(void **)&a->rstdk, qk * S * N * KVH * f},
+        {(void **)&a->att, S * N * C * A},
+        {(void **)&a->lse, S * N * H * f},
+        {(void **)&a->gate, gated * S * N * C * A},
+        {(void **)&a->gated, gated * S * N * C * A},
+        {(void **)&a->mid, S * N * C * A},
+        {(void **)&a->ln2, S * N * C * A},
+        {(void **)&a->rstd2, S * N * f},
+        {(void **)&a->h, S * N * 2 * FF * A},
+        {(void **)&a->act, S * N * FF * A},
+        {(void **)&a->lnf, N * C * A},
         {(void **)&a->rstdf, N * f},
-        {(void **)&a->logits, N * V * f},
+        {(void **)&a->logits, N * V * A},
         {(void **)&a->lse_ce, N * f},
         {(void **)&a->loss_rows, N * f},
-        {(void **)&a->dres, N * C * f},
-        {(void **)&a->dln, N * C * f},
-        {(void **)&a->dqkv, N * QKV * f},
-        {(void **)&a->dqkn, qk * N * QKV * f},
-        {(void **)&a->dgated, N * C * f},
-        {(void **)&a->datt, N * C * f},
-        {(void **)&a->dgate, gated * N * C * f},
-        {(void **)&a->dh, N * 2 * FF * f},
-        {(void **)&a->dact, N * FF * f},
-        {(void **)&a->dlogits, N * V * f},
+        {(void **)&a->dres, N * C * A},
+        {(void **)&a->dln, N * C * A},
+        {(void **)&a->dqkv, N * QKV * A},
+        {(void **)&a->dqkn, qk * N * QKV * A},
+        {(void **)&a->dgated, N * C * A},
+        {(void **)&a->datt, N * C * A},
+        {(void **)&a->dgate, gated * N * C * A},
+        {(void **)&a->dh, N * 2 * FF * A},
+        {(void **)&a->dact, N * FF * A},
+        {(void **)&a->dlogits, N * V * A},
     };
     size_t n = sizeof table / sizeof table[0];
     if (out) memcpy(out, table, sizeof table);
@@ -279,11 +398,13 @@ enum { MAX_BUFFERS = 64 };
 
 static void free_activations(Model *m) {
     Buffer table[MAX_BUFFERS];
-    int n = activation_buffers(m, 0, 0, table);
+    int n = activation_buffers(m, 0, table);
     for (int i = 0; i < n; i++) {
-        m->acts->be->free(*table[i].ptr);
+        m->be->free(*table[i].ptr);
         *table[i].ptr = NULL;
     }
+    free(m->acts->host_batch);
+    m->acts->host_batch = NULL;
     m->acts->capacity = 0;
     m->acts->bytes = 0;
 }
@@ -293,12 +414,14 @@ static int ensure_activations(Model *m, size_t N, Err *err) {
     if (N <= a->capacity) return 0;
     free_activations(m);
     Buffer table[MAX_BUFFERS];
-    int n = activation_buffers(m, N, 0, table);
+    int n = activation_buffers(m, N, table);
+    a->host_batch = malloc(BATCH_FIELDS * N * sizeof *a->host_batch);
+    if (!a->host_batch) return err_set(err, "model: out of memory for a batch of %zu tokens", N);
     for (int i = 0; i < n; i++) {
-        *table[i].ptr = table[i].bytes ? a->be->alloc(table[i].bytes) : NULL;
+        *table[i].ptr = table[i].bytes ? m->be->alloc(table[i].bytes, err) : NULL;
         if (table[i].bytes && !*table[i].ptr) {
             free_activations(m);
-            return err_set(err, "model: out of memory for activations of %zu tokens", N);
+            return err_prefix(err, "model: activations of %zu tokens", N);
         }
         a->bytes += table[i].bytes;
     }
@@ -313,9 +436,10 @@ size_t model_activation_bytes(const Model *m) {
 void model_free(Model *m) {
     if (m->acts) {
         free_activations(m);
-        m->acts->be->free(m->acts->rope);
-        m->acts->be->free(m->weights);
-        m->acts->be->free(m->grads);
+        m->be->free(m->acts->rope);
+        m->be->free(m->stats);
+        model_release(m, MODEL_WEIGHTS | MODEL_MASTER | MODEL_GRADS);
+        free(m->acts->host_counts);
         free(m->acts->layer);
         free(m->acts);
     }
@@ -323,47 +447,49 @@ void model_free(Model *m) {
     memset(m, 0, sizeof *m);
 }
 
-int model_acquire(Model *m, bool weights, bool grads, Err *err) {
-    const Backend *be = m->acts->be;
-    size_t bytes = m->num_floats * sizeof(float);
-    if (weights && !m->weights && !(m->weights = be->alloc(bytes)))
-        return err_set(err, "model: out of memory for %zu weights", m->num_floats);
-    if (grads && !m->grads && !(m->grads = be->alloc(bytes)))
-        return err_set(err, "model: out of memory for %zu gradients", m->num_floats);
-    return 0;
-}
-
-void model_release(Model *m, bool weights, bool grads) {
-    if (weights) {
-        m->acts->be->free(m->weights);
-        m->weights = NULL;
-    }
-    if (grads) {
-        m->acts->be->free(m->grads);
-        m->grads = NULL;
-    }
-}
-
 void model_zero_grad(Model *m) {
-    m->acts->be->zero(m->grads, m->num_floats * sizeof(float));
+    m->be->zero(m->grads, m->num_floats * sizeof(float));
 }
 
-const float *model_logits(const Model *m) {
-    return m->acts->logits;
+void model_logits(const Model *m, float *host) {
+    const ModelActs *a = m->acts;
+    m->be->download_f32(host, a->logits, (size_t)a->B * a->T * m->cfg.vocab_size);
+}
+
+void model_read_stats(Model *m, double out[2]) {
+    m->be->download(out, m->stats, 2 * sizeof(double));
+    m->be->zero(m->stats, sizeof(double));
 }
 
 // ---------------------------------------------------------------- forward
 
-// Checks ids and positions, copies what backward needs, derives positions and the
-// first visible key of each token (the start of its document).
+// by_id: the token indices stably sorted by id (counting sort over the vocabulary).
+static void sort_by_id(const int32_t *ids, int N, int V, int32_t *counts, int32_t *by_id) {
+    memset(counts, 0, ((size_t)V + 1) * sizeof *counts);
+    for (int n = 0; n < N; n++)
+        counts[ids[n] + 1]++;
+    for (int v = 1; v <= V; v++)
+        counts[v] += counts[v - 1]; // counts[v]: where id v's run starts
+    for (int n = 0; n < N; n++)
+        by_id[counts[ids[n]]++] = n;
+}
+
+// Checks ids and positions and builds the batch on the host: ids, targets, mask,
+// positions, the first visible key of each token (the start of its document) and by_id;
+// then uploads it in one transfer. Returns the number of counted tokens, or -1.
 static int prepare_inputs(Model *m, const int32_t *inputs, const int32_t *targets,
                           const int32_t *loss_mask, const int32_t *position_ids, int B, int T,
                           Err *err) {
     ModelActs *a = m->acts;
     const ModelConfig *c = &m->cfg;
+    size_t N = (size_t)B * T;
+    int32_t *hb = a->host_batch, *in = hb + BATCH_INPUTS * N, *tg = hb + BATCH_TARGETS * N,
+            *mask = hb + BATCH_MASK * N, *pos = hb + BATCH_POS * N,
+            *start_of = hb + BATCH_DOC_START * N;
     if (!position_ids && T > c->max_position_embeddings)
         return err_set(err, "model: sequence length %d exceeds max_position_embeddings %d", T,
                        c->max_position_embeddings);
+    int counted_total = 0;
     for (int b = 0; b < B; b++)
         for (int t = 0, start = 0; t < T; t++) {
             size_t n = (size_t)b * T + t;
@@ -374,182 +500,232 @@ static int prepare_inputs(Model *m, const int32_t *inputs, const int32_t *target
             if (counted && (targets[n] < 0 || targets[n] >= c->vocab_size))
                 return err_set(err, "model: target token %d at (%d,%d) outside vocab_size %d",
                                targets[n], b, t, c->vocab_size);
-            int pos = position_ids ? position_ids[n] : t;
-            if (pos < 0 || pos >= c->max_position_embeddings)
-                return err_set(err, "model: position id %d at (%d,%d) outside [0, %d)", pos, b, t,
+            int p = position_ids ? position_ids[n] : t;
+            if (p < 0 || p >= c->max_position_embeddings)
+                return err_set(err, "model: position id %d at (%d,%d) outside [0, %d)", p, b, t,
                                c->max_position_embeddings);
-            if (t > 0 && pos <= a->pos[n - 1]) start = t; // a new packed document
-            a->pos[n] = pos;
-            a->doc_start[n] = start;
-            a->inputs[n] = inputs[n];
-            a->targets[n] = counted ? targets[n] : 0;
-            a->mask[n] = counted;
+            if (t > 0 && p <= pos[n - 1]) start = t; // a new packed document
+            pos[n] = p;
+            start_of[n] = start;
+            in[n] = inputs[n];
+            tg[n] = counted ? targets[n] : 0;
+            mask[n] = counted;
+            counted_total += counted;
         }
-    return 0;
+    sort_by_id(in, (int)N, c->vocab_size, a->host_counts, hb + BATCH_BY_ID * N);
+    int32_t *db = a->batch;
+    a->inputs = db + BATCH_INPUTS * N;
+    a->targets = db + BATCH_TARGETS * N;
+    a->mask = db + BATCH_MASK * N;
+    a->pos = db + BATCH_POS * N;
+    a->doc_start = db + BATCH_DOC_START * N;
+    a->by_id = db + BATCH_BY_ID * N;
+    m->be->upload(db, hb, BATCH_FIELDS * N * sizeof *hb);
+    return counted_total;
 }
 
 static size_t qkv_width(const ModelConfig *c) {
     return (size_t)(c->num_attention_heads + 2 * c->num_key_value_heads) * c->head_dim;
 }
 
-// res[l+1] = res[l] + attn(input_norm(res[l])) + mlp(post_attention_norm(.)), layer l.
-static void layer_forward(Model *m, int l, int B, int T) {
-    ModelActs *a = m->acts;
-    const Backend *be = a->be;
+// The activations of one slot (engine/model.c header).
+typedef struct {
+    void *ln1, *qkv, *qkn, *att, *gate, *gated, *mid, *ln2, *h, *act;
+    float *rstd1, *rstdq, *rstdk, *lse, *rstd2;
+} Slot;
+
+static Slot slot_at(const Model *m, int s) {
+    const ModelActs *a = m->acts;
     const ModelConfig *c = &m->cfg;
-    const LayerParams *p = &a->layer[l];
-    int N = B * T, C = c->hidden_size, H = c->num_attention_heads, KVH = c->num_key_value_heads,
-        D = c->head_dim, FF = c->intermediate_size, QKV = (int)qkv_width(c);
-    size_t nc = (size_t)N * C;
-    float *res = a->res + l * nc, *ln1 = a->ln1 + l * nc, *qkv = a->qkv + (size_t)l * N * QKV,
-          *att = a->att + l * nc, *mid = a->mid + l * nc, *ln2 = a->ln2 + l * nc,
-          *h = a->h + (size_t)l * N * 2 * FF, *act = a->act + (size_t)l * N * FF;
-
-    be->rmsnorm_fwd(ln1, a->rstd1 + (size_t)l * N, res, weight(m, p->input_norm), N, 1, C, C,
-                    c->rms_norm_eps);
-    be->matmul_fwd(qkv, ln1, weight(m, p->q_proj), N, C, QKV, 0);
-    be->rope_fwd(qkv, a->pos, a->rope, N, H, D, QKV);
-    be->rope_fwd(qkv + H * D, a->pos, a->rope, N, KVH, D, QKV);
-    float *qk = qkv; // q and k as attention sees them
-    if (c->use_qk_norm) {
-        qk = a->qkn + (size_t)l * N * QKV;
-        be->rmsnorm_fwd(qk, a->rstdq + (size_t)l * N * H, qkv, weight(m, p->q_norm), N, H, D, QKV,
-                        c->rms_norm_eps);
-        be->rmsnorm_fwd(qk + H * D, a->rstdk + (size_t)l * N * KVH, qkv + H * D,
-                        weight(m, p->k_norm), N, KVH, D, QKV, c->rms_norm_eps);
-    }
-    be->attention_fwd(att, a->lse + (size_t)l * N * H, qk, qk + H * D, qkv + (H + KVH) * D,
-                      a->doc_start, B, T, H, KVH, D, QKV);
-    float *o_in = att;
-    if (c->use_gated_attention) {
-        float *gate = a->gate + l * nc;
-        o_in = a->gated + l * nc;
-        be->matmul_fwd(gate, ln1, weight(m, p->gate), N, C, C, 0);
-        be->sigmoid_gate_fwd(o_in, att, gate, nc);
-    }
-    be->copy(mid, res, nc * sizeof(float));
-    be->matmul_fwd(mid, o_in, weight(m, p->o_proj), N, C, C, 1);
-
-    be->rmsnorm_fwd(ln2, a->rstd2 + (size_t)l * N, mid, weight(m, p->post_norm), N, 1, C, C,
-                    c->rms_norm_eps);
-    be->matmul_fwd(h, ln2, weight(m, p->mlp_up), N, C, 2 * FF, 0);
-    be->swiglu_fwd(act, h, N, FF);
-    be->copy(res + nc, mid, nc * sizeof(float));
-    be->matmul_fwd(res + nc, act, weight(m, p->mlp_down), N, FF, C, 1);
+    size_t N = (size_t)a->B * a->T, nc = N * c->hidden_size, QKV = qkv_width(c),
+           FF = c->intermediate_size, H = c->num_attention_heads, KVH = c->num_key_value_heads;
+    size_t k = (size_t)s;
+    return (Slot){.ln1 = at(m, a->ln1, k * nc),
+                  .qkv = at(m, a->qkv, k * N * QKV),
+                  .qkn = c->use_qk_norm ? at(m, a->qkn, k * N * QKV) : NULL,
+                  .att = at(m, a->att, k * nc),
+                  .gate = c->use_gated_attention ? at(m, a->gate, k * nc) : NULL,
+                  .gated = c->use_gated_attention ? at(m, a->gated, k * nc) : NULL,
+                  .mid = at(m, a->mid, k * nc),
+                  .ln2 = at(m, a->ln2, k * nc),
+                  .h = at(m, a->h, k * N * 2 * FF),
+                  .act = at(m, a->act, k * N * FF),
+                  .rstd1 = a->rstd1 + k * N,
+                  .rstdq = c->use_qk_norm ? a->rstdq + k * N * H : NULL,
+                  .rstdk = c->use_qk_norm ? a->rstdk + k * N * KVH : NULL,
+                  .lse = a->lse + k * N * H,
+                  .rstd2 = a->rstd2 + k * N};
 }
 
-float model_forward(Model *m, const int32_t *inputs, const int32_t *targets,
-                    const int32_t *loss_mask, const int32_t *position_ids, int B, int T,
-                    float label_smoothing, Err *err) {
-    ModelActs *a = m->acts;
-    const Backend *be = a->be;
-    const ModelConfig *c = &m->cfg;
-    a->has_loss = 0;
-    if (B <= 0 || T <= 0 || (size_t)B * T > (size_t)1 << 30) {
-        err_set(err, "model: bad batch shape B=%d T=%d", B, T);
-        return NAN;
-    }
-    if (!(label_smoothing >= 0.0f && label_smoothing <= 1.0f)) {
-        err_set(err, "model: label_smoothing %g outside [0, 1]", label_smoothing);
-        return NAN;
-    }
-    int N = B * T, C = c->hidden_size, V = c->vocab_size, L = c->num_hidden_layers;
-    if (ensure_activations(m, (size_t)N, err) ||
-        prepare_inputs(m, inputs, targets, loss_mask, position_ids, B, T, err))
-        return NAN;
-    a->B = B;
-    a->T = T;
-    be->embedding_fwd(a->res, a->inputs, weight(m, a->embed), N, C);
-    for (int l = 0; l < L; l++)
-        layer_forward(m, l, B, T);
-    be->rmsnorm_fwd(a->lnf, a->rstdf, a->res + (size_t)L * N * C, weight(m, a->norm), N, 1, C, C,
-                    c->rms_norm_eps);
-    be->matmul_fwd(a->logits, a->lnf, weight(m, a->lm_head), N, C, V, 0);
-    if (!targets) return 0.0f;
-
-    be->cross_entropy_fwd(a->loss_rows, a->lse_ce, a->logits, a->targets, a->mask, N, V,
-                          label_smoothing);
-    double sum = 0.0;
-    int counted = 0;
-    for (int n = 0; n < N; n++) {
-        sum += a->loss_rows[n];
-        counted += a->mask[n] != 0;
-    }
-    a->has_loss = 1;
-    a->counted = (float)counted;
-    a->label_smoothing = label_smoothing;
-    return counted ? (float)(sum / counted) : 0.0f;
+static int slot_of_layer(const Model *m, int l) {
+    return m->grad_checkpointing ? 0 : l;
 }
 
-// ---------------------------------------------------------------- backward
-
-// Takes dres = d loss / d res[l+1]; leaves d loss / d res[l] in it.
-static void layer_backward(Model *m, int l) {
+// res[l+1] = res[l] + attn(input_norm(res[l])) + mlp(post_attention_norm(.)), layer l,
+// activations into slot s.
+static void layer_forward(Model *m, int l, int s) {
     ModelActs *a = m->acts;
-    const Backend *be = a->be;
+    const Backend *be = m->be;
     const ModelConfig *c = &m->cfg;
     const LayerParams *p = &a->layer[l];
     int B = a->B, T = a->T, N = B * T, C = c->hidden_size, H = c->num_attention_heads,
         KVH = c->num_key_value_heads, D = c->head_dim, FF = c->intermediate_size,
         QKV = (int)qkv_width(c);
     size_t nc = (size_t)N * C;
-    float *res = a->res + l * nc, *ln1 = a->ln1 + l * nc, *qkv = a->qkv + (size_t)l * N * QKV,
-          *att = a->att + l * nc, *mid = a->mid + l * nc, *ln2 = a->ln2 + l * nc,
-          *h = a->h + (size_t)l * N * 2 * FF, *act = a->act + (size_t)l * N * FF;
+    Slot x = slot_at(m, s);
+    void *res = at(m, a->res, l * nc), *res_next = at(m, a->res, (l + 1) * nc);
+
+    be->rmsnorm_fwd(x.ln1, x.rstd1, res, weight(m, p->input_norm), N, 1, C, C, c->rms_norm_eps);
+    be->matmul_fwd(x.qkv, x.ln1, weight(m, p->q_proj), N, C, QKV, 0);
+    be->rope_fwd(x.qkv, a->pos, a->rope, N, H, D, QKV);
+    be->rope_fwd(at(m, x.qkv, (size_t)H * D), a->pos, a->rope, N, KVH, D, QKV);
+    void *qk = x.qkv; // q and k as attention sees them
+    if (c->use_qk_norm) {
+        qk = x.qkn;
+        be->rmsnorm_fwd(qk, x.rstdq, x.qkv, weight(m, p->q_norm), N, H, D, QKV, c->rms_norm_eps);
+        be->rmsnorm_fwd(at(m, qk, (size_t)H * D), x.rstdk, at(m, x.qkv, (size_t)H * D),
+                        weight(m, p->k_norm), N, KVH, D, QKV, c->rms_norm_eps);
+    }
+    be->attention_fwd(x.att, x.lse, qk, at(m, qk, (size_t)H * D),
+                      at(m, x.qkv, (size_t)(H + KVH) * D), a->doc_start, B, T, H, KVH, D, QKV);
+    void *o_in = x.att;
+    if (c->use_gated_attention) {
+        o_in = x.gated;
+        be->matmul_fwd(x.gate, x.ln1, weight(m, p->gate), N, C, C, 0);
+        be->sigmoid_gate_fwd(o_in, x.att, x.gate, nc);
+    }
+    be->copy(x.mid, res, nc * dtype_size(be->dtype));
+    be->matmul_fwd(x.mid, o_in, weight(m, p->o_proj), N, C, C, 1);
+
+    be->rmsnorm_fwd(x.ln2, x.rstd2, x.mid, weight(m, p->post_norm), N, 1, C, C, c->rms_norm_eps);
+    be->matmul_fwd(x.h, x.ln2, weight(m, p->mlp_up), N, C, 2 * FF, 0);
+    be->swiglu_fwd(x.act, x.h, N, FF);
+    be->copy(res_next, x.mid, nc * dtype_size(be->dtype));
+    be->matmul_fwd(res_next, x.act, weight(m, p->mlp_down), N, FF, C, 1);
+}
+
+static int check_forward_args(int B, int T, float label_smoothing, Err *err) {
+    if (B <= 0 || T <= 0 || (size_t)B * T > (size_t)1 << 30)
+        return err_set(err, "model: bad batch shape B=%d T=%d", B, T);
+    if (!(label_smoothing >= 0.0f && label_smoothing <= 1.0f))
+        return err_set(err, "model: label_smoothing %g outside [0, 1]", label_smoothing);
+    return 0;
+}
+
+int model_forward_accumulate(Model *m, const int32_t *inputs, const int32_t *targets,
+                             const int32_t *loss_mask, const int32_t *position_ids, int B, int T,
+                             float label_smoothing, Err *err) {
+    ModelActs *a = m->acts;
+    const Backend *be = m->be;
+    const ModelConfig *c = &m->cfg;
+    a->has_loss = 0;
+    if (check_forward_args(B, T, label_smoothing, err)) return -1;
+    int N = B * T, C = c->hidden_size, V = c->vocab_size, L = c->num_hidden_layers;
+    if (ensure_activations(m, (size_t)N, err)) return -1;
+    int counted = prepare_inputs(m, inputs, targets, loss_mask, position_ids, B, T, err);
+    if (counted < 0) return -1;
+    a->B = B;
+    a->T = T;
+    be->embedding_fwd(a->res, a->inputs, weight(m, a->embed), N, C);
+    for (int l = 0; l < L; l++)
+        layer_forward(m, l, slot_of_layer(m, l));
+    be->rmsnorm_fwd(a->lnf, a->rstdf, at(m, a->res, (size_t)L * N * C), weight(m, a->norm), N, 1, C,
+                    C, c->rms_norm_eps);
+    be->matmul_fwd(a->logits, a->lnf, weight(m, a->lm_head), N, C, V, 0);
+    if (!targets) return 0;
+
+    be->cross_entropy_fwd(a->loss_rows, a->lse_ce, a->logits, a->targets, a->mask, N, V,
+                          label_smoothing);
+    if (counted) be->loss_mean_add(m->stats, a->loss_rows, N, counted);
+    a->has_loss = 1;
+    a->counted = (float)counted;
+    a->label_smoothing = label_smoothing;
+    return 0;
+}
+
+float model_forward(Model *m, const int32_t *inputs, const int32_t *targets,
+                    const int32_t *loss_mask, const int32_t *position_ids, int B, int T,
+                    float label_smoothing, Err *err) {
+    m->be->zero(m->stats, sizeof(double));
+    if (model_forward_accumulate(m, inputs, targets, loss_mask, position_ids, B, T, label_smoothing,
+                                 err))
+        return NAN;
+    double stats[2];
+    model_read_stats(m, stats);
+    return (float)stats[0];
+}
+
+// ---------------------------------------------------------------- backward
+
+// Takes dres = d loss / d res[l+1]; leaves d loss / d res[l] in it. Slot s holds
+// layer l's activations.
+static void layer_backward(Model *m, int l, int s) {
+    ModelActs *a = m->acts;
+    const Backend *be = m->be;
+    const ModelConfig *c = &m->cfg;
+    const LayerParams *p = &a->layer[l];
+    int B = a->B, T = a->T, N = B * T, C = c->hidden_size, H = c->num_attention_heads,
+        KVH = c->num_key_value_heads, D = c->head_dim, FF = c->intermediate_size,
+        QKV = (int)qkv_width(c);
+    size_t nc = (size_t)N * C, hd = (size_t)H * D, kvd = (size_t)(H + KVH) * D;
+    Slot x = slot_at(m, s);
+    void *res = at(m, a->res, l * nc);
 
     // mlp branch: res[l+1] = mid + down(swiglu(up|gate(ln2)))
-    be->matmul_bwd(a->dact, grad(m, p->mlp_down), a->dres, act, weight(m, p->mlp_down), N, FF, C,
+    be->matmul_bwd(a->dact, grad(m, p->mlp_down), a->dres, x.act, weight(m, p->mlp_down), N, FF, C,
                    0);
-    be->swiglu_bwd(a->dh, a->dact, h, N, FF);
-    be->matmul_bwd(a->dln, grad(m, p->mlp_up), a->dh, ln2, weight(m, p->mlp_up), N, C, 2 * FF, 0);
-    be->rmsnorm_bwd(a->dres, grad(m, p->post_norm), a->dln, mid, weight(m, p->post_norm),
-                    a->rstd2 + (size_t)l * N, N, 1, C, C, 1);
+    be->swiglu_bwd(a->dh, a->dact, x.h, N, FF);
+    be->matmul_bwd(a->dln, grad(m, p->mlp_up), a->dh, x.ln2, weight(m, p->mlp_up), N, C, 2 * FF, 0);
+    be->rmsnorm_bwd(a->dres, grad(m, p->post_norm), a->dln, x.mid, weight(m, p->post_norm), x.rstd2,
+                    N, 1, C, C, 1);
 
     // attention branch: mid = res + o_proj(att [* sigmoid(gate(ln1))])
-    float *o_in = c->use_gated_attention ? a->gated + l * nc : att;
+    void *o_in = c->use_gated_attention ? x.gated : x.att;
     be->matmul_bwd(a->dgated, grad(m, p->o_proj), a->dres, o_in, weight(m, p->o_proj), N, C, C, 0);
-    float *datt = a->dgated;
+    void *datt = a->dgated;
     if (c->use_gated_attention) {
         datt = a->datt;
-        be->sigmoid_gate_bwd(datt, a->dgate, a->dgated, att, a->gate + l * nc, nc);
+        be->sigmoid_gate_bwd(datt, a->dgate, a->dgated, x.att, x.gate, nc);
     }
-    float *qk = c->use_qk_norm ? a->qkn + (size_t)l * N * QKV : qkv;
-    float *dqk = c->use_qk_norm ? a->dqkn : a->dqkv;
-    be->attention_bwd(dqk, dqk + H * D, a->dqkv + (H + KVH) * D, datt, att,
-                      a->lse + (size_t)l * N * H, qk, qk + H * D, qkv + (H + KVH) * D, a->doc_start,
-                      B, T, H, KVH, D, QKV);
+    void *qk = c->use_qk_norm ? x.qkn : x.qkv;
+    void *dqk = c->use_qk_norm ? a->dqkn : a->dqkv;
+    be->attention_bwd(dqk, at(m, dqk, hd), at(m, a->dqkv, kvd), datt, x.att, x.lse, qk,
+                      at(m, qk, hd), at(m, x.qkv, kvd), a->doc_start, B, T, H, KVH, D, QKV);
     if (c->use_qk_norm) {
-        be->rmsnorm_bwd(a->dqkv, grad(m, p->q_norm), dqk, qkv, weight(m, p->q_norm),
-                        a->rstdq + (size_t)l * N * H, N, H, D, QKV, 0);
-        be->rmsnorm_bwd(a->dqkv + H * D, grad(m, p->k_norm), dqk + H * D, qkv + H * D,
-                        weight(m, p->k_norm), a->rstdk + (size_t)l * N * KVH, N, KVH, D, QKV, 0);
+        be->rmsnorm_bwd(a->dqkv, grad(m, p->q_norm), dqk, x.qkv, weight(m, p->q_norm), x.rstdq, N,
+                        H, D, QKV, 0);
+        be->rmsnorm_bwd(at(m, a->dqkv, hd), grad(m, p->k_norm), at(m, dqk, hd), at(m, x.qkv, hd),
+                        weight(m, p->k_norm), x.rstdk, N, KVH, D, QKV, 0);
     }
     be->rope_bwd(a->dqkv, a->pos, a->rope, N, H, D, QKV);
-    be->rope_bwd(a->dqkv + H * D, a->pos, a->rope, N, KVH, D, QKV);
+    be->rope_bwd(at(m, a->dqkv, hd), a->pos, a->rope, N, KVH, D, QKV);
     int have_dln = 0;
     if (c->use_gated_attention) {
-        be->matmul_bwd(a->dln, grad(m, p->gate), a->dgate, ln1, weight(m, p->gate), N, C, C, 0);
+        be->matmul_bwd(a->dln, grad(m, p->gate), a->dgate, x.ln1, weight(m, p->gate), N, C, C, 0);
         have_dln = 1;
     }
-    be->matmul_bwd(a->dln, grad(m, p->q_proj), a->dqkv, ln1, weight(m, p->q_proj), N, C, QKV,
+    be->matmul_bwd(a->dln, grad(m, p->q_proj), a->dqkv, x.ln1, weight(m, p->q_proj), N, C, QKV,
                    have_dln);
-    be->rmsnorm_bwd(a->dres, grad(m, p->input_norm), a->dln, res, weight(m, p->input_norm),
-                    a->rstd1 + (size_t)l * N, N, 1, C, C, 1);
+    be->rmsnorm_bwd(a->dres, grad(m, p->input_norm), a->dln, res, weight(m, p->input_norm), x.rstd1,
+                    N, 1, C, C, 1);
 }
 
 void model_backward(Model *m, float loss_scale) {
     ModelActs *a = m->acts;
     if (!a->has_loss || a->counted == 0) return; // no counted token: the loss is constant 0
-    const Backend *be = a->be;
+    const Backend *be = m->be;
     const ModelConfig *c = &m->cfg;
     int N = a->B * a->T, C = c->hidden_size, V = c->vocab_size, L = c->num_hidden_layers;
     be->cross_entropy_bwd(a->dlogits, a->logits, a->lse_ce, a->targets, a->mask, N, V,
                           a->label_smoothing, loss_scale / a->counted);
     be->matmul_bwd(a->dln, grad(m, a->lm_head), a->dlogits, a->lnf, weight(m, a->lm_head), N, C, V,
                    0);
-    be->rmsnorm_bwd(a->dres, grad(m, a->norm), a->dln, a->res + (size_t)L * N * C,
+    be->rmsnorm_bwd(a->dres, grad(m, a->norm), a->dln, at(m, a->res, (size_t)L * N * C),
                     weight(m, a->norm), a->rstdf, N, 1, C, C, 0);
-    for (int l = L - 1; l >= 0; l--)
-        layer_backward(m, l);
-    be->embedding_bwd(grad(m, a->embed), a->dres, a->inputs, N, C);
+    for (int l = L - 1; l >= 0; l--) {
+        // Checkpointing: slot 0 holds the last block after forward; recompute the others.
+        if (m->grad_checkpointing && l != L - 1) layer_forward(m, l, 0);
+        layer_backward(m, l, slot_of_layer(m, l));
+    }
+    be->embedding_bwd(grad(m, a->embed), a->dres, a->inputs, a->by_id, N, C);
 }

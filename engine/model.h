@@ -1,12 +1,17 @@
 // model.h: the AstrAI autoregressive LM (DESIGN §7): parameters, forward, backward.
 //
-// Parameters live in one flat fp32 buffer (weights) with a gradient buffer of
-// the same layout (grads), described by a table of named tensors in AstrAI key
-// order. The flat layout is what the optimizer, gradient clipping and the
-// collectives (ddp all-reduce, fsdp sharding) work on.
+// Parameters live in flat buffers described by a table of named tensors in AstrAI key
+// order: fp32 master weights (what the optimizer updates and checkpoints hold), the
+// weights forward and backward read, in the backend's compute dtype (the same buffer as
+// the master when that is fp32; a bf16 copy refreshed after each optimizer step
+// otherwise), and fp32 gradients of the same layout. The flat layout is what the
+// optimizer, gradient clipping and the collectives (ddp, fsdp sharding) work on.
 //
-// The numerics run through a Backend (engine/backend.h): the model code only
-// orchestrates, so a CUDA backend can be added beside the CPU one.
+// Every buffer belongs to the model's Backend (engine/backend.h), chosen at creation;
+// the model code only orchestrates its ops. Host and backend memory meet at named
+// points: the batch (one upload per forward), the loss and the squared gradient norm
+// (model_read_stats, once per optimizer step), weights one tensor at a time through a
+// host staging buffer (load, save, init).
 #pragma once
 #include <stdbool.h>
 #include <stddef.h>
@@ -14,56 +19,88 @@
 
 #include "ckpt/safetensors.h"
 #include "common/error.h"
+#include "engine/backend.h"
 #include "engine/config.h"
 
 typedef struct {
     char name[96]; // AstrAI key, e.g. "layers.0.attention.q_proj.weight"
     int ndim;      // 1 or 2
     int64_t shape[2];
-    size_t offset; // in floats, into Model.weights / Model.grads
+    size_t offset; // in elements, into the flat buffers
     size_t numel;
 } ParamSpec;
 
+// What an optimizer steps: a table of tensors over flat fp32 buffers of the backend
+// (a whole model, or the tensors a rank owns under ddp/fsdp).
+typedef struct {
+    const Backend *be;
+    const ParamSpec *params; // n_params entries; offsets into master/grads
+    int n_params;
+    size_t num_floats; // buffer length (may exceed the tensors: padding)
+    float *master;     // (num_floats,) fp32 weights
+    float *grads;      // (num_floats,) fp32 gradients
+} ParamView;
+
 typedef struct ModelActs ModelActs; // activations, private to model.c
+
+// Flat buffers of model_acquire / model_release.
+enum { MODEL_WEIGHTS = 1, MODEL_MASTER = 2, MODEL_GRADS = 4 };
 
 typedef struct {
     ModelConfig cfg;
+    const Backend *be;
     ParamSpec *params; // n_params entries
     int n_params;
-    size_t num_floats; // total parameter count
-    float *weights;    // (num_floats,)
-    float *grads;      // (num_floats,), accumulated by model_backward
-    ModelActs *acts;   // sized for the largest (B,T) seen so far
+    size_t num_floats;       // total parameter count
+    void *weights;           // (num_floats,) compute dtype, read by forward/backward
+    float *master;           // (num_floats,) fp32; == weights when the compute dtype is fp32
+    float *grads;            // (num_floats,) fp32, accumulated by model_backward
+    double *stats;           // (2,) backend: [0] sum of forward losses, [1] squared grad norm
+    bool grad_checkpointing; // keep only each block's input; recompute the block in backward
+    ModelActs *acts;         // sized for the largest (B,T) seen so far
 } Model;
 
-int model_create(Model *m, const ModelConfig *cfg, Err *err);
+int model_create(Model *m, const ModelConfig *cfg, const Backend *be, Err *err);
 void model_free(Model *m);
 
 const ParamSpec *model_param(const Model *m, const char *name);
+// The whole model as the optimizer sees it.
+ParamView model_view(const Model *m);
 
 // AstrAI init: N(0, 0.02); o_proj and mlp.down N(0, 0.02/sqrt(2*n_layers)); norms 1.
-void model_init_random(Model *m, uint64_t seed);
+int model_init_random(Model *m, uint64_t seed, Err *err);
 
-// Loads weights from a safetensors file (bf16/f16/f32). A missing tensor, an
-// unexpected tensor or a wrong shape is an error naming it. With tied
-// embeddings a present lm_head.weight is ignored.
+// Loads the master weights from a safetensors file (bf16/f16/f32) and refreshes the
+// compute weights. A missing tensor, an unexpected tensor or a wrong shape is an error
+// naming it. With tied embeddings a present lm_head.weight is ignored.
 int model_load(Model *m, const char *safetensors_path, Err *err);
+// Writes the master weights, one tensor at a time through host memory.
 int model_save(const Model *m, const char *safetensors_path, StDType dtype, Err *err);
+// weights = master in the compute dtype (after the optimizer stepped the master); no-op in fp32.
+void model_refresh_weights(Model *m);
 
 // Forward pass with loss.
-//   inputs, targets: (B,T) token ids; targets may be NULL (logits only)
+//   inputs, targets: (B,T) token ids (host memory); targets may be NULL (logits only)
 //   loss_mask: (B,T) 0/1 or NULL (all tokens count); the loss is the mean over
 //              counted tokens (AstrAI: cross_entropy with ignore_index)
 //   position_ids: (B,T) or NULL (positions 0..T-1); when given, a document starts
 //              where pos[t] <= pos[t-1] and attention stays inside documents
-// Returns the mean loss (0 when targets is NULL or no token counts).
-// Errors (allocation) are reported through err with a NaN return.
+// model_forward_accumulate adds the mean loss into stats[0] on the backend (nothing is
+// read back); model_forward also reads it back: it returns the mean loss (0 when targets
+// is NULL or no token counts), or NaN with err set (bad ids, shapes, memory).
+int model_forward_accumulate(Model *m, const int32_t *inputs, const int32_t *targets,
+                             const int32_t *loss_mask, const int32_t *position_ids, int B, int T,
+                             float label_smoothing, Err *err);
 float model_forward(Model *m, const int32_t *inputs, const int32_t *targets,
                     const int32_t *loss_mask, const int32_t *position_ids, int B, int T,
                     float label_smoothing, Err *err);
 
-// Logits of the last forward: (B,T,V), row-major.
-const float *model_logits(const Model *m);
+// Reads stats (the summed forward losses and the squared gradient norm) in one transfer
+// and resets the loss sum.
+void model_read_stats(Model *m, double out[2]);
+
+// Logits of the last forward: (B,T,V) fp32 into host memory.
+void model_logits(const Model *m, float *host);
 
 // Backward of the last forward's loss multiplied by loss_scale (1/grad_accum_steps);
 // gradients are ADDED into m->grads.
@@ -71,11 +108,11 @@ void model_backward(Model *m, float loss_scale);
 
 void model_zero_grad(Model *m);
 
-// FSDP holds the full weights and gradients only while a micro-step needs them:
-// model_release frees the chosen buffers (pointers become NULL), model_acquire
-// allocates the missing ones again (zeroed).
-int model_acquire(Model *m, bool weights, bool grads, Err *err);
-void model_release(Model *m, bool weights, bool grads);
+// FSDP and checkpoints hold full buffers only while they need them: model_release frees
+// the chosen buffers (pointers become NULL), model_acquire allocates the missing ones
+// (zeroed). With an fp32 compute dtype MODEL_WEIGHTS and MODEL_MASTER are one buffer.
+int model_acquire(Model *m, int which, Err *err);
+void model_release(Model *m, int which);
 
 // Bytes held by activations (for memory reports).
 size_t model_activation_bytes(const Model *m);

@@ -1,10 +1,12 @@
-// optim.c: AdamW and AstrAI's MuonMix over the model's flat parameter buffer, gradient
-// clipping, and the optimizer state as safetensors (DESIGN §8).
+// optim.c: AdamW and AstrAI's MuonMix over a parameter view, gradient clipping, and the
+// optimizer state as safetensors (DESIGN §8). The arithmetic is the backend's (adamw,
+// muon, scale ops: engine/cpu/optim.c, engine/cuda/optim.cu); this file owns which
+// tensor gets which update with which scalars, and the state files.
 //
 // Numerics follow PyTorch: torch.optim.AdamW (single-tensor path) and torch.optim.Muon
 // (torch >= 2.9, _single_tensor_muon), except that Newton-Schulz runs in fp32 (torch: bf16).
-// Reductions add fixed blocks in a fixed order, so a step is bitwise reproducible and a run
-// resumed from optim_save/optim_load continues exactly.
+// The backend ops are bitwise reproducible, so a run resumed from optim_save/optim_load
+// continues exactly.
 //
 // State file: exp_avg.<param> and exp_avg_sq.<param> for AdamW-owned parameters,
 // momentum_buffer.<param> for Muon-owned ones (fp32, the parameter's shape), and "step": a
@@ -12,7 +14,6 @@
 // An adamw optimizer has no momentum_buf (NULL).
 #include "engine/optim.h"
 
-#include <cblas.h>
 #include <math.h>
 #include <stdbool.h>
 #include <stdio.h>
@@ -30,8 +31,6 @@
 #define MUON_NS_B -4.7750f
 #define MUON_NS_C 2.0315f
 #define MUON_NORM_EPS 1e-7f
-// Element loops smaller than this run on one thread (an OpenMP region costs microseconds).
-#define PARALLEL_MIN 16384
 // The fp32 "step" tensor holds integers exactly up to 2^24.
 #define STEP_MAX_EXACT 16777216L
 
@@ -43,15 +42,7 @@ static bool muon_owns(const ParamSpec *p) {
            !strstr(p->name, "embed") && !strstr(p->name, "lm_head");
 }
 
-// Newton-Schulz workspace for a (rows, cols) matrix: X and the next X as (r, c), the
-// Gram matrix A and the polynomial B as (r, r), with r = min(rows, cols).
-static size_t ns_scratch_floats(const ParamSpec *p) {
-    size_t rows = (size_t)p->shape[0], cols = (size_t)p->shape[1];
-    size_t r = rows < cols ? rows : cols;
-    return 2 * rows * cols + 2 * r * r;
-}
-
-static int check_param_table(const Model *m, Err *err) {
+static int check_param_table(const ParamView *m, Err *err) {
     if (m->n_params > 0 && !m->params)
         return err_set(err, "optimizer: model has %d parameters but no table", m->n_params);
     for (int i = 0; i < m->n_params; i++) {
@@ -72,8 +63,37 @@ static int check_param_table(const Model *m, Err *err) {
     return 0;
 }
 
-int optim_create(Optimizer *o, OptimizerKind kind, const Model *m, float weight_decay, Err *err) {
+static size_t largest_muon_scratch(const Optimizer *o, const ParamView *v) {
+    size_t most = 0;
+    for (int i = 0; i < v->n_params; i++) {
+        size_t need = o->is_muon[i] ? muon_scratch_floats((int)v->params[i].shape[0],
+                                                          (int)v->params[i].shape[1])
+                                    : 0;
+        if (need > most) most = need;
+    }
+    return most;
+}
+
+static int alloc_state(Optimizer *o, const ParamView *v, Err *err) {
+    const Backend *be = v->be;
+    size_t bytes = (v->num_floats > 0 ? v->num_floats : 1) * sizeof(float);
+    o->is_muon = calloc(v->n_params > 0 ? (size_t)v->n_params : 1, 1);
+    if (!o->is_muon) return err_set(err, "out of memory");
+    for (int i = 0; o->kind == OPT_MUON && i < v->n_params; i++)
+        o->is_muon[i] = muon_owns(&v->params[i]);
+    if (!(o->exp_avg = be->alloc(bytes, err)) || !(o->exp_avg_sq = be->alloc(bytes, err)))
+        return -1;
+    if (o->kind != OPT_MUON) return 0;
+    size_t scratch = largest_muon_scratch(o, v);
+    if (!(o->momentum_buf = be->alloc(bytes, err))) return -1;
+    if (scratch && !(o->scratch = be->alloc(scratch * sizeof(float), err))) return -1;
+    return 0;
+}
+
+int optim_create(Optimizer *o, OptimizerKind kind, const ParamView *v, float weight_decay,
+                 Err *err) {
     *o = (Optimizer){.kind = kind,
+                     .be = v->be,
                      .weight_decay = weight_decay,
                      .beta1 = ADAMW_BETA1,
                      .beta2 = ADAMW_BETA2,
@@ -82,191 +102,77 @@ int optim_create(Optimizer *o, OptimizerKind kind, const Model *m, float weight_
                      .ns_steps = MUON_NS_STEPS};
     if (kind != OPT_ADAMW && kind != OPT_MUON)
         return err_set(err, "optimizer: unknown kind %d", (int)kind);
-    if (check_param_table(m, err)) return -1;
-
-    size_t n = m->num_floats > 0 ? m->num_floats : 1;
-    o->exp_avg = calloc(n, sizeof(float));
-    o->exp_avg_sq = calloc(n, sizeof(float));
-    o->is_muon = calloc(m->n_params > 0 ? (size_t)m->n_params : 1, 1);
-    bool ok = o->exp_avg && o->exp_avg_sq && o->is_muon;
-    if (ok && kind == OPT_MUON) {
-        for (int i = 0; i < m->n_params; i++) {
-            o->is_muon[i] = muon_owns(&m->params[i]);
-            size_t need = o->is_muon[i] ? ns_scratch_floats(&m->params[i]) : 0;
-            if (need > o->scratch_floats) o->scratch_floats = need;
-        }
-        o->momentum_buf = calloc(n, sizeof(float));
-        o->scratch = o->scratch_floats ? malloc(o->scratch_floats * sizeof(float)) : NULL;
-        ok = o->momentum_buf && (o->scratch || !o->scratch_floats);
-    }
-    if (!ok) {
+    if (check_param_table(v, err)) return -1;
+    if (alloc_state(o, v, err)) {
         optim_free(o);
-        return err_set(err, "optimizer: out of memory for the state of %zu parameters",
-                       m->num_floats);
+        return err_prefix(err, "optimizer: the state of %zu parameters", v->num_floats);
     }
     return 0;
 }
 
 void optim_free(Optimizer *o) {
-    free(o->exp_avg);
-    free(o->exp_avg_sq);
-    free(o->momentum_buf);
+    if (o->be) {
+        o->be->free(o->exp_avg);
+        o->be->free(o->exp_avg_sq);
+        o->be->free(o->momentum_buf);
+        o->be->free(o->scratch);
+    }
     free(o->is_muon);
-    free(o->scratch);
     *o = (Optimizer){0};
 }
 
-// ---------------------------------------------------------------- reductions
-
-#define SUM_BLOCKS 256
-
-// Sum of x[i]^2 in double, over fixed blocks added in a fixed order, so the result does
-// not depend on the thread count or scheduling (bitwise-reproducible resumes).
-static double sum_squares(const float *x, size_t n) {
-    double partial[SUM_BLOCKS];
-    size_t block = (n + SUM_BLOCKS - 1) / SUM_BLOCKS;
-#pragma omp parallel for schedule(static) if (n >= PARALLEL_MIN)
-    for (int b = 0; b < SUM_BLOCKS; b++) {
-        size_t lo = (size_t)b * block, hi = lo + block < n ? lo + block : n;
-        double s = 0.0;
-        for (size_t i = lo; i < hi; i++)
-            s += (double)x[i] * (double)x[i];
-        partial[b] = s;
-    }
-    double total = 0.0;
-    for (int b = 0; b < SUM_BLOCKS; b++)
-        total += partial[b];
-    return total;
-}
-
-static void scale(float *x, size_t n, float factor) {
-#pragma omp parallel for schedule(static) if (n >= PARALLEL_MIN)
-    for (size_t i = 0; i < n; i++)
-        x[i] *= factor;
-}
-
-double grad_sq_sum(const Model *m) {
-    return sum_squares(m->grads, m->num_floats);
-}
-
-void clip_grads_to(Model *m, double norm, float max_norm) {
+void clip_grads(const ParamView *v, double norm, float max_norm) {
     // torch clip_grad_norm_: coef = max_norm / (norm + 1e-6), clamped to 1. A NaN norm
-    // leaves the grads alone; the caller sees it in the returned value.
+    // leaves the grads alone; the caller sees it.
     double coef = (double)max_norm / (norm + 1e-6);
-    if (max_norm > 0 && coef < 1.0) scale(m->grads, m->num_floats, (float)coef);
+    if (max_norm > 0 && coef < 1.0) v->be->scale(v->grads, v->num_floats, (float)coef);
 }
 
-float clip_grad_norm(Model *m, float max_norm) {
-    double norm = sqrt(grad_sq_sum(m));
-    clip_grads_to(m, norm, max_norm);
-    return (float)norm;
-}
-
-// ---------------------------------------------------------------- AdamW
-
-// torch.optim.AdamW on one tensor of n floats, at o->step (already incremented).
-static void adamw_update(const Optimizer *o, float *w, const float *g, float *exp_avg,
-                         float *exp_avg_sq, size_t n, float lr, float weight_decay) {
+// torch.optim.AdamW's scalars for one tensor at o->step (already incremented).
+static AdamwArgs adamw_args(const Optimizer *o, float lr, float weight_decay) {
     double bias_correction1 = 1.0 - pow(o->beta1, (double)o->step);
     double bias_correction2 = 1.0 - pow(o->beta2, (double)o->step);
-    const float decay = (float)(1.0 - (double)lr * weight_decay);
-    const float step_size = (float)(lr / bias_correction1);
-    const float bc2_sqrt = (float)sqrt(bias_correction2);
-    const float b1 = o->beta1, b2 = o->beta2, eps = o->eps;
-    const float one_minus_b1 = (float)(1.0 - (double)b1), one_minus_b2 = (float)(1.0 - (double)b2);
-#pragma omp parallel for schedule(static) if (n >= PARALLEL_MIN)
-    for (size_t i = 0; i < n; i++) {
-        w[i] *= decay;
-        exp_avg[i] = exp_avg[i] * b1 + g[i] * one_minus_b1;
-        exp_avg_sq[i] = exp_avg_sq[i] * b2 + g[i] * g[i] * one_minus_b2;
-        float denom = sqrtf(exp_avg_sq[i]) / bc2_sqrt + eps;
-        w[i] += -step_size * (exp_avg[i] / denom);
-    }
+    return (AdamwArgs){.decay = (float)(1.0 - (double)lr * weight_decay),
+                       .step_size = (float)(lr / bias_correction1),
+                       .bc2_sqrt = (float)sqrt(bias_correction2),
+                       .beta1 = o->beta1,
+                       .beta2 = o->beta2,
+                       .one_minus_beta1 = (float)(1.0 - (double)o->beta1),
+                       .one_minus_beta2 = (float)(1.0 - (double)o->beta2),
+                       .eps = o->eps};
 }
 
-// ---------------------------------------------------------------- Muon
-
-// torch.lerp's formula (two branches for accuracy), so our numbers track torch's.
-static inline float lerp(float start, float end, float weight) {
-    return weight < 0.5f ? start + weight * (end - start) : end - (end - start) * (1.0f - weight);
+// torch.optim.Muon's scalars (nesterov, adjust_lr_fn "match_rms_adamw") for one weight.
+static MuonArgs muon_args(const Optimizer *o, const ParamSpec *p, float lr) {
+    int rows = (int)p->shape[0], cols = (int)p->shape[1];
+    double longer = rows > cols ? rows : cols;
+    return (MuonArgs){.rows = rows,
+                      .cols = cols,
+                      .ns_steps = o->ns_steps,
+                      .momentum = o->momentum,
+                      .one_minus_momentum = (float)(1.0 - (double)o->momentum),
+                      .decay = (float)(1.0 - (double)lr * o->weight_decay), // unadjusted lr
+                      .adjusted_lr = (float)((double)lr * 0.2 * sqrt(longer)),
+                      .ns_a = MUON_NS_A,
+                      .ns_b = MUON_NS_B,
+                      .ns_c = MUON_NS_C,
+                      .norm_eps = MUON_NORM_EPS};
 }
 
-// Newton-Schulz orthogonalisation of x: (r, c), r <= c, in place of the scratch.
-// Returns the buffer (x or next) that holds the result.
-static float *newton_schulz(float *x, float *next, float *gram, float *poly, int r, int c,
-                            int steps) {
-    size_t n = (size_t)r * c;
-    float norm = (float)sqrt(sum_squares(x, n));
-    float divisor = norm > MUON_NORM_EPS ? norm : MUON_NORM_EPS;
-#pragma omp parallel for schedule(static) if (n >= PARALLEL_MIN)
-    for (size_t i = 0; i < n; i++)
-        x[i] /= divisor;
-    for (int k = 0; k < steps; k++) {
-        // gram = x x^T: (r, r)
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, r, r, c, 1.0f, x, c, x, c, 0.0f, gram,
-                    r);
-        // poly = b*gram + c*gram@gram
-        memcpy(poly, gram, (size_t)r * r * sizeof(float));
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, r, r, r, MUON_NS_C, gram, r, gram, r,
-                    MUON_NS_B, poly, r);
-        // next = a*x + poly@x: (r, c)
-        memcpy(next, x, n * sizeof(float));
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, r, c, r, 1.0f, poly, r, x, c,
-                    MUON_NS_A, next, c);
-        float *t = x;
-        x = next;
-        next = t;
-    }
-    return x;
-}
-
-// torch.optim.Muon (nesterov, adjust_lr_fn "match_rms_adamw") on one (rows, cols) weight.
-static void muon_update(Optimizer *o, const ParamSpec *p, float *w, const float *g, float *buf,
-                        float lr) {
-    const int rows = (int)p->shape[0], cols = (int)p->shape[1];
-    // Work on the wide orientation: x = update^T when rows > cols, so x is (r, c), r <= c.
-    const bool transposed = rows > cols;
-    const int r = transposed ? cols : rows, c = transposed ? rows : cols;
-    const size_t n = p->numel;
-    float *x = o->scratch, *next = x + n, *gram = next + n, *poly = gram + (size_t)r * r;
-    const float momentum = o->momentum, one_minus_momentum = (float)(1.0 - (double)momentum);
-
-#pragma omp parallel for schedule(static) if (n >= PARALLEL_MIN)
-    for (int i = 0; i < rows; i++) {
-        for (int j = 0; j < cols; j++) {
-            size_t k = (size_t)i * cols + j;
-            buf[k] = lerp(buf[k], g[k], one_minus_momentum);
-            float update = lerp(g[k], buf[k], momentum); // Nesterov
-            x[transposed ? (size_t)j * rows + i : k] = update;
-        }
-    }
-    float *ortho = newton_schulz(x, next, gram, poly, r, c, o->ns_steps);
-
-    const float decay = (float)(1.0 - (double)lr * o->weight_decay);       // unadjusted lr
-    const float adjusted_lr = (float)((double)lr * 0.2 * sqrt((double)c)); // c = max(rows, cols)
-#pragma omp parallel for schedule(static) if (n >= PARALLEL_MIN)
-    for (int i = 0; i < rows; i++) {
-        for (int j = 0; j < cols; j++) {
-            size_t k = (size_t)i * cols + j;
-            w[k] *= decay;
-            w[k] += -adjusted_lr * ortho[transposed ? (size_t)j * rows + i : k];
-        }
-    }
-}
-
-void optim_step(Optimizer *o, Model *m, float lr) {
+void optim_step(Optimizer *o, const ParamView *v, float lr) {
     o->step++;
     // MuonMix gives its AdamW part no weight decay.
-    float adamw_decay = o->kind == OPT_ADAMW ? o->weight_decay : 0.0f;
-    for (int i = 0; i < m->n_params; i++) {
-        const ParamSpec *p = &m->params[i];
-        float *w = m->weights + p->offset;
-        const float *g = m->grads + p->offset;
-        if (o->is_muon[i])
-            muon_update(o, p, w, g, o->momentum_buf + p->offset, lr);
-        else
-            adamw_update(o, w, g, o->exp_avg + p->offset, o->exp_avg_sq + p->offset, p->numel, lr,
-                         adamw_decay);
+    AdamwArgs adamw = adamw_args(o, lr, o->kind == OPT_ADAMW ? o->weight_decay : 0.0f);
+    for (int i = 0; i < v->n_params; i++) {
+        const ParamSpec *p = &v->params[i];
+        float *w = v->master + p->offset;
+        const float *g = v->grads + p->offset;
+        if (o->is_muon[i]) {
+            MuonArgs muon = muon_args(o, p, lr);
+            o->be->muon(w, g, o->momentum_buf + p->offset, o->scratch, &muon);
+        } else {
+            o->be->adamw(w, g, o->exp_avg + p->offset, o->exp_avg_sq + p->offset, p->numel, &adamw);
+        }
     }
 }
 
@@ -296,7 +202,7 @@ static float *state_buffer(const Optimizer *o, const char *prefix) {
     return o->exp_avg_sq;
 }
 
-static int state_tensor_count(const Optimizer *o, const Model *m) {
+static int state_tensor_count(const Optimizer *o, const ParamView *m) {
     int count = 1; // step
     const char *prefixes[2];
     for (int i = 0; i < m->n_params; i++)
@@ -304,7 +210,7 @@ static int state_tensor_count(const Optimizer *o, const Model *m) {
     return count;
 }
 
-int optim_save(const Optimizer *o, const Model *m, const char *path, Err *err) {
+int optim_save(const Optimizer *o, const ParamView *m, const char *path, Err *err) {
     if (o->step > STEP_MAX_EXACT)
         return err_set(err, "%s: step %ld exceeds 2^24, the largest exact fp32 'step'", path,
                        o->step);
@@ -328,7 +234,8 @@ int optim_save(const Optimizer *o, const Model *m, const char *path, Err *err) {
             tensors[t] = (StWriteTensor){.name = name,
                                          .ndim = p->ndim,
                                          .shape = {p->shape[0], p->shape[1]},
-                                         .data = state_buffer(o, prefixes[f]) + p->offset};
+                                         .data = state_buffer(o, prefixes[f]) + p->offset,
+                                         .fetch = o->be->download};
         }
     }
     tensors[t] = (StWriteTensor){.name = "step", .ndim = 1, .shape = {1}, .data = &step};
@@ -365,8 +272,8 @@ static const char *foreign_state(const Optimizer *o, const StFile *f, const Para
 }
 
 // Checks that f holds exactly the state tensors of o for m, with matching shapes.
-static int check_state_file(const Optimizer *o, const Model *m, const StFile *f, const char *path,
-                            Err *err) {
+static int check_state_file(const Optimizer *o, const ParamView *m, const StFile *f,
+                            const char *path, Err *err) {
     for (int i = 0; i < m->n_params; i++) {
         const ParamSpec *p = &m->params[i];
         const char *foreign = foreign_state(o, f, p, i);
@@ -419,7 +326,8 @@ static int check_state_file(const Optimizer *o, const Model *m, const StFile *f,
     return 0;
 }
 
-static int read_state(Optimizer *o, const Model *m, const StFile *f, const char *path, Err *err) {
+static int read_state(Optimizer *o, const ParamView *m, const StFile *f, const char *path,
+                      float *host, Err *err) {
     float step;
     const int64_t one = 1;
     if (st_read_f32(f, "step", 1, &one, &step, err)) return err_prefix(err, "%s", path);
@@ -433,21 +341,27 @@ static int read_state(Optimizer *o, const Model *m, const StFile *f, const char 
         for (int fi = 0; fi < k; fi++) {
             char name[STATE_NAME_MAX];
             snprintf(name, sizeof name, "%s%s", prefixes[fi], p->name);
-            float *dst = state_buffer(o, prefixes[fi]) + p->offset;
-            if (st_read_f32(f, name, p->ndim, p->shape, dst, err))
+            if (st_read_f32(f, name, p->ndim, p->shape, host, err))
                 return err_prefix(err, "%s", path);
+            o->be->upload(state_buffer(o, prefixes[fi]) + p->offset, host, p->numel * sizeof *host);
         }
     }
     o->step = (long)step;
     return 0;
 }
 
-int optim_load(Optimizer *o, const Model *m, const char *path, Err *err) {
+int optim_load(Optimizer *o, const ParamView *m, const char *path, Err *err) {
     StFile f;
     if (st_open(&f, path, err)) return -1;
     // Validate everything before touching the state, so a bad file leaves it intact.
-    int rc = check_state_file(o, m, &f, path, err);
-    if (!rc) rc = read_state(o, m, &f, path, err);
+    size_t largest = 1;
+    for (int i = 0; i < m->n_params; i++)
+        if (m->params[i].numel > largest) largest = m->params[i].numel;
+    float *host = malloc(largest * sizeof *host);
+    int rc = host ? check_state_file(o, m, &f, path, err)
+                  : err_set(err, "%s: out of memory for the staging buffer", path);
+    if (!rc) rc = read_state(o, m, &f, path, host, err);
+    free(host);
     st_close(&f);
     return rc;
 }

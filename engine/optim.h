@@ -1,4 +1,5 @@
-// optim.h: optimizers over the model's flat parameter buffer (DESIGN §8).
+// optim.h: optimizers over a parameter view (engine/model.h ParamView: a table of
+// tensors over flat fp32 master/gradient buffers of a backend) (DESIGN §8).
 //
 // adamw: torch.optim.AdamW on every parameter (betas 0.9/0.95, eps 1e-8, bias
 //        correction, decoupled weight decay `weight_decay`).
@@ -14,8 +15,10 @@
 
 typedef enum { OPT_ADAMW, OPT_MUON } OptimizerKind;
 
+// The state buffers are the view's backend's, fp32, of the view's num_floats.
 typedef struct {
     OptimizerKind kind;
+    const Backend *be;
     float weight_decay;
     float beta1, beta2, eps; // AdamW part
     float momentum;          // Muon
@@ -23,27 +26,26 @@ typedef struct {
     long step;               // optimizer steps taken (AdamW bias correction)
     float *exp_avg;          // (num_floats,) AdamW first moment (0 where Muon owns it)
     float *exp_avg_sq;       // (num_floats,) AdamW second moment
-    float *momentum_buf;     // (num_floats,) Muon momentum (0 where AdamW owns it)
-    unsigned char *is_muon;  // (n_params,) 1 if param i uses Muon
-    float *scratch;          // Newton-Schulz workspace
-    size_t scratch_floats;
+    float *momentum_buf;     // (num_floats,) Muon momentum (0 where AdamW owns it); adamw: NULL
+    unsigned char *is_muon;  // (n_params,) host: 1 if param i uses Muon
+    float *scratch;          // Newton-Schulz workspace (muon_scratch_floats of the largest)
 } Optimizer;
 
-int optim_create(Optimizer *o, OptimizerKind kind, const Model *m, float weight_decay, Err *err);
+int optim_create(Optimizer *o, OptimizerKind kind, const ParamView *v, float weight_decay,
+                 Err *err);
 void optim_free(Optimizer *o);
 
-// One step with learning rate lr on m->weights using m->grads.
-void optim_step(Optimizer *o, Model *m, float lr);
+// One step with learning rate lr on v->master using v->grads.
+void optim_step(Optimizer *o, const ParamView *v, float lr);
 
-// Global L2 norm of m->grads; scales grads by min(1, max_norm/(norm+1e-6)) when
-// max_norm > 0. Returns the norm before clipping.
-float clip_grad_norm(Model *m, float max_norm);
-// The two halves of clip_grad_norm, for sharded gradients: the local sum of
-// squares (deterministic order), and the scaling for a global norm.
-double grad_sq_sum(const Model *m);
-void clip_grads_to(Model *m, double norm, float max_norm);
+// Gradient clipping as torch's clip_grad_norm_: scales v->grads by max_norm/(norm+1e-6)
+// when that is below 1 and max_norm > 0 (norm: the global L2 norm, computed by the
+// caller: the backend's sum_squares, summed over ranks when sharded). A NaN norm leaves
+// the gradients alone.
+void clip_grads(const ParamView *v, double norm, float max_norm);
 
 // State as safetensors ("optimizer.safetensors": exp_avg.<param>, exp_avg_sq.<param>,
-// momentum_buffer.<param>, and a 1-element "step") — no pickle.
-int optim_save(const Optimizer *o, const Model *m, const char *path, Err *err);
-int optim_load(Optimizer *o, const Model *m, const char *path, Err *err);
+// momentum_buffer.<param>, and a 1-element "step") — no pickle. Tensors travel one at a
+// time through host memory.
+int optim_save(const Optimizer *o, const ParamView *v, const char *path, Err *err);
+int optim_load(Optimizer *o, const ParamView *v, const char *path, Err *err);

@@ -3,6 +3,7 @@
 #include "proto/job_spec.h"
 
 #include <cjson/cJSON.h>
+#include <errno.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -77,6 +78,21 @@ static int parse_name(JobSpec *spec, const cJSON *v, Err *err) {
     return spec->name ? 0 : err_set(err, "name: out of memory");
 }
 
+// Takes the n ids (malloc'd) as the job's devices after checking they are distinct.
+static int set_device_ids(JobSpec *spec, long *ids, int n, Err *err) {
+    for (int i = 0; i < n; i++)
+        for (int j = 0; j < i; j++)
+            if (ids[j] == ids[i]) {
+                err_set(err, "devices: device %ld is listed twice", ids[i]);
+                free(ids);
+                return -1;
+            }
+    free(spec->device_ids);
+    spec->device_ids = ids;
+    spec->n_devices = n;
+    return 0;
+}
+
 static int parse_device_list(JobSpec *spec, const cJSON *v, Err *err) {
     int n = cJSON_GetArraySize(v);
     if (n < 1 || n > MAX_DEVICES)
@@ -86,26 +102,51 @@ static int parse_device_list(JobSpec *spec, const cJSON *v, Err *err) {
     for (int i = 0; i < n; i++) {
         char key[48];
         snprintf(key, sizeof key, "devices[%d]", i);
-        if (get_integer(cJSON_GetArrayItem(v, i), key, 0, MAX_DEVICES - 1, &ids[i], err)) goto fail;
-        for (int j = 0; j < i; j++)
-            if (ids[j] == ids[i]) {
-                err_set(err, "devices: device %ld is listed twice", ids[i]);
-                goto fail;
-            }
+        if (get_integer(cJSON_GetArrayItem(v, i), key, 0, MAX_DEVICES - 1, &ids[i], err)) {
+            free(ids);
+            return -1;
+        }
     }
-    free(spec->device_ids);
-    spec->device_ids = ids;
-    spec->n_devices = n;
-    return 0;
-fail:
-    free(ids);
-    return -1;
+    return set_device_ids(spec, ids, n, err);
+}
+
+static int bad_cuda_string(const char *s, Err *err) {
+    return err_set(err,
+                   "devices: expected an integer or a list of device ids, or \"cuda:0,1,...\" "
+                   "(got '%s')",
+                   s);
+}
+
+// "cuda:0,1": these GPUs (NVML indices), as astraid's --devices writes them.
+static int parse_cuda_string(JobSpec *spec, const char *s, Err *err) {
+    if (strncmp(s, "cuda:", 5)) return bad_cuda_string(s, err);
+    int n = 1;
+    for (const char *p = s + 5; *p; p++)
+        n += *p == ',';
+    if (n > MAX_DEVICES)
+        return err_set(err, "devices: a list needs 1 to %d device ids, got %d", MAX_DEVICES, n);
+    long *ids = calloc((size_t)n, sizeof *ids);
+    if (!ids) return err_set(err, "devices: out of memory");
+    const char *p = s + 5;
+    for (int i = 0; i < n; i++) {
+        char *end;
+        errno = 0;
+        ids[i] = *p >= '0' && *p <= '9' ? strtol(p, &end, 10) : -1;
+        if (ids[i] < 0 || errno || ids[i] > MAX_DEVICES - 1 || (*end && *end != ',')) {
+            free(ids);
+            return bad_cuda_string(s, err);
+        }
+        p = end + 1;
+    }
+    return set_device_ids(spec, ids, n, err);
 }
 
 static int parse_devices(JobSpec *spec, const cJSON *v, Err *err) {
     if (cJSON_IsArray(v)) return parse_device_list(spec, v, err);
+    if (cJSON_IsString(v)) return parse_cuda_string(spec, v->valuestring, err);
     if (!cJSON_IsNumber(v))
-        return err_set(err, "devices: expected an integer or a list of device ids");
+        return err_set(err,
+                       "devices: expected an integer or a list of device ids, or \"cuda:0,1,...\"");
     return get_integer(v, "devices", 1, MAX_DEVICES, &spec->n_devices, err);
 }
 

@@ -3,8 +3,9 @@
 // side), astraid (on submit) and astrai-train.
 //
 //   name          string, default the file name / "job-<id>"
-//   devices       integer >= 1 (defaults to nprocs) or a non-empty list of distinct device
-//                 ids (integers >= 0). When nprocs is given too, the number of devices must
+//   devices       integer >= 1 (defaults to nprocs), a non-empty list of distinct device
+//                 ids (integers >= 0), or "cuda:0,1" (those GPUs; astraid refuses it when it
+//                 has CPU slots). When nprocs is given too, the number of devices must
 //                 equal it; when only devices is given, nprocs is set to that number.
 //   max_restarts  integer >= 0 (default: the daemon's --max-restarts)
 //   priority      integer (higher starts first; FIFO within a priority), default 0

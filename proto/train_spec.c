@@ -60,6 +60,9 @@ static const KeyDef KEYS[] = {
     {"nprocs", KEY_INT, F(nprocs), "1", 1, 4096, NULL, "number of ranks"},
     {"comm_timeout", KEY_INT, F(comm_timeout), "600", 1, 86400, NULL, "seconds a collective may wait for the other ranks"},
     {"threads", KEY_INT, F(threads), "0", 0, 4096, NULL, "CPU threads per rank (0: cores / local ranks)"},
+    {"device_type", KEY_STR, F(device_type), "auto", 0, 0, "auto|cpu|cuda", "where ranks compute (auto: cuda when built with CUDA and a GPU is visible, else cpu); rank r uses visible GPU LOCAL_RANK"},
+    {"dtype", KEY_STR, F(dtype), "auto", 0, 0, "auto|bf16|fp32", "compute dtype of weights and activations (auto: bf16 on cuda with fp32 master weights and optimizer state, fp32 on cpu)"},
+    {"gradient_checkpointing", KEY_BOOL, F(gradient_checkpointing), "false", 0, 0, NULL, "keep only each block's input and recompute the block in backward (less memory, same numbers)"},
 };
 // clang-format on
 #define N_KEYS (sizeof KEYS / sizeof KEYS[0])
@@ -280,6 +283,8 @@ int train_spec_validate(const TrainSpec *s, Err *err) {
     if (!*s->param_path) return err_set(err, "param_path: required");
     if (!*s->data_root_path) return err_set(err, "data_root_path: required");
     if (!*s->ckpt_dir) return err_set(err, "ckpt_dir: must not be empty");
+    if (!strcmp(s->device_type, "cpu") && !strcmp(s->dtype, "bf16"))
+        return err_set(err, "dtype: bf16 needs device_type cuda (the CPU computes in fp32)");
     if (s->nprocs > 1 && !strcmp(s->parallel_mode, "none"))
         return err_set(err, "nprocs: %ld ranks need parallel_mode ddp or fsdp", s->nprocs);
     return 0;

@@ -47,6 +47,10 @@ typedef struct {
     long nprocs;
     long threads;      // 0: cores / local ranks
     long comm_timeout; // seconds a collective may wait for the other ranks
+    // devices and numerics
+    char *device_type;           // auto | cpu | cuda
+    char *dtype;                 // auto | bf16 | fp32 (compute dtype)
+    bool gradient_checkpointing; // recompute each block in backward
 } TrainSpec;
 
 // Fills every field with its default.

@@ -1,6 +1,14 @@
 # astraid end to end: a real daemon on its real socket, real astrai-train ranks, tiny models.
 include(${CMAKE_CURRENT_LIST_DIR}/common.cmake)
-foreach(t jobs pause restart failures bad_input systemd)
+foreach(t jobs pause restart failures bad_input systemd gpu)
   astrai_py_test(daemon_${t} test_daemon_${t}.py)
   set_tests_properties(daemon_${t} PROPERTIES TIMEOUT 300 LABELS daemon)
 endforeach()
+# A stand-in libnvidia-ml.so.1 for daemon_gpu (no driver here): one with the _v3 process
+# call, one without (an older driver).
+foreach(v "" _v1)
+  add_library(fake_nvml${v} SHARED ${CMAKE_CURRENT_LIST_DIR}/fake_nvml.c)
+  set_target_properties(fake_nvml${v} PROPERTIES PREFIX lib OUTPUT_NAME nvidia-ml SUFFIX .so.1
+    LIBRARY_OUTPUT_DIRECTORY ${CMAKE_BINARY_DIR}/fake_nvml${v} C_VISIBILITY_PRESET hidden)
+endforeach()
+target_compile_definitions(fake_nvml_v1 PRIVATE FAKE_NVML_NO_V3)

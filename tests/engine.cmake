@@ -5,3 +5,8 @@ astrai_c_test(test_config tests/test_config.c)
 add_executable(model_dump tests/model_dump.c)
 target_link_libraries(model_dump PRIVATE astrai_core)
 astrai_py_test(test_model_ref test_model_ref.py)
+
+# The CUDA attention kernels' tiling schedule replayed on the CPU against a naive attention:
+# the logic of engine/cuda/attention.cu checked where no GPU runs.
+astrai_c_test(test_attention_tiling tests/test_attention_tiling.c)
+target_link_libraries(test_attention_tiling PRIVATE m)

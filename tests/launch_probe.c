@@ -115,7 +115,7 @@ static int run_rank(const ProbeArgs *a, LaunchInfo *li) {
     struct sigaction sa = {.sa_handler = on_term};
     sigaction(SIGTERM, &sa, NULL);
     uint8_t id[LAUNCH_NCCL_ID_BYTES] = {0};
-    Err err = {{0}};
+    Err err = {0};
     if (li->rank == 0 && getrandom(id, sizeof id, 0) != (ssize_t)sizeof id) return 1;
     if (a->rendezvous && launch_rendezvous(li, id, &err)) {
         fprintf(stderr, "launch_probe: rank %d: %s\n", li->rank, err.msg);
@@ -139,7 +139,7 @@ int main(int argc, char **argv) {
     ProbeArgs a;
     if (parse_args(&a, argc, argv)) return 2;
     LaunchInfo *li = launch_info();
-    Err err = {{0}};
+    Err err = {0};
     if (launch_detect(li, a.nprocs, &err)) {
         fprintf(stderr, "launch_probe: %s\n", err.msg);
         return 2;

@@ -35,19 +35,26 @@ static int dump_grads(const Model *m, const char *path, float loss, int B, int T
     int n = m->n_params + 2;
     StWriteTensor *w = calloc((size_t)n, sizeof *w);
     char(*names)[128] = calloc((size_t)m->n_params, sizeof *names);
-    if (!w || !names) return free(w), free(names), err_set(err, "out of memory");
-    w[0] = (StWriteTensor){.name = "logits", .ndim = 3, .data = model_logits(m)};
+    float *logits = malloc((size_t)B * T * m->cfg.vocab_size * sizeof *logits);
+    if (!w || !names || !logits)
+        return free(w), free(names), free(logits), err_set(err, "out of memory");
+    model_logits(m, logits);
+    w[0] = (StWriteTensor){.name = "logits", .ndim = 3, .data = logits};
     w[0].shape[0] = B, w[0].shape[1] = T, w[0].shape[2] = m->cfg.vocab_size;
     w[1] = (StWriteTensor){.name = "loss", .ndim = 1, .shape = {1}, .data = &loss};
     for (int i = 0; i < m->n_params; i++) {
         const ParamSpec *p = &m->params[i];
         snprintf(names[i], sizeof names[i], "grad.%s", p->name);
-        w[i + 2] = (StWriteTensor){.name = names[i], .ndim = p->ndim, .data = m->grads + p->offset};
+        w[i + 2] = (StWriteTensor){.name = names[i],
+                                   .ndim = p->ndim,
+                                   .data = m->grads + p->offset,
+                                   .fetch = m->be->download};
         w[i + 2].shape[0] = p->shape[0], w[i + 2].shape[1] = p->shape[1];
     }
     int rc = st_write(path, w, n, ST_F32, err);
     free(w);
     free(names);
+    free(logits);
     return rc;
 }
 
@@ -58,7 +65,7 @@ static int run(const char *dir, const char *inputs_path, const char *out_path, f
     snprintf(path, sizeof path, "%s/config.json", dir);
     if (model_config_load(&cfg, path, err)) return -1;
     Model m;
-    if (model_create(&m, &cfg, err)) return -1;
+    if (model_create(&m, &cfg, backend_cpu(), err)) return -1;
     StFile f;
     int rc = -1, B = 0, T = 0;
     int32_t *inputs = NULL, *targets = NULL, *mask = NULL, *pos = NULL;
@@ -88,7 +95,7 @@ int main(int argc, char **argv) {
                 argv[0]);
         return EXIT_BAD_INPUT;
     }
-    Err err = {{0}};
+    Err err = {0};
     if (run(argv[1], argv[2], argv[3], argc == 5 ? strtof(argv[4], NULL) : 0.0f, &err)) {
         fprintf(stderr, "model_dump: %s\n", err.msg);
         return EXIT_BAD_INPUT;

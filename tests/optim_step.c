@@ -1,50 +1,62 @@
-// optim_step.c: drives engine/optim.c for tests/test_optim_ref.py on a hand-built Model.
+// optim_step.c: drives engine/optim.c for tests/test_optim_ref.py on a hand-built parameter
+// view over CPU backend buffers.
 //
 // DIR holds spec.txt (one "name ndim d0 [d1]" line per parameter, in buffer order),
 // weights.bin (num_floats fp32), grads.bin (N x num_floats fp32) and lrs.txt (N learning rates).
 //
 //   optim_step run  DIR KIND WD MAX_NORM RESUME_AT TAG
-//       N steps of: grads = grads[s]; norm = clip_grad_norm; optim_step(lr[s]). Writes
+//       N steps of: grads = grads[s]; norm = sqrt(sum_squares(grads)); clip_grads;
+//       optim_step(lr[s]). Writes
 //       DIR/TAG.weights.bin (N x num_floats, after each step), DIR/TAG.norms.txt and
 //       DIR/TAG.state.safetensors (final state). With RESUME_AT > 0 the optimizer is saved after
 //       that step, freed, and a fresh one loaded from the file continues.
 //   optim_step load DIR KIND FILE
 //       Loads FILE into a fresh optimizer of the spec's model; prints "ok" or the error (exit 2).
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "engine/optim.h"
 
-static int read_spec(Model *m, const char *dir, Err *err) {
+static int read_spec(ParamView *m, const char *dir, Err *err) {
     char path[1024];
     snprintf(path, sizeof path, "%s/spec.txt", dir);
     FILE *f = fopen(path, "r");
     if (!f) return err_set(err, "%s: cannot open", path);
-    *m = (Model){0};
-    ParamSpec p = {0};
+    *m = (ParamView){.be = backend_cpu()};
+    ParamSpec p = {0}, *params = NULL;
     while (fscanf(f, "%95s %d %lld", p.name, &p.ndim, (long long *)&p.shape[0]) == 3) {
         p.shape[1] = 1;
         if (p.ndim == 2 && fscanf(f, "%lld", (long long *)&p.shape[1]) != 1) break;
         p.numel = (size_t)(p.shape[0] * p.shape[1]);
         p.offset = m->num_floats;
         m->num_floats += p.numel;
-        ParamSpec *grown = realloc(m->params, (size_t)(m->n_params + 1) * sizeof *grown);
+        ParamSpec *grown = realloc(params, (size_t)(m->n_params + 1) * sizeof *grown);
         if (!grown) break;
-        m->params = grown;
-        m->params[m->n_params++] = p;
+        params = grown;
+        params[m->n_params++] = p;
     }
     fclose(f);
-    m->weights = calloc(m->num_floats, sizeof(float));
+    m->params = params;
+    m->master = calloc(m->num_floats, sizeof(float));
     m->grads = calloc(m->num_floats, sizeof(float));
-    if (!m->weights || !m->grads) return err_set(err, "%s: out of memory", path);
+    if (!m->master || !m->grads) return err_set(err, "%s: out of memory", path);
     return 0;
 }
 
-static void free_model(Model *m) {
-    free(m->params);
-    free(m->weights);
+static void free_model(ParamView *m) {
+    free((void *)m->params);
+    free(m->master);
     free(m->grads);
+}
+
+// torch's clip_grad_norm_: the norm, then the clipping; returns the norm.
+static float clip(const ParamView *m, float max_norm) {
+    double sq;
+    m->be->sum_squares(&sq, m->grads, m->num_floats);
+    clip_grads(m, sqrt(sq), max_norm);
+    return (float)sqrt(sq);
 }
 
 static int read_floats(const char *dir, const char *file, float **out, size_t *n, Err *err) {
@@ -71,7 +83,7 @@ static int parse_kind(const char *s, OptimizerKind *kind, Err *err) {
     return 0;
 }
 
-static int save_and_reload(Optimizer *o, const Model *m, OptimizerKind kind, float wd,
+static int save_and_reload(Optimizer *o, const ParamView *m, OptimizerKind kind, float wd,
                            const char *dir, const char *tag, Err *err) {
     char path[1024];
     snprintf(path, sizeof path, "%s/%s.resume.safetensors", dir, tag);
@@ -83,7 +95,7 @@ static int save_and_reload(Optimizer *o, const Model *m, OptimizerKind kind, flo
 
 static int run(const char *dir, OptimizerKind kind, float wd, float max_norm, long resume_at,
                const char *tag, Err *err) {
-    Model m;
+    ParamView m;
     Optimizer o = {0};
     float *grads = NULL, *lrs = NULL, *init = NULL, *trajectory = NULL;
     size_t n_grads = 0, n_init = 0;
@@ -106,12 +118,12 @@ static int run(const char *dir, OptimizerKind kind, float wd, float max_norm, lo
     snprintf(path, sizeof path, "%s/%s.norms.txt", dir, tag);
     FILE *norms = rc ? NULL : fopen(path, "w");
     trajectory = malloc((steps * m.num_floats + 1) * sizeof(float));
-    if (!rc) memcpy(m.weights, init, m.num_floats * sizeof(float));
+    if (!rc) memcpy(m.master, init, m.num_floats * sizeof(float));
     for (size_t s = 0; !rc && s < steps; s++) {
         memcpy(m.grads, grads + s * m.num_floats, m.num_floats * sizeof(float));
-        fprintf(norms, "%.9g\n", (double)clip_grad_norm(&m, max_norm));
+        fprintf(norms, "%.9g\n", (double)clip(&m, max_norm));
         optim_step(&o, &m, lrs[s]);
-        memcpy(trajectory + s * m.num_floats, m.weights, m.num_floats * sizeof(float));
+        memcpy(trajectory + s * m.num_floats, m.master, m.num_floats * sizeof(float));
         if ((long)s + 1 == resume_at) rc = save_and_reload(&o, &m, kind, wd, dir, tag, err);
     }
     if (norms) fclose(norms);
@@ -135,7 +147,7 @@ static int run(const char *dir, OptimizerKind kind, float wd, float max_norm, lo
 }
 
 static int load(const char *dir, OptimizerKind kind, const char *file, Err *err) {
-    Model m;
+    ParamView m;
     Optimizer o = {0};
     int rc = read_spec(&m, dir, err);
     if (!rc) rc = optim_create(&o, kind, &m, 0.1f, err);
@@ -146,7 +158,7 @@ static int load(const char *dir, OptimizerKind kind, const char *file, Err *err)
 }
 
 int main(int argc, char **argv) {
-    Err err = {{0}};
+    Err err = {0};
     OptimizerKind kind;
     int rc;
     if (argc == 8 && !strcmp(argv[1], "run")) {

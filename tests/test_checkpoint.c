@@ -43,7 +43,7 @@ static int dir_entries_starting(const char *dir, const char *prefix) {
 // A directory under root that looks like a checkpoint (with_meta: has meta.json).
 static void make_fake(const char *rel, int with_meta) {
     char dir[PATH_MAX], meta[PATH_MAX + 16];
-    Err err = {{0}};
+    Err err = {0};
     path_in(dir, rel);
     CHECK_MSG(fs_mkdir_p(dir, &err) == 0, "%s", err.msg);
     snprintf(meta, sizeof meta, "%s/meta.json", dir);
@@ -54,7 +54,7 @@ static void make_fake(const char *rel, int with_meta) {
 // Writes a complete checkpoint `name` whose meta.json holds the given step.
 static int save_checkpoint(const char *dir, const char *name, long step) {
     char tmp[PATH_MAX], file[PATH_MAX + 16], text[128];
-    Err err = {{0}};
+    Err err = {0};
     if (ckpt_begin(dir, name, tmp, sizeof tmp, &err) != 0) goto fail;
     snprintf(text, sizeof text, "{\"epoch\": 0, \"consumed_samples\": %ld, \"step\": %ld}",
              step * 4, step);
@@ -71,7 +71,7 @@ static long step_in(const char *ckpt_path) {
     char file[PATH_MAX + 16];
     snprintf(file, sizeof file, "%s/meta.json", ckpt_path);
     CkptMeta m;
-    Err err = {{0}};
+    Err err = {0};
     if (meta_load(&m, file, &err) != 0) {
         fprintf(stderr, "%s\n", err.msg);
         return -99;
@@ -86,7 +86,7 @@ static long step_in(const char *ckpt_path) {
 static void test_commit_and_latest(void) {
     char dir[PATH_MAX], latest[PATH_MAX], want[PATH_MAX];
     path_in(dir, "ck/nested");
-    Err err = {{0}};
+    Err err = {0};
     CHECK(ckpt_find_latest(dir, latest, sizeof latest, &err) == 1); // does not exist yet
     CHECK(save_checkpoint(dir, "epoch_0_step_5", 5) == 0);
     CHECK(save_checkpoint(dir, "epoch_1_step_12", 12) == 0);
@@ -111,7 +111,7 @@ static void test_commit_and_latest(void) {
 static void test_replace(void) {
     char dir[PATH_MAX], latest[PATH_MAX];
     path_in(dir, "ck/replace");
-    Err err = {{0}};
+    Err err = {0};
     CHECK(save_checkpoint(dir, "epoch_0_step_3", 3) == 0);
     CHECK(save_checkpoint(dir, "epoch_0_step_3", 33) == 0); // same name, new content
     CHECK(ckpt_find_latest(dir, latest, sizeof latest, &err) == 0);
@@ -123,7 +123,7 @@ static void test_replace(void) {
 static void test_abort_and_bad_names(void) {
     char dir[PATH_MAX], tmp[PATH_MAX];
     path_in(dir, "ck/abort");
-    Err err = {{0}};
+    Err err = {0};
     CHECK(ckpt_begin(dir, "epoch_0_step_1", tmp, sizeof tmp, &err) == 0);
     CHECK(fs_is_dir(tmp));
     CHECK(ckpt_abort(tmp, &err) == 0);
@@ -141,7 +141,7 @@ static void test_abort_and_bad_names(void) {
 static void test_crash_leaves_previous(void) {
     char dir[PATH_MAX], latest[PATH_MAX];
     path_in(dir, "ck/crash");
-    Err err = {{0}};
+    Err err = {0};
     CHECK(save_checkpoint(dir, "epoch_0_step_10", 10) == 0);
     pid_t pid = fork();
     if (pid == 0) {
@@ -192,7 +192,7 @@ static void test_meta_astrai(void) {
                        "  \"timestamp\": \"2025-03-01T12:00:00\",\n  \"train_type\": \"seq\",\n"
                        "  \"max_lr\": 0.0003\n}";
     CkptMeta m;
-    Err err = {{0}};
+    Err err = {0};
     CHECK_MSG(meta_parse(&m, json, "meta.json", &err) == 0, "%s", err.msg);
     CHECK(m.epoch == 1 && m.consumed_samples == 640 && m.step == -1);
     CHECK(strcmp(m.timestamp, "2025-03-01T12:00:00") == 0);
@@ -219,7 +219,7 @@ static void test_meta_astrai(void) {
 
 static void expect_meta_error(const char *json, const char *want) {
     CkptMeta m;
-    Err err = {{0}};
+    Err err = {0};
     CHECK_MSG(meta_parse(&m, json, "ck/meta.json", &err) == -1, "accepted %s", json);
     CHECK_MSG(contains(err.msg, "ck/meta.json: ") && contains(err.msg, want),
               "message '%s' lacks '%s'", err.msg, want);
@@ -248,7 +248,7 @@ static void test_meta_errors(void) {
                       "key \"epoch\" appears twice");
 
     CkptMeta m;
-    Err err = {{0}};
+    Err err = {0};
     CHECK(meta_load(&m, "no/such/meta.json", &err) == -1);
     CHECK_MSG(contains(err.msg, "no/such/meta.json: cannot open: No such file"), "%s", err.msg);
 }
@@ -257,7 +257,7 @@ static void test_meta_errors(void) {
 
 static void test_fsutil(void) {
     char file[PATH_MAX], dir[PATH_MAX];
-    Err err = {{0}};
+    Err err = {0};
     path_in(file, "fs/atomic.txt");
     CHECK(fs_write_file_atomic(file, "x", 1, &err) == -1); // no parent directory yet
     CHECK_MSG(contains(err.msg, "fs/atomic.txt") && contains(err.msg, "No such file"), "%s",
@@ -313,7 +313,7 @@ int main(void) {
     test_meta_astrai();
     test_meta_errors();
     test_fsutil();
-    Err err = {{0}};
+    Err err = {0};
     if (check_failures == 0) fs_remove_tree(root, &err); // keep it for a look when failing
     CHECK_DONE();
 }

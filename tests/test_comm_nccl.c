@@ -20,7 +20,7 @@ static CommConfig nccl_config(const uint8_t *id) {
 // present (the communicator comes up) or the error names CUDA.
 static void test_built(void) {
     Comm *c = NULL;
-    Err err = {{0}};
+    Err err = {0};
     CommConfig cfg = nccl_config(NULL);
     CHECK(comm_create(&c, &cfg, &err) == -1 && c == NULL);
     CHECK_MSG(strstr(err.msg, "nccl backend needs nccl_id"), "%s", err.msg);
@@ -42,7 +42,7 @@ static void test_built(void) {
 #else
 static void test_not_built(void) {
     Comm *c = NULL;
-    Err err = {{0}};
+    Err err = {0};
     uint8_t id[COMM_NCCL_ID_BYTES] = {0};
     CommConfig cfg = nccl_config(id);
     const char *want = "nccl backend not built (CUDA/NCCL not found at configure time)";

@@ -73,7 +73,7 @@ typedef int (*RankBody)(Comm *c, void *ctx);
 
 // In the child: create, run the body, destroy. Exit 0 when the body is happy.
 static void rank_main(const CommConfig *cfg, RankBody body, void *ctx) {
-    Err err = {{0}};
+    Err err = {0};
     Comm *c;
     if (comm_create(&c, cfg, &err)) {
         report_failure(cfg->rank, &err);
@@ -191,7 +191,7 @@ static int check_all_reduce(Comm *c, size_t n, CommOp op, uint32_t seed, float *
     Err err;
     for (size_t i = 0; i < n; i++)
         buf[i] = value(seed, me, i);
-    if (comm_all_reduce(c, buf, n, op, &err)) return fail_call(c, &err);
+    if (comm_all_reduce(c, buf, n, DT_F32, op, &err)) return fail_call(c, &err);
     EXPECT_FLOATS(op == COMM_AVG ? "all_reduce avg" : "all_reduce sum", me, n, buf,
                   expected_reduce(seed, W, i, op));
     reports[me].digest = fnv(reports[me].digest, buf, n * sizeof(float));
@@ -204,7 +204,7 @@ static int check_reduce_scatter(Comm *c, size_t n, CommOp op, uint32_t seed, flo
     Err err;
     for (size_t i = 0; i < (size_t)W * n; i++)
         send[i] = value(seed, me, i);
-    if (comm_reduce_scatter(c, send, recv, n, op, &err)) return fail_call(c, &err);
+    if (comm_reduce_scatter(c, send, recv, n, DT_F32, op, &err)) return fail_call(c, &err);
     EXPECT_FLOATS("reduce_scatter", me, n, recv, expected_reduce(seed, W, me * n + i, op));
     return 0;
 }
@@ -214,7 +214,7 @@ static int check_all_gather(Comm *c, size_t n, uint32_t seed, float *send, float
     Err err;
     for (size_t i = 0; i < n; i++)
         send[i] = value(seed, me, i);
-    if (comm_all_gather(c, send, recv, n, &err)) return fail_call(c, &err);
+    if (comm_all_gather(c, send, recv, n, DT_F32, &err)) return fail_call(c, &err);
     EXPECT_FLOATS("all_gather", me, (size_t)W * n, recv, value(seed, (int)(i / n), i % n));
     reports[me].digest = fnv(reports[me].digest, recv, (size_t)W * n * sizeof(float));
     return 0;
@@ -277,7 +277,7 @@ static int body_reduce_until_error(Comm *c, void *ctx) {
     Err err;
     double end = now_ms() + 30000;
     while (now_ms() < end)
-        if (comm_all_reduce(c, buf, n, COMM_SUM, &err)) {
+        if (comm_all_reduce(c, buf, n, DT_F32, COMM_SUM, &err)) {
             report_failure(comm_rank(c), &err);
             free(buf);
             return 0; // the expected way out
@@ -363,7 +363,7 @@ static int body_late_rank1(Comm *c, void *ctx) {
     float x = 1;
     Err err;
     if (comm_rank(c) == 1) sleep_ms(3000);
-    if (comm_all_reduce(c, &x, 1, COMM_SUM, &err) == 0) return 1;
+    if (comm_all_reduce(c, &x, 1, DT_F32, COMM_SUM, &err) == 0) return 1;
     report_failure(comm_rank(c), &err);
     return 0;
 }
@@ -388,7 +388,7 @@ static int body_one_all_reduce(Comm *c, void *ctx) {
     (void)ctx;
     float x[3] = {1, 2, (float)comm_rank(c)};
     Err err;
-    if (comm_all_reduce(c, x, 3, COMM_SUM, &err)) return fail_call(c, &err);
+    if (comm_all_reduce(c, x, 3, DT_F32, COMM_SUM, &err)) return fail_call(c, &err);
     int W = comm_world_size(c);
     return !(x[0] == W && x[1] == 2 * W && x[2] == W * (W - 1) / 2);
 }
@@ -449,11 +449,11 @@ static int body_mismatch(Comm *c, void *ctx) {
     Err err;
     int rc;
     if (comm_rank(c) == 0)
-        rc = comm_all_reduce(c, a, 10, COMM_SUM, &err);
+        rc = comm_all_reduce(c, a, 10, DT_F32, COMM_SUM, &err);
     else if (*kind == 0)
-        rc = comm_all_reduce(c, a, 9, COMM_SUM, &err);
+        rc = comm_all_reduce(c, a, 9, DT_F32, COMM_SUM, &err);
     else
-        rc = comm_all_gather(c, a, b, 10, &err);
+        rc = comm_all_gather(c, a, b, 10, DT_F32, &err);
     if (rc == 0) return 1;
     report_failure(comm_rank(c), &err);
     return 0;
@@ -476,7 +476,7 @@ static void test_mismatched_calls(void) {
 
 static void expect_create_error(CommConfig cfg, const char *want) {
     Comm *c = NULL;
-    Err err = {{0}};
+    Err err = {0};
     CHECK_MSG(comm_create(&c, &cfg, &err) == -1 && c == NULL, "no error, want \"%s\"", want);
     CHECK_MSG(strstr(err.msg, want), "got \"%s\", want \"%s\"", err.msg, want);
 }
@@ -506,17 +506,17 @@ static void test_bad_arguments(void) {
     unique_name(name, sizeof name, "args");
     CommConfig cfg = group_config(name, 1, 0, 1000, 0);
     Comm *c;
-    Err err = {{0}};
+    Err err = {0};
     int created = comm_create(&c, &cfg, &err) == 0;
     CHECK_MSG(created, "%s", err.msg);
     if (!created) return;
     float x[4] = {1, 2, 3, 4}, y[4];
-    CHECK(comm_all_reduce(c, x, 4, COMM_AVG, &err) == 0 && x[3] == 4);
-    CHECK(comm_all_gather(c, x, y, 4, &err) == 0 && y[2] == 3);
+    CHECK(comm_all_reduce(c, x, 4, DT_F32, COMM_AVG, &err) == 0 && x[3] == 4);
+    CHECK(comm_all_gather(c, x, y, 4, DT_F32, &err) == 0 && y[2] == 3);
     CHECK(comm_broadcast(c, NULL, 0, 0, &err) == 0);
-    CHECK(comm_all_reduce(c, NULL, 0, COMM_SUM, &err) == 0);
-    CHECK(comm_reduce_scatter(c, NULL, NULL, 0, COMM_SUM, &err) == 0);
-    CHECK(comm_all_gather(c, NULL, NULL, 0, &err) == 0);
+    CHECK(comm_all_reduce(c, NULL, 0, DT_F32, COMM_SUM, &err) == 0);
+    CHECK(comm_reduce_scatter(c, NULL, NULL, 0, DT_F32, COMM_SUM, &err) == 0);
+    CHECK(comm_all_gather(c, NULL, NULL, 0, DT_F32, &err) == 0);
     CHECK(comm_broadcast(c, x, 4, 1, &err) == -1);
     CHECK_MSG(strstr(err.msg, "broadcast: root 1 is outside 0..0"), "%s", err.msg);
     CHECK(comm_barrier(c, &err) == -1);
@@ -524,12 +524,12 @@ static void test_bad_arguments(void) {
     comm_destroy(c);
 
     CHECK(comm_create(&c, &cfg, &err) == 0);
-    CHECK(comm_all_reduce(c, NULL, 3, COMM_SUM, &err) == -1);
+    CHECK(comm_all_reduce(c, NULL, 3, DT_F32, COMM_SUM, &err) == -1);
     CHECK_MSG(strstr(err.msg, "all_reduce: buf is NULL for 3 elements"), "%s", err.msg);
     comm_destroy(c);
 
     CHECK(comm_create(&c, &cfg, &err) == 0);
-    CHECK(comm_reduce_scatter(c, x, y, 4, (CommOp)7, &err) == -1);
+    CHECK(comm_reduce_scatter(c, x, y, 4, DT_F32, (CommOp)7, &err) == -1);
     CHECK_MSG(strstr(err.msg, "reduce_scatter: op 7 is not COMM_SUM or COMM_AVG"), "%s", err.msg);
     comm_destroy(c);
     CHECK_MSG(!segment_exists(name), "%s left behind", name);

@@ -19,7 +19,7 @@
 // Parses `json` as "m/config.json"; expects failure with every fragment in the message.
 static void expect_error(const char *json, const char *frag1, const char *frag2) {
     ModelConfig cfg;
-    Err err = {{0}};
+    Err err = {0};
     int rc = model_config_parse(&cfg, json, "m/config.json", &err);
     CHECK_MSG(rc == -1, "accepted: %s", json);
     CHECK_MSG(strstr(err.msg, "m/config.json"), "no file in '%s'", err.msg);
@@ -29,7 +29,7 @@ static void expect_error(const char *json, const char *frag1, const char *frag2)
 
 static void test_valid_and_round_trip(void) {
     ModelConfig cfg, back;
-    Err err = {{0}};
+    Err err = {0};
     CHECK(model_config_parse(&cfg, "{" VALID ", " EPS_QK ", \"num_key_value_heads\": 2}", "x",
                              &err) == 0);
     CHECK(cfg.head_dim == 16 && cfg.num_key_value_heads == 2 && cfg.tie_word_embeddings);
@@ -67,7 +67,7 @@ static void test_errors(void) {
 
 static void test_missing_file(void) {
     ModelConfig cfg;
-    Err err = {{0}};
+    Err err = {0};
     CHECK(model_config_load(&cfg, "/nonexistent/dir/config.json", &err) == -1);
     CHECK_MSG(strstr(err.msg, "/nonexistent/dir/config.json"), "%s", err.msg);
 }
@@ -80,7 +80,7 @@ static void test_load_from_file(void) {
     fputs("{" VALID ", " EPS_QK ", \"num_key_value_heads\": 4, \"attn_type\": \"moe\"}", f);
     fclose(f);
     ModelConfig cfg;
-    Err err = {{0}};
+    Err err = {0};
     CHECK(model_config_load(&cfg, path, &err) == -1);
     CHECK_MSG(strstr(err.msg, path) && strstr(err.msg, "attn_type"), "%s", err.msg);
     remove(path);

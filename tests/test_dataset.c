@@ -21,7 +21,7 @@ static void path_of(char *out, size_t cap, const char *name) {
 static void write_bytes(const char *dir, const char *file, const void *data, size_t len) {
     char path[768];
     snprintf(path, sizeof path, "%s/%s/%s", scratch, dir, file);
-    Err err = {{0}};
+    Err err = {0};
     CHECK_MSG(fs_write_file_synced(path, data, len, &err) == 0, "%s", err.msg);
 }
 
@@ -38,7 +38,7 @@ static void write_le(const char *dir, const char *file, const int64_t *v, int n,
 static void hand_shard(const char *dir, const char *meta) {
     char path[512];
     path_of(path, sizeof path, dir);
-    Err err = {{0}};
+    Err err = {0};
     CHECK(fs_mkdir_p(path, &err) == 0);
     write_bytes(dir, "meta.json", meta, strlen(meta));
 }
@@ -59,7 +59,7 @@ static void expect_open_error(const char *name, int need_sft, const char *n1, co
     char root[512];
     path_of(root, sizeof root, name);
     Dataset d;
-    Err err = {{0}};
+    Err err = {0};
     CHECK_MSG(dataset_open(&d, root, need_sft, &err) == -1, "opening %s should fail", root);
     CHECK_MSG(strstr(err.msg, n1) && strstr(err.msg, n2), "'%s', '%s' not in '%s'", n1, n2,
               err.msg);
@@ -74,7 +74,7 @@ static void test_write_and_concatenate(void) {
     ShardArray c[3] = {{"sequence", c_seq}, {"loss_mask", c_mask}, {"position_ids", c_pos}};
     char root[512], shard[640];
     path_of(root, sizeof root, "concat");
-    Err err = {{0}};
+    Err err = {0};
     // Written out of order: loading sorts by path (concat/a < concat/b < concat/b/nested).
     snprintf(shard, sizeof shard, "%s/b", root);
     CHECK_MSG(shard_write(shard, b, 3, 3, &err) == 0, "%s", err.msg);
@@ -103,7 +103,7 @@ static void test_write_and_concatenate(void) {
 static void test_shard_bytes(void) {
     char shard[640], path[700], *text;
     size_t len;
-    Err err = {{0}};
+    Err err = {0};
     int32_t seq[2] = {0x01020304, -2};
     ShardArray a[1] = {{"sequence", seq}};
     path_of(shard, sizeof shard, "bytes/s");
@@ -159,7 +159,7 @@ static void test_sft_keys(void) {
     char root[512];
     path_of(root, sizeof root, "nosft");
     Dataset d;
-    Err err = {{0}};
+    Err err = {0};
     CHECK_MSG(dataset_open(&d, root, 0, &err) == 0, "%s", err.msg);
     CHECK(d.n_tokens == 6 && d.loss_mask == NULL && d.position_ids == NULL);
     dataset_close(&d);
@@ -219,7 +219,7 @@ static void test_other_dtypes(void) {
     char root[512];
     path_of(root, sizeof root, "dtypes");
     Dataset d;
-    Err err = {{0}};
+    Err err = {0};
     CHECK_MSG(dataset_open(&d, root, 1, &err) == 0, "%s", err.msg);
     const int32_t want_seq[5] = {5, 70000, -7, 200, 7}, want_mask[5] = {0, 1, 1, -1, 1};
     const int32_t want_pos[5] = {-2, 300, 0, 200, 7};
@@ -234,7 +234,7 @@ static void test_other_dtypes(void) {
 static void test_check_vocab(void) {
     int32_t seq[5] = {0, 255, 3, 256, -1};
     Dataset d = {.sequence = seq, .n_tokens = 5};
-    Err err = {{0}};
+    Err err = {0};
     CHECK(dataset_check_vocab(&d, 256, &err) == -1);
     CHECK_MSG(strstr(err.msg, "token id 256 at position 3"), "%s", err.msg);
     d.n_tokens = 3;

@@ -13,7 +13,7 @@
 static void expect_spec(const char *json, const char *want_msg) {
     cJSON *obj = cJSON_Parse(json);
     JobSpec spec;
-    Err err = {{0}};
+    Err err = {0};
     int rc = job_spec_parse(&spec, obj, &err);
     if (!want_msg)
         CHECK_MSG(rc == 0, "%s: %s", json, err.msg);

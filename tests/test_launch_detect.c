@@ -44,7 +44,7 @@ static void env(const char *const *kv) {
 static void expect_error(const char *const *kv, long nprocs, const char *want) {
     env(kv);
     LaunchInfo li;
-    Err err = {{0}};
+    Err err = {0};
     CHECK_MSG(launch_detect(&li, nprocs, &err) == -1 && strstr(err.msg, want),
               "want '%s', got '%s'", want, err.msg);
 }
@@ -52,7 +52,7 @@ static void expect_error(const char *const *kv, long nprocs, const char *want) {
 static LaunchInfo expect_ok(const char *const *kv, long nprocs) {
     env(kv);
     LaunchInfo li;
-    Err err = {{0}};
+    Err err = {0};
     CHECK_MSG(launch_detect(&li, nprocs, &err) == 0, "%s", err.msg);
     return li;
 }
@@ -151,7 +151,7 @@ static void test_knobs(void) {
     CHECK(launch_threads(&li, 3) == 3);
     li.local_world_size = 1 << 20; // more ranks than cores: still one thread each
     CHECK(launch_threads(&li, 0) == 1);
-    Err err = {{0}};
+    Err err = {0};
     env(KV("ASTRAI_STOP_GRACE_S=soon"));
     CHECK(launch_local(&li, (char *[]){"x", NULL}, &err) == -1 &&
           strstr(err.msg, "ASTRAI_STOP_GRACE_S='soon' is not a number of seconds"));

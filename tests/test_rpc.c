@@ -145,7 +145,7 @@ static void test_utf8(void) {
 // Parses text and checks the outcome: code 0 for success.
 static void expect_parse(const char *text, int want_code, const char *want_msg) {
     RpcRequest req;
-    Err err = {{0}};
+    Err err = {0};
     int code = 0;
     int rc = rpc_parse_request(&req, text, strlen(text), &code, &err);
     CHECK_MSG(want_code ? rc == -1 && code == want_code : rc == 0, "'%s': rc %d code %d (%s)", text,

@@ -33,7 +33,7 @@ static void expect_reject(const char *header, size_t data_len, const char *want)
     size_t len;
     uint8_t *buf = make_image(header, data_len, &len);
     StFile f;
-    Err err = {{0}};
+    Err err = {0};
     int rc = st_parse(&f, buf, len, &err);
     CHECK_MSG(rc == -1, "accepted %s", header);
     CHECK_MSG(strstr(err.msg, want) != NULL, "message '%s' lacks '%s' (header %s)", err.msg, want,
@@ -45,7 +45,7 @@ static void expect_accept(const char *header, size_t data_len, int n_tensors) {
     size_t len;
     uint8_t *buf = make_image(header, data_len, &len);
     StFile f;
-    Err err = {{0}};
+    Err err = {0};
     int rc = st_parse(&f, buf, len, &err);
     CHECK_MSG(rc == 0, "rejected %s: %s", header, err.msg);
     if (rc == 0) {
@@ -71,7 +71,7 @@ static float float_of(uint32_t b) {
 
 static void test_prefix_errors(void) {
     StFile f;
-    Err err = {{0}};
+    Err err = {0};
     uint8_t tiny[5] = {1, 0, 0, 0, 0};
     CHECK(st_parse(&f, tiny, sizeof tiny, &err) == -1);
     CHECK_MSG(strstr(err.msg, "shorter than the 8-byte") != NULL, "%s", err.msg);
@@ -147,7 +147,7 @@ static void test_header_accepts(void) {
 
 static void test_open_errors(void) {
     StFile f;
-    Err err = {{0}};
+    Err err = {0};
     CHECK(st_open(&f, "no/such/file.safetensors", &err) == -1);
     CHECK_MSG(strstr(err.msg, "no/such/file.safetensors: cannot open: No such file") != NULL, "%s",
               err.msg);
@@ -241,7 +241,7 @@ static void check_round_trip(StDType dtype, const char *path) {
     float store[64 * N_SAMPLE];
     StWriteTensor t[N_SAMPLE];
     sample_tensors(t, store);
-    Err err = {{0}};
+    Err err = {0};
     CHECK_MSG(st_write(path, t, N_SAMPLE, dtype, &err) == 0, "%s", err.msg);
     StFile f;
     if (st_open(&f, path, &err) != 0) {
@@ -277,7 +277,7 @@ static void test_header_bytes(void) {
     const float a[2] = {1, 2}, b[3] = {3, 4, 5};
     StWriteTensor t[2] = {{.name = "b", .ndim = 1, .shape = {3}, .data = b},
                           {.name = "a", .ndim = 2, .shape = {1, 2}, .data = a}};
-    Err err = {{0}};
+    Err err = {0};
     const char *path = "st_header.safetensors";
     CHECK_MSG(st_write(path, t, 2, ST_BF16, &err) == 0, "%s", err.msg);
     const char *want = "{\"a\":{\"dtype\":\"BF16\",\"shape\":[1,2],\"data_offsets\":[0,4]},"
@@ -300,7 +300,7 @@ static void test_header_bytes(void) {
 static void test_read_errors(void) {
     const float v[6] = {0};
     StWriteTensor t = {.name = "w", .ndim = 2, .shape = {2, 3}, .data = v};
-    Err err = {{0}};
+    Err err = {0};
     const char *path = "st_read_err.safetensors";
     CHECK(st_write(path, &t, 1, ST_F32, &err) == 0);
     StFile f;
@@ -338,7 +338,7 @@ static void test_write_errors(void) {
     const float v[2] = {0};
     StWriteTensor t[2] = {{.name = "x", .ndim = 1, .shape = {2}, .data = v},
                           {.name = "x", .ndim = 1, .shape = {2}, .data = v}};
-    Err err = {{0}};
+    Err err = {0};
     CHECK(st_write("st_dup.safetensors", t, 2, ST_F32, &err) == -1);
     CHECK_MSG(strstr(err.msg, "st_dup.safetensors: tensor 'x' given twice") != NULL, "%s", err.msg);
     CHECK(st_write("st_dup.safetensors", t, 1, ST_I32, &err) == -1);
@@ -366,7 +366,7 @@ static int write_sample(const char *dir) {
     for (int o = 0; o < 2; o++) {
         char path[4096];
         snprintf(path, sizeof path, "%s/%s", dir, outs[o].file);
-        Err err = {{0}};
+        Err err = {0};
         if (st_write(path, t, N_SAMPLE, outs[o].dtype, &err) != 0) {
             fprintf(stderr, "%s\n", err.msg);
             return 1;
@@ -377,7 +377,7 @@ static int write_sample(const char *dir) {
 
 static int dump(const char *path) {
     StFile f;
-    Err err = {{0}};
+    Err err = {0};
     if (st_open(&f, path, &err) != 0) {
         fprintf(stderr, "%s\n", err.msg);
         return 2;

@@ -24,7 +24,7 @@ static int is_permutation(const int64_t *p, int64_t n) {
 
 static void test_init_errors(void) {
     Sampler s;
-    Err err = {{0}};
+    Err err = {0};
     CHECK(sampler_init(&s, 0, 1, 0, 1, 1, &err) == -1 && strstr(err.msg, "0 samples"));
     CHECK(sampler_init(&s, 5, 0, 0, 1, 1, &err) == -1 && strstr(err.msg, "world_size 0"));
     CHECK(sampler_init(&s, 5, 2, 2, 1, 1, &err) == -1 && strstr(err.msg, "rank 2"));
@@ -91,7 +91,7 @@ static void test_padding_and_striding(void) {
             int world = worlds[b], covered[64] = {0}, total = 0;
             for (int rank = 0; rank < world; rank++) {
                 Sampler s;
-                Err err = {{0}};
+                Err err = {0};
                 CHECK_MSG(sampler_init(&s, n, world, rank, 42, 1, &err) == 0, "%s", err.msg);
                 sampler_set_epoch(&s, 3);
                 sampler_permutation(n, 45, 1, perm); // seed + epoch
@@ -116,7 +116,7 @@ static void test_padding_and_striding(void) {
 // epochs, or in a fresh sampler after a restart, gives the same order.
 static void test_resume(void) {
     Sampler s, t;
-    Err err = {{0}};
+    Err err = {0};
     CHECK(sampler_init(&s, 50, 4, 1, 7, 1, &err) == 0);
     CHECK(sampler_init(&t, 50, 4, 1, 7, 1, &err) == 0);
     int64_t first[13], epoch0[13];

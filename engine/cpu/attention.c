@@ -164,9 +164,13 @@ static void attention_fwd_head(float *out, float *lse, const float *q, const flo
     }
 }
 
-void cpu_attention_fwd(float *out, float *lse, const float *q, const float *k, const float *v,
+void cpu_attention_fwd(void *out_, float *lse, const void *q_, const void *k_, const void *v_,
                        const int32_t *doc_start, int B, int T, int H, int KVH, int D,
                        int qkv_stride) {
+    float *out = out_;
+    const float *q = q_;
+    const float *k = k_;
+    const float *v = v_;
 #pragma omp parallel
     {
         FwdScratch w = {.Tp = round_up(T, LANES), .Dp = round_up(D, LANES)};
@@ -314,10 +318,18 @@ static void attention_bwd_kv_head(float *dq, float *dk, float *dv, const float *
     }
 }
 
-void cpu_attention_bwd(float *dq, float *dk, float *dv, const float *dout, const float *out,
-                       const float *lse, const float *q, const float *k, const float *v,
+void cpu_attention_bwd(void *dq_, void *dk_, void *dv_, const void *dout_, const void *out_,
+                       const float *lse, const void *q_, const void *k_, const void *v_,
                        const int32_t *doc_start, int B, int T, int H, int KVH, int D,
                        int qkv_stride) {
+    float *dq = dq_;
+    float *dk = dk_;
+    float *dv = dv_;
+    const float *dout = dout_;
+    const float *out = out_;
+    const float *q = q_;
+    const float *k = k_;
+    const float *v = v_;
 #pragma omp parallel
     {
         BwdScratch w;

@@ -1,4 +1,5 @@
 // backend.c: the CPU backend table (engine/backend.h), memory ops and the sgemm matmuls.
+// Backend memory is host memory: upload and download are copies, compute is fp32.
 #include <cblas.h>
 #include <stdlib.h>
 #include <string.h>
@@ -12,12 +13,15 @@
 // hypervisor) and fewer TLB misses in the matmuls.
 enum { HUGE_PAGE = 2 << 20 };
 
-static void *cpu_alloc(size_t bytes) {
+static void *cpu_alloc(size_t bytes, Err *err) {
     // 64-byte alignment for AVX loads, 2 MiB for huge pages; calloc semantics (zeroed).
     size_t align = bytes >= HUGE_PAGE ? HUGE_PAGE : 64;
     size_t rounded = bytes ? (bytes + align - 1) / align * align : align;
-    void *p = aligned_alloc(align, rounded);
-    if (!p) return NULL;
+    void *p = rounded >= bytes ? aligned_alloc(align, rounded) : NULL;
+    if (!p) {
+        err_resource(err, "out of memory allocating %.1f MiB", (double)bytes / (1 << 20));
+        return NULL;
+    }
     if (align == HUGE_PAGE) madvise(p, rounded, MADV_HUGEPAGE); // a hint: failure is harmless
     memset(p, 0, rounded);
     return p;
@@ -32,15 +36,32 @@ static void cpu_copy(void *dst, const void *src, size_t bytes) {
 static void cpu_free(void *p) {
     free(p);
 }
+static void cpu_cast_from_f32(void *dst, const float *src, size_t n) {
+    memcpy(dst, src, n * sizeof(float)); // the compute dtype is fp32
+}
+static void cpu_download_f32(float *host, const void *src, size_t n) {
+    memcpy(host, src, n * sizeof(float));
+}
+static void cpu_sync(void) {}
+static void *cpu_stream(void) {
+    return NULL;
+}
 
-void cpu_matmul_fwd(float *out, const float *inp, const float *weight, int N, int C, int OC,
+void cpu_matmul_fwd(void *out_, const void *inp_, const void *weight_, int N, int C, int OC,
                     int accumulate) {
+    float *out = out_;
+    const float *inp = inp_;
+    const float *weight = weight_;
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, N, OC, C, 1.0f, inp, C, weight, C,
                 accumulate ? 1.0f : 0.0f, out, OC);
 }
 
-void cpu_matmul_bwd(float *dinp, float *dweight, const float *dout, const float *inp,
-                    const float *weight, int N, int C, int OC, int accumulate_dinp) {
+void cpu_matmul_bwd(void *dinp_, float *dweight, const void *dout_, const void *inp_,
+                    const void *weight_, int N, int C, int OC, int accumulate_dinp) {
+    float *dinp = dinp_;
+    const float *dout = dout_;
+    const float *inp = inp_;
+    const float *weight = weight_;
     // dinp: (N,C) = dout: (N,OC) @ weight: (OC,C)
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, N, C, OC, 1.0f, dout, OC, weight, C,
                 accumulate_dinp ? 1.0f : 0.0f, dinp, C);
@@ -51,10 +72,18 @@ void cpu_matmul_bwd(float *dinp, float *dweight, const float *dout, const float 
 
 static const Backend cpu_backend = {
     .name = "cpu",
+    .dtype = DT_F32,
+    .device = -1,
     .alloc = cpu_alloc,
+    .free = cpu_free,
     .zero = cpu_zero,
     .copy = cpu_copy,
-    .free = cpu_free,
+    .upload = cpu_copy,
+    .download = cpu_copy,
+    .cast_from_f32 = cpu_cast_from_f32,
+    .download_f32 = cpu_download_f32,
+    .sync = cpu_sync,
+    .stream = cpu_stream,
     .matmul_fwd = cpu_matmul_fwd,
     .matmul_bwd = cpu_matmul_bwd,
     .embedding_fwd = cpu_embedding_fwd,
@@ -71,6 +100,11 @@ static const Backend cpu_backend = {
     .sigmoid_gate_bwd = cpu_sigmoid_gate_bwd,
     .cross_entropy_fwd = cpu_cross_entropy_fwd,
     .cross_entropy_bwd = cpu_cross_entropy_bwd,
+    .loss_mean_add = cpu_loss_mean_add,
+    .sum_squares = cpu_sum_squares,
+    .scale = cpu_scale,
+    .adamw = cpu_adamw,
+    .muon = cpu_muon,
 };
 
 const Backend *backend_cpu(void) {

@@ -4,6 +4,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "engine/backend.h"
+
 #ifdef __clang__
 // `omp simd` is a hint: clang reports loops it cannot vectorise (always so under the
 // sanitizers) as -Wpass-failed warnings, which -Werror would turn into build failures.
@@ -36,41 +38,49 @@ static inline float cpu_sigmoidf(float x) {
     return 1.0f / (1.0f + cpu_expf(-x));
 }
 
-void cpu_matmul_fwd(float *out, const float *inp, const float *weight, int N, int C, int OC,
+void cpu_matmul_fwd(void *out, const void *inp, const void *weight, int N, int C, int OC,
                     int accumulate);
-void cpu_matmul_bwd(float *dinp, float *dweight, const float *dout, const float *inp,
-                    const float *weight, int N, int C, int OC, int accumulate_dinp);
+void cpu_matmul_bwd(void *dinp, float *dweight, const void *dout, const void *inp,
+                    const void *weight, int N, int C, int OC, int accumulate_dinp);
 
-void cpu_embedding_fwd(float *out, const int32_t *ids, const float *table, int N, int C);
-void cpu_embedding_bwd(float *dtable, const float *dout, const int32_t *ids, int N, int C);
+void cpu_embedding_fwd(void *out, const int32_t *ids, const void *table, int N, int C);
+void cpu_embedding_bwd(float *dtable, const void *dout, const int32_t *ids, const int32_t *by_id,
+                       int N, int C);
 
-void cpu_rmsnorm_fwd(float *out, float *rstd, const float *inp, const float *weight, int N, int G,
+void cpu_rmsnorm_fwd(void *out, float *rstd, const void *inp, const void *weight, int N, int G,
                      int C, int stride, float eps);
-void cpu_rmsnorm_bwd(float *dinp, float *dweight, const float *dout, const float *inp,
-                     const float *weight, const float *rstd, int N, int G, int C, int stride,
+void cpu_rmsnorm_bwd(void *dinp, float *dweight, const void *dout, const void *inp,
+                     const void *weight, const float *rstd, int N, int G, int C, int stride,
                      int accumulate_dinp);
 
-void cpu_rope_fwd(float *x, const int32_t *pos, const float *cos_sin, int N, int G, int D,
+void cpu_rope_fwd(void *x, const int32_t *pos, const float *cos_sin, int N, int G, int D,
                   int stride);
-void cpu_rope_bwd(float *dx, const int32_t *pos, const float *cos_sin, int N, int G, int D,
+void cpu_rope_bwd(void *dx, const int32_t *pos, const float *cos_sin, int N, int G, int D,
                   int stride);
 
-void cpu_attention_fwd(float *out, float *lse, const float *q, const float *k, const float *v,
+void cpu_attention_fwd(void *out, float *lse, const void *q, const void *k, const void *v,
                        const int32_t *doc_start, int B, int T, int H, int KVH, int D,
                        int qkv_stride);
-void cpu_attention_bwd(float *dq, float *dk, float *dv, const float *dout, const float *out,
-                       const float *lse, const float *q, const float *k, const float *v,
+void cpu_attention_bwd(void *dq, void *dk, void *dv, const void *dout, const void *out,
+                       const float *lse, const void *q, const void *k, const void *v,
                        const int32_t *doc_start, int B, int T, int H, int KVH, int D,
                        int qkv_stride);
 
-void cpu_swiglu_fwd(float *out, const float *h, int N, int FF);
-void cpu_swiglu_bwd(float *dh, const float *dout, const float *h, int N, int FF);
-void cpu_sigmoid_gate_fwd(float *out, const float *x, const float *g, size_t n);
-void cpu_sigmoid_gate_bwd(float *dx, float *dg, const float *dout, const float *x, const float *g,
+void cpu_swiglu_fwd(void *out, const void *h, int N, int FF);
+void cpu_swiglu_bwd(void *dh, const void *dout, const void *h, int N, int FF);
+void cpu_sigmoid_gate_fwd(void *out, const void *x, const void *g, size_t n);
+void cpu_sigmoid_gate_bwd(void *dx, void *dg, const void *dout, const void *x, const void *g,
                           size_t n);
 
-void cpu_cross_entropy_fwd(float *loss, float *lse, const float *logits, const int32_t *targets,
+void cpu_cross_entropy_fwd(float *loss, float *lse, const void *logits, const int32_t *targets,
                            const int32_t *mask, int N, int V, float label_smoothing);
-void cpu_cross_entropy_bwd(float *dlogits, const float *logits, const float *lse,
+void cpu_cross_entropy_bwd(void *dlogits, const void *logits, const float *lse,
                            const int32_t *targets, const int32_t *mask, int N, int V,
                            float label_smoothing, float dloss);
+
+void cpu_loss_mean_add(double *acc, const float *loss, int N, int counted);
+void cpu_sum_squares(double *out, const float *x, size_t n);
+void cpu_scale(float *x, size_t n, float factor);
+void cpu_adamw(float *w, const float *g, float *exp_avg, float *exp_avg_sq, size_t n,
+               const AdamwArgs *a);
+void cpu_muon(float *w, const float *g, float *buf, float *scratch, const MuonArgs *a);

@@ -11,8 +11,9 @@ static int row_counts(const int32_t *mask, int n) {
     return !mask || mask[n] != 0;
 }
 
-void cpu_cross_entropy_fwd(float *loss, float *lse, const float *logits, const int32_t *targets,
+void cpu_cross_entropy_fwd(float *loss, float *lse, const void *logits_, const int32_t *targets,
                            const int32_t *mask, int N, int V, float label_smoothing) {
+    const float *logits = logits_;
 #pragma omp parallel for
     for (int n = 0; n < N; n++) {
         const float *z = logits + (size_t)n * V;
@@ -32,9 +33,11 @@ void cpu_cross_entropy_fwd(float *loss, float *lse, const float *logits, const i
     }
 }
 
-void cpu_cross_entropy_bwd(float *dlogits, const float *logits, const float *lse,
+void cpu_cross_entropy_bwd(void *dlogits_, const void *logits_, const float *lse,
                            const int32_t *targets, const int32_t *mask, int N, int V,
                            float label_smoothing, float dloss) {
+    float *dlogits = dlogits_;
+    const float *logits = logits_;
 #pragma omp parallel for
     for (int n = 0; n < N; n++) {
         const float *z = logits + (size_t)n * V;

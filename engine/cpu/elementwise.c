@@ -3,13 +3,18 @@
 
 #include "engine/cpu/cpu_kernels.h"
 
-void cpu_embedding_fwd(float *out, const int32_t *ids, const float *table, int N, int C) {
+void cpu_embedding_fwd(void *out_, const int32_t *ids, const void *table_, int N, int C) {
+    float *out = out_;
+    const float *table = table_;
 #pragma omp parallel for
     for (int n = 0; n < N; n++)
         memcpy(out + (size_t)n * C, table + (size_t)ids[n] * C, C * 4);
 }
 
-void cpu_embedding_bwd(float *dtable, const float *dout, const int32_t *ids, int N, int C) {
+void cpu_embedding_bwd(float *dtable, const void *dout_, const int32_t *ids, const int32_t *by_id,
+                       int N, int C) {
+    const float *dout = dout_;
+    (void)by_id; // needed by backends that sum per table row
     // Split by channel blocks, not tokens: tokens repeat, channels never collide.
     enum { BLOCK = 64 };
 #pragma omp parallel for
@@ -25,7 +30,9 @@ void cpu_embedding_bwd(float *dtable, const float *dout, const int32_t *ids, int
     }
 }
 
-void cpu_swiglu_fwd(float *out, const float *h, int N, int FF) {
+void cpu_swiglu_fwd(void *out_, const void *h_, int N, int FF) {
+    float *out = out_;
+    const float *h = h_;
 #pragma omp parallel for
     for (int n = 0; n < N; n++) {
         const float *up = h + (size_t)n * 2 * FF, *gate = up + FF;
@@ -36,7 +43,10 @@ void cpu_swiglu_fwd(float *out, const float *h, int N, int FF) {
     }
 }
 
-void cpu_swiglu_bwd(float *dh, const float *dout, const float *h, int N, int FF) {
+void cpu_swiglu_bwd(void *dh_, const void *dout_, const void *h_, int N, int FF) {
+    float *dh = dh_;
+    const float *dout = dout_;
+    const float *h = h_;
 #pragma omp parallel for
     for (int n = 0; n < N; n++) {
         const float *up = h + (size_t)n * 2 * FF, *gate = up + FF, *d = dout + (size_t)n * FF;
@@ -51,14 +61,22 @@ void cpu_swiglu_bwd(float *dh, const float *dout, const float *h, int N, int FF)
     }
 }
 
-void cpu_sigmoid_gate_fwd(float *out, const float *x, const float *g, size_t n) {
+void cpu_sigmoid_gate_fwd(void *out_, const void *x_, const void *g_, size_t n) {
+    float *out = out_;
+    const float *x = x_;
+    const float *g = g_;
 #pragma omp parallel for simd
     for (size_t i = 0; i < n; i++)
         out[i] = x[i] * cpu_sigmoidf(g[i]);
 }
 
-void cpu_sigmoid_gate_bwd(float *dx, float *dg, const float *dout, const float *x, const float *g,
+void cpu_sigmoid_gate_bwd(void *dx_, void *dg_, const void *dout_, const void *x_, const void *g_,
                           size_t n) {
+    float *dx = dx_;
+    float *dg = dg_;
+    const float *dout = dout_;
+    const float *x = x_;
+    const float *g = g_;
 #pragma omp parallel for simd
     for (size_t i = 0; i < n; i++) {
         float s = cpu_sigmoidf(g[i]);

@@ -3,8 +3,11 @@
 
 #include "engine/cpu/cpu_kernels.h"
 
-void cpu_rmsnorm_fwd(float *out, float *rstd, const float *inp, const float *weight, int N, int G,
+void cpu_rmsnorm_fwd(void *out_, float *rstd, const void *inp_, const void *weight_, int N, int G,
                      int C, int stride, float eps) {
+    float *out = out_;
+    const float *inp = inp_;
+    const float *weight = weight_;
 #pragma omp parallel for
     for (long r = 0; r < (long)N * G; r++) {
         size_t at = (size_t)(r / G) * stride + (size_t)(r % G) * C;
@@ -22,9 +25,13 @@ void cpu_rmsnorm_fwd(float *out, float *rstd, const float *inp, const float *wei
     }
 }
 
-void cpu_rmsnorm_bwd(float *dinp, float *dweight, const float *dout, const float *inp,
-                     const float *weight, const float *rstd, int N, int G, int C, int stride,
+void cpu_rmsnorm_bwd(void *dinp_, float *dweight, const void *dout_, const void *inp_,
+                     const void *weight_, const float *rstd, int N, int G, int C, int stride,
                      int accumulate_dinp) {
+    float *dinp = dinp_;
+    const float *dout = dout_;
+    const float *inp = inp_;
+    const float *weight = weight_;
     float keep = accumulate_dinp ? 1.0f : 0.0f;
 #pragma omp parallel for
     for (long r = 0; r < (long)N * G; r++) {

@@ -20,12 +20,14 @@ static void rope_rotate(float *x, const int32_t *pos, const float *cos_sin, int 
     }
 }
 
-void cpu_rope_fwd(float *x, const int32_t *pos, const float *cos_sin, int N, int G, int D,
+void cpu_rope_fwd(void *x_, const int32_t *pos, const float *cos_sin, int N, int G, int D,
                   int stride) {
+    float *x = x_;
     rope_rotate(x, pos, cos_sin, N, G, D, stride, 1.0f);
 }
 
-void cpu_rope_bwd(float *dx, const int32_t *pos, const float *cos_sin, int N, int G, int D,
+void cpu_rope_bwd(void *dx_, const int32_t *pos, const float *cos_sin, int N, int G, int D,
                   int stride) {
+    float *dx = dx_;
     rope_rotate(dx, pos, cos_sin, N, G, D, stride, -1.0f);
 }

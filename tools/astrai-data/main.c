@@ -298,7 +298,7 @@ static int parse_prep_args(int argc, char **argv, PrepArgs *a, Err *err) {
 }
 
 static int cmd_prep(int argc, char **argv) {
-    Err err = {{0}};
+    Err err = {0};
     PrepArgs a;
     Tokenizer tok;
     Stream s = {0};
@@ -402,7 +402,7 @@ static void print_text(const char *root, const Dataset *d, const Stats *st) {
 }
 
 static int cmd_inspect(int argc, char **argv) {
-    Err err = {{0}};
+    Err err = {0};
     const char *root = NULL, *window_text = NULL, *stride_text = NULL;
     int as_json = 0, rc = 0;
     const StringFlag flags[] = {{"--window_size", &window_text}, {"--stride", &stride_text}};

@@ -157,7 +157,7 @@ static int write_config(const ModelConfig *cfg, const char *dir, Err *err) {
 }
 
 static int cmd_init(const Args *a) {
-    Err err = {{0}};
+    Err err = {0};
     ModelConfig cfg;
     if (model_config_load(&cfg, a->config, &err)) {
         fprintf(stderr, "astrai-model: %s\n", err.msg);
@@ -170,13 +170,12 @@ static int cmd_init(const Args *a) {
         return EXIT_BAD_INPUT;
     }
     Model m;
-    if (model_create(&m, &cfg, &err)) {
+    if (model_create(&m, &cfg, backend_cpu(), &err)) {
         fprintf(stderr, "astrai-model: %s: %s\n", a->config, err.msg);
         return EXIT_BAD_INPUT;
     }
-    model_init_random(&m, a->seed);
-    int rc = fs_mkdir_p(a->out, &err) || save_weights_atomic(&m, a->out, a->dtype, &err) ||
-             write_config(&cfg, a->out, &err);
+    int rc = model_init_random(&m, a->seed, &err) || fs_mkdir_p(a->out, &err) ||
+             save_weights_atomic(&m, a->out, a->dtype, &err) || write_config(&cfg, a->out, &err);
     if (rc)
         fprintf(stderr, "astrai-model: %s\n", err.msg);
     else
@@ -188,7 +187,7 @@ static int cmd_init(const Args *a) {
 
 // ---------------------------------------------------------------- info
 
-static const char *dtype_name(StDType dt) {
+static const char *st_dtype_name(StDType dt) {
     static const char *names[] = {[ST_F32] = "F32", [ST_BF16] = "BF16", [ST_F16] = "F16",
                                   [ST_I32] = "I32", [ST_I64] = "I64",   [ST_U8] = "U8"};
     return names[dt];
@@ -217,7 +216,8 @@ static int open_model_dir(ModelDir *d, const char *dir, Err *err) {
     if (model_config_load(&d->cfg, path, err)) return -1;
     join(path, dir, "model.safetensors");
     Model m;
-    if (model_create(&m, &d->cfg, err)) return err_prefix(err, "%s/config.json", dir);
+    if (model_create(&m, &d->cfg, backend_cpu(), err))
+        return err_prefix(err, "%s/config.json", dir);
     int rc = model_load(&m, path, err);
     model_free(&m);
     if (rc || st_open(&d->st, path, err)) return -1;
@@ -254,7 +254,7 @@ static const StTensor **tensors_in_file_order(const StFile *f) {
 static cJSON *tensor_json(const StTensor *t) {
     cJSON *o = cJSON_CreateObject();
     cJSON_AddStringToObject(o, "name", t->name);
-    cJSON_AddStringToObject(o, "dtype", dtype_name(t->dtype));
+    cJSON_AddStringToObject(o, "dtype", st_dtype_name(t->dtype));
     cJSON *shape = cJSON_AddArrayToObject(o, "shape");
     for (int d = 0; d < t->ndim; d++)
         cJSON_AddItemToArray(shape, cJSON_CreateNumber((double)t->shape[d]));
@@ -301,13 +301,13 @@ static void print_info_text(const ModelDir *d, const char *dir, const StTensor *
             snprintf(shape + strlen(shape), sizeof shape - strlen(shape), "%s%lld", k ? ", " : "",
                      (long long)t->shape[k]);
         snprintf(shape + strlen(shape), sizeof shape - strlen(shape), "]");
-        printf("%-48s %-5s %-16s %12llu\n", t->name, dtype_name(t->dtype), shape,
+        printf("%-48s %-5s %-16s %12llu\n", t->name, st_dtype_name(t->dtype), shape,
                (unsigned long long)(t->end - t->begin));
     }
 }
 
 static int cmd_info(const Args *a) {
-    Err err = {{0}};
+    Err err = {0};
     ModelDir d;
     if (open_model_dir(&d, a->dir, &err)) {
         fprintf(stderr, "astrai-model: %s\n", err.msg);
@@ -337,7 +337,7 @@ int main(int argc, char **argv) {
         return 0;
     }
     Args a = {.dtype = ST_BF16, .seed = DEFAULT_SEED};
-    Err err = {{0}};
+    Err err = {0};
     const char *cmd = argc >= 2 ? argv[1] : "";
     int rc;
     if (strcmp(cmd, "init") == 0)

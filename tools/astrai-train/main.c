@@ -3,10 +3,13 @@
 // Exit codes: 0 done (or stopped by SIGTERM/SIGINT after a checkpoint),
 // 1 failure while training, 2 bad input (flags, config, weights, data).
 #include <signal.h>
+#include <stdbool.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "comm/comm.h"
+#include "engine/backend.h"
 #include "proto/train_spec.h"
 #include "worker/lib/launch.h"
 #include "worker/lib/trainer.h"
@@ -30,38 +33,71 @@ static void install_signals(void) {
     sigaction(SIGINT, &sa, NULL);
     sa.sa_handler = on_checkpoint;
     sigaction(SIGUSR1, &sa, NULL);
+    // A supervisor that died leaves our stderr a broken pipe: a progress line must not kill
+    // the rank before its stop checkpoint (the write fails instead).
+    sa.sa_handler = SIG_IGN;
+    sigaction(SIGPIPE, &sa, NULL);
+}
+
+// The backend of this rank: --device_type (auto: cuda when a GPU is visible) and
+// --dtype (auto: bf16 on cuda, fp32 on the CPU). A rank drives GPU LOCAL_RANK of the
+// GPUs CUDA_VISIBLE_DEVICES shows it (as under torchrun).
+static int open_backend(const LaunchInfo *li, const TrainSpec *spec, const Backend **be, Err *err) {
+    const char *type = spec->device_type;
+    if (!strcmp(type, "auto")) type = backend_cuda_available() ? "cuda" : "cpu";
+    bool fp32 =
+        !strcmp(spec->dtype, "fp32") || (!strcmp(spec->dtype, "auto") && !strcmp(type, "cpu"));
+    if (!backend_open(be, type, li->local_rank, fp32 ? DT_F32 : DT_BF16, err)) return 0;
+    const char *visible = getenv("CUDA_VISIBLE_DEVICES");
+    return err_prefix(err, "LOCAL_RANK %d, CUDA_VISIBLE_DEVICES=%s", li->local_rank,
+                      visible ? visible : "unset");
 }
 
 // The collectives of a multi-rank job: ranks meet (rendezvous), then attach to the
-// shm segment rank 0 named.
-static int connect_ranks(LaunchInfo *li, const TrainSpec *spec, Comm **comm, Err *err) {
+// shm segment rank 0 named (CPU), or join the NCCL communicator of the ncclUniqueId
+// rank 0 made (GPU).
+static int connect_ranks(LaunchInfo *li, const TrainSpec *spec, const Backend *be, Comm **comm,
+                         Err *err) {
     *comm = NULL;
     if (li->world_size == 1) return 0;
     if (!strcmp(spec->parallel_mode, "none"))
         return err_set(err, "parallel_mode: 'none' cannot run %d ranks (%s); use ddp or fsdp",
                        li->world_size, li->source);
-    if (launch_rendezvous(li, NULL, err)) return -1;
-    CommConfig cfg = {.backend = "shm",
+    bool gpu = be->device >= 0;
+    uint8_t nccl_id[COMM_NCCL_ID_BYTES] = {0};
+    if (gpu && li->rank == 0 && comm_nccl_unique_id(nccl_id, err)) return -1;
+    if (launch_rendezvous(li, gpu ? nccl_id : NULL, err)) return -1;
+    CommConfig cfg = {.backend = gpu ? "nccl" : "shm",
                       .rank = li->rank,
                       .world_size = li->world_size,
                       .timeout_ms = (int)(spec->comm_timeout * 1000),
-                      .shm_name = li->shm_name};
+                      .shm_name = li->shm_name,
+                      .nccl_id = nccl_id,
+                      .cuda_device = be->device,
+                      .cuda_stream = be->stream()};
     return comm_create(comm, &cfg, err);
+}
+
+// Exit code of a failure before training: 1 for a resource (memory, device), else 2.
+static int setup_failed(const Err *err) {
+    return err->resource ? 1 : EXIT_BAD_INPUT;
 }
 
 // One rank (or the single process) of the job. Exit codes as documented above.
 static int train_rank(LaunchInfo *li, const TrainSpec *spec) {
-    Err err = {{0}};
-    Comm *comm;
-    if (connect_ranks(li, spec, &comm, &err)) {
+    Err err = {0};
+    Comm *comm = NULL;
+    const Backend *be;
+    if (open_backend(li, spec, &be, &err) || connect_ranks(li, spec, be, &comm, &err)) {
         fprintf(stderr, "astrai-train: rank %d: %s\n", li->rank, err.msg);
-        return 2;
+        return setup_failed(&err);
     }
     Trainer t;
     int rc = 0;
-    if (trainer_init(&t, spec, comm, launch_threads(li, spec->threads), &err)) {
+    if (trainer_init(&t, spec, be, comm, launch_threads(li, spec->threads), &err)) {
+        if (err.resource) err_prefix(&err, "rank %d", li->rank);
         fprintf(stderr, "astrai-train: %s\n", err.msg);
-        rc = 2;
+        rc = setup_failed(&err);
     } else if (trainer_run(&t, &err)) {
         fprintf(stderr, "astrai-train: rank %d: %s\n", li->rank, err.msg);
         rc = 1;
@@ -72,7 +108,7 @@ static int train_rank(LaunchInfo *li, const TrainSpec *spec) {
 }
 
 static int run(const TrainSpec *spec, char **argv) {
-    Err err = {{0}};
+    Err err = {0};
     LaunchInfo *li = launch_info();
     if (launch_detect(li, spec->nprocs, &err)) {
         fprintf(stderr, "astrai-train: %s\n", err.msg);
@@ -92,7 +128,7 @@ static int run(const TrainSpec *spec, char **argv) {
 
 int main(int argc, char **argv) {
     TrainSpec spec;
-    Err err = {{0}};
+    Err err = {0};
     bool help;
     train_spec_defaults(&spec);
     if (train_spec_parse_args(&spec, argc, argv, &help, &err) ||

@@ -14,7 +14,7 @@
 //       all-gathered before a micro-step and freed after its backward; the full
 //       gradients live through one accumulation window and are reduce-scattered
 //       (averaged) into the owners' regions on the sync micro-step, then freed.
-//       The optimizer steps the shard view: a Model whose tensors are the owned ones.
+//       The optimizer steps the shard view: the owned tensors over the region buffers.
 #pragma once
 #include <stdbool.h>
 #include <stddef.h>
@@ -26,49 +26,59 @@
 
 typedef enum { EXEC_NONE, EXEC_DDP, EXEC_FSDP } ExecMode;
 
+// Buffers are the model's backend's; the collectives run on them (device memory with
+// nccl). Gradients, masters and optimizer state travel in fp32; weights for forward in
+// the compute dtype (bf16 on the GPU: half the bytes of an fp32 gather).
 typedef struct {
     ExecMode mode;
     Comm *comm; // NULL for none
     int rank, world;
-    // fsdp
+    const Backend *be;
+    // ddp, fsdp
     int *owner;         // (n_params,) owner rank of each tensor
     size_t *region_off; // (n_params,) offset of each tensor in its owner's region
-    size_t region;      // S, floats per rank region
-    Model shard;        // view: owned tensors; weights/grads are (S,) region buffers
-    float *regions;     // ddp: (world*S,) exchange buffer kept for the run; fsdp: NULL
+    size_t region;      // S, elements per rank region
+    ParamSpec *owned;   // the owned tensors, offsets into the region
+    ParamView shard;    // owned tensors: master and grads are (S,) region buffers
+    void *regions;      // ddp: (world*S,) fp32 exchange buffer kept for the run; fsdp: NULL
+    void *stage;        // (S,) this rank's weights in the compute dtype; NULL when fp32
+    float *agree;       // (EXEC_AGREE_MAX,) device staging of executor_sum when comm needs it
+    int transient;      // MODEL_* buffers executor_gather_weights acquired for a checkpoint
 } Executor;
+
+#define EXEC_AGREE_MAX 8
 
 int executor_init(Executor *x, ExecMode mode, Comm *comm, Model *m, Err *err);
 void executor_free(Executor *x);
 
-// The model the optimizer steps: m itself (none), or this rank's shard view.
-Model *executor_opt_model(Executor *x, Model *m);
+// What the optimizer steps: the whole model (none), or this rank's shard.
+ParamView executor_view(const Executor *x, const Model *m);
 
 // Before a micro-step's forward: fsdp gathers the full weights (and allocates the
 // gradient buffer at the start of an accumulation window).
 int executor_begin_micro(Executor *x, Model *m, Err *err);
 // After a micro-step's backward: fsdp frees the full weights; on a sync micro-step
-// the gradients are averaged over ranks (ddp all_reduce, fsdp reduce_scatter into
-// the owners' regions, then the full gradients are freed).
+// the gradients are averaged over ranks (reduce_scatter into the owners' regions;
+// fsdp then frees the full gradients).
 int executor_end_micro(Executor *x, Model *m, bool sync, Err *err);
 
-// Global gradient norm (sharded: all-reduce of the local sums of squares) and
-// clipping of the optimizer model's gradients.
-int executor_clip(Executor *x, Model *m, float max_norm, float *norm, Err *err);
-
-// After the optimizer step: ddp all-gathers the updated weights into every rank's model.
+// After the optimizer stepped the view's master weights: the compute weights follow
+// (none: refreshed from the master; ddp: the owners' shards all-gathered into every
+// rank's model; fsdp: at the next executor_begin_micro).
 int executor_after_step(Executor *x, Model *m, Err *err);
 
-// Sums vals[0..n) over ranks in place (loss, stop flags, ...); none: no-op.
+// Sums vals[0..n) (n <= EXEC_AGREE_MAX, host memory) over ranks in place (losses, stop
+// flags, squared norms); none: no-op. A separate small collective after the gradients'.
 int executor_sum(Executor *x, float *vals, int n, Err *err);
 
-// Full weights on every rank (fsdp: gathered into m->weights; the caller releases
-// them with executor_drop_full); none/ddp: already there.
+// The full fp32 master weights on every rank (for a checkpoint), gathered into
+// m->master where the model does not hold them; executor_drop_full frees what was
+// gathered.
 int executor_gather_weights(Executor *x, Model *m, Err *err);
 void executor_drop_full(Executor *x, Model *m);
 
-// After the full model weights were loaded into m: fsdp copies the owned tensors
-// into the shard and frees the full buffers.
+// After the full model weights were loaded into m: ddp/fsdp copy the owned tensors
+// into the shard and free the full buffers the mode does not keep.
 int executor_adopt_weights(Executor *x, Model *m, Err *err);
 
 // ddp/fsdp only: the optimizer state as for the full model (every rank calls it and

@@ -35,9 +35,11 @@ int train_ckpt_load_config(ModelConfig *cfg, const char *dir, Err *err) {
            model_config_load(cfg, path, err);
 }
 
-int train_ckpt_load_model(Model *m, const ModelConfig *cfg, const char *dir, Err *err) {
+int train_ckpt_load_model(Model *m, const ModelConfig *cfg, const Backend *be, const char *dir,
+                          Err *err) {
     char path[PATH_CAP];
-    if (model_create(m, cfg, err) || path_join(path, sizeof path, dir, "model.safetensors", err))
+    if (model_create(m, cfg, be, err) ||
+        path_join(path, sizeof path, dir, "model.safetensors", err))
         return -1;
     return model_load(m, path, err);
 }
@@ -114,7 +116,8 @@ static int write_files(const Trainer *t, const Optimizer *opt, const char *tmp, 
         model_save(&t->model, path, dtype, err) ||
         path_join(path, sizeof path, tmp, "optimizer.safetensors", err))
         return -1;
-    return optim_save(opt, &t->model, path, err);
+    ParamView full = model_view(&t->model);
+    return optim_save(opt, &full, path, err);
 }
 
 // Rank 0 writes the checkpoint directory.
@@ -131,8 +134,9 @@ static int write_checkpoint(const Trainer *t, const Optimizer *opt, const char *
 
 // ddp/fsdp: every rank takes part in gathering the full weights and optimizer state.
 static int gather_full_state(Trainer *t, Optimizer *full, Err *err) {
+    ParamView v = model_view(&t->model);
     return executor_gather_weights(&t->exec, &t->model, err) ||
-           optim_create(full, t->opt.kind, &t->model, t->opt.weight_decay, err) ||
+           optim_create(full, t->opt.kind, &v, t->opt.weight_decay, err) ||
            executor_gather_optim(&t->exec, &t->model, &t->opt, full, err);
 }
 
@@ -207,10 +211,11 @@ static int load_optimizer(Trainer *t, const char *dir, Err *err) {
                 dir);
         return 0;
     }
-    if (t->exec.mode == EXEC_NONE) return optim_load(&t->opt, &t->model, path, err);
+    ParamView v = model_view(&t->model);
+    if (t->exec.mode == EXEC_NONE) return optim_load(&t->opt, &v, path, err);
     Optimizer full;
-    if (optim_create(&full, t->opt.kind, &t->model, t->opt.weight_decay, err)) return -1;
-    int rc = optim_load(&full, &t->model, path, err);
+    if (optim_create(&full, t->opt.kind, &v, t->opt.weight_decay, err)) return -1;
+    int rc = optim_load(&full, &v, path, err);
     if (!rc) executor_scatter_optim(&t->exec, &t->model, &full, &t->opt);
     optim_free(&full);
     return rc;

@@ -23,7 +23,8 @@ int train_ckpt_locate(const TrainSpec *spec, char *out, size_t cap, Err *err);
 // Reads dir/config.json.
 int train_ckpt_load_config(ModelConfig *cfg, const char *dir, Err *err);
 // Creates the model for cfg and loads dir/model.safetensors.
-int train_ckpt_load_model(Model *m, const ModelConfig *cfg, const char *dir, Err *err);
+int train_ckpt_load_model(Model *m, const ModelConfig *cfg, const Backend *be, const char *dir,
+                          Err *err);
 
 // Writes checkpoint epoch_E_step_S of the trainer's current position into
 // spec->ckpt_dir (atomically); its path goes to path_out.

@@ -98,7 +98,8 @@ static const char *progress_dir(const TrainSpec *spec) {
     return run_dir && *run_dir ? run_dir : spec->ckpt_dir;
 }
 
-int trainer_init(Trainer *t, const TrainSpec *spec, Comm *comm, long threads, Err *err) {
+int trainer_init(Trainer *t, const TrainSpec *spec, const Backend *be, Comm *comm, long threads,
+                 Err *err) {
     memset(t, 0, sizeof *t);
     t->spec = spec;
     t->sft = !strcmp(spec->train_type, "sft");
@@ -117,8 +118,9 @@ int trainer_init(Trainer *t, const TrainSpec *spec, Comm *comm, long threads, Er
     t->memory_report = getenv("ASTRAI_MEMORY_REPORT");
     if (t->memory_report && !*t->memory_report) t->memory_report = NULL;
     if (t->memory_report) t->rss_baseline = resident_bytes();
-    if (train_ckpt_load_model(&t->model, &cfg, model_dir, err) ||
-        executor_init(&t->exec, exec_mode(spec->parallel_mode), comm, &t->model, err) ||
+    if (train_ckpt_load_model(&t->model, &cfg, be, model_dir, err)) return -1;
+    t->model.grad_checkpointing = spec->gradient_checkpointing;
+    if (executor_init(&t->exec, exec_mode(spec->parallel_mode), comm, &t->model, err) ||
         executor_adopt_weights(&t->exec, &t->model, err))
         return -1;
     t->total_steps = trainer_total_steps(t->n_samples, t->world, spec->batch_per_device,
@@ -127,9 +129,8 @@ int trainer_init(Trainer *t, const TrainSpec *spec, Comm *comm, long threads, Er
                   spec->min_rate, spec->stable_steps, spec->decay_steps, spec->cycle_length,
                   spec->t_mult);
     OptimizerKind kind = !strcmp(spec->optimizer, "adamw") ? OPT_ADAMW : OPT_MUON;
-    if (optim_create(&t->opt, kind, executor_opt_model(&t->exec, &t->model),
-                     (float)spec->weight_decay, err))
-        return -1;
+    ParamView view = executor_view(&t->exec, &t->model);
+    if (optim_create(&t->opt, kind, &view, (float)spec->weight_decay, err)) return -1;
     if (*resume_dir && train_ckpt_load_state(t, resume_dir, err)) return -1;
     t->last_ckpt_step = t->step;
     if (t->rank == 0 &&
@@ -159,16 +160,16 @@ static int save_checkpoint(Trainer *t, Err *err) {
 }
 
 typedef struct {
-    double loss_sum;   // sum of the current step's micro-step losses
     double step_start; // wall time the current optimizer step began
     double run_start;  // wall time this process began training
     long steps_run;    // optimizer steps done by this process
     long tokens;       // tokens of the current optimizer step
 } StepClock;
 
-// Requests agreed by all ranks at a step boundary (DESIGN §5): a request that
-// reached any rank applies to all, so they stop or checkpoint at the same step.
-enum { AGREE_LOSS, AGREE_STOP, AGREE_CKPT, AGREE_N };
+// Summed over ranks at a step boundary: the step's losses, the squared norms of the
+// gradient shards, and the requests (DESIGN §5): a request that reached any rank applies
+// to all, so they stop or checkpoint at the same step.
+enum { AGREE_LOSS, AGREE_STOP, AGREE_CKPT, AGREE_SQ, AGREE_N };
 
 // A supervisor (astraid) may give each rank a control pipe in $ASTRAI_CONTROL_FD
 // carrying lines "stop" (checkpoint and exit: pause, shutdown) and "checkpoint"
@@ -196,20 +197,41 @@ static void poll_control(void) {
     }
 }
 
-static int optimizer_step(Trainer *t, StepClock *c, int *stop, int *ckpt, Err *err) {
-    const TrainSpec *s = t->spec;
+// The step's agreed numbers: its mean loss and the global gradient norm, from the one
+// read-back of the step (model stats) summed over ranks with the stop/checkpoint requests.
+static int agree_step(Trainer *t, const ParamView *v, float *loss, double *norm, int *stop,
+                      int *ckpt, Err *err) {
+    v->be->sum_squares(t->model.stats + 1, v->grads, v->num_floats);
+    double stats[2];
+    model_read_stats(&t->model, stats);
     poll_control();
-    float agreed[AGREE_N] = {(float)c->loss_sum, (float)(trainer_stop_requested != 0),
-                             (float)(trainer_checkpoint_requested != 0)};
+    float agreed[AGREE_N] = {(float)stats[0], (float)(trainer_stop_requested != 0),
+                             (float)(trainer_checkpoint_requested != 0), (float)stats[1]};
     trainer_checkpoint_requested = 0;
-    float gnorm;
-    if (executor_sum(&t->exec, agreed, AGREE_N, err) ||
-        executor_clip(&t->exec, &t->model, (float)s->max_grad_norm, &gnorm, err))
-        return -1;
+    if (executor_sum(&t->exec, agreed, AGREE_N, err)) return -1;
     *stop = agreed[AGREE_STOP] > 0;
     *ckpt = agreed[AGREE_CKPT] > 0;
+    *loss = agreed[AGREE_LOSS] / (float)(t->spec->grad_accum_steps * t->world);
+    // One rank: the exact double sum; sharded: the ranks' fp32 partial sums added.
+    *norm = sqrt(t->exec.mode == EXEC_NONE ? stats[1] : (double)agreed[AGREE_SQ]);
+    if (!isfinite(*loss))
+        return err_set(err, "loss is %f at step %ld (diverged: lower max_lr?)", (double)*loss,
+                       t->step + 1);
+    if (!isfinite(*norm))
+        return err_set(err, "gradient norm is %f at step %ld (diverged: lower max_lr?)", *norm,
+                       t->step + 1);
+    return 0;
+}
+
+static int optimizer_step(Trainer *t, StepClock *c, int *stop, int *ckpt, Err *err) {
+    const TrainSpec *s = t->spec;
+    ParamView view = executor_view(&t->exec, &t->model);
+    float loss;
+    double gnorm;
+    if (agree_step(t, &view, &loss, &gnorm, stop, ckpt, err)) return -1;
+    clip_grads(&view, gnorm, (float)s->max_grad_norm);
     double lr = s->max_lr * schedule_factor(&t->sched, t->step);
-    optim_step(&t->opt, executor_opt_model(&t->exec, &t->model), (float)lr);
+    optim_step(&t->opt, &view, (float)lr);
     if (executor_after_step(&t->exec, &t->model, err)) return -1;
     if (t->exec.mode != EXEC_FSDP) model_zero_grad(&t->model);
     t->step++;
@@ -217,9 +239,9 @@ static int optimizer_step(Trainer *t, StepClock *c, int *stop, int *ckpt, Err *e
     StepRow row = {.step = t->step,
                    .epoch = t->epoch,
                    .consumed_samples = t->consumed_samples,
-                   .loss = agreed[AGREE_LOSS] / (float)(s->grad_accum_steps * t->world),
+                   .loss = loss,
                    .lr = lr,
-                   .grad_norm = gnorm,
+                   .grad_norm = (float)gnorm,
                    .tokens_per_s = (double)c->tokens * t->world / fmax(now - c->step_start, 1e-9),
                    .wall_time = now};
     c->steps_run++;
@@ -238,7 +260,6 @@ static int optimizer_step(Trainer *t, StepClock *c, int *stop, int *ckpt, Err *e
         progress_format_line(line, sizeof line, &row, t->total_steps, eta);
         fprintf(stderr, "%s\n", line);
     }
-    c->loss_sum = 0;
     c->tokens = 0;
     c->step_start = now;
     return 0;
@@ -250,16 +271,11 @@ static int micro_step(Trainer *t, StepClock *c, int nb, Err *err) {
     const TrainSpec *s = t->spec;
     fill_batch(t, nb);
     if (executor_begin_micro(&t->exec, &t->model, err)) return -1;
-    Err ferr = {{0}};
-    float loss = model_forward(&t->model, t->inputs, t->targets, t->sft ? t->loss_mask : NULL,
-                               t->sft ? t->position_ids : NULL, nb, (int)t->window,
-                               (float)s->label_smoothing, &ferr);
-    if (*ferr.msg) return err_set(err, "%s", ferr.msg);
-    if (!isfinite(loss))
-        return err_set(err, "loss is %f at step %ld (diverged: lower max_lr?)", (double)loss,
-                       t->step + 1);
+    if (model_forward_accumulate(&t->model, t->inputs, t->targets, t->sft ? t->loss_mask : NULL,
+                                 t->sft ? t->position_ids : NULL, nb, (int)t->window,
+                                 (float)s->label_smoothing, err))
+        return -1;
     model_backward(&t->model, 1.0f / (float)s->grad_accum_steps);
-    c->loss_sum += loss;
     c->tokens += (long)nb * (long)t->window;
     t->epoch_pos += nb;
     t->consumed_samples += (long)nb * t->world;

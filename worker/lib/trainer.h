@@ -49,9 +49,10 @@ typedef struct Trainer {
 } Trainer;
 
 // Sets everything up from the spec: model (from param_path, or the checkpoint
-// when resuming), data, optimizer, schedule, progress database. comm is the
-// job's communicator (NULL for one rank); threads the CPU threads of this rank.
-int trainer_init(Trainer *t, const TrainSpec *spec, Comm *comm, long threads, Err *err);
+// when resuming) on backend be, data, optimizer, schedule, progress database. comm is
+// the job's communicator (NULL for one rank); threads the CPU threads of this rank.
+int trainer_init(Trainer *t, const TrainSpec *spec, const Backend *be, Comm *comm, long threads,
+                 Err *err);
 // Runs to the end of the last epoch or until a stop request; checkpoints on the
 // way (every ckpt_interval steps, on request, at the end).
 int trainer_run(Trainer *t, Err *err);

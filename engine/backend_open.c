@@ -1,0 +1,46 @@
+// backend_open.c: choosing a rank's backend (engine/backend.h): the CPU one, or the CUDA
+// one when it was built in (engine/cuda/, ASTRAI_HAVE_CUDA) and the GPU is usable.
+#include <string.h>
+
+#include "engine/backend.h"
+#ifdef ASTRAI_HAVE_CUDA
+#include "engine/cuda/cuda_backend.h"
+#endif
+
+size_t muon_scratch_floats(int rows, int cols) {
+    size_t r = (size_t)(rows < cols ? rows : cols);
+    return 2 * (size_t)rows * (size_t)cols + 2 * r * r + 4; // + 2 doubles of norms
+}
+
+int backend_cuda_available(void) {
+#ifdef ASTRAI_HAVE_CUDA
+    return cuda_device_count() > 0;
+#else
+    return 0;
+#endif
+}
+
+static int open_cuda(const Backend **out, int device, DType dtype, Err *err) {
+#ifdef ASTRAI_HAVE_CUDA
+    if (cuda_context_open(device, err)) return -1;
+    *out = cuda_backend(dtype);
+    return 0;
+#else
+    (void)out, (void)device, (void)dtype;
+    return err_set(err, "device_type cuda: this astrai was built without the CUDA backend "
+                        "(configure with -DASTRAI_CUDA=ON on a machine with the CUDA toolkit)");
+#endif
+}
+
+int backend_open(const Backend **out, const char *device_type, int device, DType dtype, Err *err) {
+    if (!strcmp(device_type, "cuda")) return open_cuda(out, device, dtype, err);
+    if (strcmp(device_type, "cpu"))
+        return err_set(err, "device_type: '%s' is not cpu or cuda", device_type);
+    if (dtype != DT_F32)
+        return err_set(err,
+                       "dtype %s: the CPU backend computes in fp32 (use --dtype=fp32 or "
+                       "--device_type=cuda)",
+                       dtype_name(dtype));
+    *out = backend_cpu();
+    return 0;
+}

@@ -1,0 +1,116 @@
+// cuda_backend.h: the CUDA backend's internals (engine/cuda/ only; the rest of astrai
+// sees engine/backend.h). C linkage, so engine/backend_open.c (C) can reach it.
+//
+// One rank drives one GPU: the context (device, the compute stream, the cuBLASLt handle
+// and workspace, a scratch buffer) is process-wide, set up once by cuda_context_open.
+// Every op of the Backend table is declared here in two variants, _f32 and _bf16, for
+// the compute dtype of `void *` tensors (float or __nv_bfloat16); fp32 tensors are
+// `float *` in both. Ops enqueue on cuda_stream() and return at once.
+#pragma once
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#include "common/error.h"
+#include "engine/backend.h"
+
+// ---------------------------------------------------------------- context (context.cu)
+// Selects the device, creates the stream, the cuBLASLt handle, its workspace and the
+// scratch buffer. A second call with the same device is a no-op; another device fails.
+int cuda_context_open(int device, Err *err);
+int cuda_device_count(void);   // 0 when no driver or no GPU (never fails loudly)
+int cuda_current_device(void); // -1 until cuda_context_open succeeded
+// Free and total bytes of the device: 0, or -1 (and 0/0) when it cannot tell.
+int cuda_mem_info(size_t *free_b, size_t *total_b);
+void *cuda_lt_handle(void);             // cublasLtHandle_t
+void *cuda_lt_workspace(size_t *bytes); // the cuBLASLt workspace and its size
+// As cuda_check_fail, for cuBLAS status codes (they overlap cudaError_t's numbers).
+void cuda_cublas_fail(int status, const char *call, const char *file, int line);
+void *cuda_stream(void); // the compute stream (cudaStream_t), for NCCL ordering
+// A device scratch buffer of at least `bytes` (CUDA_SCRATCH_BYTES at most), shared by the
+// ops (they run in stream order, so one at a time).
+#define CUDA_SCRATCH_BYTES ((size_t)64 << 20)
+void *cuda_scratch(size_t bytes);
+// Aborts the process with a message naming the device, the call and the CUDA error: for
+// errors an op cannot return (a launch failure is a bug or a dead GPU, not bad input).
+void cuda_check_fail(int code, const char *call, const char *file, int line);
+#define CUDA_CHECK(call)                                                                           \
+    do {                                                                                           \
+        int cuda_check_code_ = (int)(call);                                                        \
+        if (cuda_check_code_) cuda_check_fail(cuda_check_code_, #call, __FILE__, __LINE__);        \
+    } while (0)
+
+// The Backend tables (backend.cu); NULL until cuda_context_open succeeded.
+const Backend *cuda_backend(DType dtype);
+
+// ---------------------------------------------------------------- ops, per compute dtype
+// Shapes and semantics: the Backend fields of the same name in engine/backend.h.
+#define CUDA_DTYPE_OPS(S)                                                                          \
+    /* matmul.cu */                                                                                \
+    void cuda_matmul_fwd_##S(void *out, const void *inp, const void *weight, int N, int C, int OC, \
+                             int accumulate);                                                      \
+    void cuda_matmul_bwd_##S(void *dinp, float *dweight, const void *dout, const void *inp,        \
+                             const void *weight, int N, int C, int OC, int accumulate_dinp);       \
+    /* embedding.cu */                                                                             \
+    void cuda_embedding_fwd_##S(void *out, const int32_t *ids, const void *table, int N, int C);   \
+    void cuda_embedding_bwd_##S(float *dtable, const void *dout, const int32_t *ids,               \
+                                const int32_t *by_id, int N, int C);                               \
+    /* rmsnorm.cu */                                                                               \
+    void cuda_rmsnorm_fwd_##S(void *out, float *rstd, const void *inp, const void *weight, int N,  \
+                              int G, int C, int stride, float eps);                                \
+    void cuda_rmsnorm_bwd_##S(void *dinp, float *dweight, const void *dout, const void *inp,       \
+                              const void *weight, const float *rstd, int N, int G, int C,          \
+                              int stride, int accumulate_dinp);                                    \
+    /* rope.cu */                                                                                  \
+    void cuda_rope_fwd_##S(void *x, const int32_t *pos, const float *cos_sin, int N, int G, int D, \
+                           int stride);                                                            \
+    void cuda_rope_bwd_##S(void *dx, const int32_t *pos, const float *cos_sin, int N, int G,       \
+                           int D, int stride);                                                     \
+    /* attention.cu */                                                                             \
+    void cuda_attention_fwd_##S(void *out, float *lse, const void *q, const void *k,               \
+                                const void *v, const int32_t *doc_start, int B, int T, int H,      \
+                                int KVH, int D, int qkv_stride);                                   \
+    void cuda_attention_bwd_##S(void *dq, void *dk, void *dv, const void *dout, const void *out,   \
+                                const float *lse, const void *q, const void *k, const void *v,     \
+                                const int32_t *doc_start, int B, int T, int H, int KVH, int D,     \
+                                int qkv_stride);                                                   \
+    /* elementwise.cu */                                                                           \
+    void cuda_swiglu_fwd_##S(void *out, const void *h, int N, int FF);                             \
+    void cuda_swiglu_bwd_##S(void *dh, const void *dout, const void *h, int N, int FF);            \
+    void cuda_sigmoid_gate_fwd_##S(void *out, const void *x, const void *g, size_t n);             \
+    void cuda_sigmoid_gate_bwd_##S(void *dx, void *dg, const void *dout, const void *x,            \
+                                   const void *g, size_t n);                                       \
+    void cuda_cast_from_f32_##S(void *dst, const float *src, size_t n);                            \
+    void cuda_download_f32_##S(float *host, const void *src, size_t n);                            \
+    /* cross_entropy.cu */                                                                         \
+    void cuda_cross_entropy_fwd_##S(float *loss, float *lse, const void *logits,                   \
+                                    const int32_t *targets, const int32_t *mask, int N, int V,     \
+                                    float label_smoothing);                                        \
+    void cuda_cross_entropy_bwd_##S(void *dlogits, const void *logits, const float *lse,           \
+                                    const int32_t *targets, const int32_t *mask, int N, int V,     \
+                                    float label_smoothing, float dloss);
+
+CUDA_DTYPE_OPS(f32)
+CUDA_DTYPE_OPS(bf16)
+#undef CUDA_DTYPE_OPS
+
+// ---------------------------------------------------------------- dtype-free ops
+// cross_entropy.cu
+void cuda_loss_mean_add(double *acc, const float *loss, int N, int counted);
+// matmul.cu: C: (M,N) = alpha * op(A) @ op(B) + beta * C, row-major fp32 (op: transpose when
+// trans_*), TF32 off: Newton-Schulz's GEMMs.
+void cuda_sgemm_rm(int trans_a, int trans_b, int M, int N, int K, float alpha, const float *A,
+                   int lda, const float *B, int ldb, float beta, float *C, int ldc);
+// optim.cu
+void cuda_sum_squares(double *out, const float *x, size_t n);
+void cuda_scale(float *x, size_t n, float factor);
+void cuda_adamw(float *w, const float *g, float *exp_avg, float *exp_avg_sq, size_t n,
+                const AdamwArgs *a);
+void cuda_muon(float *w, const float *g, float *buf, float *scratch, const MuonArgs *a);
+
+#ifdef __cplusplus
+}
+#endif

@@ -1,0 +1,944 @@
+// test_gpu_ops.c: per-op conformance of the CUDA backend against the CPU backend
+// (engine/backend.h), every op of the Backend table, on random inputs from a fixed seed, in
+// both compute dtypes; and the determinism of the ops whose reductions could be reordered.
+// The memory ops (upload, download, copy, zero, cast_from_f32, download_f32) must be exact.
+//
+// Metric, per output tensor: max|cuda - cpu| / max(1e-6, max|cpu|), the largest error
+// relative to the tensor's scale (so elements near 0 do not dominate), the CPU being the
+// reference. fp32 mode (DT_F32, TF32 off) must be within 1e-5 for every op. bf16 mode: the
+// inputs in the compute dtype are the CPU inputs rounded to bf16 (fp32 inputs stay fp32) and
+// the CPU computes in fp32 on those rounded values, so what is measured is the CUDA compute
+// error alone (bf16 outputs, bf16 intermediates); TOLERANCES below states each op's bound.
+//
+// Prints one line per output tensor (name, case, dtype, max rel err, tolerance, PASS/FAIL)
+// and, when ASTRAI_GPU_REPORT_DIR is set, writes the same as JSON to $ASTRAI_GPU_REPORT_DIR/
+// ops.json. Exit 0 all passed, 1 any failed, 77 skipped (no GPU visible, or built without
+// CUDA: ctest's SKIP_RETURN_CODE).
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "engine/backend.h"
+#include "engine/dtype.h"
+
+// ---------------------------------------------------------------- tolerances
+// bf16 rounding of an output is at most 2^-9 (0.2%) of the element, so of max|cpu|: ops with
+// bf16 outputs computed in fp32 registers get 1e-2 (5x that, for the fp32 work before the
+// rounding); flash attention also rounds P (forward) and P, dS (backward) to bf16 for its
+// GEMMs, 2e-2 / 3e-2. fp32 outputs computed from bf16-exact inputs differ from the CPU only
+// in the order of fp32 additions (and exp/rsqrt approximations), a few 1e-7: 1e-4 or tighter,
+// so a bf16 intermediate (>= 2e-3) would fail them. Gradient accumulators (fp32 +=) get 5e-4.
+typedef struct {
+    const char *name; // an output ("matmul_bwd.dweight") or a whole op ("rope_fwd")
+    double f32, bf16;
+    const char *why;
+} Tolerance;
+
+static const Tolerance TOLERANCES[] = {
+    {"matmul_fwd", 1e-5, 1e-2, "bf16 output of an fp32-accumulated GEMM"},
+    {"matmul_bwd.dinp", 1e-5, 1e-2, "bf16 output of an fp32-accumulated GEMM"},
+    {"matmul_bwd.dweight", 1e-5, 5e-4, "fp32 += of exact bf16 products: summation order only"},
+    {"embedding_fwd", 0, 0, "a row copy: bit-exact"},
+    {"embedding_bwd", 1e-5, 1e-5, "fp32 sums of bf16-exact rows in the same (token) order"},
+    {"rmsnorm_fwd.out", 1e-5, 1e-2, "bf16 output, fp32 math"},
+    {"rmsnorm_fwd.rstd", 1e-5, 1e-5, "fp32 output from bf16-exact inputs"},
+    {"rmsnorm_bwd.dinp", 1e-5, 1e-2, "bf16 output, fp32 math"},
+    {"rmsnorm_bwd.dweight", 1e-5, 5e-4, "fp32 += over rows: summation order only"},
+    {"rope_fwd", 1e-5, 1e-2, "bf16 output of an fp32 rotation"},
+    {"rope_bwd", 1e-5, 1e-2, "bf16 output of an fp32 rotation"},
+    {"attention_fwd.out", 1e-5, 2e-2, "bf16 output; P rounded to bf16 for the PV GEMM"},
+    {"attention_fwd.lse", 1e-5, 1e-3, "fp32 logsumexp of fp32-accumulated exact products"},
+    {"attention_bwd", 1e-5, 3e-2, "bf16 outputs; P and dS rounded to bf16 for the GEMMs"},
+    {"swiglu_fwd", 1e-5, 1e-2, "bf16 output, fp32 math"},
+    {"swiglu_bwd", 1e-5, 1e-2, "bf16 output, fp32 math"},
+    {"sigmoid_gate_fwd", 1e-5, 1e-2, "bf16 output, fp32 math"},
+    {"sigmoid_gate_bwd", 1e-5, 1e-2, "bf16 output, fp32 math"},
+    {"cross_entropy_fwd", 1e-5, 1e-4, "fp32 outputs from bf16-exact logits: order of sums"},
+    {"cross_entropy_bwd", 1e-5, 1e-2, "bf16 dlogits, fp32 math"},
+    {"loss_mean_add", 1e-5, 1e-5, "fp32/double reduction, dtype-free"},
+    {"sum_squares", 1e-5, 1e-5, "double reduction, dtype-free"},
+    {"scale", 1e-5, 1e-5, "fp32, dtype-free"},
+    {"adamw", 1e-5, 1e-5, "fp32, dtype-free (FMA contraction differs by an ulp)"},
+    {"muon.w", 1e-5, 1e-5, "fp32 weights after the step"},
+    {"muon.buf", 1e-5, 1e-5, "fp32 momentum lerp"},
+    // The update alone (w_new - w_old), stricter than w: 5 chained Newton-Schulz GEMMs whose
+    // quintic amplifies rounding differences of small singular values (up to ~3.4x a step);
+    // in bf16 mode the implementation may run them in bf16/TF32, as torch's Muon does.
+    {"muon.update", 1e-4, 1e-2, "Newton-Schulz: 5 chained GEMMs amplify GEMM rounding"},
+    {"memory", 0, 0, "copies and the bf16 rounding (to nearest even) are exact"},
+    {"determinism", 0, 0, "two runs on the GPU: bit-identical"},
+};
+
+static const Tolerance *tolerance_of(const char *name) {
+    const Tolerance *best = NULL;
+    size_t best_len = 0;
+    for (size_t i = 0; i < sizeof TOLERANCES / sizeof TOLERANCES[0]; i++) {
+        size_t len = strlen(TOLERANCES[i].name);
+        int match =
+            strncmp(name, TOLERANCES[i].name, len) == 0 && (name[len] == '\0' || name[len] == '.');
+        if (match && len > best_len) best = &TOLERANCES[i], best_len = len;
+    }
+    if (!best) {
+        fprintf(stderr, "test_gpu_ops: no tolerance for '%s'\n", name);
+        exit(1);
+    }
+    return best;
+}
+
+// ---------------------------------------------------------------- results
+typedef struct {
+    char name[48], shape[80];
+    const char *dtype;
+    double err, tol;
+    int pass;
+} Result;
+
+enum { MAX_RESULTS = 512 };
+static Result results[MAX_RESULTS];
+static int n_results, n_failed;
+
+static void record(DType dt, const char *name, const char *shape, double err) {
+    if (n_results == MAX_RESULTS) {
+        fprintf(stderr, "test_gpu_ops: more than %d results\n", MAX_RESULTS);
+        exit(1);
+    }
+    const Tolerance *t = tolerance_of(name);
+    Result *r = &results[n_results++];
+    snprintf(r->name, sizeof r->name, "%s", name);
+    snprintf(r->shape, sizeof r->shape, "%s", shape);
+    r->dtype = dtype_name(dt);
+    r->tol = dt == DT_BF16 ? t->bf16 : t->f32;
+    r->err = err;
+    r->pass = err <= r->tol; // false for NaN
+    n_failed += !r->pass;
+    printf("%-34s %-40s %-4s %11.3e %9.1e %s\n", r->name, r->shape, r->dtype, r->err, r->tol,
+           r->pass ? "PASS" : "FAIL");
+    fflush(stdout);
+}
+
+static void json_number(FILE *f, double v) {
+    if (isfinite(v))
+        fprintf(f, "%.6g", v);
+    else
+        fprintf(f, "null"); // NaN / inf: not JSON numbers
+}
+
+static void write_json(const char *skipped) {
+    const char *dir = getenv("ASTRAI_GPU_REPORT_DIR");
+    if (!dir || !*dir) return;
+    char path[4096];
+    snprintf(path, sizeof path, "%s/ops.json", dir);
+    FILE *f = fopen(path, "w");
+    if (!f) {
+        perror(path);
+        return;
+    }
+    fprintf(f, "{\n  \"metric\": \"max|cuda - cpu| / max(1e-6, max|cpu|) per output tensor\",\n");
+    if (skipped) fprintf(f, "  \"skipped\": \"%s\",\n", skipped);
+    fprintf(f, "  \"failed\": %d,\n  \"results\": [", n_failed);
+    for (int i = 0; i < n_results; i++) {
+        const Result *r = &results[i];
+        fprintf(f,
+                "%s\n    {\"op\": \"%s\", \"case\": \"%s\", \"dtype\": \"%s\", \"max_rel_err\": ",
+                i ? "," : "", r->name, r->shape, r->dtype);
+        json_number(f, r->err);
+        fprintf(f, ", \"tol\": ");
+        json_number(f, r->tol);
+        fprintf(f, ", \"pass\": %s}", r->pass ? "true" : "false");
+    }
+    fprintf(f, "\n  ],\n  \"tolerances\": [");
+    for (size_t i = 0; i < sizeof TOLERANCES / sizeof TOLERANCES[0]; i++)
+        fprintf(f, "%s\n    {\"op\": \"%s\", \"fp32\": %g, \"bf16\": %g, \"why\": \"%s\"}",
+                i ? "," : "", TOLERANCES[i].name, TOLERANCES[i].f32, TOLERANCES[i].bf16,
+                TOLERANCES[i].why);
+    fprintf(f, "\n  ]\n}\n");
+    fclose(f);
+}
+
+// ---------------------------------------------------------------- host data
+static uint64_t rng_state = 0x5eed5eed12345678ull;
+
+static uint64_t rng_next(void) { // splitmix64
+    uint64_t z = (rng_state += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+static float rng_uniform(float lo, float hi) {
+    return lo + (hi - lo) * (float)((double)(rng_next() >> 11) / 9007199254740992.0);
+}
+
+static int rng_int(int n) {
+    return (int)(rng_next() % (uint64_t)n);
+}
+
+static void *xmalloc(size_t bytes) {
+    void *p = malloc(bytes ? bytes : 1);
+    if (!p) {
+        fprintf(stderr, "test_gpu_ops: out of host memory (%zu bytes)\n", bytes);
+        exit(1);
+    }
+    return p;
+}
+
+static float *host_rand(size_t n, float lo, float hi) {
+    float *x = xmalloc(n * sizeof *x);
+    for (size_t i = 0; i < n; i++)
+        x[i] = rng_uniform(lo, hi);
+    return x;
+}
+
+// fp32 -> bf16 -> fp32, round to nearest even (finite inputs).
+static float bf16_round(float x) {
+    uint32_t u;
+    memcpy(&u, &x, 4);
+    u = (u + 0x7fffu + ((u >> 16) & 1u)) & 0xffff0000u;
+    memcpy(&x, &u, 4);
+    return x;
+}
+
+// max|a - b| / max(1e-6, max|b|); infinite when a has a NaN/inf where b is finite.
+static double rel_err(const float *a, const float *b, size_t n) {
+    double diff = 0, ref = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (!isfinite(a[i]) || !isfinite(b[i])) return INFINITY;
+        double d = fabs((double)a[i] - (double)b[i]);
+        if (d > diff) diff = d;
+        if (fabs((double)b[i]) > ref) ref = fabs((double)b[i]);
+    }
+    return diff / fmax(1e-6, ref);
+}
+
+// ---------------------------------------------------------------- backend buffers
+// A tensor on both backends with the same contents. act: in the compute dtype (bf16 on the
+// GPU in bf16 mode); otherwise fp32 or raw bytes (int32, double) on both.
+typedef struct {
+    void *cpu, *gpu;
+    size_t n;
+    int act;
+} Pair;
+
+typedef struct {
+    const Backend *cpu, *gpu;
+    DType dt;
+    // Buffers to free at the end of a case (after a sync: the GPU may still be using them).
+    struct {
+        const Backend *be;
+        void *p;
+    } owned[256];
+    int n_owned;
+} Ctx;
+
+static void *be_alloc(Ctx *c, const Backend *be, size_t bytes) {
+    Err err = {0};
+    void *p = be->alloc(bytes ? bytes : 4, &err);
+    if (!p) {
+        fprintf(stderr, "test_gpu_ops: %s alloc of %zu bytes: %s\n", be->name, bytes, err.msg);
+        exit(1);
+    }
+    if (c->n_owned == (int)(sizeof c->owned / sizeof c->owned[0])) {
+        fprintf(stderr, "test_gpu_ops: too many buffers in one case\n");
+        exit(1);
+    }
+    c->owned[c->n_owned].be = be;
+    c->owned[c->n_owned++].p = p;
+    return p;
+}
+
+static void release(Ctx *c) {
+    c->gpu->sync();
+    for (int i = 0; i < c->n_owned; i++)
+        c->owned[i].be->free(c->owned[i].p);
+    c->n_owned = 0;
+}
+
+// A compute-dtype tensor from host fp32 values; in bf16 mode the host values are rounded
+// first (in place, so the caller's array is the effective input of both sides).
+static Pair pair_act(Ctx *c, float *host, size_t n) {
+    if (c->dt == DT_BF16)
+        for (size_t i = 0; i < n; i++)
+            host[i] = bf16_round(host[i]);
+    Pair p = {be_alloc(c, c->cpu, n * 4), be_alloc(c, c->gpu, n * dtype_size(c->dt)), n, 1};
+    c->cpu->upload(p.cpu, host, n * 4);
+    if (c->dt == DT_F32) {
+        c->gpu->upload(p.gpu, host, n * 4);
+    } else {
+        float *staging = be_alloc(c, c->gpu, n * 4);
+        c->gpu->upload(staging, host, n * 4);
+        c->gpu->cast_from_f32(p.gpu, staging, n); // exact: the values are bf16 already
+    }
+    return p;
+}
+
+// Raw bytes on both (fp32, int32, double tensors).
+static Pair pair_raw(Ctx *c, const void *host, size_t n, size_t elem) {
+    Pair p = {be_alloc(c, c->cpu, n * elem), be_alloc(c, c->gpu, n * elem), n, 0};
+    c->cpu->upload(p.cpu, host, n * elem);
+    c->gpu->upload(p.gpu, host, n * elem);
+    return p;
+}
+
+static Pair pair_f32(Ctx *c, const float *host, size_t n) {
+    return pair_raw(c, host, n, 4);
+}
+
+static Pair pair_i32(Ctx *c, const int32_t *host, size_t n) {
+    return pair_raw(c, host, n, 4);
+}
+
+// The element at offset `elems` of a backend tensor in the compute dtype.
+static void *at(const Backend *be, void *p, size_t elems) {
+    return (char *)p + elems * dtype_size(be->dtype);
+}
+
+// Both sides of a pair as host fp32 arrays (caller frees).
+static void pair_read(Ctx *c, const Pair *p, float **cpu_out, float **gpu_out) {
+    *cpu_out = xmalloc(p->n * 4);
+    *gpu_out = xmalloc(p->n * 4);
+    c->cpu->download(*cpu_out, p->cpu, p->n * 4);
+    if (p->act && c->dt == DT_BF16)
+        c->gpu->download_f32(*gpu_out, p->gpu, p->n);
+    else
+        c->gpu->download(*gpu_out, p->gpu, p->n * 4);
+}
+
+static void compare(Ctx *c, const char *name, const char *shape, const Pair *p) {
+    float *a, *b;
+    pair_read(c, p, &b, &a);
+    record(c->dt, name, shape, rel_err(a, b, p->n));
+    free(a);
+    free(b);
+}
+
+// Compares columns [c0, c1) of an (rows, cols) pair.
+static void compare_cols(Ctx *c, const char *name, const char *shape, const Pair *p, size_t rows,
+                         size_t cols, size_t c0, size_t c1) {
+    float *a, *b;
+    pair_read(c, p, &b, &a);
+    size_t w = c1 - c0;
+    float *sa = xmalloc(rows * w * 4), *sb = xmalloc(rows * w * 4);
+    for (size_t r = 0; r < rows; r++) {
+        memcpy(sa + r * w, a + r * cols + c0, w * 4);
+        memcpy(sb + r * w, b + r * cols + c0, w * 4);
+    }
+    record(c->dt, name, shape, rel_err(sa, sb, rows * w));
+    free(sa);
+    free(sb);
+    free(a);
+    free(b);
+}
+
+static void compare_double(Ctx *c, const char *name, const char *shape, const Pair *p) {
+    double a, b;
+    c->cpu->download(&b, p->cpu, sizeof b);
+    c->gpu->download(&a, p->gpu, sizeof a);
+    double err = isfinite(a) ? fabs(a - b) / fmax(1e-6, fabs(b)) : INFINITY;
+    record(c->dt, name, shape, err);
+}
+
+// ---------------------------------------------------------------- shared inputs
+// doc_start: (B,T) for documents of batch row b starting at the given offsets (0 first).
+static int32_t *doc_starts(int B, int T, int docs) {
+    // Edge cases: one-token documents in the middle (150) and at the end (T-1).
+    static const int starts0[] = {0, 37, 150, 151, -1}, starts1[] = {0, 64, 200};
+    int32_t *d = xmalloc((size_t)B * T * 4);
+    for (int b = 0; b < B; b++) {
+        const int *s = b % 2 ? starts1 : starts0;
+        int ns = b % 2 ? 3 : 5;
+        for (int t = 0; t < T; t++) {
+            int start = 0;
+            for (int i = 0; docs && i < ns; i++) {
+                int si = s[i] < 0 ? T - 1 : s[i];
+                if (si <= t && si < T) start = si;
+            }
+            d[(size_t)b * T + t] = start;
+        }
+    }
+    return d;
+}
+
+// ---------------------------------------------------------------- ops
+static void test_matmul(Ctx *c, int N, int C, int OC) {
+    for (int acc = 0; acc <= 1; acc++) {
+        char sh[80];
+        snprintf(sh, sizeof sh, "N=%d C=%d OC=%d acc=%d", N, C, OC, acc);
+        float *inp = host_rand((size_t)N * C, -1, 1), *w = host_rand((size_t)OC * C, -0.1f, 0.1f);
+        float *out0 = host_rand((size_t)N * OC, -1, 1), *dout = host_rand((size_t)N * OC, -1, 1);
+        float *dinp0 = host_rand((size_t)N * C, -1, 1), *dw0 = host_rand((size_t)OC * C, -1, 1);
+        Pair pi = pair_act(c, inp, (size_t)N * C), pw = pair_act(c, w, (size_t)OC * C);
+        Pair po = pair_act(c, out0, (size_t)N * OC), pd = pair_act(c, dout, (size_t)N * OC);
+        Pair pdi = pair_act(c, dinp0, (size_t)N * C), pdw = pair_f32(c, dw0, (size_t)OC * C);
+        c->cpu->matmul_fwd(po.cpu, pi.cpu, pw.cpu, N, C, OC, acc);
+        c->gpu->matmul_fwd(po.gpu, pi.gpu, pw.gpu, N, C, OC, acc);
+        compare(c, "matmul_fwd.out", sh, &po);
+        c->cpu->matmul_bwd(pdi.cpu, pdw.cpu, pd.cpu, pi.cpu, pw.cpu, N, C, OC, acc);
+        c->gpu->matmul_bwd(pdi.gpu, pdw.gpu, pd.gpu, pi.gpu, pw.gpu, N, C, OC, acc);
+        compare(c, "matmul_bwd.dinp", sh, &pdi);
+        compare(c, "matmul_bwd.dweight", sh, &pdw);
+        release(c);
+        free(inp), free(w), free(out0), free(dout), free(dinp0), free(dw0);
+    }
+}
+
+// ids with many repeats (half the tokens share 50 ids); by_id: stable counting sort.
+static void embedding_ids(int N, int V, int32_t *ids, int32_t *by_id) {
+    for (int n = 0; n < N; n++)
+        ids[n] = rng_int(2) ? rng_int(50) : rng_int(V);
+    ids[N - 1] = V - 1;
+    int32_t *start = calloc((size_t)V + 1, 4);
+    if (!start) exit(1);
+    for (int n = 0; n < N; n++)
+        start[ids[n] + 1]++;
+    for (int v = 0; v < V; v++)
+        start[v + 1] += start[v];
+    for (int n = 0; n < N; n++)
+        by_id[start[ids[n]]++] = n;
+    free(start);
+}
+
+static void test_embedding(Ctx *c, int N, int V, int C) {
+    char sh[80];
+    snprintf(sh, sizeof sh, "N=%d V=%d C=%d", N, V, C);
+    int32_t *ids = xmalloc((size_t)N * 4), *by_id = xmalloc((size_t)N * 4);
+    embedding_ids(N, V, ids, by_id);
+    float *table = host_rand((size_t)V * C, -1, 1), *out0 = host_rand((size_t)N * C, -1, 1);
+    float *dout = host_rand((size_t)N * C, -1, 1), *dt0 = host_rand((size_t)V * C, -1, 1);
+    Pair pids = pair_i32(c, ids, N), pby = pair_i32(c, by_id, N);
+    Pair pt = pair_act(c, table, (size_t)V * C), po = pair_act(c, out0, (size_t)N * C);
+    Pair pd = pair_act(c, dout, (size_t)N * C), pdt = pair_f32(c, dt0, (size_t)V * C);
+    c->cpu->embedding_fwd(po.cpu, pids.cpu, pt.cpu, N, C);
+    c->gpu->embedding_fwd(po.gpu, pids.gpu, pt.gpu, N, C);
+    compare(c, "embedding_fwd.out", sh, &po);
+    c->cpu->embedding_bwd(pdt.cpu, pd.cpu, pids.cpu, pby.cpu, N, C);
+    c->gpu->embedding_bwd(pdt.gpu, pd.gpu, pids.gpu, pby.gpu, N, C);
+    compare(c, "embedding_bwd.dtable", sh, &pdt);
+    release(c);
+    free(ids), free(by_id), free(table), free(out0), free(dout), free(dt0);
+}
+
+// Groups g of C elements at x[n*stride + offset + g*C + c] (offset: where the group block
+// starts in the token's row, e.g. k heads after q heads in the fused q|k|v row).
+static void test_rmsnorm(Ctx *c, int N, int G, int C, int stride, int offset) {
+    size_t total = (size_t)N * stride;
+    const float eps = 1e-5f;
+    for (int acc = 0; acc <= 1; acc++) {
+        char sh[80];
+        snprintf(sh, sizeof sh, "N=%d G=%d C=%d stride=%d off=%d acc=%d", N, G, C, stride, offset,
+                 acc);
+        float *inp = host_rand(total, -2, 2), *w = host_rand((size_t)C, 0.5f, 1.5f);
+        float *out0 = host_rand(total, -1, 1), *rstd0 = host_rand((size_t)N * G, 0, 1);
+        Pair pin = pair_act(c, inp, total), pw = pair_act(c, w, C);
+        Pair pout = pair_act(c, out0, total), prstd = pair_f32(c, rstd0, (size_t)N * G);
+        // The whole buffers are compared: elements outside the groups must stay untouched.
+        c->cpu->rmsnorm_fwd(at(c->cpu, pout.cpu, offset), prstd.cpu, at(c->cpu, pin.cpu, offset),
+                            pw.cpu, N, G, C, stride, eps);
+        c->gpu->rmsnorm_fwd(at(c->gpu, pout.gpu, offset), prstd.gpu, at(c->gpu, pin.gpu, offset),
+                            pw.gpu, N, G, C, stride, eps);
+        if (!acc) { // the forward has no accumulate flag: compare it once
+            compare(c, "rmsnorm_fwd.out", sh, &pout);
+            compare(c, "rmsnorm_fwd.rstd", sh, &prstd);
+        }
+        // Backward from the CPU's rstd on both sides.
+        float *rstd = xmalloc((size_t)N * G * 4);
+        c->cpu->download(rstd, prstd.cpu, (size_t)N * G * 4);
+        float *dout = host_rand(total, -1, 1), *dinp0 = host_rand(total, -1, 1);
+        float *dw0 = host_rand((size_t)C, -1, 1);
+        Pair prs = pair_f32(c, rstd, (size_t)N * G), pd = pair_act(c, dout, total);
+        Pair pdi = pair_act(c, dinp0, total), pdw = pair_f32(c, dw0, C);
+        c->cpu->rmsnorm_bwd(at(c->cpu, pdi.cpu, offset), pdw.cpu, at(c->cpu, pd.cpu, offset),
+                            at(c->cpu, pin.cpu, offset), pw.cpu, prs.cpu, N, G, C, stride, acc);
+        c->gpu->rmsnorm_bwd(at(c->gpu, pdi.gpu, offset), pdw.gpu, at(c->gpu, pd.gpu, offset),
+                            at(c->gpu, pin.gpu, offset), pw.gpu, prs.gpu, N, G, C, stride, acc);
+        compare(c, "rmsnorm_bwd.dinp", sh, &pdi);
+        compare(c, "rmsnorm_bwd.dweight", sh, &pdw);
+        release(c);
+        free(inp), free(w), free(out0), free(rstd0), free(rstd), free(dout), free(dinp0), free(dw0);
+    }
+}
+
+// cos_sin: (P, D/2, 2), angle = p * 10000^(-2i/D) as engine/model.c builds it.
+static float *rope_table(int P, int D) {
+    float *t = xmalloc((size_t)P * D * 4);
+    for (int p = 0; p < P; p++)
+        for (int i = 0; i < D / 2; i++) {
+            float angle = (float)(p * pow(10000.0, -2.0 * i / D));
+            t[(size_t)p * D + 2 * i] = (float)cos(angle);
+            t[(size_t)p * D + 2 * i + 1] = (float)sin(angle);
+        }
+    return t;
+}
+
+static void test_rope(Ctx *c, int B, int T, int G, int D, int stride) {
+    int N = B * T;
+    size_t total = (size_t)N * stride;
+    char sh[80];
+    snprintf(sh, sizeof sh, "B=%d T=%d G=%d D=%d stride=%d docs", B, T, G, D, stride);
+    int32_t *ds = doc_starts(B, T, 1), *pos = xmalloc((size_t)N * 4);
+    for (int n = 0; n < N; n++)
+        pos[n] = n % T - ds[n]; // SFT positions restart with each document
+    float *table = rope_table(T, D), *x = host_rand(total, -2, 2), *dx = host_rand(total, -2, 2);
+    Pair ppos = pair_i32(c, pos, N), ptab = pair_f32(c, table, (size_t)T * D);
+    Pair px = pair_act(c, x, total), pdx = pair_act(c, dx, total);
+    c->cpu->rope_fwd(px.cpu, ppos.cpu, ptab.cpu, N, G, D, stride);
+    c->gpu->rope_fwd(px.gpu, ppos.gpu, ptab.gpu, N, G, D, stride);
+    compare(c, "rope_fwd.x", sh, &px);
+    c->cpu->rope_bwd(pdx.cpu, ppos.cpu, ptab.cpu, N, G, D, stride);
+    c->gpu->rope_bwd(pdx.gpu, ppos.gpu, ptab.gpu, N, G, D, stride);
+    compare(c, "rope_bwd.dx", sh, &pdx);
+    release(c);
+    free(ds), free(pos), free(table), free(x), free(dx);
+}
+
+static void test_attention(Ctx *c, int B, int T, int H, int KVH, int D, int docs) {
+    int N = B * T, stride = (H + 2 * KVH) * D;
+    size_t total = (size_t)N * stride, nout = (size_t)N * H * D, nlse = (size_t)B * H * T;
+    char sh[80];
+    snprintf(sh, sizeof sh, "B=%d T=%d H=%d KVH=%d D=%d %s", B, T, H, KVH, D,
+             docs ? "docs" : "causal");
+    int32_t *ds = doc_starts(B, T, docs);
+    // Scores of std ~1.3: softmax rows neither flat nor one-hot.
+    float *qkv = host_rand(total, -2, 2), *out0 = host_rand(nout, -1, 1);
+    float *lse0 = host_rand(nlse, -1, 1), *dout = host_rand(nout, -1, 1);
+    float *dqkv0 = host_rand(total, -1, 1);
+    Pair pds = pair_i32(c, ds, N), pq = pair_act(c, qkv, total), po = pair_act(c, out0, nout);
+    Pair pl = pair_f32(c, lse0, nlse);
+    size_t ko = (size_t)H * D, vo = (size_t)(H + KVH) * D;
+    c->cpu->attention_fwd(po.cpu, pl.cpu, pq.cpu, at(c->cpu, pq.cpu, ko), at(c->cpu, pq.cpu, vo),
+                          pds.cpu, B, T, H, KVH, D, stride);
+    c->gpu->attention_fwd(po.gpu, pl.gpu, pq.gpu, at(c->gpu, pq.gpu, ko), at(c->gpu, pq.gpu, vo),
+                          pds.gpu, B, T, H, KVH, D, stride);
+    compare(c, "attention_fwd.out", sh, &po);
+    compare(c, "attention_fwd.lse", sh, &pl);
+    // Backward from the CPU's out and lse on both sides.
+    float *out = xmalloc(nout * 4), *lse = xmalloc(nlse * 4);
+    c->cpu->download(out, po.cpu, nout * 4);
+    c->cpu->download(lse, pl.cpu, nlse * 4);
+    Pair pout = pair_act(c, out, nout), plse = pair_f32(c, lse, nlse);
+    Pair pd = pair_act(c, dout, nout), pdq = pair_act(c, dqkv0, total);
+    c->cpu->attention_bwd(pdq.cpu, at(c->cpu, pdq.cpu, ko), at(c->cpu, pdq.cpu, vo), pd.cpu,
+                          pout.cpu, plse.cpu, pq.cpu, at(c->cpu, pq.cpu, ko),
+                          at(c->cpu, pq.cpu, vo), pds.cpu, B, T, H, KVH, D, stride);
+    c->gpu->attention_bwd(pdq.gpu, at(c->gpu, pdq.gpu, ko), at(c->gpu, pdq.gpu, vo), pd.gpu,
+                          pout.gpu, plse.gpu, pq.gpu, at(c->gpu, pq.gpu, ko),
+                          at(c->gpu, pq.gpu, vo), pds.gpu, B, T, H, KVH, D, stride);
+    compare_cols(c, "attention_bwd.dq", sh, &pdq, N, stride, 0, ko);
+    compare_cols(c, "attention_bwd.dk", sh, &pdq, N, stride, ko, vo);
+    compare_cols(c, "attention_bwd.dv", sh, &pdq, N, stride, vo, stride);
+    release(c);
+    free(ds), free(qkv), free(out0), free(lse0), free(dout), free(dqkv0), free(out), free(lse);
+}
+
+static void test_swiglu(Ctx *c, int N, int FF) {
+    char sh[80];
+    snprintf(sh, sizeof sh, "N=%d FF=%d", N, FF);
+    size_t nh = (size_t)N * 2 * FF, no = (size_t)N * FF;
+    float *h = host_rand(nh, -3, 3), *out0 = host_rand(no, -1, 1), *dout = host_rand(no, -1, 1);
+    float *dh0 = host_rand(nh, -1, 1);
+    Pair ph = pair_act(c, h, nh), po = pair_act(c, out0, no), pd = pair_act(c, dout, no);
+    Pair pdh = pair_act(c, dh0, nh);
+    c->cpu->swiglu_fwd(po.cpu, ph.cpu, N, FF);
+    c->gpu->swiglu_fwd(po.gpu, ph.gpu, N, FF);
+    compare(c, "swiglu_fwd.out", sh, &po);
+    c->cpu->swiglu_bwd(pdh.cpu, pd.cpu, ph.cpu, N, FF);
+    c->gpu->swiglu_bwd(pdh.gpu, pd.gpu, ph.gpu, N, FF);
+    compare(c, "swiglu_bwd.dh", sh, &pdh);
+    release(c);
+    free(h), free(out0), free(dout), free(dh0);
+}
+
+static void test_sigmoid_gate(Ctx *c, size_t n) {
+    char sh[80];
+    snprintf(sh, sizeof sh, "n=%zu", n);
+    float *x = host_rand(n, -3, 3), *g = host_rand(n, -6, 6), *out0 = host_rand(n, -1, 1);
+    float *dout = host_rand(n, -1, 1), *dx0 = host_rand(n, -1, 1), *dg0 = host_rand(n, -1, 1);
+    Pair px = pair_act(c, x, n), pg = pair_act(c, g, n), po = pair_act(c, out0, n);
+    Pair pd = pair_act(c, dout, n), pdx = pair_act(c, dx0, n), pdg = pair_act(c, dg0, n);
+    c->cpu->sigmoid_gate_fwd(po.cpu, px.cpu, pg.cpu, n);
+    c->gpu->sigmoid_gate_fwd(po.gpu, px.gpu, pg.gpu, n);
+    compare(c, "sigmoid_gate_fwd.out", sh, &po);
+    c->cpu->sigmoid_gate_bwd(pdx.cpu, pdg.cpu, pd.cpu, px.cpu, pg.cpu, n);
+    c->gpu->sigmoid_gate_bwd(pdx.gpu, pdg.gpu, pd.gpu, px.gpu, pg.gpu, n);
+    compare(c, "sigmoid_gate_bwd.dx", sh, &pdx);
+    compare(c, "sigmoid_gate_bwd.dg", sh, &pdg);
+    release(c);
+    free(x), free(g), free(out0), free(dout), free(dx0), free(dg0);
+}
+
+// Logits uniform in [-4, 4], every 5th row confident (+12 on its target); every 7th row
+// (n % 7 == 3) masked out.
+static float *ce_inputs(int N, int V, int32_t *targets, int32_t *mask, int *counted) {
+    float *logits = host_rand((size_t)N * V, -4, 4);
+    *counted = 0;
+    for (int n = 0; n < N; n++) {
+        targets[n] = rng_int(V);
+        mask[n] = n % 7 != 3;
+        *counted += mask[n];
+        if (n % 5 == 0) logits[(size_t)n * V + targets[n]] += 12;
+    }
+    return logits;
+}
+
+static void test_cross_entropy(Ctx *c, int N, int V, float ls) {
+    char sh[80];
+    snprintf(sh, sizeof sh, "N=%d V=%d ls=%g masked", N, V, ls);
+    int32_t *targets = xmalloc((size_t)N * 4), *mask = xmalloc((size_t)N * 4);
+    int counted;
+    float *logits = ce_inputs(N, V, targets, mask, &counted);
+    float *loss0 = host_rand(N, -1, 1), *lse0 = host_rand(N, -1, 1);
+    float *dl0 = host_rand((size_t)N * V, -1, 1);
+    Pair pt = pair_i32(c, targets, N), pm = pair_i32(c, mask, N);
+    Pair plg = pair_act(c, logits, (size_t)N * V), ploss = pair_f32(c, loss0, N);
+    Pair plse = pair_f32(c, lse0, N);
+    c->cpu->cross_entropy_fwd(ploss.cpu, plse.cpu, plg.cpu, pt.cpu, pm.cpu, N, V, ls);
+    c->gpu->cross_entropy_fwd(ploss.gpu, plse.gpu, plg.gpu, pt.gpu, pm.gpu, N, V, ls);
+    compare(c, "cross_entropy_fwd.loss", sh, &ploss);
+    compare(c, "cross_entropy_fwd.lse", sh, &plse);
+    float *lse = xmalloc((size_t)N * 4);
+    c->cpu->download(lse, plse.cpu, (size_t)N * 4);
+    Pair plin = pair_f32(c, lse, N), pdl = pair_act(c, dl0, (size_t)N * V);
+    float dloss = 1.0f / (float)counted;
+    c->cpu->cross_entropy_bwd(pdl.cpu, plg.cpu, plin.cpu, pt.cpu, pm.cpu, N, V, ls, dloss);
+    c->gpu->cross_entropy_bwd(pdl.gpu, plg.gpu, plin.gpu, pt.gpu, pm.gpu, N, V, ls, dloss);
+    compare(c, "cross_entropy_bwd.dlogits", sh, &pdl);
+    release(c);
+    free(targets), free(mask), free(logits), free(loss0), free(lse0), free(dl0), free(lse);
+}
+
+static void test_reductions(Ctx *c) {
+    // loss_mean_add: acc += (float)(sum / counted), on top of an earlier micro-step's 1.5.
+    int N = 1000, counted = 900;
+    float *loss = host_rand(N, 0, 8);
+    for (int n = 0; n < N; n += 10)
+        loss[n] = 0; // rows not counted
+    double acc = 1.5;
+    Pair pl = pair_f32(c, loss, N), pacc = pair_raw(c, &acc, 1, sizeof acc);
+    c->cpu->loss_mean_add(pacc.cpu, pl.cpu, N, counted);
+    c->gpu->loss_mean_add(pacc.gpu, pl.gpu, N, counted);
+    compare_double(c, "loss_mean_add", "N=1000 counted=900", &pacc);
+    // sum_squares over an odd, large n.
+    size_t n = 3000017;
+    float *x = host_rand(n, -1, 1);
+    double zero = -1;
+    Pair px = pair_f32(c, x, n), ps = pair_raw(c, &zero, 1, sizeof zero);
+    c->cpu->sum_squares(ps.cpu, px.cpu, n);
+    c->gpu->sum_squares(ps.gpu, px.gpu, n);
+    compare_double(c, "sum_squares", "n=3000017", &ps);
+    // scale (gradient clipping).
+    c->cpu->scale(px.cpu, n, 0.37f);
+    c->gpu->scale(px.gpu, n, 0.37f);
+    compare(c, "scale.x", "n=3000017 factor=0.37", &px);
+    release(c);
+    free(loss), free(x);
+}
+
+static void test_adamw(Ctx *c, size_t n) {
+    char sh[80];
+    snprintf(sh, sizeof sh, "n=%zu step=3", n);
+    // Weights of init scale so the lr-sized update is visible at 1e-5 of max|w|.
+    float *w = host_rand(n, -0.02f, 0.02f), *g = host_rand(n, -1e-2f, 1e-2f);
+    float *m = host_rand(n, -1e-3f, 1e-3f), *v = host_rand(n, 0, 1e-5f);
+    const double lr = 1e-3, wd = 0.1, b1 = 0.9, b2 = 0.95;
+    const int step = 3;
+    AdamwArgs a = {.decay = (float)(1 - lr * wd),
+                   .step_size = (float)(lr / (1 - pow(b1, step))),
+                   .bc2_sqrt = (float)sqrt(1 - pow(b2, step)),
+                   .beta1 = (float)b1,
+                   .beta2 = (float)b2,
+                   .one_minus_beta1 = (float)(1 - b1),
+                   .one_minus_beta2 = (float)(1 - b2),
+                   .eps = 1e-8f};
+    Pair pw = pair_f32(c, w, n), pg = pair_f32(c, g, n), pm = pair_f32(c, m, n);
+    Pair pv = pair_f32(c, v, n);
+    c->cpu->adamw(pw.cpu, pg.cpu, pm.cpu, pv.cpu, n, &a);
+    c->gpu->adamw(pw.gpu, pg.gpu, pm.gpu, pv.gpu, n, &a);
+    compare(c, "adamw.w", sh, &pw);
+    compare(c, "adamw.exp_avg", sh, &pm);
+    compare(c, "adamw.exp_avg_sq", sh, &pv);
+    release(c);
+    free(w), free(g), free(m), free(v);
+}
+
+static void test_muon(Ctx *c, int rows, int cols) {
+    char sh[80];
+    snprintf(sh, sizeof sh, "rows=%d cols=%d ns=5", rows, cols);
+    size_t n = (size_t)rows * cols;
+    const double lr = 0.02, wd = 0.1;
+    int big = rows > cols ? rows : cols;
+    MuonArgs a = {.rows = rows,
+                  .cols = cols,
+                  .ns_steps = 5,
+                  .momentum = 0.95f,
+                  .one_minus_momentum = 0.05f,
+                  .decay = (float)(1 - lr * wd),
+                  .adjusted_lr = (float)(lr * 0.2 * sqrt((double)big)),
+                  .ns_a = 3.4445f,
+                  .ns_b = -4.7750f,
+                  .ns_c = 2.0315f,
+                  .norm_eps = 1e-7f};
+    float *w = host_rand(n, -0.02f, 0.02f), *g = host_rand(n, -1e-2f, 1e-2f);
+    float *buf = host_rand(n, -1e-2f, 1e-2f);
+    size_t ns = muon_scratch_floats(rows, cols);
+    Pair pw = pair_f32(c, w, n), pg = pair_f32(c, g, n), pb = pair_f32(c, buf, n);
+    float *scratch_cpu = be_alloc(c, c->cpu, ns * 4), *scratch_gpu = be_alloc(c, c->gpu, ns * 4);
+    c->cpu->muon(pw.cpu, pg.cpu, pb.cpu, scratch_cpu, &a);
+    c->gpu->muon(pw.gpu, pg.gpu, pb.gpu, scratch_gpu, &a);
+    compare(c, "muon.w", sh, &pw);
+    compare(c, "muon.buf", sh, &pb);
+    float *wc, *wg;
+    pair_read(c, &pw, &wc, &wg);
+    for (size_t i = 0; i < n; i++) // the update alone, from the same w_old
+        wc[i] = (float)((double)wc[i] - w[i]), wg[i] = (float)((double)wg[i] - w[i]);
+    record(c->dt, "muon.update", sh, rel_err(wg, wc, n));
+    release(c);
+    free(wc), free(wg), free(w), free(g), free(buf);
+}
+
+// ---------------------------------------------------------------- memory ops (GPU only)
+// err: the fraction of differing bytes.
+static double bytes_differ(const void *a, const void *b, size_t bytes) {
+    size_t diff = 0;
+    for (size_t i = 0; i < bytes; i++)
+        diff += ((const unsigned char *)a)[i] != ((const unsigned char *)b)[i];
+    return (double)diff / (double)bytes;
+}
+
+// upload/download, copy and zero are bit-exact; cast_from_f32 rounds to nearest even (a copy
+// in fp32 mode) and download_f32 widens exactly.
+static void test_memory(Ctx *c) {
+    const size_t n = 1000003, bytes = n * 4;
+    float *x = host_rand(n, -1, 1), *back = xmalloc(bytes);
+    for (size_t i = 0; i < n; i++) // every exponent from 2^-60 to 2^60, both signs
+        x[i] = ldexpf(x[i], (int)(i % 121) - 60);
+    // Exact ties between two bf16 values (1 + 2^-8 and 1 + 3 * 2^-8): even, then up.
+    x[0] = 1.0f + 0x1p-8f, x[1] = 1.0f + 0x3p-8f, x[2] = -(1.0f + 0x1p-8f), x[3] = 0.0f;
+    x[4] = -0.0f;
+    float *d1 = be_alloc(c, c->gpu, bytes), *d2 = be_alloc(c, c->gpu, bytes);
+    c->gpu->upload(d1, x, bytes);
+    c->gpu->copy(d2, d1, bytes);
+    c->gpu->download(back, d2, bytes);
+    record(c->dt, "memory.upload_copy_download", "n=1000003 fp32", bytes_differ(back, x, bytes));
+    c->gpu->zero(d2, bytes);
+    c->gpu->download(back, d2, bytes);
+    float *zeros = calloc(n, 4);
+    if (!zeros) exit(1);
+    record(c->dt, "memory.zero", "n=1000003 fp32", bytes_differ(back, zeros, bytes));
+    // cast_from_f32 against the host's rounding, then download_f32 of the result.
+    size_t es = dtype_size(c->dt);
+    void *act = be_alloc(c, c->gpu, n * es);
+    c->gpu->cast_from_f32(act, d1, n);
+    unsigned char *raw = xmalloc(n * es), *want = xmalloc(n * es);
+    c->gpu->download(raw, act, n * es);
+    for (size_t i = 0; i < n; i++) {
+        float r = c->dt == DT_BF16 ? bf16_round(x[i]) : x[i];
+        uint32_t u;
+        memcpy(&u, &r, 4);
+        if (c->dt == DT_BF16) {
+            uint16_t h = (uint16_t)(u >> 16);
+            memcpy(want + 2 * i, &h, 2);
+        } else {
+            memcpy(want + 4 * i, &u, 4);
+        }
+    }
+    record(c->dt, "memory.cast_from_f32", "n=1000003, ties, +-0", bytes_differ(raw, want, n * es));
+    c->gpu->download_f32(back, act, n);
+    for (size_t i = 0; i < n; i++)
+        x[i] = c->dt == DT_BF16 ? bf16_round(x[i]) : x[i];
+    record(c->dt, "memory.download_f32", "n=1000003", bytes_differ(back, x, bytes));
+    release(c);
+    free(x), free(back), free(zeros), free(raw), free(want);
+}
+
+// ---------------------------------------------------------------- determinism (GPU only)
+// Downloads n bytes of two GPU buffers and records whether they are bit-identical
+// (err = the fraction of differing bytes).
+static void same_bits(Ctx *c, const char *name, const char *shape, const void *a, const void *b,
+                      size_t bytes) {
+    unsigned char *x = xmalloc(bytes), *y = xmalloc(bytes);
+    c->gpu->download(x, a, bytes);
+    c->gpu->download(y, b, bytes);
+    size_t diff = 0;
+    for (size_t i = 0; i < bytes; i++)
+        diff += x[i] != y[i];
+    record(c->dt, name, shape, (double)diff / (double)bytes);
+    free(x), free(y);
+}
+
+// A GPU buffer with the given bytes (the same host data for both runs).
+static void *gpu_with(Ctx *c, const void *host, size_t bytes) {
+    void *p = be_alloc(c, c->gpu, bytes);
+    c->gpu->upload(p, host, bytes);
+    return p;
+}
+
+static void test_determinism(Ctx *c) {
+    size_t es = dtype_size(c->dt);
+    // attention_bwd, D=128 with documents.
+    {
+        int B = 2, T = 300, H = 8, KVH = 2, D = 128, N = B * T, stride = (H + 2 * KVH) * D;
+        size_t total = (size_t)N * stride, nout = (size_t)N * H * D, nlse = (size_t)B * H * T;
+        int32_t *ds = doc_starts(B, T, 1);
+        float *qkv = host_rand(total, -2, 2), *dout = host_rand(nout, -1, 1);
+        Pair pds = pair_i32(c, ds, N), pq = pair_act(c, qkv, total), pd = pair_act(c, dout, nout);
+        void *out = be_alloc(c, c->gpu, nout * es);
+        float *lse = be_alloc(c, c->gpu, nlse * 4);
+        size_t ko = (size_t)H * D, vo = (size_t)(H + KVH) * D;
+        c->gpu->attention_fwd(out, lse, pq.gpu, at(c->gpu, pq.gpu, ko), at(c->gpu, pq.gpu, vo),
+                              pds.gpu, B, T, H, KVH, D, stride);
+        void *d[2];
+        for (int r = 0; r < 2; r++) {
+            d[r] = be_alloc(c, c->gpu, total * es);
+            c->gpu->attention_bwd(d[r], at(c->gpu, d[r], ko), at(c->gpu, d[r], vo), pd.gpu, out,
+                                  lse, pq.gpu, at(c->gpu, pq.gpu, ko), at(c->gpu, pq.gpu, vo),
+                                  pds.gpu, B, T, H, KVH, D, stride);
+        }
+        same_bits(c, "determinism.attention_bwd", "B=2 T=300 H=8 KVH=2 D=128 docs", d[0], d[1],
+                  total * es);
+        release(c);
+        free(ds), free(qkv), free(dout);
+    }
+    // embedding_bwd with repeated ids.
+    {
+        int N = 4096, V = 1000, C = 768;
+        int32_t *ids = xmalloc((size_t)N * 4), *by_id = xmalloc((size_t)N * 4);
+        embedding_ids(N, V, ids, by_id);
+        float *dout = host_rand((size_t)N * C, -1, 1), *dt0 = host_rand((size_t)V * C, -1, 1);
+        Pair pids = pair_i32(c, ids, N), pby = pair_i32(c, by_id, N);
+        Pair pd = pair_act(c, dout, (size_t)N * C);
+        void *dt[2];
+        for (int r = 0; r < 2; r++) {
+            dt[r] = gpu_with(c, dt0, (size_t)V * C * 4);
+            c->gpu->embedding_bwd(dt[r], pd.gpu, pids.gpu, pby.gpu, N, C);
+        }
+        same_bits(c, "determinism.embedding_bwd", "N=4096 V=1000 C=768", dt[0], dt[1],
+                  (size_t)V * C * 4);
+        release(c);
+        free(ids), free(by_id), free(dout), free(dt0);
+    }
+    // rmsnorm_bwd, grouped (q-norm layout).
+    {
+        int N = 600, G = 8, C = 64, stride = 768;
+        size_t total = (size_t)N * stride;
+        float *inp = host_rand(total, -2, 2), *w = host_rand(C, 0.5f, 1.5f);
+        float *dout = host_rand(total, -1, 1), *dw0 = host_rand(C, -1, 1);
+        Pair pin = pair_act(c, inp, total), pw = pair_act(c, w, C), pd = pair_act(c, dout, total);
+        void *out = be_alloc(c, c->gpu, total * es);
+        float *rstd = be_alloc(c, c->gpu, (size_t)N * G * 4);
+        c->gpu->rmsnorm_fwd(out, rstd, pin.gpu, pw.gpu, N, G, C, stride, 1e-5f);
+        void *di[2], *dw[2];
+        for (int r = 0; r < 2; r++) {
+            di[r] = be_alloc(c, c->gpu, total * es);
+            dw[r] = gpu_with(c, dw0, (size_t)C * 4);
+            c->gpu->rmsnorm_bwd(di[r], dw[r], pd.gpu, pin.gpu, pw.gpu, rstd, N, G, C, stride, 0);
+        }
+        same_bits(c, "determinism.rmsnorm_bwd.dinp", "N=600 G=8 C=64 stride=768", di[0], di[1],
+                  total * es);
+        same_bits(c, "determinism.rmsnorm_bwd.dweight", "N=600 G=8 C=64 stride=768", dw[0], dw[1],
+                  (size_t)C * 4);
+        release(c);
+        free(inp), free(w), free(dout), free(dw0);
+    }
+    // cross entropy forward and backward, label smoothing 0.1.
+    {
+        int N = 128, V = 32000, counted;
+        int32_t *targets = xmalloc((size_t)N * 4), *mask = xmalloc((size_t)N * 4);
+        float *logits = ce_inputs(N, V, targets, mask, &counted);
+        Pair pt = pair_i32(c, targets, N), pm = pair_i32(c, mask, N);
+        Pair plg = pair_act(c, logits, (size_t)N * V);
+        float *loss[2], *lse[2];
+        void *dl[2];
+        for (int r = 0; r < 2; r++) {
+            loss[r] = be_alloc(c, c->gpu, (size_t)N * 4);
+            lse[r] = be_alloc(c, c->gpu, (size_t)N * 4);
+            dl[r] = be_alloc(c, c->gpu, (size_t)N * V * es);
+            c->gpu->cross_entropy_fwd(loss[r], lse[r], plg.gpu, pt.gpu, pm.gpu, N, V, 0.1f);
+            c->gpu->cross_entropy_bwd(dl[r], plg.gpu, lse[r], pt.gpu, pm.gpu, N, V, 0.1f,
+                                      1.0f / (float)counted);
+        }
+        const char *sh = "N=128 V=32000 ls=0.1";
+        same_bits(c, "determinism.cross_entropy_fwd.loss", sh, loss[0], loss[1], (size_t)N * 4);
+        same_bits(c, "determinism.cross_entropy_fwd.lse", sh, lse[0], lse[1], (size_t)N * 4);
+        same_bits(c, "determinism.cross_entropy_bwd", sh, dl[0], dl[1], (size_t)N * V * es);
+        release(c);
+        free(targets), free(mask), free(logits);
+    }
+    // sum_squares and loss_mean_add: reductions in a fixed order.
+    {
+        size_t n = 3000017;
+        float *x = host_rand(n, -1, 1);
+        Pair px = pair_f32(c, x, n);
+        double *s[2], *acc[2], zero = 0;
+        for (int r = 0; r < 2; r++) {
+            s[r] = be_alloc(c, c->gpu, sizeof(double));
+            acc[r] = gpu_with(c, &zero, sizeof zero);
+            c->gpu->sum_squares(s[r], px.gpu, n);
+            c->gpu->loss_mean_add(acc[r], px.gpu, 100000, 99999);
+        }
+        same_bits(c, "determinism.sum_squares", "n=3000017", s[0], s[1], sizeof(double));
+        same_bits(c, "determinism.loss_mean_add", "N=100000", acc[0], acc[1], sizeof(double));
+        release(c);
+        free(x);
+    }
+}
+
+// ---------------------------------------------------------------- main
+static void run_all(Ctx *c) {
+    test_memory(c);
+    test_matmul(c, 257, 384, 320);
+    test_embedding(c, 2048, 1000, 768);
+    test_rmsnorm(c, 300, 1, 768, 768, 0);     // hidden-size norm, contiguous rows
+    test_rmsnorm(c, 600, 8, 64, 768, 0);      // q-norm: H=8 heads of 64 in a q|k|v row
+    test_rmsnorm(c, 600, 2, 128, 1536, 1024); // k-norm: KVH=2 heads of 128 after 8 q heads
+    test_rope(c, 2, 300, 10, 64, 768);        // q and k heads (8 + 2) of a q|k|v row
+    test_rope(c, 2, 300, 10, 128, 1536);
+    for (int D = 64; D <= 128; D *= 2)
+        for (int docs = 0; docs <= 1; docs++)
+            test_attention(c, 2, 300, 8, 2, D, docs);
+    test_swiglu(c, 300, 1408);
+    test_sigmoid_gate(c, (size_t)300 * 768 + 5);
+    test_cross_entropy(c, 128, 32000, 0.0f);
+    test_cross_entropy(c, 128, 32000, 0.1f);
+    test_reductions(c);
+    test_adamw(c, 1000003);
+    test_muon(c, 256, 768); // rows < cols
+    test_muon(c, 768, 256); // rows > cols: transposed
+    test_determinism(c);
+}
+
+int main(void) {
+    setvbuf(stdout, NULL, _IOLBF, 0);
+    if (!backend_cuda_available()) {
+#ifdef ASTRAI_HAVE_CUDA
+        const char *reason = "no GPU visible";
+#else
+        const char *reason = "built without CUDA";
+#endif
+        printf("test_gpu_ops: SKIPPED (%s)\n", reason);
+        write_json(reason);
+        return 77;
+    }
+    printf("%-34s %-40s %-4s %11s %9s %s\n", "op", "case", "type", "max_rel_err", "tol", "result");
+    const Backend *cpu = backend_cpu();
+    const DType dtypes[] = {DT_F32, DT_BF16};
+    for (int i = 0; i < 2; i++) {
+        Err err = {0};
+        const Backend *gpu = NULL;
+        if (backend_open(&gpu, "cuda", 0, dtypes[i], &err)) {
+            fprintf(stderr, "test_gpu_ops: backend_open(cuda, %s): %s\n", dtype_name(dtypes[i]),
+                    err.msg);
+            n_failed++;
+            continue;
+        }
+        Ctx *c = calloc(1, sizeof *c);
+        if (!c) return 1;
+        c->cpu = cpu, c->gpu = gpu, c->dt = dtypes[i];
+        rng_state = 0x5eed5eed12345678ull; // the same inputs in both modes
+        run_all(c);
+        free(c);
+    }
+    printf("test_gpu_ops: %d of %d checks failed\n", n_failed, n_results);
+    write_json(NULL);
+    return n_failed ? 1 : 0;
+}
