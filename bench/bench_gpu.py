@@ -624,7 +624,7 @@ def main(argv):
                                                              memory, t))):
                 try:
                     res[side] = fn(max(10, deadline - time.time()))
-                except (RuntimeError, TimeoutError) as e:
+                except Exception as e:  # one side failing must not lose the other's numbers
                     res[side] = {"error": str(e)}
                     failed = True
                     print(f"bench_gpu: {name} {side}: {e}", file=sys.stderr)

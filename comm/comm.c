@@ -141,16 +141,32 @@ int comm_all_reduce(Comm *c, void *buf, size_t n, DType dt, CommOp op, Err *err)
     return finish(c, c->ops->all_reduce(c, OR_EMPTY(buf), n, dt, op, err), err);
 }
 
+static int check_reduce_scatter(Comm *c, const void *send, const void *recv, size_t n, DType dt,
+                                CommOp op, const char *call, Err *err) {
+    return usable(c, err) || check_total(c, n, call, err) ||
+           check_buffer(c, send, n, call, "send", err) ||
+           check_buffer(c, recv, n, call, "recv", err) || check_op(c, op, call, err) ||
+           check_dtype(c, dt, call, err);
+}
+
 int comm_reduce_scatter(Comm *c, const void *send, void *recv, size_t n, DType dt, CommOp op,
                         Err *err) {
-    const char *call = "reduce_scatter";
-    if (usable(c, err) || check_total(c, n, call, err) ||
-        check_buffer(c, send, n, call, "send", err) ||
-        check_buffer(c, recv, n, call, "recv", err) || check_op(c, op, call, err) ||
-        check_dtype(c, dt, call, err))
-        return -1;
+    if (check_reduce_scatter(c, send, recv, n, dt, op, "reduce_scatter", err)) return -1;
     return finish(c, c->ops->reduce_scatter(c, OR_EMPTY(send), OR_EMPTY(recv), n, dt, op, err),
                   err);
+}
+
+int comm_reduce_scatter_start(Comm *c, const void *send, void *recv, size_t n, DType dt, CommOp op,
+                              Err *err) {
+    if (check_reduce_scatter(c, send, recv, n, dt, op, "reduce_scatter_start", err)) return -1;
+    int (*start)(Comm *, const void *, void *, size_t, DType, CommOp, Err *) =
+        c->ops->reduce_scatter_start ? c->ops->reduce_scatter_start : c->ops->reduce_scatter;
+    return finish(c, start(c, OR_EMPTY(send), OR_EMPTY(recv), n, dt, op, err), err);
+}
+
+int comm_wait(Comm *c, Err *err) {
+    if (usable(c, err)) return -1;
+    return c->ops->wait ? finish(c, c->ops->wait(c, err), err) : 0;
 }
 
 int comm_all_gather(Comm *c, const void *send, void *recv, size_t n, DType dt, Err *err) {

@@ -71,6 +71,13 @@ int comm_reduce_scatter(Comm *c, const void *send, void *recv, size_t n, DType d
                         Err *err);
 // send: (n,) from each rank; recv: (world*n,), rank r's at r*n.
 int comm_all_gather(Comm *c, const void *send, void *recv, size_t n, DType dt, Err *err);
+// comm_reduce_scatter without waiting for it: enqueued behind the compute issued so far
+// (nccl), so the caller's compute goes on while it runs; send and recv stay untouched until
+// comm_wait. Backends without asynchrony (shm) complete it before returning.
+int comm_reduce_scatter_start(Comm *c, const void *send, void *recv, size_t n, DType dt, CommOp op,
+                              Err *err);
+// Waits for every collective started with comm_*_start (deadline: the call timeout).
+int comm_wait(Comm *c, Err *err);
 // bytes from root's buf to every rank's buf.
 int comm_broadcast(Comm *c, void *buf, size_t bytes, int root, Err *err);
 int comm_barrier(Comm *c, Err *err);

@@ -5,6 +5,9 @@
 // every astrai binary links astrai_core, and must start (and run the CPU
 // path) on a machine without a GPU driver or without these libraries.
 //
+// Ordering: each call first makes our stream wait for an event recorded on the caller's
+// compute stream (CommConfig.cuda_stream), so it reads buffers the compute has finished.
+//
 // Timeouts: the communicator is created non-blocking, every call is enqueued
 // on our own stream and then polled (stream done? NCCL async error?) until the
 // deadline; past it the communicator is aborted (ncclCommAbort), which is what
@@ -222,6 +225,24 @@ static int nccl_reduce_scatter(Comm *c, const void *send, void *recv, size_t n, 
         "ncclReduceScatter", err);
 }
 
+// Enqueued only: the compute stream goes on; nccl_wait (or any blocking call, which waits
+// for our stream) finishes it.
+static int nccl_reduce_scatter_start(Comm *c, const void *send, void *recv, size_t n, DType dt,
+                                     CommOp op, Err *err) {
+    Nccl *x = c->state;
+    const char *what = "ncclReduceScatter (overlapped)";
+    if (aborted(c, err) || after_compute(c, what, err)) return -1;
+    ncclResult_t r =
+        x->api.ncclReduceScatter(send, recv, n, nccl_type(dt), red_op(op), x->comm, x->stream);
+    if (r != ncclSuccess && r != ncclInProgress) return nccl_fail(x, r, what, err);
+    return wait_comm_ready(c, now_ms() + c->timeout_ms, what, err);
+}
+
+static int nccl_wait(Comm *c, Err *err) {
+    if (aborted(c, err)) return -1;
+    return wait_stream(c, now_ms() + c->timeout_ms, "the overlapped collectives", err);
+}
+
 static int nccl_all_gather(Comm *c, const void *send, void *recv, size_t n, DType dt, Err *err) {
     Nccl *x = c->state;
     if (aborted(c, err) || after_compute(c, "ncclAllGather", err)) return -1;
@@ -262,13 +283,15 @@ static void nccl_destroy(Comm *c) {
     free(x);
 }
 
-static const CommBackend NCCL_OPS = {1,
-                                     nccl_all_reduce,
-                                     nccl_reduce_scatter,
-                                     nccl_all_gather,
-                                     nccl_broadcast,
-                                     nccl_barrier,
-                                     nccl_destroy};
+static const CommBackend NCCL_OPS = {.device_memory = 1,
+                                     .all_reduce = nccl_all_reduce,
+                                     .reduce_scatter = nccl_reduce_scatter,
+                                     .all_gather = nccl_all_gather,
+                                     .reduce_scatter_start = nccl_reduce_scatter_start,
+                                     .wait = nccl_wait,
+                                     .broadcast = nccl_broadcast,
+                                     .barrier = nccl_barrier,
+                                     .destroy = nccl_destroy};
 
 static int open_device(Nccl *x, int device, void *compute_stream, Err *err) {
     const Api *a = &x->api;

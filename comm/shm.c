@@ -465,8 +465,13 @@ static void shm_destroy(Comm *c) {
     release(s, s->size);
 }
 
-static const CommBackend SHM_OPS = {
-    0, shm_all_reduce, shm_reduce_scatter, shm_all_gather, shm_broadcast, shm_barrier, shm_destroy};
+static const CommBackend SHM_OPS = {.device_memory = 0,
+                                    .all_reduce = shm_all_reduce,
+                                    .reduce_scatter = shm_reduce_scatter,
+                                    .all_gather = shm_all_gather,
+                                    .broadcast = shm_broadcast,
+                                    .barrier = shm_barrier,
+                                    .destroy = shm_destroy};
 
 static int map_segment(Shm *s, Err *err) {
     void *p = mmap(NULL, s->size, PROT_READ | PROT_WRITE, MAP_SHARED, s->fd, 0);

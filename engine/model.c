@@ -710,6 +710,26 @@ static void layer_backward(Model *m, int l, int s) {
                     N, 1, C, C, 1);
 }
 
+// One past block l's last parameter index (block parameters are contiguous).
+static int layer_params_end(const Model *m, int l) {
+    const ModelActs *a = m->acts;
+    return l + 1 < m->cfg.num_hidden_layers ? a->layer[l + 1].q_proj : a->norm;
+}
+
+int model_grad_ranges(const Model *m, int (*ranges)[2]) {
+    const ModelActs *a = m->acts;
+    int n = 0;
+    ranges[n][0] = a->norm, ranges[n++][1] = m->n_params;
+    for (int l = m->cfg.num_hidden_layers - 1; l >= 0; l--)
+        ranges[n][0] = a->layer[l].q_proj, ranges[n++][1] = layer_params_end(m, l);
+    ranges[n][0] = a->embed, ranges[n++][1] = a->embed + 1;
+    return n;
+}
+
+static void grads_ready(const Model *m, int first, int end) {
+    if (m->grads_ready) m->grads_ready(m->grads_ready_ctx, first, end);
+}
+
 void model_backward(Model *m, float loss_scale) {
     ModelActs *a = m->acts;
     if (!a->has_loss || a->counted == 0) return; // no counted token: the loss is constant 0
@@ -722,10 +742,13 @@ void model_backward(Model *m, float loss_scale) {
                    0);
     be->rmsnorm_bwd(a->dres, grad(m, a->norm), a->dln, at(m, a->res, (size_t)L * N * C),
                     weight(m, a->norm), a->rstdf, N, 1, C, C, 0);
+    grads_ready(m, a->norm, m->n_params);
     for (int l = L - 1; l >= 0; l--) {
         // Checkpointing: slot 0 holds the last block after forward; recompute the others.
         if (m->grad_checkpointing && l != L - 1) layer_forward(m, l, 0);
         layer_backward(m, l, slot_of_layer(m, l));
+        grads_ready(m, a->layer[l].q_proj, layer_params_end(m, l));
     }
     be->embedding_bwd(grad(m, a->embed), a->dres, a->inputs, a->by_id, N, C);
+    grads_ready(m, a->embed, a->embed + 1);
 }

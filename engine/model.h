@@ -57,8 +57,18 @@ typedef struct {
     float *grads;            // (num_floats,) fp32, accumulated by model_backward
     double *stats;           // (2,) backend: [0] sum of forward losses, [1] squared grad norm
     bool grad_checkpointing; // keep only each block's input; recompute the block in backward
-    ModelActs *acts;         // sized for the largest (B,T) seen so far
+    // Called by model_backward each time gradients become final, in this order: the head
+    // (final norm, untied lm_head), block L-1, ..., block 0, the embedding; each call names
+    // the parameter indices [first, end) it completes (the ranges tile the table). NULL: none.
+    // Lets an executor start reducing those gradients while backward goes on.
+    void (*grads_ready)(void *ctx, int first, int end);
+    void *grads_ready_ctx;
+    ModelActs *acts; // sized for the largest (B,T) seen so far
 } Model;
+
+// The grads_ready ranges in the order model_backward completes them: ranges[k] = [first,
+// end); returns how many (num_hidden_layers + 2). ranges must hold that many.
+int model_grad_ranges(const Model *m, int (*ranges)[2]);
 
 int model_create(Model *m, const ModelConfig *cfg, const Backend *be, Err *err);
 void model_free(Model *m);

@@ -58,6 +58,7 @@ static const KeyDef KEYS[] = {
     {"log_interval", KEY_INT, F(log_interval), "10", 1, 1e12, NULL, "optimizer steps between progress lines"},
     {"parallel_mode", KEY_STR, F(parallel_mode), "none", 0, 0, "none|ddp|fsdp", "parallel executor"},
     {"nprocs", KEY_INT, F(nprocs), "1", 1, 4096, NULL, "number of ranks"},
+    {"bucket_mb", KEY_FLOAT, F(bucket_mb), "0", 0, 1e6, NULL, "ddp/fsdp: MiB of gradients reduced together while backward goes on (0: 25 with nccl, one bucket on CPU ranks)"},
     {"comm_timeout", KEY_INT, F(comm_timeout), "600", 1, 86400, NULL, "seconds a collective may wait for the other ranks"},
     {"threads", KEY_INT, F(threads), "0", 0, 4096, NULL, "CPU threads per rank (0: cores / local ranks)"},
     {"device_type", KEY_STR, F(device_type), "auto", 0, 0, "auto|cpu|cuda", "where ranks compute (auto: cuda when built with CUDA and a GPU is visible, else cpu); rank r uses visible GPU LOCAL_RANK"},

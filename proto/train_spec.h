@@ -47,6 +47,7 @@ typedef struct {
     long nprocs;
     long threads;      // 0: cores / local ranks
     long comm_timeout; // seconds a collective may wait for the other ranks
+    double bucket_mb;  // ddp/fsdp gradient bucket size (0: by backend)
     // devices and numerics
     char *device_type;           // auto | cpu | cuda
     char *dtype;                 // auto | bf16 | fp32 (compute dtype)

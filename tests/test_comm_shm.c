@@ -220,6 +220,23 @@ static int check_all_gather(Comm *c, size_t n, uint32_t seed, float *send, float
     return 0;
 }
 
+// bf16 elements (2 bytes: n odd splits a float) gathered as bytes; their bits identify the
+// rank and the index.
+static int check_all_gather_bf16(Comm *c, size_t n, uint16_t *send, uint16_t *recv) {
+    int me = comm_rank(c), W = comm_world_size(c);
+    Err err;
+    for (size_t i = 0; i < n; i++)
+        send[i] = (uint16_t)(me * 7919 + i);
+    if (comm_all_gather(c, send, recv, n, DT_BF16, &err)) return fail_call(c, &err);
+    for (size_t i = 0; i < (size_t)W * n; i++)
+        if (recv[i] != (uint16_t)((i / n) * 7919 + i % n)) {
+            fprintf(stderr, "rank %d: bf16 all_gather of %zu: element %zu = %u\n", me, n, i,
+                    recv[i]);
+            return 1;
+        }
+    return 0;
+}
+
 // An odd byte count, from the last rank.
 static int check_broadcast(Comm *c, size_t n, unsigned char *buf) {
     int me = comm_rank(c), W = comm_world_size(c);
@@ -248,7 +265,9 @@ static int body_all_collectives(Comm *c, void *ctx) {
                   check_all_reduce(c, n, COMM_AVG, 23 + k, a) ||
                   check_reduce_scatter(c, n, COMM_SUM, 37 + k, a, b) ||
                   check_reduce_scatter(c, n, COMM_AVG, 41 + k, a, b) ||
-                  check_all_gather(c, n, 53 + k, a, b) || check_broadcast(c, n, (void *)a);
+                  check_all_gather(c, n, 53 + k, a, b) ||
+                  check_all_gather_bf16(c, n, (void *)a, (void *)b) ||
+                  check_broadcast(c, n, (void *)a);
         free(a);
         free(b);
         if (bad) return 1;
@@ -531,6 +550,13 @@ static void test_bad_arguments(void) {
     CHECK(comm_create(&c, &cfg, &err) == 0);
     CHECK(comm_reduce_scatter(c, x, y, 4, DT_F32, (CommOp)7, &err) == -1);
     CHECK_MSG(strstr(err.msg, "reduce_scatter: op 7 is not COMM_SUM or COMM_AVG"), "%s", err.msg);
+    comm_destroy(c);
+
+    // CPU ranks reduce fp32: a bf16 reduction is refused, naming the dtype.
+    CHECK(comm_create(&c, &cfg, &err) == 0);
+    CHECK(comm_all_reduce(c, x, 4, DT_BF16, COMM_SUM, &err) == -1);
+    CHECK_MSG(strstr(err.msg, "all_reduce: the shm backend reduces fp32 only, not bf16"), "%s",
+              err.msg);
     comm_destroy(c);
     CHECK_MSG(!segment_exists(name), "%s left behind", name);
 }

@@ -1,7 +1,9 @@
 """Devices and numerics flags of astrai-train (issue 7): --gradient_checkpointing recomputes
 each block in backward and gives the same numbers bit for bit (seq and sft with packed
-documents, muon and adamw, one rank and fsdp); --device_type/--dtype refuse what this machine
-or build cannot do with a clear message and the documented exit code."""
+documents, muon and adamw, one rank and fsdp); gradient buckets (--bucket_mb: reduced while
+backward goes on) give the curve of one bucket (ddp and fsdp; only the grouping of the norm's
+partial sums differs); --device_type/--dtype refuse what this machine or build cannot do with
+a clear message and the documented exit code."""
 
 import os
 import sys
@@ -63,6 +65,23 @@ def check_checkpointing(root, model, data, name, failures, **extra):
               f"last loss {a[-1]['loss']:.6f}")
 
 
+def check_buckets(root, model, data, mode, failures):
+    one = os.path.join(root, mode + "-one-bucket")
+    many = os.path.join(root, mode + "-buckets")
+    par = {"nprocs": 2, "parallel_mode": mode, "threads": 1, "grad_accum_steps": 2,
+           "batch_per_device": 2}
+    tu.train(args(model, data, one, **par))
+    _, err = tu.train(args(model, data, many, bucket_mb=0.001, **par))  # a bucket per block
+    a = tu.metric_rows(tu.latest_checkpoint(one))
+    b = tu.metric_rows(tu.latest_checkpoint(many))
+    worst = max((tu.rel_err(y[k], x[k]) for x, y in zip(a, b) for k in ("loss", "grad_norm")),
+                default=1.0)
+    if len(a) < 3 or len(a) != len(b) or worst > 1e-5:
+        failures.append(f"{mode}: bucketed gradients changed the curve (worst {worst:.2e})\n{a}\n{b}")
+    else:
+        print(f"{mode}: {len(a)} steps, buckets per block vs one bucket: worst rel diff {worst:.1e}")
+
+
 def check_refusals(root, model, data, failures):
     ckpt = os.path.join(root, "refused")
     _, err = tu.train(args(model, data, ckpt, dtype="bf16"), expect=2)
@@ -94,6 +113,8 @@ def main():
                         optimizer="adamw", grad_accum_steps=2)
     check_checkpointing(root, model, data, "fsdp2", failures, nprocs=2, parallel_mode="fsdp",
                         threads=1)
+    for mode in ("ddp", "fsdp"):
+        check_buckets(root, model, data, mode, failures)
     check_refusals(root, model, data, failures)
     return tu.finish(failures)
 

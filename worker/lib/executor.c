@@ -8,19 +8,46 @@
 
 // ---------------------------------------------------------------- shard plan (ddp, fsdp)
 
-// Greedy: largest tensors first, each to the rank with the fewest floats so far.
-static int assign_owners(Executor *x, const Model *m, size_t *load) {
-    int n = m->n_params;
+// Buckets: runs of consecutive grads_ready ranges (engine/model.h) of at least `cap`
+// bytes of gradients; in the order backward completes them.
+static int plan_buckets(Executor *x, const Model *m, size_t cap, Err *err) {
+    int(*ranges)[2] = malloc(((size_t)m->cfg.num_hidden_layers + 2) * sizeof *ranges);
+    x->buckets = calloc((size_t)m->cfg.num_hidden_layers + 2, sizeof *x->buckets);
+    if (!ranges || !x->buckets) {
+        free(ranges);
+        return err_set(err, "shard plan: out of memory");
+    }
+    int n = model_grad_ranges(m, ranges);
+    size_t bytes = 0;
+    for (int k = 0; k < n; k++) {
+        if (x->n_buckets == 0 || bytes >= cap) {
+            x->buckets[x->n_buckets++] = (Bucket){.first = ranges[k][0], .end = ranges[k][1]};
+            bytes = 0;
+        }
+        x->buckets[x->n_buckets - 1].first = ranges[k][0]; // ranges descend contiguously
+        for (int i = ranges[k][0]; i < ranges[k][1]; i++)
+            bytes += m->params[i].numel * sizeof(float);
+    }
+    free(ranges);
+    return 0;
+}
+
+// Within bucket b, greedy: largest tensors first (ties keep AstrAI order), each to the rank
+// with the fewest floats of the bucket so far; then each rank's tensors in AstrAI order.
+// The bucket's part of every region is as long as the largest rank's share.
+static int assign_bucket(Executor *x, const Model *m, Bucket *b, size_t *load) {
+    int n = b->end - b->first;
     int *order = malloc((size_t)n * sizeof *order);
     if (!order) return -1;
     for (int i = 0; i < n; i++)
-        order[i] = i;
-    for (int i = 1; i < n; i++) // insertion sort by numel desc, stable (ties keep AstrAI order)
+        order[i] = b->first + i;
+    for (int i = 1; i < n; i++) // insertion sort by numel desc, stable
         for (int j = i; j > 0 && m->params[order[j]].numel > m->params[order[j - 1]].numel; j--) {
             int t = order[j];
             order[j] = order[j - 1];
             order[j - 1] = t;
         }
+    memset(load, 0, (size_t)x->world * sizeof *load);
     for (int k = 0; k < n; k++) {
         int best = 0;
         for (int r = 1; r < x->world; r++)
@@ -29,18 +56,17 @@ static int assign_owners(Executor *x, const Model *m, size_t *load) {
         load[best] += m->params[order[k]].numel;
     }
     free(order);
+    memset(load, 0, (size_t)x->world * sizeof *load);
+    for (int i = b->first; i < b->end; i++) {
+        x->region_off[i] = b->base + load[x->owner[i]];
+        load[x->owner[i]] += m->params[i].numel;
+    }
+    for (int r = 0; r < x->world; r++)
+        if (load[r] > b->size) b->size = load[r];
     return 0;
 }
 
-// Region offsets of every tensor in its owner's region (each rank computes every layout).
-static void place_tensors(Executor *x, const Model *m, size_t *used) {
-    for (int i = 0; i < m->n_params; i++) {
-        x->region_off[i] = used[x->owner[i]];
-        used[x->owner[i]] += m->params[i].numel;
-    }
-}
-
-// The shard view: the owned tensors, in AstrAI order, packed into the region; the
+// The shard view: the owned tensors, in AstrAI order, at their region offsets; the
 // optimizer state spans the region, padding included.
 static int build_shard(Executor *x, const Model *m, Err *err) {
     ParamView *s = &x->shard;
@@ -62,27 +88,32 @@ static int build_shard(Executor *x, const Model *m, Err *err) {
     return 0;
 }
 
-static int plan_shards(Executor *x, Model *m, Err *err) {
+static int plan_shards(Executor *x, Model *m, size_t cap, Err *err) {
     x->owner = calloc((size_t)m->n_params, sizeof *x->owner);
     x->region_off = calloc((size_t)m->n_params, sizeof *x->region_off);
     size_t *load = calloc((size_t)x->world, sizeof *load);
-    if (!x->owner || !x->region_off || !load || assign_owners(x, m, load)) {
-        free(load);
-        return err_set(err, "shard plan: out of memory");
+    int rc = !x->owner || !x->region_off || !load ? err_set(err, "shard plan: out of memory")
+                                                  : plan_buckets(x, m, cap, err);
+    for (int k = 0; !rc && k < x->n_buckets; k++) {
+        x->buckets[k].base = x->region;
+        if (assign_bucket(x, m, &x->buckets[k], load))
+            rc = err_set(err, "shard plan: out of memory");
+        x->region += x->buckets[k].size;
     }
-    for (int r = 0; r < x->world; r++)
-        if (load[r] > x->region) x->region = load[r];
-    memset(load, 0, (size_t)x->world * sizeof *load);
-    place_tensors(x, m, load);
     free(load);
-    return build_shard(x, m, err);
+    return rc ? rc : build_shard(x, m, err);
 }
 
 static size_t regions_bytes(const Executor *x) {
     return ((size_t)x->world * x->region + 1) * sizeof(float);
 }
 
-int executor_init(Executor *x, ExecMode mode, Comm *comm, Model *m, Err *err) {
+// Gradients reduced together by default: PyTorch DDP's 25 MiB buckets on GPUs, where the
+// reduction overlaps the rest of backward; one bucket on CPU ranks, where the collectives
+// run on the same cores as the compute and fewer, larger calls are faster.
+#define GPU_BUCKET_BYTES ((size_t)25 << 20)
+
+int executor_init(Executor *x, ExecMode mode, Comm *comm, Model *m, size_t bucket_bytes, Err *err) {
     memset(x, 0, sizeof *x);
     x->mode = comm && comm_world_size(comm) > 1 ? mode : EXEC_NONE; // one rank: nothing to share
     x->comm = comm;
@@ -93,7 +124,8 @@ int executor_init(Executor *x, ExecMode mode, Comm *comm, Model *m, Err *err) {
         !(x->agree = x->be->alloc(EXEC_AGREE_MAX * sizeof(float), err)))
         return err_prefix(err, "executor");
     if (x->mode == EXEC_NONE) return 0;
-    if (plan_shards(x, m, err)) return -1;
+    if (!bucket_bytes) bucket_bytes = comm_device_memory(comm) ? GPU_BUCKET_BYTES : SIZE_MAX;
+    if (plan_shards(x, m, bucket_bytes, err)) return -1;
     // ddp keeps its exchange buffer for the whole run; fsdp allocates it per use, so that
     // between steps a rank holds only its shard.
     if (x->mode == EXEC_DDP && !(x->regions = x->be->alloc(regions_bytes(x), err)))
@@ -112,6 +144,7 @@ void executor_free(Executor *x) {
     free(x->owner);
     free(x->region_off);
     free(x->owned);
+    free(x->buckets);
     memset(x, 0, sizeof *x);
 }
 
@@ -119,31 +152,32 @@ ParamView executor_view(const Executor *x, const Model *m) {
     return x->mode == EXEC_NONE ? model_view(m) : x->shard;
 }
 
-// ---------------------------------------------------------------- region <-> model layout
+// ---------------------------------------------------------------- staging <-> model layout
 
-// full (model layout) -> regions (world*S): every tensor into its owner's region.
-static void to_regions(const Executor *x, const Model *m, const void *full, void *regions,
-                       size_t esize) {
-    for (int i = 0; i < m->n_params; i++) {
-        const ParamSpec *p = &m->params[i];
-        size_t at = (size_t)x->owner[i] * x->region + x->region_off[i];
-        x->be->copy((char *)regions + at * esize, (const char *)full + p->offset * esize,
-                    p->numel * esize);
-    }
+// The exchange buffer (world*S elements) holds bucket by bucket what the collectives of a
+// bucket send or receive: bucket b's staging at world*base, rank r's part of it at r*size.
+// Where tensor i lies in its bucket's staging:
+static size_t staged_at(const Executor *x, const Bucket *b, int i) {
+    return (size_t)x->owner[i] * b->size + (x->region_off[i] - b->base);
 }
 
-// regions (world*S) -> full (model layout).
-static void from_regions(const Executor *x, const Model *m, const void *regions, void *full,
-                         size_t esize) {
-    for (int i = 0; i < m->n_params; i++) {
-        const ParamSpec *p = &m->params[i];
-        size_t at = (size_t)x->owner[i] * x->region + x->region_off[i];
-        x->be->copy((char *)full + p->offset * esize, (const char *)regions + at * esize,
-                    p->numel * esize);
-    }
+// full (model layout) -> the bucket's staging: every tensor into its owner's part.
+static void to_staging(const Executor *x, const Model *m, const Bucket *b, const void *full,
+                       void *staging, size_t esize) {
+    for (int i = b->first; i < b->end; i++)
+        x->be->copy((char *)staging + staged_at(x, b, i) * esize,
+                    (const char *)full + m->params[i].offset * esize, m->params[i].numel * esize);
 }
 
-// The (world*S) exchange buffer: ddp's persistent one, or a fresh zeroed one (fsdp).
+// The bucket's staging -> full (model layout).
+static void from_staging(const Executor *x, const Model *m, const Bucket *b, const void *staging,
+                         void *full, size_t esize) {
+    for (int i = b->first; i < b->end; i++)
+        x->be->copy((char *)full + m->params[i].offset * esize,
+                    (const char *)staging + staged_at(x, b, i) * esize, m->params[i].numel * esize);
+}
+
+// The exchange buffer: ddp's persistent one, or a fresh zeroed one (fsdp).
 static void *regions_acquire(Executor *x, Err *err) {
     if (x->regions) return x->regions;
     void *r = x->be->alloc(regions_bytes(x), err);
@@ -155,13 +189,20 @@ static void regions_release(Executor *x, void *r) {
     if (r != x->regions) x->be->free(r);
 }
 
-// All ranks: shard (S elements of dt) of every rank -> full (model layout).
+// All ranks: shard (S elements of dt) of every rank -> full (model layout), bucket by bucket.
 static int gather_full(Executor *x, const Model *m, const void *shard, void *full, DType dt,
                        Err *err) {
     void *regions = regions_acquire(x, err);
     if (!regions) return -1;
-    int rc = comm_all_gather(x->comm, shard, regions, x->region, dt, err);
-    if (!rc) from_regions(x, m, regions, full, dtype_size(dt));
+    size_t esize = dtype_size(dt);
+    int rc = 0;
+    for (int k = 0; k < x->n_buckets && !rc; k++) {
+        const Bucket *b = &x->buckets[k];
+        void *staging = (char *)regions + (size_t)x->world * b->base * esize;
+        rc = comm_all_gather(x->comm, (const char *)shard + b->base * esize, staging, b->size, dt,
+                             err);
+        if (!rc) from_staging(x, m, b, staging, full, esize);
+    }
     regions_release(x, regions);
     return rc;
 }
@@ -184,40 +225,67 @@ static void take_own(const Executor *x, const Model *m, const float *full, float
                         m->params[i].numel * sizeof(float));
 }
 
-// ---------------------------------------------------------------- micro-steps
+// ---------------------------------------------------------------- gradient buckets
 
-int executor_begin_micro(Executor *x, Model *m, Err *err) {
-    if (x->mode != EXEC_FSDP) return 0;
-    if (model_acquire(m, MODEL_WEIGHTS | MODEL_GRADS, err)) return -1;
-    return gather_weights(x, m, err);
+// Starts the averaging reduce-scatter of bucket `launched` into the owners' regions.
+static int launch_bucket(Executor *x, const Model *m, Err *err) {
+    const Bucket *b = &x->buckets[x->launched++];
+    void *staging = (char *)x->pending + (size_t)x->world * b->base * sizeof(float);
+    to_staging(x, m, b, m->grads, staging, sizeof(float));
+    return comm_reduce_scatter_start(x->comm, staging, x->shard.grads + b->base, b->size, DT_F32,
+                                     COMM_AVG, err);
 }
 
-// The padding of the regions is never written by the fp32 layout; a bf16 weight gather
-// through the same buffer (ddp) leaves other bytes there, so it is cleared first.
-static int reduce_scatter_grads(Executor *x, Model *m, Err *err) {
-    void *regions = regions_acquire(x, err);
-    if (!regions) return -1;
-    if (x->stage && regions == x->regions) x->be->zero(regions, regions_bytes(x));
-    to_regions(x, m, m->grads, regions, sizeof(float));
-    int rc =
-        comm_reduce_scatter(x->comm, regions, x->shard.grads, x->region, DT_F32, COMM_AVG, err);
-    regions_release(x, regions);
+// Model hook: the gradients of [first, end) are final; start every bucket they complete.
+static void on_grads_ready(void *ctx, int first, int end) {
+    (void)end;
+    Executor *x = ctx;
+    while (!x->async_failed && x->launched < x->n_buckets && first <= x->buckets[x->launched].first)
+        if (launch_bucket(x, x->model, &x->async_err)) x->async_failed = 1;
+}
+
+// Before the backward of a sync micro-step: the exchange buffer for its buckets, and the
+// hook. The padding of the staging is never written by gradients; a bf16 weight gather
+// through ddp's persistent buffer leaves other bytes there, so it is cleared first.
+static int arm_buckets(Executor *x, Model *m, Err *err) {
+    if (!(x->pending = regions_acquire(x, err))) return -1;
+    if (x->stage && x->pending == x->regions) x->be->zero(x->regions, regions_bytes(x));
+    x->launched = 0;
+    x->async_failed = 0;
+    x->model = m;
+    m->grads_ready = on_grads_ready;
+    m->grads_ready_ctx = x;
+    return 0;
+}
+
+// After the backward of a sync micro-step: the buckets backward did not start (a batch
+// without counted tokens runs no backward), then the wait for all of them.
+static int finish_buckets(Executor *x, Model *m, Err *err) {
+    m->grads_ready = NULL;
+    while (!x->async_failed && x->launched < x->n_buckets)
+        if (launch_bucket(x, m, &x->async_err)) x->async_failed = 1;
+    int rc = x->async_failed ? err_set(err, "%s", x->async_err.msg) : comm_wait(x->comm, err);
+    regions_release(x, x->pending);
+    x->pending = NULL;
     return rc;
 }
 
+// ---------------------------------------------------------------- micro-steps
+
+int executor_begin_micro(Executor *x, Model *m, bool sync, Err *err) {
+    if (x->mode == EXEC_NONE) return 0;
+    if (x->mode == EXEC_FSDP &&
+        (model_acquire(m, MODEL_WEIGHTS | MODEL_GRADS, err) || gather_weights(x, m, err)))
+        return -1;
+    return sync ? arm_buckets(x, m, err) : 0;
+}
+
 int executor_end_micro(Executor *x, Model *m, bool sync, Err *err) {
-    switch (x->mode) {
-    case EXEC_NONE:
-        return 0;
-    case EXEC_DDP:
-        return sync ? reduce_scatter_grads(x, m, err) : 0;
-    case EXEC_FSDP:
-        model_release(m, MODEL_WEIGHTS);
-        if (!sync) return 0;
-        if (reduce_scatter_grads(x, m, err)) return -1;
-        model_release(m, MODEL_GRADS);
-        return 0;
-    }
+    if (x->mode == EXEC_NONE) return 0;
+    if (x->mode == EXEC_FSDP) model_release(m, MODEL_WEIGHTS);
+    if (!sync) return 0;
+    if (finish_buckets(x, m, err)) return -1;
+    if (x->mode == EXEC_FSDP) model_release(m, MODEL_GRADS);
     return 0;
 }
 

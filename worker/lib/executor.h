@@ -26,6 +26,15 @@
 
 typedef enum { EXEC_NONE, EXEC_DDP, EXEC_FSDP } ExecMode;
 
+// Gradient buckets (ddp, fsdp): consecutive parameters whose gradients are reduced together,
+// started as soon as backward has finished them (engine/model.h grads_ready), so that the
+// reduction overlaps the rest of backward on GPUs. Ownership is planned per bucket, and each
+// rank's region holds its tensors of bucket b in [base, base + size).
+typedef struct {
+    int first, end; // parameter indices
+    size_t base, size;
+} Bucket;
+
 // Buffers are the model's backend's; the collectives run on them (device memory with
 // nccl). Gradients, masters and optimizer state travel in fp32; weights for forward in
 // the compute dtype (bf16 on the GPU: half the bytes of an fp32 gather).
@@ -44,22 +53,32 @@ typedef struct {
     void *stage;        // (S,) this rank's weights in the compute dtype; NULL when fp32
     float *agree;       // (EXEC_AGREE_MAX,) device staging of executor_sum when comm needs it
     int transient;      // MODEL_* buffers executor_gather_weights acquired for a checkpoint
+    Bucket *buckets;    // n_buckets, in the order backward completes them
+    int n_buckets;
+    // the sync micro-step in flight
+    int launched;     // buckets started
+    void *pending;    // their exchange buffer
+    Model *model;     // whose gradients they reduce
+    int async_failed; // a start failed: async_err says why
+    Err async_err;
 } Executor;
 
 #define EXEC_AGREE_MAX 8
 
-int executor_init(Executor *x, ExecMode mode, Comm *comm, Model *m, Err *err);
+// bucket_bytes: gradient bytes per bucket (0: 25 MiB with nccl, one bucket with shm).
+int executor_init(Executor *x, ExecMode mode, Comm *comm, Model *m, size_t bucket_bytes, Err *err);
 void executor_free(Executor *x);
 
 // What the optimizer steps: the whole model (none), or this rank's shard.
 ParamView executor_view(const Executor *x, const Model *m);
 
 // Before a micro-step's forward: fsdp gathers the full weights (and allocates the
-// gradient buffer at the start of an accumulation window).
-int executor_begin_micro(Executor *x, Model *m, Err *err);
+// gradient buffer at the start of an accumulation window). On a sync micro-step (the last
+// of an accumulation window) the buckets are armed: backward starts averaging each one
+// over ranks (reduce-scatter into the owners' regions) as soon as it is final.
+int executor_begin_micro(Executor *x, Model *m, bool sync, Err *err);
 // After a micro-step's backward: fsdp frees the full weights; on a sync micro-step
-// the gradients are averaged over ranks (reduce_scatter into the owners' regions;
-// fsdp then frees the full gradients).
+// the remaining buckets start and all are waited for (fsdp then frees the full gradients).
 int executor_end_micro(Executor *x, Model *m, bool sync, Err *err);
 
 // After the optimizer stepped the view's master weights: the compute weights follow

@@ -120,7 +120,8 @@ int trainer_init(Trainer *t, const TrainSpec *spec, const Backend *be, Comm *com
     if (t->memory_report) t->rss_baseline = resident_bytes();
     if (train_ckpt_load_model(&t->model, &cfg, be, model_dir, err)) return -1;
     t->model.grad_checkpointing = spec->gradient_checkpointing;
-    if (executor_init(&t->exec, exec_mode(spec->parallel_mode), comm, &t->model, err) ||
+    if (executor_init(&t->exec, exec_mode(spec->parallel_mode), comm, &t->model,
+                      (size_t)(spec->bucket_mb * (1 << 20)), err) ||
         executor_adopt_weights(&t->exec, &t->model, err))
         return -1;
     t->total_steps = trainer_total_steps(t->n_samples, t->world, spec->batch_per_device,
@@ -270,7 +271,8 @@ static int optimizer_step(Trainer *t, StepClock *c, int *stop, int *ckpt, Err *e
 static int micro_step(Trainer *t, StepClock *c, int nb, Err *err) {
     const TrainSpec *s = t->spec;
     fill_batch(t, nb);
-    if (executor_begin_micro(&t->exec, &t->model, err)) return -1;
+    bool sync = t->micro + 1 == s->grad_accum_steps;
+    if (executor_begin_micro(&t->exec, &t->model, sync, err)) return -1;
     if (model_forward_accumulate(&t->model, t->inputs, t->targets, t->sft ? t->loss_mask : NULL,
                                  t->sft ? t->position_ids : NULL, nb, (int)t->window,
                                  (float)s->label_smoothing, err))
@@ -280,7 +282,7 @@ static int micro_step(Trainer *t, StepClock *c, int nb, Err *err) {
     t->epoch_pos += nb;
     t->consumed_samples += (long)nb * t->world;
     t->micro++;
-    return executor_end_micro(&t->exec, &t->model, t->micro == s->grad_accum_steps, err);
+    return executor_end_micro(&t->exec, &t->model, sync, err);
 }
 
 // After an optimizer step: checkpoint when due or requested. Returns 1 to stop.

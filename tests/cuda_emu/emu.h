@@ -1,0 +1,270 @@
+// emu.h: a host (CPU) emulation of the CUDA subset that the kernels of engine/cuda/ use, so
+// their real source compiles as C++ and runs without a GPU or the CUDA toolkit (the test
+// test_cuda_emu, tests/cuda_emu.cmake). Force-included (-include) before every file that
+// tests/cuda_emu/gen.py generates from an engine/cuda/*.cu; the stub <cuda_runtime.h> and
+// <cuda_bf16.h> (stub_include/) include it too.
+//
+// Model: one CUDA thread = one fiber (ucontext) on the calling OS thread. Blocks run one
+// after another; within a block the scheduler (emu.cpp) runs each thread until it ends or
+// reaches __syncthreads / a warp shuffle, and releases a barrier once every thread (warp
+// lane) it waits for has arrived. Single-threaded and deterministic, and strict where CUDA
+// says "undefined": a __syncthreads that some threads of the block skipped (exited), a
+// full-mask shuffle with exited lanes, or a deadlock abort with the launch site named.
+// __shared__ variables become function statics (one block runs at a time); they are not
+// reset between blocks, so a read of shared memory that the block never wrote goes unseen.
+//
+// What it cannot express: inline PTX (asm), tensor-core mma, cp.async, dynamic (extern)
+// shared memory, atomics, textures: files that use them are not emulated.
+#pragma once
+#include <math.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <string.h>
+
+#include <tuple>
+#include <utility>
+
+// ---------------------------------------------------------------- keywords
+#define __global__
+#define __device__
+#define __host__
+#define __forceinline__ inline
+#define __noinline__
+#define __restrict__ __restrict
+#define __launch_bounds__(...)
+#define __shared__ static
+#define __constant__ static
+
+// ---------------------------------------------------------------- vector types
+struct uint3 {
+    unsigned x, y, z;
+};
+struct dim3 {
+    unsigned x, y, z;
+    constexpr dim3(unsigned x_ = 1, unsigned y_ = 1, unsigned z_ = 1) : x(x_), y(y_), z(z_) {}
+};
+struct alignas(16) float4 {
+    float x, y, z, w;
+};
+struct alignas(16) uint4 {
+    unsigned x, y, z, w;
+};
+struct alignas(16) int4 {
+    int x, y, z, w;
+};
+struct alignas(8) float2 {
+    float x, y;
+};
+inline float4 make_float4(float x, float y, float z, float w) {
+    return {x, y, z, w};
+}
+inline float2 make_float2(float x, float y) {
+    return {x, y};
+}
+constexpr int warpSize = 32;
+
+// ---------------------------------------------------------------- runtime API subset
+typedef struct CUstream_st *cudaStream_t;
+typedef int cudaError_t;
+enum : int {
+    cudaSuccess = 0,
+    cudaErrorInvalidValue = 1,
+    cudaErrorInvalidConfiguration = 9,
+};
+enum cudaMemcpyKind {
+    cudaMemcpyHostToHost = 0,
+    cudaMemcpyHostToDevice = 1,
+    cudaMemcpyDeviceToHost = 2,
+    cudaMemcpyDeviceToDevice = 3,
+    cudaMemcpyDefault = 4,
+};
+// Host memory stands for device memory; the copy happens at once (the emulated stream runs
+// every kernel to completion at its launch). A stream other than cuda_stream() is an error.
+cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t bytes, cudaMemcpyKind kind,
+                            cudaStream_t stream = 0);
+cudaError_t cudaStreamSynchronize(cudaStream_t stream);
+cudaError_t cudaGetLastError(void); // returns the sticky launch error and clears it
+const char *cudaGetErrorString(cudaError_t e);
+
+// ---------------------------------------------------------------- bf16 (cuda_bf16.h)
+// __nv_bfloat16 as its 16 bits; conversions as CUDA's: float -> bf16 rounds to nearest even
+// (NaN -> canonical 0x7fff), bf16 -> float is exact.
+struct __nv_bfloat16 {
+    unsigned short __x;
+    __nv_bfloat16() = default;
+    inline __nv_bfloat16(float f);
+    inline operator float() const;
+};
+inline float __uint_as_float(unsigned u) {
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+inline unsigned __float_as_uint(float f) {
+    unsigned u;
+    memcpy(&u, &f, 4);
+    return u;
+}
+inline __nv_bfloat16 __float2bfloat16_rn(float f) {
+    unsigned u = __float_as_uint(f);
+    __nv_bfloat16 b;
+    if ((u & 0x7fffffffu) > 0x7f800000u) {
+        b.__x = 0x7fff;
+    } else {
+        u += 0x7fffu + ((u >> 16) & 1u); // round to nearest, ties to even
+        b.__x = (unsigned short)(u >> 16);
+    }
+    return b;
+}
+inline __nv_bfloat16 __float2bfloat16(float f) {
+    return __float2bfloat16_rn(f);
+}
+inline float __bfloat162float(__nv_bfloat16 b) {
+    return __uint_as_float((unsigned)b.__x << 16);
+}
+inline unsigned short __bfloat16_as_ushort(__nv_bfloat16 b) {
+    return b.__x;
+}
+inline __nv_bfloat16 __ushort_as_bfloat16(unsigned short u) {
+    __nv_bfloat16 b;
+    b.__x = u;
+    return b;
+}
+inline __nv_bfloat16::__nv_bfloat16(float f) : __x(__float2bfloat16_rn(f).__x) {}
+inline __nv_bfloat16::operator float() const {
+    return __bfloat162float(*this);
+}
+
+// ---------------------------------------------------------------- math intrinsics
+// The _rn forms are one IEEE operation each and never fuse into an FMA (the generated
+// files are compiled with -ffp-contract=fast to mimic nvcc's default --fmad=true, so plain
+// a*b+c may fuse there, as on the GPU; a volatile store ends each of these).
+inline float __fadd_rn(float a, float b) {
+    volatile float r = a + b;
+    return r;
+}
+inline float __fsub_rn(float a, float b) {
+    volatile float r = a - b;
+    return r;
+}
+inline float __fmul_rn(float a, float b) {
+    volatile float r = a * b;
+    return r;
+}
+inline float __fdiv_rn(float a, float b) {
+    volatile float r = a / b;
+    return r;
+}
+inline float __fsqrt_rn(float a) {
+    volatile float r = sqrtf(a);
+    return r;
+}
+inline double __dadd_rn(double a, double b) {
+    volatile double r = a + b;
+    return r;
+}
+inline double __dsub_rn(double a, double b) {
+    volatile double r = a - b;
+    return r;
+}
+inline double __dmul_rn(double a, double b) {
+    volatile double r = a * b;
+    return r;
+}
+inline float __fmaf_rn(float a, float b, float c) {
+    return fmaf(a, b, c);
+}
+
+// ---------------------------------------------------------------- the emulator (emu.cpp)
+namespace emu {
+
+extern uint3 thread_idx, block_idx;
+extern dim3 block_dim, grid_dim;
+
+void syncthreads();
+// A warp-wide exchange: every lane of the warp gives `bytes` bytes from `in` and a source
+// lane; once all have arrived, each gets its source lane's bytes in `out`.
+void warp_exchange(unsigned mask, const void *in, void *out, int bytes, int src_lane);
+void syncwarp(unsigned mask);
+int lane(); // the calling thread's lane: its linear index in the block, mod 32
+
+// Runs blocks, and the threads of a block, in reverse order from now on (a kernel whose
+// result depends on the order has a race); the default is forward.
+void set_reverse(bool on);
+struct Stats {
+    unsigned long long launches, threads, switches, barriers;
+};
+const Stats &stats_now();
+
+// One launch: the configuration as written at the launch site `file:line`.
+struct Config {
+    const char *file;
+    int line;
+    dim3 grid, block;
+    size_t shmem;
+    cudaStream_t stream;
+};
+inline Config config(const char *file, int line, dim3 grid, dim3 block, size_t shmem = 0,
+                     cudaStream_t stream = 0) {
+    return {file, line, grid, block, shmem, stream};
+}
+// Runs invoke(closure) once per thread of every block of c (or records a launch error).
+void launch(const Config &c, void (*invoke)(void *), void *closure);
+
+// `kernel<<<cfg>>>(args)`, rewritten by gen.py as `kernel | config(cfg) | args(args)`.
+template <typename... P> struct Bound {
+    void (*kernel)(P...);
+    Config cfg;
+};
+template <typename... A> struct Args { std::tuple<A...> values; };
+template <typename... A> Args<A...> args(A... a) {
+    return {std::tuple<A...>(a...)};
+}
+template <typename... P> Bound<P...> operator|(void (*kernel)(P...), Config c) {
+    return {kernel, c};
+}
+template <typename... P, typename... A> void operator|(Bound<P...> b, Args<A...> a) {
+    static_assert(sizeof...(P) == sizeof...(A), "kernel launch: wrong number of arguments");
+    // Converted once to the parameter types, as the launch does; each thread then gets its
+    // own copy (kernel parameters are per-thread values).
+    struct Closure {
+        void (*kernel)(P...);
+        std::tuple<P...> params;
+    } closure{b.kernel, std::make_from_tuple<std::tuple<P...>>(a.values)};
+    launch(
+        b.cfg,
+        [](void *p) {
+            Closure *c = static_cast<Closure *>(p);
+            std::apply(c->kernel, c->params);
+        },
+        &closure);
+}
+
+} // namespace emu
+
+// ---------------------------------------------------------------- built-ins
+#define threadIdx (static_cast<const uint3 &>(::emu::thread_idx))
+#define blockIdx (static_cast<const uint3 &>(::emu::block_idx))
+#define blockDim (static_cast<const dim3 &>(::emu::block_dim))
+#define gridDim (static_cast<const dim3 &>(::emu::grid_dim))
+
+inline void __syncthreads() {
+    emu::syncthreads();
+}
+inline void __syncwarp(unsigned mask = 0xffffffffu) {
+    emu::syncwarp(mask);
+}
+template <typename V> V __shfl_xor_sync(unsigned mask, V v, int lane_mask, int width = 32) {
+    static_assert(sizeof(V) <= 8, "shuffles move at most 8 bytes");
+    if (width != 32) __builtin_trap(); // not used by the kernels; not emulated
+    V r;
+    emu::warp_exchange(mask, &v, &r, (int)sizeof(V), (emu::lane() ^ lane_mask) & 31);
+    return r;
+}
+template <typename V> V __shfl_sync(unsigned mask, V v, int src_lane, int width = 32) {
+    static_assert(sizeof(V) <= 8, "shuffles move at most 8 bytes");
+    if (width != 32) __builtin_trap();
+    V r;
+    emu::warp_exchange(mask, &v, &r, (int)sizeof(V), src_lane & 31);
+    return r;
+}

@@ -1,0 +1,655 @@
+// test_cuda_emu.cpp: the CUDA kernels of engine/cuda/ (embedding, rmsnorm, rope,
+// elementwise, cross_entropy, optim), run on the CPU emulator (emu.h; the sources generated
+// from the real .cu files by gen.py), against the CPU reference kernels (engine/cpu/), in
+// fp32 and bf16. Checks per op:
+// - the result matches the CPU's: bit for bit where the formulas promise it (copies, the
+//   embedding sums, casts, AdamW, scale), else within a tolerance (fp32 ~1e-5 relative; bf16
+//   outputs one bf16 rounding of the fp32 result, the CPU given the same bf16-rounded inputs);
+// - run again with blocks and threads in reverse order, the bits are the same (no race or
+//   order dependence);
+// - nothing is written outside the buffers (guard bands around each);
+// and the emulator itself fails a launch on a bad configuration, a barrier some threads
+// skip, a shuffle with exited lanes, or a deadlock.
+// Buffers are 16-byte aligned (the kernels' vector paths) or one element off (the scalar
+// paths). Prints one line per check; exits 1 if any failed.
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include <algorithm>
+#include <numeric>
+#include <random>
+#include <string>
+#include <vector>
+
+extern "C" { // first: C linkage for engine/backend.h (muon_scratch_floats) too
+#include "engine/cpu/cpu_kernels.h"
+}
+#include "engine/cuda/cuda_backend.h"
+#include "tests/cuda_emu/emu.h"
+
+#ifndef ASTRAI_CPU_NO_FMA // 1: the CPU reference was compiled without FMA contraction
+#define ASTRAI_CPU_NO_FMA 0
+#endif
+
+typedef __nv_bfloat16 bf16;
+extern size_t emu_scratch_peak; // context_stub.cpp
+
+// ---------------------------------------------------------------- dtypes
+
+// The cuda_* ops of one compute dtype.
+template <typename T> struct Ops;
+#define OPS(S, T)                                                                                  \
+    template <> struct Ops<T> {                                                                    \
+        static constexpr const char *name = #S;                                                    \
+        static constexpr auto embedding_fwd = cuda_embedding_fwd_##S;                              \
+        static constexpr auto embedding_bwd = cuda_embedding_bwd_##S;                              \
+        static constexpr auto rmsnorm_fwd = cuda_rmsnorm_fwd_##S;                                  \
+        static constexpr auto rmsnorm_bwd = cuda_rmsnorm_bwd_##S;                                  \
+        static constexpr auto rope_fwd = cuda_rope_fwd_##S;                                        \
+        static constexpr auto rope_bwd = cuda_rope_bwd_##S;                                        \
+        static constexpr auto swiglu_fwd = cuda_swiglu_fwd_##S;                                    \
+        static constexpr auto swiglu_bwd = cuda_swiglu_bwd_##S;                                    \
+        static constexpr auto sigmoid_gate_fwd = cuda_sigmoid_gate_fwd_##S;                        \
+        static constexpr auto sigmoid_gate_bwd = cuda_sigmoid_gate_bwd_##S;                        \
+        static constexpr auto cast_from_f32 = cuda_cast_from_f32_##S;                              \
+        static constexpr auto download_f32 = cuda_download_f32_##S;                                \
+        static constexpr auto cross_entropy_fwd = cuda_cross_entropy_fwd_##S;                      \
+        static constexpr auto cross_entropy_bwd = cuda_cross_entropy_bwd_##S;                      \
+    };
+OPS(f32, float)
+OPS(bf16, bf16)
+
+static float widen(float v) {
+    return v;
+}
+static float widen(bf16 v) {
+    return __bfloat162float(v);
+}
+template <typename T> T narrow(float v);
+template <> float narrow<float>(float v) {
+    return v;
+}
+template <> bf16 narrow<bf16>(float v) {
+    return __float2bfloat16_rn(v);
+}
+// v as T holds it: the inputs both sides see.
+template <typename T> std::vector<float> quant(std::vector<float> v) {
+    for (float &x : v)
+        x = widen(narrow<T>(x));
+    return v;
+}
+
+// ---------------------------------------------------------------- device buffers
+
+static int failures;
+static std::string current_op;
+
+// n elements of T standing for device memory: 16-byte aligned plus `skew` elements, between
+// guard bands that must be intact when the buffer goes.
+template <typename T> class Dev {
+  public:
+    explicit Dev(size_t n, int skew = 0)
+        : raw_(n * sizeof(T) + 2 * kGuard + 64 + 16, kFill), n_(n) {
+        uintptr_t at = ((uintptr_t)raw_.data() + kGuard + 15) & ~(uintptr_t)15;
+        p_ = (T *)(at + (size_t)skew * sizeof(T));
+    }
+    Dev(const std::vector<float> &v, int skew = 0) : Dev(v.size(), skew) {
+        for (size_t i = 0; i < n_; i++)
+            p_[i] = narrow<T>(v[i]);
+    }
+    Dev(const Dev &) = delete;
+    Dev &operator=(const Dev &) = delete;
+    ~Dev() {
+        const unsigned char *lo = (const unsigned char *)p_ - kGuard;
+        const unsigned char *hi = (const unsigned char *)(p_ + n_);
+        for (size_t k = 0; k < kGuard; k++)
+            if (lo[k] != kFill || hi[k] != kFill) {
+                printf("FAIL %s: wrote outside a buffer of %zu elements\n", current_op.c_str(), n_);
+                failures++;
+                return;
+            }
+    }
+    T *get() {
+        return p_;
+    }
+    operator T *() {
+        return p_;
+    }
+    std::vector<float> floats() const {
+        std::vector<float> v(n_);
+        for (size_t i = 0; i < n_; i++)
+            v[i] = widen(p_[i]);
+        return v;
+    }
+
+  private:
+    static constexpr size_t kGuard = 64;
+    static constexpr unsigned char kFill = 0xa5;
+    std::vector<unsigned char> raw_;
+    T *p_;
+    size_t n_;
+};
+
+// ---------------------------------------------------------------- checks
+
+typedef std::vector<std::vector<float>> Outs;
+
+// Runs the emulated op (which builds its buffers from the inputs and returns its outputs)
+// with blocks and threads in forward, then reverse order; the two must agree bit for bit.
+template <typename F> Outs run_both(const std::string &op, F f) {
+    current_op = op;
+    emu::set_reverse(false);
+    Outs a = f();
+    emu::set_reverse(true);
+    Outs b = f();
+    emu::set_reverse(false);
+    bool same = a.size() == b.size();
+    for (size_t k = 0; same && k < a.size(); k++)
+        same = a[k].size() == b[k].size() &&
+               !memcmp(a[k].data(), b[k].data(), a[k].size() * sizeof(float));
+    if (!same) {
+        printf("FAIL %s: different bits with blocks and threads in reverse order\n", op.c_str());
+        failures++;
+    }
+    return a;
+}
+
+struct Tol {
+    double rtol, atol;  // |got - want| <= atol + rtol * |want|, atol
+    double atol_of_max; // + atol_of_max * max |want| (for sums that cancel)
+};
+static const Tol kExact = {0, 0, 0};
+// One bf16 rounding (half an ulp: 2^-8 of the value at most) of an fp32 result that may
+// itself differ by a few fp32 ulps.
+static const Tol kBf16 = {1.0 / 256 + 2e-5, 0, 1e-6};
+
+template <typename T> Tol out_tol(Tol f32) {
+    return sizeof(T) == 4
+               ? f32
+               : Tol{kBf16.rtol + f32.rtol, f32.atol, kBf16.atol_of_max + f32.atol_of_max};
+}
+
+static void check(const std::string &what, const std::vector<float> &got,
+                  const std::vector<float> &want, Tol tol) {
+    bool ok = got.size() == want.size();
+    double max_want = 0, max_err = 0, worst = 0;
+    size_t at = 0;
+    for (size_t i = 0; ok && i < want.size(); i++)
+        max_want = std::max(max_want, (double)fabsf(want[i]));
+    for (size_t i = 0; ok && i < want.size(); i++) {
+        double g = got[i], w = want[i], err = fabs(g - w);
+        double allowed = tol.atol + tol.rtol * fabs(w) + tol.atol_of_max * max_want;
+        double r;
+        if (g == w || (std::isnan(g) && std::isnan(w)))
+            r = 0;
+        else if (!std::isfinite(g) || !std::isfinite(w) || allowed == 0)
+            r = INFINITY;
+        else
+            r = err / allowed;
+        if (r > worst) {
+            worst = r;
+            at = i;
+        }
+        if (std::isfinite(err)) max_err = std::max(max_err, err);
+    }
+    ok = ok && worst <= 1.0;
+    if (!ok) failures++;
+    if (got.size() != want.size())
+        printf("%-4s %-50s size %zu, want %zu\n", "FAIL", what.c_str(), got.size(), want.size());
+    else
+        printf("%-4s %-50s n=%-7zu max|err| %-9.3g (%.2g of tol; at %zu: %.9g vs %.9g)\n",
+               ok ? "ok" : "FAIL", what.c_str(), want.size(), max_err, worst, at,
+               want.empty() ? 0.0 : got[at], want.empty() ? 0.0 : want[at]);
+}
+
+static std::string fmt(const char *f, ...) __attribute__((format(printf, 1, 2)));
+static std::string fmt(const char *f, ...) {
+    char buf[256];
+    va_list ap;
+    va_start(ap, f);
+    vsnprintf(buf, sizeof buf, f, ap);
+    va_end(ap);
+    return buf;
+}
+
+static std::mt19937 rng(20240611);
+static std::vector<float> randn(size_t n, float scale = 1.0f, float shift = 0.0f) {
+    std::normal_distribution<float> d(0.0f, scale);
+    std::vector<float> v(n);
+    for (float &x : v)
+        x = d(rng) + shift;
+    return v;
+}
+static std::vector<int32_t> randi(size_t n, int hi) {
+    std::vector<int32_t> v(n);
+    for (int32_t &x : v)
+        x = (int32_t)(rng() % (unsigned)hi);
+    return v;
+}
+
+// ---------------------------------------------------------------- embedding
+
+template <typename T> void test_embedding(int N, int C, int V, int skew) {
+    const char *dt = Ops<T>::name;
+    std::vector<float> table = quant<T>(randn((size_t)V * C));
+    std::vector<int32_t> ids = randi(N, V / 3 + 1); // many repeats
+    std::vector<int32_t> by_id(N);
+    std::iota(by_id.begin(), by_id.end(), 0);
+    std::stable_sort(by_id.begin(), by_id.end(), [&](int a, int b) { return ids[a] < ids[b]; });
+    std::string tag = fmt("%s N%d C%d V%d%s", dt, N, C, V, skew ? " unaligned" : "");
+
+    Outs fwd = run_both("embedding_fwd " + tag, [&] {
+        Dev<T> out((size_t)N * C, skew), tab(table, skew);
+        Dev<int32_t> id(N);
+        std::copy(ids.begin(), ids.end(), id.get());
+        Ops<T>::embedding_fwd(out, id, tab, N, C);
+        return Outs{out.floats()};
+    });
+    std::vector<float> want((size_t)N * C);
+    cpu_embedding_fwd(want.data(), ids.data(), table.data(), N, C);
+    check("embedding_fwd " + tag + " (exact)", fwd[0], want, kExact);
+
+    std::vector<float> dout = quant<T>(randn((size_t)N * C)), dtable0 = randn((size_t)V * C);
+    Outs bwd = run_both("embedding_bwd " + tag, [&] {
+        Dev<float> dtab(dtable0, skew);
+        Dev<T> d(dout, skew);
+        Dev<int32_t> id(N), by(N);
+        std::copy(ids.begin(), ids.end(), id.get());
+        std::copy(by_id.begin(), by_id.end(), by.get());
+        Ops<T>::embedding_bwd(dtab, d, id, by, N, C);
+        return Outs{dtab.floats()};
+    });
+    std::vector<float> dref = dtable0;
+    cpu_embedding_bwd(dref.data(), dout.data(), ids.data(), by_id.data(), N, C);
+    check("embedding_bwd " + tag + " (exact)", bwd[0], dref, kExact);
+}
+
+// ---------------------------------------------------------------- rmsnorm
+
+// accs: which accumulate_dinp to test (bit 0: 0, bit 1: 1).
+template <typename T>
+void test_rmsnorm(int N, int G, int C, int stride, int skew, int accs = 3, float eps = 1e-6f) {
+    const char *dt = Ops<T>::name;
+    const size_t tot = (size_t)N * stride;
+    std::vector<float> x = quant<T>(randn(tot, 2.0f)), w = quant<T>(randn(C, 0.5f, 1.0f));
+    std::string tag = fmt("%s N%d G%d C%d stride%d%s%s", dt, N, G, C, stride,
+                          eps != 1e-6f ? fmt(" eps%g", eps).c_str() : "", skew ? " unaligned" : "");
+
+    // Out of place (the gaps between groups stay as they were: 0.5) and in place.
+    std::vector<float> fill(tot, 0.5f), want = fill, rstd((size_t)N * G);
+    cpu_rmsnorm_fwd(want.data(), rstd.data(), x.data(), w.data(), N, G, C, stride, eps);
+    std::vector<float> want_inplace = x, rstd2((size_t)N * G);
+    cpu_rmsnorm_fwd(want_inplace.data(), rstd2.data(), x.data(), w.data(), N, G, C, stride, eps);
+    for (int inplace = 0; inplace < 2; inplace++) {
+        std::string name = "rmsnorm_fwd " + tag + (inplace ? " in place" : "");
+        Outs got = run_both(name, [&] {
+            Dev<T> out(inplace ? x : fill, skew), inp(x, skew), wt(w, skew);
+            Dev<float> rs((size_t)N * G);
+            Ops<T>::rmsnorm_fwd(out, rs, inplace ? out.get() : inp.get(), wt, N, G, C, stride, eps);
+            return Outs{out.floats(), rs.floats()};
+        });
+        check(name, got[0], inplace ? want_inplace : want, out_tol<T>({1e-5, 0, 1e-7}));
+        check("  rstd", got[1], rstd, {2e-6, 0, 0});
+    }
+
+    std::vector<float> d = quant<T>(randn(tot)), dx0 = quant<T>(randn(tot)), dw0 = randn(C);
+    for (int acc = 0; acc < 2; acc++) {
+        if (!(accs >> acc & 1)) continue;
+        std::string name = fmt("rmsnorm_bwd %s acc%d", tag.c_str(), acc);
+        Outs got = run_both(name, [&] {
+            Dev<T> dinp(dx0, skew), dout(d, skew), inp(x, skew), wt(w, skew);
+            Dev<float> dw(dw0, skew), rs(rstd);
+            Ops<T>::rmsnorm_bwd(dinp, dw, dout, inp, wt, rs, N, G, C, stride, acc);
+            return Outs{dinp.floats(), dw.floats()};
+        });
+        std::vector<float> dxr = dx0, dwr = dw0;
+        cpu_rmsnorm_bwd(dxr.data(), dwr.data(), d.data(), x.data(), w.data(), rstd.data(), N, G, C,
+                        stride, acc);
+        check(name + " dinp", got[0], dxr, out_tol<T>({1e-5, 0, 1e-5}));
+        check("  dweight (fp32)", got[1], dwr, {1e-5, 0, 1e-5});
+    }
+}
+
+// ---------------------------------------------------------------- rope
+
+template <typename T> void test_rope(int N, int G, int D, int stride, int skew) {
+    const int P = 50;
+    std::vector<float> cs((size_t)P * D);
+    for (int p = 0; p < P; p++)
+        for (int i = 0; i < D / 2; i++) {
+            double a = p * pow(10000.0, -2.0 * i / D);
+            cs[(size_t)p * D + 2 * i] = (float)cos(a);
+            cs[(size_t)p * D + 2 * i + 1] = (float)sin(a);
+        }
+    std::vector<int32_t> pos = randi(N, P);
+    std::vector<float> x = quant<T>(randn((size_t)N * stride));
+    for (int dir = 0; dir < 2; dir++) {
+        std::string name = fmt("rope_%s %s N%d G%d D%d stride%d%s", dir ? "bwd" : "fwd",
+                               Ops<T>::name, N, G, D, stride, skew ? " unaligned" : "");
+        Outs got = run_both(name, [&] {
+            Dev<T> v(x, skew);
+            Dev<int32_t> ps(N);
+            std::copy(pos.begin(), pos.end(), ps.get());
+            Dev<float> c(cs, skew);
+            (dir ? Ops<T>::rope_bwd : Ops<T>::rope_fwd)(v, ps, c, N, G, D, stride);
+            return Outs{v.floats()};
+        });
+        std::vector<float> want = x;
+        (dir ? cpu_rope_bwd : cpu_rope_fwd)(want.data(), pos.data(), cs.data(), N, G, D, stride);
+        check(name, got[0], want, out_tol<T>({2e-6, 0, 1e-7}));
+    }
+}
+
+// ---------------------------------------------------------------- elementwise
+
+template <typename T> void test_swiglu(int N, int FF, int skew) {
+    std::string tag = fmt("%s N%d FF%d%s", Ops<T>::name, N, FF, skew ? " unaligned" : "");
+    std::vector<float> h = quant<T>(randn((size_t)N * 2 * FF, 2.0f));
+    std::vector<float> d = quant<T>(randn((size_t)N * FF));
+    Outs got = run_both("swiglu " + tag, [&] {
+        Dev<T> hh(h, skew), out((size_t)N * FF, skew), dout(d, skew), dh((size_t)N * 2 * FF, skew);
+        Ops<T>::swiglu_fwd(out, hh, N, FF);
+        Ops<T>::swiglu_bwd(dh, dout, hh, N, FF);
+        return Outs{out.floats(), dh.floats()};
+    });
+    std::vector<float> want((size_t)N * FF), dwant((size_t)N * 2 * FF);
+    cpu_swiglu_fwd(want.data(), h.data(), N, FF);
+    cpu_swiglu_bwd(dwant.data(), d.data(), h.data(), N, FF);
+    check("swiglu_fwd " + tag, got[0], want, out_tol<T>({2e-6, 1e-30, 0}));
+    check("swiglu_bwd " + tag, got[1], dwant, out_tol<T>({2e-6, 1e-30, 1e-7}));
+}
+
+template <typename T> void test_sigmoid_gate(size_t n, int skew) {
+    std::string tag = fmt("%s n%zu%s", Ops<T>::name, n, skew ? " unaligned" : "");
+    std::vector<float> x = quant<T>(randn(n)), g = quant<T>(randn(n, 3.0f)), d = quant<T>(randn(n));
+    Outs got = run_both("sigmoid_gate " + tag, [&] {
+        Dev<T> xx(x, skew), gg(g, skew), dd(d, skew), out(n, skew), dx(n, skew), dg(n, skew);
+        Ops<T>::sigmoid_gate_fwd(out, xx, gg, n);
+        Ops<T>::sigmoid_gate_bwd(dx, dg, dd, xx, gg, n);
+        return Outs{out.floats(), dx.floats(), dg.floats()};
+    });
+    std::vector<float> want(n), dxw(n), dgw(n);
+    cpu_sigmoid_gate_fwd(want.data(), x.data(), g.data(), n);
+    cpu_sigmoid_gate_bwd(dxw.data(), dgw.data(), d.data(), x.data(), g.data(), n);
+    Tol tol = out_tol<T>({2e-6, 1e-30, 1e-7});
+    check("sigmoid_gate_fwd " + tag, got[0], want, tol);
+    check("sigmoid_gate_bwd " + tag + " dx", got[1], dxw, tol);
+    check("sigmoid_gate_bwd " + tag + " dg", got[2], dgw, tol);
+}
+
+// bf16 nearest to f (ties to even), from first principles: the two bf16 neighbours of f
+// compared in double. Independent of emu.h's __float2bfloat16_rn.
+static float bf16_nearest(float f) {
+    if (std::isnan(f) || std::isinf(f)) return f;
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    uint32_t lo_bits = u & 0xffff0000u, hi_bits = lo_bits + 0x10000u;
+    float lo, hi;
+    memcpy(&lo, &lo_bits, 4); // f truncated towards zero
+    memcpy(&hi, &hi_bits, 4); // the next bf16 away from zero (may be inf)
+    // Past the largest bf16, IEEE rounds as if the exponent went on: inf stands for 2^128.
+    double hv = std::isinf(hi) ? copysign(0x1p128, f) : hi;
+    double dl = fabs((double)f - lo), dh = fabs(hv - f);
+    if (dl < dh) return lo;
+    if (dh < dl) return hi;
+    return (lo_bits >> 16 & 1) ? hi : lo;
+}
+
+template <typename T> void test_casts(size_t n, int skew) {
+    std::string tag = fmt("%s n%zu%s", Ops<T>::name, n, skew ? " unaligned" : "");
+    std::vector<float> x = randn(n, 10.0f);
+    const float special[] = {1.00390625f,
+                             1.01171875f,
+                             -1.00390625f,
+                             0.0f,
+                             -0.0f,
+                             3.4e38f,
+                             -3.4e38f,
+                             1e-40f,
+                             INFINITY,
+                             -INFINITY,
+                             1.0f + 0x1p-8f + 0x1p-23f};
+    for (size_t i = 0; i < sizeof special / sizeof *special && i < n; i++)
+        x[i] = special[i]; // ties (to even, both ways), zeros, overflow, denormal, infinities
+    Outs got = run_both("cast_from_f32 " + tag, [&] {
+        Dev<float> src(x, skew);
+        Dev<T> dst(n, skew);
+        Ops<T>::cast_from_f32(dst, src, n);
+        Dev<float> host(n, skew);
+        Ops<T>::download_f32(host, dst, n);
+        return Outs{dst.floats(), host.floats()};
+    });
+    std::vector<float> want = x;
+    if (sizeof(T) == 2)
+        for (float &v : want)
+            v = bf16_nearest(v);
+    check("cast_from_f32 " + tag + " (exact)", got[0], want, kExact);
+    check("download_f32 " + tag + " (exact)", got[1], want, kExact);
+}
+
+// ---------------------------------------------------------------- cross-entropy
+
+template <typename T> void test_cross_entropy(int N, int V, float ls, int skew) {
+    std::string tag = fmt("%s N%d V%d ls%g%s", Ops<T>::name, N, V, ls, skew ? " unaligned" : "");
+    std::vector<float> z = randn((size_t)N * V, 3.0f);
+    for (int j = 0; j < V; j++) {
+        if (N > 1) z[(size_t)1 * V + j] = -500.0f + 0.01f * j; // the max grows at every element
+        if (N > 2) z[(size_t)2 * V + j] = 40.0f - 0.01f * j;   // the first is the max
+    }
+    z = quant<T>(z);
+    std::vector<int32_t> t = randi(N, V), m(N);
+    for (int n = 0; n < N; n++)
+        m[n] = n % 4 != 3;
+    t[0] = V - 1; // the last element of a row
+    const float dloss = 0.37f;
+    Outs got = run_both("cross_entropy " + tag, [&] {
+        Dev<T> zz(z, skew), dz((size_t)N * V, skew);
+        Dev<int32_t> tt(N), mm(N);
+        std::copy(t.begin(), t.end(), tt.get());
+        std::copy(m.begin(), m.end(), mm.get());
+        Dev<float> loss(N), lse(N);
+        Ops<T>::cross_entropy_fwd(loss, lse, zz, tt, mm, N, V, ls);
+        Ops<T>::cross_entropy_bwd(dz, zz, lse, tt, mm, N, V, ls, dloss);
+        return Outs{loss.floats(), lse.floats(), dz.floats()};
+    });
+    std::vector<float> loss(N), lse(N), dz((size_t)N * V);
+    cpu_cross_entropy_fwd(loss.data(), lse.data(), z.data(), t.data(), m.data(), N, V, ls);
+    cpu_cross_entropy_bwd(dz.data(), z.data(), lse.data(), t.data(), m.data(), N, V, ls, dloss);
+    check("cross_entropy_fwd " + tag + " loss", got[0], loss, {1e-5, 1e-5, 0});
+    check("  lse", got[1], lse, {1e-6, 1e-6, 0});
+    check("cross_entropy_bwd " + tag, got[2], dz, out_tol<T>({2e-5, 1e-9, 0}));
+}
+
+static void test_loss_mean(int N) {
+    std::vector<float> loss = randn(N, 1.0f, 3.0f);
+    int counted = N - N / 5;
+    Outs got = run_both(fmt("loss_mean_add N%d", N), [&] {
+        Dev<float> l(loss);
+        Dev<double> acc(1);
+        *acc.get() = 0.25;
+        cuda_loss_mean_add(acc, l, N, counted);
+        return Outs{{(float)(*acc.get() - 0.25)}};
+    });
+    double want = 0.25;
+    cpu_loss_mean_add(&want, loss.data(), N, counted);
+    // The double sums differ in order: at most one float rounding apart.
+    check(fmt("loss_mean_add N%d", N), got[0], {(float)(want - 0.25)}, {1.2e-7, 0, 0});
+}
+
+// ---------------------------------------------------------------- optimizer
+
+static void test_sum_squares_scale(size_t n) {
+    std::vector<float> x = randn(n, 2.0f);
+    Outs got = run_both(fmt("sum_squares n%zu", n), [&] {
+        Dev<float> xx(x);
+        Dev<double> out(1);
+        cuda_sum_squares(out, xx, n);
+        double s = *out.get();
+        std::vector<float> bits(2);
+        memcpy(bits.data(), &s, 8);
+        cuda_scale(xx, n, 0.3f);
+        std::vector<float> r = xx.floats();
+        r.insert(r.end(), bits.begin(), bits.end());
+        return Outs{r};
+    });
+    double want;
+    cpu_sum_squares(&want, x.data(), n);
+    double s;
+    memcpy(&s, got[0].data() + n, 8);
+    bool ok = fabs(s - want) <= 1e-13 * want;
+    printf("%-4s %-50s n=%-7zu rel err %.3g (%.17g vs %.17g)\n", ok ? "ok" : "FAIL",
+           fmt("sum_squares n%zu", n).c_str(), n, fabs(s - want) / want, s, want);
+    failures += !ok;
+    std::vector<float> scaled = x;
+    cpu_scale(scaled.data(), n, 0.3f);
+    got[0].resize(n);
+    check(fmt("scale n%zu (exact)", n), got[0], scaled, kExact);
+}
+
+static void test_adamw(size_t n) {
+    std::vector<float> w = randn(n), g = randn(n, 0.1f), m = randn(n, 0.01f), v = randn(n, 1e-3f);
+    for (float &x : v)
+        x = x * x;
+    const double lr = 1e-3, wd = 0.1, b1 = 0.9, b2 = 0.999;
+    const int step = 3;
+    AdamwArgs a;
+    a.decay = (float)(1.0 - lr * wd);
+    a.step_size = (float)(lr / (1.0 - pow(b1, step)));
+    a.bc2_sqrt = (float)sqrt(1.0 - pow(b2, step));
+    a.beta1 = (float)b1;
+    a.beta2 = (float)b2;
+    a.one_minus_beta1 = (float)(1.0 - b1);
+    a.one_minus_beta2 = (float)(1.0 - b2);
+    a.eps = 1e-8f;
+    Outs got = run_both(fmt("adamw n%zu", n), [&] {
+        Dev<float> ww(w), gg(g), mm(m), vv(v);
+        cuda_adamw(ww, gg, mm, vv, n, &a);
+        return Outs{ww.floats(), mm.floats(), vv.floats()};
+    });
+    std::vector<float> wr = w, mr = m, vr = v;
+    cpu_adamw(wr.data(), g.data(), mr.data(), vr.data(), n, &a);
+    // optim.cu spells every operation with _rn intrinsics, promising the CPU's bits (the CPU
+    // is ISO C, compiled without FMA contraction; a C compiler that contracts gets 1 ulp).
+    Tol tol = ASTRAI_CPU_NO_FMA ? kExact : Tol{3e-7, 0, 0};
+    check(fmt("adamw n%zu w%s", n, ASTRAI_CPU_NO_FMA ? " (exact)" : ""), got[0], wr, tol);
+    check("  exp_avg", got[1], mr, tol);
+    check("  exp_avg_sq", got[2], vr, tol);
+}
+
+// engine/backend_open.c's muon_scratch_floats, restated: linking backend_open.o into a CUDA
+// build would pull in the real CUDA context (context.cu), clashing with context_stub.cpp.
+static size_t scratch_floats(int rows, int cols) {
+    size_t r = (size_t)(rows < cols ? rows : cols);
+    size_t n = 2 * (size_t)rows * (size_t)cols + 2 * r * r + 4;
+#ifndef ASTRAI_HAVE_CUDA
+    if (n != muon_scratch_floats(rows, cols)) {
+        printf("FAIL muon: scratch_floats no longer restates muon_scratch_floats\n");
+        failures++;
+    }
+#endif
+    return n;
+}
+
+static void test_muon(int rows, int cols) {
+    const size_t n = (size_t)rows * cols, scratch_n = scratch_floats(rows, cols);
+    std::vector<float> w = randn(n), g = randn(n, 0.1f), buf = randn(n, 0.05f);
+    MuonArgs a;
+    a.rows = rows;
+    a.cols = cols;
+    a.ns_steps = 5;
+    a.momentum = 0.95f;
+    a.one_minus_momentum = (float)(1.0 - 0.95);
+    a.decay = 1.0f; // w' - w is then -adjusted_lr * ortho: compared directly
+    a.adjusted_lr = 0.5f;
+    a.ns_a = 3.4445f;
+    a.ns_b = -4.7750f;
+    a.ns_c = 2.0315f;
+    a.norm_eps = 1e-7f;
+    std::string tag = fmt("muon %dx%d", rows, cols);
+    Outs got = run_both(tag, [&] {
+        Dev<float> ww(w), gg(g), bb(buf), scratch(scratch_n);
+        cuda_muon(ww, gg, bb, scratch, &a);
+        std::vector<float> upd = ww.floats();
+        for (size_t i = 0; i < n; i++)
+            upd[i] -= w[i];
+        return Outs{upd, bb.floats()};
+    });
+    std::vector<float> wr = w, br = buf, scratch(scratch_n);
+    cpu_muon(wr.data(), g.data(), br.data(), scratch.data(), &a);
+    for (size_t i = 0; i < n; i++)
+        wr[i] -= w[i];
+    // The norms add in different orders; Newton-Schulz then carries the last-bit differences.
+    check(tag + " update", got[0], wr, {1e-4, 0, 1e-5});
+    check("  momentum buffer (exact)", got[1], br, kExact);
+}
+
+// ---------------------------------------------------------------- main
+
+template <typename T> void test_dtype() {
+    test_embedding<T>(37, 64, 30, 0);
+    test_embedding<T>(45, 300, 20, 0);
+    test_embedding<T>(20, 30, 10, 0);
+    test_embedding<T>(20, 64, 10, 1);
+
+    test_rmsnorm<T>(13, 3, 64, 3 * 64 + 16, 0); // qk-norm layout: groups with gaps
+    test_rmsnorm<T>(9, 2, 40, 90, 0);           // C % 8 != 0: bf16 scalar path
+    test_rmsnorm<T>(7, 3, 37, 120, 0);
+    test_rmsnorm<T>(6, 2, 32, 64, 0, 1, 0.5f); // eps that counts
+    test_rmsnorm<T>(9, 1, 1000, 1000, 0);
+    test_rmsnorm<T>(300, 4, 64, 256, 0); // many row blocks for dweight
+    // The dweight partials run ~2048 blocks of 256 threads here (kDwTargetBlocks): one
+    // accumulate_dinp each keeps the time down.
+    test_rmsnorm<T>(13, 1, 8192, 8192, 0, 1);
+    test_rmsnorm<T>(50, 2, 4096, 8192, 0, 2); // dweight: several rows a row lane
+    test_rmsnorm<T>(13, 3, 64, 3 * 64 + 16, 1);
+
+    test_rope<T>(5, 3, 64, 3 * 64 + 10, 0);
+    test_rope<T>(4, 2, 6, 13, 0);
+    test_rope<T>(3, 40, 128, 40 * 128, 1);
+
+    test_swiglu<T>(7, 40, 0);
+    test_swiglu<T>(5, 37, 0);
+    test_swiglu<T>(3, 2100, 0);
+    test_swiglu<T>(3, 64, 1);
+    test_sigmoid_gate<T>(1000, 0);
+    test_sigmoid_gate<T>(1001, 0);
+    test_sigmoid_gate<T>(4096, 1);
+    test_casts<T>(1000, 0);
+    test_casts<T>(13, 0);
+    test_casts<T>(64, 1);
+
+    test_cross_entropy<T>(6, 1000, 0.1f, 0);
+    test_cross_entropy<T>(5, 999, 0.0f, 0);
+    test_cross_entropy<T>(4, 5000, 0.2f, 0);
+    test_cross_entropy<T>(3, 7, 0.1f, 0);
+    test_cross_entropy<T>(4, 1024, 0.1f, 1);
+}
+
+int main() {
+    setvbuf(stdout, NULL, _IOLBF, 0); // in order with the emulator's messages on stderr
+    struct timespec t0, t1;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    test_dtype<float>();
+    test_dtype<bf16>();
+    test_loss_mean(1000);
+    test_loss_mean(7);
+    test_sum_squares_scale(1000);
+    test_sum_squares_scale(100001);
+    test_adamw(1000);
+    test_adamw(70001);
+    test_muon(40, 70);
+    test_muon(70, 40);
+    test_muon(33, 33);
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    const emu::Stats &s = emu::stats_now();
+    printf("%llu launches, %llu CUDA threads, %llu fiber switches, %llu block barriers; "
+           "scratch peak %zu bytes; %.1f s\n",
+           s.launches, s.threads, s.switches, s.barriers, emu_scratch_peak,
+           (t1.tv_sec - t0.tv_sec) + 1e-9 * (t1.tv_nsec - t0.tv_nsec));
+    printf("%d failure(s)\n", failures);
+    return failures != 0;
+}
