@@ -49,10 +49,11 @@ import time
 
 import numpy as np
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+# The CPU bench's optimizer settings and schedule: the same training on both benches.
+from bench_train import MAX_GRAD_NORM, MAX_LR, SEED, WEIGHT_DECAY, cosine_lr  # noqa: E402
+
 GIB = 1 << 30
-MAX_LR, WEIGHT_DECAY, MAX_GRAD_NORM = 3e-4, 0.1, 1.0
-WARMUP_RATIO, MIN_RATE = 0.05, 0.01  # astrai-train's cosine defaults
-SEED = 3407
 
 # Untied lm_head (as AstrAI's checkpoints), no qk-norm, no gated attention.
 _COMMON = {"vocab_size": 32000, "rms_norm_eps": 1e-5, "rope_theta": 10000.0,
@@ -124,15 +125,6 @@ def flops_per_token(cfg, window):
             "attention_flops_per_token": attention,
             "flops_per_token": 6 * n["total"] + attention,
             "flops_per_token_excl_embedding": 6 * (n["total"] - n["embedding"]) + attention}
-
-
-def cosine_lr(step, total):
-    """astrai-train's default schedule (DESIGN §8), so both sides step the same lr."""
-    w = int(WARMUP_RATIO * total)
-    if step < w:
-        return MAX_LR * max(MIN_RATE, step / max(w, 1))
-    p = min((step - w) / max(total - w, 1), 1.0)
-    return MAX_LR * max(MIN_RATE, 0.5 * (1 + math.cos(math.pi * p)))
 
 
 def steady_rate(times, tokens_per_step, warmup):

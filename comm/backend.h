@@ -9,9 +9,11 @@ typedef struct {
     int (*reduce_scatter)(Comm *c, const void *send, void *recv, size_t n, DType dt, CommOp op,
                           Err *err);
     int (*all_gather)(Comm *c, const void *send, void *recv, size_t n, DType dt, Err *err);
-    // Asynchrony (NULL: comm_reduce_scatter_start runs reduce_scatter, comm_wait returns).
+    // Asynchrony (NULL: the *_start calls run the blocking ones, join and wait return).
     int (*reduce_scatter_start)(Comm *c, const void *send, void *recv, size_t n, DType dt,
                                 CommOp op, Err *err);
+    int (*all_gather_start)(Comm *c, const void *send, void *recv, size_t n, DType dt, Err *err);
+    int (*join)(Comm *c, Err *err); // NULL: nothing to do
     int (*wait)(Comm *c, Err *err);
     int (*broadcast)(Comm *c, void *buf, size_t bytes, int root, Err *err);
     int (*barrier)(Comm *c, Err *err);

@@ -169,13 +169,28 @@ int comm_wait(Comm *c, Err *err) {
     return c->ops->wait ? finish(c, c->ops->wait(c, err), err) : 0;
 }
 
+static int check_all_gather(Comm *c, const void *send, const void *recv, size_t n, DType dt,
+                            const char *call, Err *err) {
+    return usable(c, err) || check_total(c, n, call, err) ||
+           check_buffer(c, send, n, call, "send", err) ||
+           check_buffer(c, recv, n, call, "recv", err) || check_dtype(c, dt, call, err);
+}
+
 int comm_all_gather(Comm *c, const void *send, void *recv, size_t n, DType dt, Err *err) {
-    const char *call = "all_gather";
-    if (usable(c, err) || check_total(c, n, call, err) ||
-        check_buffer(c, send, n, call, "send", err) ||
-        check_buffer(c, recv, n, call, "recv", err) || check_dtype(c, dt, call, err))
-        return -1;
+    if (check_all_gather(c, send, recv, n, dt, "all_gather", err)) return -1;
     return finish(c, c->ops->all_gather(c, OR_EMPTY(send), OR_EMPTY(recv), n, dt, err), err);
+}
+
+int comm_all_gather_start(Comm *c, const void *send, void *recv, size_t n, DType dt, Err *err) {
+    if (check_all_gather(c, send, recv, n, dt, "all_gather_start", err)) return -1;
+    int (*start)(Comm *, const void *, void *, size_t, DType, Err *) =
+        c->ops->all_gather_start ? c->ops->all_gather_start : c->ops->all_gather;
+    return finish(c, start(c, OR_EMPTY(send), OR_EMPTY(recv), n, dt, err), err);
+}
+
+int comm_join(Comm *c, Err *err) {
+    if (usable(c, err)) return -1;
+    return c->ops->join ? finish(c, c->ops->join(c, err), err) : 0;
 }
 
 int comm_broadcast(Comm *c, void *buf, size_t bytes, int root, Err *err) {

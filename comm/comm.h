@@ -76,6 +76,12 @@ int comm_all_gather(Comm *c, const void *send, void *recv, size_t n, DType dt, E
 // comm_wait. Backends without asynchrony (shm) complete it before returning.
 int comm_reduce_scatter_start(Comm *c, const void *send, void *recv, size_t n, DType dt, CommOp op,
                               Err *err);
+// comm_all_gather without waiting for it, as comm_reduce_scatter_start.
+int comm_all_gather_start(Comm *c, const void *send, void *recv, size_t n, DType dt, Err *err);
+// The compute enqueued from now on (CommConfig.cuda_stream) runs after every collective
+// started so far; the host does not wait (nccl; shm: nothing to do). A later comm_wait
+// still watches them for the timeout.
+int comm_join(Comm *c, Err *err);
 // Waits for every collective started with comm_*_start (deadline: the call timeout).
 int comm_wait(Comm *c, Err *err);
 // bytes from root's buf to every rank's buf.

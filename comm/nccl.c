@@ -66,6 +66,7 @@ typedef struct {
     cudaStream_t stream;  // where the collectives run
     cudaStream_t compute; // the caller's compute stream (CommConfig.cuda_stream)
     cudaEvent_t ready;    // recorded on `compute` before each collective
+    cudaEvent_t done;     // recorded on `stream` for comm_join
     float *scratch;       // one float on the device, for the barrier
 } Nccl;
 
@@ -238,6 +239,25 @@ static int nccl_reduce_scatter_start(Comm *c, const void *send, void *recv, size
     return wait_comm_ready(c, now_ms() + c->timeout_ms, what, err);
 }
 
+static int nccl_all_gather_start(Comm *c, const void *send, void *recv, size_t n, DType dt,
+                                 Err *err) {
+    Nccl *x = c->state;
+    const char *what = "ncclAllGather (overlapped)";
+    if (aborted(c, err) || after_compute(c, what, err)) return -1;
+    ncclResult_t r = x->api.ncclAllGather(send, recv, n, nccl_type(dt), x->comm, x->stream);
+    if (r != ncclSuccess && r != ncclInProgress) return nccl_fail(x, r, what, err);
+    return wait_comm_ready(c, now_ms() + c->timeout_ms, what, err);
+}
+
+// The compute stream waits (on the device) for an event recorded behind our collectives.
+static int nccl_join(Comm *c, Err *err) {
+    Nccl *x = c->state;
+    if (aborted(c, err)) return -1;
+    cudaError_t e = x->api.cudaEventRecord(x->done, x->stream);
+    if (e == cudaSuccess) e = x->api.cudaStreamWaitEvent(x->compute, x->done, 0);
+    return e == cudaSuccess ? 0 : cuda_fail(&x->api, e, "joining the compute stream", err);
+}
+
 static int nccl_wait(Comm *c, Err *err) {
     if (aborted(c, err)) return -1;
     return wait_stream(c, now_ms() + c->timeout_ms, "the overlapped collectives", err);
@@ -279,6 +299,7 @@ static void nccl_destroy(Comm *c) {
     }
     if (x->scratch) x->api.cudaFree(x->scratch);
     if (x->ready) x->api.cudaEventDestroy(x->ready);
+    if (x->done) x->api.cudaEventDestroy(x->done);
     if (x->stream) x->api.cudaStreamDestroy(x->stream);
     free(x);
 }
@@ -288,6 +309,8 @@ static const CommBackend NCCL_OPS = {.device_memory = 1,
                                      .reduce_scatter = nccl_reduce_scatter,
                                      .all_gather = nccl_all_gather,
                                      .reduce_scatter_start = nccl_reduce_scatter_start,
+                                     .all_gather_start = nccl_all_gather_start,
+                                     .join = nccl_join,
                                      .wait = nccl_wait,
                                      .broadcast = nccl_broadcast,
                                      .barrier = nccl_barrier,
@@ -303,7 +326,8 @@ static int open_device(Nccl *x, int device, void *compute_stream, Err *err) {
     if ((e = a->cudaSetDevice(device))) return cuda_fail(a, e, "cudaSetDevice", err);
     if ((e = a->cudaStreamCreateWithFlags(&x->stream, cudaStreamNonBlocking)))
         return cuda_fail(a, e, "cudaStreamCreateWithFlags", err);
-    if ((e = a->cudaEventCreateWithFlags(&x->ready, cudaEventDisableTiming)))
+    if ((e = a->cudaEventCreateWithFlags(&x->ready, cudaEventDisableTiming)) ||
+        (e = a->cudaEventCreateWithFlags(&x->done, cudaEventDisableTiming)))
         return cuda_fail(a, e, "cudaEventCreateWithFlags", err);
     x->compute = (cudaStream_t)compute_stream;
     if ((e = a->cudaMalloc((void **)&x->scratch, sizeof(float))))

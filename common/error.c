@@ -15,14 +15,14 @@ int err_set(Err *err, const char *fmt, ...) {
 }
 
 int err_resource(Err *err, const char *fmt, ...) {
-    if (err) {
-        va_list ap;
-        va_start(ap, fmt);
-        vsnprintf(err->msg, sizeof err->msg, fmt, ap);
-        va_end(ap);
-        err->resource = 1;
-    }
-    return -1;
+    if (!err) return -1;
+    char msg[ERR_MSG_MAX];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    err->resource = 1;
+    return err_set(err, "%s", msg);
 }
 
 int err_prefix(Err *err, const char *fmt, ...) {

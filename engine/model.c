@@ -461,6 +461,30 @@ void model_read_stats(Model *m, double out[2]) {
     m->be->zero(m->stats, sizeof(double));
 }
 
+// One past block l's last parameter index (block parameters are contiguous).
+static int layer_params_end(const Model *m, int l) {
+    const ModelActs *a = m->acts;
+    return l + 1 < m->cfg.num_hidden_layers ? a->layer[l + 1].q_proj : a->norm;
+}
+
+int model_grad_ranges(const Model *m, int (*ranges)[2]) {
+    const ModelActs *a = m->acts;
+    int n = 0;
+    ranges[n][0] = a->norm, ranges[n++][1] = m->n_params;
+    for (int l = m->cfg.num_hidden_layers - 1; l >= 0; l--)
+        ranges[n][0] = a->layer[l].q_proj, ranges[n++][1] = layer_params_end(m, l);
+    ranges[n][0] = a->embed, ranges[n++][1] = a->embed + 1;
+    return n;
+}
+
+static void grads_ready(const Model *m, int first, int end) {
+    if (m->grads_ready) m->grads_ready(m->hook_ctx, first, end);
+}
+
+static void weights_needed(const Model *m, int first, int end) {
+    if (m->weights_needed) m->weights_needed(m->hook_ctx, first, end);
+}
+
 // ---------------------------------------------------------------- forward
 
 // by_id: the token indices stably sorted by id (counting sort over the vocabulary).
@@ -626,9 +650,13 @@ int model_forward_accumulate(Model *m, const int32_t *inputs, const int32_t *tar
     if (counted < 0) return -1;
     a->B = B;
     a->T = T;
+    weights_needed(m, a->embed, a->embed + 1);
     be->embedding_fwd(a->res, a->inputs, weight(m, a->embed), N, C);
-    for (int l = 0; l < L; l++)
+    for (int l = 0; l < L; l++) {
+        weights_needed(m, a->layer[l].q_proj, layer_params_end(m, l));
         layer_forward(m, l, slot_of_layer(m, l));
+    }
+    weights_needed(m, a->norm, m->n_params);
     be->rmsnorm_fwd(a->lnf, a->rstdf, at(m, a->res, (size_t)L * N * C), weight(m, a->norm), N, 1, C,
                     C, c->rms_norm_eps);
     be->matmul_fwd(a->logits, a->lnf, weight(m, a->lm_head), N, C, V, 0);
@@ -708,26 +736,6 @@ static void layer_backward(Model *m, int l, int s) {
                    have_dln);
     be->rmsnorm_bwd(a->dres, grad(m, p->input_norm), a->dln, res, weight(m, p->input_norm), x.rstd1,
                     N, 1, C, C, 1);
-}
-
-// One past block l's last parameter index (block parameters are contiguous).
-static int layer_params_end(const Model *m, int l) {
-    const ModelActs *a = m->acts;
-    return l + 1 < m->cfg.num_hidden_layers ? a->layer[l + 1].q_proj : a->norm;
-}
-
-int model_grad_ranges(const Model *m, int (*ranges)[2]) {
-    const ModelActs *a = m->acts;
-    int n = 0;
-    ranges[n][0] = a->norm, ranges[n++][1] = m->n_params;
-    for (int l = m->cfg.num_hidden_layers - 1; l >= 0; l--)
-        ranges[n][0] = a->layer[l].q_proj, ranges[n++][1] = layer_params_end(m, l);
-    ranges[n][0] = a->embed, ranges[n++][1] = a->embed + 1;
-    return n;
-}
-
-static void grads_ready(const Model *m, int first, int end) {
-    if (m->grads_ready) m->grads_ready(m->grads_ready_ctx, first, end);
 }
 
 void model_backward(Model *m, float loss_scale) {

@@ -57,12 +57,15 @@ typedef struct {
     float *grads;            // (num_floats,) fp32, accumulated by model_backward
     double *stats;           // (2,) backend: [0] sum of forward losses, [1] squared grad norm
     bool grad_checkpointing; // keep only each block's input; recompute the block in backward
-    // Called by model_backward each time gradients become final, in this order: the head
-    // (final norm, untied lm_head), block L-1, ..., block 0, the embedding; each call names
-    // the parameter indices [first, end) it completes (the ranges tile the table). NULL: none.
-    // Lets an executor start reducing those gradients while backward goes on.
+    // Executor hooks (NULL: none), both given hook_ctx and a range [first, end) of parameter
+    // indices. The ranges are the head (final norm, untied lm_head), each block, and the
+    // embedding; they tile the table. weights_needed: forward is about to read those
+    // weights (embedding, block 0, ..., block L-1, head): lets an executor gather them just
+    // in time. grads_ready: backward has finished those gradients (head, block L-1, ...,
+    // block 0, embedding): lets an executor start reducing them while backward goes on.
+    void (*weights_needed)(void *ctx, int first, int end);
     void (*grads_ready)(void *ctx, int first, int end);
-    void *grads_ready_ctx;
+    void *hook_ctx;
     ModelActs *acts; // sized for the largest (B,T) seen so far
 } Model;
 

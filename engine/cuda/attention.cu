@@ -444,6 +444,33 @@ __device__ __forceinline__ void load_b_kmajor(uint32_t b[4], const bf16 *tile, i
                       tile + (k0 + (lane & 7) + ((lane >> 3) & 1) * 8) * ld + n0 + (lane >> 4) * 8);
 }
 
+// Two products over the same k = 0..D, as both backward kernels need them: for this warp's 16
+// rows from row0, c1 (16 x 8NT) += A1 B1^T and c2 += A2 B2^T; A1, A2 row-major, B1, B2
+// n-major (NT*8 rows along k), every tile of pitch ld.
+template <int D, int NT>
+__device__ __forceinline__ void mma_pair_nmajor(float c1[NT][4], float c2[NT][4], const bf16 *A1,
+                                                const bf16 *A2, const bf16 *B1, const bf16 *B2,
+                                                int ld, int row0) {
+#pragma unroll
+    for (int kk = 0; kk < D / 16; kk += 2) {
+        uint32_t a1[2][4], a2[2][4];
+        load_a(a1[0], A1, ld, row0, kk * 16);
+        load_a(a1[1], A1, ld, row0, kk * 16 + 16);
+        load_a(a2[0], A2, ld, row0, kk * 16);
+        load_a(a2[1], A2, ld, row0, kk * 16 + 16);
+#pragma unroll
+        for (int nt = 0; nt < NT; nt++) {
+            uint32_t bf[4];
+            load_b_nmajor(bf, B1, ld, nt * 8, kk * 16);
+            mma_bf16(c1[nt], a1[0], bf);
+            mma_bf16(c1[nt], a1[1], bf + 2);
+            load_b_nmajor(bf, B2, ld, nt * 8, kk * 16);
+            mma_bf16(c2[nt], a2[0], bf);
+            mma_bf16(c2[nt], a2[1], bf + 2);
+        }
+    }
+}
+
 // The A fragment (16 rows x 16 k) made of accumulator n-tiles c[2kk], c[2kk+1] (see above).
 __device__ __forceinline__ void a_from_acc(uint32_t a[4], const float c0[4], const float c1[4]) {
     a[0] = pack_bf16x2(c0[0], c0[1]);
@@ -715,24 +742,7 @@ __global__ void __launch_bounds__(kMmaThreads)
         const bf16 *Kt = KVs + stage * 2 * BK * LD, *Vt = Kt + BK * LD;
 
         float s[BK / 8][4] = {}, dp[BK / 8][4] = {};
-#pragma unroll
-        for (int kk = 0; kk < D / 16; kk += 2) {
-            uint32_t qa0[4], qa1[4], oa0[4], oa1[4];
-            load_a(qa0, Qs, LD, warp * 16, kk * 16);
-            load_a(qa1, Qs, LD, warp * 16, kk * 16 + 16);
-            load_a(oa0, dOs, LD, warp * 16, kk * 16);
-            load_a(oa1, dOs, LD, warp * 16, kk * 16 + 16);
-#pragma unroll
-            for (int nt = 0; nt < BK / 8; nt++) {
-                uint32_t bf[4];
-                load_b_nmajor(bf, Kt, LD, nt * 8, kk * 16);
-                mma_bf16(s[nt], qa0, bf);
-                mma_bf16(s[nt], qa1, bf + 2);
-                load_b_nmajor(bf, Vt, LD, nt * 8, kk * 16);
-                mma_bf16(dp[nt], oa0, bf);
-                mma_bf16(dp[nt], oa1, bf + 2);
-            }
-        }
+        mma_pair_nmajor<D, BK / 8>(s, dp, Qs, dOs, Kt, Vt, LD, warp * 16); // S = Q K^T, dP = dO V^T
 
         const int j0 = kt * BK;
 #pragma unroll
@@ -848,24 +858,7 @@ __global__ void __launch_bounds__(kMmaThreads)
         const int *r_ds = (const int *)(r_delta + BQ);
 
         float st[BQ / 8][4] = {}, dpt[BQ / 8][4] = {}; // n-tile nt: queries 8nt..8nt+7
-#pragma unroll
-        for (int kk = 0; kk < D / 16; kk += 2) {
-            uint32_t ka0[4], ka1[4], va0[4], va1[4];
-            load_a(ka0, Ks, LD, warp * 16, kk * 16);
-            load_a(ka1, Ks, LD, warp * 16, kk * 16 + 16);
-            load_a(va0, Vs, LD, warp * 16, kk * 16);
-            load_a(va1, Vs, LD, warp * 16, kk * 16 + 16);
-#pragma unroll
-            for (int nt = 0; nt < BQ / 8; nt++) {
-                uint32_t bf[4];
-                load_b_nmajor(bf, Qt, LD, nt * 8, kk * 16);
-                mma_bf16(st[nt], ka0, bf);
-                mma_bf16(st[nt], ka1, bf + 2);
-                load_b_nmajor(bf, dOt, LD, nt * 8, kk * 16);
-                mma_bf16(dpt[nt], va0, bf);
-                mma_bf16(dpt[nt], va1, bf + 2);
-            }
-        }
+        mma_pair_nmajor<D, BQ / 8>(st, dpt, Ks, Vs, Qt, dOt, LD, warp * 16); // S^T, dP^T
 
         // Element e of n-tile nt: key row x = e/2, query column 8nt + 2t + e%2.
 #pragma unroll

@@ -225,13 +225,47 @@ static void take_own(const Executor *x, const Model *m, const float *full, float
                         m->params[i].numel * sizeof(float));
 }
 
-// ---------------------------------------------------------------- gradient buckets
+// ---------------------------------------------------------------- buckets of a micro-step
+
+// A bucket's staging in the exchange buffer of the micro-step in flight.
+static void *staging_of(const Executor *x, const Bucket *b, size_t esize) {
+    return (char *)x->pending + (size_t)x->world * b->base * esize;
+}
+
+// Records the first failure of a hook (hooks cannot return one); end_micro reports it.
+static void hook_failed(Executor *x, int rc) {
+    if (rc) x->async_failed = 1;
+}
+
+// fsdp, forward: starts gathering bucket `b`'s weights (compute dtype) from every rank.
+static int start_gather(Executor *x, int b) {
+    const Bucket *k = &x->buckets[b];
+    size_t esize = dtype_size(x->be->dtype);
+    const char *mine = x->stage ? x->stage : (const char *)x->shard.master;
+    return comm_all_gather_start(x->comm, mine + k->base * esize, staging_of(x, k, esize), k->size,
+                                 x->be->dtype, &x->async_err);
+}
+
+// Model hook (fsdp): forward is about to read [first, end). Every bucket it reaches is made
+// ready: the compute waits (on the device) for its gather, copies it into the model's
+// weights, and the next bucket's gather starts, to run while this one computes.
+static void on_weights_needed(void *ctx, int first, int end) {
+    (void)end;
+    Executor *x = ctx;
+    size_t esize = dtype_size(x->be->dtype);
+    while (!x->async_failed && x->needed >= 0 && first >= x->buckets[x->needed].first) {
+        const Bucket *k = &x->buckets[x->needed--];
+        hook_failed(x, comm_join(x->comm, &x->async_err));
+        from_staging(x, x->model, k, staging_of(x, k, esize), x->model->weights, esize);
+        if (x->needed >= 0) hook_failed(x, start_gather(x, x->needed));
+    }
+}
 
 // Starts the averaging reduce-scatter of bucket `launched` into the owners' regions.
-static int launch_bucket(Executor *x, const Model *m, Err *err) {
+static int start_reduce(Executor *x, Err *err) {
     const Bucket *b = &x->buckets[x->launched++];
-    void *staging = (char *)x->pending + (size_t)x->world * b->base * sizeof(float);
-    to_staging(x, m, b, m->grads, staging, sizeof(float));
+    void *staging = staging_of(x, b, sizeof(float));
+    to_staging(x, x->model, b, x->model->grads, staging, sizeof(float));
     return comm_reduce_scatter_start(x->comm, staging, x->shard.grads + b->base, b->size, DT_F32,
                                      COMM_AVG, err);
 }
@@ -241,29 +275,39 @@ static void on_grads_ready(void *ctx, int first, int end) {
     (void)end;
     Executor *x = ctx;
     while (!x->async_failed && x->launched < x->n_buckets && first <= x->buckets[x->launched].first)
-        if (launch_bucket(x, x->model, &x->async_err)) x->async_failed = 1;
+        hook_failed(x, start_reduce(x, &x->async_err));
 }
 
-// Before the backward of a sync micro-step: the exchange buffer for its buckets, and the
-// hook. The padding of the staging is never written by gradients; a bf16 weight gather
-// through ddp's persistent buffer leaves other bytes there, so it is cleared first.
-static int arm_buckets(Executor *x, Model *m, Err *err) {
+// Before a micro-step: the exchange buffer and the hooks. fsdp gathers its weights bucket by
+// bucket as forward reaches them (the first one starts here); a sync micro-step reduces its
+// gradients bucket by bucket as backward finishes them. The padding of the staging is
+// never written by gradients; a bf16 weight gather through ddp's persistent buffer leaves
+// other bytes there, so it is cleared first.
+static int arm(Executor *x, Model *m, bool sync, Err *err) {
+    bool gather = x->mode == EXEC_FSDP;
+    if (!gather && !sync) return 0;
     if (!(x->pending = regions_acquire(x, err))) return -1;
-    if (x->stage && x->pending == x->regions) x->be->zero(x->regions, regions_bytes(x));
-    x->launched = 0;
-    x->async_failed = 0;
+    if (sync && x->stage && x->pending == x->regions) x->be->zero(x->regions, regions_bytes(x));
     x->model = m;
-    m->grads_ready = on_grads_ready;
-    m->grads_ready_ctx = x;
-    return 0;
+    x->async_failed = 0;
+    x->launched = sync ? 0 : x->n_buckets;
+    x->needed = gather ? x->n_buckets - 1 : -1; // forward needs the buckets last to first
+    m->hook_ctx = x;
+    m->grads_ready = sync ? on_grads_ready : NULL;
+    m->weights_needed = gather ? on_weights_needed : NULL;
+    if (!gather) return 0;
+    if (x->stage) x->be->cast_from_f32(x->stage, x->shard.master, x->region);
+    return start_gather(x, x->needed) ? err_set(err, "%s", x->async_err.msg) : 0;
 }
 
-// After the backward of a sync micro-step: the buckets backward did not start (a batch
-// without counted tokens runs no backward), then the wait for all of them.
-static int finish_buckets(Executor *x, Model *m, Err *err) {
+// After a micro-step's backward: the reductions backward did not start (a batch without
+// counted tokens runs no backward), then the wait for every collective of the micro-step.
+static int disarm(Executor *x, Model *m, Err *err) {
+    if (!x->pending) return 0;
     m->grads_ready = NULL;
+    m->weights_needed = NULL;
     while (!x->async_failed && x->launched < x->n_buckets)
-        if (launch_bucket(x, m, &x->async_err)) x->async_failed = 1;
+        hook_failed(x, start_reduce(x, &x->async_err));
     int rc = x->async_failed ? err_set(err, "%s", x->async_err.msg) : comm_wait(x->comm, err);
     regions_release(x, x->pending);
     x->pending = NULL;
@@ -274,19 +318,15 @@ static int finish_buckets(Executor *x, Model *m, Err *err) {
 
 int executor_begin_micro(Executor *x, Model *m, bool sync, Err *err) {
     if (x->mode == EXEC_NONE) return 0;
-    if (x->mode == EXEC_FSDP &&
-        (model_acquire(m, MODEL_WEIGHTS | MODEL_GRADS, err) || gather_weights(x, m, err)))
-        return -1;
-    return sync ? arm_buckets(x, m, err) : 0;
+    if (x->mode == EXEC_FSDP && model_acquire(m, MODEL_WEIGHTS | MODEL_GRADS, err)) return -1;
+    return arm(x, m, sync, err);
 }
 
 int executor_end_micro(Executor *x, Model *m, bool sync, Err *err) {
     if (x->mode == EXEC_NONE) return 0;
-    if (x->mode == EXEC_FSDP) model_release(m, MODEL_WEIGHTS);
-    if (!sync) return 0;
-    if (finish_buckets(x, m, err)) return -1;
-    if (x->mode == EXEC_FSDP) model_release(m, MODEL_GRADS);
-    return 0;
+    int rc = disarm(x, m, err);
+    if (x->mode == EXEC_FSDP) model_release(m, sync ? MODEL_WEIGHTS | MODEL_GRADS : MODEL_WEIGHTS);
+    return rc;
 }
 
 int executor_after_step(Executor *x, Model *m, Err *err) {

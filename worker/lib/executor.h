@@ -55,11 +55,12 @@ typedef struct {
     int transient;      // MODEL_* buffers executor_gather_weights acquired for a checkpoint
     Bucket *buckets;    // n_buckets, in the order backward completes them
     int n_buckets;
-    // the sync micro-step in flight
-    int launched;     // buckets started
-    void *pending;    // their exchange buffer
-    Model *model;     // whose gradients they reduce
-    int async_failed; // a start failed: async_err says why
+    // the micro-step in flight
+    void *pending;    // the exchange buffer of its collectives
+    Model *model;     // whose weights and gradients they move
+    int needed;       // fsdp: the bucket forward needs next (counting down), -1: all ready
+    int launched;     // gradient buckets started
+    int async_failed; // a collective failed to start in a hook: async_err says why
     Err async_err;
 } Executor;
 
@@ -72,13 +73,15 @@ void executor_free(Executor *x);
 // What the optimizer steps: the whole model (none), or this rank's shard.
 ParamView executor_view(const Executor *x, const Model *m);
 
-// Before a micro-step's forward: fsdp gathers the full weights (and allocates the
-// gradient buffer at the start of an accumulation window). On a sync micro-step (the last
-// of an accumulation window) the buckets are armed: backward starts averaging each one
-// over ranks (reduce-scatter into the owners' regions) as soon as it is final.
+// Before a micro-step's forward: fsdp allocates the full weights (and the gradient buffer
+// at the start of an accumulation window) and gathers the weights bucket by bucket as
+// forward reaches them, the next bucket's gather running while one computes. On a sync
+// micro-step (the last of an accumulation window) backward starts averaging each gradient
+// bucket over ranks (reduce-scatter into the owners' regions) as soon as it is final.
 int executor_begin_micro(Executor *x, Model *m, bool sync, Err *err);
-// After a micro-step's backward: fsdp frees the full weights; on a sync micro-step
-// the remaining buckets start and all are waited for (fsdp then frees the full gradients).
+// After a micro-step's backward: the micro-step's collectives are waited for (on a sync
+// micro-step after starting the buckets backward did not); fsdp frees the full weights
+// (and on a sync micro-step the full gradients).
 int executor_end_micro(Executor *x, Model *m, bool sync, Err *err);
 
 // After the optimizer stepped the view's master weights: the compute weights follow
