@@ -131,6 +131,25 @@ static void test_collectives(Comm *c, DType dt) {
     CHECK_MSG(comm_all_gather(c, buf, recv, n, dt, &err) == 0, "%s", err.msg);
     CHECK(same_as(recv, want, bytes, "all_gather", dtype_name(dt)));
     gpu->free(recv);
+
+    // The overlapped forms: started, then the compute stream joined behind them (a device
+    // copy reads the result without any host wait), then waited for.
+    recv = dev_poisoned(bytes);
+    void *copy = dev_poisoned(bytes);
+    CHECK_MSG(comm_reduce_scatter_start(c, buf, recv, n, dt, COMM_AVG, &err) == 0, "%s", err.msg);
+    CHECK_MSG(comm_join(c, &err) == 0, "%s", err.msg);
+    gpu->copy(copy, recv, bytes);
+    CHECK_MSG(comm_wait(c, &err) == 0, "%s", err.msg);
+    CHECK(same_as(copy, want, bytes, "reduce_scatter_start + join", dtype_name(dt)));
+    gpu->free(recv);
+    recv = dev_poisoned(bytes);
+    CHECK_MSG(comm_all_gather_start(c, buf, recv, n, dt, &err) == 0, "%s", err.msg);
+    CHECK_MSG(comm_join(c, &err) == 0, "%s", err.msg);
+    gpu->copy(copy, recv, bytes);
+    CHECK_MSG(comm_wait(c, &err) == 0, "%s", err.msg);
+    CHECK(same_as(copy, want, bytes, "all_gather_start + join", dtype_name(dt)));
+    gpu->free(recv);
+    gpu->free(copy);
     gpu->free(buf);
     free(f);
     free(b);

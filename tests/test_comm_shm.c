@@ -552,6 +552,14 @@ static void test_bad_arguments(void) {
     CHECK_MSG(strstr(err.msg, "reduce_scatter: op 7 is not COMM_SUM or COMM_AVG"), "%s", err.msg);
     comm_destroy(c);
 
+    // The overlapped forms complete at once on shm; join and wait have nothing to do.
+    CHECK(comm_create(&c, &cfg, &err) == 0);
+    float z[4] = {0};
+    CHECK(comm_reduce_scatter_start(c, x, z, 4, DT_F32, COMM_SUM, &err) == 0 && z[2] == x[2]);
+    CHECK(comm_all_gather_start(c, x, y, 4, DT_F32, &err) == 0 && y[3] == x[3]);
+    CHECK(comm_join(c, &err) == 0 && comm_wait(c, &err) == 0);
+    comm_destroy(c);
+
     // CPU ranks reduce fp32: a bf16 reduction is refused, naming the dtype.
     CHECK(comm_create(&c, &cfg, &err) == 0);
     CHECK(comm_all_reduce(c, x, 4, DT_BF16, COMM_SUM, &err) == -1);
