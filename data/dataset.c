@@ -334,6 +334,18 @@ int dataset_check_vocab(const Dataset *d, int vocab_size, Err *err) {
     return 0;
 }
 
+int dataset_check_positions(const Dataset *d, int max_positions, Err *err) {
+    for (int64_t t = 0; d->position_ids && t < d->n_tokens; t++) {
+        int32_t id = d->position_ids[t];
+        if (id < 0 || id >= max_positions)
+            return err_set(err,
+                           "dataset: key 'position_ids': value %" PRId32 " at token %" PRId64
+                           " is outside [0, max_position_embeddings %d)",
+                           id, t, max_positions);
+    }
+    return 0;
+}
+
 int64_t dataset_num_windows(int64_t n_tokens, int64_t window, int64_t stride) {
     if (window <= 0 || stride <= 0 || n_tokens <= window) return 0;
     return (n_tokens - 1 - window) / stride + 1;

@@ -25,6 +25,10 @@ void dataset_close(Dataset *d);
 // Fails naming the first token id >= vocab_size (or < 0) and its position.
 int dataset_check_vocab(const Dataset *d, int vocab_size, Err *err);
 
+// Fails naming the first position id >= max_positions (or < 0), its value and token index
+// (position_ids only; a no-op when they are not loaded).
+int dataset_check_positions(const Dataset *d, int max_positions, Err *err);
+
 // n = (T-1-w)//stride + 1 if T > w else 0
 int64_t dataset_num_windows(int64_t n_tokens, int64_t window, int64_t stride);
 

@@ -37,13 +37,15 @@ typedef struct {
     float decay, step_size, bc2_sqrt, beta1, beta2, one_minus_beta1, one_minus_beta2, eps;
 } AdamwArgs;
 
-// One Muon update of a (rows, cols) weight (torch.optim.Muon, nesterov):
-// buf = lerp(buf, g, 1-momentum); u = lerp(g, buf, momentum); x = u (transposed when
-// rows > cols, so x is (r, c) with r <= c); x /= max(||x||_F, 1e-7); ns_steps times:
+// One Muon update of a (rows, cols) weight (torch.optim.Muon):
+// buf = lerp(buf, g, 1-momentum); u = lerp(g, buf, momentum) (nesterov) or buf; x = u
+// (transposed when rows > cols, so x is (r, c) with r <= c); x /= max(||x||_F, 1e-7); ns_steps
+// times:
 // A = x x^T, B = ns_b*A + ns_c*A@A, x = ns_a*x + B@x; then w = w*decay - adjusted_lr*x
 // (transposed back).
 typedef struct {
     int rows, cols, ns_steps;
+    int nesterov; // 0: u = buf (plain momentum)
     float momentum, one_minus_momentum, decay, adjusted_lr, ns_a, ns_b, ns_c, norm_eps;
 } MuonArgs;
 

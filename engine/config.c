@@ -115,6 +115,10 @@ static int config_from_json(ModelConfig *cfg, const cJSON *root, const char *sou
         config_bool(root, "use_gated_attention", source, &cfg->use_gated_attention, err))
         return -1;
     cfg->rms_norm_eps = (float)eps;
+    const cJSON *alpha = config_key(root, "neftune_alpha");
+    if (alpha && !(cJSON_IsNumber(alpha) && alpha->valuedouble >= 0))
+        return err_set(err, "%s: key 'neftune_alpha' must be a non-negative number", source);
+    cfg->neftune_alpha = alpha ? alpha->valuedouble : 0.0;
     return config_check_shapes(cfg, source, err);
 }
 
@@ -151,6 +155,7 @@ char *model_config_to_json(const ModelConfig *cfg) {
     cJSON *root = cJSON_CreateObject();
     if (!root) return NULL;
     cJSON_AddStringToObject(root, "model_type", "autoregressive_lm");
+    cJSON_AddNumberToObject(root, "neftune_alpha", cfg->neftune_alpha);
     cJSON_AddNumberToObject(root, "vocab_size", cfg->vocab_size);
     cJSON_AddNumberToObject(root, "hidden_size", cfg->hidden_size);
     cJSON_AddNumberToObject(root, "num_hidden_layers", cfg->num_hidden_layers);
@@ -165,7 +170,15 @@ char *model_config_to_json(const ModelConfig *cfg) {
     cJSON_AddNumberToObject(root, "num_key_value_heads", cfg->num_key_value_heads);
     cJSON_AddBoolToObject(root, "use_qk_norm", cfg->use_qk_norm);
     cJSON_AddBoolToObject(root, "use_gated_attention", cfg->use_gated_attention);
+    // MLA and MoE are not supported (attn_type gqa, ffn_type mlp): AstrAI writes them as null.
+    cJSON_AddNullToObject(root, "kv_lora_rank");
+    cJSON_AddNullToObject(root, "qk_nope_head_dim");
+    cJSON_AddNullToObject(root, "qk_rope_head_dim");
     cJSON_AddStringToObject(root, "ffn_type", "mlp");
+    cJSON_AddNullToObject(root, "n_routed_experts");
+    cJSON_AddNullToObject(root, "n_shared_experts");
+    cJSON_AddNullToObject(root, "n_activated_experts");
+    cJSON_AddNullToObject(root, "topk_method");
     char *text = cJSON_Print(root);
     cJSON_Delete(root);
     return text;

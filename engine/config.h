@@ -17,6 +17,7 @@ typedef struct {
     bool tie_word_embeddings;
     bool use_qk_norm;
     bool use_gated_attention;
+    double neftune_alpha; // AstrAI's NEFTune noise scale as config.json records it (0: off)
     // derived
     int head_dim; // hidden_size / num_attention_heads
 } ModelConfig;
@@ -28,5 +29,6 @@ int model_config_load(ModelConfig *cfg, const char *path, Err *err);
 // Same, from JSON text; `source` names the origin in messages.
 int model_config_parse(ModelConfig *cfg, const char *json, const char *source, Err *err);
 
-// Serialises to config.json text with AstrAI's key names (malloc'd, caller frees).
+// Serialises to config.json text with every key AstrAI's AutoRegressiveLMConfig.to_dict()
+// writes, in its order (the MLA and MoE keys as null), malloc'd, caller frees.
 char *model_config_to_json(const ModelConfig *cfg);

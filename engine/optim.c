@@ -99,7 +99,8 @@ int optim_create(Optimizer *o, OptimizerKind kind, const ParamView *v, float wei
                      .beta2 = ADAMW_BETA2,
                      .eps = ADAMW_EPS,
                      .momentum = MUON_MOMENTUM,
-                     .ns_steps = MUON_NS_STEPS};
+                     .ns_steps = MUON_NS_STEPS,
+                     .nesterov = true};
     if (kind != OPT_ADAMW && kind != OPT_MUON)
         return err_set(err, "optimizer: unknown kind %d", (int)kind);
     if (check_param_table(v, err)) return -1;
@@ -142,17 +143,21 @@ static AdamwArgs adamw_args(const Optimizer *o, float lr, float weight_decay) {
                        .eps = o->eps};
 }
 
-// torch.optim.Muon's scalars (nesterov, adjust_lr_fn "match_rms_adamw") for one weight.
+// torch.optim.Muon's scalars for one weight. adjust_lr_fn: "match_rms_adamw" scales lr by
+// 0.2*sqrt(max(A, B)), "original" by sqrt(max(1, A/B)) (A, B = rows, cols).
 static MuonArgs muon_args(const Optimizer *o, const ParamSpec *p, float lr) {
     int rows = (int)p->shape[0], cols = (int)p->shape[1];
     double longer = rows > cols ? rows : cols;
+    double ratio =
+        o->adjust_lr_original ? sqrt(fmax(1.0, (double)rows / (double)cols)) : 0.2 * sqrt(longer);
     return (MuonArgs){.rows = rows,
                       .cols = cols,
                       .ns_steps = o->ns_steps,
+                      .nesterov = o->nesterov,
                       .momentum = o->momentum,
                       .one_minus_momentum = (float)(1.0 - (double)o->momentum),
                       .decay = (float)(1.0 - (double)lr * o->weight_decay), // unadjusted lr
-                      .adjusted_lr = (float)((double)lr * 0.2 * sqrt(longer)),
+                      .adjusted_lr = (float)((double)lr * ratio),
                       .ns_a = MUON_NS_A,
                       .ns_b = MUON_NS_B,
                       .ns_c = MUON_NS_C,

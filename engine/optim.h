@@ -3,11 +3,13 @@
 //
 // adamw: torch.optim.AdamW on every parameter (betas 0.9/0.95, eps 1e-8, bias
 //        correction, decoupled weight decay `weight_decay`).
-// muon:  AstrAI's MuonMix: torch.optim.Muon (momentum 0.95 Nesterov, 5
-//        Newton-Schulz steps, adjust_lr "match_rms_adamw", decoupled weight decay
+// muon:  AstrAI's MuonMix: torch.optim.Muon (defaults momentum 0.95 Nesterov, 5
+//        Newton-Schulz steps, adjust_lr "match_rms_adamw"; the fields below change
+//        them after optim_create: --muon_* flags), decoupled weight decay
 //        `weight_decay`) for 2-D weights whose names contain none of
 //        norm/bias/embed/lm_head; AdamW (wd 0) for the rest.
 #pragma once
+#include <stdbool.h>
 #include <stddef.h>
 
 #include "common/error.h"
@@ -23,6 +25,8 @@ typedef struct {
     float beta1, beta2, eps; // AdamW part
     float momentum;          // Muon
     int ns_steps;            // Muon
+    bool nesterov;           // Muon: Nesterov momentum (else plain: the update is the buffer)
+    bool adjust_lr_original; // Muon adjust_lr_fn: "original" (else "match_rms_adamw")
     long step;               // optimizer steps taken (AdamW bias correction)
     float *exp_avg;          // (num_floats,) AdamW first moment (0 where Muon owns it)
     float *exp_avg_sq;       // (num_floats,) AdamW second moment

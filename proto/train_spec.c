@@ -10,6 +10,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
+#include <yaml.h>
 
 typedef enum { KEY_STR, KEY_INT, KEY_FLOAT, KEY_BOOL } KeyType;
 
@@ -21,6 +23,7 @@ typedef struct {
     double min, max;     // numeric range (inclusive)
     const char *choices; // "a|b|c" for enumerated strings, NULL for free text
     const char *help;
+    const char *group; // --help section and AstrAI YAML section
 } KeyDef;
 
 #define F(field) offsetof(TrainSpec, field)
@@ -28,45 +31,73 @@ typedef struct {
 
 // clang-format off
 static const KeyDef KEYS[] = {
-    {"train_type", KEY_STR, F(train_type), "", 0, 0, "seq|sft", "training type (required)"},
-    {"param_path", KEY_STR, F(param_path), "", 0, 0, NULL, "model or checkpoint directory (required)"},
-    {"data_root_path", KEY_STR, F(data_root_path), "", 0, 0, NULL, "bin dataset root (required)"},
-    {"resume", KEY_BOOL, F(resume), "false", 0, 0, NULL, "continue from the checkpoint in param_path, else the latest in ckpt_dir"},
-    {"n_epoch", KEY_INT, F(n_epoch), "1", 1, 1e9, NULL, "number of epochs"},
-    {"batch_per_device", KEY_INT, F(batch_per_device), "1", 1, 65536, NULL, "micro-batch size per rank"},
-    {"grad_accum_steps", KEY_INT, F(grad_accum_steps), "1", 1, 1e6, NULL, "micro-steps per optimizer step"},
-    {"window_size", KEY_INT, F(window_size), "0", 0, 1e7, NULL, "tokens per sample (0: max_position_embeddings)"},
-    {"stride", KEY_INT, F(stride), "0", 0, 1e9, NULL, "window stride (0: window_size)"},
-    {"shuffle", KEY_BOOL, F(shuffle), "true", 0, 0, NULL, "shuffle samples each epoch (seed random_seed+epoch)"},
-    {"random_seed", KEY_INT, F(random_seed), "3407", 0, 9.2e18, NULL, "random seed"},
-    {"optimizer", KEY_STR, F(optimizer), "muon", 0, 0, "muon|adamw", "optimizer"},
-    {"max_lr", KEY_FLOAT, F(max_lr), "3e-4", 0, 10, NULL, "peak learning rate"},
-    {"weight_decay", KEY_FLOAT, F(weight_decay), "0.1", 0, 1, NULL, "decoupled weight decay (Muon part, or every AdamW parameter)"},
-    {"max_grad_norm", KEY_FLOAT, F(max_grad_norm), "1.0", 0, 1e9, NULL, "gradient clipping norm (0: off)"},
-    {"label_smoothing", KEY_FLOAT, F(label_smoothing), "0.0", 0, 1, NULL, "cross-entropy label smoothing"},
-    {"schedule_type", KEY_STR, F(schedule_type), "cosine", 0, 0, "cosine|wsd|sgdr", "learning-rate schedule"},
-    {"warmup_ratio", KEY_FLOAT, F(warmup_ratio), "0.05", 0, 1, NULL, "fraction of steps for warmup"},
-    {"min_rate", KEY_FLOAT, F(min_rate), "0.01", 0, 1, NULL, "minimum lr as a fraction of max_lr"},
-    {"stable_steps", KEY_INT, F(stable_steps), "0", 0, 1e12, NULL, "wsd plateau steps (0: 80% of the post-warmup steps)"},
-    {"decay_steps", KEY_INT, F(decay_steps), "0", 0, 1e12, NULL, "wsd decay steps (0: the rest)"},
-    {"cycle_length", KEY_INT, F(cycle_length), "0", 0, 1e12, NULL, "sgdr first cycle (0: the post-warmup steps)"},
-    {"t_mult", KEY_INT, F(t_mult), "2", 1, 1e6, NULL, "sgdr cycle length multiplier"},
-    {"ckpt_interval", KEY_INT, F(ckpt_interval), "5000", 1, 1e12, NULL, "optimizer steps between checkpoints"},
-    {"ckpt_dir", KEY_STR, F(ckpt_dir), "checkpoint", 0, 0, NULL, "checkpoint directory (also holds progress.db)"},
-    {"ckpt_dtype", KEY_STR, F(ckpt_dtype), "fp32", 0, 0, "fp32|bf16", "dtype of model.safetensors in checkpoints"},
-    {"max_steps", KEY_INT, F(max_steps), "0", 0, 1e12, NULL, "stop after this many optimizer steps, with a checkpoint (0: run all epochs; the schedule still spans them)"},
-    {"log_interval", KEY_INT, F(log_interval), "10", 1, 1e12, NULL, "optimizer steps between progress lines"},
-    {"parallel_mode", KEY_STR, F(parallel_mode), "none", 0, 0, "none|ddp|fsdp", "parallel executor"},
-    {"nprocs", KEY_INT, F(nprocs), "1", 1, 4096, NULL, "number of ranks"},
-    {"bucket_mb", KEY_FLOAT, F(bucket_mb), "0", 0, 1e6, NULL, "ddp/fsdp: MiB of gradients reduced together while backward goes on (0: 25 with nccl, one bucket on CPU ranks)"},
-    {"comm_timeout", KEY_INT, F(comm_timeout), "600", 1, 86400, NULL, "seconds a collective may wait for the other ranks"},
-    {"threads", KEY_INT, F(threads), "0", 0, 4096, NULL, "CPU threads per rank (0: cores / local ranks)"},
-    {"device_type", KEY_STR, F(device_type), "auto", 0, 0, "auto|cpu|cuda", "where ranks compute (auto: cuda when built with CUDA and a GPU is visible, else cpu); rank r uses visible GPU LOCAL_RANK"},
-    {"dtype", KEY_STR, F(dtype), "auto", 0, 0, "auto|bf16|fp32", "compute dtype of weights and activations (auto: bf16 on cuda with fp32 master weights and optimizer state, fp32 on cpu)"},
-    {"gradient_checkpointing", KEY_BOOL, F(gradient_checkpointing), "false", 0, 0, NULL, "keep only each block's input and recompute the block in backward (less memory, same numbers)"},
+    {"train_type", KEY_STR, F(train_type), "", 0, 0, "seq|sft|dpo|grpo|online_grpo|online_dpo", "training type (required; dpo, grpo: not supported yet; online_*: refused)", "data"},
+    {"param_path", KEY_STR, F(param_path), "", 0, 0, NULL, "model or checkpoint directory (required)", "model"},
+    {"data_root_path", KEY_STR, F(data_root_path), "", 0, 0, NULL, "bin dataset root (required)", "data"},
+    {"resume", KEY_BOOL, F(resume), "false", 0, 0, NULL, "continue from the checkpoint in param_path, else the latest in ckpt_dir", "training"},
+    {"n_epoch", KEY_INT, F(n_epoch), "1", 1, 1e9, NULL, "number of epochs", "training"},
+    {"batch_per_device", KEY_INT, F(batch_per_device), "1", 1, 65536, NULL, "micro-batch size per rank", "training"},
+    {"grad_accum_steps", KEY_INT, F(grad_accum_steps), "1", 1, 1e6, NULL, "micro-steps per optimizer step", "training"},
+    {"window_size", KEY_INT, F(window_size), "0", 0, 1e7, NULL, "tokens per sample (0: max_position_embeddings)", "data"},
+    {"stride", KEY_INT, F(stride), "0", 0, 1e9, NULL, "window stride (0: window_size)", "data"},
+    {"shuffle", KEY_BOOL, F(shuffle), "true", 0, 0, NULL, "shuffle samples each epoch (seed random_seed+epoch)", "data"},
+    {"random_seed", KEY_INT, F(random_seed), "3407", 0, 9.2e18, NULL, "random seed", "training"},
+    {"optimizer", KEY_STR, F(optimizer), "muon", 0, 0, "muon|adamw", "optimizer", "training"},
+    {"max_lr", KEY_FLOAT, F(max_lr), "3e-4", 0, 10, NULL, "peak learning rate", "training"},
+    {"weight_decay", KEY_FLOAT, F(weight_decay), "0.1", 0, 1, NULL, "decoupled weight decay (Muon part, or every AdamW parameter)", "training"},
+    {"max_grad_norm", KEY_FLOAT, F(max_grad_norm), "1.0", 0, 1e9, NULL, "gradient clipping norm (0: off)", "training"},
+    {"label_smoothing", KEY_FLOAT, F(label_smoothing), "0.0", 0, 1, NULL, "cross-entropy label smoothing", "training"},
+    {"schedule_type", KEY_STR, F(schedule_type), "cosine", 0, 0, "cosine|wsd|sgdr", "learning-rate schedule", "training"},
+    {"warmup_ratio", KEY_FLOAT, F(warmup_ratio), "0.05", 0, 1, NULL, "fraction of steps for warmup", "training"},
+    {"min_rate", KEY_FLOAT, F(min_rate), "0.01", 0, 1, NULL, "minimum lr as a fraction of max_lr", "training"},
+    {"stable_steps", KEY_INT, F(stable_steps), "0", 0, 1e12, NULL, "wsd plateau steps (0: 80% of the post-warmup steps)", "training"},
+    {"decay_steps", KEY_INT, F(decay_steps), "0", 0, 1e12, NULL, "wsd decay steps (0: the rest)", "training"},
+    {"cycle_length", KEY_INT, F(cycle_length), "0", 0, 1e12, NULL, "sgdr first cycle (0: the post-warmup steps)", "training"},
+    {"t_mult", KEY_INT, F(t_mult), "2", 1, 1e6, NULL, "sgdr cycle length multiplier", "training"},
+    {"ckpt_interval", KEY_INT, F(ckpt_interval), "5000", 1, 1e12, NULL, "optimizer steps between checkpoints", "ckpt"},
+    {"ckpt_dir", KEY_STR, F(ckpt_dir), "checkpoint", 0, 0, NULL, "checkpoint directory (also holds progress.db)", "ckpt"},
+    {"ckpt_dtype", KEY_STR, F(ckpt_dtype), "fp32", 0, 0, "fp32|bf16", "dtype of model.safetensors in checkpoints", "ckpt"},
+    {"max_steps", KEY_INT, F(max_steps), "0", 0, 1e12, NULL, "stop after this many optimizer steps, with a checkpoint (0: run all epochs; the schedule still spans them)", "training"},
+    {"log_interval", KEY_INT, F(log_interval), "10", 1, 1e12, NULL, "optimizer steps between progress lines", "log"},
+    {"parallel_mode", KEY_STR, F(parallel_mode), "fsdp", 0, 0, "none|ddp|fsdp", "parallel executor (with one rank any mode runs as none)", "parallel"},
+    {"nprocs", KEY_INT, F(nprocs), "1", 1, 4096, NULL, "number of ranks", "parallel"},
+    {"bucket_mb", KEY_FLOAT, F(bucket_mb), "0", 0, 1e6, NULL, "ddp/fsdp: MiB of gradients reduced together while backward goes on (0: 25 with nccl, one bucket on CPU ranks)", "parallel"},
+    {"comm_timeout", KEY_INT, F(comm_timeout), "600", 1, 86400, NULL, "seconds a collective may wait for the other ranks", "parallel"},
+    {"threads", KEY_INT, F(threads), "0", 0, 4096, NULL, "CPU threads per rank (0: cores / local ranks)", "parallel"},
+    {"device_type", KEY_STR, F(device_type), "auto", 0, 0, "auto|cpu|cuda", "where ranks compute (auto: cuda when built with CUDA and a GPU is visible, else cpu); rank r uses visible GPU LOCAL_RANK", "parallel"},
+    {"dtype", KEY_STR, F(dtype), "auto", 0, 0, "auto|bf16|fp32", "compute dtype of weights and activations (auto: bf16 on cuda with fp32 master weights and optimizer state, fp32 on cpu)", "model"},
+    {"gradient_checkpointing", KEY_BOOL, F(gradient_checkpointing), "false", 0, 0, NULL, "keep only each block's input and recompute the block in backward (less memory, same numbers)", "model"},
+    {"muon_momentum", KEY_FLOAT, F(muon_momentum), "0.95", 0, 0.999999, NULL, "Muon momentum factor", "training"},
+    {"muon_nesterov", KEY_BOOL, F(muon_nesterov), "true", 0, 0, NULL, "Muon Nesterov momentum (--no-muon_nesterov: plain momentum)", "training"},
+    {"muon_ns_steps", KEY_INT, F(muon_ns_steps), "5", 1, 100, NULL, "Muon Newton-Schulz steps", "training"},
+    {"muon_adjust_lr", KEY_STR, F(muon_adjust_lr), "match_rms_adamw", 0, 0, "original|match_rms_adamw", "Muon lr adjustment (torch.optim.Muon adjust_lr_fn)", "training"},
+    {"start_epoch", KEY_INT, F(start_epoch), "0", 0, 1e9, NULL, "fresh run: epoch to start in", "training"},
+    {"start_samples", KEY_INT, F(start_samples), "0", 0, 1e15, NULL, "fresh run: samples per rank already consumed in start_epoch", "training"},
+    {"master_addr", KEY_STR, F(master_addr), "localhost", 0, 0, NULL, "rendezvous address (MASTER_ADDR) of a local multi-rank launch", "parallel"},
+    {"master_port", KEY_STR, F(master_port), "29500", 0, 0, NULL, "rendezvous port (MASTER_PORT); the default lets a local launch pick a free one", "parallel"},
+    {"backend", KEY_STR, F(backend), "nccl", 0, 0, "nccl|gloo", "collectives: nccl (GPUs) or gloo (our CPU shared-memory collectives); given explicitly it picks device_type auto's device", "parallel"},
+    {"val_split", KEY_FLOAT, F(val_split), "0", 0, 0.999999, NULL, "validation fraction (0: None) [not supported yet: only 0]", "data"},
+    {"val_step", KEY_INT, F(val_step), "1000", 1, 1e12, NULL, "steps between validation runs (used with val_split)", "log"},
+    {"metrics", KEY_STR, F(metrics), "loss,lr,grad_norm", 0, 0, NULL, "metrics to log, repeatable or comma-separated [not supported yet: only the default]", "log"},
+    {"neftune_alpha", KEY_FLOAT, F(neftune_alpha), "0.0", 0, 1e6, NULL, "NEFTune noise alpha [not supported yet: only 0]", "model"},
+    {"dpo_beta", KEY_FLOAT, F(dpo_beta), "0.1", 0, 1e6, NULL, "DPO beta [not supported yet: only the default]", "training"},
+    {"group_size", KEY_INT, F(group_size), "4", 1, 1e6, NULL, "GRPO group size [not supported yet: only the default]", "training"},
+    {"grpo_clip_eps", KEY_FLOAT, F(grpo_clip_eps), "0.2", 0, 1e6, NULL, "GRPO clip epsilon [not supported yet: only the default]", "training"},
+    {"grpo_kl_coef", KEY_FLOAT, F(grpo_kl_coef), "0.01", 0, 1e6, NULL, "GRPO KL coefficient [not supported yet: only the default]", "training"},
+    {"rollout_interval", KEY_INT, F(rollout_interval), "512", 1, 1e12, NULL, "online: steps between rollouts [not supported yet: only the default]", "training"},
+    {"rollout_temperature", KEY_FLOAT, F(rollout_temperature), "0.7", 0, 1e6, NULL, "online: rollout temperature [not supported yet: only the default]", "training"},
+    {"rollout_top_k", KEY_INT, F(rollout_top_k), "0", 0, 1e9, NULL, "online: rollout top-k (0: off) [not supported yet: only the default]", "training"},
+    {"rollout_top_p", KEY_FLOAT, F(rollout_top_p), "0.9", 0, 1, NULL, "online: rollout top-p [not supported yet: only the default]", "training"},
+    {"rollout_max_tokens", KEY_INT, F(rollout_max_tokens), "1024", 1, 1e9, NULL, "online: max tokens per rollout [not supported yet: only the default]", "training"},
+    {"num_workers", KEY_INT, F(num_workers), "4", 0, 4096, NULL, "DataLoader workers (accepted; no effect: windows are read from memory)", "data"},
+    {"pin_memory", KEY_BOOL, F(pin_memory), "true", 0, 0, NULL, "pin memory (accepted; no effect: no DataLoader)", "data"},
+    {"start_method", KEY_STR, F(start_method), "spawn", 0, 0, "spawn|fork|forkserver", "multiprocessing start method (accepted; no effect: ranks are fork+exec'd)", "parallel"},
+    {"compile", KEY_STR, F(compile), "", 0, 0, "default|reduce-overhead|max-autotune", "torch.compile mode (accepted; no effect: the kernels are compiled C)", "model"},
+    {"tp_size", KEY_INT, F(tp_size), "0", 0, 4096, NULL, "tensor parallelism (0: None; > 1 refused)", "parallel"},
 };
 // clang-format on
 #define N_KEYS (sizeof KEYS / sizeof KEYS[0])
+_Static_assert(N_KEYS <= 8 * sizeof((TrainSpec *)0)->given, "TrainSpec.given: too few bits");
 
 static const KeyDef *find_key(const char *name) {
     for (size_t i = 0; i < N_KEYS; i++)
@@ -125,9 +156,11 @@ static int check_range(const KeyDef *k, double v, const char *text, Err *err) {
 }
 
 static int set_bool(const KeyDef *k, bool *dst, const char *value, Err *err) {
-    if (!strcmp(value, "true") || !strcmp(value, "1") || !strcmp(value, "yes"))
+    if (!strcasecmp(value, "true") || !strcmp(value, "1") || !strcasecmp(value, "yes") ||
+        !strcasecmp(value, "on"))
         *dst = true;
-    else if (!strcmp(value, "false") || !strcmp(value, "0") || !strcmp(value, "no"))
+    else if (!strcasecmp(value, "false") || !strcmp(value, "0") || !strcasecmp(value, "no") ||
+             !strcasecmp(value, "off"))
         *dst = false;
     else
         return err_set(err, "%s: '%s' is not a boolean (true|false)", k->name, value);
@@ -157,7 +190,8 @@ static int set_float(const KeyDef *k, double *dst, const char *value, Err *err) 
 }
 
 static int set_str(const KeyDef *k, char **dst, const char *value, Err *err) {
-    if (k->choices && !choice_ok(k->choices, value))
+    // "" is the unset value of a key whose default is "" (job_spec_argv passes it on).
+    if (k->choices && !(!*value && !*k->def) && !choice_ok(k->choices, value))
         return err_set(err, "%s: '%s' is not one of %s", k->name, value, k->choices);
     char *copy = strdup(value);
     if (!copy) return err_set(err, "%s: out of memory", k->name);
@@ -199,39 +233,218 @@ void train_spec_free(TrainSpec *s) {
     memset(s, 0, sizeof *s);
 }
 
+static void mark_given(TrainSpec *s, const KeyDef *k) {
+    size_t i = (size_t)(k - KEYS);
+    s->given[i / 8] |= (unsigned char)(1u << (i % 8));
+}
+
+static bool at_default(const TrainSpec *s, const KeyDef *k);
+
+// A key set to its default counts as not given: astraid passes every key of a job's spec
+// to astrai-train, defaults included.
+bool train_spec_given(const TrainSpec *s, const char *name) {
+    const KeyDef *k = find_key(name);
+    if (!k) return false;
+    size_t i = (size_t)(k - KEYS);
+    return ((s->given[i / 8] >> (i % 8)) & 1) && !at_default(s, k);
+}
+
+// Sets a key from a flag, the YAML or JSON, remembering that it was given.
+static int set_given(TrainSpec *s, const KeyDef *k, const char *value, Err *err) {
+    if (set_key(s, k, value, err)) return -1;
+    mark_given(s, k);
+    return 0;
+}
+
 int train_spec_set(TrainSpec *s, const char *key, const char *value, Err *err) {
     const KeyDef *k = find_key(key);
     if (!k) return unknown_key(key, err);
-    return set_key(s, k, value, err);
+    return set_given(s, k, value, err);
+}
+
+// --metrics is repeatable (click multiple=True): a second one on the command line adds.
+static int append_metric(TrainSpec *s, const KeyDef *k, const char *value, Err *err) {
+    size_t n = strlen(s->metrics) + strlen(value) + 2;
+    char *joined = malloc(n);
+    if (!joined) return err_set(err, "metrics: out of memory");
+    snprintf(joined, n, "%s,%s", s->metrics, value);
+    int rc = set_given(s, k, joined, err);
+    free(joined);
+    return rc;
+}
+
+// -c FILE / --config FILE / --config=FILE at argv[i]: the path, else NULL.
+static const char *config_arg(int argc, char **argv, int *i) {
+    const char *a = argv[*i];
+    if (!strncmp(a, "--config=", 9)) return a + 9;
+    if (strcmp(a, "-c") && strcmp(a, "--config")) return NULL;
+    if (*i + 1 >= argc) return "";
+    return argv[++*i];
+}
+
+// The key of flag `arg` ("--x=v", "--x", "--no-x") into key; *negated for --no-x.
+static const KeyDef *flag_key(const char *arg, char *key, size_t cap, bool *negated, Err *err) {
+    const char *eq = strchr(arg + 2, '=');
+    size_t klen = eq ? (size_t)(eq - arg - 2) : strlen(arg + 2);
+    if (klen >= cap) {
+        err_set(err, "flag '%s' is too long", arg);
+        return NULL;
+    }
+    memcpy(key, arg + 2, klen);
+    key[klen] = 0;
+    *negated = false;
+    const KeyDef *k = find_key(key);
+    if (!k && !eq && !strncmp(key, "no-", 3)) {
+        k = find_key(key + 3);
+        if (k && k->type == KEY_BOOL)
+            *negated = true;
+        else
+            k = NULL;
+    }
+    if (!k) unknown_key(key, err);
+    return k;
 }
 
 int train_spec_parse_args(TrainSpec *s, int argc, char **argv, bool *help, Err *err) {
     *help = false;
+    // The YAML first, wherever -c stands: the other flags win over it.
+    for (int i = 1; i < argc; i++) {
+        const char *path = config_arg(argc, argv, &i);
+        if (path && !*path) return err_set(err, "--config: missing file name");
+        if (path && train_spec_apply_yaml(s, path, err)) return -1;
+    }
+    bool metrics_on_cli = false;
     for (int i = 1; i < argc; i++) {
         const char *arg = argv[i];
         if (!strcmp(arg, "--help") || !strcmp(arg, "-h")) {
             *help = true;
             continue;
         }
+        if (!strcmp(arg, "--dry-run") || !strcmp(arg, "--dry_run")) {
+            s->dry_run = true;
+            continue;
+        }
+        if (config_arg(argc, argv, &i)) continue;
         if (strncmp(arg, "--", 2) != 0 || !arg[2])
             return err_set(err, "unexpected argument '%s' (flags look like --key=value)", arg);
         char key[128];
+        bool negated;
+        const KeyDef *k = flag_key(arg, key, sizeof key, &negated, err);
+        if (!k) return -1;
         const char *eq = strchr(arg + 2, '=');
-        size_t klen = eq ? (size_t)(eq - arg - 2) : strlen(arg + 2);
-        if (klen >= sizeof key) return err_set(err, "flag '%s' is too long", arg);
-        memcpy(key, arg + 2, klen);
-        key[klen] = 0;
-        const KeyDef *k = find_key(key);
-        if (!k) return unknown_key(key, err);
         const char *value = eq ? eq + 1 : NULL;
-        if (!value && k->type == KEY_BOOL) value = "true";
+        if (!value && k->type == KEY_BOOL) value = negated ? "false" : "true";
         if (!value) {
             if (i + 1 >= argc) return err_set(err, "%s: missing value", key);
             value = argv[++i];
         }
-        if (set_key(s, k, value, err)) return -1;
+        if (k->offset == F(metrics) && metrics_on_cli) {
+            if (append_metric(s, k, value, err)) return -1;
+            continue;
+        }
+        if (k->offset == F(metrics)) metrics_on_cli = true;
+        if (set_given(s, k, value, err)) return -1;
     }
     return 0;
+}
+
+// ---------------------------------------------------------------- AstrAI's YAML config
+
+static const char *const YAML_SECTIONS[] = {"model", "data", "parallel", "training", "ckpt", "log"};
+
+static bool yaml_section(const char *name) {
+    for (size_t i = 0; i < sizeof YAML_SECTIONS / sizeof *YAML_SECTIONS; i++)
+        if (!strcmp(YAML_SECTIONS[i], name)) return true;
+    return false;
+}
+
+static bool yaml_null(const yaml_node_t *v) {
+    const char *t = (const char *)v->data.scalar.value;
+    return v->data.scalar.style == YAML_PLAIN_SCALAR_STYLE &&
+           (!*t || !strcmp(t, "~") || !strcasecmp(t, "null"));
+}
+
+// One key: value of the YAML (value a scalar, or a list of scalars joined by commas).
+static int yaml_apply_key(TrainSpec *s, yaml_document_t *doc, const char *path, const char *name,
+                          yaml_node_t *v, Err *err) {
+    const KeyDef *k = find_key(name);
+    if (!k) {
+        unknown_key(name, err);
+        return err_prefix(err, "%s", path);
+    }
+    char text[4096] = "";
+    if (v->type == YAML_SCALAR_NODE) {
+        if (yaml_null(v)) return 0; // None: the default
+        snprintf(text, sizeof text, "%s", (const char *)v->data.scalar.value);
+    } else if (v->type == YAML_SEQUENCE_NODE) {
+        for (yaml_node_item_t *it = v->data.sequence.items.start; it < v->data.sequence.items.top;
+             it++) {
+            yaml_node_t *e = yaml_document_get_node(doc, *it);
+            if (!e || e->type != YAML_SCALAR_NODE)
+                return err_set(err, "%s: %s: a list of scalars expected", path, name);
+            size_t len = strlen(text);
+            snprintf(text + len, sizeof text - len, "%s%s", len ? "," : "",
+                     (const char *)e->data.scalar.value);
+        }
+    } else {
+        return err_set(err, "%s: %s: a scalar value expected", path, name);
+    }
+    if (set_given(s, k, text, err)) return err_prefix(err, "%s", path);
+    return 0;
+}
+
+static int yaml_apply_map(TrainSpec *s, yaml_document_t *doc, const char *path, yaml_node_t *map,
+                          bool top, Err *err) {
+    for (yaml_node_pair_t *p = map->data.mapping.pairs.start; p < map->data.mapping.pairs.top;
+         p++) {
+        yaml_node_t *kn = yaml_document_get_node(doc, p->key);
+        yaml_node_t *vn = yaml_document_get_node(doc, p->value);
+        if (!kn || !vn || kn->type != YAML_SCALAR_NODE)
+            return err_set(err, "%s: keys must be plain names", path);
+        const char *name = (const char *)kn->data.scalar.value;
+        if (vn->type == YAML_MAPPING_NODE) {
+            if (!top) return err_set(err, "%s: %s: sections do not nest", path, name);
+            if (!yaml_section(name)) {
+                fprintf(stderr,
+                        "warning: %s: section '%s' ignored (AstrAI reads model, data, "
+                        "parallel, training, ckpt, log)\n",
+                        path, name);
+                continue;
+            }
+            if (yaml_apply_map(s, doc, path, vn, false, err)) return -1;
+            continue;
+        }
+        if (yaml_apply_key(s, doc, path, name, vn, err)) return -1;
+    }
+    return 0;
+}
+
+int train_spec_apply_yaml(TrainSpec *s, const char *path, Err *err) {
+    FILE *f = fopen(path, "rb");
+    if (!f) return err_set(err, "--config %s: cannot open: %s", path, strerror(errno));
+    yaml_parser_t parser;
+    yaml_document_t doc;
+    if (!yaml_parser_initialize(&parser)) {
+        fclose(f);
+        return err_set(err, "--config %s: out of memory", path);
+    }
+    yaml_parser_set_input_file(&parser, f);
+    int rc = 0;
+    if (!yaml_parser_load(&parser, &doc)) {
+        rc = err_set(err, "%s:%zu:%zu: YAML: %s", path, parser.problem_mark.line + 1,
+                     parser.problem_mark.column + 1,
+                     parser.problem ? parser.problem : "parse error");
+    } else {
+        yaml_node_t *root = yaml_document_get_root_node(&doc);
+        if (root && root->type != YAML_MAPPING_NODE)
+            rc = err_set(err, "%s: the config must be a mapping of sections", path);
+        else if (root)
+            rc = yaml_apply_map(s, &doc, path, root, true, err);
+        yaml_document_delete(&doc);
+    }
+    yaml_parser_delete(&parser);
+    fclose(f);
+    return rc;
 }
 
 // Renders a JSON scalar as the text a flag would carry, checking the JSON type.
@@ -274,13 +487,67 @@ int train_spec_apply_json(TrainSpec *s, const cJSON *obj, const char *const *ign
         if (!k) return unknown_key(item->string, err);
         char text[4096];
         if (json_value_text(k, item, text, sizeof text, err)) return -1;
-        if (set_key(s, k, text, err)) return -1;
+        if (set_given(s, k, text, err)) return -1;
     }
     return 0;
 }
 
+// Whether key k of s holds its default value.
+static bool at_default(const TrainSpec *s, const KeyDef *k) {
+    TrainSpec d;
+    train_spec_defaults(&d);
+    const char *a = (const char *)s + k->offset, *b = (const char *)&d + k->offset;
+    bool same = k->type == KEY_STR     ? !strcmp(*(char *const *)a, *(char *const *)b)
+                : k->type == KEY_INT   ? *(const long *)a == *(const long *)b
+                : k->type == KEY_FLOAT ? *(const double *)a == *(const double *)b
+                                       : *(const bool *)a == *(const bool *)b;
+    train_spec_free(&d);
+    return same;
+}
+
+// The keys accepted but not implemented yet: their default only (issue 8).
+static int not_yet(const TrainSpec *s, Err *err) {
+    static const char *const NOT_YET[] = {
+        "val_split",           "metrics",       "neftune_alpha", "dpo_beta",
+        "group_size",          "grpo_clip_eps", "grpo_kl_coef",  "rollout_interval",
+        "rollout_temperature", "rollout_top_k", "rollout_top_p", "rollout_max_tokens"};
+    for (size_t i = 0; i < sizeof NOT_YET / sizeof *NOT_YET; i++) {
+        const KeyDef *k = find_key(NOT_YET[i]);
+        if (!at_default(s, k))
+            return err_set(err, "%s: not supported yet in astrai (issue 8); only its default %s",
+                           k->name, *k->def ? k->def : "(unset)");
+    }
+    return 0;
+}
+
+static int check_metrics(const char *list, Err *err) {
+    char buf[4096];
+    snprintf(buf, sizeof buf, "%s", list);
+    for (char *save, *m = strtok_r(buf, ",", &save); m; m = strtok_r(NULL, ",", &save))
+        if (!choice_ok("loss|lr|grad_norm|val_loss", m))
+            return err_set(err, "metrics: '%s' is not one of loss|lr|grad_norm|val_loss", m);
+    return 0;
+}
+
+static int check_port(const char *port, Err *err) {
+    char *end;
+    long v = strtol(port, &end, 10);
+    if (end == port || *end || v < 1 || v > 65535)
+        return err_set(err, "master_port: '%s' is not a port (1..65535)", port);
+    return 0;
+}
+
 int train_spec_validate(const TrainSpec *s, Err *err) {
-    if (!*s->train_type) return err_set(err, "train_type: required (seq|sft)");
+    if (!*s->train_type)
+        return err_set(err, "train_type: required (seq|sft|dpo|grpo|online_grpo|online_dpo)");
+    if (!strncmp(s->train_type, "online_", 7))
+        return err_set(err,
+                       "train_type: %s is refused: AstrAI's online strategies need a Python "
+                       "reward callable (TrainConfig.reward_model_fn) that no command line gives",
+                       s->train_type);
+    if (!strcmp(s->train_type, "dpo") || !strcmp(s->train_type, "grpo"))
+        return err_set(err, "train_type: %s is not supported yet in astrai (issue 8)",
+                       s->train_type);
     if (!*s->param_path) return err_set(err, "param_path: required");
     if (!*s->data_root_path) return err_set(err, "data_root_path: required");
     if (!*s->ckpt_dir) return err_set(err, "ckpt_dir: must not be empty");
@@ -288,7 +555,55 @@ int train_spec_validate(const TrainSpec *s, Err *err) {
         return err_set(err, "dtype: bf16 needs device_type cuda (the CPU computes in fp32)");
     if (s->nprocs > 1 && !strcmp(s->parallel_mode, "none"))
         return err_set(err, "nprocs: %ld ranks need parallel_mode ddp or fsdp", s->nprocs);
-    return 0;
+    if (s->tp_size > 1)
+        return err_set(err,
+                       "tp_size: %ld is refused: tensor parallelism is not implemented "
+                       "(AstrAI's train.py does not wire it either)",
+                       s->tp_size);
+    if (train_spec_given(s, "backend")) {
+        bool gloo = !strcmp(s->backend, "gloo");
+        if (gloo && !strcmp(s->device_type, "cuda"))
+            return err_set(err, "backend: gloo means the CPU collectives here, but device_type "
+                                "is cuda (use --backend=nccl, or --device_type=cpu)");
+        if (!gloo && !strcmp(s->device_type, "cpu"))
+            return err_set(err, "backend: nccl needs GPUs, but device_type is cpu (use "
+                                "--backend=gloo for the CPU collectives)");
+    }
+    if (check_port(s->master_port, err) || check_metrics(s->metrics, err)) return -1;
+    if (!*s->master_addr) return err_set(err, "master_addr: must not be empty");
+    return not_yet(s, err);
+}
+
+void train_spec_warn_ignored(const TrainSpec *s, FILE *out) {
+    static const char *const WHY[][2] = {
+        {"num_workers", "no DataLoader: windows are read straight from the shards in memory"},
+        {"pin_memory", "no DataLoader: batches are copied to the device directly"},
+        {"start_method", "ranks are started by fork+exec of astrai-train, never by Python"},
+        {"compile", "there is no torch.compile: the kernels are compiled C/CUDA already"}};
+    for (size_t i = 0; i < sizeof WHY / sizeof *WHY; i++)
+        if (train_spec_given(s, WHY[i][0]))
+            fprintf(out, "warning: --%s changes nothing in astrai: %s\n", WHY[i][0], WHY[i][1]);
+}
+
+void train_spec_print(const TrainSpec *s, FILE *out) {
+    for (size_t i = 0; i < N_KEYS; i++) {
+        const KeyDef *k = &KEYS[i];
+        const char *field = (const char *)s + k->offset;
+        switch (k->type) {
+        case KEY_BOOL:
+            fprintf(out, "%s = %s\n", k->name, *(const bool *)field ? "true" : "false");
+            break;
+        case KEY_INT:
+            fprintf(out, "%s = %ld\n", k->name, *(const long *)field);
+            break;
+        case KEY_FLOAT:
+            fprintf(out, "%s = %.17g\n", k->name, *(const double *)field);
+            break;
+        case KEY_STR:
+            fprintf(out, "%s = %s\n", k->name, *(char *const *)field);
+            break;
+        }
+    }
 }
 
 cJSON *train_spec_to_json(const TrainSpec *s) {
@@ -316,15 +631,23 @@ cJSON *train_spec_to_json(const TrainSpec *s) {
 
 void train_spec_print_help(const char *prog) {
     printf("usage: %s --train_type=seq|sft --param_path=DIR --data_root_path=DIR [options]\n\n"
-           "Flags take --key=value or --key value; booleans also --key alone.\n\n",
+           "Flags take --key=value or --key value; booleans also --key alone and --no-key.\n"
+           "  -c, --config FILE    AstrAI's YAML config (sections model, data, parallel,\n"
+           "                       training, ckpt, log); flags on the command line win\n"
+           "  --dry-run            validate everything (files too), print the resolved\n"
+           "                       configuration, do not train\n",
            prog);
-    for (size_t i = 0; i < N_KEYS; i++) {
-        const KeyDef *k = &KEYS[i];
-        char name[64];
-        snprintf(name, sizeof name, "--%s", k->name);
-        printf("  %-20s %s", name, k->help);
-        if (k->choices) printf(" [%s]", k->choices);
-        if (*k->def) printf(" (default %s)", k->def);
-        putchar('\n');
+    for (size_t g = 0; g < sizeof YAML_SECTIONS / sizeof *YAML_SECTIONS; g++) {
+        printf("\n%s:\n", YAML_SECTIONS[g]);
+        for (size_t i = 0; i < N_KEYS; i++) {
+            const KeyDef *k = &KEYS[i];
+            if (strcmp(k->group, YAML_SECTIONS[g])) continue;
+            char name[64];
+            snprintf(name, sizeof name, "--%s", k->name);
+            printf("  %-22s %s", name, k->help);
+            if (k->choices) printf(" [%s]", k->choices);
+            if (*k->def) printf(" (default %s)", k->def);
+            putchar('\n');
+        }
     }
 }

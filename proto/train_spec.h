@@ -4,6 +4,7 @@
 // objects (astraictl, astraid).
 #pragma once
 #include <stdbool.h>
+#include <stdio.h>
 
 #include "common/error.h"
 
@@ -11,7 +12,7 @@ typedef struct cJSON cJSON;
 
 typedef struct {
     // what to train
-    char *train_type;     // seq | sft
+    char *train_type;     // seq | sft (dpo | grpo: not yet; online_*: refused)
     char *param_path;     // model directory or checkpoint directory
     char *data_root_path; // bin dataset root
     bool resume;          // continue from param_path's (or ckpt_dir's latest) checkpoint
@@ -52,6 +53,37 @@ typedef struct {
     char *device_type;           // auto | cpu | cuda
     char *dtype;                 // auto | bf16 | fp32 (compute dtype)
     bool gradient_checkpointing; // recompute each block in backward
+    // AstrAI train.py flags (issue 8)
+    double muon_momentum;
+    bool muon_nesterov;
+    long muon_ns_steps;
+    char *muon_adjust_lr; // match_rms_adamw | original
+    long start_epoch;     // fresh run: the epoch it starts in
+    long start_samples;   // fresh run: samples per rank already consumed (AstrAI's sampler)
+    char *master_addr;    // rendezvous address of a local launch (MASTER_ADDR)
+    char *master_port;    // rendezvous port (MASTER_PORT)
+    char *backend;        // nccl | gloo (gloo: our CPU collectives)
+    double val_split;     // 0: none (not implemented yet: only 0)
+    long val_step;
+    char *metrics;        // comma-separated (only the default yet)
+    double neftune_alpha; // only 0 yet
+    double dpo_beta;      // dpo/grpo knobs: only their defaults yet
+    long group_size;
+    double grpo_clip_eps;
+    double grpo_kl_coef;
+    long rollout_interval;
+    double rollout_temperature;
+    long rollout_top_k;
+    double rollout_top_p;
+    long rollout_max_tokens;
+    long num_workers;   // accepted, no effect (warning)
+    bool pin_memory;    // accepted, no effect (warning)
+    char *start_method; // accepted, no effect (warning)
+    char *compile;      // accepted, no effect (warning); "" = off
+    long tp_size;       // 0 (None) or 1; > 1 refused
+    // command line only (not keys of the table)
+    bool dry_run;                 // --dry-run: validate and print, do not train
+    unsigned char given[128 / 8]; // bit i: key i of the table was set (flag, YAML or JSON)
 } TrainSpec;
 
 // Fills every field with its default.
@@ -62,7 +94,8 @@ void train_spec_free(TrainSpec *s);
 // Unknown key → error suggesting the nearest valid key; bad value → error naming it.
 int train_spec_set(TrainSpec *s, const char *key, const char *value, Err *err);
 
-// Parses astrai-train's argv (--flag=value, --flag value, boolean --flag).
+// Parses astrai-train's argv (--flag=value, --flag value, boolean --flag and --no-flag,
+// -c/--config FILE: AstrAI's YAML, applied first so that the other flags win; --dry-run).
 // Sets *help when --help/-h is given.
 int train_spec_parse_args(TrainSpec *s, int argc, char **argv, bool *help, Err *err);
 
@@ -72,6 +105,21 @@ int train_spec_apply_json(TrainSpec *s, const cJSON *obj, const char *const *ign
 
 // Cross-field checks (required paths present, nprocs vs parallel_mode, ...).
 int train_spec_validate(const TrainSpec *s, Err *err);
+
+// Applies AstrAI's YAML config (train.py -c): the keys of its sections model, data,
+// parallel, training, ckpt, log (and top-level scalar keys), flattened; null leaves a
+// key at its default. train_spec_parse_args applies it before the other flags.
+int train_spec_apply_yaml(TrainSpec *s, const char *path, Err *err);
+
+// Whether key `name` was set explicitly (flag, YAML or JSON) to a value other than its
+// default.
+bool train_spec_given(const TrainSpec *s, const char *name);
+
+// One line each on `out` for the flags that are accepted but change nothing here.
+void train_spec_warn_ignored(const TrainSpec *s, FILE *out);
+
+// Writes every key as "key = value" lines (the resolved configuration of --dry-run).
+void train_spec_print(const TrainSpec *s, FILE *out);
 
 // The spec as a JSON object (every key), for meta.json.
 cJSON *train_spec_to_json(const TrainSpec *s);

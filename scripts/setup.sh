@@ -5,7 +5,7 @@
 #                           PyTorch for the numerical reference, systemd-analyze)
 set -eu
 PKGS="build-essential cmake pkg-config libomp-dev libopenblas-dev libopenblas-openmp-dev \
-libcjson-dev libsqlite3-dev libuv1-dev sqlite3"
+libcjson-dev libyaml-dev libsqlite3-dev libuv1-dev sqlite3"
 if [ "${1:-}" = test ]; then
     PKGS="$PKGS clang libclang-rt-14-dev systemd python3 python3-torch python3-numpy"
 fi

@@ -51,6 +51,16 @@ static void free_model(ParamView *m) {
     free(m->grads);
 }
 
+// The --muon_* knobs, from $MUON_MOMENTUM, $MUON_NS_STEPS, $MUON_NESTEROV (0|1) and
+// $MUON_ADJUST_LR (original|match_rms_adamw) when set.
+static void set_muon_knobs(Optimizer *o) {
+    const char *v;
+    if ((v = getenv("MUON_MOMENTUM"))) o->momentum = strtof(v, NULL);
+    if ((v = getenv("MUON_NS_STEPS"))) o->ns_steps = atoi(v);
+    if ((v = getenv("MUON_NESTEROV"))) o->nesterov = atoi(v) != 0;
+    if ((v = getenv("MUON_ADJUST_LR"))) o->adjust_lr_original = !strcmp(v, "original");
+}
+
 // torch's clip_grad_norm_: the norm, then the clipping; returns the norm.
 static float clip(const ParamView *m, float max_norm) {
     double sq;
@@ -90,6 +100,7 @@ static int save_and_reload(Optimizer *o, const ParamView *m, OptimizerKind kind,
     if (optim_save(o, m, path, err)) return -1;
     optim_free(o);
     if (optim_create(o, kind, m, wd, err)) return -1;
+    set_muon_knobs(o);
     return optim_load(o, m, path, err);
 }
 
@@ -114,6 +125,7 @@ static int run(const char *dir, OptimizerKind kind, float wd, float max_norm, lo
         if (fscanf(lr_file, "%f", &lrs[s]) != 1) rc = err_set(err, "%s: short", path);
     if (lr_file) fclose(lr_file);
     if (!rc) rc = optim_create(&o, kind, &m, wd, err);
+    if (!rc) set_muon_knobs(&o);
 
     snprintf(path, sizeof path, "%s/%s.norms.txt", dir, tag);
     FILE *norms = rc ? NULL : fopen(path, "w");

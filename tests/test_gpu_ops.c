@@ -670,6 +670,7 @@ static void test_muon(Ctx *c, int rows, int cols) {
     MuonArgs a = {.rows = rows,
                   .cols = cols,
                   .ns_steps = 5,
+                  .nesterov = 1,
                   .momentum = 0.95f,
                   .one_minus_momentum = 0.05f,
                   .decay = (float)(1 - lr * wd),

@@ -34,6 +34,9 @@ static void test_invalid_specs(void) {
     expect_spec("{" BASE ",\"n_epoch\":\"2\"}", "n_epoch: expected an integer");
     expect_spec("{" BASE ",\"n_epoch\":1.5}", "n_epoch: expected an integer");
     expect_spec("{" BASE ",\"max_lr\":\"fast\"}", "max_lr: expected a number");
+    expect_spec("{" BASE ",\"muon_adjust_lr\":\"fast\"}",
+                "muon_adjust_lr: 'fast' is not one of original|match_rms_adamw");
+    expect_spec("{" BASE ",\"tp_size\":2}", "tp_size: 2 is refused");
     expect_spec("{" BASE ",\"shuffle\":1}", "shuffle: expected true or false");
     expect_spec("{" BASE ",\"name\":5}", "name: expected a string");
     expect_spec("{" BASE ",\"priority\":\"high\"}", "priority: expected an integer");
@@ -62,7 +65,10 @@ static void test_invalid_specs(void) {
     expect_spec("{\"train_type\":\"seq\",\"data_root_path\":\"/d\"}", "param_path: required");
     expect_spec("{\"train_type\":\"seq\",\"param_path\":\"/m\"}", "data_root_path: required");
     // cross-field
-    expect_spec("{" BASE ",\"nprocs\":2}", "nprocs: 2 ranks need parallel_mode ddp or fsdp");
+    // parallel_mode defaults to fsdp as AstrAI's; none with 2 ranks is refused.
+    expect_spec("{" BASE ",\"nprocs\":2}", NULL);
+    expect_spec("{" BASE ",\"nprocs\":2,\"parallel_mode\":\"none\"}",
+                "nprocs: 2 ranks need parallel_mode ddp or fsdp");
     expect_spec("{" BASE ",\"nprocs\":2,\"devices\":3,\"parallel_mode\":\"ddp\"}",
                 "devices: 3 device(s) but nprocs is 2");
     expect_spec("{" BASE ",\"nprocs\":1,\"devices\":[0,1],\"parallel_mode\":\"ddp\"}",
@@ -97,7 +103,9 @@ static void test_argv_round_trip(void) {
     cJSON *obj = cJSON_Parse("{" BASE ",\"name\":\"rt\",\"max_lr\":0.00031415926535897931,"
                              "\"warmup_ratio\":0.1,\"shuffle\":false,\"random_seed\":123456789012,"
                              "\"ckpt_dir\":\"/tmp/a b=c\",\"nprocs\":2,\"parallel_mode\":\"ddp\","
-                             "\"schedule_type\":\"wsd\",\"min_rate\":1e-7,\"resume\":true}");
+                             "\"schedule_type\":\"wsd\",\"min_rate\":1e-7,\"resume\":true,"
+                             "\"muon_adjust_lr\":\"original\",\"muon_nesterov\":false,"
+                             "\"start_samples\":5}");
     JobSpec spec;
     Err err;
     CHECK_MSG(job_spec_parse(&spec, obj, &err) == 0, "%s", err.msg);
@@ -117,6 +125,9 @@ static void test_argv_round_trip(void) {
     CHECK(back.max_lr == 0.00031415926535897931 && back.min_rate == 1e-7);
     CHECK(back.random_seed == 123456789012L && !back.shuffle && back.resume);
     CHECK(!strcmp(back.ckpt_dir, "/tmp/a b=c"));
+    // AstrAI's train.py keys (issue 8) travel too; compile "" (off) passes as --compile=.
+    CHECK(!strcmp(back.muon_adjust_lr, "original") && !back.muon_nesterov);
+    CHECK(back.start_samples == 5 && !*back.compile && !strcmp(back.parallel_mode, "ddp"));
     free(ta);
     free(tb);
     cJSON_Delete(a);

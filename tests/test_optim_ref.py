@@ -70,8 +70,9 @@ def write_problem(d, spec, seed):
     return weights, grads
 
 
-def run_c(*args):
+def run_c(*args, env=None):
     return subprocess.run([OPTIM_STEP, *map(str, args)], capture_output=True, text=True,
+                          env={**os.environ, **(env or {})},
                           timeout=60)
 
 
@@ -109,10 +110,10 @@ def rel_err(got, want):
     return float(np.max(np.abs(got - want)) / max(np.max(np.abs(want)), 1e-30))
 
 
-def reference_run(spec, weights, grads, kind, wd, max_norm):
+def reference_run(spec, weights, grads, kind, wd, max_norm, muon=None):
     params = [torch.nn.Parameter(w.clone()) for w in weights]
     named = [(n, p) for (n, _), p in zip(spec, params)]
-    opt = make_optimizer(kind, named, lr=LRS[0], weight_decay=wd)
+    opt = make_optimizer(kind, named, lr=LRS[0], weight_decay=wd, **(muon or {}))
     trajectory, norms = [], []
     for step_grads, lr in zip(grads, LRS):
         for p, g in zip(params, step_grads):
@@ -124,14 +125,21 @@ def reference_run(spec, weights, grads, kind, wd, max_norm):
     return trajectory, norms, opt.state_tensors()
 
 
-def compare_run(d, spec, weights, grads, kind, wd, max_norm):
-    label = f"{kind} wd={wd} max_norm={max_norm}"
-    tag = f"{kind}_{max_norm}"
-    r = run_c("run", d, kind, wd, max_norm, 0, tag)
+# The --muon_* knobs as optim_step's environment.
+def muon_env(muon):
+    names = {"momentum": "MUON_MOMENTUM", "ns_steps": "MUON_NS_STEPS",
+             "nesterov": "MUON_NESTEROV", "adjust_lr": "MUON_ADJUST_LR"}
+    return {names[k]: str(int(v) if isinstance(v, bool) else v) for k, v in (muon or {}).items()}
+
+
+def compare_run(d, spec, weights, grads, kind, wd, max_norm, muon=None):
+    label = f"{kind} wd={wd} max_norm={max_norm}" + (f" {muon}" if muon else "")
+    tag = f"{kind}_{max_norm}" + ("_" + "_".join(map(str, muon.values())) if muon else "")
+    r = run_c("run", d, kind, wd, max_norm, 0, tag, env=muon_env(muon))
     check(r.returncode == 0, f"{label}: optim_step failed: {r.stdout}{r.stderr}")
     if r.returncode:
         return
-    trajectory, norms, state = reference_run(spec, weights, grads, kind, wd, max_norm)
+    trajectory, norms, state = reference_run(spec, weights, grads, kind, wd, max_norm, muon)
     sizes = [int(np.prod(s)) for _, s in spec]
     c_traj = np.fromfile(os.path.join(d, f"{tag}.weights.bin"), dtype="<f4")
     c_traj = c_traj.reshape(len(LRS), sum(sizes))
@@ -235,6 +243,11 @@ def main():
             clipped += compare_run(d, SPEC, weights, grads, kind, 0.1, 5.0) or 0
             compare_run(d, SPEC, weights, grads, kind, 0.05, 0.0)
         check(0 < clipped < 2 * len(LRS), f"clipping exercised on {clipped} steps (want some)")
+        # The --muon_* flags (issue 8): plain momentum, adjust_lr "original", other knobs.
+        for muon in ({"nesterov": False}, {"adjust_lr": "original"},
+                     {"momentum": 0.9, "ns_steps": 3, "nesterov": False,
+                      "adjust_lr": "original"}):
+            compare_run(d, SPEC, weights, grads, "muon", 0.1, 5.0, muon)
         for kind in ("adamw", "muon"):
             check_resume(d, kind)
         check_load_errors(d)
@@ -254,19 +267,22 @@ def compare_with_torch_muon():
     from ref.optim import Muon
 
     g = torch.Generator().manual_seed(7)
-    for shape in [(32, 16), (16, 48)]:
+    for shape, nesterov, adjust in [((32, 16), True, "match_rms_adamw"),
+                                    ((16, 48), True, "match_rms_adamw"),
+                                    ((32, 16), False, "original"), ((16, 48), False, "original")]:
         w0, grads = torch.randn(shape, generator=g), [torch.randn(shape, generator=g)
                                                       for _ in range(3)]
         ours, theirs = torch.nn.Parameter(w0.clone()), torch.nn.Parameter(w0.clone())
-        a = Muon([ours], lr=0.02, weight_decay=0.1)
-        b = torch.optim.Muon([theirs], lr=0.02, weight_decay=0.1, momentum=0.95, nesterov=True,
-                             ns_steps=5, adjust_lr_fn="match_rms_adamw")
+        a = Muon([ours], lr=0.02, weight_decay=0.1, nesterov=nesterov, adjust_lr=adjust)
+        b = torch.optim.Muon([theirs], lr=0.02, weight_decay=0.1, momentum=0.95,
+                             nesterov=nesterov, ns_steps=5, adjust_lr_fn=adjust)
         for grad in grads:
             ours.grad, theirs.grad = grad.clone(), grad.clone()
             a.step()
             b.step()
         e = rel_err((ours - w0).detach().numpy(), (theirs - w0).detach().numpy())
-        check(e <= 3e-2, f"ref Muon vs torch.optim.Muon {shape}: update rel err {e:.3g}")
+        check(e <= 3e-2, f"ref Muon vs torch.optim.Muon {shape} nesterov={nesterov} {adjust}: "
+              f"update rel err {e:.3g}")
 
 
 if __name__ == "__main__":

@@ -73,9 +73,18 @@ def train(args, expect=0):
     return run([binary("astrai-train")] + [f"--{k}={v}" for k, v in args.items()], expect)
 
 
-def metric_rows(ckpt):
+def all_metric_rows(ckpt):
+    """Every row of ckpt/metric.jsonl as written (AstrAI's shapes: type step/epoch/validation,
+    timestamp, ...)."""
     with open(os.path.join(ckpt, "metric.jsonl")) as f:
         return [json.loads(line) for line in f if line.strip()]
+
+
+def metric_rows(ckpt):
+    """The step rows of ckpt/metric.jsonl without their timestamp (which differs between runs
+    that computed the same numbers)."""
+    return [{k: v for k, v in r.items() if k != "timestamp"} for r in all_metric_rows(ckpt)
+            if r.get("type", "step") == "step"]
 
 
 def latest_checkpoint(ckpt_dir):

@@ -112,7 +112,7 @@ void cpu_muon(float *w, const float *g, float *buf, float *scratch, const MuonAr
         for (int j = 0; j < cols; j++) {
             size_t k = (size_t)i * cols + j;
             buf[k] = lerp(buf[k], g[k], one_minus_momentum);
-            float update = lerp(g[k], buf[k], momentum); // Nesterov
+            float update = a->nesterov ? lerp(g[k], buf[k], momentum) : buf[k];
             x[transposed ? (size_t)j * rows + i : k] = update;
         }
     }

@@ -146,11 +146,13 @@ __device__ static float lerp_rn(float start, float end, float weight) {
                : __fsub_rn(end, __fmul_rn(__fsub_rn(end, start), __fsub_rn(1.0f, weight)));
 }
 
-// buf, g: (rows, cols). buf = lerp(buf, g, 1-momentum); x = lerp(g, buf, momentum) (Nesterov),
+// buf, g: (rows, cols). buf = lerp(buf, g, 1-momentum); x = lerp(g, buf, momentum) (Nesterov)
+// or x = buf (nesterov 0),
 // x: (rows, cols), or (cols, rows) when transposed. Block (TILE, TILE_ROWS) on a (TILE, TILE)
 // tile; the transposed write goes through shared memory so both sides stay coalesced.
 static __global__ void muon_momentum(float *x, float *buf, const float *g, int rows, int cols,
-                                     float momentum, float one_minus_momentum, int transposed) {
+                                     float momentum, float one_minus_momentum, int nesterov,
+                                     int transposed) {
     __shared__ float tile[TILE][TILE + 1]; // +1 column: no bank conflicts reading it across
     int j = blockIdx.x * TILE + threadIdx.x;
     for (int di = threadIdx.y; di < TILE; di += TILE_ROWS) {
@@ -160,7 +162,7 @@ static __global__ void muon_momentum(float *x, float *buf, const float *g, int r
             float gk = g[k];
             float b = lerp_rn(buf[k], gk, one_minus_momentum);
             buf[k] = b;
-            float u = lerp_rn(gk, b, momentum);
+            float u = nesterov ? lerp_rn(gk, b, momentum) : b;
             if (transposed)
                 tile[di][threadIdx.x] = u; // element (i, j) of the tile
             else
@@ -251,7 +253,7 @@ extern "C" void cuda_muon(float *w, const float *g, float *buf, float *scratch, 
     }
     const dim3 block(TILE, TILE_ROWS);
     muon_momentum<<<tiles, block, 0, stream()>>>(x, buf, g, rows, cols, a->momentum,
-                                                 a->one_minus_momentum, transposed);
+                                                 a->one_minus_momentum, a->nesterov, transposed);
     CUDA_CHECK(cudaGetLastError());
     cuda_sum_squares(sumsq, x, n);
     muon_normalize<<<elem_grid(n), THREADS, 0, stream()>>>(x, n, sumsq, a->norm_eps);

@@ -54,11 +54,20 @@ def match_rms_adamw_lr(lr, shape):
     return lr * 0.2 * math.sqrt(max(shape[0], shape[1]))
 
 
-class Muon(torch.optim.Optimizer):
-    """torch.optim.Muon (nesterov, match_rms_adamw), Newton-Schulz in fp32."""
+def adjusted_lr(lr, shape, adjust_lr="match_rms_adamw"):
+    """torch.optim.Muon's _adjust_lr: "original" sqrt(max(1, A/B)), or match_rms_adamw."""
+    if adjust_lr == "original":
+        return lr * math.sqrt(max(1.0, shape[0] / shape[1]))
+    return match_rms_adamw_lr(lr, shape)
 
-    def __init__(self, params, lr, weight_decay=0.1, momentum=MUON_MOMENTUM, ns_steps=NS_STEPS):
-        defaults = dict(lr=lr, weight_decay=weight_decay, momentum=momentum, ns_steps=ns_steps)
+
+class Muon(torch.optim.Optimizer):
+    """torch.optim.Muon (default nesterov, match_rms_adamw), Newton-Schulz in fp32."""
+
+    def __init__(self, params, lr, weight_decay=0.1, momentum=MUON_MOMENTUM, ns_steps=NS_STEPS,
+                 nesterov=True, adjust_lr="match_rms_adamw"):
+        defaults = dict(lr=lr, weight_decay=weight_decay, momentum=momentum, ns_steps=ns_steps,
+                        nesterov=nesterov, adjust_lr=adjust_lr)
         super().__init__(params, defaults)
 
     @torch.no_grad()
@@ -73,10 +82,10 @@ class Muon(torch.optim.Optimizer):
                     state["momentum_buffer"] = torch.zeros_like(p)
                 buf = state["momentum_buffer"]
                 buf.lerp_(p.grad, 1 - momentum)
-                update = p.grad.lerp(buf, momentum)  # Nesterov
+                update = p.grad.lerp(buf, momentum) if group["nesterov"] else buf
                 update = newton_schulz(update, group["ns_steps"])
                 p.mul_(1 - lr * wd)  # decoupled decay uses the unadjusted lr
-                p.add_(update, alpha=-match_rms_adamw_lr(lr, p.shape))
+                p.add_(update, alpha=-adjusted_lr(lr, p.shape, group["adjust_lr"]))
 
 
 def _adamw(params, lr, weight_decay):
@@ -129,23 +138,24 @@ class AdamW(_NamedOptimizers):
 class MuonMix(_NamedOptimizers):
     """astrai's `muon` (AstrAI MuonMix): Muon for hidden matrices, AdamW (wd 0) for the rest."""
 
-    def __init__(self, named_params, lr=3e-4, weight_decay=0.1):
+    def __init__(self, named_params, lr=3e-4, weight_decay=0.1, **muon):
         named = list(named_params)
         matrices = [p for n, p in named if muon_owns(n, p)]
         others = [p for n, p in named if not muon_owns(n, p)]
         optimizers = []
         if matrices:
-            optimizers.append(Muon(matrices, lr=lr, weight_decay=weight_decay))
+            optimizers.append(Muon(matrices, lr=lr, weight_decay=weight_decay, **muon))
         if others:
             optimizers.append(_adamw(others, lr, 0.0))
         super().__init__(named, optimizers)
 
 
-def make_optimizer(kind, named_params, lr=3e-4, weight_decay=0.1):
+def make_optimizer(kind, named_params, lr=3e-4, weight_decay=0.1, **muon):
+    """muon: the Muon knobs (momentum, ns_steps, nesterov, adjust_lr) of --muon_* flags."""
     if kind == "adamw":
         return AdamW(named_params, lr, weight_decay)
     if kind == "muon":
-        return MuonMix(named_params, lr, weight_decay)
+        return MuonMix(named_params, lr, weight_decay, **muon)
     raise ValueError(f"unknown optimizer {kind!r} (adamw, muon)")
 
 

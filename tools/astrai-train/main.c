@@ -7,8 +7,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "comm/comm.h"
+#include "common/fsutil.h"
 #include "engine/backend.h"
 #include "proto/train_spec.h"
 #include "worker/lib/launch.h"
@@ -126,13 +128,80 @@ static int run(const TrainSpec *spec, char **argv) {
     return rc;
 }
 
+// Whether this process prints the once-per-job lines (a rank other than 0 keeps quiet).
+static bool first_rank(void) {
+    const char *rank = getenv("RANK");
+    return !rank || !*rank || !strcmp(rank, "0");
+}
+
+// The flags that pick something outside the spec: --backend given explicitly chooses
+// device_type auto's device (gloo: our CPU collectives, nccl: GPUs); --master_addr/port
+// given explicitly become MASTER_ADDR/MASTER_PORT, which ranks started by another
+// launcher read (a local launch meets on 127.0.0.1 at a port it picks itself).
+static int resolve_env(TrainSpec *spec, Err *err) {
+    if (train_spec_given(spec, "backend") && !strcmp(spec->device_type, "auto") &&
+        train_spec_set(spec, "device_type", !strcmp(spec->backend, "gloo") ? "cpu" : "cuda", err))
+        return -1;
+    if (train_spec_given(spec, "master_addr")) setenv("MASTER_ADDR", spec->master_addr, 1);
+    if (train_spec_given(spec, "master_port")) setenv("MASTER_PORT", spec->master_port, 1);
+    return 0;
+}
+
+// ckpt_dir must be writable: the directory itself, or the nearest existing parent.
+static int check_ckpt_dir(const char *dir, Err *err) {
+    char path[4096];
+    snprintf(path, sizeof path, "%s", dir);
+    while (access(path, F_OK) != 0) {
+        char *slash = strrchr(path, '/');
+        if (!slash || slash == path) {
+            snprintf(path, sizeof path, "%s", slash == path ? "/" : ".");
+            break;
+        }
+        *slash = 0;
+    }
+    if (access(path, W_OK | X_OK) != 0)
+        return err_set(err, "ckpt_dir %s: %s is not writable", dir, path);
+    return 0;
+}
+
+// --dry-run: sets up everything a rank would (model config and weights, dataset shards and
+// their ids, checkpoint to resume, optimizer) on the CPU, with progress.db in a scratch
+// directory, then prints the resolved configuration. 0, or 2 on bad input.
+static int dry_run(const TrainSpec *spec) {
+    Err err = {0};
+    const Backend *be;
+    char scratch[] = "/tmp/astrai-dry-run-XXXXXX";
+    if (check_ckpt_dir(spec->ckpt_dir, &err) || backend_open(&be, "cpu", 0, DT_F32, &err)) {
+        fprintf(stderr, "astrai-train: %s\n", err.msg);
+        return setup_failed(&err);
+    }
+    if (!mkdtemp(scratch)) {
+        fprintf(stderr, "astrai-train: --dry-run: cannot make a scratch directory\n");
+        return 1;
+    }
+    setenv("ASTRAI_RUN_DIR", scratch, 1);
+    Trainer t;
+    int rc = 0;
+    if (trainer_init(&t, spec, be, NULL, 1, &err)) {
+        fprintf(stderr, "astrai-train: %s\n", err.msg);
+        rc = setup_failed(&err);
+    } else {
+        printf("# astrai-train --dry-run: valid; %ld optimizer steps per the schedule\n",
+               t.total_steps);
+        train_spec_print(spec, stdout);
+    }
+    trainer_free(&t);
+    if (fs_remove_tree(scratch, &err)) fprintf(stderr, "warning: %s\n", err.msg);
+    return rc;
+}
+
 int main(int argc, char **argv) {
     TrainSpec spec;
     Err err = {0};
     bool help;
     train_spec_defaults(&spec);
     if (train_spec_parse_args(&spec, argc, argv, &help, &err) ||
-        (!help && train_spec_validate(&spec, &err))) {
+        (!help && (train_spec_validate(&spec, &err) || resolve_env(&spec, &err)))) {
         fprintf(stderr, "astrai-train: %s\n", err.msg);
         train_spec_free(&spec);
         return 2;
@@ -142,7 +211,8 @@ int main(int argc, char **argv) {
         train_spec_free(&spec);
         return 0;
     }
-    int rc = run(&spec, argv);
+    if (first_rank()) train_spec_warn_ignored(&spec, stderr);
+    int rc = spec.dry_run ? dry_run(&spec) : run(&spec, argv);
     train_spec_free(&spec);
     return rc;
 }

@@ -103,10 +103,10 @@ void progress_close(ProgressDb *p) {
     memset(p, 0, sizeof *p);
 }
 
-int metrics_append(MetricLog *m, const StepRow *row, Err *err) {
+int metrics_append_row(MetricLog *m, const MetricRow *row, Err *err) {
     if (m->n == m->cap) {
         size_t cap = m->cap ? m->cap * 2 : 256;
-        StepRow *rows = realloc(m->rows, cap * sizeof *rows);
+        MetricRow *rows = realloc(m->rows, cap * sizeof *rows);
         if (!rows) return err_set(err, "metric log: out of memory");
         m->rows = rows;
         m->cap = cap;
@@ -115,28 +115,118 @@ int metrics_append(MetricLog *m, const StepRow *row, Err *err) {
     return 0;
 }
 
-static int number_field(const cJSON *obj, const char *key, double *out) {
+// AstrAI's time.strftime("%Y-%m-%dT%H:%M:%S"): local time, whole seconds.
+static void stamp(char *out, size_t cap, double unix_s) {
+    time_t t = (time_t)unix_s;
+    struct tm tm;
+    localtime_r(&t, &tm);
+    strftime(out, cap, "%Y-%m-%dT%H:%M:%S", &tm);
+}
+
+static double wall_now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+int metrics_append(MetricLog *m, const StepRow *r, Err *err) {
+    MetricRow row = {.kind = METRIC_STEP,
+                     .step = r->step,
+                     .epoch = r->epoch,
+                     .consumed_samples = r->consumed_samples,
+                     .has = METRIC_HAS_LOSS | METRIC_HAS_LR | METRIC_HAS_GRAD_NORM,
+                     .loss = r->loss,
+                     .lr = r->lr,
+                     .grad_norm = r->grad_norm};
+    stamp(row.timestamp, sizeof row.timestamp, r->wall_time);
+    return metrics_append_row(m, &row, err);
+}
+
+int metrics_append_epoch(MetricLog *m, long step, long epoch, long consumed_samples, Err *err) {
+    for (size_t i = m->n; i-- > 0;) {
+        const MetricRow *r = &m->rows[i];
+        if (r->step < step) break;
+        if (r->kind == METRIC_EPOCH && r->step == step && r->epoch == epoch) return 0;
+    }
+    MetricRow row = {
+        .kind = METRIC_EPOCH, .step = step, .epoch = epoch, .consumed_samples = consumed_samples};
+    stamp(row.timestamp, sizeof row.timestamp, wall_now());
+    return metrics_append_row(m, &row, err);
+}
+
+int metrics_append_validation(MetricLog *m, long step, long epoch, long consumed_samples,
+                              double val_loss, Err *err) {
+    MetricRow row = {.kind = METRIC_VALIDATION,
+                     .step = step,
+                     .epoch = epoch,
+                     .consumed_samples = consumed_samples,
+                     .has = METRIC_HAS_VAL_LOSS,
+                     .val_loss = val_loss};
+    stamp(row.timestamp, sizeof row.timestamp, wall_now());
+    return metrics_append_row(m, &row, err);
+}
+
+// A required count: a JSON number that is a non-negative integer.
+static const char *take_count(const cJSON *obj, const char *key, long *out) {
     const cJSON *v = cJSON_GetObjectItemCaseSensitive(obj, key);
-    if (!cJSON_IsNumber(v)) return -1;
+    if (!v) return "is missing";
+    if (!cJSON_IsNumber(v) || v->valuedouble < 0 || v->valuedouble != floor(v->valuedouble) ||
+        v->valuedouble > 9007199254740992.0)
+        return "must be a non-negative integer";
+    *out = (long)v->valuedouble;
+    return NULL;
+}
+
+// An optional number: absent or null (AstrAI drops a None metric) leaves the bit clear.
+static const char *take_number(const cJSON *obj, const char *key, unsigned bit, unsigned *has,
+                               double *out) {
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(obj, key);
+    if (!v || cJSON_IsNull(v)) return NULL;
+    if (!cJSON_IsNumber(v)) return "must be a number";
     *out = v->valuedouble;
+    *has |= bit;
+    return NULL;
+}
+
+static int kind_of(const cJSON *obj, MetricKind *kind) {
+    const cJSON *t = cJSON_GetObjectItemCaseSensitive(obj, "type");
+    // No type, or "train": rows written by astrai before it wrote AstrAI's shapes.
+    if (!t || (cJSON_IsString(t) && !strcmp(t->valuestring, "train")) ||
+        (cJSON_IsString(t) && !strcmp(t->valuestring, "step")))
+        *kind = METRIC_STEP;
+    else if (cJSON_IsString(t) && !strcmp(t->valuestring, "epoch"))
+        *kind = METRIC_EPOCH;
+    else if (cJSON_IsString(t) && !strcmp(t->valuestring, "validation"))
+        *kind = METRIC_VALIDATION;
+    else
+        return -1;
     return 0;
 }
 
-static int parse_metric_line(const char *line, StepRow *row) {
-    cJSON *obj = cJSON_Parse(line);
-    double step, epoch, consumed, loss, lr, gnorm;
-    int bad = !obj || number_field(obj, "step", &step) || number_field(obj, "epoch", &epoch) ||
-              number_field(obj, "consumed_samples", &consumed) ||
-              number_field(obj, "loss", &loss) || number_field(obj, "lr", &lr) ||
-              number_field(obj, "grad_norm", &gnorm);
-    cJSON_Delete(obj);
-    if (bad) return -1;
-    *row = (StepRow){.step = (long)step,
-                     .epoch = (long)epoch,
-                     .consumed_samples = (long)consumed,
-                     .loss = (float)loss,
-                     .lr = lr,
-                     .grad_norm = (float)gnorm};
+// Parses one row; on failure *why says what is wrong (key names *what).
+static int parse_row(const cJSON *obj, MetricRow *row, const char **why, const char **what) {
+    memset(row, 0, sizeof *row);
+    *what = "";
+    if (!cJSON_IsObject(obj)) return *why = "not a JSON object", -1;
+    if (kind_of(obj, &row->kind))
+        return *what = "type", *why = "must be step, epoch or validation", -1;
+    static const char *counts[] = {"step", "epoch", "consumed_samples"};
+    long *outs[] = {&row->step, &row->epoch, &row->consumed_samples};
+    for (int i = 0; i < 3; i++)
+        if ((*why = take_count(obj, counts[i], outs[i]))) return *what = counts[i], -1;
+    double loss = 0, gnorm = 0;
+    const char *keys[] = {"loss", "lr", "grad_norm", "val_loss"};
+    unsigned bits[] = {METRIC_HAS_LOSS, METRIC_HAS_LR, METRIC_HAS_GRAD_NORM, METRIC_HAS_VAL_LOSS};
+    double *nums[] = {&loss, &row->lr, &gnorm, &row->val_loss};
+    for (int i = 0; i < 4; i++)
+        if ((*why = take_number(obj, keys[i], bits[i], &row->has, nums[i])))
+            return *what = keys[i], -1;
+    if (row->kind == METRIC_VALIDATION && !(row->has & METRIC_HAS_VAL_LOSS))
+        return *what = "val_loss", *why = "is missing (a validation row needs it)", -1;
+    row->loss = (float)loss;
+    row->grad_norm = (float)gnorm;
+    const cJSON *ts = cJSON_GetObjectItemCaseSensitive(obj, "timestamp");
+    if (cJSON_IsString(ts)) snprintf(row->timestamp, sizeof row->timestamp, "%s", ts->valuestring);
     return 0;
 }
 
@@ -146,37 +236,76 @@ int metrics_load(MetricLog *m, const char *path, long up_to_step, Err *err) {
     if (fs_read_file(path, &text, &len, err)) return -1;
     int rc = 0;
     long lineno = 0;
-    for (char *save = NULL, *line = strtok_r(text, "\n", &save); line && !rc;
-         line = strtok_r(NULL, "\n", &save)) {
-        StepRow row;
+    char *save = NULL;
+    // Lines are counted one by one (strtok_r would merge empty lines and shift numbers).
+    for (char *line = text; line && !rc; line = save) {
+        char *nl = strchr(line, '\n');
+        save = nl ? nl + 1 : NULL;
+        if (nl) *nl = 0;
         lineno++;
-        if (parse_metric_line(line, &row))
-            rc = err_set(err,
-                         "%s:%ld: not a metric row {step, epoch, consumed_samples, loss, "
-                         "lr, grad_norm}",
-                         path, lineno);
+        if (strspn(line, " \t\r") == strlen(line)) continue; // blank line
+        cJSON *obj = cJSON_Parse(line);
+        MetricRow row;
+        const char *why = "not valid JSON", *what = "";
+        if (!obj || parse_row(obj, &row, &why, &what))
+            rc = err_set(err, "%s:%ld: not a metric row: %s%s%s%s", path, lineno, *what ? "\"" : "",
+                         what, *what ? "\" " : "", why);
         else if (row.step <= up_to_step)
-            rc = metrics_append(m, &row, err);
+            rc = metrics_append_row(m, &row, err);
+        cJSON_Delete(obj);
     }
     free(text);
     return rc;
 }
 
+// Appends s as a JSON string (quoted, escaped) to out; returns the bytes written.
+static size_t put_json_string(char *out, size_t cap, const char *s) {
+    size_t n = 0;
+    n += (size_t)snprintf(out + n, cap - n, "\"");
+    for (const unsigned char *p = (const unsigned char *)s; *p && n + 8 < cap; p++) {
+        if (*p == '"' || *p == '\\')
+            n += (size_t)snprintf(out + n, cap - n, "\\%c", *p);
+        else if (*p < 0x20)
+            n += (size_t)snprintf(out + n, cap - n, "\\u%04x", *p);
+        else
+            out[n++] = (char)*p;
+    }
+    n += (size_t)snprintf(out + n, cap - n, "\"");
+    return n;
+}
+
+static const char *kind_name(MetricKind k) {
+    return k == METRIC_EPOCH ? "epoch" : k == METRIC_VALIDATION ? "validation" : "step";
+}
+
+// One row in AstrAI's key order: type, timestamp, epoch, step, consumed_samples, then the
+// metrics (loss, lr, grad_norm; val_loss). %.9g round-trips a float exactly; %.17g a double.
+static size_t format_row(char *out, size_t cap, const MetricRow *r) {
+    size_t n = (size_t)snprintf(out, cap, "{\"type\":\"%s\",\"timestamp\":", kind_name(r->kind));
+    n += put_json_string(out + n, cap - n, r->timestamp);
+    n += (size_t)snprintf(out + n, cap - n, ",\"epoch\":%ld,\"step\":%ld,\"consumed_samples\":%ld",
+                          r->epoch, r->step, r->consumed_samples);
+    if (r->has & METRIC_HAS_LOSS)
+        n += (size_t)snprintf(out + n, cap - n, ",\"loss\":%.9g", (double)r->loss);
+    if (r->has & METRIC_HAS_LR) n += (size_t)snprintf(out + n, cap - n, ",\"lr\":%.17g", r->lr);
+    if (r->has & METRIC_HAS_GRAD_NORM)
+        n += (size_t)snprintf(out + n, cap - n, ",\"grad_norm\":%.9g", (double)r->grad_norm);
+    if (r->has & METRIC_HAS_VAL_LOSS)
+        n += (size_t)snprintf(out + n, cap - n, ",\"val_loss\":%.17g", r->val_loss);
+    n += (size_t)snprintf(out + n, cap - n, "}\n");
+    return n;
+}
+
+// A row is at most ~420 bytes: a 31-character timestamp escaped (<= 186), three 20-digit
+// longs and four numbers of <= 25 characters, plus the key names.
+#define ROW_CAP 512
+
 char *metrics_to_jsonl(const MetricLog *m, size_t *len) {
-    // A row is at most ~220 bytes (three 20-digit longs, %.9g and %.17g numbers).
-    size_t cap = m->n * 256 + 1, used = 0;
+    size_t cap = m->n * ROW_CAP + 1, used = 0;
     char *out = malloc(cap);
     if (!out) return NULL;
-    for (size_t i = 0; i < m->n; i++) {
-        const StepRow *r = &m->rows[i];
-        // %.9g round-trips a float exactly; %.17g a double.
-        used += (size_t)snprintf(out + used, cap - used,
-                                 "{\"type\":\"train\",\"step\":%ld,\"epoch\":%ld,"
-                                 "\"consumed_samples\":%ld,\"loss\":%.9g,\"lr\":%.17g,"
-                                 "\"grad_norm\":%.9g}\n",
-                                 r->step, r->epoch, r->consumed_samples, (double)r->loss, r->lr,
-                                 (double)r->grad_norm);
-    }
+    for (size_t i = 0; i < m->n; i++)
+        used += format_row(out + used, cap - used, &m->rows[i]);
     out[used] = 0;
     *len = used;
     return out;

@@ -38,16 +38,52 @@ int progress_add_step(ProgressDb *p, const StepRow *row, Err *err);
 int progress_add_checkpoint(ProgressDb *p, long step, long epoch, const char *path, Err *err);
 void progress_close(ProgressDb *p);
 
-// metric.jsonl: the cumulative rows of a run.
+// metric.jsonl: the cumulative rows of a run, in AstrAI's row shapes
+// (astrai/trainer/train_callback.py MetricCallback), one JSON object a line:
+//   {"type":"step","timestamp":"2026-07-30T00:49:04","epoch":0,"step":1,
+//    "consumed_samples":4,"loss":5.5,"lr":0.0003,"grad_norm":1.2}
+//   {"type":"epoch","timestamp":...,"epoch":0,"step":20,"consumed_samples":80}
+//   {"type":"validation","timestamp":...,"epoch":0,"step":20,"consumed_samples":80,
+//    "val_loss":5.1}
+// Our grad_norm is the step's own (before clipping); AstrAI's is one step late (its metric
+// callback runs before its clipping callback), so its first step row has none.
+typedef enum { METRIC_STEP, METRIC_EPOCH, METRIC_VALIDATION } MetricKind;
+
+// Which optional numbers a row carries (AstrAI's `--metrics` columns).
+enum { METRIC_HAS_LOSS = 1, METRIC_HAS_LR = 2, METRIC_HAS_GRAD_NORM = 4, METRIC_HAS_VAL_LOSS = 8 };
+
 typedef struct {
-    StepRow *rows;
+    MetricKind kind;
+    long step; // optimizer steps done when the row was written
+    long epoch;
+    long consumed_samples;
+    char timestamp[32]; // "YYYY-MM-DDTHH:MM:SS", local time like AstrAI; "" when absent
+    unsigned has;       // METRIC_HAS_* bits
+    float loss;
+    double lr;
+    float grad_norm;
+    double val_loss;
+} MetricRow;
+
+typedef struct {
+    MetricRow *rows;
     size_t n, cap;
 } MetricLog;
 
+// A "step" row with loss, lr and grad_norm, stamped with row->wall_time.
 int metrics_append(MetricLog *m, const StepRow *row, Err *err);
-// Loads metric.jsonl rows with step <= up_to_step (a checkpoint's own history).
+// An "epoch" row (the end of an epoch), stamped now. A second row for the same epoch and
+// step (the end of an epoch replayed by a resumed run) is not added.
+int metrics_append_epoch(MetricLog *m, long step, long epoch, long consumed_samples, Err *err);
+// A "validation" row with val_loss, stamped now.
+int metrics_append_validation(MetricLog *m, long step, long epoch, long consumed_samples,
+                              double val_loss, Err *err);
+int metrics_append_row(MetricLog *m, const MetricRow *row, Err *err);
+// Loads metric.jsonl rows with step <= up_to_step (a checkpoint's own history): ours and
+// AstrAI's as they are (a step row without grad_norm or loss, epoch and validation rows,
+// unknown keys ignored). A line that is not such a row is an error naming path:line.
 int metrics_load(MetricLog *m, const char *path, long up_to_step, Err *err);
-// Serialises all rows as JSON lines (malloc'd text, *len bytes).
+// Serialises all rows as JSON lines (malloc'd text, *len bytes); NULL when out of memory.
 char *metrics_to_jsonl(const MetricLog *m, size_t *len);
 void metrics_free(MetricLog *m);
 

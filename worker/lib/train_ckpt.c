@@ -167,6 +167,22 @@ static int json_long(const cJSON *o, const char *key, long *out, const char *pat
     return 0;
 }
 
+// A checkpoint written by AstrAI has no sampler.json: the position comes from
+// consumed_samples as AstrAI's TrainContextBuilder derives it: consumed_samples rounded
+// down to whole optimizer steps, then (when > 0) epoch = (consumed / world) // per_replica
+// and the position inside it = (consumed / world) % per_replica (RDSampler's start_iter).
+static void astrai_position(Trainer *t) {
+    const TrainSpec *s = t->spec;
+    long per_step = s->batch_per_device * t->world * s->grad_accum_steps;
+    t->consumed_samples = t->consumed_samples / per_step * per_step;
+    int64_t offset = t->consumed_samples / t->world;
+    t->epoch_pos = 0;
+    if (offset > 0 && t->sampler.per_replica > 0) {
+        t->epoch = (long)(offset / t->sampler.per_replica);
+        t->epoch_pos = offset % t->sampler.per_replica;
+    }
+}
+
 // Restores epoch and the position inside it from sampler.json; without one (a
 // checkpoint written by AstrAI) derives it from consumed_samples as AstrAI does.
 static int load_sampler_position(Trainer *t, const char *dir, Err *err) {
@@ -174,9 +190,7 @@ static int load_sampler_position(Trainer *t, const char *dir, Err *err) {
     if (path_join(path, sizeof path, dir, "sampler.json", err)) return -1;
     long world = t->world;
     if (!fs_is_file(path)) {
-        int64_t offset = t->consumed_samples / world;
-        t->epoch_pos = offset - (int64_t)t->epoch * t->sampler.per_replica;
-        if (t->epoch_pos < 0 || t->epoch_pos > t->sampler.per_replica) t->epoch_pos = 0;
+        astrai_position(t);
         return 0;
     }
     char *text;
@@ -205,10 +219,19 @@ static int load_optimizer(Trainer *t, const char *dir, Err *err) {
     char path[PATH_CAP];
     if (path_join(path, sizeof path, dir, "optimizer.safetensors", err)) return -1;
     if (!fs_is_file(path)) {
-        fprintf(stderr,
-                "warning: %s: no optimizer.safetensors; the optimizer state starts "
-                "fresh\n",
-                dir);
+        char pt[PATH_CAP];
+        if (path_join(pt, sizeof pt, dir, "optimizer.pt", err)) return -1;
+        // One warning for the job (rank 0).
+        if (t->rank == 0 && fs_is_file(pt))
+            fprintf(stderr,
+                    "warning: %s is a PyTorch pickle, which astrai never executes (loading "
+                    "one runs arbitrary code): the optimizer state starts fresh\n",
+                    pt);
+        else if (t->rank == 0)
+            fprintf(stderr,
+                    "warning: %s: no optimizer.safetensors; the optimizer state starts "
+                    "fresh\n",
+                    dir);
         return 0;
     }
     ParamView v = model_view(&t->model);
@@ -221,6 +244,40 @@ static int load_optimizer(Trainer *t, const char *dir, Err *err) {
     return rc;
 }
 
+// AstrAI's optimizer_step: consumed_samples // (batch_per_device * nprocs *
+// grad_accum_steps), with the values its meta.json records. -1 when they are absent.
+static long astrai_step(const CkptMeta *meta) {
+    const char *keys[] = {"batch_per_device", "nprocs", "grad_accum_steps"};
+    double per_step = 1;
+    for (int i = 0; i < 3; i++) {
+        const cJSON *v = cJSON_GetObjectItemCaseSensitive(meta->config, keys[i]);
+        if (!cJSON_IsNumber(v) || v->valuedouble < 1) return -1;
+        per_step *= v->valuedouble;
+    }
+    return (long)((double)meta->consumed_samples / per_step);
+}
+
+// The number of optimizer steps done, which is also the schedule position (AstrAI's
+// scheduler.pt, a pickle, is never read): meta.json's "step" (ours), else the directory
+// name epoch_E_step_S as AstrAI names it, else AstrAI's formula over meta.json's keys.
+static int load_step(Trainer *t, const CkptMeta *meta, const char *dir, const char **from,
+                     Err *err) {
+    t->step = meta->step;
+    *from = "meta.json";
+    if (t->step >= 0) return 0;
+    const char *base = strrchr(dir, '/') ? strrchr(dir, '/') + 1 : dir;
+    long name_epoch;
+    *from = "the directory name";
+    if (!ckpt_parse_name(base, &name_epoch, &t->step)) return 0;
+    *from = "consumed_samples";
+    t->step = astrai_step(meta);
+    if (t->step >= 0) return 0;
+    return err_set(err,
+                   "%s/meta.json: no \"step\", the directory name is not epoch_E_step_S, and "
+                   "no batch_per_device/nprocs/grad_accum_steps to derive it",
+                   dir);
+}
+
 int train_ckpt_load_state(Trainer *t, const char *dir, Err *err) {
     char path[PATH_CAP];
     CkptMeta meta;
@@ -228,15 +285,13 @@ int train_ckpt_load_state(Trainer *t, const char *dir, Err *err) {
         return -1;
     t->epoch = meta.epoch;
     t->consumed_samples = meta.consumed_samples;
-    t->step = meta.step;
+    const char *step_from;
+    int rc = load_step(t, &meta, dir, &step_from, err);
     meta_free(&meta);
-    const char *base = strrchr(dir, '/') ? strrchr(dir, '/') + 1 : dir;
-    long name_epoch;
-    if (t->step < 0 && ckpt_parse_name(base, &name_epoch, &t->step))
-        return err_set(err, "%s: no \"step\" and the directory name is not epoch_E_step_S", path);
-    if (load_sampler_position(t, dir, err) || load_optimizer(t, dir, err)) return -1;
+    if (rc || load_sampler_position(t, dir, err) || load_optimizer(t, dir, err)) return -1;
     if (path_join(path, sizeof path, dir, "metric.jsonl", err)) return -1;
     if (fs_is_file(path) && metrics_load(&t->metrics, path, t->step, err)) return -1;
-    fprintf(stderr, "resuming from %s: step %ld, epoch %ld\n", dir, t->step, t->epoch);
+    fprintf(stderr, "resuming from %s: step %ld (from %s), epoch %ld, %ld samples consumed\n", dir,
+            t->step, step_from, t->epoch, t->consumed_samples);
     return 0;
 }

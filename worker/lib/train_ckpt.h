@@ -6,7 +6,10 @@
 //   optimizer.safetensors  AdamW moments / Muon momentum, step count
 //   scheduler.json         schedule kind and parameters, steps done
 //   sampler.json           epoch, samples consumed in it, seed, shuffle
-//   metric.jsonl           one row per optimizer step so far
+//   metric.jsonl           AstrAI's rows so far: one per optimizer step, one per epoch end
+// A checkpoint written by AstrAI (optimizer.pt and scheduler.pt, pickles, instead of the
+// last three .json/.safetensors files) resumes too: weights, epoch, consumed samples and the
+// schedule position (the step, from the directory name) continue; the optimizer starts fresh.
 #pragma once
 #include <stddef.h>
 

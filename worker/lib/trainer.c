@@ -39,7 +39,8 @@ static void set_threads(long n) {
 static int open_data(Trainer *t, const ModelConfig *cfg, Err *err) {
     const TrainSpec *s = t->spec;
     if (dataset_open(&t->data, s->data_root_path, t->sft, err)) return -1;
-    if (dataset_check_vocab(&t->data, cfg->vocab_size, err))
+    if (dataset_check_vocab(&t->data, cfg->vocab_size, err) ||
+        dataset_check_positions(&t->data, cfg->max_position_embeddings, err))
         return err_prefix(err, "data_root_path %s", s->data_root_path);
     t->window = s->window_size ? s->window_size : cfg->max_position_embeddings;
     if (t->window > cfg->max_position_embeddings)
@@ -132,6 +133,15 @@ int trainer_init(Trainer *t, const TrainSpec *spec, const Backend *be, Comm *com
     OptimizerKind kind = !strcmp(spec->optimizer, "adamw") ? OPT_ADAMW : OPT_MUON;
     ParamView view = executor_view(&t->exec, &t->model);
     if (optim_create(&t->opt, kind, &view, (float)spec->weight_decay, err)) return -1;
+    t->opt.momentum = (float)spec->muon_momentum;
+    t->opt.nesterov = spec->muon_nesterov;
+    t->opt.ns_steps = (int)spec->muon_ns_steps;
+    t->opt.adjust_lr_original = !strcmp(spec->muon_adjust_lr, "original");
+    if (!*resume_dir) { // a fresh run starts where --start_epoch/--start_samples say (AstrAI)
+        t->epoch = spec->start_epoch;
+        t->consumed_samples = spec->start_samples * t->world;
+        t->epoch_pos = spec->start_samples % t->sampler.per_replica;
+    }
     if (*resume_dir && train_ckpt_load_state(t, resume_dir, err)) return -1;
     t->last_ckpt_step = t->step;
     if (t->rank == 0 &&
@@ -326,6 +336,10 @@ static int run_epochs(Trainer *t, Err *err) {
             int rc = after_step(t, stop, ckpt, err);
             if (rc) return rc;
         }
+        // AstrAI's on_epoch_end row: the epoch is complete.
+        if (t->rank == 0 &&
+            metrics_append_epoch(&t->metrics, t->step, t->epoch, t->consumed_samples, err))
+            return -1;
     }
     return 0;
 }

@@ -1,0 +1,336 @@
+"""AstrAI's train.py flags (commit c8b1e40) in astrai-train (issue 8): every flag is parsed with
+AstrAI's spelling and default (checked through --dry-run's resolved configuration), and a
+non-default value either changes the configuration, warns (one stderr line), or is refused with
+exit 2 and a reason. Also: -c/--config YAML (the command line wins), --x v / --no-x forms, the
+position-id bad-input case (exit 2), and AstrAI's documented command lines for a few steps."""
+
+import json
+import os
+import sys
+
+import numpy as np
+
+import train_util as tu
+
+WINDOW = 16
+failures = []
+
+
+def check(cond, msg):
+    if not cond:
+        failures.append(msg)
+        print("FAIL:", msg)
+
+
+def run(args, expect=None, cwd=None):
+    import subprocess
+    proc = subprocess.run([tu.binary("astrai-train")] + args, capture_output=True, text=True,
+                          timeout=600, cwd=cwd)
+    if expect is not None and proc.returncode != expect:
+        check(False, f"{' '.join(args)}: exit {proc.returncode}, expected {expect}\n"
+                     f"{proc.stdout[-2000:]}\n{proc.stderr[-2000:]}")
+    return proc
+
+
+def resolved(stdout):
+    """--dry-run's "key = value" lines as a dict."""
+    out = {}
+    for line in stdout.splitlines():
+        if " = " in line and not line.startswith("#"):
+            k, v = line.split(" = ", 1)
+            out[k] = v
+    return out
+
+
+def same(got, want):
+    try:
+        return abs(float(got) - float(want)) <= 1e-12 * max(1.0, abs(float(want)))
+    except ValueError:
+        return got == want
+
+
+# AstrAI flag → (AstrAI's default as our dry-run prints it (None: AstrAI's None, printed as our
+# "unset" value), a non-default value, what it does: "set" | "warn" | "refuse").
+NONE = {"window_size": "0", "stride": "0", "val_split": "0", "compile": "", "min_rate": "0.01",
+        "cycle_length": "0", "stable_steps": "0", "decay_steps": "0", "tp_size": "0"}
+FLAGS = {
+    "resume": ("false", None, None),  # needs a checkpoint: test_train_resume covers it
+    "n_epoch": ("1", "2", "set"),
+    "batch_per_device": ("1", "2", "set"),
+    "grad_accum_steps": ("1", "2", "set"),
+    "warmup_ratio": ("0.05", "0.1", "set"),
+    "max_lr": ("3e-4", "1e-4", "set"),
+    "max_grad_norm": ("1.0", "0.5", "set"),
+    "weight_decay": ("0.1", "0.05", "set"),
+    "muon_momentum": ("0.95", "0.9", "set"),
+    "muon_nesterov": ("true", "false", "set"),
+    "muon_ns_steps": ("5", "3", "set"),
+    "muon_adjust_lr": ("match_rms_adamw", "original", "set"),
+    "random_seed": ("3407", "7", "set"),
+    "num_workers": ("4", "8", "warn"),
+    "pin_memory": ("true", "false", "warn"),
+    "window_size": (None, "8", "set"),
+    "stride": (None, "4", "set"),
+    "dpo_beta": ("0.1", "0.2", "refuse"),
+    "group_size": ("4", "8", "refuse"),
+    "grpo_clip_eps": ("0.2", "0.3", "refuse"),
+    "grpo_kl_coef": ("0.01", "0.02", "refuse"),
+    "label_smoothing": ("0.0", "0.05", "set"),
+    "rollout_interval": ("512", "256", "refuse"),
+    "rollout_temperature": ("0.7", "1.0", "refuse"),
+    "rollout_top_k": ("0", "5", "refuse"),
+    "rollout_top_p": ("0.9", "0.8", "refuse"),
+    "rollout_max_tokens": ("1024", "64", "refuse"),
+    "gradient_checkpointing": ("false", "true", "set"),
+    "compile": (None, "default", "warn"),
+    "ckpt_interval": ("5000", "100", "set"),
+    "ckpt_dir": ("checkpoint", None, None),  # set in every other run
+    "val_split": (None, "0.1", "refuse"),
+    "val_step": ("1000", "50", "set"),
+    "metrics": ("loss,lr,grad_norm", "loss", "refuse"),
+    "start_epoch": ("0", "1", "set"),
+    "start_samples": ("0", "3", "set"),
+    "master_addr": ("localhost", "127.0.0.1", "set"),
+    "master_port": ("29500", "29555", "set"),
+    "backend": ("nccl", "gloo", "set"),
+    "nprocs": ("1", "2", "set"),
+    "parallel_mode": ("fsdp", "ddp", "set"),
+    "device_type": ("auto", "cpu", "set"),  # AstrAI: cuda; ours picks cuda when a GPU is there
+    "start_method": ("spawn", "fork", "warn"),
+    "neftune_alpha": ("0.0", "5.0", "refuse"),
+    "schedule_type": ("cosine", "wsd", "set"),
+    "min_rate": (None, "0.1", "set"),
+    "cycle_length": (None, "10", "set"),
+    "t_mult": ("2", "3", "set"),
+    "stable_steps": (None, "10", "set"),
+    "decay_steps": (None, "10", "set"),
+    "tp_size": (None, "2", "refuse"),
+}
+
+
+def base(model, data, root):
+    return [f"--train_type=seq", f"--param_path={model}", f"--data_root_path={data}",
+            f"--window_size={WINDOW}", f"--ckpt_dir={os.path.join(root, 'ck')}", "--threads=1"]
+
+
+def check_table(model, data, root):
+    # Defaults: no ckpt_dir, no window_size given (AstrAI's None: max_position_embeddings).
+    p = run(["--train_type=seq", f"--param_path={model}", f"--data_root_path={data}",
+             "--dry-run"], expect=0, cwd=root)
+    conf = resolved(p.stdout)
+    check(not p.stderr.strip(), f"defaults: unexpected stderr {p.stderr!r}")
+    for flag, (default, value, what) in FLAGS.items():
+        want = NONE[flag] if default is None else default
+        check(flag in conf and same(conf[flag], want),
+              f"--{flag}: default {conf.get(flag)!r}, want {want!r}")
+        if value is None:
+            continue
+        args = base(model, data, root) + [f"--{flag}={value}", "--dry-run"]
+        if flag == "window_size" or flag == "stride":
+            args = [a for a in args if not a.startswith("--window_size")] + [f"--{flag}={value}"]
+        p = run(args)
+        if what == "set":
+            check(p.returncode == 0, f"--{flag}={value}: exit {p.returncode}: {p.stderr}")
+            got = resolved(p.stdout).get(flag)
+            check(got is not None and same(got, value), f"--{flag}={value}: resolved {got!r}")
+        elif what == "warn":
+            warn = [ln for ln in p.stderr.splitlines() if ln.startswith("warning:")]
+            check(p.returncode == 0 and len(warn) == 1 and f"--{flag}" in warn[0]
+                  and "changes nothing" in warn[0], f"--{flag}={value}: {p.returncode} {warn}")
+        else:
+            check(p.returncode == 2 and flag in p.stderr and
+                  ("not supported yet" in p.stderr or "refused" in p.stderr),
+                  f"--{flag}={value}: exit {p.returncode}, stderr {p.stderr!r}")
+    print(f"ok? table of {len(FLAGS)} AstrAI flags")
+    # backend: gloo picks the CPU; a contradiction is named.
+    conf = resolved(run(base(model, data, root) + ["--backend=gloo", "--dry-run"], 0).stdout)
+    check(conf.get("device_type") == "cpu", f"--backend=gloo: device_type {conf.get('device_type')}")
+    p = run(base(model, data, root) + ["--backend=gloo", "--device_type=cuda", "--dry-run"], 2)
+    check("backend" in p.stderr and "cuda" in p.stderr, f"gloo+cuda: {p.stderr!r}")
+    for tt, word in (("online_grpo", "reward"), ("online_dpo", "reward"),
+                     ("dpo", "not supported yet"), ("grpo", "not supported yet")):
+        p = run(base(model, data, root)[1:] + [f"--train_type={tt}", "--dry-run"], 2)
+        check(word in p.stderr, f"--train_type={tt}: {p.stderr!r}")
+    check(run(base(model, data, root) + ["--tp_size=1", "--dry-run"], 0).returncode == 0,
+          "--tp_size=1 refused")
+    # Spellings: --x v, --no-x, repeated --metrics equal to the default.
+    p = run(base(model, data, root) + ["--max_lr", "2e-4", "--no-muon_nesterov", "--no-shuffle",
+                                        "--metrics", "loss", "--metrics", "lr", "--metrics",
+                                        "grad_norm", "--dry-run"], 0)
+    conf = resolved(p.stdout)
+    check(same(conf.get("max_lr"), "2e-4") and conf.get("muon_nesterov") == "false"
+          and conf.get("shuffle") == "false", f"spellings: {conf}")
+    p = run(base(model, data, root) + ["--no-max_lr", "--dry-run"], 2)
+    check("unknown key" in p.stderr, f"--no-max_lr: {p.stderr!r}")
+    # --help groups as AstrAI's config sections.
+    out = run(["--help"], 0).stdout
+    for group in ("model:", "data:", "parallel:", "training:", "ckpt:", "log:"):
+        check(f"\n{group}\n" in out, f"--help lacks group {group}")
+    # --dry-run checks files: bad model dir, bad data root, unwritable ckpt_dir.
+    p = run(base(model, data, root) + [f"--param_path={root}/nope", "--dry-run"], 2)
+    check("nope" in p.stderr, f"dry-run bad model: {p.stderr!r}")
+    p = run(base(model, data, root) + [f"--data_root_path={root}/nodata", "--dry-run"], 2)
+    check("nodata" in p.stderr, f"dry-run bad data: {p.stderr!r}")
+    if os.geteuid() != 0:
+        ro = os.path.join(root, "ro")
+        os.makedirs(ro)
+        os.chmod(ro, 0o500)
+        p = run(base(model, data, root) + [f"--ckpt_dir={ro}/ck", "--dry-run"], 2)
+        check("not writable" in p.stderr, f"dry-run ro ckpt_dir: {p.stderr!r}")
+    check(not os.path.exists(os.path.join(root, "ck", "progress.db")),
+          "--dry-run wrote progress.db into ckpt_dir")
+
+
+def check_changes(model, data, root):
+    """Implemented knobs change the run: --no-muon_nesterov and --muon_adjust_lr change step 2;
+    --start_samples/--start_epoch set where a fresh run starts."""
+    def steps(name, extra):
+        ck = os.path.join(root, name)
+        run(base(model, data, root)[:-2] + [f"--ckpt_dir={ck}", "--threads=1", "--max_steps=3",
+                                             "--batch_per_device=2", "--warmup_ratio=0",
+                                             "--max_lr=1e-2"] + extra, 0)
+        return tu.metric_rows(tu.latest_checkpoint(ck))
+
+    ref = steps("ref", [])
+    for extra in (["--no-muon_nesterov"], ["--muon_adjust_lr=original"], ["--muon_ns_steps=2"],
+                  ["--muon_momentum=0.5"]):
+        rows = steps("x" + extra[0].replace("-", ""), extra)
+        # Step 1's Muon update is the orthogonalised gradient whatever the momentum knobs;
+        # they show from step 2 (its loss is row 3's).
+        check(rows[0]["loss"] == ref[0]["loss"] and rows[2]["loss"] != ref[2]["loss"],
+              f"{extra}: step losses {[r['loss'] for r in rows]} vs {[r['loss'] for r in ref]}")
+    rows = steps("start", ["--start_samples=5", "--start_epoch=1", "--n_epoch=2"])
+    check(rows[0]["epoch"] == 1 and rows[0]["consumed_samples"] == 7,
+          f"--start_samples=5 --start_epoch=1: first row {rows[0]}")
+    print("ok? muon knobs and start position change the run")
+
+
+def check_yaml(model, data, root):
+    cfg = os.path.join(root, "train.yaml")
+    with open(cfg, "w") as f:
+        f.write(f"""# AstrAI's sections, flattened
+model:
+  param_path: {model}
+data:
+  train_type: seq
+  data_root_path: {data}
+  window_size: {WINDOW}
+  stride: null
+parallel:
+  parallel_mode: none
+  nprocs: 1
+training:
+  max_lr: 1.0e-4
+  n_epoch: 3
+  muon_nesterov: false
+  metrics: [loss, lr, grad_norm]
+ckpt:
+  ckpt_dir: {os.path.join(root, 'yck')}
+  ckpt_interval: 77
+log:
+  log_interval: 5
+""")
+    p = run(["-c", cfg, "--n_epoch=2", "--dry-run"], 0)
+    conf = resolved(p.stdout)
+    want = {"train_type": "seq", "param_path": model, "window_size": str(WINDOW), "stride": "0",
+            "parallel_mode": "none", "max_lr": "1e-4", "n_epoch": "2", "muon_nesterov": "false",
+            "ckpt_interval": "77", "log_interval": "5", "metrics": "loss,lr,grad_norm"}
+    for k, v in want.items():
+        check(same(conf.get(k), v), f"yaml: {k} = {conf.get(k)!r}, want {v!r}")
+    p = run(["--config", cfg, "--max_lr=2e-4", "--dry-run"], 0)
+    check(same(resolved(p.stdout).get("max_lr"), "2e-4"), "yaml: --max_lr after -c does not win")
+    p = run(["--max_lr=2e-4", f"--config={cfg}", "--dry-run"], 0)
+    check(same(resolved(p.stdout).get("max_lr"), "2e-4"), "yaml: --max_lr before -c does not win")
+    bad = os.path.join(root, "bad.yaml")
+    with open(bad, "w") as f:
+        f.write("training:\n  max_lrr: 1\n")
+    p = run(["-c", bad, "--dry-run"], 2)
+    check("bad.yaml" in p.stderr and "max_lr" in p.stderr, f"yaml unknown key: {p.stderr!r}")
+    with open(bad, "w") as f:
+        f.write("training: [1, 2\n")
+    p = run(["-c", bad, "--dry-run"], 2)
+    check("bad.yaml" in p.stderr, f"yaml syntax: {p.stderr!r}")
+    print("ok? yaml config")
+
+
+def write_sft(root, name, n, max_pos):
+    """An sft shard: sequence, loss_mask, position_ids (int32)."""
+    d = os.path.join(root, name, "shard_0000")
+    os.makedirs(d)
+    rng = np.random.default_rng(1)
+    arrays = {"sequence": rng.integers(0, 256, n), "loss_mask": np.ones(n),
+              "position_ids": np.arange(n) % max_pos}
+    meta = {}
+    for key, a in arrays.items():
+        a.astype("<i4").tofile(os.path.join(d, key + ".bin"))
+        meta[key] = {"shape": [n], "dtype": "int32"}
+    with open(os.path.join(d, "meta.json"), "w") as f:
+        json.dump(meta, f)
+    return os.path.join(root, name), os.path.join(d, "position_ids.bin")
+
+
+def check_positions(model, root):
+    data, pos = write_sft(root, "sft_bad", 400, 32)
+    ids = np.fromfile(pos, dtype="<i4")
+    ids[123] = 40  # past max_position_embeddings 32
+    ids.tofile(pos)
+    args = base(model, data, root)[1:] + ["--train_type=sft", "--max_steps=1"]
+    for extra in ([], ["--dry-run"]):
+        p = run(args + extra, 2)
+        check("position_ids" in p.stderr and "40" in p.stderr and data in p.stderr
+              and "max_position_embeddings" in p.stderr, f"position id: {p.stderr!r}")
+    print("ok? position id past max_position_embeddings: exit 2")
+
+
+def check_documented(model, root):
+    """AstrAI's guides' command lines (training.md, distributed.md) with paths substituted,
+    window_size 2048 → 16 (the test model's max_position_embeddings is 32), a few steps."""
+    seq, _ = tu.make_text_data(root, 20000, "seqdata")
+    sft, _ = write_sft(root, "sftdata", 20000, 32)
+    lines = [
+        f"--nprocs=4 --parallel_mode=ddp --train_type=seq --data_root_path={seq} "
+        f"--param_path={model} --batch_per_device=4 --grad_accum_steps=8 --warmup_ratio=0.05 "
+        f"--max_lr=1e-4 --max_grad_norm=1.0 --weight_decay=0.1 --window_size={WINDOW} "
+        f"--ckpt_interval=10000 --ckpt_dir=./checkpoint --random_seed=3407 "
+        f"--label_smoothing=0.05",
+        f"--train_type=sft --param_path {model} --data_root_path {sft} --parallel_mode=none "
+        f"--nprocs=1 --batch_per_device=4 --grad_accum_steps=8",
+        f"--train_type=sft --param_path {model} --data_root_path {sft} --parallel_mode=ddp "
+        f"--nprocs=4 --batch_per_device=4 --grad_accum_steps=8",
+        f"--train_type=sft --param_path {model} --data_root_path {sft} --parallel_mode=fsdp "
+        f"--nprocs=4 --batch_per_device=4 --grad_accum_steps=8",
+        f"--train_type=seq --param_path {model} --data_root_path {seq} --parallel_mode=ddp "
+        f"--nprocs=4 --n_epoch=1 --max_lr=2e-4 --schedule_type=wsd --warmup_ratio=0.02 "
+        f"--window_size={WINDOW} --batch_per_device=4 --grad_accum_steps=32 --ckpt_interval=2000",
+    ]
+    for i, line in enumerate(lines):
+        cwd = os.path.join(root, f"doc{i}")
+        os.makedirs(cwd)
+        args = line.split() + ["--max_steps=2", "--threads=1"]
+        if "--window_size" not in line:
+            args.append(f"--window_size={WINDOW}")
+        run(args, 0, cwd=cwd)
+        ck = os.path.join(cwd, "checkpoint")
+        rows = tu.metric_rows(tu.latest_checkpoint(ck))
+        check(len(rows) == 2 and all(np.isfinite(r["loss"]) for r in rows),
+              f"documented line {i}: rows {rows}")
+    print(f"ok? {len(lines)} documented command lines")
+
+
+def main():
+    root = tu.tmpdir()
+    model = tu.make_model(root)
+    data, _ = tu.make_text_data(root, 3000)
+    check_table(model, data, root)
+    check_changes(model, data, root)
+    check_yaml(model, data, root)
+    check_positions(model, root)
+    check_documented(model, root)
+    if failures:
+        print(f"{len(failures)} check(s) failed")
+        sys.exit(1)
+    print("ok")
+
+
+if __name__ == "__main__":
+    main()
