@@ -72,6 +72,7 @@ static void fmt_steps(const cJSON *job, char *buf, size_t cap) {
 // Every job column as text, shared by the table and the progress lines.
 typedef struct {
     char id[24], name[136], steps[48], loss[24], rate[24], eta[24];
+    char val[40]; // " val_loss 3.1234" when the job has a validation loss, else ""
     const char *state;
 } JobText;
 
@@ -83,6 +84,11 @@ static void job_text(const cJSON *job, JobText *t) {
     fmt_loss(num_field(job, "loss"), t->loss, sizeof t->loss);
     fmt_count(num_field(job, "tokens_per_s"), t->rate, sizeof t->rate);
     fmt_duration(num_field(job, "eta_s"), t->eta, sizeof t->eta);
+    double v = num_field(job, "val_loss");
+    if (isnan(v))
+        t->val[0] = '\0';
+    else
+        snprintf(t->val, sizeof t->val, " val_loss %.4f", v);
 }
 
 // Columns: 5+1+16+1+11+1+13+1+8+1+9+1+8 = 76 characters.
@@ -157,8 +163,10 @@ static void render_ranks(FILE *out, const cJSON *ranks) {
 void render_job_detail(FILE *out, const cJSON *job) {
     JobText t;
     job_text(job, &t);
-    fprintf(out, "job %s (%s): %s, step %s, loss %s, %s tok/s, ETA %s\n", t.id, t.name, t.state,
-            t.steps, t.loss, t.rate, t.eta);
+    char val[48] = "";
+    if (*t.val) snprintf(val, sizeof val, ",%s", t.val);
+    fprintf(out, "job %s (%s): %s, step %s, loss %s%s, %s tok/s, ETA %s\n", t.id, t.name, t.state,
+            t.steps, t.loss, val, t.rate, t.eta);
     render_ranks(out, cJSON_GetObjectItemCaseSensitive(job, "ranks"));
     render_members(out, job, 16, "ranks");
 }
@@ -196,13 +204,13 @@ void render_progress_line(const cJSON *job, bool bar, int width, char *buf, size
     JobText t;
     job_text(job, &t);
     if (!bar) {
-        snprintf(buf, cap, "job %s %s %s step %s loss %s tok/s %s ETA %s", t.id, t.name, t.state,
-                 t.steps, t.loss, t.rate, t.eta);
+        snprintf(buf, cap, "job %s %s %s step %s loss %s%s tok/s %s ETA %s", t.id, t.name, t.state,
+                 t.steps, t.loss, t.val, t.rate, t.eta);
         return;
     }
     char tail[160], bars[512];
-    int n =
-        snprintf(tail, sizeof tail, " %s loss %s %s tok/s ETA %s", t.steps, t.loss, t.rate, t.eta);
+    int n = snprintf(tail, sizeof tail, " %s loss %s%s %s tok/s ETA %s", t.steps, t.loss, t.val,
+                     t.rate, t.eta);
     // "ID NAME STATE " takes 5+11+10 columns, the brackets 2; the bar gets what is left.
     int cells = width - 26 - n - 2;
     fmt_bar(job, cells < 5 ? 5 : cells > 400 ? 400 : cells, bars, sizeof bars);

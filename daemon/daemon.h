@@ -187,6 +187,8 @@ long state_max_job_id(void);
 void progress_reader_start(void);
 // Reads j's progress.db now; 1 if the job changed.
 int progress_read(Job *j);
+// The job's latest validation loss (--val_split) into *val_loss: 1, or 0 when it has none.
+int progress_val_loss(const Job *j, double *val_loss);
 void progress_close_job(Job *j);
 
 // ---------------------------------------------------------------- sdnotify.c

@@ -355,6 +355,9 @@ cJSON *job_to_json(const Job *j) {
     add_metric(o, "grad_norm", j->grad_norm, j->has_progress);
     add_metric(o, "tokens_per_s", j->tokens_per_s, j->has_progress);
     add_metric(o, "eta_s", j->eta_s, j->has_progress && j->eta_s >= 0);
+    double val_loss = NAN;
+    int has_val = progress_val_loss(j, &val_loss);
+    add_metric(o, "val_loss", val_loss, has_val);
     cJSON_AddNumberToObject(o, "restarts", (double)j->restarts);
     cJSON *devs = cJSON_AddArrayToObject(o, "devices");
     for (long i = 0; j->devices && i < j->n_devices; i++) {

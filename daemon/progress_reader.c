@@ -93,6 +93,73 @@ static void read_checkpoint(sqlite3 *db, Job *j) {
     sqlite3_finalize(st);
 }
 
+// The latest validation loss of each job (--val_split), kept here by job id: the Job
+// struct has no field for it. Filled by progress_read while a job runs, and read once
+// from the run's progress.db for a job seen first after its run (a restarted daemon).
+typedef struct {
+    long id;
+    int has;
+    double val_loss;
+} ValEntry;
+
+static ValEntry *val_cache;
+static size_t n_val_cache, cap_val_cache;
+
+static ValEntry *val_entry(long id, int create) {
+    for (size_t i = 0; i < n_val_cache; i++)
+        if (val_cache[i].id == id) return &val_cache[i];
+    if (!create) return NULL;
+    if (n_val_cache == cap_val_cache) {
+        size_t cap = cap_val_cache ? cap_val_cache * 2 : 16;
+        ValEntry *v = realloc(val_cache, cap * sizeof *v);
+        if (!v) return NULL;
+        val_cache = v;
+        cap_val_cache = cap;
+    }
+    val_cache[n_val_cache] = (ValEntry){.id = id};
+    return &val_cache[n_val_cache++];
+}
+
+// The newest validation row; a database from before the validation table: none. Returns
+// 1 when the value changed.
+static int read_validation(sqlite3 *db, Job *j) {
+    ValEntry *e = val_entry(j->id, 1);
+    if (!e) return 0;
+    sqlite3_stmt *st;
+    const char *sql = "SELECT val_loss FROM validation ORDER BY step DESC LIMIT 1";
+    if (sqlite3_prepare_v2(db, sql, -1, &st, NULL) != SQLITE_OK) return 0;
+    int changed = 0;
+    if (sqlite3_step(st) == SQLITE_ROW && sqlite3_column_type(st, 0) != SQLITE_NULL) {
+        double v = sqlite3_column_double(st, 0);
+        changed = !e->has || v != e->val_loss;
+        e->has = 1;
+        e->val_loss = v;
+    }
+    sqlite3_finalize(st);
+    return changed;
+}
+
+
+int progress_val_loss(const Job *j, double *val_loss) {
+    ValEntry *e = val_entry(j->id, 0);
+    if (!e) {
+        char path[PATH_MAX];
+        sqlite3 *db = NULL;
+        if (!job_run_dir(j, path, sizeof path) &&
+            strlen(path) + sizeof "/progress.db" <= sizeof path) {
+            strcat(path, "/progress.db");
+            if (sqlite3_open_v2(path, &db, SQLITE_OPEN_READONLY, NULL) == SQLITE_OK) {
+                sqlite3_busy_timeout(db, 0);
+                read_validation(db, (Job *)j);
+            }
+            sqlite3_close(db);
+        }
+        if (!(e = val_entry(j->id, 1))) return 0;
+    }
+    if (e->has) *val_loss = e->val_loss;
+    return e->has;
+}
+
 int progress_read(Job *j) {
     sqlite3 *db = open_progress(j);
     if (!db) return 0;
@@ -103,7 +170,8 @@ int progress_read(Job *j) {
         j->total_steps = total;
     read_steps(db, j);
     read_checkpoint(db, j);
-    return j->step != before_step || j->total_steps != before_total ||
+    int val_changed = read_validation(db, j);
+    return val_changed || j->step != before_step || j->total_steps != before_total ||
            j->last_checkpoint != before_ckpt;
 }
 

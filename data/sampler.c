@@ -62,7 +62,35 @@ int sampler_init(Sampler *s, int64_t n, int world_size, int rank, uint64_t seed,
     return 0;
 }
 
+int sampler_init_split(Sampler *s, int64_t n_total, double val_split, int world_size, int rank,
+                       uint64_t seed, int shuffle, Err *err) {
+    if (val_split <= 0 || n_total <= 0)
+        return sampler_init(s, n_total, world_size, rank, seed, shuffle, err);
+    int64_t n_val = (int64_t)((double)n_total * val_split);
+    if (n_val < 1) n_val = 1;
+    int64_t n_train = n_total - n_val;
+    if (n_train < 1)
+        return err_set(err, "val_split: %g of %" PRId64 " windows leaves no training window",
+                       val_split, n_total);
+    int64_t *split = malloc((size_t)n_total * sizeof *split);
+    if (!split) return err_set(err, "sampler: out of memory for %" PRId64 " samples", n_total);
+    // AstrAI's random_split(generator seeded random_seed): a seeded permutation, its head
+    // for training and its tail held out, whatever --shuffle says.
+    sampler_permutation(n_total, seed, 1, split);
+    if (sampler_init(s, n_train, world_size, rank, seed, shuffle, err)) {
+        free(split);
+        return -1;
+    }
+    s->train_ids = split;
+    s->val_ids = split + n_train;
+    s->n_val = n_val;
+    s->epoch = -1;
+    sampler_set_epoch(s, 0); // again, now through train_ids
+    return 0;
+}
+
 void sampler_free(Sampler *s) {
+    free(s->train_ids); // val_ids is its tail
     free(s->order);
     free(s->perm);
     *s = (Sampler){0};
@@ -76,5 +104,8 @@ void sampler_set_epoch(Sampler *s, long epoch) {
     sampler_permutation(s->n, s->seed + (uint64_t)epoch, s->shuffle, s->perm);
     for (int64_t k = 0; k < s->per_replica; k++)
         s->order[k] = s->perm[(k * s->world_size + s->rank) % s->n];
+    if (s->train_ids)
+        for (int64_t k = 0; k < s->per_replica; k++)
+            s->order[k] = s->train_ids[s->order[k]];
     s->epoch = epoch;
 }

@@ -4,6 +4,12 @@
 // identity, padded by repeating its head to a multiple of world_size, and
 // strided by rank: rank r takes positions r, r+world, r+2*world, ...
 // The permutation algorithm is documented in docs/sampler.md.
+//
+// With a validation split (--val_split, AstrAI's random_split seeded with random_seed)
+// the dataset's windows are split once: p = permutation(n_total, seed, shuffled);
+// training windows are p[0..n_train), validation windows p[n_train..n_total), with
+// n_val = max(1, floor(n_total * val_split)). The sampler then runs over the n_train
+// training windows and `order` holds dataset window indices.
 #pragma once
 #include <stdint.h>
 
@@ -18,10 +24,17 @@ typedef struct {
     int64_t *order;      // (per_replica,) this rank's indices for the current epoch
     int64_t *perm;       // (n,) scratch: the current epoch's full permutation
     long epoch;          // epoch whose order is in `order`
+    int64_t *train_ids;  // (n,) dataset window of training sample i; NULL: the identity
+    int64_t n_val;       // held-out windows (0: no validation split)
+    int64_t *val_ids;    // (n_val,) dataset windows held out for validation
 } Sampler;
 
 int sampler_init(Sampler *s, int64_t n, int world_size, int rank, uint64_t seed, int shuffle,
                  Err *err);
+// As sampler_init over n_total windows of which a fraction val_split (0: none) is held out
+// for validation (see above); an error when no training window would remain.
+int sampler_init_split(Sampler *s, int64_t n_total, double val_split, int world_size, int rank,
+                       uint64_t seed, int shuffle, Err *err);
 void sampler_free(Sampler *s);
 // Computes this rank's order for epoch (no-op if already current).
 void sampler_set_epoch(Sampler *s, long epoch);

@@ -76,7 +76,7 @@ static const KeyDef KEYS[] = {
     {"master_addr", KEY_STR, F(master_addr), "localhost", 0, 0, NULL, "rendezvous address (MASTER_ADDR) of a local multi-rank launch", "parallel"},
     {"master_port", KEY_STR, F(master_port), "29500", 0, 0, NULL, "rendezvous port (MASTER_PORT); the default lets a local launch pick a free one", "parallel"},
     {"backend", KEY_STR, F(backend), "nccl", 0, 0, "nccl|gloo", "collectives: nccl (GPUs) or gloo (our CPU shared-memory collectives); given explicitly it picks device_type auto's device", "parallel"},
-    {"val_split", KEY_FLOAT, F(val_split), "0", 0, 0.999999, NULL, "validation fraction (0: None) [not supported yet: only 0]", "data"},
+    {"val_split", KEY_FLOAT, F(val_split), "0", 0, 0.999999, NULL, "fraction of the windows held out for validation (0: None; a seeded split, docs/training.md)", "data"},
     {"val_step", KEY_INT, F(val_step), "1000", 1, 1e12, NULL, "steps between validation runs (used with val_split)", "log"},
     {"metrics", KEY_STR, F(metrics), "loss,lr,grad_norm", 0, 0, NULL, "metrics to log, repeatable or comma-separated [not supported yet: only the default]", "log"},
     {"neftune_alpha", KEY_FLOAT, F(neftune_alpha), "0.0", 0, 1e6, NULL, "NEFTune noise alpha [not supported yet: only 0]", "model"},
@@ -508,9 +508,9 @@ static bool at_default(const TrainSpec *s, const KeyDef *k) {
 // The keys accepted but not implemented yet: their default only (issue 8).
 static int not_yet(const TrainSpec *s, Err *err) {
     static const char *const NOT_YET[] = {
-        "val_split",           "metrics",       "neftune_alpha", "dpo_beta",
-        "group_size",          "grpo_clip_eps", "grpo_kl_coef",  "rollout_interval",
-        "rollout_temperature", "rollout_top_k", "rollout_top_p", "rollout_max_tokens"};
+        "metrics",       "neftune_alpha", "dpo_beta",          "group_size",
+        "grpo_clip_eps", "grpo_kl_coef",  "rollout_interval",  "rollout_temperature",
+        "rollout_top_k", "rollout_top_p", "rollout_max_tokens"};
     for (size_t i = 0; i < sizeof NOT_YET / sizeof *NOT_YET; i++) {
         const KeyDef *k = find_key(NOT_YET[i]);
         if (!at_default(s, k))

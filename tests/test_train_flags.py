@@ -85,7 +85,7 @@ FLAGS = {
     "compile": (None, "default", "warn"),
     "ckpt_interval": ("5000", "100", "set"),
     "ckpt_dir": ("checkpoint", None, None),  # set in every other run
-    "val_split": (None, "0.1", "refuse"),
+    "val_split": (None, "0.1", "set"),
     "val_step": ("1000", "50", "set"),
     "metrics": ("loss,lr,grad_norm", "loss", "refuse"),
     "start_epoch": ("0", "1", "set"),

@@ -18,6 +18,8 @@ static const char *SCHEMA =
     " tokens_per_s REAL, wall_time REAL NOT NULL);"
     "CREATE TABLE IF NOT EXISTS checkpoints(step INTEGER PRIMARY KEY, epoch INTEGER NOT NULL,"
     " path TEXT NOT NULL, wall_time REAL NOT NULL);"
+    "CREATE TABLE IF NOT EXISTS validation(step INTEGER PRIMARY KEY, epoch INTEGER NOT NULL,"
+    " consumed_samples INTEGER NOT NULL, val_loss REAL, wall_time REAL NOT NULL);"
     "CREATE TABLE IF NOT EXISTS run(key TEXT PRIMARY KEY, value);";
 
 static int db_fail(ProgressDb *p, const char *what, Err *err) {
@@ -35,12 +37,12 @@ static int exec_sql(ProgressDb *p, const char *sql, Err *err) {
 }
 
 static int forget_after(ProgressDb *p, long total_steps, long resume_step, Err *err) {
-    char sql[256];
+    char sql[512];
     snprintf(sql, sizeof sql,
              "BEGIN IMMEDIATE; DELETE FROM steps WHERE step > %ld;"
-             " DELETE FROM checkpoints WHERE step > %ld;"
+             " DELETE FROM checkpoints WHERE step > %ld; DELETE FROM validation WHERE step > %ld;"
              " INSERT OR REPLACE INTO run(key, value) VALUES('total_steps', %ld); COMMIT;",
-             resume_step, resume_step, total_steps);
+             resume_step, resume_step, resume_step, total_steps);
     return exec_sql(p, sql, err);
 }
 
@@ -58,7 +60,9 @@ int progress_open(ProgressDb *p, const char *dir, long total_steps, long resume_
         sqlite3_prepare_v2(p->db, "INSERT OR REPLACE INTO steps VALUES(?1,?2,?3,?4,?5,?6,?7,?8)",
                            -1, &p->insert_step, NULL) != SQLITE_OK ||
         sqlite3_prepare_v2(p->db, "INSERT OR REPLACE INTO checkpoints VALUES(?1,?2,?3,?4)", -1,
-                           &p->insert_ckpt, NULL) != SQLITE_OK) {
+                           &p->insert_ckpt, NULL) != SQLITE_OK ||
+        sqlite3_prepare_v2(p->db, "INSERT OR REPLACE INTO validation VALUES(?1,?2,?3,?4,?5)", -1,
+                           &p->insert_val, NULL) != SQLITE_OK) {
         if (!err || !*err->msg || !strstr(err->msg, p->path)) db_fail(p, "prepare", err);
         progress_close(p);
         return -1;
@@ -96,7 +100,21 @@ int progress_add_checkpoint(ProgressDb *p, long step, long epoch, const char *pa
     return run_insert(p, st, err);
 }
 
+int progress_add_validation(ProgressDb *p, long step, long epoch, long consumed_samples,
+                            double val_loss, Err *err) {
+    sqlite3_stmt *st = p->insert_val;
+    sqlite3_bind_int64(st, 1, step);
+    sqlite3_bind_int64(st, 2, epoch);
+    sqlite3_bind_int64(st, 3, consumed_samples);
+    sqlite3_bind_double(st, 4, val_loss);
+    struct timespec now;
+    clock_gettime(CLOCK_REALTIME, &now);
+    sqlite3_bind_double(st, 5, (double)now.tv_sec + now.tv_nsec * 1e-9);
+    return run_insert(p, st, err);
+}
+
 void progress_close(ProgressDb *p) {
+    sqlite3_finalize(p->insert_val);
     sqlite3_finalize(p->insert_step);
     sqlite3_finalize(p->insert_ckpt);
     if (p->db) sqlite3_close(p->db);

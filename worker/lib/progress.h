@@ -28,6 +28,7 @@ typedef struct {
     sqlite3 *db;
     sqlite3_stmt *insert_step;
     sqlite3_stmt *insert_ckpt;
+    sqlite3_stmt *insert_val;
     char path[4096];
 } ProgressDb;
 
@@ -36,6 +37,11 @@ typedef struct {
 int progress_open(ProgressDb *p, const char *dir, long total_steps, long resume_step, Err *err);
 int progress_add_step(ProgressDb *p, const StepRow *row, Err *err);
 int progress_add_checkpoint(ProgressDb *p, long step, long epoch, const char *path, Err *err);
+// A validation run (--val_split) at `step`: table validation(step, epoch,
+// consumed_samples, val_loss, wall_time). Databases written before it existed gain the
+// (empty) table when opened; readers treat a missing table as no validation yet.
+int progress_add_validation(ProgressDb *p, long step, long epoch, long consumed_samples,
+                            double val_loss, Err *err);
 void progress_close(ProgressDb *p);
 
 // metric.jsonl: the cumulative rows of a run, in AstrAI's row shapes

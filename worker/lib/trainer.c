@@ -51,8 +51,8 @@ static int open_data(Trainer *t, const ModelConfig *cfg, Err *err) {
     if (t->n_samples == 0)
         return err_set(err, "data_root_path %s: %lld tokens give no sample of window_size %lld",
                        s->data_root_path, (long long)t->data.n_tokens, (long long)t->window);
-    return sampler_init(&t->sampler, t->n_samples, t->world, t->rank, (uint64_t)s->random_seed,
-                        s->shuffle, err);
+    return sampler_init_split(&t->sampler, t->n_samples, s->val_split, t->world, t->rank,
+                              (uint64_t)s->random_seed, s->shuffle, err);
 }
 
 static ScheduleKind schedule_kind(const char *name) {
@@ -125,7 +125,8 @@ int trainer_init(Trainer *t, const TrainSpec *spec, const Backend *be, Comm *com
                       (size_t)(spec->bucket_mb * (1 << 20)), err) ||
         executor_adopt_weights(&t->exec, &t->model, err))
         return -1;
-    t->total_steps = trainer_total_steps(t->n_samples, t->world, spec->batch_per_device,
+    // The training windows (the dataset less the validation split) set the schedule.
+    t->total_steps = trainer_total_steps(t->sampler.n, t->world, spec->batch_per_device,
                                          spec->grad_accum_steps, spec->n_epoch);
     schedule_init(&t->sched, schedule_kind(spec->schedule_type), t->total_steps, spec->warmup_ratio,
                   spec->min_rate, spec->stable_steps, spec->decay_steps, spec->cycle_length,
@@ -234,6 +235,58 @@ static int agree_step(Trainer *t, const ParamView *v, float *loss, double *norm,
     return 0;
 }
 
+// The held-out windows' mean loss (--val_split), the same on every rank: rank r evaluates
+// windows val_ids[r], val_ids[r + world], ... in micro-batches of batch_per_device, forward
+// only. A batch's mean loss counts once per window in it (for seq, every window has the
+// same number of target tokens, so this is the mean of the windows' own losses); the sum
+// and the window count are added over ranks. Every rank runs the same number of
+// micro-batches (fsdp gathers the weights in each); a rank left without a window in one
+// evaluates val_ids[0] with weight 0.
+static int validate(Trainer *t, double *val_loss, Err *err) {
+    const Sampler *sp = &t->sampler;
+    int64_t B = t->spec->batch_per_device, w = t->window;
+    int64_t per_rank = (sp->n_val + t->world - 1) / t->world;
+    int64_t mine = sp->n_val > t->rank ? (sp->n_val - t->rank + t->world - 1) / t->world : 0;
+    double sum = 0;
+    for (int64_t first = 0; first < per_rank; first += B) {
+        int64_t nb = mine - first < B ? mine - first : B;
+        if (nb < 0) nb = 0;
+        if (nb == 0 && t->exec.mode != EXEC_FSDP) continue;
+        int run = nb > 0 ? (int)nb : 1;
+        for (int b = 0; b < run; b++) {
+            int64_t idx = nb > 0 ? sp->val_ids[(first + b) * t->world + t->rank] : sp->val_ids[0];
+            dataset_window(&t->data, idx, w, t->stride, t->inputs + b * w, t->targets + b * w,
+                           t->sft ? t->loss_mask + b * w : NULL,
+                           t->sft ? t->position_ids + b * w : NULL);
+        }
+        if (executor_begin_micro(&t->exec, &t->model, false, err)) return -1;
+        if (model_forward_accumulate(&t->model, t->inputs, t->targets, t->sft ? t->loss_mask : NULL,
+                                     t->sft ? t->position_ids : NULL, run, (int)w,
+                                     (float)t->spec->label_smoothing, err))
+            return -1;
+        double stats[2];
+        model_read_stats(&t->model, stats); // the batch's mean loss; resets the sum
+        if (executor_end_micro(&t->exec, &t->model, false, err)) return -1;
+        sum += stats[0] * (double)nb;
+    }
+    // fsdp's begin_micro acquired the gradient buffer too; no backward ran, so give it back.
+    if (t->exec.mode == EXEC_FSDP) model_release(&t->model, MODEL_GRADS);
+    float agreed[2] = {(float)sum, (float)mine};
+    if (executor_sum(&t->exec, agreed, 2, err)) return -1;
+    *val_loss = t->exec.mode == EXEC_NONE && !t->exec.comm ? sum / (double)mine
+                                                           : (double)agreed[0] / (double)agreed[1];
+    return 0;
+}
+
+// Validation is due every val_step optimizer steps and at the last step (the end of the
+// run, or max_steps).
+static int validation_due(const Trainer *t) {
+    const TrainSpec *s = t->spec;
+    if (t->sampler.n_val == 0) return 0;
+    return t->step % s->val_step == 0 || t->step == t->total_steps ||
+           (s->max_steps > 0 && t->step == s->max_steps);
+}
+
 static int optimizer_step(Trainer *t, StepClock *c, int *stop, int *ckpt, Err *err) {
     const TrainSpec *s = t->spec;
     ParamView view = executor_view(&t->exec, &t->model);
@@ -260,6 +313,18 @@ static int optimizer_step(Trainer *t, StepClock *c, int *stop, int *ckpt, Err *e
         long rss = resident_bytes() - t->rss_baseline;
         if (rss > t->rss_state_max) t->rss_state_max = rss;
     }
+    // The validation row goes first, as AstrAI's: a reader that sees the step sees its
+    // validation too.
+    double val_loss;
+    if (validation_due(t)) {
+        if (validate(t, &val_loss, err)) return -1;
+        if (t->rank == 0 && (metrics_append_validation(&t->metrics, t->step, t->epoch,
+                                                       t->consumed_samples, val_loss, err) ||
+                             progress_add_validation(&t->progress, t->step, t->epoch,
+                                                     t->consumed_samples, val_loss, err)))
+            return -1;
+        if (t->rank == 0) fprintf(stderr, "step %ld | val_loss %.4f\n", t->step, val_loss);
+    }
     if (t->rank == 0 &&
         (metrics_append(&t->metrics, &row, err) || progress_add_step(&t->progress, &row, err)))
         return -1;
@@ -272,7 +337,7 @@ static int optimizer_step(Trainer *t, StepClock *c, int *stop, int *ckpt, Err *e
         fprintf(stderr, "%s\n", line);
     }
     c->tokens = 0;
-    c->step_start = now;
+    c->step_start = now_s(); // after any validation: the next step is timed alone
     return 0;
 }
 
