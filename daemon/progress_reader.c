@@ -139,7 +139,6 @@ static int read_validation(sqlite3 *db, Job *j) {
     return changed;
 }
 
-
 int progress_val_loss(const Job *j, double *val_loss) {
     ValEntry *e = val_entry(j->id, 0);
     if (!e) {
