@@ -4,25 +4,29 @@
 #include <stdio.h>
 #include <string.h>
 
+static void vset(Err *err, const char *fmt, va_list ap) {
+    vsnprintf(err->msg, sizeof err->msg, fmt, ap);
+}
+
 int err_set(Err *err, const char *fmt, ...) {
     if (err) {
         va_list ap;
         va_start(ap, fmt);
-        vsnprintf(err->msg, sizeof err->msg, fmt, ap);
+        vset(err, fmt, ap);
         va_end(ap);
     }
     return -1;
 }
 
 int err_resource(Err *err, const char *fmt, ...) {
-    if (!err) return -1;
-    char msg[ERR_MSG_MAX];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(msg, sizeof msg, fmt, ap);
-    va_end(ap);
-    err->resource = 1;
-    return err_set(err, "%s", msg);
+    if (err) {
+        va_list ap;
+        va_start(ap, fmt);
+        vset(err, fmt, ap);
+        va_end(ap);
+        err->resource = 1;
+    }
+    return -1;
 }
 
 int err_prefix(Err *err, const char *fmt, ...) {

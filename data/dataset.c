@@ -322,28 +322,29 @@ void dataset_close(Dataset *d) {
     *d = (Dataset){0};
 }
 
+// The first index of a[0..n) holding a value outside [0, limit), or -1.
+static int64_t first_outside(const int32_t *a, int64_t n, int limit) {
+    for (int64_t t = 0; a && t < n; t++)
+        if (a[t] < 0 || a[t] >= limit) return t;
+    return -1;
+}
+
 int dataset_check_vocab(const Dataset *d, int vocab_size, Err *err) {
-    for (int64_t t = 0; t < d->n_tokens; t++) {
-        int32_t id = d->sequence[t];
-        if (id < 0 || id >= vocab_size)
-            return err_set(err,
-                           "dataset: token id %" PRId32 " at position %" PRId64
-                           " is outside the vocabulary [0, %d)",
-                           id, t, vocab_size);
-    }
-    return 0;
+    int64_t t = first_outside(d->sequence, d->n_tokens, vocab_size);
+    if (t < 0) return 0;
+    return err_set(err,
+                   "dataset: token id %" PRId32 " at position %" PRId64
+                   " is outside the vocabulary [0, %d)",
+                   d->sequence[t], t, vocab_size);
 }
 
 int dataset_check_positions(const Dataset *d, int max_positions, Err *err) {
-    for (int64_t t = 0; d->position_ids && t < d->n_tokens; t++) {
-        int32_t id = d->position_ids[t];
-        if (id < 0 || id >= max_positions)
-            return err_set(err,
-                           "dataset: key 'position_ids': value %" PRId32 " at token %" PRId64
-                           " is outside [0, max_position_embeddings %d)",
-                           id, t, max_positions);
-    }
-    return 0;
+    int64_t t = first_outside(d->position_ids, d->n_tokens, max_positions);
+    if (t < 0) return 0;
+    return err_set(err,
+                   "dataset: key 'position_ids': value %" PRId32 " at token %" PRId64
+                   " is outside [0, max_position_embeddings %d)",
+                   d->position_ids[t], t, max_positions);
 }
 
 int64_t dataset_num_windows(int64_t n_tokens, int64_t window, int64_t stride) {

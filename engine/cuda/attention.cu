@@ -479,6 +479,25 @@ __device__ __forceinline__ void a_from_acc(uint32_t a[4], const float c0[4], con
     a[3] = pack_bf16x2(c1[2], c1[3]);
 }
 
+// c (16 x D) += A B for this warp's 16 rows: A (16 x K) is the accumulator n-tiles
+// acc[0..K/8) rounded to bf16 (P or dS), B a k-major tile (K rows of D, pitch ld).
+template <int K, int D>
+__device__ __forceinline__ void mma_acc_kmajor(float c[D / 8][4], const float acc[K / 8][4],
+                                               const bf16 *B, int ld) {
+#pragma unroll
+    for (int kk = 0; kk < K / 16; kk++) {
+        uint32_t a[4];
+        a_from_acc(a, acc[2 * kk], acc[2 * kk + 1]);
+#pragma unroll
+        for (int dt = 0; dt < D / 16; dt++) {
+            uint32_t b[4];
+            load_b_kmajor(b, B, ld, kk * 16, dt * 16);
+            mma_bf16(c[2 * dt], a, b);
+            mma_bf16(c[2 * dt + 1], a, b + 2);
+        }
+    }
+}
+
 // 16-byte global -> shared copy, asynchronous; zero-fills instead when !valid (src must
 // still be a mapped address).
 __device__ __forceinline__ void cp_async16(void *dst, const void *src, bool valid) {
@@ -650,19 +669,8 @@ __global__ void __launch_bounds__(kMmaThreads)
             for (int e = 0; e < 4; e++)
                 o[dt][e] *= alpha[e >> 1];
 
-                // O += P V: k-step kk covers keys 16kk..16kk+15 = n-tiles 2kk, 2kk+1 of S.
-#pragma unroll
-        for (int kk = 0; kk < BK / 16; kk++) {
-            uint32_t pa[4];
-            a_from_acc(pa, s[2 * kk], s[2 * kk + 1]);
-#pragma unroll
-            for (int dt = 0; dt < D / 16; dt++) {
-                uint32_t bv[4];
-                load_b_kmajor(bv, Vt, LD, kk * 16, dt * 16);
-                mma_bf16(o[2 * dt], pa, bv);
-                mma_bf16(o[2 * dt + 1], pa, bv + 2);
-            }
-        }
+        // O += P V: k-step kk covers keys 16kk..16kk+15 = n-tiles 2kk, 2kk+1 of S.
+        mma_acc_kmajor<BK, D>(o, s, Vt, LD);
         __syncthreads(); // this stage is refilled two tiles later
     }
 
@@ -755,18 +763,7 @@ __global__ void __launch_bounds__(kMmaThreads)
                 s[nt][e] = vis ? p * (dp[nt][e] - row_delta[x]) * scale : 0.0f; // dS
             }
 
-#pragma unroll
-        for (int kk = 0; kk < BK / 16; kk++) {
-            uint32_t sa[4];
-            a_from_acc(sa, s[2 * kk], s[2 * kk + 1]);
-#pragma unroll
-            for (int dt = 0; dt < D / 16; dt++) {
-                uint32_t bk[4];
-                load_b_kmajor(bk, Kt, LD, kk * 16, dt * 16);
-                mma_bf16(dqa[2 * dt], sa, bk);
-                mma_bf16(dqa[2 * dt + 1], sa, bk + 2);
-            }
-        }
+        mma_acc_kmajor<BK, D>(dqa, s, Kt, LD);
         __syncthreads();
     }
     cp_async_wait<0>(); // nothing in flight at exit, even when no key tile ran
@@ -872,23 +869,9 @@ __global__ void __launch_bounds__(kMmaThreads)
                 st[nt][e] = p;                                                     // P^T
             }
 
-            // k-step kq covers queries 16kq..16kq+15 = n-tiles 2kq, 2kq+1.
-#pragma unroll
-        for (int kq = 0; kq < BQ / 16; kq++) {
-            uint32_t pa[4], sa[4];
-            a_from_acc(pa, st[2 * kq], st[2 * kq + 1]);
-            a_from_acc(sa, dpt[2 * kq], dpt[2 * kq + 1]);
-#pragma unroll
-            for (int dt = 0; dt < D / 16; dt++) {
-                uint32_t bf[4];
-                load_b_kmajor(bf, dOt, LD, kq * 16, dt * 16);
-                mma_bf16(dva[2 * dt], pa, bf);
-                mma_bf16(dva[2 * dt + 1], pa, bf + 2);
-                load_b_kmajor(bf, Qt, LD, kq * 16, dt * 16);
-                mma_bf16(dka[2 * dt], sa, bf);
-                mma_bf16(dka[2 * dt + 1], sa, bf + 2);
-            }
-        }
+        // k-step kq covers queries 16kq..16kq+15 = n-tiles 2kq, 2kq+1.
+        mma_acc_kmajor<BQ, D>(dva, st, dOt, LD); // dV += P^T dO
+        mma_acc_kmajor<BQ, D>(dka, dpt, Qt, LD); // dK += dS^T Q
         __syncthreads(); // this stage is refilled by the next item's prefetch
         qt = next_qt;
         h = next_h;
