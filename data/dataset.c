@@ -192,6 +192,14 @@ static int parse_meta_json(const char *meta_path, cJSON **json, Err *err) {
 static int parse_shard(Shard *s, Err *err) {
     cJSON *meta;
     if (parse_meta_json(s->meta_path, &meta, err) != 0) return -1;
+    // Record shards (data/records.h) say what they hold; they have no token stream to window.
+    const cJSON *format = cJSON_GetObjectItemCaseSensitive(meta, "format");
+    if (cJSON_IsString(format)) {
+        err_set(err, "%s: a %s record set; use --train_type %s", s->meta_path, format->valuestring,
+                format->valuestring);
+        cJSON_Delete(meta);
+        return -1;
+    }
     int rc = 0, first = -1;
     for (int k = 0; k < N_KEYS && rc == 0; k++) {
         const cJSON *entry = cJSON_GetObjectItemCaseSensitive(meta, KEY_NAMES[k]);
@@ -284,33 +292,51 @@ static int concatenate_shards(Dataset *d, const Shard *shards, int n, const int 
     return 0;
 }
 
-static int open_shards(Dataset *d, const PathList *paths, int need_sft, Err *err) {
-    Shard *shards = calloc((size_t)paths->n, sizeof *shards);
-    if (!shards) return err_set(err, "out of memory for %d shards", paths->n);
+static int open_shards(Dataset *d, char *const *paths, int n_paths, int need_sft, Err *err) {
+    Shard *shards = calloc((size_t)n_paths, sizeof *shards);
+    if (!shards) return err_set(err, "out of memory for %d shards", n_paths);
     int rc = 0;
-    for (int i = 0; i < paths->n && rc == 0; i++) {
-        shards[i].meta_path = paths->items[i];
+    for (int i = 0; i < n_paths && rc == 0; i++) {
+        shards[i].meta_path = paths[i];
         rc = parse_shard(&shards[i], err);
     }
     int loaded[N_KEYS];
-    if (rc == 0) rc = decide_loaded_keys(shards, paths->n, need_sft, loaded, err);
-    if (rc == 0) rc = concatenate_shards(d, shards, paths->n, loaded, err);
-    d->n_shards = paths->n;
+    if (rc == 0) rc = decide_loaded_keys(shards, n_paths, need_sft, loaded, err);
+    if (rc == 0) rc = concatenate_shards(d, shards, n_paths, loaded, err);
+    d->n_shards = n_paths;
     free(shards);
     return rc;
 }
 
+int dataset_find_shards(const char *root, char ***paths, int *n, Err *err) {
+    *paths = NULL;
+    *n = 0;
+    if (!fs_is_dir(root)) return err_set(err, "%s: dataset root is not a directory", root);
+    PathList list = {0};
+    int rc = collect_meta_paths(root, &list, err);
+    if (rc == 0 && list.n == 0) rc = err_set(err, "%s: no meta.json found under it", root);
+    if (rc != 0) {
+        path_list_free(&list);
+        return -1;
+    }
+    qsort(list.items, (size_t)list.n, sizeof *list.items, compare_paths);
+    *paths = list.items;
+    *n = list.n;
+    return 0;
+}
+
+void dataset_free_shards(char **paths, int n) {
+    PathList list = {paths, n, n};
+    path_list_free(&list);
+}
+
 int dataset_open(Dataset *d, const char *root, int need_sft, Err *err) {
     *d = (Dataset){0};
-    if (!fs_is_dir(root)) return err_set(err, "%s: dataset root is not a directory", root);
-    PathList paths = {0};
-    int rc = collect_meta_paths(root, &paths, err);
-    if (rc == 0 && paths.n == 0) rc = err_set(err, "%s: no meta.json found under it", root);
-    if (rc == 0) {
-        qsort(paths.items, (size_t)paths.n, sizeof *paths.items, compare_paths);
-        rc = open_shards(d, &paths, need_sft, err);
-    }
-    path_list_free(&paths);
+    char **paths;
+    int n;
+    if (dataset_find_shards(root, &paths, &n, err) != 0) return -1;
+    int rc = open_shards(d, paths, n, need_sft, err);
+    dataset_free_shards(paths, n);
     if (rc != 0) dataset_close(d);
     return rc;
 }

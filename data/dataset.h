@@ -17,8 +17,16 @@ typedef struct {
     int n_shards;
 } Dataset;
 
-// Loads every shard under root. need_sft: loss_mask and position_ids are required.
-// Errors name the shard file and key ("d/part0/meta.json: key 'loss_mask' missing").
+// The shards under root: every meta.json below it (hidden entries skipped, symlinked
+// directories not followed), sorted by path (byte-wise). *paths: a malloc'd array of *n malloc'd
+// strings (dataset_free_shards). A root that is not a directory or holds no meta.json is an
+// error naming it. (data/records.c lists record shards with it too.)
+int dataset_find_shards(const char *root, char ***paths, int *n, Err *err);
+void dataset_free_shards(char **paths, int n);
+
+// Loads every shard under root; a record shard (data/records.h) is refused naming its format.
+// need_sft: loss_mask and position_ids are required. Errors name the shard file and key
+// ("d/part0/meta.json: key 'loss_mask' missing").
 int dataset_open(Dataset *d, const char *root, int need_sft, Err *err);
 void dataset_close(Dataset *d);
 

@@ -140,12 +140,39 @@ struct Backend {
     // The probabilities are never written.
     void (*cross_entropy_fwd)(float *loss, float *lse, const void *logits, const int32_t *targets,
                               const int32_t *mask, int N, int V, float label_smoothing);
-    // dlogits: (N,V) = dloss * (softmax - smoothed one-hot) on counted rows, 0 elsewhere.
+    // dlogits: (N,V) = dloss * row_scale[n] * (softmax - smoothed one-hot) on counted rows, 0
+    // elsewhere; row_scale: (N) fp32, or NULL for 1 (the mean loss; DPO and GRPO weigh each
+    // token by the derivative of their loss, engine/preference.h).
     void (*cross_entropy_bwd)(void *dlogits, const void *logits, const float *lse,
-                              const int32_t *targets, const int32_t *mask, int N, int V,
-                              float label_smoothing, float dloss);
+                              const int32_t *targets, const int32_t *mask, const float *row_scale,
+                              int N, int V, float label_smoothing, float dloss);
     // acc[0] += (double)(float)(sum over n of loss[n], in double / counted); counted > 0.
     void (*loss_mean_add)(double *acc, const float *loss, int N, int counted);
+
+    // ---------------------------------------------------------------- preference losses
+    // DESIGN §8, AstrAI's DPOStrategy and GRPOStrategy, over per-token negative log-likelihoods
+    // (cross_entropy_fwd's loss without smoothing: nll[n] = -log p(target n), 0 on tokens not
+    // counted). Each adds its loss to acc[0] and two metrics to acc[2], acc[3], and writes
+    // scale: (rows*T) = loss_scale * d loss / d nll[n], the row_scale of cross_entropy_bwd.
+    //
+    // DPO over P pairs, rows of T tokens: [0,P) chosen, [P,2P) rejected. A row's log-prob is
+    // minus the sum of its nll; Δ_p = (π_c - π_r) - (ref_c - ref_r) (ref: from ref_nll);
+    // loss = mean_p -logsigmoid(β Δ_p); acc[2] += mean_p β Δ_p (reward margin), acc[3] +=
+    // mean_p [Δ_p > 0] (reward accuracy).
+    void (*dpo_loss)(double *acc, float *scale, const float *nll, const float *ref_nll, int P,
+                     int T, float beta, float loss_scale);
+    // GRPO over R rows of T tokens; mask: (R*T) the response tokens, counted (> 0) of them;
+    // adv: (R) each row's advantage A. Per counted token: ρ = exp(old_nll - nll) (the ratio to
+    // the behaviour policy), policy = -min(ρA, clamp(ρ, 1-ε, 1+ε) A); r = exp(nll - ref_nll),
+    // k = r - log(r + 1e-8) - 1 (the KL estimate to the reference). loss = (Σ policy + kl_coef
+    // Σ k) / counted; acc[2] += Σ k / counted (KL), acc[3] += #{|ρ - 1| > ε} / counted (clip
+    // fraction). Gradients follow torch: min's tie splits, clamp passes inside [1-ε, 1+ε].
+    void (*grpo_loss)(double *acc, float *scale, const float *nll, const float *old_nll,
+                      const float *ref_nll, const float *adv, const int32_t *mask, int R, int T,
+                      int counted, float clip_eps, float kl_coef, float loss_scale);
+    // NEFTune (AstrAI's Embedding): x: (n) += std * N(0,1), the normal draws a function of
+    // (seed, i) only (counter-based: the same numbers on every backend and any thread count).
+    void (*gaussian_noise_add)(void *x, size_t n, float std, uint64_t seed);
 
     // ---------------------------------------------------------------- optimizer
     // out[0] = sum of x[i]^2 over (n), in double, fixed order (the global grad norm).

@@ -213,7 +213,7 @@ int model_create(Model *m, const ModelConfig *cfg, const Backend *be, Err *err) 
     fill_rope_table(rope, cfg);
     if (model_acquire(m, MODEL_WEIGHTS | MODEL_MASTER | MODEL_GRADS, err) ||
         !(a->rope = be->alloc(rope_floats * sizeof(float), err)) ||
-        !(m->stats = be->alloc(2 * sizeof(double), err))) {
+        !(m->stats = be->alloc(MODEL_N_STATS * sizeof(double), err))) {
         free(rope);
         model_free(m);
         return err_prefix(err, "model of %zu parameters", m->num_floats);
@@ -456,9 +456,17 @@ void model_logits(const Model *m, float *host) {
     m->be->download_f32(host, a->logits, (size_t)a->B * a->T * m->cfg.vocab_size);
 }
 
-void model_read_stats(Model *m, double out[2]) {
-    m->be->download(out, m->stats, 2 * sizeof(double));
-    m->be->zero(m->stats, sizeof(double));
+void model_read_stats(Model *m, double out[MODEL_N_STATS]) {
+    m->be->download(out, m->stats, MODEL_N_STATS * sizeof(double));
+    m->be->zero(m->stats, MODEL_N_STATS * sizeof(double));
+}
+
+const float *model_token_nll(const Model *m) {
+    return m->acts->loss_rows;
+}
+
+const int32_t *model_token_mask(const Model *m) {
+    return m->acts->mask;
 }
 
 // One past block l's last parameter index (block parameters are contiguous).
@@ -636,9 +644,20 @@ static int check_forward_args(int B, int T, float label_smoothing, Err *err) {
     return 0;
 }
 
-int model_forward_accumulate(Model *m, const int32_t *inputs, const int32_t *targets,
-                             const int32_t *loss_mask, const int32_t *position_ids, int B, int T,
-                             float label_smoothing, Err *err) {
+// NEFTune (AstrAI's Embedding in training mode): the input embeddings of a (B,T) batch get
+// normal noise of std alpha / sqrt(T).
+static void add_embedding_noise(Model *m, int T) {
+    const ModelActs *a = m->acts;
+    if (m->neftune_alpha <= 0.0f) return;
+    size_t n = (size_t)a->B * T * m->cfg.hidden_size;
+    m->be->gaussian_noise_add(a->res, n, m->neftune_alpha / sqrtf((float)T), m->noise_seed);
+}
+
+// The forward pass and, with targets, the per-token losses (loss_rows); returns the number of
+// counted tokens, or -1.
+static int forward(Model *m, const int32_t *inputs, const int32_t *targets,
+                   const int32_t *loss_mask, const int32_t *position_ids, int B, int T,
+                   float label_smoothing, Err *err) {
     ModelActs *a = m->acts;
     const Backend *be = m->be;
     const ModelConfig *c = &m->cfg;
@@ -652,6 +671,7 @@ int model_forward_accumulate(Model *m, const int32_t *inputs, const int32_t *tar
     a->T = T;
     weights_needed(m, a->embed, a->embed + 1);
     be->embedding_fwd(a->res, a->inputs, weight(m, a->embed), N, C);
+    add_embedding_noise(m, T);
     for (int l = 0; l < L; l++) {
         weights_needed(m, a->layer[l].q_proj, layer_params_end(m, l));
         layer_forward(m, l, slot_of_layer(m, l));
@@ -664,23 +684,36 @@ int model_forward_accumulate(Model *m, const int32_t *inputs, const int32_t *tar
 
     be->cross_entropy_fwd(a->loss_rows, a->lse_ce, a->logits, a->targets, a->mask, N, V,
                           label_smoothing);
-    if (counted) be->loss_mean_add(m->stats, a->loss_rows, N, counted);
     a->has_loss = 1;
     a->counted = (float)counted;
     a->label_smoothing = label_smoothing;
+    return counted;
+}
+
+int model_forward_accumulate(Model *m, const int32_t *inputs, const int32_t *targets,
+                             const int32_t *loss_mask, const int32_t *position_ids, int B, int T,
+                             float label_smoothing, Err *err) {
+    int counted = forward(m, inputs, targets, loss_mask, position_ids, B, T, label_smoothing, err);
+    if (counted < 0) return -1;
+    if (counted) m->be->loss_mean_add(m->stats, m->acts->loss_rows, B * T, counted);
     return 0;
+}
+
+int model_forward_tokens(Model *m, const int32_t *inputs, const int32_t *targets,
+                         const int32_t *loss_mask, int B, int T, Err *err) {
+    return forward(m, inputs, targets, loss_mask, NULL, B, T, 0.0f, err);
 }
 
 float model_forward(Model *m, const int32_t *inputs, const int32_t *targets,
                     const int32_t *loss_mask, const int32_t *position_ids, int B, int T,
                     float label_smoothing, Err *err) {
-    m->be->zero(m->stats, sizeof(double));
+    m->be->zero(m->stats, MODEL_N_STATS * sizeof(double));
     if (model_forward_accumulate(m, inputs, targets, loss_mask, position_ids, B, T, label_smoothing,
                                  err))
         return NAN;
-    double stats[2];
+    double stats[MODEL_N_STATS];
     model_read_stats(m, stats);
-    return (float)stats[0];
+    return (float)stats[MODEL_STAT_LOSS];
 }
 
 // ---------------------------------------------------------------- backward
@@ -738,14 +771,15 @@ static void layer_backward(Model *m, int l, int s) {
                     N, 1, C, C, 1);
 }
 
-void model_backward(Model *m, float loss_scale) {
+// Backward from dlogits = dloss * row_scale[n] * d CE_n / d logits (row_scale NULL: 1).
+static void backward(Model *m, const float *row_scale, float dloss) {
     ModelActs *a = m->acts;
     if (!a->has_loss || a->counted == 0) return; // no counted token: the loss is constant 0
     const Backend *be = m->be;
     const ModelConfig *c = &m->cfg;
     int N = a->B * a->T, C = c->hidden_size, V = c->vocab_size, L = c->num_hidden_layers;
-    be->cross_entropy_bwd(a->dlogits, a->logits, a->lse_ce, a->targets, a->mask, N, V,
-                          a->label_smoothing, loss_scale / a->counted);
+    be->cross_entropy_bwd(a->dlogits, a->logits, a->lse_ce, a->targets, a->mask, row_scale, N, V,
+                          a->label_smoothing, dloss);
     be->matmul_bwd(a->dln, grad(m, a->lm_head), a->dlogits, a->lnf, weight(m, a->lm_head), N, C, V,
                    0);
     be->rmsnorm_bwd(a->dres, grad(m, a->norm), a->dln, at(m, a->res, (size_t)L * N * C),
@@ -759,4 +793,13 @@ void model_backward(Model *m, float loss_scale) {
     }
     be->embedding_bwd(grad(m, a->embed), a->dres, a->inputs, a->by_id, N, C);
     grads_ready(m, a->embed, a->embed + 1);
+}
+
+void model_backward(Model *m, float loss_scale) {
+    float counted = m->acts->counted;
+    backward(m, NULL, counted > 0 ? loss_scale / counted : 0.0f);
+}
+
+void model_backward_weighted(Model *m, const float *token_scale) {
+    backward(m, token_scale, 1.0f);
 }

@@ -43,6 +43,10 @@ typedef struct {
 
 typedef struct ModelActs ModelActs; // activations, private to model.c
 
+// The backend accumulators of m->stats: the summed forward losses, the squared gradient norm
+// (the optimizer's sum_squares), and two metrics of the preference losses (engine/preference.h).
+enum { MODEL_STAT_LOSS, MODEL_STAT_SQ_NORM, MODEL_STAT_PREF_A, MODEL_STAT_PREF_B, MODEL_N_STATS };
+
 // Flat buffers of model_acquire / model_release.
 enum { MODEL_WEIGHTS = 1, MODEL_MASTER = 2, MODEL_GRADS = 4 };
 
@@ -55,8 +59,12 @@ typedef struct {
     void *weights;           // (num_floats,) compute dtype, read by forward/backward
     float *master;           // (num_floats,) fp32; == weights when the compute dtype is fp32
     float *grads;            // (num_floats,) fp32, accumulated by model_backward
-    double *stats;           // (2,) backend: [0] sum of forward losses, [1] squared grad norm
+    double *stats;           // (MODEL_N_STATS,) backend: MODEL_STAT_* sums read once a step
     bool grad_checkpointing; // keep only each block's input; recompute the block in backward
+    // NEFTune: forward adds N(0, (neftune_alpha / sqrt(T))^2) noise to the input embeddings,
+    // drawn from the stream noise_seed (the caller sets both per training forward; 0: none).
+    float neftune_alpha;
+    uint64_t noise_seed;
     // Executor hooks (NULL: none), both given hook_ctx and a range [first, end) of parameter
     // indices. The ranges are the head (final norm, untied lm_head), each block, and the
     // embedding; they tile the table. weights_needed: forward is about to read those
@@ -108,9 +116,17 @@ float model_forward(Model *m, const int32_t *inputs, const int32_t *targets,
                     const int32_t *loss_mask, const int32_t *position_ids, int B, int T,
                     float label_smoothing, Err *err);
 
-// Reads stats (the summed forward losses and the squared gradient norm) in one transfer
-// and resets the loss sum.
-void model_read_stats(Model *m, double out[2]);
+// The forward pass with the per-token loss and no mean: model_token_nll then holds (B*T) fp32
+// -log p(target) of each counted token (0 elsewhere) on the backend, for a loss built from
+// them (DPO, GRPO) whose gradient model_backward_weighted takes. Positions are 0..T-1 per row.
+int model_forward_tokens(Model *m, const int32_t *inputs, const int32_t *targets,
+                         const int32_t *loss_mask, int B, int T, Err *err);
+const float *model_token_nll(const Model *m);
+// (B*T) 0/1 on the backend: the tokens counted by the last forward.
+const int32_t *model_token_mask(const Model *m);
+
+// Reads stats (MODEL_STAT_*) in one transfer and resets them.
+void model_read_stats(Model *m, double out[MODEL_N_STATS]);
 
 // Logits of the last forward: (B,T,V) fp32 into host memory.
 void model_logits(const Model *m, float *host);
@@ -118,6 +134,9 @@ void model_logits(const Model *m, float *host);
 // Backward of the last forward's loss multiplied by loss_scale (1/grad_accum_steps);
 // gradients are ADDED into m->grads.
 void model_backward(Model *m, float loss_scale);
+// Backward of a loss L(nll) of the last model_forward_tokens: token_scale (B*T, backend fp32)
+// holds d L / d nll per token (any loss scale included); gradients are ADDED.
+void model_backward_weighted(Model *m, const float *token_scale);
 
 void model_zero_grad(Model *m);
 

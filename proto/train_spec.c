@@ -31,9 +31,10 @@ typedef struct {
 
 // clang-format off
 static const KeyDef KEYS[] = {
-    {"train_type", KEY_STR, F(train_type), "", 0, 0, "seq|sft|dpo|grpo|online_grpo|online_dpo", "training type (required; dpo, grpo: not supported yet; online_*: refused)", "data"},
+    {"train_type", KEY_STR, F(train_type), "", 0, 0, "seq|sft|dpo|grpo|online_grpo|online_dpo", "training type (required; online_*: refused)", "data"},
     {"param_path", KEY_STR, F(param_path), "", 0, 0, NULL, "model or checkpoint directory (required)", "model"},
-    {"data_root_path", KEY_STR, F(data_root_path), "", 0, 0, NULL, "bin dataset root (required)", "data"},
+    {"data_root_path", KEY_STR, F(data_root_path), "", 0, 0, NULL, "bin dataset root, or (dpo, grpo) record shards or a .jsonl file (required)", "data"},
+    {"skip_bad_records", KEY_BOOL, F(skip_bad_records), "false", 0, 0, NULL, "dpo, grpo from .jsonl: skip and count bad records instead of failing", "data"},
     {"resume", KEY_BOOL, F(resume), "false", 0, 0, NULL, "continue from the checkpoint in param_path, else the latest in ckpt_dir", "training"},
     {"n_epoch", KEY_INT, F(n_epoch), "1", 1, 1e9, NULL, "number of epochs", "training"},
     {"batch_per_device", KEY_INT, F(batch_per_device), "1", 1, 65536, NULL, "micro-batch size per rank", "training"},
@@ -73,22 +74,22 @@ static const KeyDef KEYS[] = {
     {"muon_adjust_lr", KEY_STR, F(muon_adjust_lr), "match_rms_adamw", 0, 0, "original|match_rms_adamw", "Muon lr adjustment (torch.optim.Muon adjust_lr_fn)", "training"},
     {"start_epoch", KEY_INT, F(start_epoch), "0", 0, 1e9, NULL, "fresh run: epoch to start in", "training"},
     {"start_samples", KEY_INT, F(start_samples), "0", 0, 1e15, NULL, "fresh run: samples per rank already consumed in start_epoch", "training"},
-    {"master_addr", KEY_STR, F(master_addr), "localhost", 0, 0, NULL, "rendezvous address (MASTER_ADDR) of a local multi-rank launch", "parallel"},
-    {"master_port", KEY_STR, F(master_port), "29500", 0, 0, NULL, "rendezvous port (MASTER_PORT); the default lets a local launch pick a free one", "parallel"},
+    {"master_addr", KEY_STR, F(master_addr), "localhost", 0, 0, NULL, "rendezvous address (MASTER_ADDR): where rank 0 of a local multi-rank launch listens when given (else 127.0.0.1)", "parallel"},
+    {"master_port", KEY_STR, F(master_port), "29500", 0, 0, NULL, "rendezvous port (MASTER_PORT) rank 0 of a local launch listens on when given (the default lets it pick a free one)", "parallel"},
     {"backend", KEY_STR, F(backend), "nccl", 0, 0, "nccl|gloo", "collectives: nccl (GPUs) or gloo (our CPU shared-memory collectives); given explicitly it picks device_type auto's device", "parallel"},
     {"val_split", KEY_FLOAT, F(val_split), "0", 0, 0.999999, NULL, "fraction of the windows held out for validation (0: None; a seeded split, docs/training.md)", "data"},
     {"val_step", KEY_INT, F(val_step), "1000", 1, 1e12, NULL, "steps between validation runs (used with val_split)", "log"},
-    {"metrics", KEY_STR, F(metrics), "loss,lr,grad_norm", 0, 0, NULL, "metrics to log, repeatable or comma-separated [not supported yet: only the default]", "log"},
-    {"neftune_alpha", KEY_FLOAT, F(neftune_alpha), "0.0", 0, 1e6, NULL, "NEFTune noise alpha [not supported yet: only 0]", "model"},
-    {"dpo_beta", KEY_FLOAT, F(dpo_beta), "0.1", 0, 1e6, NULL, "DPO beta [not supported yet: only the default]", "training"},
-    {"group_size", KEY_INT, F(group_size), "4", 1, 1e6, NULL, "GRPO group size [not supported yet: only the default]", "training"},
-    {"grpo_clip_eps", KEY_FLOAT, F(grpo_clip_eps), "0.2", 0, 1e6, NULL, "GRPO clip epsilon [not supported yet: only the default]", "training"},
-    {"grpo_kl_coef", KEY_FLOAT, F(grpo_kl_coef), "0.01", 0, 1e6, NULL, "GRPO KL coefficient [not supported yet: only the default]", "training"},
-    {"rollout_interval", KEY_INT, F(rollout_interval), "512", 1, 1e12, NULL, "online: steps between rollouts [not supported yet: only the default]", "training"},
-    {"rollout_temperature", KEY_FLOAT, F(rollout_temperature), "0.7", 0, 1e6, NULL, "online: rollout temperature [not supported yet: only the default]", "training"},
-    {"rollout_top_k", KEY_INT, F(rollout_top_k), "0", 0, 1e9, NULL, "online: rollout top-k (0: off) [not supported yet: only the default]", "training"},
-    {"rollout_top_p", KEY_FLOAT, F(rollout_top_p), "0.9", 0, 1, NULL, "online: rollout top-p [not supported yet: only the default]", "training"},
-    {"rollout_max_tokens", KEY_INT, F(rollout_max_tokens), "1024", 1, 1e9, NULL, "online: max tokens per rollout [not supported yet: only the default]", "training"},
+    {"metrics", KEY_STR, F(metrics), "loss,lr,grad_norm", 0, 0, NULL, "keys of metric.jsonl's step rows among loss|lr|grad_norm, repeatable or comma-separated (val_loss: validation rows are written whenever validation runs)", "log"},
+    {"neftune_alpha", KEY_FLOAT, F(neftune_alpha), "0.0", 0, 1e6, NULL, "NEFTune: noise of std alpha/sqrt(T) on the input embeddings in training (0: off)", "model"},
+    {"dpo_beta", KEY_FLOAT, F(dpo_beta), "0.1", 0, 1e6, NULL, "DPO: beta of -logsigmoid(beta * ((pi_c - pi_r) - (ref_c - ref_r)))", "training"},
+    {"group_size", KEY_INT, F(group_size), "4", 1, 1e6, NULL, "GRPO: responses per prompt", "training"},
+    {"grpo_clip_eps", KEY_FLOAT, F(grpo_clip_eps), "0.2", 0, 1e6, NULL, "GRPO: ratio clip epsilon", "training"},
+    {"grpo_kl_coef", KEY_FLOAT, F(grpo_kl_coef), "0.01", 0, 1e6, NULL, "GRPO: coefficient of the KL penalty to the reference", "training"},
+    {"rollout_interval", KEY_INT, F(rollout_interval), "512", 1, 1e12, NULL, "steps between rollouts (online_* only: no effect here)", "training"},
+    {"rollout_temperature", KEY_FLOAT, F(rollout_temperature), "0.7", 0, 1e6, NULL, "rollout temperature (online_* only: no effect here)", "training"},
+    {"rollout_top_k", KEY_INT, F(rollout_top_k), "0", 0, 1e9, NULL, "rollout top-k (0: off) (online_* only: no effect here)", "training"},
+    {"rollout_top_p", KEY_FLOAT, F(rollout_top_p), "0.9", 0, 1, NULL, "rollout top-p (online_* only: no effect here)", "training"},
+    {"rollout_max_tokens", KEY_INT, F(rollout_max_tokens), "1024", 1, 1e9, NULL, "max tokens per rollout (online_* only: no effect here)", "training"},
     {"num_workers", KEY_INT, F(num_workers), "4", 0, 4096, NULL, "DataLoader workers (accepted; no effect: windows are read from memory)", "data"},
     {"pin_memory", KEY_BOOL, F(pin_memory), "true", 0, 0, NULL, "pin memory (accepted; no effect: no DataLoader)", "data"},
     {"start_method", KEY_STR, F(start_method), "spawn", 0, 0, "spawn|fork|forkserver", "multiprocessing start method (accepted; no effect: ranks are fork+exec'd)", "parallel"},
@@ -505,22 +506,9 @@ static bool at_default(const TrainSpec *s, const KeyDef *k) {
     return same;
 }
 
-// The keys accepted but not implemented yet: their default only (issue 8).
-static int not_yet(const TrainSpec *s, Err *err) {
-    static const char *const NOT_YET[] = {
-        "metrics",       "neftune_alpha", "dpo_beta",          "group_size",
-        "grpo_clip_eps", "grpo_kl_coef",  "rollout_interval",  "rollout_temperature",
-        "rollout_top_k", "rollout_top_p", "rollout_max_tokens"};
-    for (size_t i = 0; i < sizeof NOT_YET / sizeof *NOT_YET; i++) {
-        const KeyDef *k = find_key(NOT_YET[i]);
-        if (!at_default(s, k))
-            return err_set(err, "%s: not supported yet in astrai (issue 8); only its default %s",
-                           k->name, *k->def ? k->def : "(unset)");
-    }
-    return 0;
-}
-
 static int check_metrics(const char *list, Err *err) {
+    if (strspn(list, ",") == strlen(list))
+        return err_set(err, "metrics: '%s' names no metric (loss|lr|grad_norm|val_loss)", list);
     char buf[4096];
     snprintf(buf, sizeof buf, "%s", list);
     for (char *save, *m = strtok_r(buf, ",", &save); m; m = strtok_r(NULL, ",", &save))
@@ -545,9 +533,6 @@ int train_spec_validate(const TrainSpec *s, Err *err) {
                        "train_type: %s is refused: AstrAI's online strategies need a Python "
                        "reward callable (TrainConfig.reward_model_fn) that no command line gives",
                        s->train_type);
-    if (!strcmp(s->train_type, "dpo") || !strcmp(s->train_type, "grpo"))
-        return err_set(err, "train_type: %s is not supported yet in astrai (issue 8)",
-                       s->train_type);
     if (!*s->param_path) return err_set(err, "param_path: required");
     if (!*s->data_root_path) return err_set(err, "data_root_path: required");
     if (!*s->ckpt_dir) return err_set(err, "ckpt_dir: must not be empty");
@@ -571,7 +556,10 @@ int train_spec_validate(const TrainSpec *s, Err *err) {
     }
     if (check_port(s->master_port, err) || check_metrics(s->metrics, err)) return -1;
     if (!*s->master_addr) return err_set(err, "master_addr: must not be empty");
-    return not_yet(s, err);
+    if (strlen(s->master_addr) > 253)
+        return err_set(err, "master_addr: '%.40s...' is longer than a host name (253 characters)",
+                       s->master_addr);
+    return 0;
 }
 
 void train_spec_warn_ignored(const TrainSpec *s, FILE *out) {
@@ -579,7 +567,12 @@ void train_spec_warn_ignored(const TrainSpec *s, FILE *out) {
         {"num_workers", "no DataLoader: windows are read straight from the shards in memory"},
         {"pin_memory", "no DataLoader: batches are copied to the device directly"},
         {"start_method", "ranks are started by fork+exec of astrai-train, never by Python"},
-        {"compile", "there is no torch.compile: the kernels are compiled C/CUDA already"}};
+        {"compile", "there is no torch.compile: the kernels are compiled C/CUDA already"},
+        {"rollout_interval", "rollouts belong to online_grpo/online_dpo, which are refused"},
+        {"rollout_temperature", "rollouts belong to online_grpo/online_dpo, which are refused"},
+        {"rollout_top_k", "rollouts belong to online_grpo/online_dpo, which are refused"},
+        {"rollout_top_p", "rollouts belong to online_grpo/online_dpo, which are refused"},
+        {"rollout_max_tokens", "rollouts belong to online_grpo/online_dpo, which are refused"}};
     for (size_t i = 0; i < sizeof WHY / sizeof *WHY; i++)
         if (train_spec_given(s, WHY[i][0]))
             fprintf(out, "warning: --%s changes nothing in astrai: %s\n", WHY[i][0], WHY[i][1]);

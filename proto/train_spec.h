@@ -12,10 +12,11 @@ typedef struct cJSON cJSON;
 
 typedef struct {
     // what to train
-    char *train_type;     // seq | sft (dpo | grpo: not yet; online_*: refused)
-    char *param_path;     // model directory or checkpoint directory
-    char *data_root_path; // bin dataset root
-    bool resume;          // continue from param_path's (or ckpt_dir's latest) checkpoint
+    char *train_type;      // seq | sft | dpo | grpo (online_*: refused)
+    char *param_path;      // model directory or checkpoint directory
+    char *data_root_path;  // bin dataset root; dpo/grpo: record shards or a .jsonl file
+    bool skip_bad_records; // dpo/grpo .jsonl: skip bad records (counted) instead of failing
+    bool resume;           // continue from param_path's (or ckpt_dir's latest) checkpoint
     // batches
     long n_epoch;
     long batch_per_device;
@@ -60,18 +61,18 @@ typedef struct {
     char *muon_adjust_lr; // match_rms_adamw | original
     long start_epoch;     // fresh run: the epoch it starts in
     long start_samples;   // fresh run: samples per rank already consumed (AstrAI's sampler)
-    char *master_addr;    // rendezvous address of a local launch (MASTER_ADDR)
+    char *master_addr;    // rendezvous address (a local launch listens there; MASTER_ADDR)
     char *master_port;    // rendezvous port (MASTER_PORT)
     char *backend;        // nccl | gloo (gloo: our CPU collectives)
-    double val_split;     // 0: none (not implemented yet: only 0)
+    double val_split;     // fraction of samples held out for validation (0: none)
     long val_step;
-    char *metrics;        // comma-separated (only the default yet)
-    double neftune_alpha; // only 0 yet
-    double dpo_beta;      // dpo/grpo knobs: only their defaults yet
+    char *metrics;        // comma-separated columns of metric.jsonl step rows
+    double neftune_alpha; // NEFTune noise alpha (0: off)
+    double dpo_beta;      // dpo/grpo knobs (engine/preference.h)
     long group_size;
     double grpo_clip_eps;
     double grpo_kl_coef;
-    long rollout_interval;
+    long rollout_interval; // rollout_*: online only (warning)
     double rollout_temperature;
     long rollout_top_k;
     double rollout_top_p;

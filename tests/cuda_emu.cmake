@@ -4,7 +4,7 @@
 # and compiled as C++ with tests/cuda_emu/emu.h force-included; the test compares every op
 # with the CPU reference kernels (engine/cpu/), in fp32 and bf16.
 #
-# Emulated: embedding, rmsnorm, rope, elementwise, cross_entropy, optim. Not: attention.cu
+# Emulated: embedding, rmsnorm, rope, elementwise, cross_entropy, preference, optim. Not: attention.cu
 # (inline PTX: mma, ldmatrix, cp.async; its tiling is tests/test_attention_tiling.c),
 # matmul.cu (cuBLASLt), context.cu and backend.cu (runtime plumbing).
 #
@@ -34,7 +34,7 @@ endif()
 set(_emu_src ${CMAKE_SOURCE_DIR}/tests/cuda_emu)
 set(_emu_gen ${CMAKE_BINARY_DIR}/cuda_emu)
 set(_emu_generated "")
-foreach(f embedding rmsnorm rope elementwise cross_entropy optim)
+foreach(f embedding rmsnorm rope elementwise cross_entropy preference optim)
   set(_out ${_emu_gen}/${f}.emu.cpp)
   add_custom_command(OUTPUT ${_out}
     COMMAND ${Python3_EXECUTABLE} ${_emu_src}/gen.py ${CMAKE_SOURCE_DIR}/engine/cuda/${f}.cu ${_out}

@@ -10,3 +10,7 @@ astrai_py_test(test_model_ref test_model_ref.py)
 # the logic of engine/cuda/attention.cu checked where no GPU runs.
 astrai_c_test(test_attention_tiling tests/test_attention_tiling.c)
 target_link_libraries(test_attention_tiling PRIVATE m)
+
+# pref_dump: one DPO/GRPO micro-batch through the engine, driven by test_pref_ref.py.
+add_executable(pref_dump tests/pref_dump.c)
+target_link_libraries(pref_dump PRIVATE astrai_core)

@@ -11,6 +11,7 @@
 #include <string.h>
 
 #include "engine/model.h"
+#include "tests/grad_dump.h"
 
 // The int32 (B,T) tensor `name`, or NULL when absent and optional.
 static int32_t *read_i32(const StFile *f, const char *name, int optional, int *B, int *T,
@@ -32,28 +33,13 @@ static int32_t *read_i32(const StFile *f, const char *name, int optional, int *B
 }
 
 static int dump_grads(const Model *m, const char *path, float loss, int B, int T, Err *err) {
-    int n = m->n_params + 2;
-    StWriteTensor *w = calloc((size_t)n, sizeof *w);
-    char(*names)[128] = calloc((size_t)m->n_params, sizeof *names);
     float *logits = malloc((size_t)B * T * m->cfg.vocab_size * sizeof *logits);
-    if (!w || !names || !logits)
-        return free(w), free(names), free(logits), err_set(err, "out of memory");
+    if (!logits) return err_set(err, "out of memory");
     model_logits(m, logits);
-    w[0] = (StWriteTensor){.name = "logits", .ndim = 3, .data = logits};
+    StWriteTensor w[2] = {{.name = "logits", .ndim = 3, .data = logits},
+                          {.name = "loss", .ndim = 1, .shape = {1}, .data = &loss}};
     w[0].shape[0] = B, w[0].shape[1] = T, w[0].shape[2] = m->cfg.vocab_size;
-    w[1] = (StWriteTensor){.name = "loss", .ndim = 1, .shape = {1}, .data = &loss};
-    for (int i = 0; i < m->n_params; i++) {
-        const ParamSpec *p = &m->params[i];
-        snprintf(names[i], sizeof names[i], "grad.%s", p->name);
-        w[i + 2] = (StWriteTensor){.name = names[i],
-                                   .ndim = p->ndim,
-                                   .data = m->grads + p->offset,
-                                   .fetch = m->be->download};
-        w[i + 2].shape[0] = p->shape[0], w[i + 2].shape[1] = p->shape[1];
-    }
-    int rc = st_write(path, w, n, ST_F32, err);
-    free(w);
-    free(names);
+    int rc = dump_with_grads(m, path, w, 2, err);
     free(logits);
     return rc;
 }

@@ -1,6 +1,7 @@
 """astrai-data prep/inspect against the bin format of docs/data.md, read back the
 way AstrAI's load_bin reads it (numpy memmap with meta.json's dtype and shape),
-and the C sampler against tests/ref/sampler.py."""
+DPO/GRPO record shards (prep --format dpo-jsonl|grpo-jsonl, inspect), and the C
+sampler against tests/ref/sampler.py."""
 
 import json
 import os
@@ -22,6 +23,16 @@ def run(*args):
     return subprocess.run([TOOL, *args], capture_output=True, text=True, timeout=60)
 
 
+def field_ids(field):
+    """A record's text field as the bytes tokenizer reads it: a string, token ids, or a
+    conversation list whose contents are joined (AstrAI's _extract_text)."""
+    if isinstance(field, str):
+        return list(field.encode())
+    if field and isinstance(field[0], dict):
+        return list("".join(m.get("content", "") for m in field).encode())
+    return list(field)
+
+
 def load_bin_like_astrai(shard_dir):
     """astrai/serialization/dataset.py load_bin, without torch."""
     with open(os.path.join(shard_dir, "meta.json")) as f:
@@ -29,7 +40,7 @@ def load_bin_like_astrai(shard_dir):
     return {
         key: np.memmap(os.path.join(shard_dir, f"{key}.bin"), dtype=info["dtype"], mode="r",
                        shape=tuple(info["shape"]))
-        for key, info in meta.items()
+        for key, info in meta.items() if isinstance(info, dict)
     }
 
 
@@ -95,14 +106,8 @@ class PrepText(unittest.TestCase):
         self.assertEqual((info["shards"], info["tokens"]), (len(shards), n))
 
 
-class PrepSft(unittest.TestCase):
-    RECORDS = [
-        {"prompt": "Hi", "response": "Yo!"},
-        None,  # a blank line, skipped
-        {"prompt": [1, 2, 3], "response": [300, 4]},
-        {"response": "x"},
-        {"prompt": "only prompt", "response": ""},
-    ]
+class JsonlCase(unittest.TestCase):
+    """A temporary directory to write JSONL inputs into."""
 
     def setUp(self):
         self.tmp = tempfile.TemporaryDirectory()
@@ -117,9 +122,20 @@ class PrepSft(unittest.TestCase):
             f.write("\n".join(lines) + "\n")
         return path
 
-    @staticmethod
-    def ids(field):
-        return list(field.encode()) if isinstance(field, str) else list(field)
+
+class PrepSft(JsonlCase):
+    RECORDS = [
+        {"prompt": "Hi", "response": "Yo!"},
+        None,  # a blank line, skipped
+        {"prompt": [1, 2, 3], "response": [300, 4]},
+        {"response": "x"},
+        {"prompt": "only prompt", "response": ""},
+        {"prompt": [{"role": "user", "content": "Q: "}, {"role": "x"}, {"content": "2+2"}],
+         "response": "4"},
+    ]
+
+
+    ids = staticmethod(lambda field: field_ids(field))
 
     def expected(self):
         seq, mask, pos = [], [], []
@@ -154,7 +170,7 @@ class PrepSft(unittest.TestCase):
         info = json.loads(r.stdout)
         self.assertEqual(info["keys"], KEYS_SFT)
         self.assertEqual(info["tokens"], n)
-        self.assertEqual(info["documents"], 4)
+        self.assertEqual(info["documents"], 5)
         self.assertEqual(info["loss_tokens"], int(want["loss_mask"].sum()))
         self.assertAlmostEqual(info["loss_fraction"], want["loss_mask"].mean())
         self.assertEqual(info["max_token_id"], 300)
@@ -176,7 +192,9 @@ class PrepSft(unittest.TestCase):
             (json.dumps({"prompt": "a"}), 'key "response" missing'),
             (json.dumps({"response": [1, -1]}), '"response"[1] is not a token id'),
             (json.dumps({"response": [1.5]}), '"response"[0] is not a token id'),
-            (json.dumps({"response": 7}), '"response" must be a string or an array'),
+            (json.dumps({"response": 7}),
+             '"response" must be a string, an array of token ids or a conversation list'),
+            (json.dumps({"response": [{"content": "a"}, 5]}), '"response"[1] is not a message'),
             (json.dumps({"response": "", "prompt": []}), "no tokens"),
             ("[1, 2]", "must be a JSON object"),
         ]
@@ -210,6 +228,179 @@ class PrepSft(unittest.TestCase):
         r = run("--help")
         self.assertEqual(r.returncode, 0)
         self.assertIn("usage: astrai-data prep", r.stdout)
+
+
+class PrepRecords(JsonlCase):
+    """DPO/GRPO records: the shards of docs/data.md, read back with numpy, and inspect."""
+
+    DPO = [
+        {"prompt": "Hello", "chosen": " world", "rejected": " there", "id": 1},
+        {"input": [1, 2, 300], "chosen": [4], "rejected": [5, 6, 7]},
+        {"prompt": [{"role": "user", "content": "Q?"}], "chosen": "yes",
+         "rejected": [{"role": "assistant", "content": "n"}, {"content": "o"}]},
+    ]
+    GRPO = [
+        {"prompt": "p%d" % r, "responses": ["a" * (r + 1), [r, 9], "bc"],
+         "rewards": [r, -0.5 * r, 1e-3]}
+        for r in range(5)
+    ]
+
+
+    def expect_bad(self, args, *needles, status=2):
+        r = run(*args)
+        self.assertEqual(r.returncode, status, r.stdout + r.stderr)
+        for needle in needles:
+            self.assertIn(needle, r.stderr)
+        return r
+
+    @staticmethod
+    def expected(records, kind):
+        """The shard keys of records: prompts and responses concatenated, their lengths."""
+        prompt, prompt_len, response, response_len, reward = [], [], [], [], []
+        for rec in records:
+            p = field_ids(rec.get("prompt") or rec.get("input"))
+            group = [rec["chosen"], rec["rejected"]] if kind == "dpo" else rec["responses"]
+            prompt += p
+            prompt_len.append(len(p))
+            for field in group:
+                ids = field_ids(field)
+                response += ids
+                response_len.append(len(ids))
+            reward += rec.get("rewards", [])
+        keys = {"prompt": prompt, "prompt_len": prompt_len, "response": response,
+                "response_len": response_len}
+        out = {k: np.array(v, dtype="<i4") for k, v in keys.items()}
+        if kind == "grpo":
+            out["reward"] = np.array(reward, dtype="<f4")
+        return out
+
+    def read_shards(self, out):
+        shards = sorted(os.listdir(out))
+        parts = [load_bin_like_astrai(os.path.join(out, s)) for s in shards]
+        return shards, {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
+
+    def test_dpo_byte_for_byte(self):
+        src = self.write("dpo.jsonl", [json.dumps(r) for r in self.DPO])
+        out = os.path.join(self.dir, "out")
+        r = run("prep", "--out", out, "--format", "dpo-jsonl", src)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertIn("wrote 3 dpo records (0 skipped) in 1 shard(s)", r.stdout)
+        want = self.expected(self.DPO, "dpo")
+        shard = os.path.join(out, "shard_0000")
+        with open(os.path.join(shard, "meta.json")) as f:
+            meta_text = f.read()
+        meta = {"format": "dpo", "group_size": 2, "records": 3}
+        meta.update({k: {"shape": [len(v)], "dtype": "int32"} for k, v in want.items()})
+        self.assertEqual(meta_text, json.dumps(meta))
+        for key, value in want.items():
+            with open(os.path.join(shard, f"{key}.bin"), "rb") as f:
+                self.assertEqual(f.read(), value.tobytes(), key)
+
+        r = run("inspect", out, "--json", "--window_size", "4")
+        self.assertEqual(r.returncode, 0, r.stderr)
+        info = json.loads(r.stdout)
+        rows = [(p, q) for p, q in zip(np.repeat(want["prompt_len"], 2), want["response_len"])]
+        self.assertEqual((info["format"], info["group_size"], info["records"]), ("dpo", 2, 3))
+        self.assertEqual(info["prompt_tokens"], len(want["prompt"]))
+        self.assertEqual(info["response_tokens"], len(want["response"]))
+        self.assertEqual((info["min_prompt_len"], info["max_prompt_len"]),
+                         (want["prompt_len"].min(), want["prompt_len"].max()))
+        self.assertEqual((info["min_response_len"], info["max_response_len"]),
+                         (want["response_len"].min(), want["response_len"].max()))
+        self.assertEqual(info["max_token_id"], 300)
+        self.assertIsNone(info["min_reward"])
+        self.assertEqual(info["rows"], 6)
+        self.assertEqual(info["truncated_rows"], sum(p + q > 4 + 1 for p, q in rows))
+        r = run("inspect", out)
+        self.assertIn("format: dpo (group_size 2)\nrecords: 3\n", r.stdout)
+
+    def test_grpo_shards_and_skips(self):
+        lines = [json.dumps(r) for r in self.GRPO]
+        bad = json.dumps({"prompt": "p", "responses": ["a", "b"], "rewards": [1, 2]})
+        lines.insert(2, bad)
+        src = self.write("grpo.jsonl", lines)
+        out = os.path.join(self.dir, "out")
+        args = ["prep", "--out", out, "--format=grpo-jsonl", "--group_size", "3", src]
+        self.expect_bad(args, f"{src}:3: ", '"responses" has 2 elements, not group_size 3')
+        self.assertFalse(os.path.exists(out) and os.listdir(out), "nothing written")
+
+        r = run(*args, "--skip_bad_records", "--shard_records", "2")
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertIn("wrote 5 grpo records (1 skipped) in 3 shard(s)", r.stdout)
+        self.assertIn(f"skipped 1 bad record(s); the first: {src}:3: ", r.stderr)
+        shards, got = self.read_shards(out)
+        self.assertEqual(shards, ["shard_0000", "shard_0001", "shard_0002"])
+        want = self.expected(self.GRPO, "grpo")
+        for key, value in want.items():
+            np.testing.assert_array_equal(got[key], value, key)
+        with open(os.path.join(out, "shard_0002", "meta.json")) as f:
+            meta = json.load(f)
+        self.assertEqual((meta["format"], meta["group_size"], meta["records"]), ("grpo", 3, 1))
+        self.assertEqual(meta["reward"], {"shape": [3], "dtype": "float32"})
+
+        info = json.loads(run("inspect", out, "--json").stdout)
+        self.assertEqual((info["shards"], info["records"], info["group_size"]), (3, 5, 3))
+        self.assertAlmostEqual(info["min_reward"], float(want["reward"].min()))
+        self.assertAlmostEqual(info["max_reward"], float(want["reward"].max()))
+        self.assertNotIn("window_size", info)
+        self.expect_bad(["inspect", out, "--window_size", "4", "--stride", "2"],
+                        "--stride applies to token datasets")
+
+    def test_bad_records_and_flags(self):
+        good = json.dumps({"prompt": "p", "chosen": "c", "rejected": "r"})
+        cases = [
+            ("{\"prompt\": ", "malformed JSON"),
+            (json.dumps({"prompt": "p", "chosen": "c"}), 'key "rejected" missing'),
+            (json.dumps({"prompt": "", "chosen": "c", "rejected": "r"}), '"prompt" is empty'),
+            (json.dumps({"prompt": "p", "chosen": "", "rejected": "r"}), '"chosen" is empty'),
+            (json.dumps({"prompt": [-1], "chosen": "c", "rejected": "r"}),
+             '"prompt"[0] is not a token id'),
+            (json.dumps({"prompt": "p", "chosen": [200], "rejected": "r"}),
+             '"chosen"[0]: token id 200 is outside the vocabulary [0, 150)'),
+        ]
+        for i, (bad, message) in enumerate(cases):
+            src = self.write(f"bad{i}.jsonl", [good, "", bad, good])
+            out = os.path.join(self.dir, f"out{i}")
+            args = ["prep", "--out", out, "--format", "dpo-jsonl", "--vocab_size", "150", src]
+            self.expect_bad(args, f"{src}:3: ", message)
+            self.assertFalse(os.path.exists(out) and os.listdir(out), "nothing written")
+            r = run(*args, "--skip_bad_records")
+            self.assertEqual(r.returncode, 0, r.stderr)
+            self.assertIn("wrote 2 dpo records (1 skipped)", r.stdout)
+
+        grpo = self.write("g.jsonl", [json.dumps(self.GRPO[0])])
+        dpo = self.write("d.jsonl", [good])
+        out = os.path.join(self.dir, "flags")
+        self.expect_bad(["prep", "--out", out, "--format", "grpo-jsonl", grpo],
+                        '"responses" has 3 elements, not group_size 4')  # the default G
+        self.expect_bad(["prep", "--out", out, "--format", "grpo-jsonl", "--group_size", "0",
+                         grpo], "--group_size")
+        self.expect_bad(["prep", "--out", out, "--format", "dpo-jsonl", "--group_size", "2", dpo],
+                        "--group_size applies to --format grpo-jsonl")
+        self.expect_bad(["prep", "--out", out, "--format", "dpo-jsonl", "--shard_tokens", "9",
+                         dpo], "--shard_tokens applies to --format text or sft-jsonl")
+        self.expect_bad(["prep", "--out", out, "--shard_records", "9", dpo],
+                        "--shard_records applies to --format dpo-jsonl or grpo-jsonl")
+        self.expect_bad(["prep", "--out", out, "--format", "sft-jsonl", "--skip_bad_records",
+                         dpo], "--skip_bad_records applies")
+        self.expect_bad(["prep", "--out", out, "--format", "dpo-jsonl", "--vocab_size", "x",
+                         dpo], "--vocab_size")
+        empty = self.write("e.jsonl", ["{}"])
+        self.expect_bad(["prep", "--out", out, "--format", "dpo-jsonl", "--skip_bad_records",
+                         empty], "no records (1 bad ones skipped)")
+        self.assertFalse(os.path.exists(out))
+
+    def test_write_failure_exits_1(self):
+        # --out is accepted (an empty directory) but its shard paths exceed PATH_MAX (the
+        # message, which names the path, is cut at its 1 KiB limit).
+        out = self.dir
+        while len(out) < 4080:
+            out = os.path.join(out, "d" * min(200, 4080 - len(out)))
+            os.mkdir(out)
+        src = self.write("d.jsonl", [json.dumps(self.DPO[0])])
+        self.expect_bad(["prep", "--out", out, "--format", "dpo-jsonl", src], "astrai-data: ",
+                        status=1)
+        self.assertEqual(os.listdir(out), [])
 
 
 class SamplerMatchesReference(unittest.TestCase):

@@ -600,11 +600,20 @@ static void test_cross_entropy(Ctx *c, int N, int V, float ls) {
     c->cpu->download(lse, plse.cpu, (size_t)N * 4);
     Pair plin = pair_f32(c, lse, N), pdl = pair_act(c, dl0, (size_t)N * V);
     float dloss = 1.0f / (float)counted;
-    c->cpu->cross_entropy_bwd(pdl.cpu, plg.cpu, plin.cpu, pt.cpu, pm.cpu, N, V, ls, dloss);
-    c->gpu->cross_entropy_bwd(pdl.gpu, plg.gpu, plin.gpu, pt.gpu, pm.gpu, N, V, ls, dloss);
+    c->cpu->cross_entropy_bwd(pdl.cpu, plg.cpu, plin.cpu, pt.cpu, pm.cpu, NULL, N, V, ls, dloss);
+    c->gpu->cross_entropy_bwd(pdl.gpu, plg.gpu, plin.gpu, pt.gpu, pm.gpu, NULL, N, V, ls, dloss);
     compare(c, "cross_entropy_bwd.dlogits", sh, &pdl);
+    // Per-row factors (DPO/GRPO token weights), some negative.
+    float *scale = host_rand(N, -2, 2);
+    Pair pscale = pair_f32(c, scale, N);
+    c->cpu->cross_entropy_bwd(pdl.cpu, plg.cpu, plin.cpu, pt.cpu, pm.cpu, pscale.cpu, N, V, ls,
+                              dloss);
+    c->gpu->cross_entropy_bwd(pdl.gpu, plg.gpu, plin.gpu, pt.gpu, pm.gpu, pscale.gpu, N, V, ls,
+                              dloss);
+    compare(c, "cross_entropy_bwd.dlogits row-scaled", sh, &pdl);
     release(c);
     free(targets), free(mask), free(logits), free(loss0), free(lse0), free(dl0), free(lse);
+    free(scale);
 }
 
 static void test_reductions(Ctx *c) {
@@ -855,7 +864,7 @@ static void test_determinism(Ctx *c) {
             lse[r] = be_alloc(c, c->gpu, (size_t)N * 4);
             dl[r] = be_alloc(c, c->gpu, (size_t)N * V * es);
             c->gpu->cross_entropy_fwd(loss[r], lse[r], plg.gpu, pt.gpu, pm.gpu, N, V, 0.1f);
-            c->gpu->cross_entropy_bwd(dl[r], plg.gpu, lse[r], pt.gpu, pm.gpu, N, V, 0.1f,
+            c->gpu->cross_entropy_bwd(dl[r], plg.gpu, lse[r], pt.gpu, pm.gpu, NULL, N, V, 0.1f,
                                       1.0f / (float)counted);
         }
         const char *sh = "N=128 V=32000 ls=0.1";

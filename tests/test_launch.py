@@ -2,10 +2,13 @@
 signals: every rank sees its place; a failing or killed rank stops the others and
 gives the launcher its exit code; SIGTERM/SIGINT reach every rank; a rank ignoring
 SIGTERM is killed after the grace period; ranks die with their launcher; no process
-and no shm segment is left behind."""
+and no shm segment is left behind; astrai-train's --master_addr/--master_port say where
+the ranks meet."""
 
 import os
 import signal
+import socket
+import subprocess
 import time
 
 import test_launch_util as lu
@@ -113,6 +116,43 @@ def test_bad_grace_period(tmp):
     rc, err = lu.finish(proc)
     assert rc == 1 and "ASTRAI_STOP_GRACE_S='later' is not a number of seconds" in err, err
     assert not os.path.exists(os.path.join(tmp, "rank0.txt")), "ranks started anyway"
+
+
+def test_master_addr_and_port(tmp):
+    """astrai-train --nprocs=2 given --master_addr/--master_port: the launcher listens there
+    for the ranks' rendezvous. With the port held by another program the launch fails at once
+    naming addr:port (exit 1, no rank started); the same port on another loopback address, and
+    once freed, is where the ranks meet and train."""
+    import train_util as tu  # torch and the reference: only this test needs them
+    model = tu.make_model(tmp)
+    data, _ = tu.make_text_data(tmp, 3000)
+    port = lu.free_port()
+
+    def train(ck, *master):
+        args = [tu.binary("astrai-train"), "--train_type=seq", f"--param_path={model}",
+                f"--data_root_path={data}", "--window_size=16", f"--ckpt_dir={tmp}/{ck}",
+                "--threads=1", "--max_steps=1", "--nprocs=2", "--parallel_mode=ddp",
+                f"--master_port={port}", *master]
+        env = lu.clean_env(ASTRAI_RENDEZVOUS_TIMEOUT_S=20)
+        return subprocess.run(args, env=env, capture_output=True, text=True, timeout=120)
+
+    def trained(proc, ck):
+        assert proc.returncode == 0, proc.stderr
+        rows = tu.metric_rows(tu.latest_checkpoint(os.path.join(tmp, ck)))
+        assert [r["step"] for r in rows] == [1], rows
+
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", port))
+        busy.listen()
+        start = time.monotonic()
+        proc = train("busy")  # master_addr not given: 127.0.0.1
+        assert proc.returncode == 1, proc.stderr
+        assert f"cannot listen on 127.0.0.1:{port}: Address already in use" in proc.stderr, \
+            proc.stderr
+        assert time.monotonic() - start < 10
+        assert not os.path.exists(os.path.join(tmp, "busy")), "ranks started anyway"
+        trained(train("other_addr", "--master_addr=127.0.0.2"), "other_addr")
+    trained(train("freed"), "freed")
 
 
 if __name__ == "__main__":

@@ -1,6 +1,7 @@
 // test_metrics.c: metric.jsonl rows (worker/lib/progress.c) in AstrAI's shapes: reading
 // AstrAI's rows as they are (validation and epoch rows, a step row without grad_norm,
-// unknown keys), reading our older rows, writing and reading back, errors naming file:line.
+// unknown keys), reading our older rows, writing and reading back, the --metrics selection
+// of step rows, errors naming file:line.
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -107,6 +108,59 @@ static void check_append(void) {
     metrics_free(&m);
 }
 
+// --metrics: new step rows carry only the named columns (val_loss never: validation rows
+// carry it anyway); rows loaded from a checkpoint keep the keys they had, step rows without
+// loss or lr included; an unknown name is an error naming it.
+static void check_select(void) {
+    MetricLog m = {0};
+    Err err = {0};
+    StepRow s = {.step = 3,
+                 .epoch = 0,
+                 .consumed_samples = 12,
+                 .loss = 2.5f,
+                 .lr = 1e-3,
+                 .grad_norm = 0.75f,
+                 .wall_time = 1785372544.0};
+    struct {
+        const char *list;
+        unsigned has;
+    } cases[] = {{"loss,lr,grad_norm", METRIC_HAS_LOSS | METRIC_HAS_LR | METRIC_HAS_GRAD_NORM},
+                 {"lr", METRIC_HAS_LR},
+                 {"grad_norm,loss,,loss", METRIC_HAS_LOSS | METRIC_HAS_GRAD_NORM},
+                 {"val_loss", 0}};
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        CHECK_MSG(metrics_select(&m, cases[i].list, &err) == 0, "%s", err.msg);
+        CHECK(metrics_append(&m, &s, &err) == 0);
+        CHECK_MSG(m.rows[m.n - 1].has == cases[i].has, "%s: has %u", cases[i].list,
+                  m.rows[m.n - 1].has);
+    }
+    CHECK(metrics_append_validation(&m, 3, 0, 12, 2.25, &err) == 0);
+    CHECK(m.rows[m.n - 1].has == METRIC_HAS_VAL_LOSS);
+    CHECK(metrics_select(&m, "loss,lrr", &err) != 0 && strstr(err.msg, "'lrr'"));
+    size_t len;
+    char *text = metrics_to_jsonl(&m, &len);
+    CHECK(text && strstr(text, "\"consumed_samples\":12,\"lr\":0.001}\n"));
+    CHECK(text && strstr(text, "\"consumed_samples\":12,\"loss\":2.5,\"grad_norm\":0.75}\n"));
+    CHECK(text && strstr(text, "\"consumed_samples\":12}\n{\"type\":\"validation\""));
+    // Read back (as a resume does) under another selection: every row keeps its keys.
+    char path[4096];
+    write_file(path, sizeof path, "selected.jsonl", text ? text : "");
+    MetricLog back = {0};
+    CHECK(metrics_select(&back, "loss,lr,grad_norm", &err) == 0);
+    CHECK_MSG(metrics_load(&back, path, 3, &err) == 0, "%s", err.msg);
+    CHECK(back.n == m.n);
+    for (size_t i = 0; i < back.n && back.n == m.n; i++)
+        CHECK_MSG(back.rows[i].has == m.rows[i].has, "row %zu: has %u, wrote %u", i,
+                  back.rows[i].has, m.rows[i].has);
+    size_t back_len;
+    char *again = metrics_to_jsonl(&back, &back_len);
+    CHECK(text && again && back_len == len && !strcmp(again, text));
+    free(again);
+    free(text);
+    metrics_free(&back);
+    metrics_free(&m);
+}
+
 // A malformed line is an error naming path:line (blank lines counted) and the key.
 static void check_malformed(const char *body, const char *want) {
     char path[4096], text[1024];
@@ -127,6 +181,7 @@ int main(void) {
     if (!mkdtemp(dir)) return 1;
     check_astrai_rows();
     check_append();
+    check_select();
     check_malformed("{\"type\":\"step\",\"epoch\":0,\"step\":\"two\",\"consumed_samples\":8}",
                     "\"step\" must be a non-negative integer");
     check_malformed("{\"type\":\"epoch\",\"epoch\":0,\"step\":2}",

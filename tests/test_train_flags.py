@@ -1,8 +1,9 @@
 """AstrAI's train.py flags (commit c8b1e40) in astrai-train (issue 8): every flag is parsed with
 AstrAI's spelling and default (checked through --dry-run's resolved configuration), and a
 non-default value either changes the configuration, warns (one stderr line), or is refused with
-exit 2 and a reason. Also: -c/--config YAML (the command line wins), --x v / --no-x forms, the
-position-id bad-input case (exit 2), and AstrAI's documented command lines for a few steps."""
+exit 2 and a reason. Also: --metrics (the step rows' keys, resume), -c/--config YAML (the
+command line wins), --x v / --no-x forms, the position-id bad-input case (exit 2), and AstrAI's
+documented command lines for a few steps."""
 
 import json
 import os
@@ -71,23 +72,23 @@ FLAGS = {
     "pin_memory": ("true", "false", "warn"),
     "window_size": (None, "8", "set"),
     "stride": (None, "4", "set"),
-    "dpo_beta": ("0.1", "0.2", "refuse"),
-    "group_size": ("4", "8", "refuse"),
-    "grpo_clip_eps": ("0.2", "0.3", "refuse"),
-    "grpo_kl_coef": ("0.01", "0.02", "refuse"),
+    "dpo_beta": ("0.1", "0.2", "set"),
+    "group_size": ("4", "8", "set"),
+    "grpo_clip_eps": ("0.2", "0.3", "set"),
+    "grpo_kl_coef": ("0.01", "0.02", "set"),
     "label_smoothing": ("0.0", "0.05", "set"),
-    "rollout_interval": ("512", "256", "refuse"),
-    "rollout_temperature": ("0.7", "1.0", "refuse"),
-    "rollout_top_k": ("0", "5", "refuse"),
-    "rollout_top_p": ("0.9", "0.8", "refuse"),
-    "rollout_max_tokens": ("1024", "64", "refuse"),
+    "rollout_interval": ("512", "256", "warn"),
+    "rollout_temperature": ("0.7", "1.0", "warn"),
+    "rollout_top_k": ("0", "5", "warn"),
+    "rollout_top_p": ("0.9", "0.8", "warn"),
+    "rollout_max_tokens": ("1024", "64", "warn"),
     "gradient_checkpointing": ("false", "true", "set"),
     "compile": (None, "default", "warn"),
     "ckpt_interval": ("5000", "100", "set"),
     "ckpt_dir": ("checkpoint", None, None),  # set in every other run
     "val_split": (None, "0.1", "set"),
     "val_step": ("1000", "50", "set"),
-    "metrics": ("loss,lr,grad_norm", "loss", "refuse"),
+    "metrics": ("loss,lr,grad_norm", "loss", "set"),
     "start_epoch": ("0", "1", "set"),
     "start_samples": ("0", "3", "set"),
     "master_addr": ("localhost", "127.0.0.1", "set"),
@@ -97,7 +98,7 @@ FLAGS = {
     "parallel_mode": ("fsdp", "ddp", "set"),
     "device_type": ("auto", "cpu", "set"),  # AstrAI: cuda; ours picks cuda when a GPU is there
     "start_method": ("spawn", "fork", "warn"),
-    "neftune_alpha": ("0.0", "5.0", "refuse"),
+    "neftune_alpha": ("0.0", "5.0", "set"),
     "schedule_type": ("cosine", "wsd", "set"),
     "min_rate": (None, "0.1", "set"),
     "cycle_length": (None, "10", "set"),
@@ -147,8 +148,9 @@ def check_table(model, data, root):
     check(conf.get("device_type") == "cpu", f"--backend=gloo: device_type {conf.get('device_type')}")
     p = run(base(model, data, root) + ["--backend=gloo", "--device_type=cuda", "--dry-run"], 2)
     check("backend" in p.stderr and "cuda" in p.stderr, f"gloo+cuda: {p.stderr!r}")
+    # dpo/grpo train on records (tests/test_train_pref.py): a token-window dataset is refused.
     for tt, word in (("online_grpo", "reward"), ("online_dpo", "reward"),
-                     ("dpo", "not supported yet"), ("grpo", "not supported yet")):
+                     ("dpo", "record"), ("grpo", "record")):
         p = run(base(model, data, root)[1:] + [f"--train_type={tt}", "--dry-run"], 2)
         check(word in p.stderr, f"--train_type={tt}: {p.stderr!r}")
     check(run(base(model, data, root) + ["--tp_size=1", "--dry-run"], 0).returncode == 0,
@@ -159,7 +161,8 @@ def check_table(model, data, root):
                                         "grad_norm", "--dry-run"], 0)
     conf = resolved(p.stdout)
     check(same(conf.get("max_lr"), "2e-4") and conf.get("muon_nesterov") == "false"
-          and conf.get("shuffle") == "false", f"spellings: {conf}")
+          and conf.get("shuffle") == "false" and conf.get("metrics") == "loss,lr,grad_norm",
+          f"spellings: {conf}")
     p = run(base(model, data, root) + ["--no-max_lr", "--dry-run"], 2)
     check("unknown key" in p.stderr, f"--no-max_lr: {p.stderr!r}")
     # --help groups as AstrAI's config sections.
@@ -203,6 +206,64 @@ def check_changes(model, data, root):
     check(rows[0]["epoch"] == 1 and rows[0]["consumed_samples"] == 7,
           f"--start_samples=5 --start_epoch=1: first row {rows[0]}")
     print("ok? muon knobs and start position change the run")
+
+
+STEP_KEYS = {"type", "timestamp", "epoch", "step", "consumed_samples"}
+
+
+def check_metrics(model, data, root):
+    """--metrics picks the keys of metric.jsonl's step rows (repeated, comma-separated, YAML
+    list); validation rows come whatever it says; progress.db keeps every number; a resumed run
+    keeps the restored rows' keys and writes its own selection from then on."""
+    import sqlite3
+
+    def rows(ck):
+        return tu.all_metric_rows(tu.latest_checkpoint(ck))
+
+    def train(name, extra, steps=2):
+        ck = os.path.join(root, name)
+        p = run(base(model, data, root)[:-2] + [f"--ckpt_dir={ck}", "--threads=1",
+                                                 f"--max_steps={steps}", "--log_interval=1"]
+                + extra, 0)
+        return ck, p.stderr
+
+    cases = [("rep", ["--metrics", "loss", "--metrics", "lr"], {"loss", "lr"}),
+             ("comma", ["--metrics=grad_norm,val_loss", "--val_split=0.1", "--val_step=1"],
+              {"grad_norm"}),
+             ("default", [], {"loss", "lr", "grad_norm"})]
+    yaml = os.path.join(root, "metrics.yaml")
+    with open(yaml, "w") as f:
+        f.write("log:\n  metrics: [loss]\n")
+    cases.append(("yaml", ["-c", yaml], {"loss"}))
+    for name, extra, want in cases:
+        ck, err = train(name, extra)
+        got = rows(ck)
+        steps = [r for r in got if r["type"] == "step"]
+        check(len(steps) == 2 and all(set(r) == STEP_KEYS | want for r in steps),
+              f"--metrics {extra}: step rows {steps}")
+        vals = [r for r in got if r["type"] == "validation"]
+        check(len(vals) == (2 if "--val_split=0.1" in extra else 0)
+              and all(set(r) == STEP_KEYS | {"val_loss"} for r in vals),
+              f"--metrics {extra}: validation rows {vals}")
+        with sqlite3.connect(os.path.join(ck, "progress.db")) as db:
+            full = db.execute("SELECT count(*) FROM steps WHERE loss IS NOT NULL AND lr IS NOT "
+                              "NULL AND grad_norm IS NOT NULL").fetchone()[0]
+        check(full == 2, f"--metrics {extra}: progress.db has {full} complete step rows")
+        check(err.count("grad_norm") >= 2, f"--metrics {extra}: progress lines {err!r}")
+    # Resume from the loss,lr checkpoint with the default selection: rows 1-2 as they were.
+    ck = os.path.join(root, "rep")
+    before = [{k: v for k, v in r.items() if k != "timestamp"} for r in rows(ck)]
+    run(base(model, data, root)[:-2] + [f"--ckpt_dir={ck}", "--threads=1", "--max_steps=4",
+                                         "--resume"], 0)
+    after = [{k: v for k, v in r.items() if k != "timestamp"} for r in rows(ck)]
+    check(after[:2] == before and [r["step"] for r in after] == [1, 2, 3, 4]
+          and all(set(r) == STEP_KEYS - {"timestamp"} | {"loss", "lr", "grad_norm"}
+                  for r in after[2:]), f"--metrics resume: {before} then {after}")
+    for bad, why in (("--metrics=los", "metrics: 'los' is not one of"),
+                     ("--metrics=", "names no metric")):
+        p = run(base(model, data, root) + [bad, "--dry-run"], 2)
+        check(why in p.stderr, f"{bad}: {p.stderr!r}")
+    print("ok? --metrics selects the step rows' keys")
 
 
 def check_yaml(model, data, root):
@@ -323,6 +384,7 @@ def main():
     data, _ = tu.make_text_data(root, 3000)
     check_table(model, data, root)
     check_changes(model, data, root)
+    check_metrics(model, data, root)
     check_yaml(model, data, root)
     check_positions(model, root)
     check_documented(model, root)

@@ -10,6 +10,7 @@ import tempfile
 import numpy as np
 import torch
 
+from ref import noise as ref_noise
 from ref import sampler as ref_sampler
 from ref.model import RefModel, loss as ref_loss
 from ref.optim import clip_grad_norm, make_optimizer
@@ -115,7 +116,7 @@ def cosine_factor(t, total, warmup_ratio, min_rate):
 
 def reference_training(model_dir, tokens, window, batch, accum, steps_limit, optimizer, max_lr,
                        weight_decay, max_grad_norm, seed, shuffle=True, warmup_ratio=0.05,
-                       min_rate=0.01, n_epoch=1):
+                       min_rate=0.01, n_epoch=1, neftune_alpha=0.0):
     """Trains RefModel like astrai-train does (one rank); returns (rows, model)."""
     torch.manual_seed(0)
     model = RefModel.from_dir(model_dir)
@@ -131,7 +132,11 @@ def reference_training(model_dir, tokens, window, batch, accum, steps_limit, opt
             idx = order[b0:b0 + batch]
             x = torch.tensor(np.stack([samples[i][0] for i in idx]))
             y = torch.tensor(np.stack([samples[i][1] for i in idx]))
-            loss = ref_loss(model.forward(x), y)
+            noise = None
+            if neftune_alpha > 0:
+                noise = ref_noise.neftune_noise(neftune_alpha, seed, consumed, x.shape[0],
+                                                x.shape[1], model.cfg["hidden_size"])
+            loss = ref_loss(model.forward(x, embed_noise=noise), y)
             (loss / accum).backward()
             loss_sum += float(loss)
             consumed += len(idx)

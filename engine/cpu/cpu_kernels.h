@@ -75,10 +75,18 @@ void cpu_sigmoid_gate_bwd(void *dx, void *dg, const void *dout, const void *x, c
 void cpu_cross_entropy_fwd(float *loss, float *lse, const void *logits, const int32_t *targets,
                            const int32_t *mask, int N, int V, float label_smoothing);
 void cpu_cross_entropy_bwd(void *dlogits, const void *logits, const float *lse,
-                           const int32_t *targets, const int32_t *mask, int N, int V,
-                           float label_smoothing, float dloss);
+                           const int32_t *targets, const int32_t *mask, const float *row_scale,
+                           int N, int V, float label_smoothing, float dloss);
 
 void cpu_loss_mean_add(double *acc, const float *loss, int N, int counted);
+
+// preference.c
+void cpu_dpo_loss(double *acc, float *scale, const float *nll, const float *ref_nll, int P, int T,
+                  float beta, float loss_scale);
+void cpu_grpo_loss(double *acc, float *scale, const float *nll, const float *old_nll,
+                   const float *ref_nll, const float *adv, const int32_t *mask, int R, int T,
+                   int counted, float clip_eps, float kl_coef, float loss_scale);
+void cpu_gaussian_noise_add(void *x, size_t n, float std, uint64_t seed);
 void cpu_sum_squares(double *out, const float *x, size_t n);
 void cpu_scale(float *x, size_t n, float factor);
 void cpu_adamw(float *w, const float *g, float *exp_avg, float *exp_avg_sq, size_t n,

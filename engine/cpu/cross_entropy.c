@@ -2,7 +2,7 @@
 //
 // Per counted row (torch.nn.functional.cross_entropy with label_smoothing e):
 //   loss = lse - (1-e) * z[t] - (e/V) * sum_j z[j]
-//   dz[j] = dloss * (softmax(z)[j] - e/V - (1-e) * [j == t])
+//   dz[j] = dloss * row_scale[n] * (softmax(z)[j] - e/V - (1-e) * [j == t])
 #include <math.h>
 
 #include "engine/cpu/cpu_kernels.h"
@@ -34,15 +34,16 @@ void cpu_cross_entropy_fwd(float *loss, float *lse, const void *logits_, const i
 }
 
 void cpu_cross_entropy_bwd(void *dlogits_, const void *logits_, const float *lse,
-                           const int32_t *targets, const int32_t *mask, int N, int V,
-                           float label_smoothing, float dloss) {
+                           const int32_t *targets, const int32_t *mask, const float *row_scale,
+                           int N, int V, float label_smoothing, float dloss) {
     float *dlogits = dlogits_;
     const float *logits = logits_;
 #pragma omp parallel for
     for (int n = 0; n < N; n++) {
         const float *z = logits + (size_t)n * V;
         float *dz = dlogits + (size_t)n * V;
-        float d = row_counts(mask, n) ? dloss : 0.0f, l = lse[n], floor = label_smoothing / V;
+        float d = row_counts(mask, n) ? (row_scale ? dloss * row_scale[n] : dloss) : 0.0f,
+              l = lse[n], floor = label_smoothing / V;
 #pragma omp simd
         for (int j = 0; j < V; j++)
             dz[j] = d * (cpu_expf(z[j] - l) - floor);

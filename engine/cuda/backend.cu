@@ -91,6 +91,7 @@ static void cuda_sync(void) {
         (b)->sigmoid_gate_bwd = cuda_sigmoid_gate_bwd_##S;                                         \
         (b)->cross_entropy_fwd = cuda_cross_entropy_fwd_##S;                                       \
         (b)->cross_entropy_bwd = cuda_cross_entropy_bwd_##S;                                       \
+        (b)->gaussian_noise_add = cuda_gaussian_noise_add_##S;                                     \
     } while (0)
 
 static void fill_table(Backend *b, DType dtype, int device) {
@@ -111,6 +112,8 @@ static void fill_table(Backend *b, DType dtype, int device) {
     else
         FILL_DTYPE_OPS(b, f32);
     b->loss_mean_add = cuda_loss_mean_add;
+    b->dpo_loss = cuda_dpo_loss;
+    b->grpo_loss = cuda_grpo_loss;
     b->sum_squares = cuda_sum_squares;
     b->scale = cuda_scale;
     b->adamw = cuda_adamw;

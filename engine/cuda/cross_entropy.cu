@@ -4,7 +4,7 @@
 // Per counted row (torch.nn.functional.cross_entropy with label_smoothing e), as
 // engine/cpu/cross_entropy.c:
 //   loss = lse - (1-e) * z[t] - (e/V) * sum_j z[j]
-//   dz[j] = dloss * (softmax(z)[j] - e/V - (1-e) * [j == t])
+//   dz[j] = dloss * row_scale[n] * (softmax(z)[j] - e/V - (1-e) * [j == t])
 // One block per row reads the logits once (an online max/sum of exponentials), so rows of
 // up to ~200k logits never need shared memory; the probabilities are never written.
 // Every sum runs in a fixed order (per-thread strided, then the block tree): deterministic.
@@ -91,7 +91,8 @@ __global__ void __launch_bounds__(kThreads)
 template <typename T, int VEC>
 __global__ void __launch_bounds__(kThreads)
     cross_entropy_bwd_kernel(T *dlogits, const T *logits, const float *lse, const int32_t *targets,
-                             const int32_t *mask, int V, float label_smoothing, float dloss) {
+                             const int32_t *mask, const float *row_scale, int V,
+                             float label_smoothing, float dloss) {
     int n = blockIdx.x;
     const T *z = logits + (size_t)n * V;
     T *dz = dlogits + (size_t)n * V;
@@ -101,6 +102,7 @@ __global__ void __launch_bounds__(kThreads)
             store_vec<T, VEC>(dz + j, zero);
         return;
     }
+    if (row_scale) dloss *= row_scale[n];
     float l = lse[n], smooth = label_smoothing / V, hit = dloss * (1.0f - label_smoothing);
     int t = targets[n];
     for (int j = threadIdx.x * VEC; j < V; j += blockDim.x * VEC) {
@@ -146,16 +148,17 @@ void cross_entropy_fwd(float *loss, float *lse, const void *logits, const int32_
 
 template <typename T>
 void cross_entropy_bwd(void *dlogits, const void *logits, const float *lse, const int32_t *targets,
-                       const int32_t *mask, int N, int V, float label_smoothing, float dloss) {
+                       const int32_t *mask, const float *row_scale, int N, int V,
+                       float label_smoothing, float dloss) {
     if (N <= 0 || V <= 0) return;
     T *dz = (T *)dlogits;
     const T *z = (const T *)logits;
     if (rows_vectorisable<T>(V, dlogits, logits))
-        cross_entropy_bwd_kernel<T, kPack<T>>
-            <<<N, kThreads, 0, cu_stream()>>>(dz, z, lse, targets, mask, V, label_smoothing, dloss);
+        cross_entropy_bwd_kernel<T, kPack<T>><<<N, kThreads, 0, cu_stream()>>>(
+            dz, z, lse, targets, mask, row_scale, V, label_smoothing, dloss);
     else
-        cross_entropy_bwd_kernel<T, 1>
-            <<<N, kThreads, 0, cu_stream()>>>(dz, z, lse, targets, mask, V, label_smoothing, dloss);
+        cross_entropy_bwd_kernel<T, 1><<<N, kThreads, 0, cu_stream()>>>(
+            dz, z, lse, targets, mask, row_scale, V, label_smoothing, dloss);
     CUDA_CHECK(cudaGetLastError());
 }
 
@@ -168,9 +171,11 @@ void cross_entropy_bwd(void *dlogits, const void *logits, const float *lse, cons
         cross_entropy_fwd<T>(loss, lse, logits, targets, mask, N, V, label_smoothing);             \
     }                                                                                              \
     void cuda_cross_entropy_bwd_##S(void *dlogits, const void *logits, const float *lse,           \
-                                    const int32_t *targets, const int32_t *mask, int N, int V,     \
-                                    float label_smoothing, float dloss) {                          \
-        cross_entropy_bwd<T>(dlogits, logits, lse, targets, mask, N, V, label_smoothing, dloss);   \
+                                    const int32_t *targets, const int32_t *mask,                   \
+                                    const float *row_scale, int N, int V, float label_smoothing,   \
+                                    float dloss) {                                                 \
+        cross_entropy_bwd<T>(dlogits, logits, lse, targets, mask, row_scale, N, V,                 \
+                             label_smoothing, dloss);                                              \
     }
 
 CROSS_ENTROPY_OPS(f32, float)

@@ -90,8 +90,11 @@ const Backend *cuda_backend(DType dtype);
                                     const int32_t *targets, const int32_t *mask, int N, int V,     \
                                     float label_smoothing);                                        \
     void cuda_cross_entropy_bwd_##S(void *dlogits, const void *logits, const float *lse,           \
-                                    const int32_t *targets, const int32_t *mask, int N, int V,     \
-                                    float label_smoothing, float dloss);
+                                    const int32_t *targets, const int32_t *mask,                   \
+                                    const float *row_scale, int N, int V, float label_smoothing,   \
+                                    float dloss);                                                  \
+    /* preference.cu */                                                                            \
+    void cuda_gaussian_noise_add_##S(void *x, size_t n, float std, uint64_t seed);
 
 CUDA_DTYPE_OPS(f32)
 CUDA_DTYPE_OPS(bf16)
@@ -100,6 +103,12 @@ CUDA_DTYPE_OPS(bf16)
 // ---------------------------------------------------------------- dtype-free ops
 // cross_entropy.cu
 void cuda_loss_mean_add(double *acc, const float *loss, int N, int counted);
+// preference.cu
+void cuda_dpo_loss(double *acc, float *scale, const float *nll, const float *ref_nll, int P, int T,
+                   float beta, float loss_scale);
+void cuda_grpo_loss(double *acc, float *scale, const float *nll, const float *old_nll,
+                    const float *ref_nll, const float *adv, const int32_t *mask, int R, int T,
+                    int counted, float clip_eps, float kl_coef, float loss_scale);
 // matmul.cu: C: (M,N) = alpha * op(A) @ op(B) + beta * C, row-major fp32 (op: transpose when
 // trans_*), TF32 off: Newton-Schulz's GEMMs.
 void cuda_sgemm_rm(int trans_a, int trans_b, int M, int N, int K, float alpha, const float *A,

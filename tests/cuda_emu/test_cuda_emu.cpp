@@ -59,6 +59,7 @@ template <typename T> struct Ops;
         static constexpr auto download_f32 = cuda_download_f32_##S;                                \
         static constexpr auto cross_entropy_fwd = cuda_cross_entropy_fwd_##S;                      \
         static constexpr auto cross_entropy_bwd = cuda_cross_entropy_bwd_##S;                      \
+        static constexpr auto gaussian_noise_add = cuda_gaussian_noise_add_##S;                    \
     };
 OPS(f32, float)
 OPS(bf16, bf16)
@@ -433,8 +434,10 @@ template <typename T> void test_casts(size_t n, int skew) {
 
 // ---------------------------------------------------------------- cross-entropy
 
-template <typename T> void test_cross_entropy(int N, int V, float ls, int skew) {
-    std::string tag = fmt("%s N%d V%d ls%g%s", Ops<T>::name, N, V, ls, skew ? " unaligned" : "");
+// scaled: per-row dloss factors (DPO/GRPO token weights, some negative) instead of none.
+template <typename T> void test_cross_entropy(int N, int V, float ls, int skew, int scaled = 0) {
+    std::string tag = fmt("%s N%d V%d ls%g%s%s", Ops<T>::name, N, V, ls, skew ? " unaligned" : "",
+                          scaled ? " row-scaled" : "");
     std::vector<float> z = randn((size_t)N * V, 3.0f);
     for (int j = 0; j < V; j++) {
         if (N > 1) z[(size_t)1 * V + j] = -500.0f + 0.01f * j; // the max grows at every element
@@ -446,19 +449,23 @@ template <typename T> void test_cross_entropy(int N, int V, float ls, int skew) 
         m[n] = n % 4 != 3;
     t[0] = V - 1; // the last element of a row
     const float dloss = 0.37f;
+    // Drawn only when used: the other cases keep the inputs they always had.
+    std::vector<float> rs = scaled ? randn(N, 2.0f) : std::vector<float>(N, 1.0f);
     Outs got = run_both("cross_entropy " + tag, [&] {
         Dev<T> zz(z, skew), dz((size_t)N * V, skew);
         Dev<int32_t> tt(N), mm(N);
         std::copy(t.begin(), t.end(), tt.get());
         std::copy(m.begin(), m.end(), mm.get());
-        Dev<float> loss(N), lse(N);
+        Dev<float> loss(N), lse(N), scale(rs);
         Ops<T>::cross_entropy_fwd(loss, lse, zz, tt, mm, N, V, ls);
-        Ops<T>::cross_entropy_bwd(dz, zz, lse, tt, mm, N, V, ls, dloss);
+        Ops<T>::cross_entropy_bwd(dz, zz, lse, tt, mm, scaled ? (const float *)scale : nullptr, N,
+                                  V, ls, dloss);
         return Outs{loss.floats(), lse.floats(), dz.floats()};
     });
     std::vector<float> loss(N), lse(N), dz((size_t)N * V);
     cpu_cross_entropy_fwd(loss.data(), lse.data(), z.data(), t.data(), m.data(), N, V, ls);
-    cpu_cross_entropy_bwd(dz.data(), z.data(), lse.data(), t.data(), m.data(), N, V, ls, dloss);
+    cpu_cross_entropy_bwd(dz.data(), z.data(), lse.data(), t.data(), m.data(),
+                          scaled ? rs.data() : nullptr, N, V, ls, dloss);
     check("cross_entropy_fwd " + tag + " loss", got[0], loss, {1e-5, 1e-5, 0});
     check("  lse", got[1], lse, {1e-6, 1e-6, 0});
     check("cross_entropy_bwd " + tag, got[2], dz, out_tol<T>({2e-5, 1e-9, 0}));
@@ -478,6 +485,110 @@ static void test_loss_mean(int N) {
     cpu_loss_mean_add(&want, loss.data(), N, counted);
     // The double sums differ in order: at most one float rounding apart.
     check(fmt("loss_mean_add N%d", N), got[0], {(float)(want - 0.25)}, {1.2e-7, 0, 0});
+}
+
+// ---------------------------------------------------------------- preference losses
+
+// Per-token NLLs: positive, 0 where the token does not count (as cross_entropy_fwd leaves them).
+static std::vector<float> nlls(const std::vector<int32_t> &mask, float shift) {
+    std::vector<float> x = randn(mask.size(), 0.5f, shift);
+    for (size_t n = 0; n < x.size(); n++)
+        x[n] = mask[n] ? fabsf(x[n]) : 0.0f;
+    return x;
+}
+
+static void test_dpo_loss(int P, int T) {
+    std::vector<int32_t> mask = randi((size_t)2 * P * T, 4);
+    for (int32_t &m : mask)
+        m = m != 0; // 3 in 4 count
+    std::vector<float> nll = nlls(mask, 1.0f), ref = nlls(mask, 1.0f);
+    const float beta = 0.3f, loss_scale = 0.5f;
+    Outs got = run_both(fmt("dpo_loss P%d T%d", P, T), [&] {
+        Dev<float> n(nll), r(ref), scale((size_t)2 * P * T);
+        Dev<double> acc(4);
+        std::fill(acc.get(), acc.get() + 4, 0.0);
+        cuda_dpo_loss(acc, scale, n, r, P, T, beta, loss_scale);
+        const double *a = acc.get();
+        return Outs{{(float)a[0], (float)a[2], (float)a[3]}, scale.floats()};
+    });
+    double acc[4] = {0, 0, 0, 0};
+    std::vector<float> scale((size_t)2 * P * T);
+    cpu_dpo_loss(acc, scale.data(), nll.data(), ref.data(), P, T, beta, loss_scale);
+    check(fmt("dpo_loss P%d T%d loss, margin, accuracy", P, T), got[0],
+          {(float)acc[0], (float)acc[2], (float)acc[3]}, {1e-6, 1e-7, 0});
+    check("  token scale", got[1], scale, {1e-6, 1e-9, 0});
+}
+
+// old == ref as in offline GRPO, and a policy far enough from them that some ratios clip.
+static void test_grpo_loss(int R, int T) {
+    std::vector<int32_t> mask = randi((size_t)R * T, 3);
+    for (int32_t &m : mask)
+        m = m != 0;
+    int counted = 0;
+    for (int32_t m : mask)
+        counted += m;
+    std::vector<float> nll = nlls(mask, 1.0f), ref = nlls(mask, 1.0f), adv = randn(R, 1.0f);
+    adv[0] = 0.0f; // a group of equal rewards
+    const float eps = 0.2f, kl = 0.05f, loss_scale = 0.25f;
+    Outs got = run_both(fmt("grpo_loss R%d T%d", R, T), [&] {
+        Dev<float> n(nll), r(ref), a(adv), scale((size_t)R * T);
+        Dev<int32_t> m((size_t)R * T);
+        std::copy(mask.begin(), mask.end(), m.get());
+        Dev<double> acc(4);
+        std::fill(acc.get(), acc.get() + 4, 0.0);
+        cuda_grpo_loss(acc, scale, n, r, r, a, m, R, T, counted, eps, kl, loss_scale);
+        const double *x = acc.get();
+        return Outs{{(float)x[0], (float)x[2], (float)x[3]}, scale.floats()};
+    });
+    double acc[4] = {0, 0, 0, 0};
+    std::vector<float> scale((size_t)R * T);
+    cpu_grpo_loss(acc, scale.data(), nll.data(), ref.data(), ref.data(), adv.data(), mask.data(), R,
+                  T, counted, eps, kl, loss_scale);
+    if (!(acc[3] > 0 && acc[3] < 1)) { // the case must exercise both clip branches
+        printf("FAIL grpo_loss R%d T%d: clip fraction %g\n", R, T, acc[3]);
+        failures++;
+    }
+    check(fmt("grpo_loss R%d T%d loss, kl, clip fraction", R, T), got[0],
+          {(float)acc[0], (float)acc[2], (float)acc[3]}, {1e-6, 1e-7, 0});
+    check("  token scale", got[1], scale, {1e-6, 1e-9, 0});
+}
+
+// NEFTune's draws: the emulated kernel equals the CPU op element for element, and the CPU's
+// draws are standard normal (mean, variance, a tail) and differ between seeds.
+template <typename T> void test_noise(size_t n) {
+    std::string tag = fmt("%s n%zu", Ops<T>::name, n);
+    std::vector<float> x = quant<T>(randn(n, 1.0f));
+    const float std_ = 0.25f;
+    const uint64_t seed = 12345;
+    Outs got = run_both("gaussian_noise_add " + tag, [&] {
+        Dev<T> xx(x);
+        Ops<T>::gaussian_noise_add(xx, n, std_, seed);
+        return Outs{xx.floats()};
+    });
+    std::vector<float> want = x;
+    cpu_gaussian_noise_add(want.data(), n, std_, seed);
+    if (sizeof(T) == 2)
+        for (float &v : want)
+            v = bf16_nearest(v);
+    check("gaussian_noise_add " + tag, got[0], want, out_tol<T>({1e-6, 1e-6, 0}));
+    std::vector<float> z(n, 0.0f), z2(n, 0.0f);
+    cpu_gaussian_noise_add(z.data(), n, 1.0f, seed);
+    cpu_gaussian_noise_add(z2.data(), n, 1.0f, seed + 1);
+    double mean = 0, var = 0, same = 0, tail = 0;
+    for (size_t i = 0; i < n; i++) {
+        mean += z[i];
+        var += (double)z[i] * z[i];
+        same += z[i] == z2[i];
+        tail += fabs(z[i]) > 1.96;
+    }
+    mean /= n;
+    var = var / n - mean * mean;
+    double se = 1.0 / sqrt((double)n); // one standard error of the mean
+    bool ok = fabs(mean) < 5 * se && fabs(var - 1) < 5 * sqrt(2.0) * se &&
+              fabs(tail / n - 0.05) < 5 * sqrt(0.05 * 0.95 / n) && same < 0.001 * n;
+    printf("%s noise statistics %s: mean %.4f var %.4f P(|z|>1.96) %.4f, equal to seed+1's %g\n",
+           ok ? "ok  " : "FAIL", tag.c_str(), mean, var, tail / n, same);
+    failures += !ok;
 }
 
 // ---------------------------------------------------------------- optimizer
@@ -627,6 +738,8 @@ template <typename T> void test_dtype() {
     test_cross_entropy<T>(4, 5000, 0.2f, 0);
     test_cross_entropy<T>(3, 7, 0.1f, 0);
     test_cross_entropy<T>(4, 1024, 0.1f, 1);
+    test_cross_entropy<T>(6, 1000, 0.0f, 0, 1);
+    test_noise<T>(100000);
 }
 
 int main() {
@@ -637,6 +750,10 @@ int main() {
     test_dtype<bf16>();
     test_loss_mean(1000);
     test_loss_mean(7);
+    test_dpo_loss(3, 50);
+    test_dpo_loss(2, 1500); // rows longer than the block
+    test_grpo_loss(8, 40);
+    test_grpo_loss(4, 700);
     test_sum_squares_scale(1000);
     test_sum_squares_scale(100001);
     test_adamw(1000);

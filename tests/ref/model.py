@@ -120,7 +120,8 @@ class RefModel:
         for v in self.params.values():
             v.grad = None
 
-    def forward(self, input_ids, position_ids=None):
+    def forward(self, input_ids, position_ids=None, embed_noise=None):
+        """embed_noise: (B,T,C) added to the input embeddings (NEFTune), or None."""
         cfg, P = self.cfg, self.params
         input_ids = torch.as_tensor(input_ids).long()
         B, T = input_ids.shape
@@ -135,6 +136,8 @@ class RefModel:
         mask = attention_mask(pos, packed)
 
         x = P["embed_tokens.weight"][input_ids]
+        if embed_noise is not None:
+            x = x + torch.as_tensor(embed_noise)
         for i in range(cfg["num_hidden_layers"]):
             p = f"layers.{i}."
             h = rms_norm(x, P[p + "input_norm.weight"], eps)

@@ -1,5 +1,5 @@
-// astrai-data: prepares AstrAI "bin" datasets from text or SFT JSONL and
-// inspects them (format: docs/data.md).
+// astrai-data: prepares AstrAI "bin" datasets from text or SFT JSONL, and DPO/GRPO record
+// shards from their JSONL records, and inspects both (format: docs/data.md).
 #include <cjson/cJSON.h>
 #include <dirent.h>
 #include <errno.h>
@@ -12,21 +12,34 @@
 #include "common/error.h"
 #include "common/fsutil.h"
 #include "data/dataset.h"
+#include "data/jsonl.h"
+#include "data/records.h"
 #include "data/shard_writer.h"
 #include "data/tokenizer.h"
 
 static const char USAGE[] =
-    "usage: astrai-data prep --out DIR [--format text|sft-jsonl] [--tokenizer bytes]\n"
-    "                        [--shard_tokens N] FILE...\n"
+    "usage: astrai-data prep --out DIR [--format text|sft-jsonl|dpo-jsonl|grpo-jsonl]\n"
+    "                        [--tokenizer bytes] [--shard_tokens N] FILE...\n"
+    "       astrai-data prep --out DIR --format dpo-jsonl|grpo-jsonl [--group_size G]\n"
+    "                        [--skip_bad_records] [--vocab_size V] [--shard_records N] FILE...\n"
     "       astrai-data inspect DIR [--json] [--window_size W] [--stride S]\n"
     "\n"
-    "prep     tokenizes FILEs (in the order given) into the bin shards DIR/shard_0000/...\n"
-    "         text:      every file's bytes, concatenated  -> sequence\n"
-    "         sft-jsonl: one {\"prompt\": P, \"response\": R} per line, P and R text or\n"
-    "                    token-id arrays; loss on response tokens; positions restart\n"
-    "                    at 0 for each record      -> sequence, loss_mask, position_ids\n"
-    "         --shard_tokens N splits the stream into shards of N tokens (0: one shard).\n"
-    "inspect  shards, keys, tokens, token id range, documents, loss fraction, windows.\n"
+    "prep     tokenizes FILEs (in the order given) into the shards DIR/shard_0000/...\n"
+    "         text:       every file's bytes, concatenated  -> sequence\n"
+    "         sft-jsonl:  one {\"prompt\": P, \"response\": R} per line; loss on response\n"
+    "                     tokens; positions restart at 0 for each record\n"
+    "                                                -> sequence, loss_mask, position_ids\n"
+    "         dpo-jsonl:  one {\"prompt\"|\"input\": P, \"chosen\": C, \"rejected\": R} per line\n"
+    "         grpo-jsonl: one {\"prompt\": P, \"responses\": [G texts], \"rewards\": [G numbers]}\n"
+    "                     per line (--group_size G, default 4)\n"
+    "                                                -> record shards for --train_type dpo|grpo\n"
+    "         A text field is a string, an array of token ids or a conversation list.\n"
+    "         --shard_tokens N splits the token stream into shards of N tokens, --shard_records N\n"
+    "         the records into shards of N records (0: one shard). --skip_bad_records skips and\n"
+    "         counts bad records instead of failing; --vocab_size V refuses token ids >= V.\n"
+    "inspect  shards, keys, tokens, token id range, documents, loss fraction, windows; for a\n"
+    "         record set: format, group size, records, token counts, lengths, rewards, and\n"
+    "         with --window_size the rows it truncates.\n"
     "Exit status: 0 ok, 1 write failure, 2 bad input. Details: docs/data.md\n";
 
 // ------------------------------------------------------------ flags
@@ -126,29 +139,6 @@ static int prep_text_file(const char *path, const Tokenizer *tok, Stream *s, Err
     return rc;
 }
 
-// A record field: text (tokenized) or an array of token ids in [0, INT32_MAX].
-static int field_ids(const cJSON *v, const char *name, const Tokenizer *tok, int32_t **ids,
-                     int64_t *n, Err *err) {
-    if (cJSON_IsString(v))
-        return tokenizer_encode(tok, v->valuestring, strlen(v->valuestring), ids, n, err);
-    if (!cJSON_IsArray(v))
-        return err_set(err, "\"%s\" must be a string or an array of token ids", name);
-    *n = cJSON_GetArraySize(v);
-    *ids = malloc((size_t)(*n ? *n : 1) * sizeof **ids);
-    if (!*ids) return err_set(err, "out of memory");
-    int64_t i = 0;
-    for (const cJSON *e = v->child; e; e = e->next, i++) {
-        if (!cJSON_IsNumber(e) || e->valuedouble < 0 || e->valuedouble > INT32_MAX ||
-            e->valuedouble != (double)(int32_t)e->valuedouble) {
-            free(*ids);
-            return err_set(err, "\"%s\"[%" PRId64 "] is not a token id (an integer in [0, %d])",
-                           name, i, INT32_MAX);
-        }
-        (*ids)[i] = (int32_t)e->valuedouble;
-    }
-    return 0;
-}
-
 static int check_record_keys(const cJSON *rec, Err *err) {
     if (!cJSON_IsObject(rec)) return err_set(err, "a record must be a JSON object");
     for (const cJSON *e = rec->child; e; e = e->next)
@@ -160,19 +150,26 @@ static int check_record_keys(const cJSON *rec, Err *err) {
     return 0;
 }
 
+typedef struct {
+    const Tokenizer *tok;
+    Stream *s;
+} SftCtx;
+
 // One record = one document: prompt (loss 0) then response (loss 1),
-// positions 0..len-1.
-static int prep_sft_record(const cJSON *rec, const Tokenizer *tok, Stream *s, Err *err) {
+// positions 0..len-1 (a jsonl_each callback).
+static int prep_sft_record(const cJSON *rec, void *ctx_, Err *err) {
+    const SftCtx *ctx = ctx_;
     if (check_record_keys(rec, err) != 0) return -1;
     static const char *const FIELDS[2] = {"prompt", "response"};
+    static const char *const WHERE[2] = {"\"prompt\"", "\"response\""};
     int64_t pos = 0;
     for (int f = 0; f < 2; f++) {
         const cJSON *v = cJSON_GetObjectItemCaseSensitive(rec, FIELDS[f]);
         if (!v) continue;
         int32_t *ids;
         int64_t n;
-        if (field_ids(v, FIELDS[f], tok, &ids, &n, err) != 0) return -1;
-        int rc = stream_append(s, ids, n, f == 1, pos, err);
+        if (jsonl_field_ids(v, WHERE[f], ctx->tok, &ids, &n, err) != 0) return -1;
+        int rc = stream_append(ctx->s, ids, n, f == 1, pos, err);
         free(ids);
         if (rc != 0) return -1;
         pos += n;
@@ -182,35 +179,9 @@ static int prep_sft_record(const cJSON *rec, const Tokenizer *tok, Stream *s, Er
     return 0;
 }
 
-static int is_blank(const char *p, const char *end) {
-    for (; p < end; p++)
-        if (*p != ' ' && *p != '\t' && *p != '\r') return 0;
-    return 1;
-}
-
 static int prep_sft_file(const char *path, const Tokenizer *tok, Stream *s, Err *err) {
-    char *text;
-    size_t len;
-    if (fs_read_file(path, &text, &len, err) != 0) return -1;
-    int rc = 0;
-    long line = 1;
-    for (char *p = text; rc == 0 && p < text + len; line++) {
-        char *eol = memchr(p, '\n', (size_t)(text + len - p));
-        if (!eol) eol = text + len;
-        if (!is_blank(p, eol)) {
-            const char *end = NULL;
-            cJSON *rec = cJSON_ParseWithLengthOpts(p, (size_t)(eol - p), &end, 0);
-            if (!rec || !is_blank(end, eol))
-                rc = err_set(err, "malformed JSON");
-            else
-                rc = prep_sft_record(rec, tok, s, err);
-            cJSON_Delete(rec);
-            if (rc != 0) err_prefix(err, "%s:%ld", path, line);
-        }
-        p = eol + 1;
-    }
-    free(text);
-    return rc;
+    SftCtx ctx = {tok, s};
+    return jsonl_each(path, prep_sft_record, &ctx, NULL, NULL, err);
 }
 
 // ------------------------------------------------------------ prep: output
@@ -241,20 +212,20 @@ static int shard_dir(char *buf, size_t cap, const char *out, int64_t i, int64_t 
     return 0;
 }
 
-// Splits the stream into shards of shard_tokens (0: one shard); on failure
+// Writes the part [first, first+n) of what ctx holds as the shard directory dir.
+typedef int (*PartWriter)(const void *ctx, int64_t first, int64_t n, const char *dir, Err *err);
+
+// Splits `total` units (tokens or records) into shards of `per` (0: one shard); on failure
 // removes the shards already written so no partial dataset is left.
-static int write_shards(const char *out, const Stream *s, int64_t shard_tokens, int64_t *n_shards,
-                        Err *err) {
-    int64_t per = shard_tokens ? shard_tokens : s->n;
-    *n_shards = (s->n + per - 1) / per;
+static int write_shards(const char *out, int64_t total, int64_t per, PartWriter write,
+                        const void *ctx, int64_t *n_shards, Err *err) {
+    if (per == 0) per = total;
+    *n_shards = (total + per - 1) / per;
     char dir[PATH_MAX];
     for (int64_t i = 0; i < *n_shards; i++) {
-        int64_t at = i * per, n = s->n - at < per ? s->n - at : per;
-        ShardArray arrays[3] = {{"sequence", s->seq + at},
-                                {"loss_mask", s->sft ? s->loss_mask + at : NULL},
-                                {"position_ids", s->sft ? s->position_ids + at : NULL}};
+        int64_t at = i * per, n = total - at < per ? total - at : per;
         if (shard_dir(dir, sizeof dir, out, i, *n_shards, err) != 0) return -1;
-        if (shard_write(dir, arrays, s->sft ? 3 : 1, n, err) == 0) continue;
+        if (write(ctx, at, n, dir, err) == 0) continue;
         for (int64_t j = 0; j < i; j++) {
             Err ignored;
             shard_dir(dir, sizeof dir, out, j, *n_shards, &ignored);
@@ -265,59 +236,156 @@ static int write_shards(const char *out, const Stream *s, int64_t shard_tokens, 
     return 0;
 }
 
+static int write_stream_part(const void *ctx, int64_t at, int64_t n, const char *dir, Err *err) {
+    const Stream *s = ctx;
+    ShardArray arrays[3] = {{"sequence", s->seq + at},
+                            {"loss_mask", s->sft ? s->loss_mask + at : NULL},
+                            {"position_ids", s->sft ? s->position_ids + at : NULL}};
+    return shard_write(dir, arrays, s->sft ? 3 : 1, n, err);
+}
+
+static int write_records_part(const void *ctx, int64_t first, int64_t n, const char *dir,
+                              Err *err) {
+    return records_write_shard(ctx, first, n, dir, err);
+}
+
 typedef struct {
     const char *out, *format, *tokenizer;
-    int64_t shard_tokens;
+    int64_t shard_tokens, shard_records, group_size, vocab_size;
+    int is_records; // dpo-jsonl or grpo-jsonl
+    RecordKind kind;
+    int skip_bad;
     char **files;
     int n_files;
 } PrepArgs;
 
+// The flags that only some formats take: given to another, they are refused.
+static int check_format_flags(const PrepArgs *a, const char *const given[4], Err *err) {
+    static const char RECORDS[] = "dpo-jsonl or grpo-jsonl";
+    const struct {
+        const char *flag;
+        int given, allowed;
+        const char *formats;
+    } rules[] = {
+        {"--shard_tokens", given[0] != NULL, !a->is_records, "text or sft-jsonl"},
+        {"--shard_records", given[1] != NULL, a->is_records, RECORDS},
+        {"--group_size", given[2] != NULL, a->is_records && a->kind == RECORDS_GRPO, "grpo-jsonl"},
+        {"--vocab_size", given[3] != NULL, a->is_records, RECORDS},
+        {"--skip_bad_records", a->skip_bad, a->is_records, RECORDS},
+    };
+    for (size_t i = 0; i < sizeof rules / sizeof rules[0]; i++)
+        if (rules[i].given && !rules[i].allowed)
+            return err_set(err, "%s applies to --format %s, not %s", rules[i].flag,
+                           rules[i].formats, a->format);
+    return 0;
+}
+
+static int parse_format(PrepArgs *a, Err *err) {
+    if (strcmp(a->format, "dpo-jsonl") == 0 || strcmp(a->format, "grpo-jsonl") == 0) {
+        a->is_records = 1;
+        a->kind = a->format[0] == 'd' ? RECORDS_DPO : RECORDS_GRPO;
+        return 0;
+    }
+    if (strcmp(a->format, "text") != 0 && strcmp(a->format, "sft-jsonl") != 0)
+        return err_set(err, "--format: '%s' is not text, sft-jsonl, dpo-jsonl or grpo-jsonl",
+                       a->format);
+    return 0;
+}
+
 static int parse_prep_args(int argc, char **argv, PrepArgs *a, Err *err) {
-    *a = (PrepArgs){.format = "text", .tokenizer = "bytes"};
+    *a = (PrepArgs){.format = "text", .tokenizer = "bytes", .group_size = 4};
     a->files = calloc((size_t)argc + 1, sizeof *a->files);
     if (!a->files) return err_set(err, "out of memory");
-    const char *shard_tokens = NULL;
+    const char *given[4] = {NULL}; // shard_tokens, shard_records, group_size, vocab_size
     const StringFlag flags[] = {{"--out", &a->out},
                                 {"--format", &a->format},
                                 {"--tokenizer", &a->tokenizer},
-                                {"--shard_tokens", &shard_tokens}};
+                                {"--shard_tokens", &given[0]},
+                                {"--shard_records", &given[1]},
+                                {"--group_size", &given[2]},
+                                {"--vocab_size", &given[3]}};
     for (int i = 0; i < argc; i++) {
-        int m = match_flag(argc, argv, &i, flags, 4, err);
+        int m = match_flag(argc, argv, &i, flags, 7, err);
         if (m < 0) return -1;
         if (m) continue;
+        if (strcmp(argv[i], "--skip_bad_records") == 0) {
+            a->skip_bad = 1;
+            continue;
+        }
         if (argv[i][0] == '-' && argv[i][1] != '\0')
             return err_set(err, "prep: unknown flag '%s'", argv[i]);
         a->files[a->n_files++] = argv[i];
     }
-    if (parse_count("--shard_tokens", shard_tokens, 0, &a->shard_tokens, err) != 0) return -1;
+    if (parse_count("--shard_tokens", given[0], 0, &a->shard_tokens, err) != 0 ||
+        parse_count("--shard_records", given[1], 0, &a->shard_records, err) != 0 ||
+        parse_count("--group_size", given[2], 1, &a->group_size, err) != 0 ||
+        parse_count("--vocab_size", given[3], 1, &a->vocab_size, err) != 0)
+        return -1;
+    if (a->group_size > INT_MAX || a->vocab_size > INT_MAX)
+        return err_set(err, "--%s: %" PRId64 " is too large",
+                       a->group_size > INT_MAX ? "group_size" : "vocab_size",
+                       a->group_size > INT_MAX ? a->group_size : a->vocab_size);
     if (!a->out) return err_set(err, "prep: --out DIR is required");
-    if (strcmp(a->format, "text") != 0 && strcmp(a->format, "sft-jsonl") != 0)
-        return err_set(err, "--format: '%s' is not text or sft-jsonl", a->format);
+    if (parse_format(a, err) != 0 || check_format_flags(a, given, err) != 0) return -1;
     if (a->n_files == 0) return err_set(err, "prep: no input FILE given");
     return 0;
+}
+
+// text / sft-jsonl: one token stream, cut into shards of --shard_tokens.
+static int prep_tokens(const PrepArgs *a, const Tokenizer *tok, Err *err) {
+    Stream s = {.sft = strcmp(a->format, "sft-jsonl") == 0};
+    int rc = 0;
+    for (int i = 0; rc == 0 && i < a->n_files; i++)
+        rc = s.sft ? prep_sft_file(a->files[i], tok, &s, err)
+                   : prep_text_file(a->files[i], tok, &s, err);
+    if (rc == 0 && s.n == 0) rc = err_set(err, "prep: the input files hold no tokens");
+    int status = rc == 0 ? 0 : EXIT_BAD_INPUT;
+    int64_t n_shards = 0;
+    if (rc == 0 &&
+        write_shards(a->out, s.n, a->shard_tokens, write_stream_part, &s, &n_shards, err) != 0)
+        status = 1;
+    if (status == 0)
+        printf("wrote %" PRId64 " tokens in %" PRId64 " shard(s) to %s\n", s.n, n_shards, a->out);
+    stream_free(&s);
+    return status;
+}
+
+// dpo-jsonl / grpo-jsonl: the records of every file, cut into shards of --shard_records.
+static int prep_records(const PrepArgs *a, const Tokenizer *tok, Err *err) {
+    RecordSet rs;
+    records_init(&rs, a->kind, (int)a->group_size);
+    int rc = 0;
+    for (int i = 0; rc == 0 && i < a->n_files; i++)
+        rc = records_parse_jsonl(&rs, a->files[i], tok, (int)a->vocab_size, a->skip_bad, err);
+    if (rc == 0 && rs.n_records == 0)
+        rc = err_set(err, "prep: the input files hold no records (%" PRId64 " bad ones skipped)",
+                     rs.skipped);
+    int status = rc == 0 ? 0 : err->resource ? 1 : EXIT_BAD_INPUT;
+    int64_t n_shards = 0;
+    if (rc == 0 && write_shards(a->out, rs.n_records, a->shard_records, write_records_part, &rs,
+                                &n_shards, err) != 0)
+        status = 1;
+    if (status == 0 && rs.skipped)
+        fprintf(stderr, "astrai-data: warning: skipped %" PRId64 " bad record(s); the first: %s\n",
+                rs.skipped, rs.first_skipped.msg);
+    if (status == 0)
+        printf("wrote %" PRId64 " %s records (%" PRId64 " skipped) in %" PRId64 " shard(s) to %s\n",
+               rs.n_records, records_kind_name(rs.kind), rs.skipped, n_shards, a->out);
+    records_free(&rs);
+    return status;
 }
 
 static int cmd_prep(int argc, char **argv) {
     Err err = {0};
     PrepArgs a;
     Tokenizer tok;
-    Stream s = {0};
     int rc = parse_prep_args(argc, argv, &a, &err);
     if (rc == 0) rc = tokenizer_lookup(a.tokenizer, &tok, &err);
     if (rc == 0) rc = check_out_dir(a.out, &err);
-    s.sft = rc == 0 && strcmp(a.format, "sft-jsonl") == 0;
-    for (int i = 0; rc == 0 && i < a.n_files; i++)
-        rc = s.sft ? prep_sft_file(a.files[i], &tok, &s, &err)
-                   : prep_text_file(a.files[i], &tok, &s, &err);
-    if (rc == 0 && s.n == 0) rc = err_set(&err, "prep: the input files hold no tokens");
-    int status = rc == 0 ? 0 : EXIT_BAD_INPUT;
-    int64_t n_shards = 0;
-    if (rc == 0 && write_shards(a.out, &s, a.shard_tokens, &n_shards, &err) != 0) status = 1;
-    if (status == 0)
-        printf("wrote %" PRId64 " tokens in %" PRId64 " shard(s) to %s\n", s.n, n_shards, a.out);
-    else
-        fprintf(stderr, "astrai-data: %s\n", err.msg);
-    stream_free(&s);
+    int status = rc != 0        ? EXIT_BAD_INPUT
+                 : a.is_records ? prep_records(&a, &tok, &err)
+                                : prep_tokens(&a, &tok, &err);
+    if (status != 0) fprintf(stderr, "astrai-data: %s\n", err.msg);
     free(a.files);
     return status;
 }
@@ -401,6 +469,118 @@ static void print_text(const char *root, const Dataset *d, const Stats *st) {
                st->window, st->stride);
 }
 
+static int inspect_tokens(const char *root, int64_t window, int64_t stride, int as_json, Err *err) {
+    Dataset d;
+    if (dataset_open(&d, root, 0, err) != 0) return -1;
+    Stats st = dataset_stats(&d, window, stride ? stride : window);
+    if (as_json)
+        print_json(root, &d, &st);
+    else
+        print_text(root, &d, &st);
+    dataset_close(&d);
+    return 0;
+}
+
+// ------------------------------------------------------------ inspect: record sets
+
+typedef struct {
+    int64_t min, max, sum;
+} Range;
+
+static void range_add(Range *r, int64_t v, int first) {
+    if (first || v < r->min) r->min = v;
+    if (first || v > r->max) r->max = v;
+    r->sum += v;
+}
+
+typedef struct {
+    Range prompt_len, response_len, id;
+    float min_reward, max_reward;    // GRPO
+    int64_t window, rows, truncated; // window 0: not asked for
+} RecordStats;
+
+// A row is truncated when prompt and response do not fit window + 1 tokens (records_row).
+static RecordStats record_stats(const RecordSet *rs, int64_t window) {
+    RecordStats st = {.window = window, .rows = rs->n_records * rs->group_size};
+    int64_t G = rs->group_size, n_p = rs->prompt_off[rs->n_records];
+    int64_t n_r = rs->response_off[st.rows];
+    for (int64_t r = 0; r < rs->n_records; r++) {
+        int64_t p = rs->prompt_off[r + 1] - rs->prompt_off[r];
+        range_add(&st.prompt_len, p, r == 0);
+        for (int64_t k = r * G; k < (r + 1) * G; k++) {
+            int64_t q = rs->response_off[k + 1] - rs->response_off[k];
+            range_add(&st.response_len, q, k == 0);
+            st.truncated += window && p + q > window + 1;
+            if (!rs->reward) continue;
+            if (k == 0 || rs->reward[k] < st.min_reward) st.min_reward = rs->reward[k];
+            if (k == 0 || rs->reward[k] > st.max_reward) st.max_reward = rs->reward[k];
+        }
+    }
+    for (int64_t t = 0; t < n_p + n_r; t++)
+        range_add(&st.id, t < n_p ? rs->prompt[t] : rs->response[t - n_p], t == 0);
+    return st;
+}
+
+static void print_records_json(const char *root, const RecordSet *rs, const RecordStats *st) {
+    cJSON *o = cJSON_CreateObject();
+    cJSON_AddStringToObject(o, "root", root);
+    cJSON_AddNumberToObject(o, "shards", rs->n_shards);
+    cJSON_AddStringToObject(o, "format", records_kind_name(rs->kind));
+    cJSON_AddNumberToObject(o, "group_size", rs->group_size);
+    cJSON_AddNumberToObject(o, "records", (double)rs->n_records);
+    cJSON_AddNumberToObject(o, "prompt_tokens", (double)st->prompt_len.sum);
+    cJSON_AddNumberToObject(o, "min_prompt_len", (double)st->prompt_len.min);
+    cJSON_AddNumberToObject(o, "max_prompt_len", (double)st->prompt_len.max);
+    cJSON_AddNumberToObject(o, "response_tokens", (double)st->response_len.sum);
+    cJSON_AddNumberToObject(o, "min_response_len", (double)st->response_len.min);
+    cJSON_AddNumberToObject(o, "max_response_len", (double)st->response_len.max);
+    cJSON_AddNumberToObject(o, "min_token_id", (double)st->id.min);
+    cJSON_AddNumberToObject(o, "max_token_id", (double)st->id.max);
+    if (rs->reward) {
+        cJSON_AddNumberToObject(o, "min_reward", st->min_reward);
+        cJSON_AddNumberToObject(o, "max_reward", st->max_reward);
+    } else {
+        cJSON_AddNullToObject(o, "min_reward");
+        cJSON_AddNullToObject(o, "max_reward");
+    }
+    if (st->window) {
+        cJSON_AddNumberToObject(o, "window_size", (double)st->window);
+        cJSON_AddNumberToObject(o, "rows", (double)st->rows);
+        cJSON_AddNumberToObject(o, "truncated_rows", (double)st->truncated);
+    }
+    char *text = cJSON_Print(o);
+    if (text) puts(text);
+    free(text);
+    cJSON_Delete(o);
+}
+
+static void print_records_text(const char *root, const RecordSet *rs, const RecordStats *st) {
+    printf("root: %s\nshards: %d\nformat: %s (group_size %d)\nrecords: %" PRId64 "\n", root,
+           rs->n_shards, records_kind_name(rs->kind), rs->group_size, rs->n_records);
+    printf("prompt tokens: %" PRId64 " (lengths %" PRId64 " .. %" PRId64 ")\n", st->prompt_len.sum,
+           st->prompt_len.min, st->prompt_len.max);
+    printf("response tokens: %" PRId64 " (lengths %" PRId64 " .. %" PRId64 ")\n",
+           st->response_len.sum, st->response_len.min, st->response_len.max);
+    printf("token ids: %" PRId64 " .. %" PRId64 "\n", st->id.min, st->id.max);
+    if (rs->reward) printf("rewards: %g .. %g\n", st->min_reward, st->max_reward);
+    if (st->window)
+        printf("rows truncated: %" PRId64 " of %" PRId64 " (window_size %" PRId64 ")\n",
+               st->truncated, st->rows, st->window);
+}
+
+static int inspect_records(const char *root, RecordKind kind, int group_size, int64_t window,
+                           int as_json, Err *err) {
+    RecordSet rs;
+    if (records_open(&rs, root, kind, group_size, 0, 0, err) != 0) return -1;
+    RecordStats st = record_stats(&rs, window);
+    if (as_json)
+        print_records_json(root, &rs, &st);
+    else
+        print_records_text(root, &rs, &st);
+    records_free(&rs);
+    return 0;
+}
+
 static int cmd_inspect(int argc, char **argv) {
     Err err = {0};
     const char *root = NULL, *window_text = NULL, *stride_text = NULL;
@@ -426,19 +606,18 @@ static int cmd_inspect(int argc, char **argv) {
     if (rc == 0) rc = parse_count("--stride", stride_text, 1, &stride, &err);
     if (rc == 0 && stride && !window) rc = err_set(&err, "inspect: --stride needs --window_size");
     if (rc == 0 && !root) rc = err_set(&err, "inspect: no DIR given");
-    Dataset d;
-    if (rc == 0) rc = dataset_open(&d, root, 0, &err);
-    if (rc != 0) {
-        fprintf(stderr, "astrai-data: %s\n", err.msg);
-        return EXIT_BAD_INPUT;
-    }
-    Stats st = dataset_stats(&d, window, stride ? stride : window);
-    if (as_json)
-        print_json(root, &d, &st);
-    else
-        print_text(root, &d, &st);
-    dataset_close(&d);
-    return 0;
+    int is_records = 0, group_size = 0;
+    RecordKind kind = RECORDS_DPO;
+    if (rc == 0) rc = records_probe(root, &is_records, &kind, &group_size, &err);
+    if (rc == 0 && is_records && stride)
+        rc = err_set(&err, "inspect: --stride applies to token datasets, not the %s record set %s",
+                     records_kind_name(kind), root);
+    if (rc == 0)
+        rc = is_records ? inspect_records(root, kind, group_size, window, as_json, &err)
+                        : inspect_tokens(root, window, stride, as_json, &err);
+    if (rc == 0) return 0;
+    fprintf(stderr, "astrai-data: %s\n", err.msg);
+    return err.resource ? 1 : EXIT_BAD_INPUT;
 }
 
 int main(int argc, char **argv) {

@@ -120,6 +120,11 @@ static int run(const TrainSpec *spec, char **argv) {
         install_signals();
         return train_rank(li, spec);
     }
+    // The ranks meet where --master_addr/--master_port say when given explicitly (AstrAI
+    // hands them to the rendezvous of its local spawn); else on 127.0.0.1 at a free port.
+    if (train_spec_given(spec, "master_addr"))
+        snprintf(li->master_addr, sizeof li->master_addr, "%s", spec->master_addr);
+    if (train_spec_given(spec, "master_port")) li->master_port = atoi(spec->master_port);
     int rc = launch_local(li, argv, &err);
     if (rc < 0) {
         fprintf(stderr, "astrai-train: %s\n", err.msg);
@@ -137,11 +142,14 @@ static bool first_rank(void) {
 // The flags that pick something outside the spec: --backend given explicitly chooses
 // device_type auto's device (gloo: our CPU collectives, nccl: GPUs); --master_addr/port
 // given explicitly become MASTER_ADDR/MASTER_PORT, which ranks started by another
-// launcher read (a local launch meets on 127.0.0.1 at a port it picks itself).
+// launcher (torchrun, SLURM, by hand) read. A rank of a local launch (ASTRAI_LAUNCHED)
+// keeps the ones its supervisor set: where it listens for the ranks to meet.
 static int resolve_env(TrainSpec *spec, Err *err) {
     if (train_spec_given(spec, "backend") && !strcmp(spec->device_type, "auto") &&
         train_spec_set(spec, "device_type", !strcmp(spec->backend, "gloo") ? "cpu" : "cuda", err))
         return -1;
+    const char *launched = getenv("ASTRAI_LAUNCHED");
+    if (launched && !strcmp(launched, "1")) return 0;
     if (train_spec_given(spec, "master_addr")) setenv("MASTER_ADDR", spec->master_addr, 1);
     if (train_spec_given(spec, "master_port")) setenv("MASTER_PORT", spec->master_port, 1);
     return 0;

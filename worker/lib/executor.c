@@ -140,6 +140,7 @@ void executor_free(Executor *x) {
         x->be->free(x->regions);
         x->be->free(x->stage);
         x->be->free(x->agree);
+        x->be->free(x->reference);
     }
     free(x->owner);
     free(x->region_off);
@@ -241,7 +242,7 @@ static void hook_failed(Executor *x, int rc) {
 static int start_gather(Executor *x, int b) {
     const Bucket *k = &x->buckets[b];
     size_t esize = dtype_size(x->be->dtype);
-    const char *mine = x->stage ? x->stage : (const char *)x->shard.master;
+    const char *mine = x->gather_src;
     return comm_all_gather_start(x->comm, mine + k->base * esize, staging_of(x, k, esize), k->size,
                                  x->be->dtype, &x->async_err);
 }
@@ -296,7 +297,10 @@ static int arm(Executor *x, Model *m, bool sync, Err *err) {
     m->grads_ready = sync ? on_grads_ready : NULL;
     m->weights_needed = gather ? on_weights_needed : NULL;
     if (!gather) return 0;
-    if (x->stage) x->be->cast_from_f32(x->stage, x->shard.master, x->region);
+    if (!x->gather_src) {
+        if (x->stage) x->be->cast_from_f32(x->stage, x->shard.master, x->region);
+        x->gather_src = x->stage ? x->stage : x->shard.master;
+    }
     return start_gather(x, x->needed) ? err_set(err, "%s", x->async_err.msg) : 0;
 }
 
@@ -311,6 +315,7 @@ static int disarm(Executor *x, Model *m, Err *err) {
     int rc = x->async_failed ? err_set(err, "%s", x->async_err.msg) : comm_wait(x->comm, err);
     regions_release(x, x->pending);
     x->pending = NULL;
+    x->gather_src = NULL;
     return rc;
 }
 
@@ -358,6 +363,47 @@ int executor_gather_weights(Executor *x, Model *m, Err *err) {
 void executor_drop_full(Executor *x, Model *m) {
     if (x->transient) model_release(m, x->transient);
     x->transient = 0;
+}
+
+// ---------------------------------------------------------------- reference weights
+
+int executor_keep_reference(Executor *x, Model *m, Err *err) {
+    size_t esize = dtype_size(x->be->dtype);
+    size_t n = x->mode == EXEC_FSDP ? (x->region ? x->region : 1) : m->num_floats;
+    if (!(x->reference = x->be->alloc(n * esize, err)))
+        return err_prefix(err, "the reference weights (%zu parameters)", n);
+    if (x->mode != EXEC_FSDP) {
+        x->be->copy(x->reference, m->weights, n * esize);
+        return 0;
+    }
+    for (int i = 0; i < m->n_params; i++) // this rank's tensors, at their region offsets
+        if (x->owner[i] == x->rank)
+            x->be->copy((char *)x->reference + x->region_off[i] * esize,
+                        (const char *)m->weights + m->params[i].offset * esize,
+                        m->params[i].numel * esize);
+    return 0;
+}
+
+int executor_begin_reference(Executor *x, Model *m, Err *err) {
+    if (x->mode != EXEC_FSDP) {
+        x->policy_weights = m->weights;
+        m->weights = x->reference;
+        return 0;
+    }
+    if (model_acquire(m, MODEL_WEIGHTS, err)) return -1;
+    x->gather_src = x->reference;
+    return arm(x, m, false, err);
+}
+
+int executor_end_reference(Executor *x, Model *m, Err *err) {
+    if (x->mode != EXEC_FSDP) {
+        m->weights = x->policy_weights;
+        x->policy_weights = NULL;
+        return 0;
+    }
+    int rc = disarm(x, m, err);
+    model_release(m, MODEL_WEIGHTS);
+    return rc;
 }
 
 int executor_adopt_weights(Executor *x, Model *m, Err *err) {

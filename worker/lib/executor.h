@@ -52,15 +52,20 @@ typedef struct {
     void *regions;      // ddp: (world*S,) fp32 exchange buffer kept for the run; fsdp: NULL
     void *stage;        // (S,) this rank's weights in the compute dtype; NULL when fp32
     float *agree;       // (EXEC_AGREE_MAX,) device staging of executor_sum when comm needs it
-    int transient;      // MODEL_* buffers executor_gather_weights acquired for a checkpoint
-    Bucket *buckets;    // n_buckets, in the order backward completes them
+    // DPO/GRPO: the frozen reference weights in the compute dtype, sharded like the policy's:
+    // none/ddp the full (num_floats,) model layout, fsdp this rank's region (S,); NULL: none.
+    void *reference;
+    void *policy_weights; // none/ddp: m->weights while the reference stands in for it
+    int transient;        // MODEL_* buffers executor_gather_weights acquired for a checkpoint
+    Bucket *buckets;      // n_buckets, in the order backward completes them
     int n_buckets;
     // the micro-step in flight
-    void *pending;    // the exchange buffer of its collectives
-    Model *model;     // whose weights and gradients they move
-    int needed;       // fsdp: the bucket forward needs next (counting down), -1: all ready
-    int launched;     // gradient buckets started
-    int async_failed; // a collective failed to start in a hook: async_err says why
+    void *pending;          // the exchange buffer of its collectives
+    Model *model;           // whose weights and gradients they move
+    const void *gather_src; // fsdp: the region whose weights forward gathers (policy or reference)
+    int needed;             // fsdp: the bucket forward needs next (counting down), -1: all ready
+    int launched;           // gradient buckets started
+    int async_failed;       // a collective failed to start in a hook: async_err says why
     Err async_err;
 } Executor;
 
@@ -98,6 +103,15 @@ int executor_sum(Executor *x, float *vals, int n, Err *err);
 // gathered.
 int executor_gather_weights(Executor *x, Model *m, Err *err);
 void executor_drop_full(Executor *x, Model *m);
+
+// DPO/GRPO: keeps m's current compute weights (full, before executor_adopt_weights) as the
+// frozen reference, sharded like the policy under fsdp.
+int executor_keep_reference(Executor *x, Model *m, Err *err);
+// A forward-only pass with the reference weights: between begin and end, m's forward reads
+// the reference (none/ddp: m->weights points at it; fsdp: gathered bucket by bucket like the
+// policy's). No backward may run in between.
+int executor_begin_reference(Executor *x, Model *m, Err *err);
+int executor_end_reference(Executor *x, Model *m, Err *err);
 
 // After the full model weights were loaded into m: ddp/fsdp copy the owned tensors
 // into the shard and free the full buffers the mode does not keep.

@@ -318,6 +318,11 @@ static int overridden(const char *entry, const char *const *extra) {
     return 0;
 }
 
+// The address rank 0 of a local launch listens on and the other ranks connect to.
+static const char *local_master(const LaunchInfo *li) {
+    return li->master_addr[0] ? li->master_addr : "127.0.0.1";
+}
+
 char **launch_rank_env(const LaunchInfo *li, int rank, int port, int listen_fd,
                        const char *const *extra) {
     size_t n = 0, k = 0, n_extra = 0;
@@ -337,8 +342,8 @@ char **launch_rank_env(const LaunchInfo *li, int rank, int port, int listen_fd,
         env_add(env, &k, "WORLD_SIZE=%d", li->world_size) ||
         env_add(env, &k, "LOCAL_RANK=%d", rank) ||
         env_add(env, &k, "LOCAL_WORLD_SIZE=%d", li->world_size) ||
-        env_add(env, &k, "MASTER_ADDR=127.0.0.1") || env_add(env, &k, "MASTER_PORT=%d", port) ||
-        env_add(env, &k, "ASTRAI_LAUNCHED=1") ||
+        env_add(env, &k, "MASTER_ADDR=%s", local_master(li)) ||
+        env_add(env, &k, "MASTER_PORT=%d", port) || env_add(env, &k, "ASTRAI_LAUNCHED=1") ||
         env_add(env, &k, "ASTRAI_SHM_NAME=%s", li->shm_name) ||
         env_add(env, &k, "ASTRAI_LAUNCHER_PID=%d", (int)getpid()) ||
         (rank == 0 && env_add(env, &k, "ASTRAI_RENDEZVOUS_FD=%d", listen_fd))) {
@@ -513,9 +518,11 @@ void launch_remove_shm(const char *name) {
     closedir(d);
 }
 
+// The parent binds the rendezvous socket before any rank exists, so a port in use fails
+// the launch at once; rank 0 inherits the socket and serves the meeting on it.
 static int spawn_all(Supervisor *s, const LaunchInfo *li, char **argv, Err *err) {
     int fd, port;
-    if (rendezvous_listen(0, 1, &fd, &port, err)) return -1;
+    if (rendezvous_listen_on(local_master(li), li->master_port, &fd, &port, err)) return -1;
     int rc = 0;
     for (int r = 0; r < li->world_size && !rc; r++)
         rc = spawn_rank(s, li, r, argv, port, fd, err);

@@ -29,11 +29,14 @@ typedef enum { LAUNCH_SINGLE, LAUNCH_LOCAL_PARENT, LAUNCH_RANK } LaunchMode;
 typedef struct {
     LaunchMode mode;
     int rank, world_size, local_rank, local_world_size;
-    int external;          // launched by torchrun/SLURM/by hand, not by our local parent
-    const char *source;    // the variables it came from, for messages ("SLURM_PROCID", ...)
-    char master_addr[256]; // where rank 0 serves the rendezvous
-    int master_port;       // the rendezvous port (see ASTRAI_RENDEZVOUS_PORT above)
-    int rendezvous_fd;     // rank 0 of a local launch: the socket the parent listens on; else -1
+    int external;       // launched by torchrun/SLURM/by hand, not by our local parent
+    const char *source; // the variables it came from, for messages ("SLURM_PROCID", ...)
+    // Where rank 0 serves the rendezvous. A rank: from MASTER_ADDR and MASTER_PORT (see
+    // ASTRAI_RENDEZVOUS_PORT above). The local parent: --master_addr/--master_port given
+    // explicitly ("" and 0 otherwise: 127.0.0.1, a free port), set after launch_detect.
+    char master_addr[256];
+    int master_port;
+    int rendezvous_fd; // rank 0 of a local launch: the socket the parent listens on; else -1
     // The shm segment of the collectives: set by the local parent (ASTRAI_SHM_NAME),
     // or chosen by rank 0 and handed out by launch_rendezvous().
     char shm_name[64];
@@ -49,10 +52,12 @@ LaunchInfo *launch_info(void);
 // that parent is already gone.
 int launch_detect(LaunchInfo *li, long nprocs, Err *err);
 
-// Local parent: runs li->world_size ranks of /proc/self/exe with argv, each in its
-// own process group, and supervises them: SIGTERM/SIGINT/SIGUSR1 are forwarded to
-// every rank; when a rank fails (non-zero exit or a signal) the others get SIGTERM,
-// then SIGKILL after the grace period. Prints which rank failed and how, removes
+// Local parent: listens on li->master_addr:li->master_port for the rendezvous (a port
+// in use is an error naming them, before any rank starts), runs li->world_size ranks of
+// /proc/self/exe with argv, each in its own process group (rank 0 holds the listening
+// socket, the others connect to it), and supervises them: SIGTERM/SIGINT/SIGUSR1 are
+// forwarded to every rank; when a rank fails (non-zero exit or a signal) the others get
+// SIGTERM, then SIGKILL after the grace period. Prints which rank failed and how, removes
 // the run's shm segments, and returns the exit code for the launcher: 0, the first
 // failing rank's code, or 128+signal. -1 with err when the ranks could not be started.
 int launch_local(const LaunchInfo *li, char **argv, Err *err);
@@ -72,9 +77,9 @@ long launch_threads(const LaunchInfo *li, long threads);
 // The environment of rank `rank` of a local launch: ours without inherited rank
 // variables and without the variables `extra` sets, then `extra` ("NAME=value",
 // NULL-terminated, may be NULL), then RANK/WORLD_SIZE/LOCAL_RANK/LOCAL_WORLD_SIZE,
-// MASTER_ADDR=127.0.0.1, MASTER_PORT=port, ASTRAI_LAUNCHED=1, ASTRAI_SHM_NAME,
-// ASTRAI_LAUNCHER_PID (this process) and for rank 0 ASTRAI_RENDEZVOUS_FD=listen_fd.
-// NULL when out of memory; free with launch_free_env.
+// MASTER_ADDR=li->master_addr (127.0.0.1 when empty), MASTER_PORT=port, ASTRAI_LAUNCHED=1,
+// ASTRAI_SHM_NAME, ASTRAI_LAUNCHER_PID (this process) and for rank 0
+// ASTRAI_RENDEZVOUS_FD=listen_fd. NULL when out of memory; free with launch_free_env.
 char **launch_rank_env(const LaunchInfo *li, int rank, int port, int listen_fd,
                        const char *const *extra);
 void launch_free_env(char **env);

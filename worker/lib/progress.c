@@ -20,6 +20,8 @@ static const char *SCHEMA =
     " path TEXT NOT NULL, wall_time REAL NOT NULL);"
     "CREATE TABLE IF NOT EXISTS validation(step INTEGER PRIMARY KEY, epoch INTEGER NOT NULL,"
     " consumed_samples INTEGER NOT NULL, val_loss REAL, wall_time REAL NOT NULL);"
+    "CREATE TABLE IF NOT EXISTS step_metrics(step INTEGER NOT NULL, name TEXT NOT NULL,"
+    " value REAL, PRIMARY KEY(step, name));"
     "CREATE TABLE IF NOT EXISTS run(key TEXT PRIMARY KEY, value);";
 
 static int db_fail(ProgressDb *p, const char *what, Err *err) {
@@ -41,8 +43,9 @@ static int forget_after(ProgressDb *p, long total_steps, long resume_step, Err *
     snprintf(sql, sizeof sql,
              "BEGIN IMMEDIATE; DELETE FROM steps WHERE step > %ld;"
              " DELETE FROM checkpoints WHERE step > %ld; DELETE FROM validation WHERE step > %ld;"
+             " DELETE FROM step_metrics WHERE step > %ld;"
              " INSERT OR REPLACE INTO run(key, value) VALUES('total_steps', %ld); COMMIT;",
-             resume_step, resume_step, resume_step, total_steps);
+             resume_step, resume_step, resume_step, resume_step, total_steps);
     return exec_sql(p, sql, err);
 }
 
@@ -62,7 +65,9 @@ int progress_open(ProgressDb *p, const char *dir, long total_steps, long resume_
         sqlite3_prepare_v2(p->db, "INSERT OR REPLACE INTO checkpoints VALUES(?1,?2,?3,?4)", -1,
                            &p->insert_ckpt, NULL) != SQLITE_OK ||
         sqlite3_prepare_v2(p->db, "INSERT OR REPLACE INTO validation VALUES(?1,?2,?3,?4,?5)", -1,
-                           &p->insert_val, NULL) != SQLITE_OK) {
+                           &p->insert_val, NULL) != SQLITE_OK ||
+        sqlite3_prepare_v2(p->db, "INSERT OR REPLACE INTO step_metrics VALUES(?1,?2,?3)", -1,
+                           &p->insert_extra, NULL) != SQLITE_OK) {
         if (!err || !*err->msg || !strstr(err->msg, p->path)) db_fail(p, "prepare", err);
         progress_close(p);
         return -1;
@@ -86,7 +91,14 @@ int progress_add_step(ProgressDb *p, const StepRow *r, Err *err) {
     sqlite3_bind_double(st, 6, r->grad_norm);
     sqlite3_bind_double(st, 7, r->tokens_per_s);
     sqlite3_bind_double(st, 8, r->wall_time);
-    return run_insert(p, st, err);
+    if (run_insert(p, st, err)) return -1;
+    for (int k = 0; k < r->n_extra; k++) {
+        sqlite3_bind_int64(p->insert_extra, 1, r->step);
+        sqlite3_bind_text(p->insert_extra, 2, r->extra[k].name, -1, SQLITE_STATIC);
+        sqlite3_bind_double(p->insert_extra, 3, r->extra[k].value);
+        if (run_insert(p, p->insert_extra, err)) return -1;
+    }
+    return 0;
 }
 
 int progress_add_checkpoint(ProgressDb *p, long step, long epoch, const char *path, Err *err) {
@@ -115,6 +127,7 @@ int progress_add_validation(ProgressDb *p, long step, long epoch, long consumed_
 
 void progress_close(ProgressDb *p) {
     sqlite3_finalize(p->insert_val);
+    sqlite3_finalize(p->insert_extra);
     sqlite3_finalize(p->insert_step);
     sqlite3_finalize(p->insert_ckpt);
     if (p->db) sqlite3_close(p->db);
@@ -147,15 +160,55 @@ static double wall_now(void) {
     return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
+// The numbers a step row can carry, by their --metrics names.
+#define STEP_METRICS (METRIC_HAS_LOSS | METRIC_HAS_LR | METRIC_HAS_GRAD_NORM)
+static const char *const METRIC_NAMES[] = {"loss", "lr", "grad_norm", "val_loss"};
+static const unsigned METRIC_BITS[] = {METRIC_HAS_LOSS, METRIC_HAS_LR, METRIC_HAS_GRAD_NORM,
+                                       METRIC_HAS_VAL_LOSS};
+#define N_METRICS (sizeof METRIC_NAMES / sizeof *METRIC_NAMES)
+
+int metrics_select(MetricLog *m, const char *list, Err *err) {
+    unsigned named = 0;
+    for (const char *p = list; *p;) {
+        size_t len = strcspn(p, ",");
+        size_t i = 0;
+        while (i < N_METRICS &&
+               (strlen(METRIC_NAMES[i]) != len || strncmp(p, METRIC_NAMES[i], len)))
+            i++;
+        if (len && i == N_METRICS)
+            return err_set(err, "metrics: '%.*s' is not one of loss|lr|grad_norm|val_loss",
+                           (int)len, p);
+        if (len) named |= METRIC_BITS[i];
+        p += len + (p[len] == ',');
+    }
+    m->step_skip = STEP_METRICS & ~named;
+    return 0;
+}
+
+const char *const METRIC_EXTRA_NAMES[METRIC_N_EXTRA] = {"reward_margin", "reward_accuracy", "kl",
+                                                        "clip_fraction", "reward_mean"};
+
+static int extra_index(const char *name) {
+    for (int k = 0; k < METRIC_N_EXTRA; k++)
+        if (!strcmp(METRIC_EXTRA_NAMES[k], name)) return k;
+    return -1;
+}
+
 int metrics_append(MetricLog *m, const StepRow *r, Err *err) {
     MetricRow row = {.kind = METRIC_STEP,
                      .step = r->step,
                      .epoch = r->epoch,
                      .consumed_samples = r->consumed_samples,
-                     .has = METRIC_HAS_LOSS | METRIC_HAS_LR | METRIC_HAS_GRAD_NORM,
+                     .has = STEP_METRICS & ~m->step_skip,
                      .loss = r->loss,
                      .lr = r->lr,
                      .grad_norm = r->grad_norm};
+    for (int k = 0; k < r->n_extra; k++) {
+        int i = extra_index(r->extra[k].name);
+        if (i < 0) return err_set(err, "metric log: unknown step metric '%s'", r->extra[k].name);
+        row.extra[i] = r->extra[k].value;
+        row.has |= METRIC_HAS_EXTRA << i;
+    }
     stamp(row.timestamp, sizeof row.timestamp, r->wall_time);
     return metrics_append_row(m, &row, err);
 }
@@ -233,12 +286,14 @@ static int parse_row(const cJSON *obj, MetricRow *row, const char **why, const c
     for (int i = 0; i < 3; i++)
         if ((*why = take_count(obj, counts[i], outs[i]))) return *what = counts[i], -1;
     double loss = 0, gnorm = 0;
-    const char *keys[] = {"loss", "lr", "grad_norm", "val_loss"};
-    unsigned bits[] = {METRIC_HAS_LOSS, METRIC_HAS_LR, METRIC_HAS_GRAD_NORM, METRIC_HAS_VAL_LOSS};
-    double *nums[] = {&loss, &row->lr, &gnorm, &row->val_loss};
-    for (int i = 0; i < 4; i++)
-        if ((*why = take_number(obj, keys[i], bits[i], &row->has, nums[i])))
-            return *what = keys[i], -1;
+    double *nums[N_METRICS] = {&loss, &row->lr, &gnorm, &row->val_loss};
+    for (size_t i = 0; i < N_METRICS; i++)
+        if ((*why = take_number(obj, METRIC_NAMES[i], METRIC_BITS[i], &row->has, nums[i])))
+            return *what = METRIC_NAMES[i], -1;
+    for (int k = 0; k < METRIC_N_EXTRA; k++)
+        if ((*why = take_number(obj, METRIC_EXTRA_NAMES[k], METRIC_HAS_EXTRA << k, &row->has,
+                                &row->extra[k])))
+            return *what = METRIC_EXTRA_NAMES[k], -1;
     if (row->kind == METRIC_VALIDATION && !(row->has & METRIC_HAS_VAL_LOSS))
         return *what = "val_loss", *why = "is missing (a validation row needs it)", -1;
     row->loss = (float)loss;
@@ -308,15 +363,20 @@ static size_t format_row(char *out, size_t cap, const MetricRow *r) {
     if (r->has & METRIC_HAS_LR) n += (size_t)snprintf(out + n, cap - n, ",\"lr\":%.17g", r->lr);
     if (r->has & METRIC_HAS_GRAD_NORM)
         n += (size_t)snprintf(out + n, cap - n, ",\"grad_norm\":%.9g", (double)r->grad_norm);
+    for (int k = 0; k < METRIC_N_EXTRA; k++)
+        if (r->has & (METRIC_HAS_EXTRA << k))
+            n += (size_t)snprintf(out + n, cap - n, ",\"%s\":%.17g", METRIC_EXTRA_NAMES[k],
+                                  r->extra[k]);
     if (r->has & METRIC_HAS_VAL_LOSS)
         n += (size_t)snprintf(out + n, cap - n, ",\"val_loss\":%.17g", r->val_loss);
     n += (size_t)snprintf(out + n, cap - n, "}\n");
     return n;
 }
 
-// A row is at most ~420 bytes: a 31-character timestamp escaped (<= 186), three 20-digit
-// longs and four numbers of <= 25 characters, plus the key names.
-#define ROW_CAP 512
+// A row is at most ~600 bytes: a 31-character timestamp escaped (<= 186), three 20-digit
+// longs and seven numbers of <= 25 characters (a step row's three and its extras), plus the
+// key names.
+#define ROW_CAP 768
 
 char *metrics_to_jsonl(const MetricLog *m, size_t *len) {
     size_t cap = m->n * ROW_CAP + 1, used = 0;

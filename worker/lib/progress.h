@@ -13,6 +13,14 @@
 typedef struct sqlite3 sqlite3;
 typedef struct sqlite3_stmt sqlite3_stmt;
 
+// A number of a step row beyond AstrAI's (DPO, GRPO): "reward_margin", "kl", ...
+typedef struct {
+    const char *name;
+    double value;
+} StepExtra;
+
+#define STEP_MAX_EXTRA 3
+
 typedef struct {
     long step; // optimizer steps done after this one (1-based)
     long epoch;
@@ -22,6 +30,8 @@ typedef struct {
     float grad_norm;
     double tokens_per_s;
     double wall_time; // unix seconds when the step finished
+    int n_extra;
+    StepExtra extra[STEP_MAX_EXTRA];
 } StepRow;
 
 typedef struct {
@@ -29,6 +39,7 @@ typedef struct {
     sqlite3_stmt *insert_step;
     sqlite3_stmt *insert_ckpt;
     sqlite3_stmt *insert_val;
+    sqlite3_stmt *insert_extra; // step_metrics(step, name, value): DPO/GRPO numbers
     char path[4096];
 } ProgressDb;
 
@@ -58,6 +69,13 @@ typedef enum { METRIC_STEP, METRIC_EPOCH, METRIC_VALIDATION } MetricKind;
 // Which optional numbers a row carries (AstrAI's `--metrics` columns).
 enum { METRIC_HAS_LOSS = 1, METRIC_HAS_LR = 2, METRIC_HAS_GRAD_NORM = 4, METRIC_HAS_VAL_LOSS = 8 };
 
+// The numbers DPO and GRPO add to their step rows (after grad_norm), by name:
+// reward_margin, reward_accuracy (dpo); kl, clip_fraction, reward_mean (grpo). Row bit of
+// extra k: METRIC_HAS_EXTRA << k.
+#define METRIC_N_EXTRA 5
+#define METRIC_HAS_EXTRA 16u
+extern const char *const METRIC_EXTRA_NAMES[METRIC_N_EXTRA];
+
 typedef struct {
     MetricKind kind;
     long step; // optimizer steps done when the row was written
@@ -69,14 +87,22 @@ typedef struct {
     double lr;
     float grad_norm;
     double val_loss;
+    double extra[METRIC_N_EXTRA]; // by METRIC_EXTRA_NAMES, where the row has them
 } MetricRow;
 
 typedef struct {
     MetricRow *rows;
     size_t n, cap;
+    unsigned step_skip; // METRIC_HAS_* bits new step rows leave out (--metrics); 0: none
 } MetricLog;
 
-// A "step" row with loss, lr and grad_norm, stamped with row->wall_time.
+// AstrAI's `--metrics` (comma-separated names among loss, lr, grad_norm, val_loss): new step
+// rows carry only the named ones of loss, lr and grad_norm. val_loss never enters a step row
+// (validation rows carry it whatever the list says); rows already in the log keep their keys.
+// An unknown name is an error naming it.
+int metrics_select(MetricLog *m, const char *list, Err *err);
+// A "step" row with the selected metrics (all three unless metrics_select said otherwise),
+// stamped with row->wall_time.
 int metrics_append(MetricLog *m, const StepRow *row, Err *err);
 // An "epoch" row (the end of an epoch), stamped now. A second row for the same epoch and
 // step (the end of an epoch replayed by a resumed run) is not added.

@@ -35,13 +35,37 @@ int train_ckpt_load_config(ModelConfig *cfg, const char *dir, Err *err) {
            model_config_load(cfg, path, err);
 }
 
+int train_ckpt_load_weights(Model *m, const char *dir, Err *err) {
+    char path[PATH_CAP];
+    return path_join(path, sizeof path, dir, "model.safetensors", err) || model_load(m, path, err);
+}
+
 int train_ckpt_load_model(Model *m, const ModelConfig *cfg, const Backend *be, const char *dir,
                           Err *err) {
+    return model_create(m, cfg, be, err) || train_ckpt_load_weights(m, dir, err);
+}
+
+int train_ckpt_reference_dir(const TrainSpec *spec, const char *resume_dir, char *out, size_t cap,
+                             Err *err) {
+    snprintf(out, cap, "%s", spec->param_path);
+    if (strcmp(resume_dir, spec->param_path) != 0) return 0; // a fresh run, or from ckpt_dir
     char path[PATH_CAP];
-    if (model_create(m, cfg, be, err) ||
-        path_join(path, sizeof path, dir, "model.safetensors", err))
+    CkptMeta meta;
+    if (path_join(path, sizeof path, resume_dir, "meta.json", err) || meta_load(&meta, path, err))
         return -1;
-    return model_load(m, path, err);
+    const cJSON *ref = cJSON_GetObjectItemCaseSensitive(meta.config, "reference_path");
+    int rc = 0;
+    if (cJSON_IsString(ref) && *ref->valuestring)
+        snprintf(out, cap, "%s", ref->valuestring);
+    else if (ref)
+        rc = err_set(err, "%s: \"reference_path\" must be a directory name", path);
+    else // written by AstrAI, whose reference is the model it resumes
+        fprintf(stderr,
+                "warning: %s names no reference_path: the reference model is this "
+                "checkpoint's weights\n",
+                path);
+    meta_free(&meta);
+    return rc;
 }
 
 // Writes text into dir/name, fsynced (dir is the checkpoint's temporary directory).
@@ -65,6 +89,10 @@ static char *meta_text(const Trainer *t) {
                   .consumed_samples = t->consumed_samples,
                   .step = t->step,
                   .config = train_spec_to_json(t->spec)};
+    // DPO/GRPO: where the frozen reference comes from when this checkpoint is resumed.
+    if (m.config && t->pref &&
+        !cJSON_AddStringToObject(m.config, "reference_path", t->reference_dir))
+        cJSON_Delete(m.config), m.config = NULL;
     meta_stamp_now(&m);
     char *text = m.config ? meta_to_json(&m) : NULL;
     meta_free(&m);

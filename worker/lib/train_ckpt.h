@@ -25,6 +25,13 @@ int train_ckpt_locate(const TrainSpec *spec, char *out, size_t cap, Err *err);
 
 // Reads dir/config.json.
 int train_ckpt_load_config(ModelConfig *cfg, const char *dir, Err *err);
+// Loads dir/model.safetensors into m's weights.
+int train_ckpt_load_weights(Model *m, const char *dir, Err *err);
+// DPO/GRPO: the model directory of the frozen reference, into out: param_path, except when
+// param_path is the checkpoint resumed (resume_dir), whose meta.json names the reference_path
+// of its run (an AstrAI checkpoint names none: its own weights, as AstrAI does).
+int train_ckpt_reference_dir(const TrainSpec *spec, const char *resume_dir, char *out, size_t cap,
+                             Err *err);
 // Creates the model for cfg and loads dir/model.safetensors.
 int train_ckpt_load_model(Model *m, const ModelConfig *cfg, const Backend *be, const char *dir,
                           Err *err);

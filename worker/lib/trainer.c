@@ -14,6 +14,7 @@
 
 #include "common/fsutil.h"
 #include "common/path.h"
+#include "engine/counter_rng.h"
 #include "worker/lib/train_ckpt.h"
 
 volatile sig_atomic_t trainer_stop_requested = 0;
@@ -36,21 +37,42 @@ static void set_threads(long n) {
     openblas_set_num_threads((int)n);
 }
 
-static int open_data(Trainer *t, const ModelConfig *cfg, Err *err) {
+// The token windows of a seq/sft dataset.
+static int open_windows(Trainer *t, const ModelConfig *cfg, Err *err) {
     const TrainSpec *s = t->spec;
     if (dataset_open(&t->data, s->data_root_path, t->sft, err)) return -1;
     if (dataset_check_vocab(&t->data, cfg->vocab_size, err) ||
         dataset_check_positions(&t->data, cfg->max_position_embeddings, err))
         return err_prefix(err, "data_root_path %s", s->data_root_path);
+    t->n_samples = dataset_num_windows(t->data.n_tokens, t->window, t->stride);
+    if (t->n_samples == 0)
+        return err_set(err, "data_root_path %s: %lld tokens give no sample of window_size %lld",
+                       s->data_root_path, (long long)t->data.n_tokens, (long long)t->window);
+    return 0;
+}
+
+// The records of dpo/grpo: every record is one sample.
+static int open_records(Trainer *t, const ModelConfig *cfg, Err *err) {
+    const TrainSpec *s = t->spec;
+    RecordKind kind = !strcmp(s->train_type, "dpo") ? RECORDS_DPO : RECORDS_GRPO;
+    if (records_open(&t->records, s->data_root_path, kind, (int)s->group_size, cfg->vocab_size,
+                     s->skip_bad_records, err))
+        return -1;
+    if (t->records.skipped && t->rank == 0)
+        fprintf(stderr, "warning: %s: %lld bad record(s) skipped; the first: %s\n",
+                s->data_root_path, (long long)t->records.skipped, t->records.first_skipped.msg);
+    t->n_samples = t->records.n_records;
+    return 0;
+}
+
+static int open_data(Trainer *t, const ModelConfig *cfg, Err *err) {
+    const TrainSpec *s = t->spec;
     t->window = s->window_size ? s->window_size : cfg->max_position_embeddings;
     if (t->window > cfg->max_position_embeddings)
         return err_set(err, "window_size: %ld is larger than max_position_embeddings %d",
                        (long)t->window, cfg->max_position_embeddings);
     t->stride = s->stride ? s->stride : t->window;
-    t->n_samples = dataset_num_windows(t->data.n_tokens, t->window, t->stride);
-    if (t->n_samples == 0)
-        return err_set(err, "data_root_path %s: %lld tokens give no sample of window_size %lld",
-                       s->data_root_path, (long long)t->data.n_tokens, (long long)t->window);
+    if (t->pref ? open_records(t, cfg, err) : open_windows(t, cfg, err)) return -1;
     return sampler_init_split(&t->sampler, t->n_samples, s->val_split, t->world, t->rank,
                               (uint64_t)s->random_seed, s->shuffle, err);
 }
@@ -62,6 +84,8 @@ static ScheduleKind schedule_kind(const char *name) {
 }
 
 static int alloc_batch(Trainer *t, Err *err) {
+    if (t->pref)
+        return pref_batch_init(&t->pb, &t->records, (int)t->spec->batch_per_device, t->window, err);
     size_t n = (size_t)t->spec->batch_per_device * (size_t)t->window;
     t->inputs = malloc(n * sizeof(int32_t));
     t->targets = malloc(n * sizeof(int32_t));
@@ -104,6 +128,7 @@ int trainer_init(Trainer *t, const TrainSpec *spec, const Backend *be, Comm *com
     memset(t, 0, sizeof *t);
     t->spec = spec;
     t->sft = !strcmp(spec->train_type, "sft");
+    t->pref = !strcmp(spec->train_type, "dpo") || !strcmp(spec->train_type, "grpo");
     t->rank = comm ? comm_rank(comm) : 0;
     t->world = comm ? comm_world_size(comm) : 1;
     set_threads(threads);
@@ -115,16 +140,29 @@ int trainer_init(Trainer *t, const TrainSpec *spec, const Backend *be, Comm *com
     if (spec->resume && train_ckpt_locate(spec, resume_dir, sizeof resume_dir, err)) return -1;
     const char *model_dir = *resume_dir ? resume_dir : spec->param_path;
     ModelConfig cfg;
+    if (t->pref &&
+        train_ckpt_reference_dir(spec, resume_dir, t->reference_dir, sizeof t->reference_dir, err))
+        return -1;
     if (train_ckpt_load_config(&cfg, model_dir, err) || open_data(t, &cfg, err)) return -1;
     t->memory_report = getenv("ASTRAI_MEMORY_REPORT");
     if (t->memory_report && !*t->memory_report) t->memory_report = NULL;
     if (t->memory_report) t->rss_baseline = resident_bytes();
-    if (train_ckpt_load_model(&t->model, &cfg, be, model_dir, err)) return -1;
+    // DPO/GRPO: the reference's weights first, kept frozen; then the policy's when they differ.
+    const char *first_dir = t->pref ? t->reference_dir : model_dir;
+    if (train_ckpt_load_model(&t->model, &cfg, be, first_dir, err)) return -1;
     t->model.grad_checkpointing = spec->gradient_checkpointing;
+    t->model.neftune_alpha = (float)spec->neftune_alpha;
     if (executor_init(&t->exec, exec_mode(spec->parallel_mode), comm, &t->model,
-                      (size_t)(spec->bucket_mb * (1 << 20)), err) ||
-        executor_adopt_weights(&t->exec, &t->model, err))
+                      (size_t)(spec->bucket_mb * (1 << 20)), err))
         return -1;
+    if (t->pref &&
+        (executor_keep_reference(&t->exec, &t->model, err) ||
+         (strcmp(first_dir, model_dir) && train_ckpt_load_weights(&t->model, model_dir, err))))
+        return -1;
+    if (executor_adopt_weights(&t->exec, &t->model, err)) return -1;
+    if (t->pref)
+        pref_init(&t->pref_loss, t->records.kind == RECORDS_DPO ? PREF_DPO : PREF_GRPO,
+                  (float)spec->dpo_beta, (float)spec->grpo_clip_eps, (float)spec->grpo_kl_coef, be);
     // The training windows (the dataset less the validation split) set the schedule.
     t->total_steps = trainer_total_steps(t->sampler.n, t->world, spec->batch_per_device,
                                          spec->grad_accum_steps, spec->n_epoch);
@@ -145,21 +183,37 @@ int trainer_init(Trainer *t, const TrainSpec *spec, const Backend *be, Comm *com
     }
     if (*resume_dir && train_ckpt_load_state(t, resume_dir, err)) return -1;
     t->last_ckpt_step = t->step;
+    if (metrics_select(&t->metrics, spec->metrics, err)) return -1; // new step rows' columns
     if (t->rank == 0 &&
         progress_open(&t->progress, progress_dir(spec), t->total_steps, t->step, err))
         return -1;
     return alloc_batch(t, err);
 }
 
-// Fills the batch buffers with nb samples of this rank's epoch order.
-static void fill_batch(Trainer *t, int nb) {
-    int64_t w = t->window;
-    for (int b = 0; b < nb; b++) {
-        int64_t idx = t->sampler.order[t->epoch_pos + b];
-        dataset_window(&t->data, idx, w, t->stride, t->inputs + b * w, t->targets + b * w,
-                       t->sft ? t->loss_mask + b * w : NULL,
-                       t->sft ? t->position_ids + b * w : NULL);
+// Fills the batch with the nb samples ids[0], ids[stride], ...: token windows, or (dpo, grpo)
+// records as model rows.
+static void fill_batch(Trainer *t, const int64_t *ids, int64_t stride, int nb) {
+    if (t->pref) {
+        pref_batch_fill(&t->pb, &t->records, ids, stride, nb);
+        return;
     }
+    int64_t w = t->window;
+    for (int b = 0; b < nb; b++)
+        dataset_window(&t->data, ids[b * stride], w, t->stride, t->inputs + b * w,
+                       t->targets + b * w, t->sft ? t->loss_mask + b * w : NULL,
+                       t->sft ? t->position_ids + b * w : NULL);
+}
+
+// The forward of the batch of nb samples with the loss into the model's stats; begins the
+// executor's micro-step.
+static int forward_batch(Trainer *t, int nb, bool sync, float loss_scale, Err *err) {
+    if (t->pref)
+        return pref_batch_forward(&t->pb, &t->pref_loss, &t->exec, &t->model, sync, loss_scale,
+                                  err);
+    return executor_begin_micro(&t->exec, &t->model, sync, err) ||
+           model_forward_accumulate(&t->model, t->inputs, t->targets, t->sft ? t->loss_mask : NULL,
+                                    t->sft ? t->position_ids : NULL, nb, (int)t->window,
+                                    (float)t->spec->label_smoothing, err);
 }
 
 static int save_checkpoint(Trainer *t, Err *err) {
@@ -176,12 +230,23 @@ typedef struct {
     double run_start;  // wall time this process began training
     long steps_run;    // optimizer steps done by this process
     long tokens;       // tokens of the current optimizer step
+    double reward_sum; // GRPO: the sum of its micro-batches' mean rewards
 } StepClock;
 
 // Summed over ranks at a step boundary: the step's losses, the squared norms of the
 // gradient shards, and the requests (DESIGN §5): a request that reached any rank applies
 // to all, so they stop or checkpoint at the same step.
-enum { AGREE_LOSS, AGREE_STOP, AGREE_CKPT, AGREE_SQ, AGREE_N };
+// DPO/GRPO add their metrics: two from the model's stats and GRPO's mean reward.
+enum {
+    AGREE_LOSS,
+    AGREE_STOP,
+    AGREE_CKPT,
+    AGREE_SQ,
+    AGREE_PREF_A,
+    AGREE_PREF_B,
+    AGREE_REWARD,
+    AGREE_N
+};
 
 // A supervisor (astraid) may give each rank a control pipe in $ASTRAI_CONTROL_FD
 // carrying lines "stop" (checkpoint and exit: pause, shutdown) and "checkpoint"
@@ -209,28 +274,44 @@ static void poll_control(void) {
     }
 }
 
-// The step's agreed numbers: its mean loss and the global gradient norm, from the one
-// read-back of the step (model stats) summed over ranks with the stop/checkpoint requests.
-static int agree_step(Trainer *t, const ParamView *v, float *loss, double *norm, int *stop,
-                      int *ckpt, Err *err) {
-    v->be->sum_squares(t->model.stats + 1, v->grads, v->num_floats);
-    double stats[2];
+// The step's agreed numbers, from the one read-back of the step (model stats) summed over
+// ranks with the stop/checkpoint requests.
+typedef struct {
+    float loss;  // the mean of the micro-step losses over ranks
+    double norm; // the global gradient norm
+    int stop, ckpt;
+    double pref[3]; // DPO: reward margin, accuracy; GRPO: KL, clip fraction, mean reward
+} StepTotals;
+
+static int agree_step(Trainer *t, const ParamView *v, StepTotals *out, StepClock *c, Err *err) {
+    v->be->sum_squares(t->model.stats + MODEL_STAT_SQ_NORM, v->grads, v->num_floats);
+    double stats[MODEL_N_STATS];
     model_read_stats(&t->model, stats);
     poll_control();
-    float agreed[AGREE_N] = {(float)stats[0], (float)(trainer_stop_requested != 0),
-                             (float)(trainer_checkpoint_requested != 0), (float)stats[1]};
+    float agreed[AGREE_N] = {(float)stats[MODEL_STAT_LOSS],
+                             (float)(trainer_stop_requested != 0),
+                             (float)(trainer_checkpoint_requested != 0),
+                             (float)stats[MODEL_STAT_SQ_NORM],
+                             (float)stats[MODEL_STAT_PREF_A],
+                             (float)stats[MODEL_STAT_PREF_B],
+                             (float)c->reward_sum};
     trainer_checkpoint_requested = 0;
+    c->reward_sum = 0;
     if (executor_sum(&t->exec, agreed, AGREE_N, err)) return -1;
-    *stop = agreed[AGREE_STOP] > 0;
-    *ckpt = agreed[AGREE_CKPT] > 0;
-    *loss = agreed[AGREE_LOSS] / (float)(t->spec->grad_accum_steps * t->world);
+    float micro_steps = (float)(t->spec->grad_accum_steps * t->world);
+    out->stop = agreed[AGREE_STOP] > 0;
+    out->ckpt = agreed[AGREE_CKPT] > 0;
+    out->loss = agreed[AGREE_LOSS] / micro_steps;
+    for (int k = 0; k < 3; k++)
+        out->pref[k] = agreed[AGREE_PREF_A + k] / micro_steps;
     // One rank: the exact double sum; sharded: the ranks' fp32 partial sums added.
-    *norm = sqrt(t->exec.mode == EXEC_NONE ? stats[1] : (double)agreed[AGREE_SQ]);
-    if (!isfinite(*loss))
-        return err_set(err, "loss is %f at step %ld (diverged: lower max_lr?)", (double)*loss,
+    out->norm =
+        sqrt(t->exec.mode == EXEC_NONE ? stats[MODEL_STAT_SQ_NORM] : (double)agreed[AGREE_SQ]);
+    if (!isfinite(out->loss))
+        return err_set(err, "loss is %f at step %ld (diverged: lower max_lr?)", (double)out->loss,
                        t->step + 1);
-    if (!isfinite(*norm))
-        return err_set(err, "gradient norm is %f at step %ld (diverged: lower max_lr?)", *norm,
+    if (!isfinite(out->norm))
+        return err_set(err, "gradient norm is %f at step %ld (diverged: lower max_lr?)", out->norm,
                        t->step + 1);
     return 0;
 }
@@ -244,31 +325,29 @@ static int agree_step(Trainer *t, const ParamView *v, float *loss, double *norm,
 // evaluates val_ids[0] with weight 0.
 static int validate(Trainer *t, double *val_loss, Err *err) {
     const Sampler *sp = &t->sampler;
-    int64_t B = t->spec->batch_per_device, w = t->window;
+    int64_t B = t->spec->batch_per_device;
     int64_t per_rank = (sp->n_val + t->world - 1) / t->world;
     int64_t mine = sp->n_val > t->rank ? (sp->n_val - t->rank + t->world - 1) / t->world : 0;
     double sum = 0;
-    for (int64_t first = 0; first < per_rank; first += B) {
+    float alpha = t->model.neftune_alpha; // evaluation: no NEFTune noise
+    t->model.neftune_alpha = 0.0f;
+    int rc = 0;
+    for (int64_t first = 0; !rc && first < per_rank; first += B) {
         int64_t nb = mine - first < B ? mine - first : B;
         if (nb < 0) nb = 0;
         if (nb == 0 && t->exec.mode != EXEC_FSDP) continue;
-        int run = nb > 0 ? (int)nb : 1;
-        for (int b = 0; b < run; b++) {
-            int64_t idx = nb > 0 ? sp->val_ids[(first + b) * t->world + t->rank] : sp->val_ids[0];
-            dataset_window(&t->data, idx, w, t->stride, t->inputs + b * w, t->targets + b * w,
-                           t->sft ? t->loss_mask + b * w : NULL,
-                           t->sft ? t->position_ids + b * w : NULL);
-        }
-        if (executor_begin_micro(&t->exec, &t->model, false, err)) return -1;
-        if (model_forward_accumulate(&t->model, t->inputs, t->targets, t->sft ? t->loss_mask : NULL,
-                                     t->sft ? t->position_ids : NULL, run, (int)w,
-                                     (float)t->spec->label_smoothing, err))
-            return -1;
-        double stats[2];
-        model_read_stats(&t->model, stats); // the batch's mean loss; resets the sum
-        if (executor_end_micro(&t->exec, &t->model, false, err)) return -1;
-        sum += stats[0] * (double)nb;
+        if (nb > 0)
+            fill_batch(t, sp->val_ids + first * t->world + t->rank, t->world, (int)nb);
+        else
+            fill_batch(t, sp->val_ids, 1, 1);
+        double stats[MODEL_N_STATS];
+        rc = forward_batch(t, nb > 0 ? (int)nb : 1, false, 1.0f, err);
+        if (!rc) model_read_stats(&t->model, stats); // the batch's mean loss; resets the sums
+        if (!rc) rc = executor_end_micro(&t->exec, &t->model, false, err);
+        if (!rc) sum += stats[MODEL_STAT_LOSS] * (double)nb;
     }
+    t->model.neftune_alpha = alpha;
+    if (rc) return -1;
     // fsdp's begin_micro acquired the gradient buffer too; no backward ran, so give it back.
     if (t->exec.mode == EXEC_FSDP) model_release(&t->model, MODEL_GRADS);
     float agreed[2] = {(float)sum, (float)mine};
@@ -287,13 +366,25 @@ static int validation_due(const Trainer *t) {
            (s->max_steps > 0 && t->step == s->max_steps);
 }
 
+// The per-step numbers of DPO and GRPO, after grad_norm in the step row.
+static void add_pref_metrics(const Trainer *t, StepRow *row, const double pref[3]) {
+    static const char *const DPO[] = {"reward_margin", "reward_accuracy"};
+    static const char *const GRPO[] = {"kl", "clip_fraction", "reward_mean"};
+    if (!t->pref) return;
+    int grpo = t->records.kind == RECORDS_GRPO;
+    row->n_extra = grpo ? 3 : 2;
+    for (int k = 0; k < row->n_extra; k++)
+        row->extra[k] = (StepExtra){.name = grpo ? GRPO[k] : DPO[k], .value = pref[k]};
+}
+
 static int optimizer_step(Trainer *t, StepClock *c, int *stop, int *ckpt, Err *err) {
     const TrainSpec *s = t->spec;
     ParamView view = executor_view(&t->exec, &t->model);
-    float loss;
-    double gnorm;
-    if (agree_step(t, &view, &loss, &gnorm, stop, ckpt, err)) return -1;
-    clip_grads(&view, gnorm, (float)s->max_grad_norm);
+    StepTotals tot;
+    if (agree_step(t, &view, &tot, c, err)) return -1;
+    *stop = tot.stop;
+    *ckpt = tot.ckpt;
+    clip_grads(&view, tot.norm, (float)s->max_grad_norm);
     double lr = s->max_lr * schedule_factor(&t->sched, t->step);
     optim_step(&t->opt, &view, (float)lr);
     if (executor_after_step(&t->exec, &t->model, err)) return -1;
@@ -303,11 +394,12 @@ static int optimizer_step(Trainer *t, StepClock *c, int *stop, int *ckpt, Err *e
     StepRow row = {.step = t->step,
                    .epoch = t->epoch,
                    .consumed_samples = t->consumed_samples,
-                   .loss = loss,
+                   .loss = tot.loss,
                    .lr = lr,
-                   .grad_norm = (float)gnorm,
+                   .grad_norm = (float)tot.norm,
                    .tokens_per_s = (double)c->tokens * t->world / fmax(now - c->step_start, 1e-9),
                    .wall_time = now};
+    add_pref_metrics(t, &row, tot.pref);
     c->steps_run++;
     if (t->memory_report) {
         long rss = resident_bytes() - t->rss_baseline;
@@ -341,19 +433,30 @@ static int optimizer_step(Trainer *t, StepClock *c, int *stop, int *ckpt, Err *e
     return 0;
 }
 
+// The NEFTune noise stream of the micro-step at the current position: a function of the
+// seed, the samples consumed and the rank, so that a resumed run draws what it would have.
+static uint64_t noise_seed(const Trainer *t) {
+    return counter_mix64(counter_mix64((uint64_t)t->spec->random_seed) ^
+                         ((uint64_t)t->consumed_samples << 16 | (uint64_t)t->rank));
+}
+
 // One micro-step: forward, backward (scaled by 1/grad_accum_steps), bookkeeping,
 // and on a sync micro-step the gradient exchange between ranks.
 static int micro_step(Trainer *t, StepClock *c, int nb, Err *err) {
     const TrainSpec *s = t->spec;
-    fill_batch(t, nb);
+    fill_batch(t, t->sampler.order + t->epoch_pos, 1, nb);
     bool sync = t->micro + 1 == s->grad_accum_steps;
-    if (executor_begin_micro(&t->exec, &t->model, sync, err)) return -1;
-    if (model_forward_accumulate(&t->model, t->inputs, t->targets, t->sft ? t->loss_mask : NULL,
-                                 t->sft ? t->position_ids : NULL, nb, (int)t->window,
-                                 (float)s->label_smoothing, err))
-        return -1;
-    model_backward(&t->model, 1.0f / (float)s->grad_accum_steps);
-    c->tokens += (long)nb * (long)t->window;
+    float loss_scale = 1.0f / (float)s->grad_accum_steps;
+    t->model.noise_seed = noise_seed(t);
+    if (forward_batch(t, nb, sync, loss_scale, err)) return -1;
+    if (t->pref) {
+        model_backward_weighted(&t->model, t->pref_loss.scale);
+        c->tokens += t->pb.tokens;
+        c->reward_sum += t->pb.reward_sum / t->pb.rows;
+    } else {
+        model_backward(&t->model, loss_scale);
+        c->tokens += (long)nb * (long)t->window;
+    }
     t->epoch_pos += nb;
     t->consumed_samples += (long)nb * t->world;
     t->micro++;
@@ -429,6 +532,9 @@ void trainer_free(Trainer *t) {
     free(t->targets);
     free(t->loss_mask);
     free(t->position_ids);
+    pref_batch_free(&t->pb);
+    pref_free(&t->pref_loss);
+    records_free(&t->records);
     optim_free(&t->opt);
     executor_free(&t->exec);
     sampler_free(&t->sampler);

@@ -7,12 +7,15 @@
 
 #include "common/error.h"
 #include "data/dataset.h"
+#include "data/records.h"
 #include "data/sampler.h"
 #include "engine/model.h"
 #include "engine/optim.h"
+#include "engine/preference.h"
 #include "engine/schedule.h"
 #include "proto/train_spec.h"
 #include "worker/lib/executor.h"
+#include "worker/lib/pref_batch.h"
 #include "worker/lib/progress.h"
 
 // Requests from signal handlers, polled at optimizer-step boundaries.
@@ -28,9 +31,14 @@ typedef struct Trainer {
     Schedule sched;
     Dataset data;
     Sampler sampler;
-    int sft; // train_type == sft
+    int sft;  // train_type == sft
+    int pref; // train_type dpo or grpo: samples are records (data/records.h), not windows
     int64_t window, stride;
-    int64_t n_samples; // windows in the dataset
+    int64_t n_samples; // windows (or records) in the dataset
+    RecordSet records; // dpo, grpo
+    PrefBatch pb;      // dpo, grpo: the micro-batch as model rows
+    PrefLoss pref_loss;
+    char reference_dir[4096]; // dpo, grpo: the frozen reference's model directory
     long total_steps;
     // position in the run (what a checkpoint records)
     long epoch;
