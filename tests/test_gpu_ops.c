@@ -58,6 +58,9 @@ static const Tolerance TOLERANCES[] = {
     {"cross_entropy_fwd", 1e-5, 1e-4, "fp32 outputs from bf16-exact logits: order of sums"},
     {"cross_entropy_bwd", 1e-5, 1e-2, "bf16 dlogits, fp32 math"},
     {"loss_mean_add", 1e-5, 1e-5, "fp32/double reduction, dtype-free"},
+    {"dpo_loss", 1e-5, 1e-5, "double sums of fp32 NLLs, dtype-free"},
+    {"grpo_loss", 1e-5, 1e-5, "fp32 per-token math, double sums, dtype-free"},
+    {"gaussian_noise_add", 1e-5, 1e-2, "device logf/cosf vs the host's; bf16 output"},
     {"sum_squares", 1e-5, 1e-5, "double reduction, dtype-free"},
     {"scale", 1e-5, 1e-5, "fp32, dtype-free"},
     {"adamw", 1e-5, 1e-5, "fp32, dtype-free (FMA contraction differs by an ulp)"},
@@ -643,6 +646,56 @@ static void test_reductions(Ctx *c) {
     free(loss), free(x);
 }
 
+// The accumulators of a preference loss (acc[0], acc[2], acc[3]) compared one by one.
+static void compare_pref_acc(Ctx *c, const char *name, const char *shape, const Pair *acc) {
+    static const char *const SLOT[] = {"loss", "", "metric_a", "metric_b"};
+    for (int k = 0; k < 4; k++) {
+        if (!*SLOT[k]) continue;
+        char full[64];
+        snprintf(full, sizeof full, "%s.%s", name, SLOT[k]);
+        Pair one = {(double *)acc->cpu + k, (double *)acc->gpu + k, 1, 0};
+        compare_double(c, full, shape, &one);
+    }
+}
+
+// dpo_loss and grpo_loss on per-token NLLs (0 where a token does not count), GRPO's policy
+// far enough from its reference that some ratios clip; NEFTune's noise on activations.
+static void test_preference(Ctx *c) {
+    const int P = 4, T = 300, R = 2 * P, N = R * T;
+    float *nll = host_rand(N, 0, 3), *ref = host_rand(N, 0, 3), *adv = host_rand(R, -1.5f, 1.5f);
+    int32_t *mask = xmalloc((size_t)N * 4);
+    int counted = 0;
+    for (int n = 0; n < N; n++) {
+        mask[n] = n % 7 != 0;
+        counted += mask[n];
+        if (!mask[n]) nll[n] = ref[n] = 0;
+    }
+    double acc0[4] = {0.5, 0, 0.25, 0.125};
+    float *scale0 = host_rand(N, -1, 1);
+    Pair pn = pair_f32(c, nll, N), pr = pair_f32(c, ref, N), pa = pair_f32(c, adv, R);
+    Pair pm = pair_i32(c, mask, N), ps = pair_f32(c, scale0, N);
+    Pair pacc = pair_raw(c, acc0, 4, sizeof(double));
+    c->cpu->dpo_loss(pacc.cpu, ps.cpu, pn.cpu, pr.cpu, P, T, 0.1f, 0.5f);
+    c->gpu->dpo_loss(pacc.gpu, ps.gpu, pn.gpu, pr.gpu, P, T, 0.1f, 0.5f);
+    compare_pref_acc(c, "dpo_loss", "P=4 T=300", &pacc);
+    compare(c, "dpo_loss.scale", "P=4 T=300", &ps);
+    Pair pacc2 = pair_raw(c, acc0, 4, sizeof(double));
+    c->cpu->grpo_loss(pacc2.cpu, ps.cpu, pn.cpu, pr.cpu, pr.cpu, pa.cpu, pm.cpu, R, T, counted,
+                      0.2f, 0.05f, 0.25f);
+    c->gpu->grpo_loss(pacc2.gpu, ps.gpu, pn.gpu, pr.gpu, pr.gpu, pa.gpu, pm.gpu, R, T, counted,
+                      0.2f, 0.05f, 0.25f);
+    compare_pref_acc(c, "grpo_loss", "R=8 T=300", &pacc2);
+    compare(c, "grpo_loss.scale", "R=8 T=300", &ps);
+    size_t n = 1 << 20;
+    float *x = host_rand(n, -1, 1);
+    Pair px = pair_act(c, x, n);
+    c->cpu->gaussian_noise_add(px.cpu, n, 0.3f, 77);
+    c->gpu->gaussian_noise_add(px.gpu, n, 0.3f, 77);
+    compare(c, "gaussian_noise_add", "n=1M std=0.3", &px);
+    release(c);
+    free(nll), free(ref), free(adv), free(mask), free(scale0), free(x);
+}
+
 static void test_adamw(Ctx *c, size_t n) {
     char sh[80];
     snprintf(sh, sizeof sh, "n=%zu step=3", n);
@@ -911,6 +964,7 @@ static void run_all(Ctx *c) {
     test_cross_entropy(c, 128, 32000, 0.0f);
     test_cross_entropy(c, 128, 32000, 0.1f);
     test_reductions(c);
+    test_preference(c);
     test_adamw(c, 1000003);
     test_muon(c, 256, 768); // rows < cols
     test_muon(c, 768, 256); // rows > cols: transposed

@@ -80,7 +80,7 @@ def check_config_keys(ckpt, failures):
         failures.append(f"config.json lacks AstrAI's keys {missing}")
 
 
-def astrai_metric_rows(straight_rows, step):
+def astrai_metric_rows(straight_rows, step, per_epoch=20):
     """metric.jsonl as AstrAI's MetricCallback writes it for a run from step 0 to `step` with
     validation every 20 steps: a validation row before the step row it runs at, grad_norm one
     step late (none in the first row), an epoch row after each epoch's last step, and one row
@@ -99,14 +99,16 @@ def astrai_metric_rows(straight_rows, step):
         if r["step"] == 3:
             row["tokens_seen"] = 384  # a column of a newer AstrAI: ignored
         rows.append(row)
-        if r["step"] % 20 == 0 and r["step"] < step:  # on_epoch_end follows the flush
+        if r["step"] % per_epoch == 0 and r["step"] < step:  # on_epoch_end follows the flush
             rows.append({"type": "epoch", **head})
     return rows
 
 
-def write_astrai_checkpoint(root, weights_from, straight_rows, step):
-    """The directory AstrAI's CheckpointCallback + MetricCallback write at `step`."""
-    epoch = (step - 1) // 20
+def write_astrai_checkpoint(root, weights_from, straight_rows, step, world=1):
+    """The directory AstrAI's CheckpointCallback + MetricCallback write at `step` of a run of
+    `world` ranks (ddp for several: 20 / world steps an epoch)."""
+    per_epoch = 20 // world
+    epoch = (step - 1) // per_epoch
     d = os.path.join(root, f"epoch_{epoch}_step_{step}")
     os.makedirs(d)
     shutil.copy(os.path.join(weights_from, "model.safetensors"), d)
@@ -115,14 +117,16 @@ def write_astrai_checkpoint(root, weights_from, straight_rows, step):
     config = {k: ours.get(k) for k in ASTRAI_CONFIG_KEYS}
     with open(os.path.join(d, "config.json"), "w") as f:
         json.dump(config, f, indent=2)
-    meta = {"epoch": epoch, "consumed_samples": step * BATCH, "timestamp": "2026-07-30T00:49:04",
+    meta = {"epoch": epoch, "consumed_samples": step * BATCH * world,
+            "timestamp": "2026-07-30T00:49:04",
             "strategy": "seq", "n_epoch": N_EPOCH, "batch_per_device": BATCH,
             "grad_accum_steps": 1, "max_grad_norm": 1.0, "gradient_checkpointing_modules": [],
             "compile_mode": None, "start_epoch": 0, "start_samples": 0, "ckpt_dir": root,
             "ckpt_interval": step, "lora": None, "metrics": ["loss", "lr", "grad_norm"],
             "random_seed": 3407, "num_workers": 0, "prefetch_factor": None,
-            "pin_memory": False, "nprocs": 1, "backend": "nccl", "master_addr": "localhost",
-            "master_port": "29500", "parallel_mode": "none", "start_method": "spawn",
+            "pin_memory": False, "nprocs": world, "backend": "nccl", "master_addr": "localhost",
+            "master_port": "29500", "parallel_mode": "ddp" if world > 1 else "none",
+            "start_method": "spawn",
             "device_type": "cuda", "val_split": 0.05, "val_step": 20, "neftune_alpha": 0.0,
             "rollout_interval": 512, "rollout_temperature": 0.7, "rollout_top_k": 0,
             "rollout_top_p": 0.9, "rollout_max_tokens": 1024, "executor_kwargs": {},
@@ -134,7 +138,7 @@ def write_astrai_checkpoint(root, weights_from, straight_rows, step):
         with open(os.path.join(d, name), "wb") as f:
             f.write(b"PK\x03\x04" + b"\x80\x02cos\nsystem\n(S'exit 3'\ntR." * 8)
     with open(os.path.join(d, "metric.jsonl"), "w") as f:
-        for r in astrai_metric_rows(straight_rows, step):
+        for r in astrai_metric_rows(straight_rows, step, per_epoch):
             f.write(json.dumps(r) + "\n")
     return d
 
@@ -186,6 +190,33 @@ def check_resume(root, model, data, straight_rows, step, failures):
     return ck
 
 
+def check_resume_ranks(root, model, data, failures):
+    """Two ddp ranks: AstrAI's checkpoint at step 5 of epoch 1 (10 steps an epoch), resumed by
+    two ranks, continues the two-rank straight run at its step, samples and lr."""
+    ranks = {"nprocs": 2, "parallel_mode": "ddp"}
+    straight = os.path.join(root, "straight-2")
+    tu.train(args(model, data, straight, **ranks))
+    straight_rows = tu.metric_rows(tu.latest_checkpoint(straight))
+    stopped = os.path.join(root, "stopped-2")
+    tu.train(args(model, data, stopped, max_steps=15, **ranks))
+    astrai_dir = os.path.join(root, "astrai-2")
+    ck = write_astrai_checkpoint(astrai_dir, tu.latest_checkpoint(stopped), straight_rows, 15, 2)
+    tu.train(args(ck, data, astrai_dir, resume="true", **ranks))
+    rows = tu.metric_rows(tu.latest_checkpoint(astrai_dir))
+    if [r["step"] for r in rows] != list(range(1, 10 * N_EPOCH + 1)):
+        failures.append(f"2 ranks: steps {[r['step'] for r in rows]}")
+        return
+    first, want = rows[15], straight_rows[15]
+    for key in ("epoch", "consumed_samples", "lr"):
+        if first[key] != want[key]:
+            failures.append(f"2 ranks, step 16: {key} {first[key]} != straight run's {want[key]}")
+    for key in ("loss", "grad_norm"):
+        if tu.rel_err(first[key], want[key]) > 1e-6:
+            failures.append(f"2 ranks, step 16: {key} {first[key]} != straight {want[key]}")
+    print(f"AstrAI checkpoint of 2 ranks at step 15: step 16 loss {first['loss']:.6f} "
+          f"(straight {want['loss']:.6f}), consumed_samples {first['consumed_samples']}")
+
+
 def check_renamed(root, data, ck, straight_rows, failures):
     """A directory not named epoch_E_step_S: the step comes from consumed_samples."""
     renamed = os.path.join(root, "renamed", "latest")
@@ -228,6 +259,7 @@ def main():
     for step in (25, 20):
         c = check_resume(root, model, data, straight_rows, step, failures)
         ck = ck or c
+    check_resume_ranks(root, model, data, failures)
     if ck:
         check_renamed(root, data, ck, straight_rows, failures)
         check_malformed(root, data, ck, failures)
