@@ -2,7 +2,8 @@
 the seeded split (docs/training.md), training draws only from the others, and every
 validation row (at each val_step-th optimizer step and at the end) equals the reference's
 mean loss over the held-out windows within 1e-4; progress.db holds the same rows; ddp and
-fsdp over 2 ranks (the second rank with one window fewer) give the none run's rows; under
+fsdp over 2 ranks (the second rank with one window fewer), accumulation and a resumed run give
+the none run's rows; under
 astraid the job's val_loss is the last validation row and `astraictl status` shows it."""
 
 import math
@@ -61,14 +62,16 @@ def reference(model_dir, tokens):
     return rows, vals
 
 
-def run(root, model_dir, data_dir, name, mode="none", nprocs=1, batch=BATCH):
+def run(root, model_dir, data_dir, name, mode="none", nprocs=1, batch=BATCH, **extra):
     ckpt_dir = os.path.join(root, name)
-    tu.train({"train_type": "seq", "param_path": model_dir, "data_root_path": data_dir,
-              "batch_per_device": batch, "window_size": WINDOW, "optimizer": "adamw",
-              "max_lr": LR, "weight_decay": 0.1, "max_grad_norm": 1.0, "ckpt_dir": ckpt_dir,
-              "ckpt_interval": 1000, "threads": 1, "val_split": VAL_SPLIT,
-              "val_step": VAL_STEP, "parallel_mode": mode, "nprocs": nprocs,
-              "random_seed": SEED})
+    spec = {"train_type": "seq", "param_path": model_dir, "data_root_path": data_dir,
+            "batch_per_device": batch, "window_size": WINDOW, "optimizer": "adamw",
+            "max_lr": LR, "weight_decay": 0.1, "max_grad_norm": 1.0, "ckpt_dir": ckpt_dir,
+            "ckpt_interval": 1000, "threads": 1, "val_split": VAL_SPLIT,
+            "val_step": VAL_STEP, "parallel_mode": mode, "nprocs": nprocs,
+            "random_seed": SEED}
+    spec.update(extra)
+    tu.train(spec)
     rows = tu.all_metric_rows(tu.latest_checkpoint(ckpt_dir))
     return ckpt_dir, rows
 
@@ -118,8 +121,28 @@ def main():
                 failures.append(f"{mode} step {a['step']}: val_loss {a['val_loss']} vs none "
                                 f"{b['val_loss']}")
         print(f"{mode}: validation {[(v['step'], round(v['val_loss'], 5)) for v in pvals]}")
+    check_accum_resume(root, model_dir, data_dir, vals, failures)
     check_daemon(root, model_dir, data_dir, failures)
     return tu.finish(failures)
+
+
+def check_accum_resume(root, model_dir, data_dir, vals, failures):
+    """The same global batch through accumulation (2 micro-batches of 2), and a run stopped at
+    step 5 (after the validation of step 4) then resumed, validate as the straight run."""
+    _, acc = run(root, model_dir, data_dir, "accum", batch=BATCH // 2, grad_accum_steps=2)
+    run(root, model_dir, data_dir, "resumed", max_steps=5)
+    _, res = run(root, model_dir, data_dir, "resumed", resume="true")
+    for name, rows in (("accum", acc), ("resumed", res)):
+        got = [r for r in rows if r["type"] == "validation"]
+        if name == "resumed":  # the stopped run validated at its last step (--max_steps) too
+            if [v["step"] for v in got].count(5) != 1:
+                failures.append("resumed: no validation row at the --max_steps stop (step 5)")
+            got = [v for v in got if v["step"] != 5]
+        if [v["step"] for v in got] != [v["step"] for v in vals] or any(
+                tu.rel_err(a["val_loss"], b["val_loss"]) > 1e-4 for a, b in zip(got, vals)):
+            failures.append(f"{name}: validation {[(v['step'], v['val_loss']) for v in got]} vs "
+                            f"{[(v['step'], v['val_loss']) for v in vals]}")
+        print(f"{name}: validation {[(v['step'], round(v['val_loss'], 5)) for v in got]}")
 
 
 def check_daemon(root, model_dir, data_dir, failures):
