@@ -161,15 +161,17 @@ struct Backend {
     // mean_p [Δ_p > 0] (reward accuracy).
     void (*dpo_loss)(double *acc, float *scale, const float *nll, const float *ref_nll, int P,
                      int T, float beta, float loss_scale);
-    // GRPO over R rows of T tokens; mask: (R*T) the response tokens, counted (> 0) of them;
-    // adv: (R) each row's advantage A. Per counted token: ρ = exp(old_nll - nll) (the ratio to
-    // the behaviour policy), policy = -min(ρA, clamp(ρ, 1-ε, 1+ε) A); r = exp(nll - ref_nll),
-    // k = r - log(r + 1e-8) - 1 (the KL estimate to the reference). loss = (Σ policy + kl_coef
-    // Σ k) / counted; acc[2] += Σ k / counted (KL), acc[3] += #{|ρ - 1| > ε} / counted (clip
-    // fraction). Gradients follow torch: min's tie splits, clamp passes inside [1-ε, 1+ε].
+    // GRPO over R rows of T tokens; mask: (R*T) the response tokens; adv: (R) each row's
+    // advantage A; norm (> 0): what the sums are divided by (the response tokens of the batch
+    // here, or its share of a batch spread over ranks, engine/preference.h). Per counted token: ρ =
+    // exp(old_nll - nll) (the ratio to the behaviour policy), policy = -min(ρA, clamp(ρ, 1-ε, 1+ε)
+    // A); r = exp(nll - ref_nll), k = r - log(r + 1e-8) - 1 (the KL estimate to the reference).
+    // loss = (Σ policy + kl_coef Σ k) / norm; acc[2] += Σ k / norm (KL), acc[3] += #{|ρ - 1| > ε} /
+    // norm (clip fraction). Gradients follow torch: min's tie splits, clamp passes inside [1-ε,
+    // 1+ε].
     void (*grpo_loss)(double *acc, float *scale, const float *nll, const float *old_nll,
                       const float *ref_nll, const float *adv, const int32_t *mask, int R, int T,
-                      int counted, float clip_eps, float kl_coef, float loss_scale);
+                      float norm, float clip_eps, float kl_coef, float loss_scale);
     // NEFTune (AstrAI's Embedding): x: (n) += std * N(0,1), the normal draws a function of
     // (seed, i) only (counter-based: the same numbers on every backend and any thread count).
     void (*gaussian_noise_add)(void *x, size_t n, float std, uint64_t seed);

@@ -49,7 +49,7 @@ int pref_keep_reference(PrefLoss *p, const Model *m, int rows, int T, Err *err) 
     return 0;
 }
 
-int pref_loss(PrefLoss *p, Model *m, int rows, int T, const float *advantages, int counted,
+int pref_loss(PrefLoss *p, Model *m, int rows, int T, const float *advantages, float token_norm,
               float loss_scale, Err *err) {
     size_t n = (size_t)rows * T;
     if (n > p->cap || (size_t)rows > p->cap_rows)
@@ -61,11 +61,11 @@ int pref_loss(PrefLoss *p, Model *m, int rows, int T, const float *advantages, i
         be->dpo_loss(m->stats, p->scale, nll, p->ref_nll, rows / 2, T, p->beta, loss_scale);
         return 0;
     }
-    if (counted <= 0) return err_set(err, "grpo: the batch has no response token");
+    if (!(token_norm > 0)) return err_set(err, "grpo: the batch has no response token");
     be->upload(p->adv, advantages, (size_t)rows * sizeof(float));
     // Offline: the behaviour policy is the frozen reference (DESIGN §8).
     be->grpo_loss(m->stats, p->scale, nll, p->ref_nll, p->ref_nll, p->adv, model_token_mask(m),
-                  rows, T, counted, p->clip_eps, p->kl_coef, loss_scale);
+                  rows, T, token_norm, p->clip_eps, p->kl_coef, loss_scale);
     return 0;
 }
 

@@ -39,8 +39,11 @@ int pref_keep_reference(PrefLoss *p, const Model *m, int rows, int T, Err *err);
 // model_forward_accumulate adds its mean) to stats[MODEL_STAT_LOSS] and the metrics to
 // stats[MODEL_STAT_PREF_A/B] (DPO: reward margin, reward accuracy; GRPO: KL, clip fraction),
 // and leaves loss_scale * d loss / d nll in p->scale. GRPO: advantages (rows, host) of each
-// row and `counted`, the batch's response tokens.
-int pref_loss(PrefLoss *p, Model *m, int rows, int T, const float *advantages, int counted,
+// row, and token_norm, what its token sums are divided by: the batch's response tokens; when
+// the ranks' batches are one batch spread over `world` ranks (data parallel, whose gradients
+// and losses are then averaged), the response tokens of all of them divided by world, so that
+// every mode computes the mean over the same tokens.
+int pref_loss(PrefLoss *p, Model *m, int rows, int T, const float *advantages, float token_norm,
               float loss_scale, Err *err);
 
 // GRPO advantages of one record's G rewards: (r - mean) / (std + 1e-8), population std.

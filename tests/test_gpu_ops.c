@@ -680,10 +680,10 @@ static void test_preference(Ctx *c) {
     compare_pref_acc(c, "dpo_loss", "P=4 T=300", &pacc);
     compare(c, "dpo_loss.scale", "P=4 T=300", &ps);
     Pair pacc2 = pair_raw(c, acc0, 4, sizeof(double));
-    c->cpu->grpo_loss(pacc2.cpu, ps.cpu, pn.cpu, pr.cpu, pr.cpu, pa.cpu, pm.cpu, R, T, counted,
-                      0.2f, 0.05f, 0.25f);
-    c->gpu->grpo_loss(pacc2.gpu, ps.gpu, pn.gpu, pr.gpu, pr.gpu, pa.gpu, pm.gpu, R, T, counted,
-                      0.2f, 0.05f, 0.25f);
+    c->cpu->grpo_loss(pacc2.cpu, ps.cpu, pn.cpu, pr.cpu, pr.cpu, pa.cpu, pm.cpu, R, T,
+                      (float)counted, 0.2f, 0.05f, 0.25f);
+    c->gpu->grpo_loss(pacc2.gpu, ps.gpu, pn.gpu, pr.gpu, pr.gpu, pa.gpu, pm.gpu, R, T,
+                      (float)counted, 0.2f, 0.05f, 0.25f);
     compare_pref_acc(c, "grpo_loss", "R=8 T=300", &pacc2);
     compare(c, "grpo_loss.scale", "R=8 T=300", &ps);
     size_t n = 1 << 20;

@@ -11,4 +11,8 @@ astrai_py_test(train_devices test_train_devices.py)
 astrai_py_test(train_astrai_resume test_train_astrai_resume.py)
 astrai_c_test(test_metrics tests/test_metrics.c)
 astrai_py_test(train_val test_train_val.py)
+# DPO and GRPO: the losses and gradients (tests/pref_dump) and training runs against the
+# PyTorch reference (tests/ref/pref.py).
+astrai_py_test(pref_ref test_pref_ref.py)
+astrai_py_test(train_pref test_train_pref.py)
 astrai_py_test(train_neftune test_train_neftune.py)

@@ -85,7 +85,7 @@ void cpu_dpo_loss(double *acc, float *scale, const float *nll, const float *ref_
                   float beta, float loss_scale);
 void cpu_grpo_loss(double *acc, float *scale, const float *nll, const float *old_nll,
                    const float *ref_nll, const float *adv, const int32_t *mask, int R, int T,
-                   int counted, float clip_eps, float kl_coef, float loss_scale);
+                   float norm, float clip_eps, float kl_coef, float loss_scale);
 void cpu_gaussian_noise_add(void *x, size_t n, float std, uint64_t seed);
 void cpu_sum_squares(double *out, const float *x, size_t n);
 void cpu_scale(float *x, size_t n, float factor);

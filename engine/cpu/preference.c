@@ -38,9 +38,9 @@ void cpu_dpo_loss(double *acc, float *scale, const float *nll, const float *ref_
 
 void cpu_grpo_loss(double *acc, float *scale, const float *nll, const float *old_nll,
                    const float *ref_nll, const float *adv, const int32_t *mask, int R, int T,
-                   int counted, float clip_eps, float kl_coef, float loss_scale) {
+                   float norm, float clip_eps, float kl_coef, float loss_scale) {
     double policy = 0, kl = 0, clipped = 0;
-    float per_token = loss_scale / (float)counted;
+    float per_token = loss_scale / norm;
     for (int row = 0; row < R; row++)
         for (int t = 0; t < T; t++) {
             size_t n = (size_t)row * T + t;
@@ -54,9 +54,9 @@ void cpu_grpo_loss(double *acc, float *scale, const float *nll, const float *old
             clipped += g.clipped;
             scale[n] = per_token * g.dnll;
         }
-    acc[0] += (double)(float)((policy + kl_coef * kl) / counted);
-    acc[2] += kl / counted;
-    acc[3] += clipped / counted;
+    acc[0] += (double)(float)((policy + kl_coef * kl) / norm);
+    acc[2] += kl / norm;
+    acc[3] += clipped / norm;
 }
 
 void cpu_gaussian_noise_add(void *x_, size_t n, float std, uint64_t seed) {

@@ -108,7 +108,7 @@ void cuda_dpo_loss(double *acc, float *scale, const float *nll, const float *ref
                    float beta, float loss_scale);
 void cuda_grpo_loss(double *acc, float *scale, const float *nll, const float *old_nll,
                     const float *ref_nll, const float *adv, const int32_t *mask, int R, int T,
-                    int counted, float clip_eps, float kl_coef, float loss_scale);
+                    float norm, float clip_eps, float kl_coef, float loss_scale);
 // matmul.cu: C: (M,N) = alpha * op(A) @ op(B) + beta * C, row-major fp32 (op: transpose when
 // trans_*), TF32 off: Newton-Schulz's GEMMs.
 void cuda_sgemm_rm(int trans_a, int trans_b, int M, int N, int K, float alpha, const float *A,

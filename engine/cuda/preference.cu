@@ -52,9 +52,9 @@ __global__ void __launch_bounds__(kLossThreads)
 __global__ void __launch_bounds__(kLossThreads)
     grpo_loss_kernel(double *acc, float *scale, const float *nll, const float *old_nll,
                      const float *ref_nll, const float *adv, const int32_t *mask, int R, int T,
-                     int counted, float clip_eps, float kl_coef, float loss_scale) {
+                     float norm, float clip_eps, float kl_coef, float loss_scale) {
     double policy = 0.0, kl = 0.0, clipped = 0.0;
-    float per_token = loss_scale / (float)counted;
+    float per_token = loss_scale / norm;
     size_t N = (size_t)R * T;
     for (size_t n = threadIdx.x; n < N; n += blockDim.x) {
         if (!mask[n]) {
@@ -71,9 +71,9 @@ __global__ void __launch_bounds__(kLossThreads)
     kl = block_reduce(kl, SumOp(), 0.0);
     clipped = block_reduce(clipped, SumOp(), 0.0);
     if (threadIdx.x == 0) {
-        acc[0] += (double)(float)((policy + kl_coef * kl) / counted);
-        acc[2] += kl / counted;
-        acc[3] += clipped / counted;
+        acc[0] += (double)(float)((policy + kl_coef * kl) / norm);
+        acc[2] += kl / norm;
+        acc[3] += clipped / norm;
     }
 }
 
@@ -104,10 +104,10 @@ void cuda_dpo_loss(double *acc, float *scale, const float *nll, const float *ref
 
 void cuda_grpo_loss(double *acc, float *scale, const float *nll, const float *old_nll,
                     const float *ref_nll, const float *adv, const int32_t *mask, int R, int T,
-                    int counted, float clip_eps, float kl_coef, float loss_scale) {
-    if (R <= 0 || T <= 0 || counted <= 0) return;
+                    float norm, float clip_eps, float kl_coef, float loss_scale) {
+    if (R <= 0 || T <= 0 || !(norm > 0)) return;
     grpo_loss_kernel<<<1, kLossThreads, 0, cu_stream()>>>(
-        acc, scale, nll, old_nll, ref_nll, adv, mask, R, T, counted, clip_eps, kl_coef, loss_scale);
+        acc, scale, nll, old_nll, ref_nll, adv, mask, R, T, norm, clip_eps, kl_coef, loss_scale);
     CUDA_CHECK(cudaGetLastError());
 }
 

@@ -536,7 +536,7 @@ static void test_grpo_loss(int R, int T) {
         std::copy(mask.begin(), mask.end(), m.get());
         Dev<double> acc(4);
         std::fill(acc.get(), acc.get() + 4, 0.0);
-        cuda_grpo_loss(acc, scale, n, r, r, a, m, R, T, counted, eps, kl, loss_scale);
+        cuda_grpo_loss(acc, scale, n, r, r, a, m, R, T, (float)counted, eps, kl, loss_scale);
         const double *x = acc.get();
         return Outs{{(float)x[0], (float)x[2], (float)x[3]}, scale.floats()};
     });

@@ -205,11 +205,11 @@ static void fill_batch(Trainer *t, const int64_t *ids, int64_t stride, int nb) {
 }
 
 // The forward of the batch of nb samples with the loss into the model's stats; begins the
-// executor's micro-step.
-static int forward_batch(Trainer *t, int nb, bool sync, float loss_scale, Err *err) {
+// executor's micro-step. training: every rank runs it (validation: not all of them).
+static int forward_batch(Trainer *t, int nb, bool sync, bool training, float loss_scale, Err *err) {
     if (t->pref)
-        return pref_batch_forward(&t->pb, &t->pref_loss, &t->exec, &t->model, sync, loss_scale,
-                                  err);
+        return pref_batch_forward(&t->pb, &t->pref_loss, &t->exec, &t->model, sync, training,
+                                  loss_scale, err);
     return executor_begin_micro(&t->exec, &t->model, sync, err) ||
            model_forward_accumulate(&t->model, t->inputs, t->targets, t->sft ? t->loss_mask : NULL,
                                     t->sft ? t->position_ids : NULL, nb, (int)t->window,
@@ -341,7 +341,7 @@ static int validate(Trainer *t, double *val_loss, Err *err) {
         else
             fill_batch(t, sp->val_ids, 1, 1);
         double stats[MODEL_N_STATS];
-        rc = forward_batch(t, nb > 0 ? (int)nb : 1, false, 1.0f, err);
+        rc = forward_batch(t, nb > 0 ? (int)nb : 1, false, false, 1.0f, err);
         if (!rc) model_read_stats(&t->model, stats); // the batch's mean loss; resets the sums
         if (!rc) rc = executor_end_micro(&t->exec, &t->model, false, err);
         if (!rc) sum += stats[MODEL_STAT_LOSS] * (double)nb;
@@ -448,7 +448,7 @@ static int micro_step(Trainer *t, StepClock *c, int nb, Err *err) {
     bool sync = t->micro + 1 == s->grad_accum_steps;
     float loss_scale = 1.0f / (float)s->grad_accum_steps;
     t->model.noise_seed = noise_seed(t);
-    if (forward_batch(t, nb, sync, loss_scale, err)) return -1;
+    if (forward_batch(t, nb, sync, true, loss_scale, err)) return -1;
     if (t->pref) {
         model_backward_weighted(&t->model, t->pref_loss.scale);
         c->tokens += t->pb.tokens;
