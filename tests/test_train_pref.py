@@ -9,6 +9,7 @@
   initial weights, not the checkpoint's);
 - a synthetic preference (chosen continues the prompt, rejected shuffles it) is learned:
   reward accuracy >= 0.8 at the end;
+- the same job through astraid completes with the same rows;
 - bad records exit 2 naming file:line, and a group size other than the shards' exits 2.
 """
 
@@ -88,6 +89,22 @@ def run(root, name, model, kind, data, **extra):
     return tu.metric_rows(tu.latest_checkpoint(ckpt))
 
 
+def daemon_run(root, model, kind, data):
+    """The same job submitted to astraid: completed, with the same rows."""
+    import daemon_util as du
+    droot = os.path.join(root, f"daemon-{kind}")
+    os.makedirs(droot)
+    d = du.Daemon(droot).start()
+    with du.guarded(d):
+        c = d.client()
+        args = train_args(model, kind, data, os.path.join(root, f"{kind}-daemon"))
+        job = c.call("submit", dict(args, name=kind))["job"]
+        done = du.wait_job(c, job, ["completed"])
+        c.close()
+        d.stop()
+    return tu.metric_rows(done["last_checkpoint"])
+
+
 def reference(model, kind, records, batch=BATCH, accum=1, optimizer="adamw",
               lr=LR, n_epoch=1):
     rows, _ = reference_pref_training(model, kind, records, WINDOW, batch, accum, 0, optimizer,
@@ -133,6 +150,8 @@ def curves(root, model, kind, failures):
     ref = reference(model, kind, records)
     none = run(root, f"{kind}-none", model, kind, shards)
     compare(none, ref, kind, f"{kind} shards", failures)
+    compare(daemon_run(root, model, kind, shards), none, kind, f"{kind} through astraid",
+            failures, tol=1e-6)
     compare(run(root, f"{kind}-jsonl", model, kind, jsonl), ref, kind, f"{kind} jsonl", failures)
     compare(run(root, f"{kind}-accum", model, kind, shards, batch_per_device=1,
                 grad_accum_steps=2), reference(model, kind, records, batch=1, accum=2),
