@@ -2,8 +2,9 @@
 """bench_daemon.py: astraid's control-socket latency and its training overhead.
 
 One run measures, while a job trains through astraid:
-  1. `status` round trips on the unix socket: p50/p99 latency and requests/s with 1 client
-     and with 64 concurrent clients (one connection each, requests back to back);
+  1. `status` round trips on the unix socket, from C clients (bench_status_latency, one thread
+     and connection each, requests back to back): p50/p99/max latency and requests/s with 1
+     client and with 64 concurrent clients;
   2. training tokens/s of a job run through astraid vs the same astrai-train command run
      alone, one after the other (never side by side), both read from their progress.db
      (median tokens_per_s over the steps after the warm-up).
@@ -13,7 +14,6 @@ round of each side is reported too.
     /usr/bin/python3 bench/bench_daemon.py --build build-h8
 """
 import argparse
-import asyncio
 import json
 import os
 import sqlite3
@@ -45,37 +45,12 @@ def parse_args():
     return p.parse_args()
 
 
-def percentile(xs, q):
-    xs = sorted(xs)
-    return xs[min(len(xs) - 1, int(q * len(xs)))]
-
-
-async def client_loop(path, job, n, latencies):
-    reader, writer = await asyncio.open_unix_connection(path, limit=1 << 22)
-    req = (json.dumps({"jsonrpc": "2.0", "id": 1, "method": "status",
-                       "params": {"job": job}}) + "\n").encode()
-    for _ in range(n):
-        t0 = time.perf_counter()
-        writer.write(req)
-        line = await reader.readline()
-        latencies.append(time.perf_counter() - t0)
-        assert b'"result"' in line, line[:200]
-    writer.close()
-
-
-def round_trips(path, job, clients, total):
-    latencies = []
-
-    async def run():
-        await asyncio.gather(*(client_loop(path, job, total // clients, latencies)
-                               for _ in range(clients)))
-
-    t0 = time.perf_counter()
-    asyncio.run(run())
-    wall = time.perf_counter() - t0
-    return {"clients": clients, "requests": len(latencies),
-            "p50_ms": percentile(latencies, 0.5) * 1e3, "p99_ms": percentile(latencies, 0.99) * 1e3,
-            "req_per_s": len(latencies) / wall}
+def round_trips(build, path, job, clients, total):
+    """`status` round trips from C clients (bench/status_latency.c), one connection each."""
+    out = subprocess.run([os.path.join(build, "bench_status_latency"), path, str(job),
+                          str(clients), str(max(1, total // clients))],
+                         capture_output=True, text=True, check=True)
+    return json.loads(out.stdout)
 
 
 def tokens_per_s(progress_db, warmup):
@@ -88,7 +63,8 @@ def tokens_per_s(progress_db, warmup):
 
 def main():
     a = parse_args()
-    os.environ["ASTRAI_BUILD"] = os.path.abspath(a.build)
+    a.build = os.path.abspath(a.build)
+    os.environ["ASTRAI_BUILD"] = a.build
     import daemon_util as du
     import train_util as tu
     root = tempfile.mkdtemp(prefix="astrai-bench-daemon-")
@@ -104,8 +80,8 @@ def main():
     # 1. round trips while a job trains (a long background job on the second slot)
     busy = c.call("submit", dict(train, n_epoch=1000, name="background"))["job"]
     du.wait_job(c, busy, ["running"], pred=lambda j: j["step"] > 0)
-    out["status_1_client"] = round_trips(d.socket, busy, 1, a.requests)
-    out["status_64_clients"] = round_trips(d.socket, busy, 64, a.requests * 4)
+    out["status_1_client"] = round_trips(a.build, d.socket, busy, 1, a.requests)
+    out["status_64_clients"] = round_trips(a.build, d.socket, busy, 64, a.requests * 4)
     assert c.call("status", {"job": busy})["state"] == "running"
     c.call("cancel", {"job": busy})
     du.wait_job(c, busy, ["cancelled"], pred=lambda j: not j["devices"])
