@@ -42,24 +42,24 @@ int ckpt_begin(const char *ckpt_dir, const char *name, char *tmp_path_out, size_
     // A leftover of an earlier attempt by a process with our pid is garbage.
     if (fs_remove_tree(tmp_path_out, err) != 0) return -1;
     if (mkdir(tmp_path_out, 0755) != 0)
-        return err_set(err, "%s: cannot create directory: %s", tmp_path_out, strerror(errno));
+        return err_errno(err, errno, "%s: cannot create directory", tmp_path_out);
     return 0;
 }
 
 static int fsync_file(const char *path, Err *err) {
     int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) return err_set(err, "%s: cannot open: %s", path, strerror(errno));
+    if (fd < 0) return err_errno(err, errno, "%s: cannot open", path);
     int rc = fsync(fd);
     int e = errno;
     close(fd);
-    if (rc != 0) return err_set(err, "%s: fsync failed: %s", path, strerror(e));
+    if (rc != 0) return err_errno(err, e, "%s: fsync failed", path);
     return 0;
 }
 
 // Fsyncs every regular file of dir (recursively) and then dir itself.
 static int fsync_tree(const char *dir, Err *err) {
     DIR *d = opendir(dir);
-    if (!d) return err_set(err, "%s: cannot list: %s", dir, strerror(errno));
+    if (!d) return err_errno(err, errno, "%s: cannot list", dir);
     int rc = 0;
     struct dirent *ent;
     while (rc == 0 && (ent = readdir(d)) != NULL) {
@@ -78,8 +78,7 @@ static int fsync_tree(const char *dir, Err *err) {
 }
 
 static int rename_or_fail(const char *from, const char *to, Err *err) {
-    if (rename(from, to) != 0)
-        return err_set(err, "cannot rename %s to %s: %s", from, to, strerror(errno));
+    if (rename(from, to) != 0) return err_errno(err, errno, "cannot rename %s to %s", from, to);
     return 0;
 }
 
@@ -148,7 +147,7 @@ int ckpt_find_latest(const char *ckpt_dir, char *out, size_t cap, Err *err) {
     DIR *d = opendir(ckpt_dir);
     if (!d) {
         if (errno == ENOENT) return 1;
-        return err_set(err, "%s: cannot list: %s", ckpt_dir, strerror(errno));
+        return err_errno(err, errno, "%s: cannot list", ckpt_dir);
     }
     char best[NAME_MAX + 1] = "";
     long best_epoch = -1, best_step = -1;
@@ -181,33 +180,47 @@ static int old_entry_name(const char *entry, char *out, size_t cap) {
 
 // A replace interrupted between its two renames leaves the old checkpoint
 // under .old-*: put it back when nothing took its name, else drop it.
-static int settle_old(const char *ckpt_dir, const char *entry, const char *path, Err *err) {
+static int settle_old(const char *ckpt_dir, const char *entry, const char *path, char *what,
+                      size_t cap, Err *err) {
     char name[NAME_MAX + 1], final_path[PATH_MAX];
     if (old_entry_name(entry, name, sizeof name) == 0 &&
-        join(final_path, sizeof final_path, ckpt_dir, name, err) == 0 && !fs_is_dir(final_path))
+        join(final_path, sizeof final_path, ckpt_dir, name, err) == 0 && !fs_is_dir(final_path)) {
+        snprintf(what, cap, "restored %s from %s (a replace that did not finish)", final_path,
+                 path);
         return rename_or_fail(path, final_path, err);
+    }
+    snprintf(what, cap, "removed %s (the old copy of a replaced checkpoint)", path);
     return fs_remove_tree(path, err);
 }
 
-int ckpt_remove_stale(const char *ckpt_dir, Err *err) {
+// Settles one .tmp-* or .old-* entry of ckpt_dir; what says what was done.
+static int settle_entry(const char *ckpt_dir, const char *entry, char *what, size_t cap, Err *err) {
+    char path[PATH_MAX];
+    if (join(path, sizeof path, ckpt_dir, entry, err) != 0) return -1;
+    if (strncmp(entry, OLD_PREFIX, strlen(OLD_PREFIX)) == 0)
+        return settle_old(ckpt_dir, entry, path, what, cap, err);
+    snprintf(what, cap, "removed %s (a checkpoint write that did not finish)", path);
+    return fs_remove_tree(path, err);
+}
+
+int ckpt_remove_stale(const char *ckpt_dir, CkptStaleReport report, void *ctx, Err *err) {
     DIR *d = opendir(ckpt_dir);
     if (!d) {
         if (errno == ENOENT) return 0;
-        return err_set(err, "%s: cannot list: %s", ckpt_dir, strerror(errno));
+        return err_errno(err, errno, "%s: cannot list", ckpt_dir);
     }
-    int rc = 0;
+    int rc = 0, settled = 0;
     struct dirent *ent;
     while (rc == 0 && (ent = readdir(d)) != NULL) {
-        int is_tmp = strncmp(ent->d_name, TMP_PREFIX, strlen(TMP_PREFIX)) == 0;
-        int is_old = strncmp(ent->d_name, OLD_PREFIX, strlen(OLD_PREFIX)) == 0;
-        if (!is_tmp && !is_old) continue;
-        char path[PATH_MAX];
-        if (join(path, sizeof path, ckpt_dir, ent->d_name, err) != 0)
-            rc = -1;
-        else
-            rc = is_tmp ? fs_remove_tree(path, err) : settle_old(ckpt_dir, ent->d_name, path, err);
+        if (strncmp(ent->d_name, TMP_PREFIX, strlen(TMP_PREFIX)) != 0 &&
+            strncmp(ent->d_name, OLD_PREFIX, strlen(OLD_PREFIX)) != 0)
+            continue;
+        char what[2 * PATH_MAX + 64];
+        rc = settle_entry(ckpt_dir, ent->d_name, what, sizeof what, err);
+        if (rc == 0 && report) report(ctx, what);
+        settled += rc == 0;
     }
     closedir(d);
-    if (rc == 0) rc = fs_fsync_dir(ckpt_dir, err);
+    if (rc == 0 && settled) rc = fs_fsync_dir(ckpt_dir, err);
     return rc;
 }

@@ -33,7 +33,12 @@ int ckpt_find_latest(const char *ckpt_dir, char *out, size_t cap, Err *err);
 // Parses a directory name "epoch_E_step_S"; 0 on success, -1 if it is not one.
 int ckpt_parse_name(const char *name, long *epoch, long *step);
 
-// Removes the `.tmp-*` directories a crashed writer left in ckpt_dir (also the
-// `.old-*` ones of an interrupted replace). Call it only when no other process
-// writes checkpoints into ckpt_dir.
-int ckpt_remove_stale(const char *ckpt_dir, Err *err);
+// Told one line per entry ckpt_remove_stale settled ("removed DIR/.tmp-... (a checkpoint
+// write that did not finish)", "restored DIR/epoch_... from DIR/.old-... (...)").
+typedef void (*CkptStaleReport)(void *ctx, const char *what);
+
+// Removes the `.tmp-*` directories a crashed writer left in ckpt_dir (and settles
+// the `.old-*` ones of an interrupted replace: put back when nothing took their
+// name, else removed), telling report (may be NULL) about each. Call it only when
+// no other process writes checkpoints into ckpt_dir (a run at its start).
+int ckpt_remove_stale(const char *ckpt_dir, CkptStaleReport report, void *ctx, Err *err);

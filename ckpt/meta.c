@@ -27,7 +27,7 @@ static int cmp_str(const void *a, const void *b) {
 static int check_duplicate_keys(const cJSON *root, const char *source, Err *err) {
     int n = cJSON_GetArraySize(root);
     const char **names = malloc(((size_t)n + 1) * sizeof *names);
-    if (!names) return err_set(err, "%s: out of memory", source);
+    if (!names) return err_resource(err, "%s: out of memory", source);
     int i = 0;
     const cJSON *item;
     cJSON_ArrayForEach(item, root) names[i++] = item->string;

@@ -196,7 +196,7 @@ static int check_duplicates(const StFile *f, Err *err) {
 // No byte of the data area may belong to two tensors (empty tensors own no bytes).
 static int check_overlaps(const StFile *f, Err *err) {
     const StTensor **by_begin = malloc((size_t)f->n_tensors * sizeof *by_begin + 1);
-    if (!by_begin) return err_set(err, "out of memory");
+    if (!by_begin) return err_resource(err, "out of memory");
     for (int i = 0; i < f->n_tensors; i++)
         by_begin[i] = &f->tensors[i];
     qsort(by_begin, (size_t)f->n_tensors, sizeof *by_begin, cmp_by_begin);
@@ -219,13 +219,13 @@ static int check_overlaps(const StFile *f, Err *err) {
 static int parse_tensors(StFile *f, const cJSON *root, Err *err) {
     int n = cJSON_GetArraySize(root);
     f->tensors = calloc((size_t)n + 1, sizeof *f->tensors);
-    if (!f->tensors) return err_set(err, "out of memory for %d tensors", n);
+    if (!f->tensors) return err_resource(err, "out of memory for %d tensors", n);
     const cJSON *entry;
     cJSON_ArrayForEach(entry, root) {
         if (strcmp(entry->string, "__metadata__") == 0) continue; // free-form strings: unused
         StTensor *t = &f->tensors[f->n_tensors];
         t->name = strdup(entry->string);
-        if (!t->name) return err_set(err, "out of memory");
+        if (!t->name) return err_resource(err, "out of memory");
         f->n_tensors++;
         if (parse_entry(t, entry, f->data_len, err) != 0) return -1;
     }
@@ -284,9 +284,14 @@ int st_parse(StFile *f, const uint8_t *buf, size_t len, Err *err) {
 int st_open(StFile *f, const char *path, Err *err) {
     memset(f, 0, sizeof *f);
     int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) return err_set(err, "%s: cannot open: %s", path, strerror(errno));
+    if (fd < 0) return err_errno(err, errno, "%s: cannot open", path);
     struct stat st;
-    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+    if (fstat(fd, &st) != 0) {
+        int e = errno;
+        close(fd);
+        return err_errno(err, e, "%s: cannot stat", path);
+    }
+    if (!S_ISREG(st.st_mode)) {
         close(fd);
         return err_set(err, "%s: not a regular file", path);
     }
@@ -299,7 +304,7 @@ int st_open(StFile *f, const char *path, Err *err) {
     void *map = mmap(NULL, len, PROT_READ, MAP_PRIVATE, fd, 0);
     int map_errno = errno;
     close(fd);
-    if (map == MAP_FAILED) return err_set(err, "%s: mmap failed: %s", path, strerror(map_errno));
+    if (map == MAP_FAILED) return err_errno(err, map_errno, "%s: mmap failed", path);
     if (st_parse(f, map, len, err) != 0) {
         munmap(map, len);
         return err_prefix(err, "%s", path);
@@ -499,11 +504,11 @@ static int check_write_args(const StWriteTensor *const *order, int n, StDType dt
 static int write_file(const char *path, const StrBuf *header, const StWriteTensor *const *order,
                       int n, StDType dtype, Err *err) {
     float *stage = malloc(STAGE_FLOATS * sizeof *stage);
-    if (!stage) return err_set(err, "%s: out of memory for the staging buffer", path);
+    if (!stage) return err_resource(err, "%s: out of memory for the staging buffer", path);
     FILE *fp = fopen(path, "wb");
     if (!fp) {
         free(stage);
-        return err_set(err, "%s: cannot create: %s", path, strerror(errno));
+        return err_errno(err, errno, "%s: cannot create", path);
     }
     uint8_t prefix[8];
     for (int i = 0; i < 8; i++)
@@ -520,13 +525,13 @@ static int write_file(const char *path, const StrBuf *header, const StWriteTenso
         rc = -1;
         e = errno;
     }
-    if (rc != 0) return err_set(err, "%s: write failed: %s", path, strerror(e));
+    if (rc != 0) return err_errno(err, e, "%s: write failed", path);
     return 0;
 }
 
 int st_write(const char *path, const StWriteTensor *tensors, int n, StDType dtype, Err *err) {
     const StWriteTensor **order = malloc(((size_t)n + 1) * sizeof *order);
-    if (!order) return err_set(err, "%s: out of memory", path);
+    if (!order) return err_resource(err, "%s: out of memory", path);
     for (int i = 0; i < n; i++)
         order[i] = &tensors[i];
     qsort(order, (size_t)n, sizeof *order, cmp_write_by_name);
@@ -535,7 +540,7 @@ int st_write(const char *path, const StWriteTensor *tensors, int n, StDType dtyp
     if (rc != 0) {
         err_prefix(err, "%s", path);
     } else if (build_header(&header, order, n, dtype) != 0) {
-        rc = err_set(err, "%s: out of memory for the header", path);
+        rc = err_resource(err, "%s: out of memory for the header", path);
     } else {
         rc = write_file(path, &header, order, n, dtype, err);
     }

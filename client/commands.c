@@ -261,16 +261,34 @@ static int cmd_submit(char **args, const Options *o) {
 
 // ---------------------------------------------------------------- reads and verbs
 
+// Every page of `list` (docs/protocol.md: "after" the last id of the previous page, until
+// "next" is null), on one connection, shown as one table (or one JSON object).
 static int cmd_list(const Options *o) {
-    cJSON *params = cJSON_CreateObject(), *result = NULL;
-    if (o->state) cJSON_AddStringToObject(params, "state", o->state);
-    int rc = call_once(o, "list", params, &result);
+    Conn c;
+    Err err;
+    cJSON *all = cJSON_CreateObject(), *jobs = cJSON_AddArrayToObject(all, "jobs");
+    int rc = conn_open(&c, o, &err);
+    double after = 0;
+    for (bool more = !rc; more;) {
+        cJSON *params = cJSON_CreateObject(), *result = NULL;
+        if (o->state) cJSON_AddStringToObject(params, "state", o->state);
+        if (after > 0) cJSON_AddNumberToObject(params, "after", after);
+        rc = conn_call(&c, "list", params, &result, &err);
+        cJSON *page = cJSON_GetObjectItemCaseSensitive(result, "jobs"), *job;
+        while (!rc && (job = cJSON_DetachItemFromArray(page, 0)))
+            cJSON_AddItemToArray(jobs, job);
+        const cJSON *next = cJSON_GetObjectItemCaseSensitive(result, "next");
+        more = !rc && cJSON_IsNumber(next) && next->valuedouble > after; // a cursor moves on
+        if (more) after = next->valuedouble;
+        cJSON_Delete(result);
+    }
+    conn_close(&c);
     if (!rc && o->json)
-        print_json(result);
+        print_json(all);
     else if (!rc)
-        render_job_table(stdout, cJSON_GetObjectItemCaseSensitive(result, "jobs"));
-    cJSON_Delete(result);
-    return rc;
+        render_job_table(stdout, jobs);
+    cJSON_Delete(all);
+    return rc ? fail(rc, &err) : EXIT_OK;
 }
 
 static int cmd_status(char **args, const Options *o) {
@@ -300,6 +318,23 @@ static int cmd_verb(const char *verb, char **args, const Options *o) {
         print_json(result);
     else if (!rc)
         printf("job %ld: %s\n", id, cJSON_IsString(state) ? state->valuestring : "?");
+    cJSON_Delete(result);
+    return rc;
+}
+
+// rm: a final job's state and run directory go; its checkpoints stay.
+static int cmd_rm(char **args, const Options *o) {
+    Err err;
+    long id;
+    if (parse_job_id(args[0], &id, &err)) return fail(EXIT_USAGE, &err);
+    cJSON *result = NULL;
+    int rc = call_once(o, "rm", job_params(id), &result);
+    const cJSON *ckpt = cJSON_GetObjectItemCaseSensitive(result, "ckpt_dir");
+    if (!rc && o->json)
+        print_json(result);
+    else if (!rc)
+        printf("job %ld removed (its checkpoints stay in %s)\n", id,
+               cJSON_IsString(ckpt) ? ckpt->valuestring : "its ckpt_dir");
     cJSON_Delete(result);
     return rc;
 }
@@ -394,6 +429,7 @@ static const Command COMMANDS[] = {
     {"resume", 1, 1, 0},
     {"checkpoint", 1, 1, 0},
     {"cancel", 1, 1, 0},
+    {"rm", 1, 1, 0},
     {"logs", 1, 1, OPT_RANK | OPT_TAIL | OPT_FOLLOW},
     {"watch", 0, 1, 0},
     {"daemon", 0, 0, 0},
@@ -406,6 +442,7 @@ static int dispatch(const char *name, char **args, const Options *o) {
     if (!strcmp(name, "logs")) return cmd_logs(args, o);
     if (!strcmp(name, "watch")) return cmd_watch(args, o);
     if (!strcmp(name, "daemon")) return cmd_daemon(o);
+    if (!strcmp(name, "rm")) return cmd_rm(args, o);
     return cmd_verb(name, args, o); // pause, resume, checkpoint, cancel
 }
 

@@ -13,19 +13,11 @@
 #include <unistd.h>
 
 #include "client/client.h"
+#include "common/socket_path.h"
 
 int client_socket_path(const Options *o, char *buf, size_t cap, Err *err) {
-    const char *env = getenv("ASTRAID_SOCKET");
-    const char *runtime = getenv("XDG_RUNTIME_DIR");
-    int n;
-    if (o->socket_path)
-        n = snprintf(buf, cap, "%s", o->socket_path);
-    else if (env && *env)
-        n = snprintf(buf, cap, "%s", env);
-    else if (getuid() != 0 && runtime && *runtime)
-        n = snprintf(buf, cap, "%s/astraid/astraid.sock", runtime);
-    else
-        n = snprintf(buf, cap, "/run/astraid/astraid.sock");
+    if (!o->socket_path) return socket_default_path(buf, cap, err) ? EXIT_USAGE : EXIT_OK;
+    int n = snprintf(buf, cap, "%s", o->socket_path);
     if (n < 0 || (size_t)n >= cap) return err_set(err, "socket path too long: %s", buf), EXIT_USAGE;
     return EXIT_OK;
 }

@@ -15,6 +15,7 @@ static void usage(FILE *out) {
             "  list [--state S]                    jobs as a table\n"
             "  status [JOB]                        one job's details (no JOB: list)\n"
             "  pause JOB | resume JOB | checkpoint JOB | cancel JOB\n"
+            "  rm JOB                              remove a finished job (its checkpoints stay)\n"
             "  logs JOB [--rank R] [--tail N] [-f] stderr of a rank (-f: follow)\n"
             "  watch [JOB]                         live progress (step, loss, tok/s, ETA)\n"
             "  daemon                              daemon.info\n\n"

@@ -1,5 +1,6 @@
 #include "common/error.h"
 
+#include <errno.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
@@ -25,6 +26,25 @@ int err_resource(Err *err, const char *fmt, ...) {
         vset(err, fmt, ap);
         va_end(ap);
         err->resource = 1;
+    }
+    return -1;
+}
+
+// The errnos that blame the name or value given, not the system.
+static int input_errno(int e) {
+    return e == ENOENT || e == ENOTDIR || e == EISDIR || e == ENAMETOOLONG || e == ELOOP ||
+           e == EINVAL || e == EEXIST || e == ENXIO || e == ENODEV;
+}
+
+int err_errno(Err *err, int errnum, const char *fmt, ...) {
+    if (err) {
+        va_list ap;
+        va_start(ap, fmt);
+        vset(err, fmt, ap);
+        va_end(ap);
+        size_t n = strlen(err->msg);
+        snprintf(err->msg + n, sizeof err->msg - n, ": %s", strerror(errnum));
+        err->resource = !input_errno(errnum);
     }
     return -1;
 }

@@ -22,8 +22,18 @@ int err_set(Err *err, const char *fmt, ...) __attribute__((format(printf, 2, 3))
 // and err->resource = 1 so that binaries exit 1 (a failure), not 2 (bad input).
 int err_resource(Err *err, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
+// err_set for a failed system call: the message, then ": " and strerror(errnum). A failure of
+// the system (no memory or space, an I/O error, no permission, a read-only file system, too
+// many open files, ...) sets err->resource, so that binaries exit 1; the errors that say the
+// input names the wrong thing (no such file, not a directory, a directory, a name too long or
+// looping, an invalid argument) stay bad input.
+int err_errno(Err *err, int errnum, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+
 // Prepends "prefix: " to an existing message (e.g. the file name); returns -1.
 int err_prefix(Err *err, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
 // Exit code for bad input (flags, files, data) in every astrai binary.
 #define EXIT_BAD_INPUT 2
+// Exit code of a run stopped before its end (SIGTERM/SIGINT, or a stop request of its
+// supervisor) after writing the checkpoint that --resume continues from.
+#define EXIT_INTERRUPTED 3

@@ -17,12 +17,12 @@ int fs_read_file(const char *path, char **data, size_t *len, Err *err) {
     *data = NULL;
     if (len) *len = 0;
     int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) return err_set(err, "%s: cannot open: %s", path, strerror(errno));
+    if (fd < 0) return err_errno(err, errno, "%s: cannot open", path);
     struct stat st;
     if (fstat(fd, &st) != 0) {
         int e = errno;
         close(fd);
-        return err_set(err, "%s: cannot stat: %s", path, strerror(e));
+        return err_errno(err, e, "%s: cannot stat", path);
     }
     if (!S_ISREG(st.st_mode)) {
         close(fd);
@@ -32,7 +32,7 @@ int fs_read_file(const char *path, char **data, size_t *len, Err *err) {
     char *buf = malloc(cap + 1);
     if (!buf) {
         close(fd);
-        return err_set(err, "%s: out of memory for %zu bytes", path, cap);
+        return err_resource(err, "%s: out of memory for %zu bytes", path, cap);
     }
     size_t got = 0;
     while (got < cap) {
@@ -42,7 +42,7 @@ int fs_read_file(const char *path, char **data, size_t *len, Err *err) {
             int e = errno;
             free(buf);
             close(fd);
-            return err_set(err, "%s: read failed: %s", path, strerror(e));
+            return err_errno(err, e, "%s: read failed", path);
         }
         if (r == 0) break; // file shrank under us: return what is there
         got += (size_t)r;
@@ -68,13 +68,13 @@ static int write_all(int fd, const void *data, size_t len) {
 
 int fs_write_file_synced(const char *path, const void *data, size_t len, Err *err) {
     int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-    if (fd < 0) return err_set(err, "%s: cannot create: %s", path, strerror(errno));
+    if (fd < 0) return err_errno(err, errno, "%s: cannot create", path);
     if (write_all(fd, data, len) != 0 || fsync(fd) != 0) {
         int e = errno;
         close(fd);
-        return err_set(err, "%s: write failed: %s", path, strerror(e));
+        return err_errno(err, e, "%s: write failed", path);
     }
-    if (close(fd) != 0) return err_set(err, "%s: close failed: %s", path, strerror(errno));
+    if (close(fd) != 0) return err_errno(err, errno, "%s: close failed", path);
     return 0;
 }
 
@@ -96,7 +96,7 @@ int fs_write_file_atomic(const char *path, const void *data, size_t len, Err *er
     if (rename(tmp, path) != 0) {
         int e = errno;
         unlink(tmp);
-        return err_set(err, "%s: cannot rename %s into place: %s", path, tmp, strerror(e));
+        return err_errno(err, e, "%s: cannot rename %s into place", path, tmp);
     }
     char dir[PATH_MAX];
     parent_dir(path, dir, sizeof dir);
@@ -114,7 +114,7 @@ int fs_mkdir_p(const char *path, Err *err) {
         char saved = *p;
         *p = '\0';
         if (mkdir(buf, 0755) != 0 && errno != EEXIST)
-            return err_set(err, "%s: cannot create directory %s: %s", path, buf, strerror(errno));
+            return err_errno(err, errno, "%s: cannot create directory %s", path, buf);
         *p = saved;
         if (saved == '\0') break;
     }
@@ -124,11 +124,11 @@ int fs_mkdir_p(const char *path, Err *err) {
 
 int fs_fsync_dir(const char *path, Err *err) {
     int fd = open(path, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-    if (fd < 0) return err_set(err, "%s: cannot open directory: %s", path, strerror(errno));
+    if (fd < 0) return err_errno(err, errno, "%s: cannot open directory", path);
     int rc = fsync(fd);
     int e = errno;
     close(fd);
-    if (rc != 0) return err_set(err, "%s: fsync of directory failed: %s", path, strerror(e));
+    if (rc != 0) return err_errno(err, e, "%s: fsync of directory failed", path);
     return 0;
 }
 
@@ -138,7 +138,7 @@ static int remove_dir_contents(int dfd, const char *path, Err *err) {
     if (!d) {
         int e = errno;
         close(dfd);
-        return err_set(err, "%s: cannot list: %s", path, strerror(e));
+        return err_errno(err, e, "%s: cannot list", path);
     }
     int rc = 0;
     struct dirent *ent;
@@ -158,19 +158,19 @@ int fs_remove_tree(const char *path, Err *err) {
     struct stat st;
     if (lstat(path, &st) != 0) {
         if (errno == ENOENT) return 0;
-        return err_set(err, "%s: cannot stat: %s", path, strerror(errno));
+        return err_errno(err, errno, "%s: cannot stat", path);
     }
     if (S_ISDIR(st.st_mode)) {
         // O_NOFOLLOW: a directory swapped for a symlink meanwhile is not followed.
         int dfd = open(path, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
-        if (dfd < 0) return err_set(err, "%s: cannot open directory: %s", path, strerror(errno));
+        if (dfd < 0) return err_errno(err, errno, "%s: cannot open directory", path);
         if (remove_dir_contents(dfd, path, err) != 0) return -1;
         if (rmdir(path) != 0 && errno != ENOENT)
-            return err_set(err, "%s: cannot remove directory: %s", path, strerror(errno));
+            return err_errno(err, errno, "%s: cannot remove directory", path);
         return 0;
     }
     if (unlink(path) != 0 && errno != ENOENT)
-        return err_set(err, "%s: cannot remove: %s", path, strerror(errno));
+        return err_errno(err, errno, "%s: cannot remove", path);
     return 0;
 }
 

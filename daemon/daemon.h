@@ -1,11 +1,13 @@
 // daemon.h: astraid, the training service (DESIGN §1, §3, §5, §6). One file per
 // subsystem, sharing the one daemon state `astraid` (as Redis shares `server`):
 //
-//   main.c            flags and config file, startup, shutdown
+//   main.c            flags, startup, shutdown
+//   config.c          the options (flags and config file keys), the config file's parser
 //   log.c             leveled logging to stderr
 //   server.c          unix/tcp listeners, connections, line framing, output queues
 //   dispatch.c        the JSON-RPC methods
-//   jobs.c            jobs and their state machine (DESIGN §5)
+//   jobs.c            jobs and their state machine (DESIGN §5), ids, log rings
+//   history.c         finished jobs: rm, retention (--keep-finished)
 //   scheduler.c       devices (CPU slots or GPUs) and the queue
 //   gpu.c             NVML (dlopen): the GPUs, their memory and use, sampled on a timer
 //   runner.c          the ranks of a run: spawn, control pipes, logs, exits, stops
@@ -34,7 +36,7 @@ void log_msg(int level, const char *fmt, ...) __attribute__((format(printf, 2, 3
 #define log_info(...) log_msg(LOG_INFO, __VA_ARGS__)
 #define log_debug(...) log_msg(LOG_DEBUG, __VA_ARGS__)
 
-// ---------------------------------------------------------------- main.c: configuration
+// ---------------------------------------------------------------- config.c: configuration
 typedef struct {
     char *socket_path;  // unix control socket
     char *state_dir;    // astraid.db and jobs/<id>/
@@ -43,11 +45,35 @@ typedef struct {
     char *devices;      // "N", "cpu:N", "cuda:0,1" or NULL (auto)
     char *train_binary; // astrai-train
     char *log_level;
-    long max_restarts;    // default of a job's max_restarts
-    double stop_timeout;  // seconds ranks get to checkpoint and exit before SIGKILL
-    long max_connections; // open connections at once
-    double poll_interval; // seconds between progress.db reads
+    long max_restarts;        // default of a job's max_restarts
+    double stop_timeout;      // seconds ranks get to checkpoint and exit before SIGKILL
+    long max_connections;     // open unix and authenticated tcp connections at once
+    long max_unauthenticated; // open tcp connections that have not authenticated yet
+    double auth_timeout;      // seconds a tcp connection gets to authenticate
+    double poll_interval;     // seconds between progress.db reads
+    char *keep_finished;      // retention of finished jobs: "N" (the N newest) or "Dd" (days)
 } Config;
+
+// One option: a --flag of astraid and a key of its config file.
+typedef enum { OPT_STR, OPT_LONG, OPT_DOUBLE } OptType;
+typedef struct {
+    const char *name; // "max-restarts" (the file may spell it "max_restarts")
+    OptType type;
+    size_t offset; // of its field in Config
+    double lo, hi; // range of a number
+    const char *help;
+} ConfigOption;
+extern const ConfigOption CONFIG_OPTIONS[];
+extern const size_t CONFIG_N_OPTIONS;
+
+// The option of a flag or key name ('_' and '-' alike), NULL when there is none.
+const ConfigOption *config_option(const char *name);
+// Sets o's field of c from its text value; err names the option when it is out of range.
+int config_set(Config *c, const ConfigOption *o, const char *value, Err *err);
+// Applies a config file's keys: text[0..len) is a JSON object, path names it in errors.
+int config_apply_json(Config *c, const char *text, size_t len, const char *path, Err *err);
+int config_apply_file(Config *c, const char *path, Err *err);
+void config_free(Config *c); // its strings
 
 double now_wall(void); // unix seconds
 
@@ -59,8 +85,9 @@ typedef struct {
     long *used; // (n,) id of the job holding device i, 0 when free
 } Devices;
 
-// spec: "N" or "cpu:N" (CPU slots), "cuda:0,1,..." (GPUs), NULL: the GPUs NVML
-// finds (gpu_count), else one CPU slot per core.
+// spec: "N" or "cpu:N" (CPU slots), "cuda:0,1,..." (GPUs NVML finds), NULL: the GPUs
+// NVML finds (gpu_count), else one CPU slot per core. Needs gpu_init first. A bad spec is
+// bad input; err->resource marks a want of memory.
 int devices_init(Devices *d, const char *spec, Err *err);
 void devices_free(Devices *d);
 cJSON *devices_to_json(const Devices *d);
@@ -95,7 +122,7 @@ typedef enum {
 const char *job_state_name(JobState s);
 int job_state_parse(const char *name, JobState *out);
 
-#define JOB_LOG_LINES 1000 // stderr lines kept in memory per job (all ranks)
+#define JOB_LOG_LINES 1000 // output lines kept in memory per job with a run (all ranks)
 
 typedef struct {
     int rank;
@@ -123,15 +150,22 @@ typedef struct Job {
     int resume;                                 // the next run adds --resume=true
     long runs;                                  // runs started so far (run<N>-rank<R>.log)
     double hold_until;                          // restart backoff: not started before this time
+    long start_retries; // runs in a row that could not start for want of a resource (fds, memory)
     Run *run;
-    sqlite3 *progress_db;       // read-only handle on run_dir/progress.db
-    LogLine log[JOB_LOG_LINES]; // ring of the last stderr lines
+    sqlite3 *progress_db; // read-only handle on run_dir/progress.db
+    LogLine *log;         // (JOB_LOG_LINES,) ring of the last output lines, NULL until the first
+                          // one and again once the job is final (its logs are then read from disk)
     int log_start, log_len;
     struct Job *next;
 } Job;
 
 Job *job_find(long id);
-// Validates spec (proto/job_spec.h) and queues a new job; err names the bad key.
+// Sets astraid.next_id past the database's ids and every state_dir/jobs/<id> directory;
+// a directory the database does not know is logged and listed by jobs_unknown_dirs.
+int jobs_init_ids(Err *err);
+cJSON *jobs_unknown_dirs(void); // daemon.info "unknown_job_dirs"
+// Validates spec (proto/job_spec.h) and queues a new job; err names the bad key
+// (err->resource when the daemon failed: its database or state directory).
 Job *jobs_submit(const cJSON *spec, long uid, Err *err);
 // The verbs of DESIGN §5. -1 with *code (RPC_BAD_STATE, ...) and err on refusal.
 int job_pause(Job *j, int *code, Err *err);
@@ -139,7 +173,11 @@ int job_resume(Job *j, int *code, Err *err);
 int job_checkpoint(Job *j, int *code, Err *err);
 int job_cancel(Job *j, int *code, Err *err);
 void job_set_state(Job *j, JobState s);
+int job_is_final(JobState s); // completed, failed, cancelled
 void job_add_log(Job *j, int rank, const char *text, size_t len);
+// The last `tail` output lines of `rank` (a JSON array of strings): from the ring while
+// the job has one, else read back from its run<N>-rank<R>.log files.
+cJSON *job_log_tail(const Job *j, int rank, long tail);
 cJSON *job_to_json(const Job *j);
 int job_run_dir(const Job *j, char *out, size_t cap);
 // Adds a job read back from the database (state.c).
@@ -153,9 +191,37 @@ typedef struct {
     StopKind stop;     // why the daemon stopped it, STOP_NONE when it ended by itself
     int failed;        // a rank failed (non-zero exit or signal) on its own
     int bad_input;     // ... with exit code 2: restarting cannot help
-    const char *cause; // the root cause when failed
+    int transient;     // ... could not be started for want of a resource (EMFILE, ENOMEM, ...)
+    int interrupted;   // a rank exited 3 (EXIT_INTERRUPTED) though astraid did not stop it
+    const char *cause; // the root cause when failed or interrupted
+    const char *started_from; // the job's last checkpoint when the run started, NULL: none
 } RunOutcome;
 void job_run_ended(Job *j, const RunOutcome *o);
+// runner_start failed before any rank ran: retried after a backoff when err->resource says
+// it lacked a resource, else the job fails.
+void job_start_failed(Job *j, const Err *err);
+
+// ---------------------------------------------------------------- job_paths.c
+// The paths of a new job, checked as astraid's user (docs/astraid.md "Paths"): param_path
+// and data_root_path hold what a run reads, and ckpt_dir passes job_ckpt_dir_usable and
+// job_ckpt_dir_free. Errors name the key and the path.
+int job_paths_check(const Job *j, Err *err);
+// ckpt_dir can be created and written: its nearest existing ancestor is a directory astraid's
+// user may write, on a file system mounted read-write.
+int job_ckpt_dir_usable(const Job *j, Err *err);
+// ckpt_dir is no other live job's ckpt_dir, nor inside or around one.
+int job_ckpt_dir_free(const Job *j, Err *err);
+
+// ---------------------------------------------------------------- history.c
+// rm: a final job's row, events and run directory go; its ckpt_dir stays (even inside
+// the run directory). -1 with *code (RPC_BAD_STATE, ...) and err on refusal.
+int job_remove(Job *j, int *code, Err *err);
+// --keep-finished "N" or "Dd" (NULL: keep every job); err names the bad value.
+int retention_configure(const char *spec, Err *err);
+// Removes the finished jobs the retention does not keep; at startup, and (from the
+// loop, after the current request) each time a job becomes final.
+void retention_apply(void);
+void retention_schedule(void);
 
 // ---------------------------------------------------------------- scheduler.c: the queue
 // Starts queued jobs whose devices are free (priority, then FIFO).
@@ -173,7 +239,9 @@ pid_t runner_rank_pid(const Job *j, int r); // 0 when rank r is not alive
 // ---------------------------------------------------------------- state.c
 int state_open(const char *state_dir, Err *err);
 void state_close(void);
-void state_save_job(const Job *j);
+// -1 (err->resource) when the database could not commit; err may be NULL.
+int state_save_job(const Job *j, Err *err);
+int state_delete_job(long job_id, Err *err); // its row, runs and events
 void state_event(long job_id, const char *kind, const char *detail);
 void state_run_started(const Job *j, const pid_t *pids, int n);
 void state_run_ended(const Job *j, const char *outcome);
@@ -207,10 +275,14 @@ long conn_uid(const Conn *c);
 // Closes c once what it was sent is written (an error reply before hanging up).
 void conn_hang_up(Conn *c);
 int conn_is_authed(const Conn *c);
-void conn_set_authed(Conn *c);
+// -1 when c would exceed max-connections (it stays unauthenticated).
+int conn_set_authed(Conn *c);
 int server_check_token(const char *token);
 void conn_watch(Conn *c, long job_id);            // 0: every job
 void conn_follow(Conn *c, long job_id, int rank); // rank -1: every rank
+// After the reply to a watch or logs: a one-job watch or follow of a job already final
+// gets its end push now (it will see no change that would send one).
+void conn_end_if_final(Conn *c);
 void server_push_progress(const Job *j);
 void server_push_log(const Job *j, int rank, const char *line);
 int server_connections(void);

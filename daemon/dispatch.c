@@ -11,6 +11,10 @@
 
 #include "daemon/daemon.h"
 
+#define LIST_LIMIT 100                    // jobs in a list page unless "limit" says
+#define LIST_LIMIT_MAX 1000               // the largest "limit"
+#define LIST_MAX_BYTES (RPC_MAX_LINE / 2) // of a page's JOBs: far below the line limit
+
 typedef cJSON *(*Handler)(Conn *c, const cJSON *params, int *code, Err *err);
 
 static cJSON *fail(int *code, int value, Err *err, const char *msg) {
@@ -51,8 +55,8 @@ static int param_long(const cJSON *params, const char *key, long lo, long hi, lo
 
 static cJSON *do_submit(Conn *c, const cJSON *params, int *code, Err *err) {
     Job *j = jobs_submit(params, conn_uid(c), err);
-    if (!j) {
-        *code = RPC_INVALID_PARAMS;
+    if (!j) { // the spec's fault, or the daemon's (its database: nothing was queued)
+        *code = err->resource ? RPC_INTERNAL_ERROR : RPC_INVALID_PARAMS;
         return NULL;
     }
     cJSON *r = cJSON_CreateObject();
@@ -61,6 +65,9 @@ static cJSON *do_submit(Conn *c, const cJSON *params, int *code, Err *err) {
     return r;
 }
 
+// One page of the jobs by ascending id: those after the cursor "after" (and in "state"
+// when given), at most "limit" of them and LIST_MAX_BYTES of JSON; "next" is the cursor
+// of the next page (the last id of this one), null when no job is left.
 static cJSON *do_list(Conn *c, const cJSON *params, int *code, Err *err) {
     (void)c;
     const cJSON *s = cJSON_GetObjectItemCaseSensitive(params, "state");
@@ -71,9 +78,34 @@ static cJSON *do_list(Conn *c, const cJSON *params, int *code, Err *err) {
                      "completed, failed, cancelled, interrupted");
         return NULL;
     }
+    long limit = LIST_LIMIT, after = 0;
+    if (param_long(params, "limit", 1, LIST_LIMIT_MAX, &limit, code, err) ||
+        param_long(params, "after", 0, 1L << 53, &after, code, err))
+        return NULL;
     cJSON *r = cJSON_CreateObject(), *jobs = cJSON_AddArrayToObject(r, "jobs");
-    for (Job *j = astraid.jobs; j; j = j->next)
-        if (want == JOB_NSTATES || j->state == want) cJSON_AddItemToArray(jobs, job_to_json(j));
+    long n = 0, last_id = 0;
+    int more = 0;
+    size_t bytes = 0;
+    for (Job *j = astraid.jobs; j && !more; j = j->next) {
+        if (j->id <= after || (want != JOB_NSTATES && j->state != want)) continue;
+        cJSON *o = n < limit ? job_to_json(j) : NULL;
+        char *text = o ? cJSON_PrintUnformatted(o) : NULL;
+        size_t len = text ? strlen(text) + 1 : 0;
+        cJSON_free(text);
+        more = !o || (n > 0 && bytes + len > LIST_MAX_BYTES); // the first JOB always goes
+        if (more) {
+            cJSON_Delete(o);
+            continue;
+        }
+        cJSON_AddItemToArray(jobs, o);
+        bytes += len;
+        n++;
+        last_id = j->id;
+    }
+    if (more)
+        cJSON_AddNumberToObject(r, "next", (double)last_id);
+    else
+        cJSON_AddNullToObject(r, "next");
     return r;
 }
 
@@ -113,6 +145,22 @@ static cJSON *do_cancel(Conn *c, const cJSON *p, int *code, Err *err) {
     return do_verb(p, job_cancel, code, err);
 }
 
+// A final job's state and run directory go; its ckpt_dir, named in the reply, stays.
+static cJSON *do_rm(Conn *c, const cJSON *params, int *code, Err *err) {
+    (void)c;
+    Job *j = param_job(params, code, err);
+    if (!j) return NULL;
+    cJSON *r = cJSON_CreateObject();
+    cJSON_AddNumberToObject(r, "job", (double)j->id);
+    cJSON_AddTrueToObject(r, "removed");
+    cJSON_AddStringToObject(r, "ckpt_dir", j->ckpt_dir);
+    if (job_remove(j, code, err)) {
+        cJSON_Delete(r);
+        return NULL;
+    }
+    return r;
+}
+
 // The kept lines of one rank (default 0), the last `tail` of them; then, with
 // follow, every new line is pushed.
 static cJSON *do_logs(Conn *c, const cJSON *params, int *code, Err *err) {
@@ -124,17 +172,8 @@ static cJSON *do_logs(Conn *c, const cJSON *params, int *code, Err *err) {
     const cJSON *follow = cJSON_GetObjectItemCaseSensitive(params, "follow");
     if (follow && !cJSON_IsBool(follow))
         return fail(code, RPC_INVALID_PARAMS, err, "follow: expected true or false");
-    int n = 0, first = j->log_len; // the last `tail` lines of the rank start at `first`
-    for (int k = j->log_len - 1; k >= 0 && n < tail; k--)
-        if (j->log[(j->log_start + k) % JOB_LOG_LINES].rank == rank) {
-            n++;
-            first = k;
-        }
-    cJSON *r = cJSON_CreateObject(), *lines = cJSON_AddArrayToObject(r, "lines");
-    for (int k = first; k < j->log_len; k++) {
-        const LogLine *l = &j->log[(j->log_start + k) % JOB_LOG_LINES];
-        if (l->rank == rank) cJSON_AddItemToArray(lines, cJSON_CreateString(l->text));
-    }
+    cJSON *r = cJSON_CreateObject();
+    cJSON_AddItemToObject(r, "lines", job_log_tail(j, (int)rank, tail));
     if (cJSON_IsTrue(follow)) conn_follow(c, j->id, (int)rank);
     return r;
 }
@@ -144,8 +183,9 @@ static cJSON *do_watch(Conn *c, const cJSON *params, int *code, Err *err) {
     if (cJSON_GetObjectItemCaseSensitive(params, "job") && !(one = param_job(params, code, err)))
         return NULL;
     cJSON *r = cJSON_CreateObject(), *jobs = cJSON_AddArrayToObject(r, "jobs");
+    // Watching every job starts from the live ones: the finished history can be long.
     for (Job *j = astraid.jobs; j; j = j->next)
-        if (!one || j == one) cJSON_AddItemToArray(jobs, job_to_json(j));
+        if (one ? j == one : !job_is_final(j->state)) cJSON_AddItemToArray(jobs, job_to_json(j));
     conn_watch(c, one ? one->id : 0);
     return r;
 }
@@ -168,6 +208,7 @@ static cJSON *do_info(Conn *c, const cJSON *params, int *code, Err *err) {
     cJSON_AddStringToObject(r, "state_dir", astraid.cfg.state_dir);
     cJSON_AddStringToObject(r, "train_binary", astraid.cfg.train_binary);
     cJSON_AddNumberToObject(r, "connections", server_connections());
+    cJSON_AddItemToObject(r, "unknown_job_dirs", jobs_unknown_dirs());
     int counts[JOB_NSTATES] = {0};
     for (Job *j = astraid.jobs; j; j = j->next)
         counts[j->state]++;
@@ -182,7 +223,8 @@ static cJSON *do_auth(Conn *c, const cJSON *params, int *code, Err *err) {
     // On the unix socket every client is authenticated (by the socket's mode).
     if (!conn_is_authed(c) && (!cJSON_IsString(t) || !server_check_token(t->valuestring)))
         return fail(code, RPC_UNAUTHORIZED, err, "unauthorized: wrong token");
-    conn_set_authed(c);
+    if (conn_set_authed(c))
+        return fail(code, RPC_BUSY, err, "too many connections; try again later");
     cJSON *r = cJSON_CreateObject();
     cJSON_AddTrueToObject(r, "ok");
     return r;
@@ -195,7 +237,7 @@ static const struct {
     {"submit", do_submit},    {"list", do_list},     {"status", do_status},
     {"pause", do_pause},      {"resume", do_resume}, {"checkpoint", do_checkpoint},
     {"cancel", do_cancel},    {"logs", do_logs},     {"watch", do_watch},
-    {"daemon.info", do_info}, {"auth", do_auth},
+    {"daemon.info", do_info}, {"auth", do_auth},     {"rm", do_rm},
 };
 
 static Handler find_method(const char *name) {
@@ -236,6 +278,7 @@ static void call(Conn *c, const RpcRequest *req) {
                                code == RPC_BAD_STATE ? bad_state_data(req->params) : NULL));
     else
         cJSON_Delete(result);
+    if (result && (fn == do_logs || fn == do_watch)) conn_end_if_final(c); // after the reply
     if (result && fn == do_submit) scheduler_kick(); // after the reply said "queued"
     if (hang_up) conn_hang_up(c);
 }

@@ -3,22 +3,40 @@
 //   queued → starting → running → (pausing → paused) → completed | failed | cancelled
 //   interrupted: astraid stopped under the job; it is queued again at the next start.
 //
-// A run that fails is restarted from the last checkpoint after a backoff while
-// restarts < max_restarts; a rank that exits with 2 (bad input) is not restarted.
+// A run that fails, or ends before its end without astraid asking (a rank exits 3 after
+// a stop from outside), is restarted from the last checkpoint after a backoff while
+// restarts < max_restarts; a run that saved new progress forgives earlier restarts. Bad
+// input (exit 2) and an unwritable ckpt_dir are not retried; a run that could not start
+// for want of a resource is retried until it starts. A job is completed only when its
+// ranks exited 0 and its progress reached total_steps (or max_steps).
+//
+// A verb's state change (pause, resume, cancel; submit's new job) is written to the
+// database before it takes effect: when the database cannot commit, the request gets
+// the error and the job stays as it was. Ids are never reused: a new id is past every
+// id of the database and every state_dir/jobs/<id> directory. Output lines are kept
+// in a ring while a job can still run; a final job's logs are read from its files.
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
 #include <limits.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <time.h>
+#include <unistd.h>
 
 #include <cjson/cJSON.h>
 
 #include "ckpt/checkpoint.h"
 #include "common/fsutil.h"
+#include "common/path.h"
 #include "daemon/daemon.h"
 #include "proto/job_spec.h"
 
+#define LOG_TAIL_BYTES (128 * 1024) // of output in a logs reply: far below the 1 MiB line limit
+#define UNKNOWN_DIRS_SHOWN 100      // ids of unknown run directories listed in daemon.info
 #define BACKOFF_BASE_S 1.0
 #define BACKOFF_MAX_S 60.0
 
@@ -58,6 +76,85 @@ void jobs_adopt(Job *j) {
     *p = j;
 }
 
+// ---------------------------------------------------------------- ids
+
+// Ids of state_dir/jobs/<id> directories astraid.db does not know (it was deleted or
+// emptied): reported, never adopted, and their ids never given again.
+static long *unknown_dirs;
+static size_t n_unknown_dirs;
+
+// "42" → 42; -1 for a name that is not a job id.
+static long dir_job_id(const char *name) {
+    char *end;
+    errno = 0;
+    long id = strtol(name, &end, 10);
+    return name[0] >= '1' && name[0] <= '9' && !*end && !errno ? id : -1;
+}
+
+static int by_id(const void *a, const void *b) {
+    long x = *(const long *)a, y = *(const long *)b;
+    return (x > y) - (x < y);
+}
+
+static void note_unknown_dir(long id) {
+    long *grown = realloc(unknown_dirs, (n_unknown_dirs + 1) * sizeof *grown);
+    if (!grown) return;
+    unknown_dirs = grown;
+    unknown_dirs[n_unknown_dirs++] = id;
+}
+
+int jobs_init_ids(Err *err) {
+    char dir[PATH_MAX];
+    if (path_join(dir, sizeof dir, astraid.cfg.state_dir, "jobs", err)) return -1;
+    DIR *d = opendir(dir);
+    if (!d) return err_errno(err, errno, "%s: cannot list", dir);
+    long max_id = state_max_job_id();
+    struct dirent *e;
+    while ((e = readdir(d))) {
+        long id = dir_job_id(e->d_name);
+        if (id < 1) continue;
+        if (id > max_id) max_id = id;
+        if (!job_find(id)) note_unknown_dir(id);
+    }
+    closedir(d);
+    astraid.next_id = max_id + 1;
+    if (!n_unknown_dirs) return 0;
+    qsort(unknown_dirs, n_unknown_dirs, sizeof *unknown_dirs, by_id);
+    char ids[256] = "";
+    size_t n = 0, shown = 0;
+    for (; shown < n_unknown_dirs && n + 24 < sizeof ids; shown++)
+        n += (size_t)snprintf(ids + n, sizeof ids - n, "%s%ld", shown ? " " : "",
+                              unknown_dirs[shown]);
+    log_warn("%zu job director%s in %s unknown to astraid.db (ids %s%s): left as they are; new "
+             "jobs start at id %ld",
+             n_unknown_dirs, n_unknown_dirs == 1 ? "y" : "ies", dir, ids,
+             shown < n_unknown_dirs ? " ..." : "", astraid.next_id);
+    return 0;
+}
+
+cJSON *jobs_unknown_dirs(void) {
+    cJSON *o = cJSON_CreateObject();
+    cJSON_AddNumberToObject(o, "count", (double)n_unknown_dirs);
+    cJSON *ids = cJSON_AddArrayToObject(o, "ids");
+    for (size_t i = 0; i < n_unknown_dirs && i < UNKNOWN_DIRS_SHOWN; i++)
+        cJSON_AddItemToArray(ids, cJSON_CreateNumber((double)unknown_dirs[i]));
+    return o;
+}
+
+// The first id from next_id on whose run directory does not exist: one left by a job
+// the database forgot keeps its checkpoints and logs to itself. astraid alone makes
+// run directories (it holds the state directory's lock), so the id stays free until
+// the submit makes its directory.
+static long next_free_id(void) {
+    char dir[PATH_MAX];
+    for (;; astraid.next_id++) {
+        int n = snprintf(dir, sizeof dir, "%s/jobs/%ld", astraid.cfg.state_dir, astraid.next_id);
+        if (n < 0 || (size_t)n >= sizeof dir || access(dir, F_OK)) return astraid.next_id;
+        log_warn("job id %ld: %s exists but is no job of astraid.db; id skipped", astraid.next_id,
+                 dir);
+    }
+}
+
 // ---------------------------------------------------------------- submit
 
 // Paths in a spec are used by ranks whose working directory is not the client's.
@@ -90,7 +187,7 @@ static int check_devices(const JobSpec *js, const cJSON *spec, Err *err) {
 static Job *job_new(const JobSpec *js, const cJSON *spec, long uid) {
     Job *j = calloc(1, sizeof *j);
     if (!j) return NULL;
-    j->id = astraid.next_id++;
+    j->id = next_free_id();
     char name[32];
     snprintf(name, sizeof name, "job-%ld", j->id);
     j->name = strdup(js->name ? js->name : name);
@@ -113,7 +210,8 @@ static Job *job_new(const JobSpec *js, const cJSON *spec, long uid) {
 static int set_ckpt_dir(Job *j, Err *err) {
     const cJSON *given = cJSON_GetObjectItemCaseSensitive(j->spec, "ckpt_dir");
     char dir[PATH_MAX + 16], run_dir[PATH_MAX];
-    if (job_run_dir(j, run_dir, sizeof run_dir) || fs_mkdir_p(run_dir, err)) return -1;
+    if (job_run_dir(j, run_dir, sizeof run_dir))
+        return err_set(err, "state-dir: %s is too long", astraid.cfg.state_dir);
     if (cJSON_IsString(given)) {
         j->ckpt_dir = strdup(given->valuestring);
         return 0;
@@ -122,6 +220,18 @@ static int set_ckpt_dir(Job *j, Err *err) {
     j->ckpt_dir = strdup(dir);
     cJSON_AddStringToObject(j->spec, "ckpt_dir", dir);
     return 0;
+}
+
+// The run directory is made once the job's paths passed: a refused job leaves nothing.
+static int make_run_dir(const Job *j, Err *err) {
+    char run_dir[PATH_MAX];
+    return job_run_dir(j, run_dir, sizeof run_dir) || fs_mkdir_p(run_dir, err);
+}
+
+// A submit that failed after make_run_dir: its (still empty) directory goes again.
+static void drop_run_dir(const Job *j) {
+    char run_dir[PATH_MAX];
+    if (!job_run_dir(j, run_dir, sizeof run_dir)) rmdir(run_dir);
 }
 
 Job *jobs_submit(const cJSON *spec, long uid, Err *err) {
@@ -134,13 +244,15 @@ Job *jobs_submit(const cJSON *spec, long uid, Err *err) {
     }
     job_spec_free(&js);
     if (!j) return NULL;
-    if (!j->name || !j->spec || set_ckpt_dir(j, err)) {
-        if (!*err->msg) err_set(err, "out of memory");
+    if (!j->name || !j->spec || set_ckpt_dir(j, err) || !j->ckpt_dir || job_paths_check(j, err) ||
+        make_run_dir(j, err) || state_save_job(j, err)) {
+        if (!*err->msg) err_resource(err, "out of memory");
+        drop_run_dir(j);
         job_free(j);
         return NULL;
     }
+    astraid.next_id = j->id + 1;
     jobs_adopt(j);
-    state_save_job(j);
     state_event(j->id, "submitted", j->name);
     log_info("job %ld (%s) submitted by uid %ld", j->id, j->name, uid);
     server_push_progress(j);
@@ -149,19 +261,53 @@ Job *jobs_submit(const cJSON *spec, long uid, Err *err) {
 
 // ---------------------------------------------------------------- state changes
 
-static int is_final(JobState s) {
+int job_is_final(JobState s) {
     return s == JOB_COMPLETED || s == JOB_FAILED || s == JOB_CANCELLED;
 }
 
-void job_set_state(Job *j, JobState s) {
-    if (j->state != s)
-        log_info("job %ld: %s -> %s", j->id, job_state_name(j->state), job_state_name(s));
+static void drop_log(Job *j);
+
+// The state and the times that go with it.
+static void apply_state(Job *j, JobState s) {
     j->state = s;
-    if (is_final(s)) j->finished_at = now_wall();
+    if (job_is_final(s)) j->finished_at = now_wall();
     if (s == JOB_STARTING) j->started_at = now_wall();
-    state_save_job(j);
-    state_event(j->id, "state", job_state_name(s));
+}
+
+// What follows a recorded change from `from`: the log line, the event, the watchers; a
+// final job's lines go back to its files only, and the retention may drop old jobs.
+static void announce_state(Job *j, JobState from) {
+    if (from != j->state)
+        log_info("job %ld: %s -> %s", j->id, job_state_name(from), job_state_name(j->state));
+    state_event(j->id, "state", job_state_name(j->state));
+    if (job_is_final(j->state)) {
+        drop_log(j);
+        retention_schedule();
+    }
     server_push_progress(j);
+}
+
+// A run's own transitions happen whatever the database says (a failed write is logged).
+void job_set_state(Job *j, JobState s) {
+    JobState from = j->state;
+    apply_state(j, s);
+    state_save_job(j, NULL);
+    announce_state(j, from);
+}
+
+// A verb's change to state s, on top of what the verb already changed in j (`before` is
+// j as the request found it): the database takes the row first; when it cannot commit,
+// j goes back to `before` and the request gets the error, so that nothing acknowledged
+// is lost at a restart.
+static int commit_verb(Job *j, const Job *before, JobState s, int *code, Err *err) {
+    apply_state(j, s);
+    if (state_save_job(j, err)) {
+        *j = *before;
+        *code = RPC_INTERNAL_ERROR;
+        return -1;
+    }
+    announce_state(j, before->state);
+    return 0;
 }
 
 static int refuse(const Job *j, const char *verb, int *code, Err *err) {
@@ -170,13 +316,12 @@ static int refuse(const Job *j, const char *verb, int *code, Err *err) {
 }
 
 int job_pause(Job *j, int *code, Err *err) {
-    if (j->state == JOB_QUEUED) { // not started yet: it just stays out of the queue
-        job_set_state(j, JOB_PAUSED);
-        return 0;
-    }
+    Job before = *j;
+    if (j->state == JOB_QUEUED) // not started yet: it just stays out of the queue
+        return commit_verb(j, &before, JOB_PAUSED, code, err);
     if (j->state != JOB_RUNNING && j->state != JOB_STARTING) return refuse(j, "pause", code, err);
+    if (commit_verb(j, &before, JOB_PAUSING, code, err)) return -1;
     runner_stop(j, STOP_PAUSE);
-    job_set_state(j, JOB_PAUSING);
     return 0;
 }
 
@@ -185,12 +330,17 @@ int job_resume(Job *j, int *code, Err *err) {
     if (j->run || (j->state != JOB_PAUSED && j->state != JOB_FAILED && j->state != JOB_CANCELLED &&
                    j->state != JOB_INTERRUPTED))
         return refuse(j, "resume", code, err);
+    if (job_ckpt_dir_free(j, err)) { // a job submitted while this one was finished took it
+        *code = RPC_BAD_STATE;
+        return -1;
+    }
+    Job before = *j;
     j->restarts = 0;
     j->hold_until = 0;
     j->finished_at = 0;
-    free(j->error);
     j->error = NULL;
-    job_set_state(j, JOB_QUEUED);
+    if (commit_verb(j, &before, JOB_QUEUED, code, err)) return -1;
+    free(before.error);
     return 0;
 }
 
@@ -202,9 +352,10 @@ int job_checkpoint(Job *j, int *code, Err *err) {
 }
 
 int job_cancel(Job *j, int *code, Err *err) {
-    if (is_final(j->state)) return refuse(j, "cancel", code, err);
+    if (job_is_final(j->state)) return refuse(j, "cancel", code, err);
+    Job before = *j;
+    if (commit_verb(j, &before, JOB_CANCELLED, code, err)) return -1;
     if (j->run) runner_stop(j, STOP_CANCEL); // SIGKILL now; the run ends a moment later
-    job_set_state(j, JOB_CANCELLED);
     return 0;
 }
 
@@ -224,20 +375,105 @@ static double backoff_s(long restarts) {
     return fmin(BACKOFF_MAX_S, BACKOFF_BASE_S * pow(2.0, (double)(restarts - 1)));
 }
 
-static void on_failure(Job *j, const RunOutcome *o) {
+// A message of two parts, "a; b" (NULL when out of memory).
+static char *join(const char *a, const char *b) {
+    size_t n = strlen(a) + strlen(b) + 3;
+    char *s = malloc(n);
+    if (s) snprintf(s, n, "%s; %s", a, b);
+    return s;
+}
+
+static void fail(Job *j, char *error) {
     free(j->error);
-    j->error = strdup(o->cause ? o->cause : "a rank failed");
-    if (o->bad_input || j->restarts >= j->max_restarts) {
-        log_error("job %ld failed: %s", j->id, j->error);
-        job_set_state(j, JOB_FAILED);
+    j->error = error;
+    log_error("job %ld failed: %s", j->id, error ? error : "out of memory");
+    job_set_state(j, JOB_FAILED);
+}
+
+// A run that ended short of its end is restarted from the last checkpoint after a backoff
+// while restarts < max_restarts. restarts counts the early ends since the job last saved
+// new progress: a run that wrote a checkpoint past the one it started from forgives the
+// earlier ones (so kills hours apart never add up), and is itself restart 1. permanent: no
+// restart can help (bad input); nor can one when ckpt_dir cannot be written.
+static void on_failure(Job *j, const char *cause, int permanent, const char *started_from) {
+    Err unusable = {0};
+    if (!permanent && job_ckpt_dir_usable(j, &unusable)) {
+        fail(j, join(unusable.msg, cause));
         return;
     }
+    if (permanent) {
+        fail(j, strdup(cause));
+        return;
+    }
+    int progressed =
+        j->last_checkpoint && (!started_from || strcmp(started_from, j->last_checkpoint));
+    if (progressed && j->restarts) {
+        log_info("job %ld: the run saved %s: its %ld earlier restart(s) are forgiven", j->id,
+                 j->last_checkpoint, j->restarts);
+        j->restarts = 0;
+    }
+    if (j->restarts >= j->max_restarts) {
+        fail(j, strdup(cause));
+        return;
+    }
+    free(j->error);
+    j->error = strdup(cause);
     j->restarts++;
     j->hold_until = now_wall() + backoff_s(j->restarts);
-    log_warn("job %ld: run failed (%s); restart %ld/%ld in %.0f s", j->id, j->error, j->restarts,
+    log_warn("job %ld: run ended early (%s); restart %ld/%ld in %.0f s", j->id, cause, j->restarts,
              j->max_restarts, backoff_s(j->restarts));
-    state_event(j->id, "restart", j->error);
+    state_event(j->id, "restart", cause);
     job_set_state(j, JOB_QUEUED);
+}
+
+// A run that could not start for want of a resource (too many open files, no memory) is
+// tried again after a backoff for as long as it takes: the job itself did not fail.
+static void start_later(Job *j, const char *cause) {
+    free(j->error);
+    j->error = strdup(cause);
+    j->start_retries++;
+    j->hold_until = now_wall() + backoff_s(j->start_retries);
+    log_warn("job %ld: could not start (%s); trying again in %.0f s", j->id, cause,
+             backoff_s(j->start_retries));
+    state_event(j->id, "retry", cause);
+    job_set_state(j, JOB_QUEUED);
+}
+
+void job_start_failed(Job *j, const Err *err) {
+    if (err->resource)
+        start_later(j, err->msg);
+    else
+        fail(j, strdup(err->msg));
+}
+
+static double spec_number(const Job *j, const char *key) {
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(j->spec, key);
+    return cJSON_IsNumber(v) ? v->valuedouble : 0;
+}
+
+// The run's progress reached its end: total_steps, or the spec's max_steps. A fresh run that
+// starts part-way (start_epoch, start_samples) ends short of total_steps by design: there
+// the ranks' exit status alone tells.
+static int reached_end(const Job *j) {
+    if (spec_number(j, "start_epoch") > 0 || spec_number(j, "start_samples") > 0) return 1;
+    long end = j->total_steps, max_steps = (long)spec_number(j, "max_steps");
+    if (max_steps > 0 && max_steps < end) end = max_steps;
+    return j->has_progress && end > 0 && j->step >= end;
+}
+
+// Why a run that astraid did not stop ended before its end: a rank stopped by a signal from
+// outside astraid (an admin, a container stop, timeout) exits 3 after its checkpoint.
+static char *interrupted_cause(const Job *j, const RunOutcome *o) {
+    char head[256];
+    snprintf(head, sizeof head,
+             "interrupted at step %ld of %ld by a stop astraid did not send (SIGTERM/SIGINT from "
+             "outside)",
+             j->step, j->total_steps);
+    if (o->interrupted && o->cause) return join(head, o->cause);
+    snprintf(head, sizeof head,
+             "the run ended at step %ld of %ld, before its end, with exit code 0", j->step,
+             j->total_steps);
+    return strdup(head);
 }
 
 void job_run_ended(Job *j, const RunOutcome *o) {
@@ -245,10 +481,14 @@ void job_run_ended(Job *j, const RunOutcome *o) {
     progress_close_job(j);
     devices_release(j);
     j->resume = find_checkpoint(j);
+    j->eta_s = -1; // until a run measures it again
+    if (!o->transient) j->start_retries = 0;
+    int short_end = o->stop == STOP_NONE && !o->failed && (o->interrupted || !reached_end(j));
     const char *outcome = o->stop == STOP_CANCEL     ? "cancelled"
                           : o->stop == STOP_SHUTDOWN ? "interrupted"
                           : o->stop == STOP_PAUSE    ? "paused"
                           : o->failed                ? "failed"
+                          : short_end                ? "interrupted"
                                                      : "completed";
     state_run_ended(j, outcome);
     if (o->stop == STOP_CANCEL)
@@ -257,11 +497,18 @@ void job_run_ended(Job *j, const RunOutcome *o) {
         job_set_state(j, JOB_INTERRUPTED);
     else if (o->stop == STOP_PAUSE)
         job_set_state(j, JOB_PAUSED);
+    else if (o->failed && o->transient)
+        start_later(j, o->cause ? o->cause : "a rank could not be started");
     else if (o->failed)
-        on_failure(j, o);
-    else {
+        on_failure(j, o->cause ? o->cause : "a rank failed", o->bad_input, o->started_from);
+    else if (short_end) {
+        char *cause = interrupted_cause(j, o);
+        on_failure(j, cause ? cause : "interrupted", 0, o->started_from);
+        free(cause);
+    } else {
         free(j->error);
         j->error = NULL;
+        j->eta_s = 0;
         job_set_state(j, JOB_COMPLETED);
     }
     if (astraid.stopping)
@@ -273,6 +520,14 @@ void job_run_ended(Job *j, const RunOutcome *o) {
 // ---------------------------------------------------------------- logs
 
 void job_add_log(Job *j, int rank, const char *text, size_t len) {
+    char *line = strndup(text, len);
+    if (!line) return;
+    server_push_log(j, rank, line);
+    // A final job (a cancel's last lines) has no ring: its lines are in its log files.
+    if (!j->log && (job_is_final(j->state) || !(j->log = calloc(JOB_LOG_LINES, sizeof *j->log)))) {
+        free(line);
+        return;
+    }
     int slot = (j->log_start + j->log_len) % JOB_LOG_LINES;
     if (j->log_len == JOB_LOG_LINES) {
         free(j->log[j->log_start].text);
@@ -281,8 +536,72 @@ void job_add_log(Job *j, int rank, const char *text, size_t len) {
         j->log_len++;
     }
     j->log[slot].rank = rank;
-    j->log[slot].text = strndup(text, len);
-    if (j->log[slot].text) server_push_log(j, rank, j->log[slot].text);
+    j->log[slot].text = line;
+}
+
+static void drop_log(Job *j) {
+    for (int i = 0; j->log && i < j->log_len; i++)
+        free(j->log[(j->log_start + i) % JOB_LOG_LINES].text);
+    free(j->log);
+    j->log = NULL;
+    j->log_start = j->log_len = 0;
+}
+
+// The ring's last lines of rank (*left of them at most, within *budget bytes) in front
+// of `lines`.
+static void ring_tail(const Job *j, int rank, long *left, size_t *budget, cJSON *lines) {
+    for (int k = j->log_len - 1; k >= 0 && *left > 0; k--) {
+        const LogLine *l = &j->log[(j->log_start + k) % JOB_LOG_LINES];
+        size_t n = strlen(l->text) + 1;
+        if (l->rank != rank) continue;
+        if (n > *budget) break;
+        *budget -= n;
+        --*left;
+        cJSON_InsertItemInArray(lines, 0, cJSON_CreateString(l->text));
+    }
+}
+
+// The same from the end of a log file. Empty lines are skipped (the ring never holds
+// them); a line that began before the bytes the budget allowed is left out.
+static void file_tail(const char *path, long *left, size_t *budget, cJSON *lines) {
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return;
+    struct stat st;
+    size_t size = fstat(fd, &st) ? 0 : (size_t)st.st_size, take = size < *budget ? size : *budget;
+    char *buf = malloc(take + 1);
+    ssize_t got = buf && take ? pread(fd, buf, take, (off_t)(size - take)) : 0;
+    close(fd);
+    size_t end = got > 0 ? (size_t)got : 0;
+    *budget -= end;
+    while (end > 0 && *left > 0) {
+        size_t start = end;
+        while (start > 0 && buf[start - 1] != '\n')
+            start--;
+        if (start == 0 && (size_t)got < size) break; // it began before what was read
+        buf[end] = 0;
+        if (start < end) {
+            cJSON_InsertItemInArray(lines, 0, cJSON_CreateString(buf + start));
+            --*left;
+        }
+        end = start ? start - 1 : 0;
+    }
+    free(buf);
+}
+
+cJSON *job_log_tail(const Job *j, int rank, long tail) {
+    cJSON *lines = cJSON_CreateArray();
+    size_t budget = LOG_TAIL_BYTES;
+    if (j->log) {
+        ring_tail(j, rank, &tail, &budget, lines);
+        return lines;
+    }
+    char dir[PATH_MAX], path[PATH_MAX + 64];
+    if (job_run_dir(j, dir, sizeof dir)) return lines;
+    for (long run = j->runs; run >= 1 && tail > 0 && budget > 0; run--) {
+        snprintf(path, sizeof path, "%s/run%ld-rank%d.log", dir, run, rank);
+        file_tail(path, &tail, &budget, lines);
+    }
+    return lines;
 }
 
 // ---------------------------------------------------------------- JSON
@@ -383,8 +702,7 @@ cJSON *job_to_json(const Job *j) {
 void job_free(Job *j) {
     if (!j) return;
     progress_close_job(j);
-    for (int i = 0; i < j->log_len; i++)
-        free(j->log[(j->log_start + i) % JOB_LOG_LINES].text);
+    drop_log(j);
     free(j->name);
     cJSON_Delete(j->spec);
     free(j->ckpt_dir);
@@ -401,4 +719,7 @@ void jobs_free_all(void) {
         astraid.jobs = j->next;
         job_free(j);
     }
+    free(unknown_dirs);
+    unknown_dirs = NULL;
+    n_unknown_dirs = 0;
 }

@@ -2,21 +2,22 @@
 //
 // Every flag is also a key of the JSON config file (`--config FILE`, default
 // /etc/astraid/astraid.json when it exists): {"socket": "/run/astraid/astraid.sock",
-// "max-restarts": 3, ...} (underscores work too: "max_restarts"). Flags win.
+// "max-restarts": 3, ...} (underscores work too: "max_restarts"). Flags win. The
+// options and the file's parser are in config.c.
 #include <errno.h>
+#include <fcntl.h>
 #include <limits.h>
-#include <math.h>
 #include <signal.h>
-#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include <cjson/cJSON.h>
-
 #include "common/fsutil.h"
+#include "common/path.h"
+#include "common/socket_path.h"
 #include "daemon/daemon.h"
 
 #define DEFAULT_CONFIG "/etc/astraid/astraid.json"
@@ -29,105 +30,12 @@ double now_wall(void) {
     return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
 }
 
-// ---------------------------------------------------------------- options
-
-typedef enum { OPT_STR, OPT_LONG, OPT_DOUBLE } OptType;
-
-typedef struct {
-    const char *name;
-    OptType type;
-    size_t offset;
-    double lo, hi;
-    const char *help;
-} Option;
-
-static const Option OPTIONS[] = {
-    {"socket", OPT_STR, offsetof(Config, socket_path), 0, 0, "unix control socket"},
-    {"state-dir", OPT_STR, offsetof(Config, state_dir), 0, 0, "database and job run directories"},
-    {"tcp", OPT_STR, offsetof(Config, tcp), 0, 0, "HOST:PORT to listen on (off by default)"},
-    {"token-file", OPT_STR, offsetof(Config, token_file), 0, 0, "bearer token for tcp (mode 0600)"},
-    {"devices", OPT_STR, offsetof(Config, devices), 0, 0, "N | cpu:N | cuda:0,1,..."},
-    {"train-binary", OPT_STR, offsetof(Config, train_binary), 0, 0, "astrai-train to run"},
-    {"log-level", OPT_STR, offsetof(Config, log_level), 0, 0, "error | warn | info | debug"},
-    {"max-restarts", OPT_LONG, offsetof(Config, max_restarts), 0, 1000,
-     "restarts of a failed run (job default)"},
-    {"stop-timeout", OPT_DOUBLE, offsetof(Config, stop_timeout), 0, 86400,
-     "seconds ranks get to checkpoint and exit"},
-    {"max-connections", OPT_LONG, offsetof(Config, max_connections), 1, 100000,
-     "open connections at once"},
-    {"poll-interval", OPT_DOUBLE, offsetof(Config, poll_interval), 0.01, 60,
-     "seconds between progress reads"},
-};
-#define N_OPTIONS (sizeof OPTIONS / sizeof *OPTIONS)
-
-static const Option *find_option(const char *name) {
-    char norm[64];
-    snprintf(norm, sizeof norm, "%s", name);
-    for (char *p = norm; *p; p++)
-        if (*p == '_') *p = '-';
-    for (size_t i = 0; i < N_OPTIONS; i++)
-        if (!strcmp(norm, OPTIONS[i].name)) return &OPTIONS[i];
-    return NULL;
-}
-
-static int set_option(Config *c, const Option *o, const char *value, Err *err) {
-    void *field = (char *)c + o->offset;
-    if (o->type == OPT_STR) {
-        char **s = field;
-        free(*s);
-        *s = strdup(value);
-        return 0;
-    }
-    char *end;
-    errno = 0;
-    double x = strtod(value, &end);
-    if (end == value || *end || errno || !isfinite(x) || x < o->lo || x > o->hi ||
-        (o->type == OPT_LONG && x != floor(x)))
-        return err_set(err, "%s: '%s' is not %s in [%g, %g]", o->name, value,
-                       o->type == OPT_LONG ? "an integer" : "a number", o->lo, o->hi);
-    if (o->type == OPT_LONG)
-        *(long *)field = (long)x;
-    else
-        *(double *)field = x;
-    return 0;
-}
-
-static int apply_config_file(Config *c, const char *path, Err *err) {
-    char *text;
-    size_t len;
-    if (fs_read_file(path, &text, &len, err)) return -1;
-    cJSON *root = cJSON_ParseWithLength(text, len);
-    free(text);
-    if (!cJSON_IsObject(root)) {
-        cJSON_Delete(root);
-        return err_set(err, "%s: not a JSON object", path);
-    }
-    int rc = 0;
-    for (cJSON *kv = root->child; kv && !rc; kv = kv->next) {
-        const Option *o = find_option(kv->string);
-        char num[64];
-        if (!o)
-            rc = err_set(err, "%s: unknown key '%s'", path, kv->string);
-        else if (cJSON_IsString(kv))
-            rc = set_option(c, o, kv->valuestring, err);
-        else if (cJSON_IsNumber(kv) && o->type != OPT_STR) {
-            snprintf(num, sizeof num, "%.17g", kv->valuedouble);
-            rc = set_option(c, o, num, err);
-        } else
-            rc = err_set(err, "%s: key '%s' expects a %s", path, kv->string,
-                         o->type == OPT_STR ? "string" : "number");
-        if (rc && o) err_prefix(err, "%s", path);
-    }
-    cJSON_Delete(root);
-    return rc;
-}
-
 static void usage(void) {
     printf("usage: astraid [--config FILE] [--flag=VALUE ...]\n\n"
            "The astrai training service: runs astrai-train jobs submitted with astraictl.\n"
            "Every flag is also a key of the JSON config file (default " DEFAULT_CONFIG ").\n\n");
-    for (size_t i = 0; i < N_OPTIONS; i++)
-        printf("  --%-16s %s\n", OPTIONS[i].name, OPTIONS[i].help);
+    for (size_t i = 0; i < CONFIG_N_OPTIONS; i++)
+        printf("  --%-16s %s\n", CONFIG_OPTIONS[i].name, CONFIG_OPTIONS[i].help);
     printf("  --%-16s %s\n  --%-16s %s\n", "config", "JSON config file", "version",
            "print the version");
 }
@@ -147,11 +55,11 @@ static int parse_flags(Config *c, int argc, char **argv, int config_pass, Err *e
             return err_set(err, "unexpected argument '%s' (flags are --name=value)", argv[i]);
         char name[64];
         const char *value = flag_value(argc, argv, &i, name, sizeof name);
-        const Option *o = find_option(name);
+        const ConfigOption *o = config_option(name);
         if (!o && strcmp(name, "config")) return err_set(err, "unknown flag --%s", name);
         if (!value) return err_set(err, "--%s needs a value", name);
-        if (config_pass && !o && apply_config_file(c, value, err)) return -1;
-        if (!config_pass && o && set_option(c, o, value, err)) return -1;
+        if (config_pass && !o && config_apply_file(c, value, err)) return -1;
+        if (!config_pass && o && config_set(c, o, value, err)) return -1;
     }
     return 0;
 }
@@ -159,20 +67,6 @@ static int parse_flags(Config *c, int argc, char **argv, int config_pass, Err *e
 static const char *env_dir(const char *name) {
     const char *v = getenv(name);
     return v && *v ? v : NULL;
-}
-
-// $RUNTIME_DIRECTORY (systemd), /run/astraid as root, else under $XDG_RUNTIME_DIR.
-static char *default_socket(void) {
-    char buf[PATH_MAX];
-    if (env_dir("RUNTIME_DIRECTORY"))
-        snprintf(buf, sizeof buf, "%s/astraid.sock", env_dir("RUNTIME_DIRECTORY"));
-    else if (geteuid() == 0)
-        snprintf(buf, sizeof buf, "/run/astraid/astraid.sock");
-    else if (env_dir("XDG_RUNTIME_DIR"))
-        snprintf(buf, sizeof buf, "%s/astraid/astraid.sock", env_dir("XDG_RUNTIME_DIR"));
-    else
-        snprintf(buf, sizeof buf, "/tmp/astraid-%u/astraid.sock", (unsigned)geteuid());
-    return strdup(buf);
 }
 
 // $STATE_DIRECTORY (systemd), /var/lib/astraid as root, else ~/.local/state/astraid.
@@ -201,11 +95,16 @@ static char *default_train_binary(void) {
     return strdup(out);
 }
 
-static void fill_defaults(Config *c) {
-    if (!c->socket_path) c->socket_path = default_socket();
+static int fill_defaults(Config *c, Err *err) {
+    char path[PATH_MAX];
+    if (!c->socket_path) { // where astraictl looks too
+        if (socket_default_path(path, sizeof path, err)) return -1;
+        c->socket_path = strdup(path);
+    }
     if (!c->state_dir) c->state_dir = default_state_dir();
     if (!c->train_binary) c->train_binary = default_train_binary();
     if (!c->log_level) c->log_level = strdup("info");
+    return 0;
 }
 
 static int check_config(const Config *c, Err *err) {
@@ -220,26 +119,26 @@ static int check_config(const Config *c, Err *err) {
     if (c->token_file && (st.st_mode & 077))
         return err_set(err, "token-file: %s has mode %04o; it must be 0600 (chmod 600 %s)",
                        c->token_file, (unsigned)(st.st_mode & 07777), c->token_file);
+    if (retention_configure(c->keep_finished, err)) return -1;
     return log_set_level(c->log_level, err);
 }
 
 static int load_config(Config *c, int argc, char **argv, Err *err) {
-    *c = (Config){
-        .max_restarts = 3, .stop_timeout = 60, .max_connections = 256, .poll_interval = 0.5};
+    *c = (Config){.max_restarts = 3,
+                  .stop_timeout = 60,
+                  .max_connections = 256,
+                  .poll_interval = 0.5,
+                  .max_unauthenticated = 64,
+                  .auth_timeout = 10};
     int has_config = 0;
     for (int i = 1; i < argc; i++)
         has_config |= !strncmp(argv[i], "--config", 8);
     if (!has_config && access(DEFAULT_CONFIG, F_OK) == 0 &&
-        apply_config_file(c, DEFAULT_CONFIG, err))
+        config_apply_file(c, DEFAULT_CONFIG, err))
         return -1;
     if (parse_flags(c, argc, argv, 1, err) || parse_flags(c, argc, argv, 0, err)) return -1;
-    fill_defaults(c);
+    if (fill_defaults(c, err)) return -1;
     return check_config(c, err);
-}
-
-static void config_free(Config *c) {
-    for (size_t i = 0; i < N_OPTIONS; i++)
-        if (OPTIONS[i].type == OPT_STR) free(*(char **)((char *)c + OPTIONS[i].offset));
 }
 
 // ---------------------------------------------------------------- shutdown
@@ -279,14 +178,47 @@ static void on_stop_signal(uv_signal_t *h, int signum) {
 
 // ---------------------------------------------------------------- startup
 
+// The devices jobs run on: those --devices names (a bad value, or GPUs NVML does not find,
+// is bad input: exit 2), else the GPUs NVML finds or one CPU slot per core.
+static int open_devices(Err *err) {
+    gpu_init(); // before devices_init: without --devices the GPUs are NVML's
+    return devices_init(&astraid.devices, astraid.cfg.devices, err);
+}
+
+// One astraid per state directory (two would run the same jobs into one ckpt_dir): an
+// exclusive flock on state_dir/astraid.lock, held by the open descriptor for the daemon's
+// life (close-on-exec: no rank inherits it), with our pid in it for the next one's error.
+static int lock_state_dir(Err *err) {
+    char path[PATH_MAX], pid[32];
+    if (path_join(path, sizeof path, astraid.cfg.state_dir, "astraid.lock", err)) return -1;
+    int fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+    if (fd < 0) return err_errno(err, errno, "%s: cannot open", path);
+    if (flock(fd, LOCK_EX | LOCK_NB)) {
+        int e = errno;
+        ssize_t n = e == EWOULDBLOCK ? pread(fd, pid, sizeof pid - 1, 0) : -1;
+        close(fd);
+        if (n < 0) return err_errno(err, e, "%s: cannot lock", path);
+        pid[n] = 0;
+        pid[strcspn(pid, "\n")] = 0;
+        return err_set(err, "state dir %s is in use by astraid pid %s", astraid.cfg.state_dir,
+                       *pid ? pid : "(not yet written)");
+    }
+    int n = snprintf(pid, sizeof pid, "%d\n", (int)getpid());
+    if (ftruncate(fd, 0) || pwrite(fd, pid, (size_t)n, 0) != n) {
+        int e = errno;
+        close(fd);
+        return err_errno(err, e, "%s: cannot write", path);
+    }
+    return 0;
+}
+
 static int start(Err *err) {
     char jobs_dir[PATH_MAX];
     snprintf(jobs_dir, sizeof jobs_dir, "%s/jobs", astraid.cfg.state_dir);
-    gpu_init(); // before devices_init: without --devices the GPUs are NVML's
-    if (fs_mkdir_p(jobs_dir, err) || devices_init(&astraid.devices, astraid.cfg.devices, err) ||
-        state_open(astraid.cfg.state_dir, err) || state_recover(err))
+    if (fs_mkdir_p(jobs_dir, err) || lock_state_dir(err) ||
+        state_open(astraid.cfg.state_dir, err) || state_recover(err) || jobs_init_ids(err))
         return -1;
-    astraid.next_id = state_max_job_id() + 1;
+    retention_apply();
     if (server_start(err)) return -1;
     uv_signal_init(astraid.loop, &sig_term);
     uv_signal_init(astraid.loop, &sig_int);
@@ -313,7 +245,10 @@ int main(int argc, char **argv) {
     Err err = {0};
     astraid.loop = uv_default_loop();
     astraid.started_at = now_wall();
-    int rc = load_config(&astraid.cfg, argc, argv, &err) ? EXIT_BAD_INPUT : start(&err) ? 1 : 0;
+    int rc = load_config(&astraid.cfg, argc, argv, &err) ? EXIT_BAD_INPUT
+             : open_devices(&err)                        ? (err.resource ? 1 : EXIT_BAD_INPUT)
+             : start(&err)                               ? 1
+                                                         : 0;
     if (rc) {
         fprintf(stderr, "astraid: %s\n", err.msg);
         sd_notifyf("STATUS=failed: %s", err.msg);

@@ -17,8 +17,13 @@
 //   CUDA_DEVICE_ORDER=PCI_BUS_ID  (GPU jobs) CUDA numbers the GPUs as NVML does
 //
 // The first rank that fails (non-zero exit or a signal) is the root cause: the others
-// get SIGTERM, then SIGKILL after --stop-timeout. A run ends when every rank has
-// exited and its output is drained; the job then decides what comes next.
+// get SIGTERM, then SIGKILL after --stop-timeout. A rank that exits 3 (EXIT_INTERRUPTED)
+// though astraid did not stop it was stopped from outside: the others are stopped the
+// same way and the run is interrupted, not failed (a later real failure still wins). A
+// run ends when every rank has exited and its output is drained; the job then decides
+// what comes next. A rank that cannot be started for want of a resource (EMFILE, ENFILE,
+// EAGAIN, ENOMEM, ENOBUFS) makes the run transient: the job tries again later.
+#include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
 #include <signal.h>
@@ -52,6 +57,8 @@ typedef struct {
     int term_signal;
     char *line; // the current incomplete output line
     size_t line_len;
+    char *tail[CAUSE_LINES]; // this run's last output lines, a ring: the root cause quotes them
+    int tail_next;
 } Rank;
 
 struct Run {
@@ -62,7 +69,9 @@ struct Run {
     int ended;
     StopKind stop;
     int shutdown_asked; // a second SIGTERM kills at once
-    int failed_rank, bad_input;
+    int failed_rank, bad_input, transient;
+    int interrupted_rank; // the first rank that exited 3 without astraid asking, -1: none
+    char *started_from;   // the job's last checkpoint when the run started
     char shm_name[64];
     uv_timer_t kill_timer, drain_timer;
 };
@@ -88,9 +97,13 @@ pid_t runner_rank_pid(const Job *j, int r) {
 static void on_handle_closed(uv_handle_t *h) {
     Run *run = h->data;
     if (--run->handles > 0) return;
-    for (int i = 0; i < run->n; i++)
+    for (int i = 0; i < run->n; i++) {
         free(run->ranks[i].line);
+        for (int k = 0; k < CAUSE_LINES; k++)
+            free(run->ranks[i].tail[k]);
+    }
     free(run->ranks);
+    free(run->started_from);
     free(run);
 }
 
@@ -112,33 +125,30 @@ static void send_control(Run *run, const char *msg) {
     }
 }
 
-// "rank 1 (pid 42) was killed by signal 9 (Killed); last output:\n..."
-static char *root_cause(const Run *run) {
-    const Rank *r = &run->ranks[run->failed_rank];
-    const Job *j = run->job;
+// "rank 1 (pid 42) was killed by signal 9 (Killed); last output:\n..." (its lines of this
+// run only).
+static char *root_cause(const Rank *r) {
     char head[256];
-    if (r->term_signal)
+    if (!r->pid)
+        snprintf(head, sizeof head, "rank %d could not be started", r->index);
+    else if (r->term_signal)
         snprintf(head, sizeof head, "rank %d (pid %d) was killed by signal %d (%s)", r->index,
                  (int)r->pid, r->term_signal, strsignal(r->term_signal));
     else
         snprintf(head, sizeof head, "rank %d (pid %d) exited with code %lld", r->index, (int)r->pid,
                  (long long)r->exit_status);
-    const char *lines[CAUSE_LINES];
-    int n = 0;
-    for (int k = j->log_len - 1; k >= 0 && n < CAUSE_LINES; k--) {
-        const LogLine *l = &j->log[(j->log_start + k) % JOB_LOG_LINES];
-        if (l->rank == r->index) lines[n++] = l->text;
-    }
     size_t len = strlen(head) + 32;
-    for (int k = 0; k < n; k++)
-        len += strlen(lines[k]) + 1;
+    for (int k = 0; k < CAUSE_LINES; k++)
+        len += r->tail[k] ? strlen(r->tail[k]) + 1 : 0;
     char *out = malloc(len);
     if (!out) return NULL;
     strcpy(out, head);
-    if (n) strcat(out, "; last output:");
-    for (int k = n - 1; k >= 0; k--) {
-        strcat(out, "\n");
-        strcat(out, lines[k]);
+    for (int k = 0, first = 1; k < CAUSE_LINES; k++) {
+        const char *line = r->tail[(r->tail_next + k) % CAUSE_LINES]; // oldest first
+        if (!line) continue;
+        strcat(out, first ? "; last output:\n" : "\n");
+        strcat(out, line);
+        first = 0;
     }
     return out;
 }
@@ -157,11 +167,15 @@ static void run_end(Run *run) {
         r->control_fd = r->log_fd = -1;
     }
     launch_remove_shm(run->shm_name); // segments of ranks killed before their cleanup
-    char *cause = run->failed_rank >= 0 ? root_cause(run) : NULL;
+    int culprit = run->failed_rank >= 0 ? run->failed_rank : run->interrupted_rank;
+    char *cause = culprit >= 0 ? root_cause(&run->ranks[culprit]) : NULL;
     RunOutcome o = {.stop = run->stop,
                     .failed = run->failed_rank >= 0,
                     .bad_input = run->bad_input,
-                    .cause = cause};
+                    .transient = run->transient,
+                    .interrupted = run->interrupted_rank >= 0,
+                    .cause = cause,
+                    .started_from = run->started_from};
     Job *j = run->job;
     j->run = NULL;
     job_run_ended(j, &o);
@@ -182,9 +196,17 @@ static void close_output(Rank *r) {
     close_handle(r->run, (uv_handle_t *)&r->out);
 }
 
+// A line of the rank's output: to the job's log, and to the rank's tail for a root cause.
+static void keep_line(Rank *r, const char *text, size_t len) {
+    job_add_log(r->run->job, r->index, text, len);
+    free(r->tail[r->tail_next]);
+    r->tail[r->tail_next] = strndup(text, len);
+    r->tail_next = (r->tail_next + 1) % CAUSE_LINES;
+}
+
 static void flush_line(Rank *r) {
     if (!r->line_len) return;
-    job_add_log(r->run->job, r->index, r->line, r->line_len);
+    keep_line(r, r->line, r->line_len);
     r->line_len = 0;
 }
 
@@ -251,6 +273,17 @@ static void on_rank_failed(Run *run, Rank *r) {
     arm_kill(run);
 }
 
+// Stopped from outside (SIGTERM/SIGINT astraid did not send): the rank checkpointed and
+// exited 3. The others stop too (their checkpoint agrees on the step), then the job restarts.
+static void on_rank_interrupted(Run *run, Rank *r) {
+    run->interrupted_rank = r->index;
+    log_warn("job %ld: rank %d (pid %d) was stopped from outside astraid (exit code %d); "
+             "stopping the other %d rank(s)",
+             run->job->id, r->index, (int)r->pid, EXIT_INTERRUPTED, run->alive);
+    signal_ranks(run, SIGTERM);
+    arm_kill(run);
+}
+
 static void on_rank_exit(uv_process_t *p, int64_t exit_status, int term_signal) {
     Rank *r = p->data;
     Run *run = r->run;
@@ -261,8 +294,12 @@ static void on_rank_exit(uv_process_t *p, int64_t exit_status, int term_signal) 
     close_handle(run, (uv_handle_t *)p);
     log_debug("job %ld: rank %d exited (code %lld, signal %d)", run->job->id, r->index,
               (long long)exit_status, term_signal);
-    if ((exit_status || term_signal) && run->failed_rank < 0 && run->stop == STOP_NONE)
+    int unasked = run->stop == STOP_NONE && run->failed_rank < 0;
+    if (unasked && !term_signal && exit_status == EXIT_INTERRUPTED) {
+        if (run->interrupted_rank < 0) on_rank_interrupted(run, r);
+    } else if (unasked && (exit_status || term_signal)) {
         on_rank_failed(run, r);
+    }
     if (run->alive == 0) uv_timer_start(&run->drain_timer, on_drain_timeout, DRAIN_MS, 0);
     maybe_end(run);
 }
@@ -302,14 +339,35 @@ static int launch_prepare(Launch *l, Job *j, Err *err) {
         visible_devices(j, l->cuda, sizeof l->cuda))
         return err_set(err, "run directory or device list too long");
     snprintf(l->run_dir_env, sizeof l->run_dir_env, "ASTRAI_RUN_DIR=%s", l->run_dir);
-    return rendezvous_listen(0, 1, &l->listen_fd, &l->port, err);
+    // A loopback listener on any port fails only for want of a resource (fds, ports, memory).
+    if (rendezvous_listen(0, 1, &l->listen_fd, &l->port, err)) {
+        err->resource = 1;
+        return -1;
+    }
+    return 0;
+}
+
+// What a start that failed with errno e lacked: a resource another try may find (1), or not.
+static int transient_errno(int e) {
+    return e == EMFILE || e == ENFILE || e == EAGAIN || e == ENOMEM || e == ENOBUFS;
+}
+
+// err = "what: strerror(e)", marked a resource (try again later) when e says one was short.
+static int start_error(Err *err, int e, const char *what) {
+    err_errno(err, e, "%s", what);
+    err->resource = transient_errno(e);
+    return -1;
 }
 
 static int open_rank_log(const Launch *l, long run_no, int rank, Err *err) {
-    char path[PATH_MAX + 64];
+    char path[PATH_MAX + 64], what[PATH_MAX + 80];
     snprintf(path, sizeof path, "%s/run%ld-rank%d.log", l->run_dir, run_no, rank);
     int fd = open(path, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
-    if (fd < 0) err_set(err, "%s: cannot open", path);
+    if (fd < 0) {
+        int e = errno;
+        snprintf(what, sizeof what, "%s: cannot open", path);
+        start_error(err, e, what);
+    }
     return fd;
 }
 
@@ -318,11 +376,15 @@ static int spawn_rank(Run *run, Launch *l, int r, Err *err) {
     Rank *rk = &run->ranks[r];
     *rk = (Rank){.run = run, .index = r, .control_fd = -1, .log_fd = -1};
     rk->line = malloc(LINE_MAX_BYTES);
-    int out[2] = {-1, -1}, ctl[2] = {-1, -1};
-    rk->log_fd = open_rank_log(l, run->job->runs, r, err);
-    if (!rk->line || rk->log_fd < 0 || uv_pipe(out, UV_NONBLOCK_PIPE, 0) ||
-        uv_pipe(ctl, 0, UV_NONBLOCK_PIPE)) {
-        if (!*err->msg) err_set(err, "rank %d: cannot create its pipes", r);
+    int out[2] = {-1, -1}, ctl[2] = {-1, -1}, rc = 0;
+    char what[PATH_MAX + 64];
+    snprintf(what, sizeof what, "rank %d: cannot create its pipes", r);
+    if (!rk->line)
+        err_resource(err, "rank %d: out of memory", r);
+    else if ((rk->log_fd = open_rank_log(l, run->job->runs, r, err)) >= 0 &&
+             ((rc = uv_pipe(out, UV_NONBLOCK_PIPE, 0)) || (rc = uv_pipe(ctl, 0, UV_NONBLOCK_PIPE))))
+        start_error(err, -rc, what);
+    if (!rk->line || rk->log_fd < 0 || rc) {
         for (int k = 0; k < 2; k++) {
             if (out[k] >= 0) close(out[k]);
             if (ctl[k] >= 0) close(ctl[k]);
@@ -348,7 +410,7 @@ static int spawn_rank(Run *run, Launch *l, int r, Err *err) {
                                 .stdio_count = r == 0 ? 5 : 4,
                                 .stdio = stdio};
     rk->proc.data = rk;
-    int rc = env ? uv_spawn(astraid.loop, &rk->proc, &opt) : UV_ENOMEM;
+    rc = env ? uv_spawn(astraid.loop, &rk->proc, &opt) : UV_ENOMEM;
     launch_free_env(env);
     close(out[1]);
     close(ctl[0]);
@@ -357,7 +419,8 @@ static int spawn_rank(Run *run, Launch *l, int r, Err *err) {
         close_handle(run, (uv_handle_t *)&rk->proc);
         close(out[0]);
         close(ctl[1]);
-        return err_set(err, "cannot start rank %d (%s): %s", r, l->argv[0], uv_strerror(rc));
+        snprintf(what, sizeof what, "cannot start rank %d (%s)", r, l->argv[0]);
+        return start_error(err, -rc, what);
     }
     rk->pid = rk->proc.pid;
     rk->alive = 1;
@@ -381,7 +444,7 @@ static Run *run_new(Job *j) {
         return NULL;
     }
     run->job = j;
-    run->failed_rank = -1;
+    run->failed_rank = run->interrupted_rank = -1;
     uv_timer_init(astraid.loop, &run->kill_timer);
     uv_timer_init(astraid.loop, &run->drain_timer);
     run->kill_timer.data = run->drain_timer.data = run;
@@ -389,12 +452,13 @@ static Run *run_new(Job *j) {
     return run;
 }
 
-// A rank that could not be started fails the run like a rank that exits with 2.
-static void spawn_failed(Run *run, int r, const char *msg) {
-    job_add_log(run->job, r, msg, strlen(msg));
+// A rank that could not be started fails the run: for want of a resource the job tries
+// again later (transient), else like a rank that exits with 2 (no binary to run).
+static void spawn_failed(Run *run, int r, const Err *err) {
+    keep_line(&run->ranks[r], err->msg, strlen(err->msg));
     run->failed_rank = r;
-    run->ranks[r].exit_status = EXIT_BAD_INPUT;
-    run->bad_input = 1;
+    run->transient = err->resource;
+    run->bad_input = !err->resource;
     signal_ranks(run, SIGKILL);
 }
 
@@ -412,6 +476,7 @@ int runner_start(Job *j, Err *err) {
     }
     memcpy(run->shm_name, l.li.shm_name, sizeof run->shm_name);
     run->n = (int)j->n_devices;
+    run->started_from = j->last_checkpoint ? strdup(j->last_checkpoint) : NULL;
     j->run = run;
     j->runs++;
     runs_alive++;
@@ -419,7 +484,7 @@ int runner_start(Job *j, Err *err) {
     pid_t *pids = calloc((size_t)run->n, sizeof *pids);
     for (int r = 0; r < run->n && run->failed_rank < 0; r++) {
         Err serr = {0};
-        if (spawn_rank(run, &l, r, &serr)) spawn_failed(run, r, serr.msg);
+        if (spawn_rank(run, &l, r, &serr)) spawn_failed(run, r, &serr);
         if (pids) pids[r] = run->ranks[r].pid;
     }
     run->n = run->failed_rank >= 0 ? run->failed_rank + 1 : run->n;
@@ -446,7 +511,7 @@ void runner_stop(Job *j, StopKind why) {
     }
     run->shutdown_asked |= why == STOP_SHUTDOWN;
     if (run->stop == STOP_NONE) run->stop = why; // a pause under way stays a pause
-    send_control(run, "stop\n"); // checkpoint at the next step, all ranks agree, exit 0
+    send_control(run, "stop\n"); // checkpoint at the next step, all ranks agree, exit 3
     arm_kill(run);
 }
 

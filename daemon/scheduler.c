@@ -36,7 +36,7 @@ static int devices_alloc(Devices *d, int gpu, int n, Err *err) {
     d->n = n;
     d->ids = calloc((size_t)n, sizeof *d->ids);
     d->used = calloc((size_t)n, sizeof *d->used);
-    if (!d->ids || !d->used) return err_set(err, "devices: out of memory");
+    if (!d->ids || !d->used) return err_resource(err, "devices: out of memory");
     for (int i = 0; i < n; i++)
         d->ids[i] = i;
     return 0;
@@ -60,6 +60,13 @@ static int parse_cuda_list(Devices *d, const char *list, Err *err) {
         d->ids[i] = (int)id;
         p = end + 1;
     }
+    // A GPU NVML does not find would fail every job sent to it, long after the start.
+    int found = gpu_count();
+    for (int i = 0; i < n; i++)
+        if (d->ids[i] >= found)
+            return err_set(err, "devices: cuda:%s names GPU %d, but NVML finds %d GPU(s)%s", list,
+                           d->ids[i], found,
+                           found ? "" : " (no NVIDIA driver, or libnvidia-ml.so.1 not found)");
     return 0;
 }
 
@@ -197,11 +204,8 @@ void scheduler_kick(void) {
         if (!j || !devices_take(j)) return;
         Err err = {0};
         if (runner_start(j, &err)) {
-            log_error("job %ld: %s", j->id, err.msg);
             devices_release(j);
-            free(j->error);
-            j->error = strdup(err.msg);
-            job_set_state(j, JOB_FAILED);
+            job_start_failed(j, &err); // queued again after a backoff, or failed
         }
     }
 }

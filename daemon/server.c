@@ -4,12 +4,23 @@
 // optionally TCP. Each connection splits its bytes into lines (proto/rpc.h
 // RpcReader: a line over 1 MiB gets one -32005 reply and is skipped, the connection
 // stays usable) and answers each line in order. Replies and pushes go out through
-// libuv's write queue; a client whose queue passes OUTPUT_CAP (it stopped reading)
-// is dropped, so nobody can stall the loop. Over the connection limit a client gets
-// one -32004 reply and is closed. The unix peer's uid comes from SO_PEERCRED.
+// libuv's write queue. Nobody can stall the loop or grow the daemon without bound:
+//   - a client is answered at most SLICE lines per turn of the loop, and not at all
+//     while more than PAUSE_AT of its output is unread; with more than INPUT_CAP of its
+//     requests waiting it is not read from (the kernel then holds its sender back), and
+//     if it does not read its replies either for STALL_MS, it is dropped;
+//   - a client with more than OUTPUT_CAP unread is dropped, and when all clients
+//     together hold more than CLIENT_MEMORY_CAP (unread output, unanswered input) the
+//     ones holding most are dropped until they fit;
+//   - memory a leaving client held goes back to the system (malloc_trim).
+// Unix peers (their uid from SO_PEERCRED) and authenticated TCP peers share
+// max-connections; TCP peers that have not authenticated yet have their own limit,
+// max-unauthenticated, and auth-timeout seconds to authenticate, so that they can
+// never lock unix users out. Over a limit a client gets one -32004 reply and is closed.
 #include <errno.h>
 #include <libgen.h>
 #include <limits.h>
+#include <malloc.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -23,7 +34,14 @@
 #include "common/fsutil.h"
 #include "daemon/daemon.h"
 
-#define OUTPUT_CAP (8u << 20) // bytes queued to one client before it is dropped
+#define OUTPUT_CAP (8u << 20)         // unread bytes one client may hold before it is dropped
+#define CLIENT_MEMORY_CAP (64u << 20) // what all clients together may hold
+#define PAUSE_AT (64u << 10)          // unread output above which a client's requests wait
+#define INPUT_CAP (256u << 10)        // unanswered input read from one client
+#define PREAUTH_INPUT_CAP (16u << 10) // unanswered input a TCP peer may send before auth
+#define SLICE 32                      // lines a client gets answered per turn of the loop
+#define STALL_MS 5000                 // a client not read from and not reading is dropped
+#define TRIM_AFTER (1u << 20)         // bytes left behind by clients before malloc_trim
 #define BACKLOG 128
 #define TOKEN_MAX 4096
 
@@ -34,9 +52,15 @@ struct Conn {
         uv_pipe_t pipe;
         uv_tcp_t tcp;
     } h;
-    int tcp, authed, closing;
+    int tcp, closing, reading;
+    int preauth; // a TCP peer that has not authenticated (counted in n_preauth)
+    uint64_t accepted_ms, progress_ms; // progress: the last write to it that completed
     long uid;
     RpcReader reader;
+    size_t queued;  // bytes of the writes libuv holds for it (messages and requests)
+    size_t held;    // queued + the reader's buffer, as counted in client_memory
+    int backlog;    // answered a full SLICE: more lines may wait for the next turn
+    int lines_wait; // serving stopped before its reader ran out of complete lines
     int watching;
     long watch_job; // 0: every job
     int following, follow_rank;
@@ -47,12 +71,17 @@ struct Conn {
 typedef struct {
     uv_write_t req;
     char *msg;
+    size_t bytes; // what it adds to its connection's queued
 } WriteReq;
 
 static Conn *conns;
-static int n_conns;
+static int n_conns, n_preauth;
+static size_t client_memory; // sum of held over the open connections
+static size_t left_behind;   // held by clients that left since the last malloc_trim
 static uv_pipe_t unix_listener;
 static uv_tcp_t tcp_listener;
+static uv_timer_t sweep_timer, trim_timer;
+static uv_idle_t backlog_idle; // active while a client may have lines waiting for its turn
 static int unix_open, tcp_open, unix_bound_here;
 static char token[TOKEN_MAX];
 static size_t token_len;
@@ -66,11 +95,15 @@ long conn_uid(const Conn *c) {
 }
 
 int conn_is_authed(const Conn *c) {
-    return !c->tcp || c->authed;
+    return !c->preauth;
 }
 
-void conn_set_authed(Conn *c) {
-    c->authed = 1;
+int conn_set_authed(Conn *c) {
+    if (!c->preauth) return 0;
+    if (n_conns - n_preauth >= astraid.cfg.max_connections) return -1;
+    c->preauth = 0;
+    n_preauth--;
+    return 0;
 }
 
 // Constant time in the token's content (DESIGN §3).
@@ -90,6 +123,14 @@ static void on_conn_closed(uv_handle_t *h) {
     free(c);
 }
 
+static void on_trim(uv_timer_t *t) {
+    (void)t;
+    left_behind = 0;
+#ifdef __GLIBC__
+    malloc_trim(0); // freed queues and buffers back to the system, not only to malloc
+#endif
+}
+
 static void unlink_conn(Conn *c) {
     c->closing = 1;
     if (c->prev)
@@ -98,6 +139,14 @@ static void unlink_conn(Conn *c) {
         conns = c->next;
     if (c->next) c->next->prev = c->prev;
     n_conns--;
+    n_preauth -= c->preauth;
+    client_memory -= c->held;
+    left_behind += c->held;
+    c->held = 0;
+    // After the close callbacks have freed its queue (a later turn of the loop).
+    if (left_behind > TRIM_AFTER && !uv_is_active((uv_handle_t *)&trim_timer) &&
+        !uv_is_closing((uv_handle_t *)&trim_timer))
+        uv_timer_start(&trim_timer, on_trim, 100, 0);
 }
 
 static void conn_close(Conn *c) {
@@ -113,9 +162,14 @@ static void on_shutdown(uv_shutdown_t *req, int status) {
     free(req);
 }
 
-// Closes c once what it was sent is written (an error reply before hanging up).
+// Closes c once what it was sent is written (an error reply before hanging up); at
+// once when libuv already holds output for it (it does not read: it would never go).
 void conn_hang_up(Conn *c) {
     if (c->closing) return;
+    if (c->queued) {
+        conn_close(c);
+        return;
+    }
     unlink_conn(c);
     uv_read_stop(&c->h.stream);
     uv_shutdown_t *req = malloc(sizeof *req);
@@ -125,14 +179,50 @@ void conn_hang_up(Conn *c) {
     }
 }
 
+// ---------------------------------------------------------------- memory
+
+// Drops the clients holding most until all of them together fit in CLIENT_MEMORY_CAP.
+static void enforce_memory_cap(void) {
+    while (client_memory > CLIENT_MEMORY_CAP) {
+        Conn *big = conns;
+        for (Conn *c = conns; c; c = c->next)
+            if (c->held > big->held) big = c;
+        if (!big) return;
+        log_warn("dropping a client holding %zu bytes: clients hold %zu bytes, over %u", big->held,
+                 client_memory, CLIENT_MEMORY_CAP);
+        conn_close(big);
+    }
+}
+
+// Brings c's share of client_memory up to date (its queue or its reader changed).
+static void account(Conn *c) {
+    if (c->closing) return;
+    size_t held = c->queued + c->reader.cap;
+    client_memory = client_memory - c->held + held;
+    c->held = held;
+    enforce_memory_cap();
+}
+
 // ---------------------------------------------------------------- output
+
+static void serve_lines(Conn *c);
+static void input_flow(Conn *c);
+static void on_backlog(uv_idle_t *h);
 
 static void on_written(uv_write_t *req, int status) {
     WriteReq *w = (WriteReq *)req;
     Conn *c = req->handle->data;
+    c->queued -= w->bytes;
     free(w->msg);
     free(w);
+    if (status >= 0) c->progress_ms = uv_now(astraid.loop);
     if (status < 0 && !c->closing) conn_close(c); // the client went away mid-reply
+    if (c->closing) return;
+    if (c->queued < PAUSE_AT / 2 && rpc_reader_pending(&c->reader)) {
+        serve_lines(c); // its waiting requests, now that it reads
+        input_flow(c);
+    }
+    account(c);
 }
 
 void conn_send(Conn *c, char *msg) {
@@ -140,9 +230,8 @@ void conn_send(Conn *c, char *msg) {
         free(msg);
         return;
     }
-    if (uv_stream_get_write_queue_size(&c->h.stream) > OUTPUT_CAP) {
-        log_warn("dropping a client that does not read (%zu bytes queued)",
-                 uv_stream_get_write_queue_size(&c->h.stream));
+    if (c->queued > OUTPUT_CAP) {
+        log_warn("dropping a client that does not read (%zu bytes queued)", c->queued);
         free(msg);
         conn_close(c);
         return;
@@ -167,12 +256,16 @@ void conn_send(Conn *c, char *msg) {
         return;
     }
     w->msg = msg;
+    w->bytes = len + 1 + sizeof *w; // what malloc holds for it, near enough
     buf = uv_buf_init(msg + done, (unsigned)(len - done));
     if (uv_write(&w->req, &c->h.stream, &buf, 1, on_written)) {
         free(msg);
         free(w);
         conn_close(c);
+        return;
     }
+    c->queued += w->bytes;
+    account(c);
 }
 
 // ---------------------------------------------------------------- input
@@ -182,6 +275,63 @@ static void on_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf) {
     (void)suggested;
     static char chunk[64 * 1024]; // fed to the reader before the next allocation
     *buf = uv_buf_init(chunk, sizeof chunk);
+}
+
+// Answers c's complete lines in order: at most SLICE of them (the next ones on a later
+// turn, from backlog_idle), and none while more than PAUSE_AT of its output is unread
+// (on_written resumes them).
+static void serve_lines(Conn *c) {
+    char *line;
+    size_t len;
+    int kind = RPC_LINE_OK, n = 0;
+    while (!c->closing && c->queued < PAUSE_AT && n < SLICE) {
+        if ((kind = rpc_reader_next(&c->reader, &line, &len)) == RPC_LINE_NONE) break;
+        n++;
+        if (kind == RPC_LINE_OK)
+            dispatch_line(c, line, len);
+        else
+            conn_send(c,
+                      rpc_error(NULL, RPC_LINE_TOO_LONG, "line longer than 1 MiB; skipped", NULL));
+    }
+    c->lines_wait = !c->closing && kind != RPC_LINE_NONE;
+    c->backlog = c->lines_wait && n == SLICE;
+    if (c->backlog && !uv_is_active((uv_handle_t *)&backlog_idle))
+        uv_idle_start(&backlog_idle, on_backlog);
+}
+
+static void on_read(uv_stream_t *s, ssize_t n, const uv_buf_t *buf);
+
+// Reads from c only while fewer than INPUT_CAP bytes of its requests wait to be answered
+// (a line still arriving is no request yet: the reader bounds it by RPC_MAX_LINE), so
+// that one sending faster than it is answered, or than it reads, is held back by the
+// kernel. (The sweep drops one that stays held back without reading.)
+static void input_flow(Conn *c) {
+    if (c->closing) return;
+    size_t pending = rpc_reader_pending(&c->reader);
+    int full = c->lines_wait && pending > INPUT_CAP;
+    if (c->preauth && pending > PREAUTH_INPUT_CAP) {
+        log_warn("dropping a TCP client that sent %zu bytes without authenticating", pending);
+        conn_close(c);
+    } else if (full && c->reading) {
+        uv_read_stop(&c->h.stream);
+        c->reading = 0;
+    } else if (!c->reading && (!c->lines_wait || pending <= INPUT_CAP / 2)) {
+        uv_read_start(&c->h.stream, on_alloc, on_read);
+        c->reading = 1;
+    }
+}
+
+static void on_backlog(uv_idle_t *h) {
+    int more = 0;
+    for (Conn *c = conns, *next; c; c = next) {
+        next = c->next; // serving c may drop another client
+        if (!c->backlog) continue;
+        serve_lines(c);
+        input_flow(c);
+        account(c);
+        more |= c->backlog;
+    }
+    if (!more) uv_idle_stop(h);
 }
 
 static void on_read(uv_stream_t *s, ssize_t n, const uv_buf_t *buf) {
@@ -195,16 +345,9 @@ static void on_read(uv_stream_t *s, ssize_t n, const uv_buf_t *buf) {
         conn_close(c);
         return;
     }
-    char *line;
-    size_t len;
-    int kind;
-    while (!c->closing && (kind = rpc_reader_next(&c->reader, &line, &len)) != RPC_LINE_NONE) {
-        if (kind == RPC_LINE_OK)
-            dispatch_line(c, line, len);
-        else
-            conn_send(c,
-                      rpc_error(NULL, RPC_LINE_TOO_LONG, "line longer than 1 MiB; skipped", NULL));
-    }
+    serve_lines(c);
+    input_flow(c);
+    account(c);
 }
 
 // The unix peer's uid, -1 when unknown.
@@ -231,21 +374,28 @@ static void on_connection(uv_stream_t *listener, int status) {
         uv_pipe_init(astraid.loop, &c->h.pipe, 0);
     c->h.handle.data = c;
     rpc_reader_init(&c->reader);
+    c->preauth = c->tcp;
+    c->accepted_ms = c->progress_ms = uv_now(astraid.loop);
     c->next = conns;
     if (conns) conns->prev = c;
     conns = c;
     n_conns++;
+    n_preauth += c->preauth;
     if (uv_accept(listener, &c->h.stream)) {
         conn_close(c);
         return;
     }
     c->uid = c->tcp ? -1 : peer_uid(c);
-    if (n_conns > astraid.cfg.max_connections) {
-        conn_send(c, rpc_error(NULL, RPC_BUSY, "too many connections; try again later", NULL));
+    if (c->preauth ? n_preauth > astraid.cfg.max_unauthenticated
+                   : n_conns - n_preauth > astraid.cfg.max_connections) {
+        conn_send(c, rpc_error(NULL, RPC_BUSY,
+                               c->preauth ? "too many unauthenticated connections; try again later"
+                                          : "too many connections; try again later",
+                               NULL));
         conn_hang_up(c);
         return;
     }
-    uv_read_start(&c->h.stream, on_alloc, on_read);
+    input_flow(c); // starts reading
 }
 
 // ---------------------------------------------------------------- pushes
@@ -261,11 +411,6 @@ void conn_follow(Conn *c, long job_id, int rank) {
     c->follow_rank = rank;
 }
 
-static int ends_follow(JobState s) {
-    return s == JOB_COMPLETED || s == JOB_FAILED || s == JOB_CANCELLED || s == JOB_PAUSED ||
-           s == JOB_INTERRUPTED;
-}
-
 static char *end_push(const Job *j) {
     cJSON *p = cJSON_CreateObject();
     cJSON_AddNumberToObject(p, "job", (double)j->id);
@@ -273,20 +418,32 @@ static char *end_push(const Job *j) {
     return rpc_push("end", p);
 }
 
+// A one-job watch or a log follow of j ends with an end push once j is final
+// (completed, failed, cancelled); through pause, interruption and restarts it goes on.
+static void end_if_final(Conn *c, const Job *j) {
+    int watch = c->watching && c->watch_job == j->id;
+    int follow = c->following && c->follow_job == j->id;
+    if (c->closing || !(watch || follow) || !job_is_final(j->state)) return;
+    c->watching = c->watching && !watch;
+    c->following = c->following && !follow;
+    conn_send(c, end_push(j));
+}
+
+void conn_end_if_final(Conn *c) {
+    const Job *j = c->following ? job_find(c->follow_job) : NULL;
+    if (j) end_if_final(c, j);
+    j = c->watching && c->watch_job ? job_find(c->watch_job) : NULL;
+    if (j) end_if_final(c, j);
+}
+
 void server_push_progress(const Job *j) {
     char *msg = NULL;
-    int end = ends_follow(j->state);
     for (Conn *c = conns, *next; c; c = next) {
         next = c->next; // conn_send may drop c
         int watched = c->watching && (c->watch_job == 0 || c->watch_job == j->id);
         if (watched && !msg) msg = rpc_push("progress", job_to_json(j));
         if (watched && msg) conn_send(c, strdup(msg));
-        int one = (watched && c->watch_job == j->id) || (c->following && c->follow_job == j->id);
-        if (end && one && !c->closing) {
-            c->watching = c->watching && c->watch_job != j->id;
-            c->following = c->following && c->follow_job != j->id;
-            conn_send(c, end_push(j));
-        }
+        end_if_final(c, j);
     }
     free(msg);
 }
@@ -385,6 +542,29 @@ static int parse_host_port(const char *spec, struct sockaddr_storage *ss, Err *e
     return err_set(err, "tcp: '%s' is not a numeric IPv4 or [IPv6] address", host);
 }
 
+// Every second (4 times per auth-timeout when that is shorter): TCP peers that did not
+// authenticate within auth-timeout are told so and closed; clients held back (not read
+// from) that have not read any of their replies for STALL_MS are dropped.
+static void on_sweep(uv_timer_t *t) {
+    (void)t;
+    uint64_t now = uv_now(astraid.loop), auth_ms = (uint64_t)(astraid.cfg.auth_timeout * 1000);
+    for (Conn *c = conns, *next; c; c = next) {
+        next = c->next;
+        if (c->preauth && now - c->accepted_ms >= auth_ms) {
+            char msg[100];
+            snprintf(msg, sizeof msg, "unauthorized: no auth within %g s",
+                     astraid.cfg.auth_timeout);
+            conn_send(c, rpc_error(NULL, RPC_UNAUTHORIZED, msg, NULL));
+            conn_hang_up(c);
+        } else if (!c->reading && c->queued && now - c->progress_ms >= STALL_MS) {
+            log_warn("dropping a client that sends requests but does not read the replies "
+                     "(%zu bytes unread, %zu bytes of requests waiting)",
+                     c->queued, rpc_reader_pending(&c->reader));
+            conn_close(c);
+        }
+    }
+}
+
 static int listen_tcp(Err *err) {
     struct sockaddr_storage ss;
     if (read_token(astraid.cfg.token_file, err) || parse_host_port(astraid.cfg.tcp, &ss, err))
@@ -398,6 +578,13 @@ static int listen_tcp(Err *err) {
 }
 
 int server_start(Err *err) {
+    uv_timer_init(astraid.loop, &sweep_timer);
+    uv_timer_init(astraid.loop, &trim_timer);
+    uv_idle_init(astraid.loop, &backlog_idle);
+    // A peer goes within 1.25 auth-timeouts.
+    double quarter = astraid.cfg.auth_timeout * 250;
+    uint64_t ms = quarter < 10 ? 10 : quarter > 1000 ? 1000 : (uint64_t)quarter;
+    uv_timer_start(&sweep_timer, on_sweep, ms, ms);
     if (listen_unix(err)) return -1;
     return astraid.cfg.tcp ? listen_tcp(err) : 0;
 }

@@ -58,12 +58,12 @@ static int path_list_push(PathList *l, const char *path, Err *err) {
     if (l->n == l->cap) {
         int cap = l->cap ? 2 * l->cap : 16;
         char **items = realloc(l->items, (size_t)cap * sizeof *items);
-        if (!items) return err_set(err, "out of memory listing shards");
+        if (!items) return err_resource(err, "out of memory listing shards");
         l->items = items;
         l->cap = cap;
     }
     l->items[l->n] = strdup(path);
-    if (!l->items[l->n]) return err_set(err, "out of memory listing shards");
+    if (!l->items[l->n]) return err_resource(err, "out of memory listing shards");
     l->n++;
     return 0;
 }
@@ -80,19 +80,19 @@ static char *join_path(const char *dir, const char *name) {
 // hidden entries are skipped like Python's glob("**") does.
 static int collect_meta_paths(const char *dir, PathList *out, Err *err) {
     DIR *d = opendir(dir);
-    if (!d) return err_set(err, "%s: cannot open directory: %s", dir, strerror(errno));
+    if (!d) return err_errno(err, errno, "%s: cannot open directory", dir);
     int rc = 0;
     struct dirent *e;
     while (rc == 0 && (e = readdir(d)) != NULL) {
         if (e->d_name[0] == '.') continue; // hidden, as AstrAI's glob: also our temporaries
         char *path = join_path(dir, e->d_name);
         if (!path) {
-            rc = err_set(err, "out of memory listing %s", dir);
+            rc = err_resource(err, "out of memory listing %s", dir);
             break;
         }
         struct stat st;
         if (lstat(path, &st) != 0) {
-            rc = err_set(err, "%s: cannot stat: %s", path, strerror(errno));
+            rc = err_errno(err, errno, "%s: cannot stat", path);
         } else if (S_ISDIR(st.st_mode)) {
             rc = collect_meta_paths(path, out, err);
         } else if (strcmp(e->d_name, "meta.json") == 0 && fs_is_file(path)) {
@@ -129,11 +129,11 @@ static const Dtype *find_dtype(const char *name) {
 static int check_bin_size(const char *meta_path, const char *key, int64_t n, const Dtype *t,
                           Err *err) {
     char *bin = bin_path_for(meta_path, key);
-    if (!bin) return err_set(err, "out of memory");
+    if (!bin) return err_resource(err, "out of memory");
     struct stat st;
     int rc = 0;
     if (stat(bin, &st) != 0)
-        rc = err_set(err, "%s: key '%s': %s: %s", meta_path, key, bin, strerror(errno));
+        rc = err_errno(err, errno, "%s: key '%s': %s", meta_path, key, bin);
     else if (!S_ISREG(st.st_mode))
         rc = err_set(err, "%s: key '%s': %s is not a regular file", meta_path, key, bin);
     else if ((int64_t)st.st_size != n * t->size)
@@ -233,7 +233,7 @@ static int64_t read_element(const unsigned char *p, const Dtype *t) {
 // Decodes <key>.bin of shard s into dst[0..s->n), widening to int32.
 static int load_key(const Shard *s, int k, int32_t *dst, Err *err) {
     char *bin = bin_path_for(s->meta_path, KEY_NAMES[k]);
-    if (!bin) return err_set(err, "out of memory");
+    if (!bin) return err_resource(err, "out of memory");
     char *raw = NULL;
     size_t len = 0;
     int rc = fs_read_file(bin, &raw, &len, err);
@@ -280,8 +280,8 @@ static int concatenate_shards(Dataset *d, const Shard *shards, int n, const int 
         if (!loaded[k]) continue;
         int32_t *all = malloc((size_t)(d->n_tokens ? d->n_tokens : 1) * sizeof *all);
         if (!all)
-            return err_set(err, "out of memory for %" PRId64 " tokens of key '%s'", d->n_tokens,
-                           KEY_NAMES[k]);
+            return err_resource(err, "out of memory for %" PRId64 " tokens of key '%s'",
+                                d->n_tokens, KEY_NAMES[k]);
         *key_array(d, k) = all;
         int64_t at = 0;
         for (int i = 0; i < n; i++) {
@@ -294,7 +294,7 @@ static int concatenate_shards(Dataset *d, const Shard *shards, int n, const int 
 
 static int open_shards(Dataset *d, char *const *paths, int n_paths, int need_sft, Err *err) {
     Shard *shards = calloc((size_t)n_paths, sizeof *shards);
-    if (!shards) return err_set(err, "out of memory for %d shards", n_paths);
+    if (!shards) return err_resource(err, "out of memory for %d shards", n_paths);
     int rc = 0;
     for (int i = 0; i < n_paths && rc == 0; i++) {
         shards[i].meta_path = paths[i];

@@ -55,7 +55,7 @@ int sampler_init(Sampler *s, int64_t n, int world_size, int rank, uint64_t seed,
     s->perm = malloc((size_t)n * sizeof *s->perm);
     if (!s->order || !s->perm) {
         sampler_free(s);
-        return err_set(err, "sampler: out of memory for %" PRId64 " samples", n);
+        return err_resource(err, "sampler: out of memory for %" PRId64 " samples", n);
     }
     s->epoch = -1;
     sampler_set_epoch(s, 0);
@@ -73,7 +73,7 @@ int sampler_init_split(Sampler *s, int64_t n_total, double val_split, int world_
         return err_set(err, "val_split: %g of %" PRId64 " windows leaves no training window",
                        val_split, n_total);
     int64_t *split = malloc((size_t)n_total * sizeof *split);
-    if (!split) return err_set(err, "sampler: out of memory for %" PRId64 " samples", n_total);
+    if (!split) return err_resource(err, "sampler: out of memory for %" PRId64 " samples", n_total);
     // AstrAI's random_split(generator seeded random_seed): a seeded permutation, its head
     // for training and its tail held out, whatever --shuffle says.
     sampler_permutation(n_total, seed, 1, split);

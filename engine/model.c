@@ -125,7 +125,7 @@ static int build_param_table(Model *m, Err *err) {
     int cap = 3 + 13 * c->num_hidden_layers;
     m->params = calloc((size_t)cap, sizeof *m->params);
     m->acts->layer = calloc((size_t)c->num_hidden_layers, sizeof *m->acts->layer);
-    if (!m->params || !m->acts->layer) return err_set(err, "model: out of memory");
+    if (!m->params || !m->acts->layer) return err_resource(err, "model: out of memory");
     ModelActs *a = m->acts;
     a->embed = add_param(m, cap, "embed_tokens.weight", c->vocab_size, c->hidden_size);
     for (int l = 0; l < c->num_hidden_layers; l++)
@@ -200,7 +200,7 @@ int model_create(Model *m, const ModelConfig *cfg, const Backend *be, Err *err) 
     m->cfg = *cfg;
     m->be = be;
     m->acts = calloc(1, sizeof *m->acts);
-    if (!m->acts) return err_set(err, "model: out of memory");
+    if (!m->acts) return err_resource(err, "model: out of memory");
     ModelActs *a = m->acts;
     size_t rope_floats = (size_t)cfg->max_position_embeddings * cfg->head_dim;
     float *rope = malloc(rope_floats * sizeof *rope);
@@ -208,7 +208,7 @@ int model_create(Model *m, const ModelConfig *cfg, const Backend *be, Err *err) 
     if (!rope || !a->host_counts || build_param_table(m, err)) {
         free(rope);
         model_free(m);
-        return err_set(err, "model: out of memory");
+        return err_resource(err, "model: out of memory");
     }
     fill_rope_table(rope, cfg);
     if (model_acquire(m, MODEL_WEIGHTS | MODEL_MASTER | MODEL_GRADS, err) ||
@@ -260,7 +260,7 @@ void model_refresh_weights(Model *m) {
 
 int model_init_random(Model *m, uint64_t seed, Err *err) {
     float *host = malloc(largest_param(m) * sizeof *host);
-    if (!host) return err_set(err, "model: out of memory for the init staging buffer");
+    if (!host) return err_resource(err, "model: out of memory for the init staging buffer");
     Rng rng;
     rng_seed(&rng, seed);
     float std_out = 0.02f / sqrtf(2.0f * m->cfg.num_hidden_layers);
@@ -308,7 +308,7 @@ int model_load(Model *m, const char *path, Err *err) {
     StFile f;
     if (st_open(&f, path, err)) return -1;
     float *host = malloc(largest_param(m) * sizeof *host);
-    int rc = !host ? err_set(err, "%s: out of memory for the staging buffer", path)
+    int rc = !host ? err_resource(err, "%s: out of memory for the staging buffer", path)
                    : check_no_unexpected(m, &f, path, err);
     if (!rc) rc = load_tensors(m, &f, path, host, err);
     free(host);
@@ -319,7 +319,7 @@ int model_load(Model *m, const char *path, Err *err) {
 
 int model_save(const Model *m, const char *path, StDType dtype, Err *err) {
     StWriteTensor *t = calloc((size_t)m->n_params, sizeof *t);
-    if (!t) return err_set(err, "%s: out of memory", path);
+    if (!t) return err_resource(err, "%s: out of memory", path);
     for (int i = 0; i < m->n_params; i++) {
         const ParamSpec *p = &m->params[i];
         t[i] = (StWriteTensor){.name = p->name,
@@ -416,7 +416,8 @@ static int ensure_activations(Model *m, size_t N, Err *err) {
     Buffer table[MAX_BUFFERS];
     int n = activation_buffers(m, N, table);
     a->host_batch = malloc(BATCH_FIELDS * N * sizeof *a->host_batch);
-    if (!a->host_batch) return err_set(err, "model: out of memory for a batch of %zu tokens", N);
+    if (!a->host_batch)
+        return err_resource(err, "model: out of memory for a batch of %zu tokens", N);
     for (int i = 0; i < n; i++) {
         *table[i].ptr = table[i].bytes ? m->be->alloc(table[i].bytes, err) : NULL;
         if (table[i].bytes && !*table[i].ptr) {

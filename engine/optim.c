@@ -78,7 +78,7 @@ static int alloc_state(Optimizer *o, const ParamView *v, Err *err) {
     const Backend *be = v->be;
     size_t bytes = (v->num_floats > 0 ? v->num_floats : 1) * sizeof(float);
     o->is_muon = calloc(v->n_params > 0 ? (size_t)v->n_params : 1, 1);
-    if (!o->is_muon) return err_set(err, "out of memory");
+    if (!o->is_muon) return err_resource(err, "out of memory");
     for (int i = 0; o->kind == OPT_MUON && i < v->n_params; i++)
         o->is_muon[i] = muon_owns(&v->params[i]);
     if (!(o->exp_avg = be->alloc(bytes, err)) || !(o->exp_avg_sq = be->alloc(bytes, err)))
@@ -225,7 +225,7 @@ int optim_save(const Optimizer *o, const ParamView *m, const char *path, Err *er
     if (!tensors || !names) {
         free(tensors);
         free(names);
-        return err_set(err, "%s: out of memory for %d state tensors", path, n);
+        return err_resource(err, "%s: out of memory for %d state tensors", path, n);
     }
     float step = (float)o->step;
     int t = 0;
@@ -364,7 +364,7 @@ int optim_load(Optimizer *o, const ParamView *m, const char *path, Err *err) {
         if (m->params[i].numel > largest) largest = m->params[i].numel;
     float *host = malloc(largest * sizeof *host);
     int rc = host ? check_state_file(o, m, &f, path, err)
-                  : err_set(err, "%s: out of memory for the staging buffer", path);
+                  : err_resource(err, "%s: out of memory for the staging buffer", path);
     if (!rc) rc = read_state(o, m, &f, path, host, err);
     free(host);
     st_close(&f);

@@ -2,6 +2,7 @@
 #include "proto/rpc.h"
 
 #include <cjson/cJSON.h>
+#include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -17,8 +18,20 @@ void rpc_reader_free(RpcReader *r) {
     rpc_reader_init(r);
 }
 
-// Drops the bytes already returned as lines, so buf starts with pending bytes.
+// Moves the bytes not yet returned as lines to the front of buf. Called when appending,
+// never between the lines of one read: moving the rest down after each line would cost
+// quadratic time in the lines buffered. An emptied buffer grown past RPC_READER_KEEP (by
+// a long line, a burst of requests) is given back.
 static void reader_compact(RpcReader *r) {
+    if (r->start == r->len) {
+        r->start = r->len = r->scanned = 0;
+        if (r->cap > RPC_READER_KEEP) {
+            free(r->buf);
+            r->buf = NULL;
+            r->cap = 0;
+        }
+        return;
+    }
     if (!r->start) return;
     memmove(r->buf, r->buf + r->start, r->len - r->start);
     r->len -= r->start;
@@ -53,27 +66,33 @@ int rpc_reader_feed(RpcReader *r, const char *data, size_t len) {
     return reader_append(r, data, len);
 }
 
+size_t rpc_reader_pending(const RpcReader *r) {
+    return r->len - r->start;
+}
+
 // A line's length without its newline and an optional '\r' before it.
 static size_t content_len(const char *line, size_t len) {
     return len && line[len - 1] == '\r' ? len - 1 : len;
 }
 
 int rpc_reader_next(RpcReader *r, char **line, size_t *len) {
-    reader_compact(r);
+    if (r->start == r->len) reader_compact(r); // nothing to move: only resets (and frees)
+    if (!r->buf) return RPC_LINE_NONE;
     char *nl = r->len > r->scanned ? memchr(r->buf + r->scanned, '\n', r->len - r->scanned) : NULL;
+    char *begin = r->buf + r->start;
     if (!nl) {
         r->scanned = r->len;
         // Unterminated so far: report once it is certain the line cannot fit.
-        if (content_len(r->buf, r->len) <= RPC_MAX_LINE) return RPC_LINE_NONE;
-        r->len = r->scanned = 0;
+        if (content_len(begin, r->len - r->start) <= RPC_MAX_LINE) return RPC_LINE_NONE;
+        r->start = r->len = r->scanned = 0;
         r->skipping = 1;
         return RPC_LINE_OVERSIZED;
     }
-    size_t n = content_len(r->buf, (size_t)(nl - r->buf));
+    size_t n = content_len(begin, (size_t)(nl - begin));
     r->start = r->scanned = (size_t)(nl - r->buf) + 1;
     if (n > RPC_MAX_LINE) return RPC_LINE_OVERSIZED;
-    r->buf[n] = '\0';
-    *line = r->buf;
+    begin[n] = '\0';
+    *line = begin;
     *len = n;
     return RPC_LINE_OK;
 }
@@ -89,33 +108,58 @@ static int utf8_seq_len(unsigned char b) {
     return 0;
 }
 
-int rpc_utf8_valid(const char *str, size_t len) {
-    const unsigned char *s = (const unsigned char *)str;
-    size_t i = 0;
-    while (i < len) {
-        int n = utf8_seq_len(s[i]);
-        if (!n || i + (size_t)n > len) return 0;
-        uint32_t cp = n == 1 ? s[i] : s[i] & (0x7F >> n);
-        for (int k = 1; k < n; k++) {
-            if ((s[i + k] & 0xC0) != 0x80) return 0;
-            cp = cp << 6 | (s[i + k] & 0x3F);
-        }
-        static const uint32_t min_cp[5] = {0, 0, 0x80, 0x800, 0x10000};
-        if (cp < min_cp[n] || cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF)) return 0;
-        i += (size_t)n;
+// Length of the well-formed sequence at s[0..len), 0 when s does not start with one.
+static size_t utf8_seq(const unsigned char *s, size_t len) {
+    int n = utf8_seq_len(s[0]);
+    if (!n || (size_t)n > len) return 0;
+    uint32_t cp = n == 1 ? s[0] : s[0] & (0x7F >> n);
+    for (int k = 1; k < n; k++) {
+        if ((s[k] & 0xC0) != 0x80) return 0;
+        cp = cp << 6 | (s[k] & 0x3F);
     }
-    return 1;
+    static const uint32_t min_cp[5] = {0, 0, 0x80, 0x800, 0x10000};
+    if (cp < min_cp[n] || cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF)) return 0;
+    return (size_t)n;
 }
 
-// Offset of the first invalid byte, for the error message.
-static size_t utf8_error_offset(const char *s, size_t len) {
-    size_t good = 0;
-    for (size_t end = 1; end <= len; end++)
-        if (rpc_utf8_valid(s + good, end - good))
-            good = end;
-        else if (end - good >= 4)
-            break;
-    return good;
+// Offset of the first byte that starts no well-formed sequence; len when there is none.
+static size_t utf8_valid_prefix(const char *str, size_t len) {
+    const unsigned char *s = (const unsigned char *)str;
+    size_t i = 0, n;
+    while (i < len && (n = utf8_seq(s + i, len - i)))
+        i += n;
+    return i;
+}
+
+int rpc_utf8_valid(const char *s, size_t len) {
+    return utf8_valid_prefix(s, len) == len;
+}
+
+char *rpc_utf8_sanitize(char *text) {
+    size_t len = strlen(text), good = utf8_valid_prefix(text, len);
+    if (good == len) return text;
+    // Each bad byte becomes the 3 bytes of U+FFFD.
+    char *out = malloc(good + 3 * (len - good) + 1);
+    if (!out) {
+        free(text);
+        return NULL;
+    }
+    memcpy(out, text, good);
+    size_t o = good;
+    const unsigned char *s = (const unsigned char *)text;
+    for (size_t i = good, n; i < len; i += n ? n : 1) {
+        n = utf8_seq(s + i, len - i);
+        if (n) {
+            memcpy(out + o, s + i, n);
+            o += n;
+        } else {
+            memcpy(out + o, "\xEF\xBF\xBD", 3);
+            o += 3;
+        }
+    }
+    out[o] = '\0';
+    free(text);
+    return out;
 }
 
 // ---------------------------------------------------------------- requests
@@ -132,7 +176,7 @@ static int fail(int *code, int value, Err *err, const char *msg) {
 static int parse_json(RpcRequest *req, const char *line, size_t len, int *code, Err *err) {
     if (!rpc_utf8_valid(line, len)) {
         *code = RPC_PARSE_ERROR;
-        return err_set(err, "invalid UTF-8 at byte %zu", utf8_error_offset(line, len));
+        return err_set(err, "invalid UTF-8 at byte %zu", utf8_valid_prefix(line, len));
     }
     const char *end = NULL;
     req->root = cJSON_ParseWithLengthOpts(line, len, &end, 0);
@@ -147,13 +191,124 @@ static int parse_json(RpcRequest *req, const char *line, size_t len, int *code, 
     return 0;
 }
 
-static int check_envelope(RpcRequest *req, int *code, Err *err) {
+// What one pass over a line cJSON accepted finds that cJSON lets through: a raw control
+// character (below U+0020) inside a string, or outside strings one that is not JSON
+// whitespace (cJSON skips every byte up to the space), both forbidden by RFC 8259; and a
+// \u0000 escape, which cJSON decodes into a C string that ends there (a method
+// "daemon.info\u0000x" would run daemon.info, a key "job\u0000x" would be "job"). Also
+// the text of one top-level member's value, the id, so that a reply echoes it as sent.
+typedef struct {
+    long control_at, nul_at; // byte offsets, -1 when there is none
+    const char *member;      // the value's text, NULL when not found
+    size_t member_len;
+} Lexed;
+
+static int is_json_space(char c) {
+    return c == ' ' || c == '\t' || c == '\r' || c == '\n';
+}
+
+// member: the index of the top-level member whose value text is wanted (-1: none).
+static void lex(const char *s, size_t len, int member, Lexed *out) {
+    *out = (Lexed){-1, -1, NULL, 0};
+    int depth = 0, in_string = 0, members = -1; // members: top-level ':' seen, less one
+    const char *begin = NULL;
+    for (size_t i = 0; i < len; i++) {
+        unsigned char c = (unsigned char)s[i];
+        if (c < 0x20 && (in_string || !is_json_space((char)c)) && out->control_at < 0)
+            out->control_at = (long)i;
+        if (in_string) {
+            if (c == '\\' && i + 5 < len && !memcmp(s + i + 1, "u0000", 5) && out->nul_at < 0)
+                out->nul_at = (long)i;
+            if (c == '\\')
+                i++; // the escaped character (a 'u' is followed by hex digits only)
+            else if (c == '"')
+                in_string = 0;
+            continue;
+        }
+        if (c == '"') {
+            in_string = 1;
+            continue;
+        }
+        if (depth == 1 && begin && !out->member && (c == ',' || c == '}')) {
+            out->member = begin;
+            out->member_len = (size_t)(s + i - begin);
+        }
+        if (c == '{' || c == '[')
+            depth++;
+        else if (c == '}' || c == ']')
+            depth--;
+        else if (c == ':' && depth == 1 && ++members == member)
+            begin = s + i + 1;
+    }
+    while (out->member && out->member_len && is_json_space(out->member[0]))
+        out->member++, out->member_len--;
+    while (out->member && out->member_len && is_json_space(out->member[out->member_len - 1]))
+        out->member_len--;
+}
+
+// Position of item among the top-level members of root, -1 when absent.
+static int member_index(const cJSON *root, const cJSON *item) {
+    int i = 0;
+    for (const cJSON *m = cJSON_IsObject(root) ? root->child : NULL; m; m = m->next, i++)
+        if (m == item) return i;
+    return -1;
+}
+
+// RFC 8259 §6: -? (0 | [1-9][0-9]*) (. [0-9]+)? ([eE] [+-]? [0-9]+)? (cJSON also takes
+// "+1", "01", "1.", which a reply must not echo).
+static int json_number_text(const char *s, size_t n) {
+    size_t i = 0;
+    if (i < n && s[i] == '-') i++;
+    if (i < n && s[i] == '0')
+        i++;
+    else if (i < n && s[i] >= '1' && s[i] <= '9')
+        while (i < n && s[i] >= '0' && s[i] <= '9')
+            i++;
+    else
+        return 0;
+    if (i < n && s[i] == '.') {
+        size_t digits = ++i;
+        while (i < n && s[i] >= '0' && s[i] <= '9')
+            i++;
+        if (i == digits) return 0;
+    }
+    if (i < n && (s[i] == 'e' || s[i] == 'E')) {
+        i++;
+        if (i < n && (s[i] == '+' || s[i] == '-')) i++;
+        size_t digits = i;
+        while (i < n && s[i] >= '0' && s[i] <= '9')
+            i++;
+        if (i == digits) return 0;
+    }
+    return i == n;
+}
+
+// A number id keeps its text (in valuestring, which cJSON leaves NULL for numbers), so
+// that the reply echoes 12345678901234567890 or 1.50 as sent, not as a double prints.
+// A number no double holds (1e999) is refused: no reply could carry it faithfully.
+static int keep_id_text(cJSON *id, const Lexed *lx, int *code, Err *err) {
+    int shown = lx->member_len > 64 ? 64 : (int)lx->member_len; // of the text, in messages
+    const char *text = lx->member ? lx->member : "";
+    if (!isfinite(id->valuedouble)) {
+        *code = RPC_INVALID_REQUEST;
+        return err_set(err, "id %.*s is not a finite number", shown, text);
+    }
+    if (!lx->member || !json_number_text(lx->member, lx->member_len)) {
+        *code = RPC_PARSE_ERROR;
+        return err_set(err, "invalid JSON: id %.*s is not a JSON number", shown, text);
+    }
+    id->valuestring = strndup(lx->member, lx->member_len);
+    return id->valuestring ? 0 : fail(code, RPC_INTERNAL_ERROR, err, "out of memory");
+}
+
+static int check_envelope(RpcRequest *req, const Lexed *lx, int *code, Err *err) {
     cJSON *root = req->root;
     if (!cJSON_IsObject(root))
         return fail(code, RPC_INVALID_REQUEST, err, "request must be a JSON object");
-    const cJSON *id = cJSON_GetObjectItemCaseSensitive(root, "id");
+    cJSON *id = cJSON_GetObjectItemCaseSensitive(root, "id");
     if (id && !valid_id(id))
         return fail(code, RPC_INVALID_REQUEST, err, "id must be a number, a string or null");
+    if (cJSON_IsNumber(id) && keep_id_text(id, lx, code, err)) return -1;
     req->id = id;
     const cJSON *version = cJSON_GetObjectItemCaseSensitive(root, "jsonrpc");
     if (!cJSON_IsString(version) || strcmp(version->valuestring, "2.0"))
@@ -178,7 +333,20 @@ static int check_envelope(RpcRequest *req, int *code, Err *err) {
 int rpc_parse_request(RpcRequest *req, const char *line, size_t len, int *code, Err *err) {
     memset(req, 0, sizeof *req);
     if (parse_json(req, line, len, code, err)) return -1;
-    if (check_envelope(req, code, err)) {
+    Lexed lx;
+    lex(line, len, member_index(req->root, cJSON_GetObjectItemCaseSensitive(req->root, "id")), &lx);
+    if (lx.control_at >= 0) {
+        *code = RPC_PARSE_ERROR;
+        return err_set(err, "invalid JSON at byte %ld: raw control character 0x%02x", lx.control_at,
+                       (unsigned char)line[lx.control_at]);
+    }
+    // Refused before the envelope is read: with NULs about, "id" may not be the id.
+    if (lx.nul_at >= 0) {
+        *code = RPC_INVALID_REQUEST;
+        return err_set(err, "\\u0000 at byte %ld: astraid takes no NUL characters in strings",
+                       lx.nul_at);
+    }
+    if (check_envelope(req, &lx, code, err)) {
         req->method = NULL;
         req->params = NULL;
         return -1;
@@ -194,9 +362,12 @@ void rpc_request_free(RpcRequest *req) {
 // ---------------------------------------------------------------- serialisation
 
 // Prints msg as one line with its newline and frees it; NULL when out of memory.
+// Invalid UTF-8 in a string (a rank's output, a file name, a message cut short) becomes
+// U+FFFD, so that every line astraid sends is valid UTF-8 JSON.
 static char *finish_line(cJSON *msg) {
     char *text = msg ? cJSON_PrintUnformatted(msg) : NULL;
     cJSON_Delete(msg);
+    if (text) text = rpc_utf8_sanitize(text);
     if (!text) return NULL;
     size_t n = strlen(text);
     char *line = realloc(text, n + 2);
@@ -214,7 +385,10 @@ static cJSON *envelope(const cJSON *id, int with_id) {
     cJSON *msg = cJSON_CreateObject();
     if (!msg || !cJSON_AddStringToObject(msg, "jsonrpc", "2.0")) goto fail;
     if (with_id) {
-        cJSON *copy = id ? cJSON_Duplicate(id, 1) : cJSON_CreateNull();
+        // A number id is echoed as its text (rpc_parse_request kept it in valuestring).
+        cJSON *copy = !id                                     ? cJSON_CreateNull()
+                      : cJSON_IsNumber(id) && id->valuestring ? cJSON_CreateRaw(id->valuestring)
+                                                              : cJSON_Duplicate(id, 1);
         if (!copy) goto fail;
         cJSON_AddItemToObject(msg, "id", copy);
     }

@@ -40,10 +40,14 @@ typedef struct {
 
 enum { RPC_LINE_NONE = 0, RPC_LINE_OK = 1, RPC_LINE_OVERSIZED = 2 };
 
+#define RPC_READER_KEEP (64u << 10) // a larger buffer is freed once it holds nothing
+
 void rpc_reader_init(RpcReader *r);
 void rpc_reader_free(RpcReader *r);
 // Appends bytes; -1 when out of memory.
 int rpc_reader_feed(RpcReader *r, const char *data, size_t len);
+// Bytes fed and not yet returned as lines (complete lines waiting, and a partial one).
+size_t rpc_reader_pending(const RpcReader *r);
 // Takes the next complete line (without the newline, NUL-terminated, valid until the
 // next call) into *line. Returns RPC_LINE_NONE when no complete line is buffered.
 int rpc_reader_next(RpcReader *r, char **line, size_t *len);
@@ -62,10 +66,17 @@ typedef struct {
 // is kept when it could be read, so the error reply can carry it. Params that are an
 // array get RPC_INVALID_PARAMS (every method takes named params). Call
 // rpc_request_free after success and failure alike.
+// Stricter than cJSON where JSON is: a raw control character (U+0000..U+001F) in a
+// string, or one other than whitespace between tokens, is RPC_PARSE_ERROR. A string
+// holding U+0000 (\u0000) is RPC_INVALID_REQUEST: C strings would end there, so that
+// "daemon.info\u0000x" would name daemon.info. An id that is a number keeps its text
+// as sent in req->id->valuestring (the reply echoes that text); a number no double
+// holds (1e999) is RPC_INVALID_REQUEST.
 int rpc_parse_request(RpcRequest *req, const char *line, size_t len, int *code, Err *err);
 void rpc_request_free(RpcRequest *req);
 
-// Serialised messages, newline-terminated, malloc'd. `id` may be NULL (JSON null).
+// Serialised messages, newline-terminated, malloc'd, valid UTF-8 (rpc_utf8_sanitize).
+// `id` may be NULL (JSON null); a number id with a valuestring is written as that text.
 // rpc_result takes ownership of result; rpc_error of data (may be NULL).
 char *rpc_result(const cJSON *id, cJSON *result);
 char *rpc_error(const cJSON *id, int code, const char *message, cJSON *data);
@@ -75,3 +86,7 @@ char *rpc_request(long id, const char *method, cJSON *params);
 
 // 1 if s[0..len) is valid UTF-8.
 int rpc_utf8_valid(const char *s, size_t len);
+// text (malloc'd, NUL-terminated) with every byte that starts no well-formed UTF-8
+// sequence replaced by U+FFFD: text itself when it is valid, else a new string (text is
+// freed); NULL when out of memory. Every line astraid sends passes through it.
+char *rpc_utf8_sanitize(char *text);

@@ -167,7 +167,7 @@ static void test_crash_leaves_previous(void) {
     CHECK(rename(from, to) == 0);
     CHECK(ckpt_find_latest(dir, latest, sizeof latest, &err) == 1);
 
-    CHECK_MSG(ckpt_remove_stale(dir, &err) == 0, "%s", err.msg);
+    CHECK_MSG(ckpt_remove_stale(dir, NULL, NULL, &err) == 0, "%s", err.msg);
     CHECK(!dir_entries_starting(dir, ".tmp-"));
     CHECK(!dir_entries_starting(dir, ".old-"));
     CHECK(ckpt_find_latest(dir, latest, sizeof latest, &err) == 0);

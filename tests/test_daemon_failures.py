@@ -47,11 +47,12 @@ def check_exhausted(d, c, model, data):
 
 
 def check_bad_input(c, model, data):
-    missing = os.path.join(os.path.dirname(model), "no-such-model")
-    jid = c.call("submit", du.spec(missing, data, max_restarts=3))["job"]
+    # Paths are checked at submit; a window longer than the model's positions is found by
+    # the rank.
+    jid = c.call("submit", du.spec(model, data, window_size=64, max_restarts=3))["job"]
     failed = du.wait_job(c, jid, ["failed"])
     assert failed["restarts"] == 0, failed  # exit code 2: restarting cannot help
-    assert "exited with code 2" in failed["error"] and "no-such-model" in failed["error"], \
+    assert "exited with code 2" in failed["error"] and "window_size" in failed["error"], \
         failed["error"]
 
 

@@ -1,7 +1,11 @@
 // test_metrics.c: metric.jsonl rows (worker/lib/progress.c) in AstrAI's shapes: reading
 // AstrAI's rows as they are (validation and epoch rows, a step row without grad_norm,
 // unknown keys), reading our older rows, writing and reading back, the --metrics selection
-// of step rows, errors naming file:line.
+// of step rows, errors naming file:line; rows written with the shortest decimal that reads back
+// exactly; a non-finite number refused by metric.jsonl and progress.db.
+#include <float.h>
+#include <math.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -63,7 +67,7 @@ static void check_astrai_rows(void) {
                  "\"epoch\":0,\"step\":1,\"consumed_samples\":4,\"val_loss\":5.5}\n") == text);
     CHECK(strstr(text, "{\"type\":\"epoch\",\"timestamp\":\"2026-07-30T00:49:06\",\"epoch\":0,"
                        "\"step\":2,\"consumed_samples\":8}\n"));
-    CHECK(strstr(text, "\"consumed_samples\":4,\"loss\":5.25,\"lr\":3.0000000000000001e-05}\n"));
+    CHECK(strstr(text, "\"consumed_samples\":4,\"loss\":5.25,\"lr\":3e-05}\n"));
     CHECK(!strstr(text, "tokens_seen") && !strstr(text, "\"train\""));
     char back_path[4096];
     write_file(back_path, sizeof back_path, "back.jsonl", text);
@@ -161,6 +165,154 @@ static void check_select(void) {
     metrics_free(&m);
 }
 
+// A float or double from its bits (random finite values cover every exponent and mantissa).
+static uint64_t next_bits(uint64_t *state) {
+    *state = *state * 6364136223846793005ull + 1442695040888963407ull;
+    return *state ^ (*state >> 29);
+}
+
+static float random_float(uint64_t *state) {
+    float f;
+    do {
+        uint32_t bits = (uint32_t)(next_bits(state) >> 32);
+        memcpy(&f, &bits, sizeof f);
+    } while (!isfinite(f));
+    return f;
+}
+
+static double random_double(uint64_t *state) {
+    double d;
+    do {
+        uint64_t bits = next_bits(state);
+        memcpy(&d, &bits, sizeof d);
+    } while (!isfinite(d));
+    return d;
+}
+
+// Rows written and read back are the rows (every bit of every number, the extremes and -0
+// included), in AstrAI's key order with the DPO/GRPO numbers after grad_norm; numbers are the
+// shortest decimals that read back exactly (0.0003, not 0.00029999999999999997).
+static void check_round_trip(void) {
+    enum { N = 2000 };
+    static MetricRow rows[N];
+    const float floats[] = {0.0f, -0.0f, FLT_MIN, FLT_TRUE_MIN, FLT_MAX, -FLT_MAX, 5.4321f, 1e-7f};
+    const double doubles[] = {0.0, -0.0, DBL_MIN, DBL_TRUE_MIN, DBL_MAX, -DBL_MAX, 3e-4, 0.1};
+    const size_t n_fixed = sizeof floats / sizeof *floats;
+    uint64_t state = 42;
+    MetricLog m = {0};
+    Err err = {0};
+    for (size_t i = 0; i < N; i++) {
+        MetricRow *r = &rows[i];
+        memset(r, 0, sizeof *r);
+        r->kind = i % 3 == 2 ? METRIC_VALIDATION : METRIC_STEP;
+        r->step = (long)i + 1;
+        r->epoch = (long)(i / 100);
+        r->consumed_samples = 9007199254738000L + (long)i;
+        snprintf(r->timestamp, sizeof r->timestamp, "2026-07-30T00:49:%02zu", i % 60);
+        if (r->kind == METRIC_VALIDATION) {
+            r->has = METRIC_HAS_VAL_LOSS;
+            r->val_loss = i < n_fixed ? doubles[i] : random_double(&state);
+            CHECK(metrics_append_row(&m, r, &err) == 0);
+            continue;
+        }
+        r->has = METRIC_HAS_LOSS | METRIC_HAS_LR | METRIC_HAS_GRAD_NORM;
+        r->loss = i < n_fixed ? floats[i] : random_float(&state);
+        r->lr = i < n_fixed ? doubles[i] : random_double(&state);
+        r->grad_norm = i < n_fixed ? floats[n_fixed - 1 - i] : random_float(&state);
+        for (int k = 0; k < METRIC_N_EXTRA; k++)
+            if ((i + (size_t)k) % 4 == 0) {
+                r->has |= METRIC_HAS_EXTRA << k;
+                r->extra[k] = random_double(&state);
+            }
+        CHECK(metrics_append_row(&m, r, &err) == 0);
+    }
+    size_t len;
+    char *text = metrics_to_jsonl(&m, &len);
+    CHECK(text && strlen(text) == len);
+    char path[4096];
+    write_file(path, sizeof path, "round-trip.jsonl", text ? text : "");
+    MetricLog back = {0};
+    CHECK_MSG(metrics_load(&back, path, N, &err) == 0, "%s", err.msg);
+    CHECK(back.n == N);
+    size_t differ = 0;
+    for (size_t i = 0; i < back.n && back.n == N; i++)
+        differ += memcmp(&back.rows[i], &rows[i], sizeof rows[i]) != 0;
+    CHECK_MSG(differ == 0, "%zu of %d rows read back differently", differ, N);
+    free(text);
+    metrics_free(&back);
+    metrics_free(&m);
+
+    // Key order of a DPO step row and the shortest decimals.
+    StepRow s = {.step = 7,
+                 .epoch = 1,
+                 .consumed_samples = 28,
+                 .loss = 0.693147182f,
+                 .lr = 3e-4,
+                 .grad_norm = 0.1f,
+                 .wall_time = 1785372544.0,
+                 .n_extra = 2,
+                 .extra = {{"reward_margin", 0.25}, {"reward_accuracy", 0.5}}};
+    CHECK(metrics_append(&m, &s, &err) == 0);
+    text = metrics_to_jsonl(&m, &len);
+    CHECK_MSG(text && strstr(text, "\",\"epoch\":1,\"step\":7,\"consumed_samples\":28,"
+                                   "\"loss\":0.6931472,\"lr\":0.0003,\"grad_norm\":0.1,"
+                                   "\"reward_margin\":0.25,\"reward_accuracy\":0.5}\n"),
+              "%s", text ? text : "(null)");
+    CHECK(text && !strncmp(text, "{\"type\":\"step\",\"timestamp\":\"", 26));
+    free(text);
+    metrics_free(&m);
+}
+
+// A non-finite number (a diverged step) never reaches metric.jsonl or progress.db: the row is
+// refused with an error naming the step and the key, and nothing is added.
+static void check_non_finite(void) {
+    MetricLog m = {0};
+    Err err = {0};
+    StepRow s = {.step = 12,
+                 .epoch = 0,
+                 .consumed_samples = 48,
+                 .loss = 2.5f,
+                 .lr = 1e-3,
+                 .grad_norm = NAN,
+                 .wall_time = 1785372544.0};
+    CHECK(metrics_append(&m, &s, &err) != 0 && m.n == 0);
+    CHECK_MSG(strstr(err.msg, "step 12") && strstr(err.msg, "grad_norm is nan"), "%s", err.msg);
+    s.grad_norm = 1.0f;
+    s.loss = INFINITY;
+    CHECK(metrics_append(&m, &s, &err) != 0 && m.n == 0);
+    CHECK_MSG(strstr(err.msg, "step 12") && strstr(err.msg, "loss is inf"), "%s", err.msg);
+    s.loss = 2.5f;
+    s.n_extra = 1;
+    s.extra[0] = (StepExtra){"kl", -INFINITY};
+    CHECK(metrics_append(&m, &s, &err) != 0 && m.n == 0);
+    CHECK_MSG(strstr(err.msg, "kl is -inf"), "%s", err.msg);
+    CHECK(metrics_append_validation(&m, 13, 0, 52, NAN, &err) != 0 && m.n == 0);
+    CHECK_MSG(strstr(err.msg, "step 13") && strstr(err.msg, "val_loss is nan"), "%s", err.msg);
+
+    // A number too large for a double (or, for the loss, a float) in a file is refused too.
+    char path[4096];
+    write_file(path, sizeof path, "huge.jsonl",
+               "{\"type\":\"step\",\"epoch\":0,\"step\":1,\"consumed_samples\":4,"
+               "\"loss\":1e39}\n");
+    CHECK(metrics_load(&m, path, 10, &err) != 0 && m.n == 0);
+    char where[4200];
+    snprintf(where, sizeof where, "%s:1", path);
+    CHECK_MSG(strstr(err.msg, where) && strstr(err.msg, "loss is inf"), "%s", err.msg);
+
+    ProgressDb p;
+    CHECK_MSG(progress_open(&p, dir, 100, 0, &err) == 0, "%s", err.msg);
+    s.n_extra = 0;
+    s.grad_norm = NAN;
+    CHECK(progress_add_step(&p, &s, &err) != 0);
+    CHECK_MSG(strstr(err.msg, "progress.db") && strstr(err.msg, "grad_norm is nan"), "%s", err.msg);
+    CHECK(progress_add_validation(&p, 12, 0, 48, INFINITY, &err) != 0);
+    CHECK_MSG(strstr(err.msg, "val_loss is inf"), "%s", err.msg);
+    s.grad_norm = 1.0f;
+    CHECK_MSG(progress_add_step(&p, &s, &err) == 0, "%s", err.msg);
+    progress_close(&p);
+    metrics_free(&m);
+}
+
 // A malformed line is an error naming path:line (blank lines counted) and the key.
 static void check_malformed(const char *body, const char *want) {
     char path[4096], text[1024];
@@ -182,6 +334,8 @@ int main(void) {
     check_astrai_rows();
     check_append();
     check_select();
+    check_round_trip();
+    check_non_finite();
     check_malformed("{\"type\":\"step\",\"epoch\":0,\"step\":\"two\",\"consumed_samples\":8}",
                     "\"step\" must be a non-negative integer");
     check_malformed("{\"type\":\"epoch\",\"epoch\":0,\"step\":2}",

@@ -1,6 +1,6 @@
 """Multi-rank runs under signals and external launchers (real processes, real signals):
 - SIGTERM to the launcher mid-run: every rank stops at the same step, rank 0 checkpoints, all
-  exit 0, and --resume continues the very same curve;
+  exit 3 (interrupted), and --resume continues the very same curve;
 - kill -9 of one rank: the other exits with a clear error naming the dead rank well within the
   timeout, the launcher fails, and no rank process or shm segment is left behind;
 - external launch (RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT set by hand, and SLURM variables):
@@ -71,8 +71,8 @@ def check_sigterm(root, model, data, failures):
         failures.append("sigterm: the run did not reach step 4")
     proc.send_signal(signal.SIGTERM)
     _, err = proc.communicate(timeout=120)
-    if proc.returncode != 0:
-        failures.append(f"sigterm: launcher exit {proc.returncode}: {err[-400:]}")
+    if proc.returncode != 3:
+        failures.append(f"sigterm: launcher exit {proc.returncode}, expected 3: {err[-400:]}")
     stop = tu.latest_checkpoint(ck)
     step = int(stop.rsplit("_", 1)[1])
     if err.count("stopped at step") != 1 or f"stopped at step {step} " not in err:

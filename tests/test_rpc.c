@@ -111,6 +111,28 @@ static void test_reader_limit(void) {
     rpc_reader_free(&r);
 }
 
+// A buffer grown by a long line is given back once the line is taken (hundreds of
+// connections must not each keep megabytes).
+static void test_reader_gives_back(void) {
+    RpcReader r;
+    rpc_reader_init(&r);
+    size_t n = 512 * 1024;
+    char *big = malloc(n + 1);
+    memset(big, 'z', n);
+    big[n] = '\n';
+    CHECK(rpc_reader_feed(&r, big, n + 1) == 0);
+    CHECK(r.cap > n);
+    char *line;
+    size_t len;
+    CHECK(rpc_reader_next(&r, &line, &len) == RPC_LINE_OK && len == n);
+    expect_line(&r, RPC_LINE_NONE, NULL);
+    CHECK_MSG(r.cap <= RPC_READER_KEEP, "cap %zu after the line was taken", r.cap);
+    CHECK(rpc_reader_feed(&r, "{}\n", 3) == 0);
+    expect_line(&r, RPC_LINE_OK, "{}");
+    free(big);
+    rpc_reader_free(&r);
+}
+
 static void test_utf8(void) {
     struct {
         const char *s;
@@ -174,6 +196,105 @@ static void test_parse_errors(void) {
     expect_parse("{\"jsonrpc\":\"2.0\",\"method\":\"list\"}\r\n ", 0, NULL); // trailing space ok
 }
 
+static void expect_text(char *got, const char *want) {
+    CHECK_MSG(got && !strcmp(got, want), "got '%s', expected '%s'", got ? got : "(null)", want);
+    free(got);
+}
+
+// What cJSON lets through and JSON or astraid does not.
+static void test_parse_strict(void) {
+    // Raw control characters: in a string, and between tokens (only space, tab, CR, LF
+    // are whitespace).
+    expect_parse("{\"jsonrpc\":\"2.0\",\"method\":\"li\x01st\"}", RPC_PARSE_ERROR, "byte 29");
+    expect_parse("{\"jsonrpc\":\"2.0\",\"method\":\"list\",\"params\":{\"name\":\"a\tb\"}}",
+                 RPC_PARSE_ERROR, "control character 0x09");
+    expect_parse("{\"jsonrpc\":\"2.0\",\x0c\"method\":\"list\"}", RPC_PARSE_ERROR, "byte 17");
+    expect_parse("{\"jsonrpc\":\"2.0\",\t\"method\":\"list\"}", 0, NULL);
+    RpcRequest req;
+    Err err;
+    int code;
+    const char nul_in_raw[] = "{\"jsonrpc\":\"2.0\",\"method\":\"list\0\"}";
+    CHECK(rpc_parse_request(&req, nul_in_raw, sizeof nul_in_raw - 1, &code, &err) == -1 &&
+          code == RPC_PARSE_ERROR);
+    rpc_request_free(&req);
+    // A NUL escape would cut the C string: the method must not become "daemon.info", the
+    // key not "job". An escaped backslash before u0000 is no NUL.
+    expect_parse("{\"jsonrpc\":\"2.0\",\"id\":1,\"method\":\"daemon.info\\u0000xyz\"}",
+                 RPC_INVALID_REQUEST, "\\u0000");
+    expect_parse("{\"jsonrpc\":\"2.0\",\"method\":\"status\",\"params\":{\"job\\u0000x\":1}}",
+                 RPC_INVALID_REQUEST, "NUL");
+    expect_parse("{\"jsonrpc\":\"2.0\",\"method\":\"list\",\"params\":{\"a\":\"\\\\u0000\"}}", 0,
+                 NULL);
+    // cJSON's looser numbers ("+1", "01") cannot be echoed as a JSON id.
+    expect_parse("{\"jsonrpc\":\"2.0\",\"id\":01,\"method\":\"list\"}", RPC_PARSE_ERROR, "01");
+    // An id no double holds: refused, and the reply's id is null.
+    const char *inf = "{\"jsonrpc\":\"2.0\",\"id\":1e999,\"method\":\"daemon.info\"}";
+    CHECK(rpc_parse_request(&req, inf, strlen(inf), &code, &err) == -1 &&
+          code == RPC_INVALID_REQUEST && strstr(err.msg, "1e999"));
+    expect_text(rpc_error(req.id, code, err.msg, NULL),
+                "{\"jsonrpc\":\"2.0\",\"id\":null,\"error\":{\"code\":-32600,\"message\":\"id "
+                "1e999 is not a finite number\"}}\n");
+    rpc_request_free(&req);
+}
+
+// A number id is echoed as it was sent, digits a double would lose included.
+static void test_id_echo(void) {
+    const char *ids[] = {"7", "12345678901234567890123", "-0", "1.50", "2E+3", "0.1"};
+    for (size_t i = 0; i < sizeof ids / sizeof *ids; i++) {
+        char text[200], want[200];
+        snprintf(text, sizeof text, "{\"id\" : %s , \"jsonrpc\":\"2.0\",\"method\":\"list\"}",
+                 ids[i]);
+        RpcRequest req;
+        Err err;
+        int code;
+        CHECK_MSG(rpc_parse_request(&req, text, strlen(text), &code, &err) == 0, "%s: %s", text,
+                  err.msg);
+        snprintf(want, sizeof want, "{\"jsonrpc\":\"2.0\",\"id\":%s,\"result\":{}}\n", ids[i]);
+        expect_text(rpc_result(req.id, cJSON_CreateObject()), want);
+        snprintf(want, sizeof want,
+                 "{\"jsonrpc\":\"2.0\",\"id\":%s,\"error\":{\"code\":-32601,\"message\":\"x\"}}\n",
+                 ids[i]);
+        expect_text(rpc_error(req.id, RPC_METHOD_NOT_FOUND, "x", NULL), want);
+        rpc_request_free(&req);
+    }
+    // The id member is found among nested values and strings holding ':' and ','.
+    const char *text = "{\"params\":{\"a\":[1,{\"id\":2}],\"b\":\"x:,}\"},\"jsonrpc\":\"2.0\","
+                       "\"method\":\"list\",\"id\":99999999999999999999}";
+    RpcRequest req;
+    Err err;
+    int code;
+    CHECK(rpc_parse_request(&req, text, strlen(text), &code, &err) == 0);
+    expect_text(rpc_result(req.id, NULL),
+                "{\"jsonrpc\":\"2.0\",\"id\":99999999999999999999,\"result\":null}\n");
+    rpc_request_free(&req);
+}
+
+// Every message is valid UTF-8: bad bytes from rank output or file names become U+FFFD.
+static void test_sanitize(void) {
+    char *s = strdup("ok caf\xC3\xA9");
+    char *same = s;
+    CHECK((s = rpc_utf8_sanitize(s)) == same); // valid: the string itself
+    free(s);
+    s = rpc_utf8_sanitize(strdup("a\xFF"
+                                 "b\xC3(\xED\xA0\x80\xE2\x82"));
+    CHECK_MSG(s && !strcmp(s, "a\xEF\xBF\xBD"
+                              "b\xEF\xBF\xBD(\xEF\xBF\xBD\xEF\xBF\xBD\xEF\xBF\xBD"
+                              "\xEF\xBF\xBD\xEF\xBF\xBD"),
+              "got '%s'", s ? s : "(null)");
+    CHECK(s && rpc_utf8_valid(s, strlen(s)));
+    free(s);
+    cJSON *p = cJSON_CreateObject();
+    cJSON_AddStringToObject(p, "line", "file \xFF\xFE.bin: bad");
+    char *line = rpc_push("log", p);
+    CHECK(line && rpc_utf8_valid(line, strlen(line)));
+    CHECK(line && strstr(line, "\"file \xEF\xBF\xBD\xEF\xBF\xBD.bin: bad\""));
+    free(line);
+    // A message cut inside a multi-byte character (a truncated error text).
+    line = rpc_error(NULL, RPC_INTERNAL_ERROR, "caf\xC3", NULL);
+    CHECK(line && rpc_utf8_valid(line, strlen(line)) && strstr(line, "caf\xEF\xBF\xBD\""));
+    free(line);
+}
+
 static void test_parse_ok(void) {
     const char *text =
         "{\"jsonrpc\":\"2.0\",\"id\":7,\"method\":\"status\",\"params\":{\"job\":3}}";
@@ -203,11 +324,6 @@ static void test_parse_ok(void) {
     CHECK(rpc_parse_request(&req, text, strlen(text), &code, &err) == -1);
     CHECK(cJSON_IsNumber(req.id) && req.id->valuedouble == 9);
     rpc_request_free(&req);
-}
-
-static void expect_text(char *got, const char *want) {
-    CHECK_MSG(got && !strcmp(got, want), "got '%s', expected '%s'", got ? got : "(null)", want);
-    free(got);
 }
 
 static void test_serialise(void) {
@@ -252,8 +368,12 @@ int main(void) {
     test_reader_byte_by_byte();
     test_reader_oversized_chunks();
     test_reader_limit();
+    test_reader_gives_back();
     test_utf8();
     test_parse_errors();
+    test_parse_strict();
+    test_id_echo();
+    test_sanitize();
     test_parse_ok();
     test_serialise();
     CHECK_DONE();

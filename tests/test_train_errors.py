@@ -1,10 +1,13 @@
 """Bad input to astrai-train: each case exits 2 with a message naming the file and the problem,
-never a crash (no signal, no sanitizer report)."""
+never a crash (no signal, no sanitizer report). What is not bad input exits 1: a diverged run
+(a non-finite loss, named with its step), and a ckpt_dir on a read-only or full file system (a
+small tmpfs; skipped, saying why, where mounting is not permitted)."""
 
 import json
 import os
 import shutil
 import struct
+import subprocess
 import sys
 
 import train_util as tu
@@ -120,7 +123,87 @@ def cases(root, model, data):
     os.makedirs(no_data)
     out.append(("no shards", {"data_root_path": no_data}, [no_data]))
     out.append(("missing data dir", {"data_root_path": os.path.join(root, "nope")}, ["nope"]))
+    out.append(("missing param_path", {"param_path": os.path.join(root, "no-model")},
+                ["no-model", "config.json", "No such file"]))
+    # 4000 bytes in windows of 16: 249 samples, 125 micro-batches of 2: no optimizer step.
+    out.append(("accumulation past the epoch", {"grad_accum_steps": "1000"},
+                ["grad_accum_steps: 1000", "125 micro-batch", "249 training samples",
+                 "batch_per_device 2"]))
     return out
+
+
+def diverged_case(root, model, data, failures):
+    """A non-finite loss is a training failure (exit 1) naming its step; nothing records it."""
+    m = copy_model(model, root, "nan-weight")
+    path = os.path.join(m, "model.safetensors")
+    header, raw = read_st(path)
+    begin = header["norm.weight"]["data_offsets"][0]
+    raw = raw[:begin] + struct.pack("<f", float("nan")) + raw[begin + 4:]
+    write_st(path, header, raw)
+    args = base_args(m, data, root)
+    args["ckpt_dir"] = os.path.join(root, "ck-nan")
+    try:
+        _, err = tu.train(args, expect=1)
+    except AssertionError as e:
+        failures.append(f"diverged: {e}")
+        return
+    left = [n for n in os.listdir(args["ckpt_dir"]) if n != "progress.db" and
+            not n.startswith("progress.db-")]
+    if "loss is nan at step 1" not in err or left:
+        failures.append(f"diverged: message or leftovers {left}: {err.strip()}")
+    else:
+        print(f"ok diverged: exit 1: {err.strip().splitlines()[-1]}")
+
+
+def mount_tmpfs(path, options):
+    """A tmpfs at path; None, or why it could not be mounted."""
+    os.makedirs(path, exist_ok=True)
+    proc = subprocess.run(["mount", "-t", "tmpfs", "-o", options, "tmpfs", path],
+                          capture_output=True, text=True)
+    return None if proc.returncode == 0 else (proc.stderr.strip() or f"exit {proc.returncode}")
+
+
+def fill(path):
+    """Writes into path until its file system is full."""
+    fd = os.open(os.path.join(path, "filler"), os.O_WRONLY | os.O_CREAT)
+    try:
+        while os.write(fd, b"\0" * 4096):
+            pass
+    except OSError:
+        pass
+    os.close(fd)
+
+
+def resource_cases(root, model, data, failures):
+    """ckpt_dir (progress.db lives there without astraid) on a read-only and on a full tmpfs:
+    exit 1 naming the path and the system's error."""
+    ro, full = os.path.join(root, "ro"), os.path.join(root, "full")
+    why = mount_tmpfs(ro, "ro,size=64k") or mount_tmpfs(full, "size=64k")
+    if why:
+        print(f"skip: read-only and full ckpt_dir: cannot mount a tmpfs ({why})")
+        return
+    try:
+        fill(full)
+        for name, ckpt, words in [
+                ("read-only ckpt_dir to create", os.path.join(ro, "ck"),
+                 ["ro/ck", "Read-only file system"]),
+                ("read-only ckpt_dir", ro, [os.path.join(ro, "progress.db")]),
+                ("full ckpt_dir", os.path.join(full, "ck"), ["full/ck"])]:
+            args = base_args(model, data, root)
+            args["ckpt_dir"] = ckpt
+            try:
+                _, err = tu.train(args, expect=1)
+            except AssertionError as e:
+                failures.append(f"{name}: {e}")
+                continue
+            missing = [w for w in words if w not in err]
+            if missing:
+                failures.append(f"{name}: message lacks {missing}: {err.strip()}")
+            else:
+                print(f"ok {name}: exit 1: {err.strip().splitlines()[-1]}")
+    finally:
+        for path in (ro, full):
+            subprocess.run(["umount", "-l", path], capture_output=True)
 
 
 def main():
@@ -141,6 +224,8 @@ def main():
             failures.append(f"{name}: message lacks {missing}: {err.strip()}")
         else:
             print(f"ok {name}: {err.strip().splitlines()[-1]}")
+    diverged_case(root, model, data, failures)
+    resource_cases(root, model, data, failures)
     return tu.finish(failures)
 
 

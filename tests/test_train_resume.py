@@ -1,6 +1,6 @@
 """Resume: 20 steps straight, and 10 steps + --resume 10 more, give identical metric rows,
-weights and progress rows; SIGTERM mid-run checkpoints, exits 0, and --resume continues the same
-curve."""
+weights and progress rows; SIGTERM mid-run checkpoints, exits 3 (interrupted), and --resume
+continues the same curve."""
 
 import os
 import signal
@@ -86,8 +86,8 @@ def check_sigterm_resume(root, model, data, failures):
         failures.append("the run did not reach step 5")
     proc.send_signal(signal.SIGTERM)
     _, err = proc.communicate(timeout=120)
-    if proc.returncode != 0:
-        failures.append(f"SIGTERM: exit {proc.returncode}: {err[-300:]}")
+    if proc.returncode != 3:
+        failures.append(f"SIGTERM: exit {proc.returncode}, expected 3: {err[-300:]}")
     ckpt = tu.latest_checkpoint(stopped)
     stop_step = int(ckpt.rsplit("_", 1)[1])
     if not 5 <= stop_step < 160:

@@ -13,10 +13,11 @@
 #endif
 
 // exp(x) for x <= ~88 as plain arithmetic (no libm call), so loops around it vectorise.
-// Relative error ~2e-7; returns 0 below -87.
+// Relative error ~2e-7; returns 0 below -87, NaN for NaN (a diverged run's activations: the
+// clamp sends it to -87 so that the int conversion below stays defined).
 static inline float cpu_expf(float x) {
     const float log2e = 1.44269504088896341f, ln2_hi = 0.693359375f, ln2_lo = -2.12194440e-4f;
-    float xc = x < -87.0f ? -87.0f : (x > 88.0f ? 88.0f : x);
+    float xc = x > -87.0f ? (x < 88.0f ? x : 88.0f) : -87.0f;
     float n = __builtin_floorf(xc * log2e + 0.5f);
     float r = xc - n * ln2_hi - n * ln2_lo;
     // Cephes expf polynomial on [-ln2/2, ln2/2]
@@ -31,7 +32,7 @@ static inline float cpu_expf(float x) {
         int32_t i;
         float f;
     } scale = {.i = ((int32_t)n + 127) << 23};
-    return x < -87.0f ? 0.0f : p * scale.f;
+    return x < -87.0f ? 0.0f : x == x ? p * scale.f : x;
 }
 
 static inline float cpu_sigmoidf(float x) {

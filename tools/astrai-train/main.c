@@ -1,7 +1,10 @@
 // astrai-train: one training run with AstrAI's train.py flags (DESIGN §1, §8).
 //
-// Exit codes: 0 done (or stopped by SIGTERM/SIGINT after a checkpoint),
-// 1 failure while training, 2 bad input (flags, config, weights, data).
+// Exit codes (every rank, and the launcher of --nprocs ranks): 0 the run reached its end (all
+// epochs, or --max_steps); 1 failure (while training, or for want of a resource: memory, a
+// device, I/O); 2 bad input (flags, config, weights, data); 3 (EXIT_INTERRUPTED) stopped before
+// its end by SIGTERM/SIGINT or a stop request, after the checkpoint --resume continues from.
+#include <errno.h>
 #include <signal.h>
 #include <stdbool.h>
 #include <stdio.h>
@@ -14,6 +17,7 @@
 #include "engine/backend.h"
 #include "proto/train_spec.h"
 #include "worker/lib/launch.h"
+#include "worker/lib/train_ckpt.h"
 #include "worker/lib/trainer.h"
 
 static void on_stop(int sig) {
@@ -67,8 +71,7 @@ static int connect_ranks(LaunchInfo *li, const TrainSpec *spec, const Backend *b
                        li->world_size, li->source);
     bool gpu = be->device >= 0;
     uint8_t nccl_id[COMM_NCCL_ID_BYTES] = {0};
-    if (gpu && li->rank == 0 && comm_nccl_unique_id(nccl_id, err)) return -1;
-    if (launch_rendezvous(li, gpu ? nccl_id : NULL, err)) return -1;
+    // shm_name and nccl_id are filled by the rendezvous.
     CommConfig cfg = {.backend = gpu ? "nccl" : "shm",
                       .rank = li->rank,
                       .world_size = li->world_size,
@@ -77,10 +80,17 @@ static int connect_ranks(LaunchInfo *li, const TrainSpec *spec, const Backend *b
                       .nccl_id = nccl_id,
                       .cuda_device = be->device,
                       .cuda_stream = be->stream()};
-    return comm_create(comm, &cfg, err);
+    if ((gpu && li->rank == 0 && comm_nccl_unique_id(nccl_id, err)) ||
+        launch_rendezvous(li, gpu ? nccl_id : NULL, err) || comm_create(comm, &cfg, err)) {
+        // The job's failure (a rank that never came, a peer that died, no shm segment or
+        // NCCL), not its input: exit 1, which a supervisor may retry.
+        err->resource = 1;
+        return -1;
+    }
+    return 0;
 }
 
-// Exit code of a failure before training: 1 for a resource (memory, device), else 2.
+// Exit code of a failure before training: 1 for a resource (memory, device, I/O), else 2.
 static int setup_failed(const Err *err) {
     return err->resource ? 1 : EXIT_BAD_INPUT;
 }
@@ -90,7 +100,10 @@ static int train_rank(LaunchInfo *li, const TrainSpec *spec) {
     Err err = {0};
     Comm *comm = NULL;
     const Backend *be;
-    if (open_backend(li, spec, &be, &err) || connect_ranks(li, spec, be, &comm, &err)) {
+    // Rank 0 settles what a killed writer left in ckpt_dir before the ranks meet, so that no
+    // rank looks for the checkpoint to resume from meanwhile.
+    if ((li->rank == 0 && train_ckpt_clean_dir(spec, &err)) || open_backend(li, spec, &be, &err) ||
+        connect_ranks(li, spec, be, &comm, &err)) {
         fprintf(stderr, "astrai-train: rank %d: %s\n", li->rank, err.msg);
         return setup_failed(&err);
     }
@@ -100,9 +113,11 @@ static int train_rank(LaunchInfo *li, const TrainSpec *spec) {
         if (err.resource) err_prefix(&err, "rank %d", li->rank);
         fprintf(stderr, "astrai-train: %s\n", err.msg);
         rc = setup_failed(&err);
-    } else if (trainer_run(&t, &err)) {
+    } else if ((rc = trainer_run(&t, &err)) < 0) {
         fprintf(stderr, "astrai-train: rank %d: %s\n", li->rank, err.msg);
         rc = 1;
+    } else if (rc > 0) {
+        rc = EXIT_INTERRUPTED;
     }
     trainer_free(&t);
     comm_destroy(comm);
@@ -168,7 +183,7 @@ static int check_ckpt_dir(const char *dir, Err *err) {
         *slash = 0;
     }
     if (access(path, W_OK | X_OK) != 0)
-        return err_set(err, "ckpt_dir %s: %s is not writable", dir, path);
+        return err_errno(err, errno, "ckpt_dir %s: %s is not writable", dir, path);
     return 0;
 }
 

@@ -15,7 +15,7 @@ static int plan_buckets(Executor *x, const Model *m, size_t cap, Err *err) {
     x->buckets = calloc((size_t)m->cfg.num_hidden_layers + 2, sizeof *x->buckets);
     if (!ranges || !x->buckets) {
         free(ranges);
-        return err_set(err, "shard plan: out of memory");
+        return err_resource(err, "shard plan: out of memory");
     }
     int n = model_grad_ranges(m, ranges);
     size_t bytes = 0;
@@ -71,7 +71,7 @@ static int assign_bucket(Executor *x, const Model *m, Bucket *b, size_t *load) {
 static int build_shard(Executor *x, const Model *m, Err *err) {
     ParamView *s = &x->shard;
     x->owned = calloc(m->n_params > 0 ? (size_t)m->n_params : 1, sizeof *x->owned);
-    if (!x->owned) return err_set(err, "shard plan: out of memory");
+    if (!x->owned) return err_resource(err, "shard plan: out of memory");
     *s = (ParamView){.be = x->be, .params = x->owned, .num_floats = x->region};
     for (int i = 0; i < m->n_params; i++) {
         if (x->owner[i] != x->rank) continue;
@@ -92,12 +92,12 @@ static int plan_shards(Executor *x, Model *m, size_t cap, Err *err) {
     x->owner = calloc((size_t)m->n_params, sizeof *x->owner);
     x->region_off = calloc((size_t)m->n_params, sizeof *x->region_off);
     size_t *load = calloc((size_t)x->world, sizeof *load);
-    int rc = !x->owner || !x->region_off || !load ? err_set(err, "shard plan: out of memory")
+    int rc = !x->owner || !x->region_off || !load ? err_resource(err, "shard plan: out of memory")
                                                   : plan_buckets(x, m, cap, err);
     for (int k = 0; !rc && k < x->n_buckets; k++) {
         x->buckets[k].base = x->region;
         if (assign_bucket(x, m, &x->buckets[k], load))
-            rc = err_set(err, "shard plan: out of memory");
+            rc = err_resource(err, "shard plan: out of memory");
         x->region += x->buckets[k].size;
     }
     free(load);

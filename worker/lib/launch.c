@@ -362,6 +362,7 @@ typedef struct {
     RankProc *ranks;
     int n, running;
     int first_rank, first_code; // the first rank that failed, and its exit code
+    int interrupted;            // a rank exited EXIT_INTERRUPTED (stopped after its checkpoint)
     int stopping, killed;
     int64_t deadline; // stopping: when to SIGKILL; killed: when to give up waiting
     double grace_s;
@@ -432,7 +433,9 @@ static void report_failure(const Supervisor *s, int rank, int status) {
         snprintf(how, sizeof how, "was killed by signal %d (%s)", WTERMSIG(status),
                  strsignal(WTERMSIG(status)));
     else
-        snprintf(how, sizeof how, "exited with code %d", WEXITSTATUS(status));
+        snprintf(how, sizeof how, "exited with code %d%s", WEXITSTATUS(status),
+                 WEXITSTATUS(status) == EXIT_INTERRUPTED ? " (interrupted after its checkpoint)"
+                                                         : "");
     fprintf(stderr, "astrai-train: rank %d (pid %d) %s; stopping the other %d rank(s)\n", rank,
             (int)s->ranks[rank].pid, how, s->running);
 }
@@ -441,9 +444,15 @@ static void on_rank_exit(Supervisor *s, int rank, int status) {
     s->ranks[rank].running = 0;
     s->running--;
     int code = WIFSIGNALED(status) ? 128 + WTERMSIG(status) : WEXITSTATUS(status);
-    if (code == 0 || s->first_rank >= 0) return;
-    s->first_rank = rank;
-    s->first_code = code;
+    // An interrupted rank is not a failure, but its job is stopping: the others stop too (they
+    // agreed on the same step and are on their way out). A failure stays the root cause.
+    int interrupted = code == EXIT_INTERRUPTED;
+    s->interrupted |= interrupted;
+    if (code == 0 || (!interrupted && s->first_rank >= 0)) return;
+    if (!interrupted) {
+        s->first_rank = rank;
+        s->first_code = code;
+    }
     if (s->stopping) return; // the ranks were already told to stop: not a failure of its own
     report_failure(s, rank, status);
     start_stop(s, SIGTERM);
@@ -554,5 +563,6 @@ int launch_local(const LaunchInfo *li, char **argv, Err *err) {
     launch_remove_shm(job.shm_name);
     sigprocmask(SIG_SETMASK, &old, NULL);
     free(s.ranks);
-    return rc ? -1 : s.first_code;
+    if (rc) return -1;
+    return s.first_code ? s.first_code : s.interrupted ? EXIT_INTERRUPTED : 0;
 }

@@ -5,7 +5,8 @@
 //  - single:       no rank variables and nprocs == 1: one process is the whole job.
 //  - local parent: no rank variables and nprocs > 1: this process spawns nprocs
 //                  ranks (fork+exec of itself, same argv), supervises them and
-//                  exits with the first failure's code; it never trains itself.
+//                  exits with the first failure's code (3 when they were interrupted
+//                  and none failed); it never trains itself.
 //  - rank:         RANK/WORLD_SIZE[/LOCAL_RANK/LOCAL_WORLD_SIZE] (torchrun, or by
 //                  hand) or SLURM_PROCID/SLURM_NTASKS[/SLURM_LOCALID] (srun), with
 //                  MASTER_ADDR/MASTER_PORT; or the same variables set by our own
@@ -57,9 +58,11 @@ int launch_detect(LaunchInfo *li, long nprocs, Err *err);
 // /proc/self/exe with argv, each in its own process group (rank 0 holds the listening
 // socket, the others connect to it), and supervises them: SIGTERM/SIGINT/SIGUSR1 are
 // forwarded to every rank; when a rank fails (non-zero exit or a signal) the others get
-// SIGTERM, then SIGKILL after the grace period. Prints which rank failed and how, removes
-// the run's shm segments, and returns the exit code for the launcher: 0, the first
-// failing rank's code, or 128+signal. -1 with err when the ranks could not be started.
+// SIGTERM, then SIGKILL after the grace period; a rank that exits EXIT_INTERRUPTED (stopped
+// after its checkpoint) is no failure, but the others are stopped too. Prints which rank
+// failed and how, removes the run's shm segments, and returns the exit code for the launcher:
+// the first failing rank's code (128+signal for a signal), else EXIT_INTERRUPTED when a rank
+// was interrupted, else 0. -1 with err when the ranks could not be started.
 int launch_local(const LaunchInfo *li, char **argv, Err *err);
 
 // Ranks meet before the collectives exist (every mode; returns at once when there

@@ -15,8 +15,8 @@ int pref_batch_init(PrefBatch *b, const RecordSet *rs, int max_records, int64_t 
     b->loss_mask = malloc(n * sizeof(int32_t));
     b->advantages = calloc((size_t)b->max_rows, sizeof(float));
     if (!b->inputs || !b->targets || !b->loss_mask || !b->advantages)
-        return err_set(err, "batch of %d rows of %lld tokens: out of memory", b->max_rows,
-                       (long long)window);
+        return err_resource(err, "batch of %d rows of %lld tokens: out of memory", b->max_rows,
+                            (long long)window);
     return 0;
 }
 

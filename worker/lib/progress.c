@@ -3,6 +3,7 @@
 #include <cjson/cJSON.h>
 #include <math.h>
 #include <sqlite3.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -24,14 +25,16 @@ static const char *SCHEMA =
     " value REAL, PRIMARY KEY(step, name));"
     "CREATE TABLE IF NOT EXISTS run(key TEXT PRIMARY KEY, value);";
 
+// A database that cannot be opened or written is the system's failure (disk full, read-only,
+// I/O error, no permission), not bad input.
 static int db_fail(ProgressDb *p, const char *what, Err *err) {
-    return err_set(err, "%s: %s: %s", p->path, what, p->db ? sqlite3_errmsg(p->db) : "no db");
+    return err_resource(err, "%s: %s: %s", p->path, what, p->db ? sqlite3_errmsg(p->db) : "no db");
 }
 
 static int exec_sql(ProgressDb *p, const char *sql, Err *err) {
     char *msg = NULL;
     if (sqlite3_exec(p->db, sql, NULL, NULL, &msg) != SQLITE_OK) {
-        err_set(err, "%s: %s", p->path, msg ? msg : "sqlite error");
+        err_resource(err, "%s: %s", p->path, msg ? msg : "sqlite error");
         sqlite3_free(msg);
         return -1;
     }
@@ -75,6 +78,23 @@ int progress_open(ProgressDb *p, const char *dir, long total_steps, long resume_
     return 0;
 }
 
+// JSON has no NaN or infinity, and a non-finite loss or norm is a diverged run, not a number to
+// keep: metric.jsonl and progress.db refuse one, naming the step and the key.
+static int check_finite(const char *key, long step, double value, Err *err) {
+    if (isfinite(value)) return 0;
+    return err_set(err, "step %ld: %s is %g: a non-finite number is never recorded", step, key,
+                   value);
+}
+
+static int check_step_row(const StepRow *r, Err *err) {
+    if (check_finite("loss", r->step, r->loss, err) || check_finite("lr", r->step, r->lr, err) ||
+        check_finite("grad_norm", r->step, r->grad_norm, err))
+        return -1;
+    for (int k = 0; k < r->n_extra; k++)
+        if (check_finite(r->extra[k].name, r->step, r->extra[k].value, err)) return -1;
+    return 0;
+}
+
 static int run_insert(ProgressDb *p, sqlite3_stmt *st, Err *err) {
     int rc = sqlite3_step(st);
     sqlite3_reset(st);
@@ -82,6 +102,7 @@ static int run_insert(ProgressDb *p, sqlite3_stmt *st, Err *err) {
 }
 
 int progress_add_step(ProgressDb *p, const StepRow *r, Err *err) {
+    if (check_step_row(r, err)) return err_prefix(err, "%s", p->path);
     sqlite3_stmt *st = p->insert_step;
     sqlite3_bind_int64(st, 1, r->step);
     sqlite3_bind_int64(st, 2, r->epoch);
@@ -114,6 +135,7 @@ int progress_add_checkpoint(ProgressDb *p, long step, long epoch, const char *pa
 
 int progress_add_validation(ProgressDb *p, long step, long epoch, long consumed_samples,
                             double val_loss, Err *err) {
+    if (check_finite("val_loss", step, val_loss, err)) return err_prefix(err, "%s", p->path);
     sqlite3_stmt *st = p->insert_val;
     sqlite3_bind_int64(st, 1, step);
     sqlite3_bind_int64(st, 2, epoch);
@@ -134,11 +156,32 @@ void progress_close(ProgressDb *p) {
     memset(p, 0, sizeof *p);
 }
 
+// The numbers a row carries, by its METRIC_HAS_* bits.
+static int check_row(const MetricRow *r, Err *err) {
+    const struct {
+        unsigned bit;
+        const char *key;
+        double value;
+    } nums[] = {{METRIC_HAS_LOSS, "loss", r->loss},
+                {METRIC_HAS_LR, "lr", r->lr},
+                {METRIC_HAS_GRAD_NORM, "grad_norm", r->grad_norm},
+                {METRIC_HAS_VAL_LOSS, "val_loss", r->val_loss}};
+    for (size_t i = 0; i < sizeof nums / sizeof *nums; i++)
+        if ((r->has & nums[i].bit) && check_finite(nums[i].key, r->step, nums[i].value, err))
+            return -1;
+    for (int k = 0; k < METRIC_N_EXTRA; k++)
+        if ((r->has & (METRIC_HAS_EXTRA << k)) &&
+            check_finite(METRIC_EXTRA_NAMES[k], r->step, r->extra[k], err))
+            return -1;
+    return 0;
+}
+
 int metrics_append_row(MetricLog *m, const MetricRow *row, Err *err) {
+    if (check_row(row, err)) return err_prefix(err, "metric log");
     if (m->n == m->cap) {
         size_t cap = m->cap ? m->cap * 2 : 256;
         MetricRow *rows = realloc(m->rows, cap * sizeof *rows);
-        if (!rows) return err_set(err, "metric log: out of memory");
+        if (!rows) return err_resource(err, "metric log: out of memory");
         m->rows = rows;
         m->cap = cap;
     }
@@ -323,67 +366,81 @@ int metrics_load(MetricLog *m, const char *path, long up_to_step, Err *err) {
         if (!obj || parse_row(obj, &row, &why, &what))
             rc = err_set(err, "%s:%ld: not a metric row: %s%s%s%s", path, lineno, *what ? "\"" : "",
                          what, *what ? "\" " : "", why);
-        else if (row.step <= up_to_step)
-            rc = metrics_append_row(m, &row, err);
+        else if (row.step <= up_to_step && metrics_append_row(m, &row, err))
+            rc = err_prefix(err, "%s:%ld", path, lineno);
         cJSON_Delete(obj);
     }
     free(text);
     return rc;
 }
 
-// Appends s as a JSON string (quoted, escaped) to out; returns the bytes written.
-static size_t put_json_string(char *out, size_t cap, const char *s) {
-    size_t n = 0;
-    n += (size_t)snprintf(out + n, cap - n, "\"");
-    for (const unsigned char *p = (const unsigned char *)s; *p && n + 8 < cap; p++) {
-        if (*p == '"' || *p == '\\')
-            n += (size_t)snprintf(out + n, cap - n, "\\%c", *p);
-        else if (*p < 0x20)
-            n += (size_t)snprintf(out + n, cap - n, "\\u%04x", *p);
-        else
-            out[n++] = (char)*p;
-    }
-    n += (size_t)snprintf(out + n, cap - n, "\"");
-    return n;
-}
-
 static const char *kind_name(MetricKind k) {
     return k == METRIC_EPOCH ? "epoch" : k == METRIC_VALIDATION ? "validation" : "step";
 }
 
-// One row in AstrAI's key order: type, timestamp, epoch, step, consumed_samples, then the
-// metrics (loss, lr, grad_norm; val_loss). %.9g round-trips a float exactly; %.17g a double.
-static size_t format_row(char *out, size_t cap, const MetricRow *r) {
-    size_t n = (size_t)snprintf(out, cap, "{\"type\":\"%s\",\"timestamp\":", kind_name(r->kind));
-    n += put_json_string(out + n, cap - n, r->timestamp);
-    n += (size_t)snprintf(out + n, cap - n, ",\"epoch\":%ld,\"step\":%ld,\"consumed_samples\":%ld",
-                          r->epoch, r->step, r->consumed_samples);
-    if (r->has & METRIC_HAS_LOSS)
-        n += (size_t)snprintf(out + n, cap - n, ",\"loss\":%.9g", (double)r->loss);
-    if (r->has & METRIC_HAS_LR) n += (size_t)snprintf(out + n, cap - n, ",\"lr\":%.17g", r->lr);
-    if (r->has & METRIC_HAS_GRAD_NORM)
-        n += (size_t)snprintf(out + n, cap - n, ",\"grad_norm\":%.9g", (double)r->grad_norm);
-    for (int k = 0; k < METRIC_N_EXTRA; k++)
-        if (r->has & (METRIC_HAS_EXTRA << k))
-            n += (size_t)snprintf(out + n, cap - n, ",\"%s\":%.17g", METRIC_EXTRA_NAMES[k],
-                                  r->extra[k]);
-    if (r->has & METRIC_HAS_VAL_LOSS)
-        n += (size_t)snprintf(out + n, cap - n, ",\"val_loss\":%.17g", r->val_loss);
-    n += (size_t)snprintf(out + n, cap - n, "}\n");
-    return n;
+// Adds key: the shortest decimal that reads back as v exactly (as a float when is_float: the
+// loss and norm are floats). Finite numbers only (metrics_append_row refuses the others).
+static int add_number(cJSON *obj, const char *key, double v, bool is_float) {
+    char text[32];
+    for (int digits = 1; digits <= (is_float ? 9 : 17); digits++) {
+        snprintf(text, sizeof text, "%.*g", digits, v);
+        double back = strtod(text, NULL);
+        if (is_float ? (float)back == (float)v : back == v) break;
+    }
+    return cJSON_AddRawToObject(obj, key, text) ? 0 : -1;
 }
 
-// A row is at most ~600 bytes: a 31-character timestamp escaped (<= 186), three 20-digit
-// longs and seven numbers of <= 25 characters (a step row's three and its extras), plus the
-// key names.
-#define ROW_CAP 768
+static int add_count(cJSON *obj, const char *key, long v) {
+    char text[24];
+    snprintf(text, sizeof text, "%ld", v);
+    return cJSON_AddRawToObject(obj, key, text) ? 0 : -1;
+}
+
+// One row in AstrAI's key order: type, timestamp, epoch, step, consumed_samples, then the
+// metrics (loss, lr, grad_norm, the DPO/GRPO numbers; val_loss). NULL when out of memory.
+static cJSON *row_json(const MetricRow *r) {
+    cJSON *o = cJSON_CreateObject();
+    int rc = !o || !cJSON_AddStringToObject(o, "type", kind_name(r->kind)) ||
+             !cJSON_AddStringToObject(o, "timestamp", r->timestamp) ||
+             add_count(o, "epoch", r->epoch) || add_count(o, "step", r->step) ||
+             add_count(o, "consumed_samples", r->consumed_samples);
+    if (!rc && (r->has & METRIC_HAS_LOSS)) rc = add_number(o, "loss", r->loss, true);
+    if (!rc && (r->has & METRIC_HAS_LR)) rc = add_number(o, "lr", r->lr, false);
+    if (!rc && (r->has & METRIC_HAS_GRAD_NORM)) rc = add_number(o, "grad_norm", r->grad_norm, true);
+    for (int k = 0; k < METRIC_N_EXTRA && !rc; k++)
+        if (r->has & (METRIC_HAS_EXTRA << k))
+            rc = add_number(o, METRIC_EXTRA_NAMES[k], r->extra[k], false);
+    if (!rc && (r->has & METRIC_HAS_VAL_LOSS)) rc = add_number(o, "val_loss", r->val_loss, false);
+    if (rc) {
+        cJSON_Delete(o);
+        return NULL;
+    }
+    return o;
+}
 
 char *metrics_to_jsonl(const MetricLog *m, size_t *len) {
-    size_t cap = m->n * ROW_CAP + 1, used = 0;
+    size_t cap = 4096, used = 0;
     char *out = malloc(cap);
+    for (size_t i = 0; i < m->n && out; i++) {
+        cJSON *o = row_json(&m->rows[i]);
+        char *line = o ? cJSON_PrintUnformatted(o) : NULL;
+        cJSON_Delete(o);
+        size_t n = line ? strlen(line) : 0;
+        char *grown = !line                 ? NULL
+                      : used + n + 2 <= cap ? out
+                                            : realloc(out, cap = 2 * (used + n + 2));
+        if (grown) {
+            out = grown;
+            memcpy(out + used, line, n);
+            used += n;
+            out[used++] = '\n';
+        } else { // out of memory: out is still the old buffer
+            free(out);
+            out = NULL;
+        }
+        free(line);
+    }
     if (!out) return NULL;
-    for (size_t i = 0; i < m->n; i++)
-        used += format_row(out + used, cap - used, &m->rows[i]);
     out[used] = 0;
     *len = used;
     return out;

@@ -44,7 +44,9 @@ typedef struct {
 } ProgressDb;
 
 // Opens (creating) dir/progress.db. Rows of steps after `resume_step` are deleted
-// (they belong to a run that continued past the checkpoint we resume from).
+// (they belong to a run that continued past the checkpoint we resume from). A database
+// that cannot be created or written fails with err->resource set (the system's failure).
+// A row with a non-finite number is refused with an error naming the step and the key.
 int progress_open(ProgressDb *p, const char *dir, long total_steps, long resume_step, Err *err);
 int progress_add_step(ProgressDb *p, const StepRow *row, Err *err);
 int progress_add_checkpoint(ProgressDb *p, long step, long epoch, const char *path, Err *err);
@@ -110,12 +112,16 @@ int metrics_append_epoch(MetricLog *m, long step, long epoch, long consumed_samp
 // A "validation" row with val_loss, stamped now.
 int metrics_append_validation(MetricLog *m, long step, long epoch, long consumed_samples,
                               double val_loss, Err *err);
+// Every append refuses a row with a non-finite number (JSON has none; it would poison the
+// file for every later resume) with an error naming the step and the key.
 int metrics_append_row(MetricLog *m, const MetricRow *row, Err *err);
 // Loads metric.jsonl rows with step <= up_to_step (a checkpoint's own history): ours and
 // AstrAI's as they are (a step row without grad_norm or loss, epoch and validation rows,
 // unknown keys ignored). A line that is not such a row is an error naming path:line.
 int metrics_load(MetricLog *m, const char *path, long up_to_step, Err *err);
-// Serialises all rows as JSON lines (malloc'd text, *len bytes); NULL when out of memory.
+// Serialises all rows as JSON lines (malloc'd text, *len bytes), each number the shortest
+// decimal that reads back as the same float (loss, grad_norm) or double; NULL when out of
+// memory.
 char *metrics_to_jsonl(const MetricLog *m, size_t *len);
 void metrics_free(MetricLog *m);
 

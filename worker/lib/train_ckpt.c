@@ -29,6 +29,15 @@ int train_ckpt_locate(const TrainSpec *spec, char *out, size_t cap, Err *err) {
     return rc;
 }
 
+static void print_cleaned(void *ctx, const char *what) {
+    (void)ctx;
+    fprintf(stderr, "ckpt_dir cleanup: %s\n", what);
+}
+
+int train_ckpt_clean_dir(const TrainSpec *spec, Err *err) {
+    return ckpt_remove_stale(spec->ckpt_dir, print_cleaned, NULL, err);
+}
+
 int train_ckpt_load_config(ModelConfig *cfg, const char *dir, Err *err) {
     char path[PATH_CAP];
     return path_join(path, sizeof path, dir, "config.json", err) ||
@@ -70,7 +79,7 @@ int train_ckpt_reference_dir(const TrainSpec *spec, const char *resume_dir, char
 
 // Writes text into dir/name, fsynced (dir is the checkpoint's temporary directory).
 static int write_text(const char *dir, const char *name, char *text, Err *err) {
-    if (!text) return err_set(err, "%s/%s: out of memory", dir, name);
+    if (!text) return err_resource(err, "%s/%s: out of memory", dir, name);
     char path[PATH_CAP];
     int rc = path_join(path, sizeof path, dir, name, err) ||
              fs_write_file_synced(path, text, strlen(text), err);

@@ -23,6 +23,11 @@ struct Trainer;
 // latest checkpoint in ckpt_dir.
 int train_ckpt_locate(const TrainSpec *spec, char *out, size_t cap, Err *err);
 
+// Settles what a writer killed mid-checkpoint left in ckpt_dir (ckpt_remove_stale: `.tmp-*`
+// removed, `.old-*` put back), one stderr line per entry. Rank 0 calls it when a run starts,
+// before any rank looks for the checkpoint to resume from.
+int train_ckpt_clean_dir(const TrainSpec *spec, Err *err);
+
 // Reads dir/config.json.
 int train_ckpt_load_config(ModelConfig *cfg, const char *dir, Err *err);
 // Loads dir/model.safetensors into m's weights.

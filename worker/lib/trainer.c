@@ -92,7 +92,7 @@ static int alloc_batch(Trainer *t, Err *err) {
     t->loss_mask = malloc(n * sizeof(int32_t));
     t->position_ids = malloc(n * sizeof(int32_t));
     if (!t->inputs || !t->targets || !t->loss_mask || !t->position_ids)
-        return err_set(err, "batch buffers: out of memory");
+        return err_resource(err, "batch buffers: out of memory");
     return 0;
 }
 
@@ -114,6 +114,22 @@ static long resident_bytes(void) {
         if (sscanf(line, "RssAnon: %ld kB", &kib) == 1) break;
     fclose(f);
     return kib * 1024;
+}
+
+// The training windows (the dataset less the validation split) set the schedule. A run
+// without one optimizer step is bad input: it would end at once having learned nothing.
+static int set_total_steps(Trainer *t, Err *err) {
+    const TrainSpec *s = t->spec;
+    t->total_steps = trainer_total_steps(t->sampler.n, t->world, s->batch_per_device,
+                                         s->grad_accum_steps, s->n_epoch);
+    if (t->total_steps > 0) return 0;
+    int64_t batches = (t->sampler.per_replica + s->batch_per_device - 1) / s->batch_per_device;
+    return err_set(err,
+                   "grad_accum_steps: %ld is more than the %lld micro-batch(es) of an epoch "
+                   "(%lld training samples over %d rank(s) in batches of batch_per_device %ld): "
+                   "no optimizer step would run",
+                   s->grad_accum_steps, (long long)batches, (long long)t->sampler.n, t->world,
+                   s->batch_per_device);
 }
 
 // Where progress.db lives: the run directory a supervisor (astraid) names in
@@ -143,7 +159,9 @@ int trainer_init(Trainer *t, const TrainSpec *spec, const Backend *be, Comm *com
     if (t->pref &&
         train_ckpt_reference_dir(spec, resume_dir, t->reference_dir, sizeof t->reference_dir, err))
         return -1;
-    if (train_ckpt_load_config(&cfg, model_dir, err) || open_data(t, &cfg, err)) return -1;
+    if (train_ckpt_load_config(&cfg, model_dir, err) || open_data(t, &cfg, err) ||
+        set_total_steps(t, err))
+        return -1;
     t->memory_report = getenv("ASTRAI_MEMORY_REPORT");
     if (t->memory_report && !*t->memory_report) t->memory_report = NULL;
     if (t->memory_report) t->rss_baseline = resident_bytes();
@@ -163,9 +181,6 @@ int trainer_init(Trainer *t, const TrainSpec *spec, const Backend *be, Comm *com
     if (t->pref)
         pref_init(&t->pref_loss, t->records.kind == RECORDS_DPO ? PREF_DPO : PREF_GRPO,
                   (float)spec->dpo_beta, (float)spec->grpo_clip_eps, (float)spec->grpo_kl_coef, be);
-    // The training windows (the dataset less the validation split) set the schedule.
-    t->total_steps = trainer_total_steps(t->sampler.n, t->world, spec->batch_per_device,
-                                         spec->grad_accum_steps, spec->n_epoch);
     schedule_init(&t->sched, schedule_kind(spec->schedule_type), t->total_steps, spec->warmup_ratio,
                   spec->min_rate, spec->stable_steps, spec->decay_steps, spec->cycle_length,
                   spec->t_mult);
@@ -463,14 +478,18 @@ static int micro_step(Trainer *t, StepClock *c, int nb, Err *err) {
     return executor_end_micro(&t->exec, &t->model, sync, err);
 }
 
-// After an optimizer step: checkpoint when due or requested. Returns 1 to stop.
+// How the epochs loop ended.
+enum { RUN_DONE, RUN_STOPPED, RUN_MAX_STEPS };
+
+// After an optimizer step: checkpoint when due or requested. Returns 0 to go on, RUN_MAX_STEPS
+// at --max_steps (the end of this run), RUN_STOPPED on an agreed stop request (before the end).
 static int after_step(Trainer *t, int stop, int ckpt, Err *err) {
-    stop = stop || (t->spec->max_steps > 0 && t->step >= t->spec->max_steps);
+    int at_max = t->spec->max_steps > 0 && t->step >= t->spec->max_steps;
     int due = t->step - t->last_ckpt_step >= t->spec->ckpt_interval;
-    if ((due || stop || ckpt) && save_checkpoint(t, err)) return -1;
-    if (stop && t->rank == 0)
+    if ((due || stop || ckpt || at_max) && save_checkpoint(t, err)) return -1;
+    if ((stop || at_max) && t->rank == 0)
         fprintf(stderr, "stopped at step %ld of %ld\n", t->step, t->total_steps);
-    return stop;
+    return at_max ? RUN_MAX_STEPS : stop ? RUN_STOPPED : 0;
 }
 
 // With $ASTRAI_MEMORY_REPORT=DIR, each rank writes DIR/rank<R>.json: the most resident
@@ -487,7 +506,8 @@ static int write_memory_report(const Trainer *t, Err *err) {
            fs_write_file_atomic(path, text, (size_t)n, err);
 }
 
-// Trains until the last epoch ends (0) or a stop is agreed (1); -1 on error.
+// Trains until the last epoch ends (RUN_DONE), max_steps (RUN_MAX_STEPS) or a stop is agreed
+// (RUN_STOPPED); -1 on error.
 static int run_epochs(Trainer *t, Err *err) {
     const TrainSpec *s = t->spec;
     StepClock clock = {.step_start = now_s(), .run_start = now_s()};
@@ -515,14 +535,15 @@ static int run_epochs(Trainer *t, Err *err) {
 int trainer_run(Trainer *t, Err *err) {
     int rc = run_epochs(t, err);
     if (rc < 0) return -1;
-    if (rc == 0) {
+    if (rc == RUN_DONE) {
         // The last epoch is complete.
         t->epoch = t->spec->n_epoch - 1;
         t->epoch_pos = t->sampler.per_replica;
         if (t->step != t->last_ckpt_step && save_checkpoint(t, err)) return -1;
         if (t->rank == 0) fprintf(stderr, "done: %ld optimizer steps\n", t->step);
     }
-    return write_memory_report(t, err);
+    if (write_memory_report(t, err)) return -1;
+    return rc == RUN_STOPPED;
 }
 
 void trainer_free(Trainer *t) {

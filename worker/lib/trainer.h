@@ -59,10 +59,13 @@ typedef struct Trainer {
 // Sets everything up from the spec: model (from param_path, or the checkpoint
 // when resuming) on backend be, data, optimizer, schedule, progress database. comm is
 // the job's communicator (NULL for one rank); threads the CPU threads of this rank.
+// A failure for want of a resource (memory, a device, I/O, the progress database) sets
+// err->resource; the others are bad input (flags, files, data, a spec without a step).
 int trainer_init(Trainer *t, const TrainSpec *spec, const Backend *be, Comm *comm, long threads,
                  Err *err);
-// Runs to the end of the last epoch or until a stop request; checkpoints on the
-// way (every ckpt_interval steps, on request, at the end).
+// Runs to the end of the last epoch (or --max_steps): 0; or until a stop request agreed by
+// the ranks: 1 (stopped before its end, after the checkpoint --resume continues from); -1 on
+// error. Checkpoints on the way (every ckpt_interval steps, on request, at the end).
 int trainer_run(Trainer *t, Err *err);
 void trainer_free(Trainer *t);
 
