@@ -13,6 +13,7 @@
 #include <unistd.h>
 
 #include "client/client.h"
+#include "common/clock.h"
 #include "common/socket_path.h"
 
 int client_socket_path(const Options *o, char *buf, size_t cap, Err *err) {
@@ -20,12 +21,6 @@ int client_socket_path(const Options *o, char *buf, size_t cap, Err *err) {
     int n = snprintf(buf, cap, "%s", o->socket_path);
     if (n < 0 || (size_t)n >= cap) return err_set(err, "socket path too long: %s", buf), EXIT_USAGE;
     return EXIT_OK;
-}
-
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
 }
 
 // Connects fd to addr, giving up after timeout_ms.
@@ -151,7 +146,7 @@ static int send_all(Conn *c, const char *line, Err *err) {
 
 // Reads the next message, waiting at most timeout_ms (-1: no limit).
 static int read_message(Conn *c, int timeout_ms, cJSON **msg, Err *err) {
-    double deadline = now_s() + timeout_ms / 1000.0;
+    double deadline = clock_mono_s() + timeout_ms / 1000.0;
     for (;;) {
         char *line;
         size_t len;
@@ -167,7 +162,7 @@ static int read_message(Conn *c, int timeout_ms, cJSON **msg, Err *err) {
             }
             return EXIT_OK;
         }
-        int wait_ms = timeout_ms < 0 ? -1 : (int)((deadline - now_s()) * 1000);
+        int wait_ms = timeout_ms < 0 ? -1 : (int)((deadline - clock_mono_s()) * 1000);
         if (timeout_ms >= 0 && wait_ms <= 0)
             return err_set(err, "no reply from astraid within %.3g s", timeout_ms / 1000.0),
                    EXIT_CONNECT;

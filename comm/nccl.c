@@ -20,6 +20,7 @@
 #include <time.h>
 
 #include "comm/backend.h"
+#include "common/clock.h"
 
 #define POLL_NS 100000 // 0.1 ms between polls of a running collective
 
@@ -124,12 +125,6 @@ static int nccl_fail(Nccl *x, ncclResult_t r, const char *what, Err *err) {
                    detail && *detail ? ": " : "", detail ? detail : "");
 }
 
-static double now_ms(void) {
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return t.tv_sec * 1e3 + t.tv_nsec / 1e6;
-}
-
 static void pause_poll(void) {
     struct timespec t = {0, POLL_NS};
     nanosleep(&t, NULL);
@@ -155,7 +150,7 @@ static int wait_comm_ready(Comm *c, double deadline, const char *what, Err *err)
         if (r != ncclSuccess) return nccl_fail(x, r, what, err);
         if (state == ncclSuccess) return 0;
         if (state != ncclInProgress) return nccl_fail(x, state, what, err);
-        if (now_ms() > deadline) return abort_after(c, what, err);
+        if ((double)clock_mono_ms() > deadline) return abort_after(c, what, err);
         pause_poll();
     }
 }
@@ -171,7 +166,7 @@ static int wait_stream(Comm *c, double deadline, const char *what, Err *err) {
         if (x->api.ncclCommGetAsyncError(x->comm, &state) == ncclSuccess && state != ncclSuccess &&
             state != ncclInProgress)
             return nccl_fail(x, state, what, err);
-        if (now_ms() > deadline) return abort_after(c, what, err);
+        if ((double)clock_mono_ms() > deadline) return abort_after(c, what, err);
         pause_poll();
     }
 }
@@ -179,7 +174,7 @@ static int wait_stream(Comm *c, double deadline, const char *what, Err *err) {
 // Every collective: refuse after an abort, enqueue, wait for the enqueue, wait for the GPU.
 static int run(Comm *c, ncclResult_t enqueued, const char *what, Err *err) {
     Nccl *x = c->state;
-    double deadline = now_ms() + c->timeout_ms;
+    double deadline = (double)clock_mono_ms() + c->timeout_ms;
     if (enqueued != ncclSuccess && enqueued != ncclInProgress)
         return nccl_fail(x, enqueued, what, err);
     if (wait_comm_ready(c, deadline, what, err)) return -1;
@@ -236,7 +231,7 @@ static int nccl_reduce_scatter_start(Comm *c, const void *send, void *recv, size
     ncclResult_t r =
         x->api.ncclReduceScatter(send, recv, n, nccl_type(dt), red_op(op), x->comm, x->stream);
     if (r != ncclSuccess && r != ncclInProgress) return nccl_fail(x, r, what, err);
-    return wait_comm_ready(c, now_ms() + c->timeout_ms, what, err);
+    return wait_comm_ready(c, (double)clock_mono_ms() + c->timeout_ms, what, err);
 }
 
 static int nccl_all_gather_start(Comm *c, const void *send, void *recv, size_t n, DType dt,
@@ -246,7 +241,7 @@ static int nccl_all_gather_start(Comm *c, const void *send, void *recv, size_t n
     if (aborted(c, err) || after_compute(c, what, err)) return -1;
     ncclResult_t r = x->api.ncclAllGather(send, recv, n, nccl_type(dt), x->comm, x->stream);
     if (r != ncclSuccess && r != ncclInProgress) return nccl_fail(x, r, what, err);
-    return wait_comm_ready(c, now_ms() + c->timeout_ms, what, err);
+    return wait_comm_ready(c, (double)clock_mono_ms() + c->timeout_ms, what, err);
 }
 
 // The compute stream waits (on the device) for an event recorded behind our collectives.
@@ -260,7 +255,8 @@ static int nccl_join(Comm *c, Err *err) {
 
 static int nccl_wait(Comm *c, Err *err) {
     if (aborted(c, err)) return -1;
-    return wait_stream(c, now_ms() + c->timeout_ms, "the overlapped collectives", err);
+    return wait_stream(c, (double)clock_mono_ms() + c->timeout_ms, "the overlapped collectives",
+                       err);
 }
 
 static int nccl_all_gather(Comm *c, const void *send, void *recv, size_t n, DType dt, Err *err) {
@@ -292,7 +288,8 @@ static void nccl_destroy(Comm *c) {
         Err ignored;
         ncclResult_t r = x->api.ncclCommFinalize(x->comm);
         if ((r == ncclSuccess || r == ncclInProgress) &&
-            !wait_comm_ready(c, now_ms() + c->timeout_ms, "ncclCommFinalize", &ignored))
+            !wait_comm_ready(c, (double)clock_mono_ms() + c->timeout_ms, "ncclCommFinalize",
+                             &ignored))
             x->api.ncclCommDestroy(x->comm);
         else if (x->comm)
             x->api.ncclCommAbort(x->comm);
@@ -346,7 +343,8 @@ static int init_comm(Comm *c, const CommConfig *cfg, Err *err) {
         x->comm = NULL;
         return nccl_fail(x, r, "ncclCommInitRankConfig", err);
     }
-    return wait_comm_ready(c, now_ms() + c->timeout_ms, "ncclCommInitRankConfig", err);
+    return wait_comm_ready(c, (double)clock_mono_ms() + c->timeout_ms, "ncclCommInitRankConfig",
+                           err);
 }
 
 int nccl_comm_init(Comm *c, const CommConfig *cfg, Err *err) {

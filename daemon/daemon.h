@@ -19,6 +19,7 @@
 #include <sys/types.h>
 #include <uv.h>
 
+#include "common/clock.h"
 #include "common/error.h"
 #include "proto/rpc.h"
 
@@ -74,8 +75,6 @@ int config_set(Config *c, const ConfigOption *o, const char *value, Err *err);
 int config_apply_json(Config *c, const char *text, size_t len, const char *path, Err *err);
 int config_apply_file(Config *c, const char *path, Err *err);
 void config_free(Config *c); // its strings
-
-double now_wall(void); // unix seconds
 
 // ---------------------------------------------------------------- scheduler.c: devices
 typedef struct {
@@ -149,7 +148,7 @@ typedef struct Job {
     double created_at, started_at, finished_at; // unix seconds, 0: not yet
     int resume;                                 // the next run adds --resume=true
     long runs;                                  // runs started so far (run<N>-rank<R>.log)
-    double hold_until;                          // restart backoff: not started before this time
+    double hold_until;  // restart backoff: not started before this clock_mono_s()
     long start_retries; // runs in a row that could not start for want of a resource (fds, memory)
     Run *run;
     sqlite3 *progress_db; // read-only handle on run_dir/progress.db
@@ -297,8 +296,8 @@ typedef struct {
     Devices devices;
     Job *jobs; // by id, ascending
     long next_id;
-    double started_at;
-    int stopping; // SIGTERM/SIGINT taken: no new runs, the running ones are stopped
+    double started_at; // clock_mono_s() at start (uptime)
+    int stopping;      // SIGTERM/SIGINT taken: no new runs, the running ones are stopped
 } Astraid;
 
 extern Astraid astraid;

@@ -195,7 +195,7 @@ static cJSON *do_info(Conn *c, const cJSON *params, int *code, Err *err) {
     cJSON *r = cJSON_CreateObject();
     cJSON_AddStringToObject(r, "version", ASTRAID_VERSION);
     cJSON_AddNumberToObject(r, "pid", getpid());
-    cJSON_AddNumberToObject(r, "uptime_s", now_wall() - astraid.started_at);
+    cJSON_AddNumberToObject(r, "uptime_s", clock_mono_s() - astraid.started_at);
     cJSON_AddItemToObject(r, "devices", devices_to_json(&astraid.devices));
     cJSON_AddItemToObject(r, "gpus", gpus_to_json());
     cJSON *socks = cJSON_AddArrayToObject(r, "sockets");

@@ -162,7 +162,7 @@ void retention_apply(void) {
     for (Job *j = astraid.jobs; j; j = j->next)
         if (job_is_final(j->state) && !j->run) done[n++] = j;
     qsort(done, n, sizeof *done, finished_later);
-    double now = now_wall();
+    double now = clock_wall_s();
     long removed = 0;
     for (size_t i = 0; i < n; i++) {
         if (!(keep_count >= 0 && (long)i >= keep_count) &&

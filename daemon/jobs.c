@@ -201,7 +201,7 @@ static Job *job_new(const JobSpec *js, const cJSON *spec, long uid) {
             j->want_ids[i] = (int)js->device_ids[i];
     }
     j->submitted_by = uid;
-    j->created_at = now_wall();
+    j->created_at = clock_wall_s();
     return j;
 }
 
@@ -270,8 +270,8 @@ static void drop_log(Job *j);
 // The state and the times that go with it.
 static void apply_state(Job *j, JobState s) {
     j->state = s;
-    if (job_is_final(s)) j->finished_at = now_wall();
-    if (s == JOB_STARTING) j->started_at = now_wall();
+    if (job_is_final(s)) j->finished_at = clock_wall_s();
+    if (s == JOB_STARTING) j->started_at = clock_wall_s();
 }
 
 // What follows a recorded change from `from`: the log line, the event, the watchers; a
@@ -419,7 +419,7 @@ static void on_failure(Job *j, const char *cause, int permanent, const char *sta
     free(j->error);
     j->error = strdup(cause);
     j->restarts++;
-    j->hold_until = now_wall() + backoff_s(j->restarts);
+    j->hold_until = clock_mono_s() + backoff_s(j->restarts);
     log_warn("job %ld: run ended early (%s); restart %ld/%ld in %.0f s", j->id, cause, j->restarts,
              j->max_restarts, backoff_s(j->restarts));
     state_event(j->id, "restart", cause);
@@ -432,7 +432,7 @@ static void start_later(Job *j, const char *cause) {
     free(j->error);
     j->error = strdup(cause);
     j->start_retries++;
-    j->hold_until = now_wall() + backoff_s(j->start_retries);
+    j->hold_until = clock_mono_s() + backoff_s(j->start_retries);
     log_warn("job %ld: could not start (%s); trying again in %.0f s", j->id, cause,
              backoff_s(j->start_retries));
     state_event(j->id, "retry", cause);

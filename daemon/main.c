@@ -15,6 +15,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "common/clock.h"
 #include "common/fsutil.h"
 #include "common/path.h"
 #include "common/socket_path.h"
@@ -23,12 +24,6 @@
 #define DEFAULT_CONFIG "/etc/astraid/astraid.json"
 
 Astraid astraid;
-
-double now_wall(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
-    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
-}
 
 static void usage(void) {
     printf("usage: astraid [--config FILE] [--flag=VALUE ...]\n\n"
@@ -244,7 +239,7 @@ int main(int argc, char **argv) {
     sd_init();
     Err err = {0};
     astraid.loop = uv_default_loop();
-    astraid.started_at = now_wall();
+    astraid.started_at = clock_mono_s();
     int rc = load_config(&astraid.cfg, argc, argv, &err) ? EXIT_BAD_INPUT
              : open_devices(&err)                        ? (err.resource ? 1 : EXIT_BAD_INPUT)
              : start(&err)                               ? 1

@@ -198,7 +198,7 @@ static void arm_wake(double earliest, double now) {
 void scheduler_kick(void) {
     if (astraid.stopping) return;
     for (;;) {
-        double now = now_wall(), earliest = 0;
+        double now = clock_mono_s(), earliest = 0;
         Job *j = queue_head(now, &earliest);
         arm_wake(earliest, now);
         if (!j || !devices_take(j)) return;

@@ -167,7 +167,7 @@ void state_event(long job_id, const char *kind, const char *detail) {
     if (write_begin(&st, "INSERT INTO events(job_id, time, kind, detail) VALUES(?,?,?,?)", NULL))
         return;
     sqlite3_bind_int64(st, 1, job_id);
-    sqlite3_bind_double(st, 2, now_wall());
+    sqlite3_bind_double(st, 2, clock_wall_s());
     bind_text(st, 3, kind);
     bind_text(st, 4, detail);
     write_end(st, NULL);
@@ -232,7 +232,7 @@ void state_run_started(const Job *j, const pid_t *pids, int n) {
     char *text = ids_json(ids, n), *starts_text = cJSON_PrintUnformatted(starts);
     sqlite3_bind_int64(st, 1, j->id);
     sqlite3_bind_int64(st, 2, j->runs);
-    sqlite3_bind_double(st, 3, now_wall());
+    sqlite3_bind_double(st, 3, clock_wall_s());
     bind_text(st, 4, text);
     bind_text(st, 5, starts_text);
     write_end(st, NULL);
@@ -246,7 +246,7 @@ void state_run_ended(const Job *j, const char *outcome) {
     sqlite3_stmt *st;
     if (write_begin(&st, "UPDATE runs SET finished_at=?, outcome=? WHERE job_id=? AND run=?", NULL))
         return;
-    sqlite3_bind_double(st, 1, now_wall());
+    sqlite3_bind_double(st, 1, clock_wall_s());
     bind_text(st, 2, outcome);
     sqlite3_bind_int64(st, 3, j->id);
     sqlite3_bind_int64(st, 4, j->runs);
@@ -381,12 +381,12 @@ static void wait_orphans(const Job *j) {
     char run_dir[PATH_MAX], run_env[PATH_MAX + 16];
     if (job_run_dir(j, run_dir, sizeof run_dir)) run_dir[0] = 0;
     snprintf(run_env, sizeof run_env, "ASTRAI_RUN_DIR=%s", run_dir);
-    double deadline = now_wall() + astraid.cfg.stop_timeout;
+    double deadline = clock_mono_s() + astraid.cfg.stop_timeout;
     for (int i = 0; i < cJSON_GetArraySize(pids); i++) {
         int pid = (int)cJSON_GetArrayItem(pids, i)->valuedouble;
         const cJSON *s = cJSON_GetArrayItem(starts, i);
         unsigned long long start = cJSON_IsNumber(s) ? (unsigned long long)s->valuedouble : 0;
-        while (is_our_rank(pid, start, run_env) && now_wall() < deadline)
+        while (is_our_rank(pid, start, run_env) && clock_mono_s() < deadline)
             usleep(100 * 1000);
         if (is_our_rank(pid, start, run_env)) {
             log_warn("job %ld: rank pid %d of a previous astraid is still alive; SIGKILL", j->id,

@@ -24,6 +24,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "common/clock.h"
 #include "worker/lib/rendezvous.h"
 
 #define DEFAULT_STOP_GRACE_S 30.0
@@ -68,16 +69,10 @@ static int env_seconds(const char *name, double fallback, double *out, Err *err)
     return 0;
 }
 
-static int64_t now_ms(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
-
 void launch_new_shm_name(char *out, size_t cap) {
     uint64_t nonce = 0;
     if (getrandom(&nonce, sizeof nonce, 0) != (ssize_t)sizeof nonce)
-        nonce = (uint64_t)now_ms() ^ ((uint64_t)getpid() << 32);
+        nonce = (uint64_t)clock_mono_ms() ^ ((uint64_t)getpid() << 32);
     snprintf(out, cap, "/astrai-%d-%016llx", (int)getpid(), (unsigned long long)nonce);
 }
 
@@ -412,7 +407,7 @@ static void signal_ranks(const Supervisor *s, int sig) {
 
 static void start_stop(Supervisor *s, int sig) {
     s->stopping = 1;
-    s->deadline = now_ms() + (int64_t)(s->grace_s * 1000);
+    s->deadline = clock_mono_ms() + (int64_t)(s->grace_s * 1000);
     signal_ranks(s, sig);
 }
 
@@ -423,7 +418,7 @@ static void kill_ranks(Supervisor *s, int after_grace) {
             fprintf(stderr, "astrai-train: rank %d (pid %d) did not stop within %g s; SIGKILL\n", i,
                     (int)s->ranks[i].pid, s->grace_s);
     s->killed = 1;
-    s->deadline = now_ms() + KILL_WAIT_MS;
+    s->deadline = clock_mono_ms() + KILL_WAIT_MS;
     signal_ranks(s, SIGKILL);
 }
 
@@ -495,7 +490,7 @@ static void supervise(Supervisor *s, const sigset_t *watched) {
     while (s->running > 0) {
         struct timespec ts, *timeout = NULL;
         if (s->stopping) {
-            int64_t left = s->deadline - now_ms();
+            int64_t left = s->deadline - clock_mono_ms();
             left = left < 0 ? 0 : left;
             ts = (struct timespec){left / 1000, (left % 1000) * 1000000L};
             timeout = &ts;

@@ -9,6 +9,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "common/clock.h"
 #include "common/fsutil.h"
 
 static const char *SCHEMA =
@@ -127,9 +128,7 @@ int progress_add_checkpoint(ProgressDb *p, long step, long epoch, const char *pa
     sqlite3_bind_int64(st, 1, step);
     sqlite3_bind_int64(st, 2, epoch);
     sqlite3_bind_text(st, 3, path, -1, SQLITE_TRANSIENT);
-    struct timespec now;
-    clock_gettime(CLOCK_REALTIME, &now);
-    sqlite3_bind_double(st, 4, (double)now.tv_sec + now.tv_nsec * 1e-9);
+    sqlite3_bind_double(st, 4, clock_wall_s());
     return run_insert(p, st, err);
 }
 
@@ -141,9 +140,7 @@ int progress_add_validation(ProgressDb *p, long step, long epoch, long consumed_
     sqlite3_bind_int64(st, 2, epoch);
     sqlite3_bind_int64(st, 3, consumed_samples);
     sqlite3_bind_double(st, 4, val_loss);
-    struct timespec now;
-    clock_gettime(CLOCK_REALTIME, &now);
-    sqlite3_bind_double(st, 5, (double)now.tv_sec + now.tv_nsec * 1e-9);
+    sqlite3_bind_double(st, 5, clock_wall_s());
     return run_insert(p, st, err);
 }
 
@@ -195,12 +192,6 @@ static void stamp(char *out, size_t cap, double unix_s) {
     struct tm tm;
     localtime_r(&t, &tm);
     strftime(out, cap, "%Y-%m-%dT%H:%M:%S", &tm);
-}
-
-static double wall_now(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
 // The numbers a step row can carry, by their --metrics names.
@@ -264,7 +255,7 @@ int metrics_append_epoch(MetricLog *m, long step, long epoch, long consumed_samp
     }
     MetricRow row = {
         .kind = METRIC_EPOCH, .step = step, .epoch = epoch, .consumed_samples = consumed_samples};
-    stamp(row.timestamp, sizeof row.timestamp, wall_now());
+    stamp(row.timestamp, sizeof row.timestamp, clock_wall_s());
     return metrics_append_row(m, &row, err);
 }
 
@@ -276,7 +267,7 @@ int metrics_append_validation(MetricLog *m, long step, long epoch, long consumed
                      .consumed_samples = consumed_samples,
                      .has = METRIC_HAS_VAL_LOSS,
                      .val_loss = val_loss};
-    stamp(row.timestamp, sizeof row.timestamp, wall_now());
+    stamp(row.timestamp, sizeof row.timestamp, clock_wall_s());
     return metrics_append_row(m, &row, err);
 }
 

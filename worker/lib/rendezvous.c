@@ -6,6 +6,7 @@
 //   reply (rank 0 → rank r): magic, status (0 ok, 1 error), n, then n bytes
 //                            (the payload, or the error message)
 #include "worker/lib/rendezvous.h"
+#include "common/clock.h"
 
 #include <arpa/inet.h>
 #include <errno.h>
@@ -34,14 +35,8 @@
 enum { REPLY_OK = 0, REPLY_ERROR = 1 };
 typedef enum { IO_OK, IO_TIMEOUT, IO_CLOSED, IO_ERROR } IoStatus;
 
-static int64_t now_ms(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
-
 static int ms_left(int64_t deadline) {
-    int64_t left = deadline - now_ms();
+    int64_t left = deadline - clock_mono_ms();
     return left < 0 ? 0 : (int)left;
 }
 
@@ -226,7 +221,7 @@ static void send_reply(int fd, uint32_t status, const void *body, size_t n) {
     uint8_t head[4 * REPLY_WORDS];
     uint32_t w[REPLY_WORDS] = {RDZV_MAGIC, status, (uint32_t)n};
     put_words(head, w, REPLY_WORDS);
-    int64_t deadline = now_ms() + REPLY_SEND_MS;
+    int64_t deadline = clock_mono_ms() + REPLY_SEND_MS;
     // A rank that is gone needs no answer: its send error is not ours.
     if (send_all(fd, head, sizeof head, deadline) == IO_OK) send_all(fd, body, n, deadline);
 }
@@ -351,7 +346,7 @@ static int gather(Root *r, int lfd, int64_t deadline, Err *err) {
 }
 
 static int run_root(const RendezvousConfig *cfg, const uint8_t *payload, size_t len, Err *err) {
-    int64_t deadline = now_ms() + cfg->timeout_ms;
+    int64_t deadline = clock_mono_ms() + cfg->timeout_ms;
     int lfd = cfg->listen_fd;
     if (lfd < 0 && rendezvous_listen(cfg->port, 0, &lfd, NULL, err)) return -1;
     fcntl(lfd, F_SETFL, fcntl(lfd, F_GETFL) | O_NONBLOCK);
@@ -399,7 +394,7 @@ static int connect_once(const RendezvousConfig *cfg, int64_t deadline, int *fd_o
     for (struct addrinfo *ai = res; ai && rc; ai = ai->ai_next) {
         int fd = socket(ai->ai_family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
         if (fd < 0) continue;
-        int64_t try_deadline = now_ms() + CONNECT_TRY_MS;
+        int64_t try_deadline = clock_mono_ms() + CONNECT_TRY_MS;
         int e = 0;
         socklen_t el = sizeof e;
         if (connect(fd, ai->ai_addr, ai->ai_addrlen) && errno != EINPROGRESS)
@@ -470,7 +465,7 @@ static int read_reply(const RendezvousConfig *cfg, int fd, int64_t deadline, uin
 }
 
 static int run_peer(const RendezvousConfig *cfg, uint8_t *payload, size_t len, Err *err) {
-    int64_t deadline = now_ms() + cfg->timeout_ms;
+    int64_t deadline = clock_mono_ms() + cfg->timeout_ms;
     int fd = -1;
     if (connect_root(cfg, deadline, &fd, err)) return -1;
     uint8_t hello[4 * HELLO_WORDS];

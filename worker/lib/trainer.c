@@ -12,6 +12,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "common/clock.h"
 #include "common/fsutil.h"
 #include "common/path.h"
 #include "engine/counter_rng.h"
@@ -19,12 +20,6 @@
 
 volatile sig_atomic_t trainer_stop_requested = 0;
 volatile sig_atomic_t trainer_checkpoint_requested = 0;
-
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
 
 long trainer_total_steps(int64_t n_samples, long nprocs, long batch, long accum, long n_epoch) {
     int64_t per_replica = (n_samples + nprocs - 1) / nprocs;
@@ -241,8 +236,8 @@ static int save_checkpoint(Trainer *t, Err *err) {
 }
 
 typedef struct {
-    double step_start; // wall time the current optimizer step began
-    double run_start;  // wall time this process began training
+    double step_start; // clock_mono_s() when the current optimizer step began
+    double run_start;  // clock_mono_s() when this process began training
     long steps_run;    // optimizer steps done by this process
     long tokens;       // tokens of the current optimizer step
     double reward_sum; // GRPO: the sum of its micro-batches' mean rewards
@@ -405,7 +400,7 @@ static int optimizer_step(Trainer *t, StepClock *c, int *stop, int *ckpt, Err *e
     if (executor_after_step(&t->exec, &t->model, err)) return -1;
     if (t->exec.mode != EXEC_FSDP) model_zero_grad(&t->model);
     t->step++;
-    double now = now_s();
+    double now = clock_mono_s();
     StepRow row = {.step = t->step,
                    .epoch = t->epoch,
                    .consumed_samples = t->consumed_samples,
@@ -413,7 +408,7 @@ static int optimizer_step(Trainer *t, StepClock *c, int *stop, int *ckpt, Err *e
                    .lr = lr,
                    .grad_norm = (float)tot.norm,
                    .tokens_per_s = (double)c->tokens * t->world / fmax(now - c->step_start, 1e-9),
-                   .wall_time = now};
+                   .wall_time = clock_wall_s()};
     add_pref_metrics(t, &row, tot.pref);
     c->steps_run++;
     if (t->memory_report) {
@@ -444,7 +439,7 @@ static int optimizer_step(Trainer *t, StepClock *c, int *stop, int *ckpt, Err *e
         fprintf(stderr, "%s\n", line);
     }
     c->tokens = 0;
-    c->step_start = now_s(); // after any validation: the next step is timed alone
+    c->step_start = clock_mono_s(); // after any validation: the next step is timed alone
     return 0;
 }
 
@@ -510,7 +505,7 @@ static int write_memory_report(const Trainer *t, Err *err) {
 // (RUN_STOPPED); -1 on error.
 static int run_epochs(Trainer *t, Err *err) {
     const TrainSpec *s = t->spec;
-    StepClock clock = {.step_start = now_s(), .run_start = now_s()};
+    StepClock clock = {.step_start = clock_mono_s(), .run_start = clock_mono_s()};
     for (; t->epoch < s->n_epoch; t->epoch++, t->epoch_pos = 0) {
         sampler_set_epoch(&t->sampler, t->epoch);
         while (t->epoch_pos < t->sampler.per_replica) {
