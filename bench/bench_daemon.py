@@ -3,8 +3,10 @@
 
 One run measures, while a job trains through astraid:
   1. `status` round trips on the unix socket, from C clients (bench_status_latency, one thread
-     and connection each, requests back to back): p50/p99/max latency and requests/s with 1
-     client and with 64 concurrent clients;
+     and connection each): p50/p99/max latency and requests/s with 1 client and with 64
+     clients sending back to back (throughput: with 64 clients the latency is mostly
+     queueing, p50 ~ 64 / throughput), and with 64 clients each sending one request every
+     --interval-ms (64 users of `astraictl status`/`watch`: the latency they see);
   2. training tokens/s of a job run through astraid vs the same astrai-train command run
      alone, one after the other (never side by side), both read from their progress.db
      (median tokens_per_s over the steps after the warm-up).
@@ -39,16 +41,21 @@ def parse_args():
                                 formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--build", default="build", help="build directory with the binaries")
     p.add_argument("--requests", type=int, default=3000, help="status calls per measurement")
+    p.add_argument("--interval-ms", type=float, default=50,
+                   help="each of the 64 paced clients sends one status per this interval")
+    p.add_argument("--paced-s", type=float, default=10, help="length of the paced measurement")
     p.add_argument("--warmup", type=int, default=5, help="first steps left out of tokens/s")
     p.add_argument("--threads", type=int, default=2)
-    p.add_argument("--rounds", type=int, default=3, help="alternating alone/astraid rounds")
+    p.add_argument("--rounds", type=int, default=3,
+                   help="alternating alone/astraid rounds (0: the latencies alone)")
     return p.parse_args()
 
 
-def round_trips(build, path, job, clients, total):
-    """`status` round trips from C clients (bench/status_latency.c), one connection each."""
+def round_trips(build, path, job, clients, total, interval_ms=0):
+    """`status` round trips from C clients (bench/status_latency.c), one connection each;
+    interval_ms 0: back to back, else one request per client every interval_ms."""
     out = subprocess.run([os.path.join(build, "bench_status_latency"), path, str(job),
-                          str(clients), str(max(1, total // clients))],
+                          str(clients), str(max(1, total // clients)), str(interval_ms)],
                          capture_output=True, text=True, check=True)
     return json.loads(out.stdout)
 
@@ -59,6 +66,34 @@ def tokens_per_s(progress_db, warmup):
                                      (warmup,))]
     db.close()
     return statistics.median(rows), len(rows)
+
+
+def training(a, c, d, root, train):
+    """2. the same training alone and through astraid, one after the other, in alternating
+    rounds (the machine is shared: the median of the rounds is the figure)."""
+    import daemon_util as du
+    import train_util as tu
+    rounds = []
+    for r in range(a.rounds):
+        alone_dir = os.path.join(root, f"alone{r}")
+        subprocess.run([tu.binary("astrai-train")] + [f"--{k}={v}" for k, v in train.items()] +
+                       [f"--ckpt_dir={alone_dir}"], check=True, capture_output=True)
+        job = c.call("submit", dict(train, name=f"measured{r}"))["job"]
+        du.wait_job(c, job, ["completed"], timeout=3600)
+        alone, n = tokens_per_s(os.path.join(alone_dir, "progress.db"), a.warmup)
+        through, _ = tokens_per_s(os.path.join(d.state_dir, "jobs", str(job), "progress.db"),
+                                  a.warmup)
+        rounds.append({"steps_measured": n, "alone_tokens_per_s": alone,
+                       "astraid_tokens_per_s": through})
+    alone = statistics.median(x["alone_tokens_per_s"] for x in rounds)
+    through = statistics.median(x["astraid_tokens_per_s"] for x in rounds)
+    # On a busy machine the best round of each side is the least disturbed one.
+    best_alone = max(x["alone_tokens_per_s"] for x in rounds)
+    best_through = max(x["astraid_tokens_per_s"] for x in rounds)
+    return {"rounds": rounds, "alone_tokens_per_s": alone, "astraid_tokens_per_s": through,
+            "overhead_pct": (alone - through) / alone * 100,
+            "best_alone_tokens_per_s": best_alone, "best_astraid_tokens_per_s": best_through,
+            "best_overhead_pct": (best_alone - best_through) / best_alone * 100}
 
 
 def main():
@@ -82,46 +117,30 @@ def main():
     du.wait_job(c, busy, ["running"], pred=lambda j: j["step"] > 0)
     out["status_1_client"] = round_trips(a.build, d.socket, busy, 1, a.requests)
     out["status_64_clients"] = round_trips(a.build, d.socket, busy, 64, a.requests * 4)
+    paced = int(a.paced_s * 1000 / a.interval_ms) * 64
+    out["status_64_paced"] = round_trips(a.build, d.socket, busy, 64, paced, a.interval_ms)
     assert c.call("status", {"job": busy})["state"] == "running"
     c.call("cancel", {"job": busy})
     du.wait_job(c, busy, ["cancelled"], pred=lambda j: not j["devices"])
     time.sleep(1)
-    # 2. the same training alone and through astraid, one after the other, in alternating
-    # rounds (the machine is shared: the median of the rounds is the figure)
-    rounds = []
-    for r in range(a.rounds):
-        alone_dir = os.path.join(root, f"alone{r}")
-        subprocess.run([tu.binary("astrai-train")] + [f"--{k}={v}" for k, v in train.items()] +
-                       [f"--ckpt_dir={alone_dir}"], check=True, capture_output=True)
-        job = c.call("submit", dict(train, name=f"measured{r}"))["job"]
-        du.wait_job(c, job, ["completed"], timeout=3600)
-        alone, n = tokens_per_s(os.path.join(alone_dir, "progress.db"), a.warmup)
-        through, _ = tokens_per_s(os.path.join(d.state_dir, "jobs", str(job), "progress.db"),
-                                  a.warmup)
-        rounds.append({"steps_measured": n, "alone_tokens_per_s": alone,
-                       "astraid_tokens_per_s": through})
-    alone = statistics.median(x["alone_tokens_per_s"] for x in rounds)
-    through = statistics.median(x["astraid_tokens_per_s"] for x in rounds)
-    # On a busy machine the best round of each side is the least disturbed one.
-    best_alone = max(x["alone_tokens_per_s"] for x in rounds)
-    best_through = max(x["astraid_tokens_per_s"] for x in rounds)
-    out["training"] = {"rounds": rounds, "alone_tokens_per_s": alone,
-                       "astraid_tokens_per_s": through,
-                       "overhead_pct": (alone - through) / alone * 100,
-                       "best_alone_tokens_per_s": best_alone,
-                       "best_astraid_tokens_per_s": best_through,
-                       "best_overhead_pct": (best_alone - best_through) / best_alone * 100}
+    if a.rounds:
+        out["training"] = training(a, c, d, root, train)
     out["load_avg_end"] = os.getloadavg()[0]
     c.close()
     d.stop()
     print(json.dumps(out, indent=1))
-    s1, s64, t = out["status_1_client"], out["status_64_clients"], out["training"]
+    s1, s64, sp = out["status_1_client"], out["status_64_clients"], out["status_64_paced"]
     print(f"status 1 client: p50 {s1['p50_ms']:.3f} ms p99 {s1['p99_ms']:.3f} ms "
-          f"{s1['req_per_s']:.0f} req/s | 64 clients: p50 {s64['p50_ms']:.3f} ms "
-          f"p99 {s64['p99_ms']:.3f} ms {s64['req_per_s']:.0f} req/s | tokens/s alone "
-          f"{t['alone_tokens_per_s']:.0f} vs astraid {t['astraid_tokens_per_s']:.0f} "
-          f"({t['overhead_pct']:+.2f}% overhead; best rounds {t['best_alone_tokens_per_s']:.0f} vs "
-          f"{t['best_astraid_tokens_per_s']:.0f}, {t['best_overhead_pct']:+.2f}%)")
+          f"{s1['req_per_s']:.0f} req/s | 64 clients back to back: p50 {s64['p50_ms']:.3f} ms "
+          f"p99 {s64['p99_ms']:.3f} ms {s64['req_per_s']:.0f} req/s | 64 clients every "
+          f"{sp['interval_ms']:g} ms: p50 {sp['p50_ms']:.3f} ms p99 {sp['p99_ms']:.3f} ms "
+          f"max {sp['max_ms']:.3f} ms")
+    t = out.get("training")
+    if t:
+        print(f"tokens/s alone {t['alone_tokens_per_s']:.0f} vs astraid {t['astraid_tokens_per_s']:.0f} "
+              f"({t['overhead_pct']:+.2f}% overhead; best rounds "
+              f"{t['best_alone_tokens_per_s']:.0f} vs {t['best_astraid_tokens_per_s']:.0f}, "
+              f"{t['best_overhead_pct']:+.2f}%)")
 
 
 if __name__ == "__main__":

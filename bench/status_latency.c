@@ -2,11 +2,16 @@
 // (bench/bench_daemon.py drives it; a Python client's own overhead would hide sub-millisecond
 // differences).
 //
-//   bench_status_latency SOCKET JOB CLIENTS REQUESTS_PER_CLIENT
+//   bench_status_latency SOCKET JOB CLIENTS REQUESTS_PER_CLIENT [INTERVAL_MS]
 //
-// Each client is a thread with its own connection sending `status` back to back (the next
-// request when the reply's newline arrives). Prints one JSON object: clients, requests,
-// p50_ms, p99_ms, max_ms, req_per_s. Exit 1 if a connection fails or a reply is an error.
+// Each client is a thread with its own connection. Without INTERVAL_MS (or 0) it sends
+// `status` back to back (the next request when the reply's newline arrives): that measures
+// throughput, and with many clients the latency is mostly queueing (p50 ~ clients /
+// throughput). With INTERVAL_MS each client sends one request every INTERVAL_MS, the clients
+// spread evenly over the interval (users running `astraictl status`/`watch`, not in step):
+// that measures the latency a user sees. Prints one JSON object: clients, requests,
+// interval_ms, p50_ms, p99_ms, max_ms, req_per_s. Exit 1 if a connection fails or a reply
+// is an error.
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -20,7 +25,8 @@ typedef struct {
     const char *socket_path;
     long job;
     int requests;
-    double *lat; // (requests,) seconds
+    double interval, offset; // seconds between requests (0: back to back), first one's delay
+    double *lat;             // (requests,) seconds
     int failed;
 } Client;
 
@@ -28,6 +34,13 @@ static double mono_s(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+static void sleep_until(double t) {
+    double left = t - mono_s();
+    if (left <= 0) return;
+    struct timespec ts = {(time_t)left, (long)((left - (double)(time_t)left) * 1e9)};
+    nanosleep(&ts, NULL);
 }
 
 static int connect_unix(const char *path) {
@@ -66,7 +79,12 @@ static void *client_main(void *arg) {
     int len = snprintf(
         req, sizeof req,
         "{\"jsonrpc\":\"2.0\",\"id\":1,\"method\":\"status\",\"params\":{\"job\":%ld}}\n", c->job);
+    double next = mono_s() + c->offset;
     for (int i = 0; i < c->requests && !c->failed; i++) {
+        if (c->interval > 0) { // on its schedule; a late reply does not shift the next slots
+            sleep_until(next);
+            next += c->interval;
+        }
         double t0 = mono_s();
         if (write(fd, req, (size_t)len) != len || read_line(fd, reply, sizeof reply) ||
             !strstr(reply, "\"result\""))
@@ -83,19 +101,26 @@ static int cmp_double(const void *a, const void *b) {
 }
 
 int main(int argc, char **argv) {
-    if (argc != 5) {
-        fprintf(stderr, "usage: %s SOCKET JOB CLIENTS REQUESTS_PER_CLIENT\n", argv[0]);
+    if (argc != 5 && argc != 6) {
+        fprintf(stderr, "usage: %s SOCKET JOB CLIENTS REQUESTS_PER_CLIENT [INTERVAL_MS]\n",
+                argv[0]);
         return 2;
     }
     int clients = atoi(argv[3]), per = atoi(argv[4]);
-    if (clients < 1 || per < 1) return 2;
+    double interval = argc == 6 ? atof(argv[5]) * 1e-3 : 0;
+    if (clients < 1 || per < 1 || interval < 0) return 2;
     Client *cs = calloc((size_t)clients, sizeof *cs);
     pthread_t *th = calloc((size_t)clients, sizeof *th);
     double *all = calloc((size_t)clients * per, sizeof *all);
     if (!cs || !th || !all) return 1;
     double t0 = mono_s();
     for (int i = 0; i < clients; i++) {
-        cs[i] = (Client){argv[1], atol(argv[2]), per, all + (size_t)i * per, 0};
+        cs[i] = (Client){.socket_path = argv[1],
+                         .job = atol(argv[2]),
+                         .requests = per,
+                         .interval = interval,
+                         .offset = interval * i / clients,
+                         .lat = all + (size_t)i * per};
         pthread_create(&th[i], NULL, client_main, &cs[i]);
     }
     int failed = 0;
@@ -106,10 +131,11 @@ int main(int argc, char **argv) {
     double wall = mono_s() - t0;
     size_t n = (size_t)clients * per;
     qsort(all, n, sizeof *all, cmp_double);
-    printf("{\"clients\": %d, \"requests\": %zu, \"p50_ms\": %.4f, \"p99_ms\": %.4f, "
-           "\"max_ms\": %.4f, \"req_per_s\": %.1f, \"failed\": %s}\n",
-           clients, n, all[n / 2] * 1e3, all[(size_t)(0.99 * (double)(n - 1))] * 1e3,
-           all[n - 1] * 1e3, (double)n / wall, failed ? "true" : "false");
+    printf("{\"clients\": %d, \"requests\": %zu, \"interval_ms\": %g, \"p50_ms\": %.4f, "
+           "\"p99_ms\": %.4f, \"max_ms\": %.4f, \"req_per_s\": %.1f, \"failed\": %s}\n",
+           clients, n, interval * 1e3, all[n / 2] * 1e3,
+           all[(size_t)(0.99 * (double)(n - 1))] * 1e3, all[n - 1] * 1e3, (double)n / wall,
+           failed ? "true" : "false");
     free(cs), free(th), free(all);
     return failed;
 }

@@ -14,6 +14,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "common/buf.h"
+
 // The Python implementation refuses headers above 100 MB; so do we.
 #define ST_MAX_HEADER_LEN 100000000ull
 // Integers in JSON arrive as doubles: beyond 2^53 they are no longer exact.
@@ -375,48 +377,29 @@ int st_read_f32(const StFile *f, const char *name, int ndim, const int64_t *shap
 
 // ---------------------------------------------------------------- writing
 
-typedef struct {
-    char *buf;
-    size_t len, cap;
-} StrBuf;
-
-static int sb_append(StrBuf *sb, const char *s, size_t n) {
-    if (sb->len + n + 1 > sb->cap) {
-        size_t cap = (sb->cap ? sb->cap * 2 : 1024) + n;
-        char *p = realloc(sb->buf, cap);
-        if (!p) return -1;
-        sb->buf = p;
-        sb->cap = cap;
-    }
-    memcpy(sb->buf + sb->len, s, n);
-    sb->len += n;
-    sb->buf[sb->len] = '\0';
-    return 0;
-}
-
-static int sb_printf(StrBuf *sb, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static int sb_printf(StrBuf *sb, const char *fmt, ...) {
+static int sb_printf(Buf *sb, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static int sb_printf(Buf *sb, const char *fmt, ...) {
     char tmp[256];
     va_list ap;
     va_start(ap, fmt);
     int n = vsnprintf(tmp, sizeof tmp, fmt, ap);
     va_end(ap);
     if (n < 0 || (size_t)n >= sizeof tmp) return -1;
-    return sb_append(sb, tmp, (size_t)n);
+    return buf_append(sb, tmp, (size_t)n);
 }
 
 // JSON string literal of s, escaped as serde_json does.
-static int sb_json_string(StrBuf *sb, const char *s) {
-    int rc = sb_append(sb, "\"", 1);
+static int sb_json_string(Buf *sb, const char *s) {
+    int rc = buf_append(sb, "\"", 1);
     for (const unsigned char *p = (const unsigned char *)s; *p && rc == 0; p++) {
         if (*p == '"' || *p == '\\')
             rc = sb_printf(sb, "\\%c", *p);
         else if (*p < 0x20)
             rc = sb_printf(sb, "\\u%04x", *p);
         else
-            rc = sb_append(sb, (const char *)p, 1);
+            rc = buf_append(sb, (const char *)p, 1);
     }
-    return rc ? rc : sb_append(sb, "\"", 1);
+    return rc ? rc : buf_append(sb, "\"", 1);
 }
 
 static uint64_t numel_of(const StWriteTensor *t) {
@@ -433,13 +416,13 @@ static int cmp_write_by_name(const void *a, const void *b) {
 
 // The header {"name":{"dtype":..,"shape":[..],"data_offsets":[b,e]},..} with tensors
 // in `order`, padded with spaces to a multiple of 8 like the Python writer.
-static int build_header(StrBuf *sb, const StWriteTensor *const *order, int n, StDType dtype) {
-    int rc = sb_append(sb, "{", 1);
+static int build_header(Buf *sb, const StWriteTensor *const *order, int n, StDType dtype) {
+    int rc = buf_append(sb, "{", 1);
     uint64_t offset = 0;
     for (int i = 0; i < n && rc == 0; i++) {
         const StWriteTensor *t = order[i];
         uint64_t bytes = numel_of(t) * dtype_size(dtype);
-        if (i) rc |= sb_append(sb, ",", 1);
+        if (i) rc |= buf_append(sb, ",", 1);
         rc |= sb_json_string(sb, t->name);
         rc |= sb_printf(sb, ":{\"dtype\":\"%s\",\"shape\":[", dtype_name(dtype));
         for (int d = 0; d < t->ndim; d++)
@@ -448,9 +431,9 @@ static int build_header(StrBuf *sb, const StWriteTensor *const *order, int n, St
                         (unsigned long long)(offset + bytes));
         offset += bytes;
     }
-    rc |= sb_append(sb, "}", 1);
+    rc |= buf_append(sb, "}", 1);
     while (rc == 0 && sb->len % 8 != 0)
-        rc = sb_append(sb, " ", 1);
+        rc = buf_append(sb, " ", 1);
     return rc;
 }
 
@@ -501,8 +484,8 @@ static int check_write_args(const StWriteTensor *const *order, int n, StDType dt
     return 0;
 }
 
-static int write_file(const char *path, const StrBuf *header, const StWriteTensor *const *order,
-                      int n, StDType dtype, Err *err) {
+static int write_file(const char *path, const Buf *header, const StWriteTensor *const *order, int n,
+                      StDType dtype, Err *err) {
     float *stage = malloc(STAGE_FLOATS * sizeof *stage);
     if (!stage) return err_resource(err, "%s: out of memory for the staging buffer", path);
     FILE *fp = fopen(path, "wb");
@@ -513,9 +496,10 @@ static int write_file(const char *path, const StrBuf *header, const StWriteTenso
     uint8_t prefix[8];
     for (int i = 0; i < 8; i++)
         prefix[i] = (uint8_t)((uint64_t)header->len >> (8 * i));
-    int rc = fwrite(prefix, 1, 8, fp) == 8 && fwrite(header->buf, 1, header->len, fp) == header->len
-                 ? 0
-                 : -1;
+    int rc =
+        fwrite(prefix, 1, 8, fp) == 8 && fwrite(header->data, 1, header->len, fp) == header->len
+            ? 0
+            : -1;
     for (int i = 0; i < n && rc == 0; i++)
         rc = write_tensor_data(fp, order[i], dtype, stage);
     free(stage);
@@ -535,7 +519,7 @@ int st_write(const char *path, const StWriteTensor *tensors, int n, StDType dtyp
     for (int i = 0; i < n; i++)
         order[i] = &tensors[i];
     qsort(order, (size_t)n, sizeof *order, cmp_write_by_name);
-    StrBuf header = {0};
+    Buf header = {0};
     int rc = check_write_args(order, n, dtype, err);
     if (rc != 0) {
         err_prefix(err, "%s", path);
@@ -544,7 +528,7 @@ int st_write(const char *path, const StWriteTensor *tensors, int n, StDType dtyp
     } else {
         rc = write_file(path, &header, order, n, dtype, err);
     }
-    free(header.buf);
+    buf_free(&header);
     free(order);
     return rc;
 }

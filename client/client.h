@@ -43,16 +43,16 @@ typedef struct {
     int timeout_ms;
     PushHandler on_push;
     void *push_ctx;
-} Conn;
+} Client;
 
 // connect.c. Functions return an exit code (EXIT_OK on success) with err filled.
 int client_socket_path(const Options *o, char *buf, size_t cap, Err *err);
-int conn_open(Conn *c, const Options *o, Err *err);
-void conn_close(Conn *c);
+int client_open(Client *c, const Options *o, Err *err);
+void client_close(Client *c);
 // Sends a request (takes params) and waits for its reply; *result is owned by the caller.
-int conn_call(Conn *c, const char *method, cJSON *params, cJSON **result, Err *err);
+int client_call(Client *c, const char *method, cJSON *params, cJSON **result, Err *err);
 // Waits (without limit) for the next message and hands pushes to c->on_push.
-int conn_wait_push(Conn *c, Err *err);
+int client_wait_push(Client *c, Err *err);
 
 // commands.c: `astraictl COMMAND args...`; returns the exit code.
 int run_command(const char *command, int argc, char **argv, const Options *o);

@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include "client/client.h"
+#include "common/buf.h"
 #include "proto/job_spec.h"
 
 static int fail(int code, const Err *err) {
@@ -39,14 +40,14 @@ static cJSON *job_params(long id) {
 
 // One request on a fresh connection; prints errors and returns the exit code.
 static int call_once(const Options *o, const char *method, cJSON *params, cJSON **result) {
-    Conn c;
+    Client c;
     Err err;
-    int rc = conn_open(&c, o, &err);
+    int rc = client_open(&c, o, &err);
     if (!rc)
-        rc = conn_call(&c, method, params, result, &err);
+        rc = client_call(&c, method, params, result, &err);
     else
         cJSON_Delete(params);
-    conn_close(&c);
+    client_close(&c);
     return rc ? fail(rc, &err) : EXIT_OK;
 }
 
@@ -140,18 +141,18 @@ static void on_progress_push(const char *method, const cJSON *params, void *ctx)
 }
 
 // watch on an open connection until the followed job ends (forever for every job).
-static int follow_progress(Conn *c, Progress *p, Err *err) {
+static int follow_progress(Client *c, Progress *p, Err *err) {
     p->jobs = cJSON_CreateArray();
     c->on_push = on_progress_push;
     c->push_ctx = p;
     cJSON *result = NULL;
-    int rc = conn_call(c, "watch", p->job >= 0 ? job_params(p->job) : cJSON_CreateObject(), &result,
-                       err);
+    int rc = client_call(c, "watch", p->job >= 0 ? job_params(p->job) : cJSON_CreateObject(),
+                         &result, err);
     const cJSON *job;
     cJSON_ArrayForEach(job, cJSON_GetObjectItemCaseSensitive(result, "jobs")) update_job(p, job);
     cJSON_Delete(result);
     while (!rc && !p->done)
-        rc = conn_wait_push(c, err);
+        rc = client_wait_push(c, err);
     if (p->tty && p->drawn) printf("\n");
     return rc;
 }
@@ -181,24 +182,22 @@ static int absolutize_paths(cJSON *spec, Err *err) {
 static int load_job_file(const char *path, cJSON **spec, Err *err) {
     FILE *f = fopen(path, "rb");
     if (!f) return err_set(err, "%s: %s", path, strerror(errno));
-    char *text = NULL;
-    size_t len = 0, cap = 0, n;
+    Buf text = {0};
+    size_t n;
     char chunk[65536];
-    while ((n = fread(chunk, 1, sizeof chunk, f)) > 0 && len + n < RPC_MAX_LINE) {
-        char *grown = cap < len + n + 1 ? realloc(text, cap = 2 * (len + n) + 1) : text;
-        if (!grown) break;
-        text = grown;
-        memcpy(text + len, chunk, n);
-        len += n;
-    }
+    while ((n = fread(chunk, 1, sizeof chunk, f)) > 0 && text.len + n < RPC_MAX_LINE)
+        if (buf_append(&text, chunk, n)) break;
     int too_big = n > 0, read_error = ferror(f);
     fclose(f);
-    if (too_big || read_error || !text) {
-        free(text);
-        return err_set(err, "%s: %s", path, read_error ? "read error" : text ? "too big" : "empty");
+    if (too_big || read_error || !text.data) {
+        buf_free(&text);
+        return err_set(err, "%s: %s", path,
+                       read_error  ? "read error"
+                       : text.data ? "too big"
+                                   : "empty");
     }
-    *spec = cJSON_ParseWithLength(text, len);
-    free(text);
+    *spec = cJSON_ParseWithLength(text.data, text.len);
+    buf_free(&text);
     if (!*spec) return err_set(err, "%s: not valid JSON", path);
     JobSpec job;
     if (job_spec_parse(&job, *spec, err) || absolutize_paths(*spec, err)) {
@@ -216,7 +215,7 @@ static const char *job_error(const Progress *p) {
 }
 
 // submit --wait / --follow: follow the job until it ends; 0 only when completed.
-static int await_job(Conn *c, long id, const Options *o, Err *err) {
+static int await_job(Client *c, long id, const Options *o, Err *err) {
     Progress p = {.job = id, .show = o->follow, .json = o->json, .tty = !o->json && isatty(1)};
     int rc = follow_progress(c, &p, err);
     if (!rc && o->json && !o->follow) print_json(cJSON_GetArrayItem(p.jobs, 0));
@@ -233,12 +232,12 @@ static int cmd_submit(char **args, const Options *o) {
     Err err;
     cJSON *spec, *result = NULL;
     if (load_job_file(args[0], &spec, &err)) return fail(EXIT_USAGE, &err);
-    Conn c;
-    int rc = conn_open(&c, o, &err);
+    Client c;
+    int rc = client_open(&c, o, &err);
     if (rc)
         cJSON_Delete(spec);
     else
-        rc = conn_call(&c, "submit", spec, &result, &err);
+        rc = client_call(&c, "submit", spec, &result, &err);
     const cJSON *job = cJSON_GetObjectItemCaseSensitive(result, "job");
     if (!rc && !cJSON_IsNumber(job)) {
         err_set(&err, "submit reply without a job id");
@@ -255,7 +254,7 @@ static int cmd_submit(char **args, const Options *o) {
         rc = await_job(&c, (long)job->valuedouble, o, &err);
     }
     cJSON_Delete(result);
-    conn_close(&c);
+    client_close(&c);
     return rc && rc != EXIT_JOB_FAILED ? fail(rc, &err) : rc;
 }
 
@@ -264,16 +263,16 @@ static int cmd_submit(char **args, const Options *o) {
 // Every page of `list` (docs/protocol.md: "after" the last id of the previous page, until
 // "next" is null), on one connection, shown as one table (or one JSON object).
 static int cmd_list(const Options *o) {
-    Conn c;
+    Client c;
     Err err;
     cJSON *all = cJSON_CreateObject(), *jobs = cJSON_AddArrayToObject(all, "jobs");
-    int rc = conn_open(&c, o, &err);
+    int rc = client_open(&c, o, &err);
     double after = 0;
     for (bool more = !rc; more;) {
         cJSON *params = cJSON_CreateObject(), *result = NULL;
         if (o->state) cJSON_AddStringToObject(params, "state", o->state);
         if (after > 0) cJSON_AddNumberToObject(params, "after", after);
-        rc = conn_call(&c, "list", params, &result, &err);
+        rc = client_call(&c, "list", params, &result, &err);
         cJSON *page = cJSON_GetObjectItemCaseSensitive(result, "jobs"), *job;
         while (!rc && (job = cJSON_DetachItemFromArray(page, 0)))
             cJSON_AddItemToArray(jobs, job);
@@ -282,7 +281,7 @@ static int cmd_list(const Options *o) {
         if (more) after = next->valuedouble;
         cJSON_Delete(result);
     }
-    conn_close(&c);
+    client_close(&c);
     if (!rc && o->json)
         print_json(all);
     else if (!rc)
@@ -378,14 +377,14 @@ static int cmd_logs(char **args, const Options *o) {
     if (o->rank >= 0) cJSON_AddNumberToObject(params, "rank", (double)o->rank);
     if (o->tail >= 0) cJSON_AddNumberToObject(params, "tail", (double)o->tail);
     if (o->follow) cJSON_AddBoolToObject(params, "follow", 1);
-    Conn c;
-    int rc = conn_open(&c, o, &err);
+    Client c;
+    int rc = client_open(&c, o, &err);
     c.on_push = on_log_push;
     c.push_ctx = &f;
     if (rc)
         cJSON_Delete(params);
     else
-        rc = conn_call(&c, "logs", params, &result, &err);
+        rc = client_call(&c, "logs", params, &result, &err);
     const cJSON *line;
     if (!rc && o->json)
         print_json(result);
@@ -395,9 +394,9 @@ static int cmd_logs(char **args, const Options *o) {
         }
     fflush(stdout);
     while (!rc && o->follow && !f.done)
-        rc = conn_wait_push(&c, &err);
+        rc = client_wait_push(&c, &err);
     cJSON_Delete(result);
-    conn_close(&c);
+    client_close(&c);
     return rc ? fail(rc, &err) : EXIT_OK;
 }
 
@@ -405,11 +404,11 @@ static int cmd_watch(char **args, const Options *o) {
     Err err;
     Progress p = {.job = -1, .show = true, .json = o->json, .tty = !o->json && isatty(1)};
     if (args[0] && parse_job_id(args[0], &p.job, &err)) return fail(EXIT_USAGE, &err);
-    Conn c;
-    int rc = conn_open(&c, o, &err);
+    Client c;
+    int rc = client_open(&c, o, &err);
     if (!rc) rc = follow_progress(&c, &p, &err);
     cJSON_Delete(p.jobs);
-    conn_close(&c);
+    client_close(&c);
     return rc ? fail(rc, &err) : EXIT_OK;
 }
 

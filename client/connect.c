@@ -43,7 +43,7 @@ static int connect_within(int fd, const struct sockaddr *addr, socklen_t len, in
     return rc;
 }
 
-static int open_unix(Conn *c, const char *path, Err *err) {
+static int open_unix(Client *c, const char *path, Err *err) {
     struct sockaddr_un addr = {.sun_family = AF_UNIX};
     if (strlen(path) >= sizeof addr.sun_path)
         return err_set(err, "socket path too long: %s", path), EXIT_USAGE;
@@ -56,7 +56,7 @@ static int open_unix(Conn *c, const char *path, Err *err) {
     return EXIT_OK;
 }
 
-static int open_tcp(Conn *c, const char *hostport, Err *err) {
+static int open_tcp(Client *c, const char *hostport, Err *err) {
     char host[256];
     const char *colon = strrchr(hostport, ':');
     if (!colon || colon == hostport || !colon[1] || (size_t)(colon - hostport) >= sizeof host)
@@ -101,15 +101,15 @@ static int read_token(const char *path, char *buf, size_t cap, Err *err) {
     return EXIT_OK;
 }
 
-static int authenticate(Conn *c, const char *token, Err *err) {
+static int authenticate(Client *c, const char *token, Err *err) {
     cJSON *params = cJSON_CreateObject(), *result = NULL;
     cJSON_AddStringToObject(params, "token", token);
-    int rc = conn_call(c, "auth", params, &result, err);
+    int rc = client_call(c, "auth", params, &result, err);
     cJSON_Delete(result);
     return rc;
 }
 
-int conn_open(Conn *c, const Options *o, Err *err) {
+int client_open(Client *c, const Options *o, Err *err) {
     memset(c, 0, sizeof *c);
     c->fd = -1;
     c->next_id = 1;
@@ -128,13 +128,13 @@ int conn_open(Conn *c, const Options *o, Err *err) {
     return rc ? rc : open_unix(c, path, err);
 }
 
-void conn_close(Conn *c) {
+void client_close(Client *c) {
     if (c->fd >= 0) close(c->fd);
     c->fd = -1;
     rpc_reader_free(&c->reader);
 }
 
-static int send_all(Conn *c, const char *line, Err *err) {
+static int send_all(Client *c, const char *line, Err *err) {
     for (size_t off = 0, n = strlen(line); off < n;) {
         ssize_t w = send(c->fd, line + off, n - off, MSG_NOSIGNAL);
         if (w < 0 && errno == EINTR) continue;
@@ -145,7 +145,7 @@ static int send_all(Conn *c, const char *line, Err *err) {
 }
 
 // Reads the next message, waiting at most timeout_ms (-1: no limit).
-static int read_message(Conn *c, int timeout_ms, cJSON **msg, Err *err) {
+static int read_message(Client *c, int timeout_ms, cJSON **msg, Err *err) {
     double deadline = clock_mono_s() + timeout_ms / 1000.0;
     for (;;) {
         char *line;
@@ -181,7 +181,7 @@ static int read_message(Conn *c, int timeout_ms, cJSON **msg, Err *err) {
     }
 }
 
-static void dispatch_push(Conn *c, const cJSON *msg) {
+static void dispatch_push(Client *c, const cJSON *msg) {
     const cJSON *method = cJSON_GetObjectItemCaseSensitive(msg, "method");
     if (c->on_push && cJSON_IsString(method))
         c->on_push(method->valuestring, cJSON_GetObjectItemCaseSensitive(msg, "params"),
@@ -202,7 +202,7 @@ static int take_result(cJSON *reply, cJSON **result, Err *err) {
     return EXIT_OK;
 }
 
-int conn_call(Conn *c, const char *method, cJSON *params, cJSON **result, Err *err) {
+int client_call(Client *c, const char *method, cJSON *params, cJSON **result, Err *err) {
     *result = NULL;
     char *line = rpc_request(c->next_id++, method, params);
     if (!line) return err_set(err, "out of memory"), EXIT_CONNECT;
@@ -223,7 +223,7 @@ int conn_call(Conn *c, const char *method, cJSON *params, cJSON **result, Err *e
     return rc;
 }
 
-int conn_wait_push(Conn *c, Err *err) {
+int client_wait_push(Client *c, Err *err) {
     cJSON *msg = NULL;
     int rc = read_message(c, -1, &msg, err);
     if (!rc) dispatch_push(c, msg);

@@ -1,13 +1,67 @@
 // main.c: astraictl, the command-line client of astraid (docs/astraictl.md).
 #include <errno.h>
-#include <getopt.h>
 #include <signal.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "client/client.h"
+#include "common/flags.h"
 
-static void usage(FILE *out) {
+static int parse_count(const Flag *f, const char *text, Err *err) {
+    char *end;
+    errno = 0;
+    long v = strtol(text, &end, 10);
+    if (errno || end == text || *end || v < 0)
+        return err_set(err, "--%s: '%s' is not an integer >= 0", f->name, text);
+    *(long *)f->target = v;
+    return 0;
+}
+
+static int parse_timeout(const Flag *f, const char *text, Err *err) {
+    char *end;
+    double v = strtod(text, &end);
+    if (end == text || *end || !(v > 0 && v <= 1e6))
+        return err_set(err, "--%s: '%s' is not a number of seconds in (0, 1e6]", f->name, text);
+    *(double *)f->target = v;
+    return 0;
+}
+
+// The flags of astraictl, global and of the commands alike (they may stand anywhere).
+#define N_FLAGS 11
+static void flag_table(Options *o, bool *help, Flag flags[N_FLAGS]) {
+    const Flag table[N_FLAGS] = {
+        {.name = "socket",
+         .kind = FLAG_STRING,
+         .target = &o->socket_path,
+         .value_name = "PATH",
+         .help = "Unix socket (else $ASTRAID_SOCKET, else the default)"},
+        {.name = "host",
+         .kind = FLAG_STRING,
+         .target = &o->host,
+         .value_name = "HOST:PORT",
+         .help = "TCP instead, with --token-file F (bearer token)"},
+        {.name = "token-file", .kind = FLAG_STRING, .target = &o->token_file, .value_name = "F"},
+        {.name = "json",
+         .kind = FLAG_SWITCH,
+         .target = &o->json,
+         .help = "raw result JSON (one line per push for watch/logs -f)"},
+        {.name = "timeout",
+         .kind = FLAG_PARSED,
+         .target = &o->timeout_s,
+         .parse = parse_timeout,
+         .value_name = "S",
+         .help = "seconds for connecting and for each reply (default 30)"},
+        {.name = "wait", .kind = FLAG_SWITCH, .target = &o->wait},
+        {.name = "follow", .kind = FLAG_SWITCH, .target = &o->follow, .short_name = 'f'},
+        {.name = "state", .kind = FLAG_STRING, .target = &o->state},
+        {.name = "rank", .kind = FLAG_PARSED, .target = &o->rank, .parse = parse_count},
+        {.name = "tail", .kind = FLAG_PARSED, .target = &o->tail, .parse = parse_count},
+        {.name = "help", .kind = FLAG_SWITCH, .target = help, .short_name = 'h'},
+    };
+    memcpy(flags, table, sizeof table);
+}
+
+static void usage(FILE *out, const Flag *flags) {
     fprintf(out,
             "usage: astraictl [global options] COMMAND [args]\n\n"
             "commands:\n"
@@ -19,118 +73,47 @@ static void usage(FILE *out) {
             "  logs JOB [--rank R] [--tail N] [-f] stderr of a rank (-f: follow)\n"
             "  watch [JOB]                         live progress (step, loss, tok/s, ETA)\n"
             "  daemon                              daemon.info\n\n"
-            "global options:\n"
-            "  --socket PATH       Unix socket (else $ASTRAID_SOCKET, else the default)\n"
-            "  --host HOST:PORT    TCP instead, with --token-file F (bearer token)\n"
-            "  --json              raw result JSON (one line per push for watch/logs -f)\n"
-            "  --timeout S         seconds for connecting and for each reply (default 30)\n\n"
-            "exit codes: 0 ok, 1 the daemon returned an error, 2 bad usage or invalid job file,\n"
-            "            3 cannot connect (or no reply), 4 submit --wait: job failed/cancelled\n");
+            "global options:\n");
+    flags_usage(out, flags, N_FLAGS);
+    fprintf(out, "\nexit codes: 0 ok, 1 the daemon returned an error, 2 bad usage or invalid job "
+                 "file,\n"
+                 "            3 cannot connect (or no reply), 4 submit --wait: job "
+                 "failed/cancelled\n");
 }
 
-static int parse_long(const char *flag, const char *text, long min, long *out) {
-    char *end;
-    errno = 0;
-    *out = strtol(text, &end, 10);
-    if (errno || end == text || *end || *out < min) {
-        fprintf(stderr, "astraictl: %s: '%s' is not an integer >= %ld\n", flag, text, min);
-        return -1;
-    }
-    return 0;
-}
-
-static int parse_timeout(const char *text, double *out) {
-    char *end;
-    *out = strtod(text, &end);
-    if (end == text || *end || !(*out > 0 && *out <= 1e6)) {
-        fprintf(stderr, "astraictl: --timeout: '%s' is not a number of seconds in (0, 1e6]\n",
-                text);
-        return -1;
-    }
-    return 0;
-}
-
-enum { O_SOCKET = 256, O_HOST, O_TOKEN, O_JSON, O_TIMEOUT, O_WAIT, O_STATE, O_RANK, O_TAIL };
-
-static const struct option LONG_OPTIONS[] = {
-    {"socket", required_argument, 0, O_SOCKET},
-    {"host", required_argument, 0, O_HOST},
-    {"token-file", required_argument, 0, O_TOKEN},
-    {"json", no_argument, 0, O_JSON},
-    {"timeout", required_argument, 0, O_TIMEOUT},
-    {"wait", no_argument, 0, O_WAIT},
-    {"follow", no_argument, 0, 'f'},
-    {"state", required_argument, 0, O_STATE},
-    {"rank", required_argument, 0, O_RANK},
-    {"tail", required_argument, 0, O_TAIL},
-    {"help", no_argument, 0, 'h'},
-    {0, 0, 0, 0},
-};
-
-// Returns -1 on bad usage, 1 for --help, 0 otherwise.
-static int parse_options(int argc, char **argv, Options *o) {
-    int opt;
-    opterr = 0;
-    while ((opt = getopt_long(argc, argv, "fh", LONG_OPTIONS, NULL)) != -1) {
-        switch (opt) {
-        case O_SOCKET:
-            o->socket_path = optarg;
-            break;
-        case O_HOST:
-            o->host = optarg;
-            break;
-        case O_TOKEN:
-            o->token_file = optarg;
-            break;
-        case O_JSON:
-            o->json = true;
-            break;
-        case O_TIMEOUT:
-            if (parse_timeout(optarg, &o->timeout_s)) return -1;
-            break;
-        case O_WAIT:
-            o->wait = true, o->given |= OPT_WAIT;
-            break;
-        case 'f':
-            o->follow = true, o->given |= OPT_FOLLOW;
-            break;
-        case O_STATE:
-            o->state = optarg, o->given |= OPT_STATE;
-            break;
-        case O_RANK:
-            if (parse_long("--rank", optarg, 0, &o->rank)) return -1;
-            o->given |= OPT_RANK;
-            break;
-        case O_TAIL:
-            if (parse_long("--tail", optarg, 0, &o->tail)) return -1;
-            o->given |= OPT_TAIL;
-            break;
-        case 'h':
-            return 1;
-        default:
-            fprintf(stderr, "astraictl: unknown or incomplete option '%s'\n", argv[optind - 1]);
-            return -1;
-        }
-    }
-    if (o->host && o->socket_path) {
-        fprintf(stderr, "astraictl: --socket and --host exclude each other\n");
-        return -1;
-    }
-    return 0;
+// The command options given (their OPT_* bits): set ones differ from their defaults.
+static unsigned given_options(const Options *o) {
+    return (o->wait ? OPT_WAIT : 0) | (o->follow ? OPT_FOLLOW : 0) | (o->state ? OPT_STATE : 0) |
+           (o->rank >= 0 ? OPT_RANK : 0) | (o->tail >= 0 ? OPT_TAIL : 0);
 }
 
 int main(int argc, char **argv) {
     signal(SIGPIPE, SIG_IGN);
     Options o = {.timeout_s = 30, .rank = -1, .tail = -1};
-    int parsed = parse_options(argc, argv, &o);
-    if (parsed > 0) {
-        usage(stdout);
-        return EXIT_OK;
-    }
-    if (parsed < 0 || optind >= argc) {
-        if (parsed == 0) fprintf(stderr, "astraictl: missing command\n");
-        usage(stderr);
+    bool help = false;
+    Flag flags[N_FLAGS];
+    flag_table(&o, &help, flags);
+    Err err = {0};
+    int n_args = 0;
+    if (flags_parse(flags, N_FLAGS, argc - 1, argv + 1, &n_args, &err)) {
+        fprintf(stderr, "astraictl: %s\n", err.msg);
+        usage(stderr, flags);
         return EXIT_USAGE;
     }
-    return run_command(argv[optind], argc - optind - 1, argv + optind + 1, &o);
+    if (help) {
+        usage(stdout, flags);
+        return EXIT_OK;
+    }
+    o.given = given_options(&o);
+    if (o.host && o.socket_path) {
+        fprintf(stderr, "astraictl: --socket and --host exclude each other\n");
+        usage(stderr, flags);
+        return EXIT_USAGE;
+    }
+    if (n_args == 0) {
+        fprintf(stderr, "astraictl: missing command\n");
+        usage(stderr, flags);
+        return EXIT_USAGE;
+    }
+    return run_command(argv[1], n_args - 1, argv + 2, &o);
 }

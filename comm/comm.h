@@ -88,6 +88,13 @@ int comm_wait(Comm *c, Err *err);
 int comm_broadcast(Comm *c, void *buf, size_t bytes, int root, Err *err);
 int comm_barrier(Comm *c, Err *err);
 
+// shm segment names: "/astrai-<pid>-<random>", unique per run, so a crashed run's segment
+// is never reused. The supervisor of the ranks (or rank 0 when there is none) picks it.
+void comm_shm_new_name(char *out, size_t cap);
+// Removes a run's segments ("<name>" and any "<name>-..." of it) that a rank killed before
+// its cleanup left behind; the ranks' supervisor calls it once they are all gone.
+void comm_shm_remove(const char *name);
+
 // nccl rendezvous, rank 0's side: a fresh ncclUniqueId to hand to every rank
 // (by astraid, or worker/lib/rendezvous.h). Fails with a clear error when the nccl
 // backend is not built or NCCL cannot be loaded.

@@ -13,6 +13,7 @@
 // means the rank died (a child forked without exec keeps the lock alive: then
 // only the deadline catches it). Waits poll that, a group-wide abort word and the
 // deadline every few milliseconds, and sleep on a futex in between.
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
@@ -607,4 +608,26 @@ int shm_comm_init(Comm *c, const CommConfig *cfg, Err *err) {
         return err_prefix(err, "%s", c->label);
     }
     return 0;
+}
+
+// ---------------------------------------------------------------- segment names
+
+void comm_shm_new_name(char *out, size_t cap) {
+    uint64_t nonce = 0;
+    if (getrandom(&nonce, sizeof nonce, 0) != (ssize_t)sizeof nonce)
+        nonce = (uint64_t)time(NULL) ^ ((uint64_t)getpid() << 32);
+    snprintf(out, cap, "/astrai-%d-%016llx", (int)getpid(), (unsigned long long)nonce);
+}
+
+void comm_shm_remove(const char *name) {
+    DIR *d = opendir("/dev/shm");
+    if (!d) return;
+    size_t n = strlen(name + 1);
+    for (struct dirent *e; (e = readdir(d));) {
+        if (strncmp(e->d_name, name + 1, n) || (e->d_name[n] && e->d_name[n] != '-')) continue;
+        char path[NAME_MAX + 2];
+        snprintf(path, sizeof path, "/%s", e->d_name);
+        shm_unlink(path);
+    }
+    closedir(d);
 }

@@ -11,8 +11,8 @@
 //   scheduler.c       devices (CPU slots or GPUs) and the queue
 //   gpu.c             NVML (dlopen): the GPUs, their memory and use, sampled on a timer
 //   runner.c          the ranks of a run: spawn, control pipes, logs, exits, stops
-//   state.c           the daemon database (sqlite: jobs, runs, events), recovery
-//   progress_reader.c each running job's progress.db, polled read-only
+//   state.c           the daemon database (sqlite: jobs, runs, events), its writer, recovery
+//   progress_reader.c each running job's progress.db, polled read-only off the loop
 //   sdnotify.c        systemd notifications and socket activation
 #pragma once
 #include <stdint.h>
@@ -24,7 +24,6 @@
 #include "proto/rpc.h"
 
 typedef struct cJSON cJSON;
-typedef struct sqlite3 sqlite3;
 
 #define ASTRAID_VERSION "0.1.0"
 
@@ -134,12 +133,15 @@ typedef struct Job {
     long id;
     char *name;
     JobState state;
-    cJSON *spec; // as submitted, plus the defaulted ckpt_dir
+    JobState shown_state; // the state of its last row written: what clients see
+    cJSON *spec;          // as submitted, plus the defaulted ckpt_dir
+    char *spec_text;      // spec printed (by jobs_adopt), for the JOB objects
     char *ckpt_dir;
     // progress (from progress.db)
     long step, total_steps, epoch;
-    double loss, lr, grad_norm, tokens_per_s, eta_s;
-    int has_progress;
+    double loss, lr, grad_norm, tokens_per_s, eta_s, val_loss;
+    int has_progress, has_val_loss;
+    int progress_seen; // its progress.db was read by this astraid (val_loss is known)
     long restarts, max_restarts, priority, n_devices;
     int *want_ids; // (n_devices,) device ids the spec names, or NULL for any
     int *devices;  // (n_devices,) ids held while a run is alive, else NULL
@@ -151,27 +153,43 @@ typedef struct Job {
     double hold_until;  // restart backoff: not started before this clock_mono_s()
     long start_retries; // runs in a row that could not start for want of a resource (fds, memory)
     Run *run;
-    sqlite3 *progress_db; // read-only handle on run_dir/progress.db
-    LogLine *log;         // (JOB_LOG_LINES,) ring of the last output lines, NULL until the first
-                          // one and again once the job is final (its logs are then read from disk)
+    int ending; // its run ended: what it left (progress, checkpoints) is being read
+    // Changes on their way to the database (state.c's writer): a verb's change is made once
+    // its row committed, if version (bumped by every change written) is still the one it
+    // was planned on; changing counts them. unsaved: a submit not committed yet; removing:
+    // rm or the retention, its rows being deleted. Neither is shown to clients.
+    long version;
+    int changing, unsaved, removing;
+    LogLine *log; // (JOB_LOG_LINES,) ring of the last output lines, NULL until the first
+                  // one and again once the job is final (its logs are then read from disk)
     int log_start, log_len;
     struct Job *next;
 } Job;
 
-Job *job_find(long id);
+// A change's answer, on the loop: code 0 when it was made and written, else why not (its
+// RPC error code and err).
+typedef void (*ChangeDone)(void *arg, int code, const Err *err);
+
+int job_visible(const Job *j); // shown to clients: neither unsaved nor removing
+Job *job_find(long id);        // a visible job, NULL for any other id
 // Sets astraid.next_id past the database's ids and every state_dir/jobs/<id> directory;
 // a directory the database does not know is logged and listed by jobs_unknown_dirs.
 int jobs_init_ids(Err *err);
 cJSON *jobs_unknown_dirs(void); // daemon.info "unknown_job_dirs"
-// Validates spec (proto/job_spec.h) and queues a new job; err names the bad key
-// (err->resource when the daemon failed: its database or state directory).
-Job *jobs_submit(const cJSON *spec, long uid, Err *err);
-// The verbs of DESIGN §5. -1 with *code (RPC_BAD_STATE, ...) and err on refusal.
-int job_pause(Job *j, int *code, Err *err);
-int job_resume(Job *j, int *code, Err *err);
-int job_checkpoint(Job *j, int *code, Err *err);
-int job_cancel(Job *j, int *code, Err *err);
+// Validates spec (proto/job_spec.h) and writes a new job: -1 at once when refused (err names
+// the bad key; err->resource when the daemon failed: its state directory), else 0 with its
+// id in *id, and done once its row committed (then it is queued) or could not be.
+int jobs_submit(const cJSON *spec, long uid, ChangeDone done, void *arg, long *id, Err *err);
+// The verbs of DESIGN §5: -1 with *code (RPC_BAD_STATE, ...) and err on refusal; else 0,
+// and done once the change is written and made (a reply waits for it).
+int job_pause(Job *j, ChangeDone done, void *arg, int *code, Err *err);
+int job_resume(Job *j, ChangeDone done, void *arg, int *code, Err *err);
+int job_cancel(Job *j, ChangeDone done, void *arg, int *code, Err *err);
+int job_checkpoint(Job *j, int *code, Err *err); // no state change: at once
 void job_set_state(Job *j, JobState s);
+// Writes j's row as it is (whatever the disk says: a failure is logged); clients see its
+// state, and watchers hear of it, once written. Verbs planned on j before are planned again.
+void job_save(Job *j);
 int job_is_final(JobState s); // completed, failed, cancelled
 void job_add_log(Job *j, int rank, const char *text, size_t len);
 // The last `tail` output lines of `rank` (a JSON array of strings): from the ring while
@@ -214,7 +232,8 @@ int job_ckpt_dir_free(const Job *j, Err *err);
 // ---------------------------------------------------------------- history.c
 // rm: a final job's row, events and run directory go; its ckpt_dir stays (even inside
 // the run directory). -1 with *code (RPC_BAD_STATE, ...) and err on refusal.
-int job_remove(Job *j, int *code, Err *err);
+// Else 0, and done once the rows are gone (and j freed).
+int job_remove(Job *j, ChangeDone done, void *arg, int *code, Err *err);
 // --keep-finished "N" or "Dd" (NULL: keep every job); err names the bad value.
 int retention_configure(const char *spec, Err *err);
 // Removes the finished jobs the retention does not keep; at startup, and (from the
@@ -237,10 +256,19 @@ pid_t runner_rank_pid(const Job *j, int r); // 0 when rank r is not alive
 
 // ---------------------------------------------------------------- state.c
 int state_open(const char *state_dir, Err *err);
-void state_close(void);
-// -1 (err->resource) when the database could not commit; err may be NULL.
-int state_save_job(const Job *j, Err *err);
-int state_delete_job(long job_id, Err *err); // its row, runs and events
+void state_close(void); // after uv_run returned: every write is done
+// A write's completion, on the loop: err->msg is empty when it committed, else it says why
+// (err->resource; the failure is logged).
+typedef void (*StateDone)(void *arg, const Err *err);
+// Writes are queued and committed in order off the loop (libuv's threadpool); done (may be
+// NULL) follows the commit. -1 (err, may be NULL) when the write could not even be queued
+// (no memory): done is then never called.
+int state_save_job(const Job *j, StateDone done, void *arg, Err *err);
+// The jobs' rows, runs and events, in one transaction.
+int state_delete_jobs(const long *ids, size_t n, StateDone done, void *arg, Err *err);
+// A blocking read that must see the writes queued before it: work(arg) runs on the
+// threadpool in the writes' turn, done(arg, no error) on the loop after it.
+int state_queue_work(void (*work)(void *arg), StateDone done, void *arg, Err *err);
 void state_event(long job_id, const char *kind, const char *detail);
 void state_run_started(const Job *j, const pid_t *pids, int n);
 void state_run_ended(const Job *j, const char *outcome);
@@ -251,16 +279,31 @@ int state_recover(Err *err);
 long state_max_job_id(void);
 
 // ---------------------------------------------------------------- progress_reader.c
+// What a run's progress.db says (read off the loop, applied on it).
+typedef struct {
+    int opened;    // the database could be read
+    int has_total; // total_steps from its run table
+    long total_steps;
+    int has_step; // the newest step row
+    long step, epoch;
+    double loss, lr, grad_norm, tokens_per_s, eta_s; // eta_s -1: unknown
+    char *checkpoint;                                // the newest, NULL: none
+    int has_val;                                     // the newest validation row
+    double val_loss;
+} Progress;
+
+// Polls the running jobs' progress.db every poll-interval on the threadpool (and once that
+// of each job it has not seen, for its val_loss); changes are pushed to watchers.
 void progress_reader_start(void);
-// Reads j's progress.db now; 1 if the job changed.
-int progress_read(Job *j);
-// The job's latest validation loss (--val_split) into *val_loss: 1, or 0 when it has none.
-int progress_val_loss(const Job *j, double *val_loss);
-void progress_close_job(Job *j);
+// Reads run_dir/progress.db (blocking: off the loop). total_steps: the job's, for the ETA
+// when the database has none.
+void progress_read_dir(const char *run_dir, long total_steps, Progress *p);
+// Sets j's progress from p (and frees p's strings); 1 if the job changed.
+int progress_apply(Job *j, Progress *p);
 
 // ---------------------------------------------------------------- sdnotify.c
 void sd_init(void); // takes NOTIFY_SOCKET / LISTEN_* out of the environment
-void sd_notifyf(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+void notify_systemd(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 int sd_listen_fd(void); // the activated unix socket, or -1
 
 // ---------------------------------------------------------------- server.c
@@ -270,6 +313,11 @@ void server_close_listeners(void);
 void server_close_all(void);
 // Takes ownership of msg (a serialised line). Drops the client when its queue is full.
 void conn_send(Conn *c, char *msg);
+// c's current request is answered later (its change is being written): c is served no
+// further line, and stays allocated even if it closes, until conn_answer sends msg (NULL:
+// none, a notification) and serves the lines that came meanwhile.
+void conn_defer(Conn *c);
+void conn_answer(Conn *c, char *msg);
 long conn_uid(const Conn *c);
 // Closes c once what it was sent is written (an error reply before hanging up).
 void conn_hang_up(Conn *c);

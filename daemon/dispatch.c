@@ -1,6 +1,9 @@
 // dispatch.c: the methods of the control protocol (DESIGN §3, docs/protocol.md).
 // Each handler returns a result (a cJSON tree) or fills code and err; the reply is
 // written by dispatch_line. Requests without an id (notifications) get no reply.
+// A request that changes state (submit, pause, resume, cancel, rm) is answered once its
+// change is written (state.c's writer, off the loop): its handler returns ANSWER_LATER,
+// and its connection is served no further line until then, so replies stay in order.
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -15,7 +18,85 @@
 #define LIST_LIMIT_MAX 1000               // the largest "limit"
 #define LIST_MAX_BYTES (RPC_MAX_LINE / 2) // of a page's JOBs: far below the line limit
 
+#define ANSWER_LATER 1 // a handler's *code (RPC codes are negative): the reply comes later
+
 typedef cJSON *(*Handler)(Conn *c, const cJSON *params, int *code, Err *err);
+
+static const cJSON *request_id; // of the request being dispatched, for an answer sent later
+
+// The reply a state change waits for.
+typedef enum { LATER_JOB, LATER_SUBMIT, LATER_RESULT } LaterKind;
+typedef struct {
+    Conn *c;
+    cJSON *id; // the request's, NULL for a notification
+    LaterKind kind;
+    long job;      // LATER_JOB: its JOB object; LATER_SUBMIT: {"job", "state"} of the new job
+    cJSON *result; // LATER_RESULT: made when the request came
+} Later;
+
+// Takes result; NULL when out of memory.
+static Later *later_new(Conn *c, LaterKind kind, long job, cJSON *result) {
+    Later *l = malloc(sizeof *l);
+    cJSON *id = l && request_id ? cJSON_Duplicate(request_id, 1) : NULL;
+    if (!l || (request_id && !id)) {
+        free(l);
+        cJSON_Delete(result);
+        return NULL;
+    }
+    *l = (Later){c, id, kind, job, result};
+    return l;
+}
+
+static void later_free(Later *l) {
+    cJSON_Delete(l->id);
+    cJSON_Delete(l->result);
+    free(l);
+}
+
+static cJSON *state_data(long id) {
+    Job *j = job_find(id);
+    if (!j) return NULL;
+    cJSON *d = cJSON_CreateObject();
+    cJSON_AddStringToObject(d, "state", job_state_name(j->state));
+    return d;
+}
+
+// ChangeDone of the state changes: the reply, then the connection's next lines.
+static void later_done(void *arg, int code, const Err *err) {
+    Later *l = arg;
+    Job *j = l->kind != LATER_RESULT ? job_find(l->job) : NULL;
+    cJSON *result = NULL;
+    if (!code && l->kind == LATER_JOB && j) {
+        result = job_to_json(j);
+    } else if (!code && l->kind == LATER_SUBMIT && j) {
+        result = cJSON_CreateObject();
+        cJSON_AddNumberToObject(result, "job", (double)j->id);
+        cJSON_AddStringToObject(result, "state", job_state_name(j->shown_state));
+    } else if (!code && l->kind == LATER_RESULT) {
+        result = l->result;
+        l->result = NULL;
+    }
+    char *msg = !l->id   ? NULL
+                : result ? rpc_result(l->id, result)
+                         : rpc_error(l->id, code ? code : RPC_INTERNAL_ERROR,
+                                     code ? err->msg : "the job is gone",
+                                     code == RPC_BAD_STATE ? state_data(l->job) : NULL);
+    if (!l->id) cJSON_Delete(result);
+    conn_answer(l->c, msg);
+    later_free(l);
+}
+
+// rc: what queueing l's change returned (jobs_submit, a verb, job_remove). ANSWER_LATER
+// once it is queued, else the refusal already in code and err.
+static cJSON *answer_later(Conn *c, Later *l, int rc, int *code) {
+    if (rc) {
+        later_free(l);
+        return NULL;
+    }
+    conn_defer(c);
+    *code = ANSWER_LATER;
+    return NULL;
+}
 
 static cJSON *fail(int *code, int value, Err *err, const char *msg) {
     *code = value;
@@ -53,16 +134,19 @@ static int param_long(const cJSON *params, const char *key, long lo, long hi, lo
     return 0;
 }
 
+static cJSON *out_of_memory(int *code, Err *err) {
+    *code = RPC_INTERNAL_ERROR;
+    err_resource(err, "out of memory");
+    return NULL;
+}
+
 static cJSON *do_submit(Conn *c, const cJSON *params, int *code, Err *err) {
-    Job *j = jobs_submit(params, conn_uid(c), err);
-    if (!j) { // the spec's fault, or the daemon's (its database: nothing was queued)
-        *code = err->resource ? RPC_INTERNAL_ERROR : RPC_INVALID_PARAMS;
-        return NULL;
-    }
-    cJSON *r = cJSON_CreateObject();
-    cJSON_AddNumberToObject(r, "job", (double)j->id);
-    cJSON_AddStringToObject(r, "state", job_state_name(j->state));
-    return r;
+    Later *l = later_new(c, LATER_SUBMIT, 0, NULL);
+    if (!l) return out_of_memory(code, err);
+    int rc = jobs_submit(params, conn_uid(c), later_done, l, &l->job, err);
+    // the spec's fault, or the daemon's (its state directory: nothing was queued)
+    if (rc) *code = err->resource ? RPC_INTERNAL_ERROR : RPC_INVALID_PARAMS;
+    return answer_later(c, l, rc, code);
 }
 
 // One page of the jobs by ascending id: those after the cursor "after" (and in "state"
@@ -87,7 +171,8 @@ static cJSON *do_list(Conn *c, const cJSON *params, int *code, Err *err) {
     int more = 0;
     size_t bytes = 0;
     for (Job *j = astraid.jobs; j && !more; j = j->next) {
-        if (j->id <= after || (want != JOB_NSTATES && j->state != want)) continue;
+        if (j->id <= after || !job_visible(j) || (want != JOB_NSTATES && j->shown_state != want))
+            continue;
         cJSON *o = n < limit ? job_to_json(j) : NULL;
         char *text = o ? cJSON_PrintUnformatted(o) : NULL;
         size_t len = text ? strlen(text) + 1 : 0;
@@ -115,50 +200,46 @@ static cJSON *do_status(Conn *c, const cJSON *params, int *code, Err *err) {
     return j ? job_to_json(j) : NULL;
 }
 
-typedef int (*Verb)(Job *j, int *code, Err *err);
+typedef int (*Verb)(Job *j, ChangeDone done, void *arg, int *code, Err *err);
 
-static cJSON *do_verb(const cJSON *params, Verb verb, int *code, Err *err) {
+// A verb's reply is the JOB once its change is written.
+static cJSON *do_verb(Conn *c, const cJSON *params, Verb verb, int *code, Err *err) {
     Job *j = param_job(params, code, err);
-    if (!j || verb(j, code, err)) return NULL;
-    return job_to_json(j);
+    if (!j) return NULL;
+    Later *l = later_new(c, LATER_JOB, j->id, NULL);
+    if (!l) return out_of_memory(code, err);
+    return answer_later(c, l, verb(j, later_done, l, code, err), code);
 }
 
 static cJSON *do_pause(Conn *c, const cJSON *p, int *code, Err *err) {
-    (void)c;
-    return do_verb(p, job_pause, code, err);
+    return do_verb(c, p, job_pause, code, err);
 }
 
 static cJSON *do_resume(Conn *c, const cJSON *p, int *code, Err *err) {
-    (void)c;
-    cJSON *r = do_verb(p, job_resume, code, err);
-    if (r) scheduler_kick();
-    return r;
+    return do_verb(c, p, job_resume, code, err);
 }
 
 static cJSON *do_checkpoint(Conn *c, const cJSON *p, int *code, Err *err) {
     (void)c;
-    return do_verb(p, job_checkpoint, code, err);
+    Job *j = param_job(p, code, err);
+    return j && !job_checkpoint(j, code, err) ? job_to_json(j) : NULL;
 }
 
 static cJSON *do_cancel(Conn *c, const cJSON *p, int *code, Err *err) {
-    (void)c;
-    return do_verb(p, job_cancel, code, err);
+    return do_verb(c, p, job_cancel, code, err);
 }
 
 // A final job's state and run directory go; its ckpt_dir, named in the reply, stays.
 static cJSON *do_rm(Conn *c, const cJSON *params, int *code, Err *err) {
-    (void)c;
     Job *j = param_job(params, code, err);
     if (!j) return NULL;
     cJSON *r = cJSON_CreateObject();
     cJSON_AddNumberToObject(r, "job", (double)j->id);
     cJSON_AddTrueToObject(r, "removed");
     cJSON_AddStringToObject(r, "ckpt_dir", j->ckpt_dir);
-    if (job_remove(j, code, err)) {
-        cJSON_Delete(r);
-        return NULL;
-    }
-    return r;
+    Later *l = later_new(c, LATER_RESULT, j->id, r);
+    if (!l) return out_of_memory(code, err);
+    return answer_later(c, l, job_remove(j, later_done, l, code, err), code);
 }
 
 // The kept lines of one rank (default 0), the last `tail` of them; then, with
@@ -185,7 +266,8 @@ static cJSON *do_watch(Conn *c, const cJSON *params, int *code, Err *err) {
     cJSON *r = cJSON_CreateObject(), *jobs = cJSON_AddArrayToObject(r, "jobs");
     // Watching every job starts from the live ones: the finished history can be long.
     for (Job *j = astraid.jobs; j; j = j->next)
-        if (one ? j == one : !job_is_final(j->state)) cJSON_AddItemToArray(jobs, job_to_json(j));
+        if (one ? j == one : job_visible(j) && !job_is_final(j->state))
+            cJSON_AddItemToArray(jobs, job_to_json(j));
     conn_watch(c, one ? one->id : 0);
     return r;
 }
@@ -211,7 +293,7 @@ static cJSON *do_info(Conn *c, const cJSON *params, int *code, Err *err) {
     cJSON_AddItemToObject(r, "unknown_job_dirs", jobs_unknown_dirs());
     int counts[JOB_NSTATES] = {0};
     for (Job *j = astraid.jobs; j; j = j->next)
-        counts[j->state]++;
+        counts[j->shown_state] += job_visible(j);
     cJSON *jobs = cJSON_AddObjectToObject(r, "jobs");
     for (int s = 0; s < JOB_NSTATES; s++)
         if (counts[s]) cJSON_AddNumberToObject(jobs, job_state_name((JobState)s), counts[s]);
@@ -248,11 +330,7 @@ static Handler find_method(const char *name) {
 
 static cJSON *bad_state_data(const cJSON *params) {
     const cJSON *v = cJSON_GetObjectItemCaseSensitive(params, "job");
-    Job *j = cJSON_IsNumber(v) ? job_find((long)v->valuedouble) : NULL;
-    if (!j) return NULL;
-    cJSON *d = cJSON_CreateObject();
-    cJSON_AddStringToObject(d, "state", job_state_name(j->state));
-    return d;
+    return cJSON_IsNumber(v) ? state_data((long)v->valuedouble) : NULL;
 }
 
 static void call(Conn *c, const RpcRequest *req) {
@@ -268,9 +346,12 @@ static void call(Conn *c, const RpcRequest *req) {
         code = RPC_METHOD_NOT_FOUND;
         err_set(&err, "no such method: %s", req->method);
     } else {
+        request_id = req->id;
         result = fn(c, req->params, &code, &err);
+        request_id = NULL;
         hang_up = !result && code == RPC_UNAUTHORIZED;
     }
+    if (!result && code == ANSWER_LATER) return;
     if (req->id && result)
         conn_send(c, rpc_result(req->id, result));
     else if (req->id)
@@ -279,7 +360,6 @@ static void call(Conn *c, const RpcRequest *req) {
     else
         cJSON_Delete(result);
     if (result && (fn == do_logs || fn == do_watch)) conn_end_if_final(c); // after the reply
-    if (result && fn == do_submit) scheduler_kick(); // after the reply said "queued"
     if (hang_up) conn_hang_up(c);
 }
 

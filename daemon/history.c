@@ -4,10 +4,10 @@
 // becomes final.
 //
 // A removed job loses its row, runs and events in one transaction (nothing changes
-// when it cannot commit), then its run directory (logs, progress.db) on libuv's
-// threadpool. Its ckpt_dir is never touched: when it lies inside the run directory
-// (the default, state_dir/jobs/<id>/checkpoints) that directory stays with the
-// checkpoints alone, and its id is never given again (jobs.c).
+// when it cannot commit; written off the loop, the job stays until it committed), then
+// its run directory (logs, progress.db) on libuv's threadpool. Its ckpt_dir is never touched: when
+// it lies inside the run directory (the default, state_dir/jobs/<id>/checkpoints) that directory
+// stays with the checkpoints alone, and its id is never given again (jobs.c).
 #include <dirent.h>
 #include <errno.h>
 #include <limits.h>
@@ -116,31 +116,84 @@ static void remove_run_dir(const Job *j) {
 
 // ---------------------------------------------------------------- removing jobs
 
-static int remove_job(Job *j, Err *err) {
-    if (state_delete_job(j->id, err)) return -1;
-    remove_run_dir(j);
-    for (Job **p = &astraid.jobs; *p; p = &(*p)->next)
-        if (*p == j) {
-            *p = j->next;
-            break;
-        }
-    job_free(j);
+// A removal on its way to the database: the jobs stay (removing: hidden from clients, no
+// verb, no second removal) until their rows are gone.
+typedef struct {
+    Job **jobs; // (n,)
+    size_t n;
+    ChangeDone done; // NULL: the retention's
+    void *arg;
+} Deletion;
+
+static void deletion_free(Deletion *r) {
+    free(r->jobs);
+    free(r);
+}
+
+static void rows_removed(void *arg, const Err *err) {
+    Deletion *r = arg;
+    for (size_t i = 0; i < r->n; i++) {
+        Job *j = r->jobs[i];
+        j->removing = 0;
+        if (err->msg[0]) continue; // the database failed: the job stays
+        log_info("job %ld removed%s", j->id, r->done ? "" : " (keep-finished)");
+        remove_run_dir(j);
+        for (Job **p = &astraid.jobs; *p; p = &(*p)->next)
+            if (*p == j) {
+                *p = j->next;
+                break;
+            }
+        job_free(j);
+    }
+    if (r->done) r->done(r->arg, err->msg[0] ? RPC_INTERNAL_ERROR : 0, err);
+    deletion_free(r);
+}
+
+// Takes r (its jobs, and done): -1 when its write cannot be queued (no memory).
+static int remove_jobs(Deletion *r, Err *err) {
+    long *ids = malloc(r->n * sizeof *ids);
+    for (size_t i = 0; ids && i < r->n; i++)
+        ids[i] = r->jobs[i]->id;
+    int rc = ids ? state_delete_jobs(ids, r->n, rows_removed, r, err)
+                 : err_resource(err, "out of memory");
+    free(ids);
+    if (rc) {
+        deletion_free(r);
+        return -1;
+    }
+    for (size_t i = 0; i < r->n; i++)
+        r->jobs[i]->removing = 1;
     return 0;
 }
 
-int job_remove(Job *j, int *code, Err *err) {
-    if (!job_is_final(j->state) || j->run) {
+// A final job whose ranks are gone and that no change or removal is under way for.
+static int removable(const Job *j) {
+    return job_is_final(j->state) && !j->run && !j->ending && !j->changing && !j->removing;
+}
+
+int job_remove(Job *j, ChangeDone done, void *arg, int *code, Err *err) {
+    if (!removable(j)) {
         *code = RPC_BAD_STATE;
-        return err_set(
-            err, "job %ld is %s%s: cannot rm (only a completed, failed or cancelled job)", j->id,
-            job_state_name(j->state), j->run ? " and its ranks are still exiting" : "");
+        return err_set(err,
+                       "job %ld is %s%s: cannot rm (only a completed, failed or cancelled job)",
+                       j->id, job_state_name(j->state),
+                       j->run || j->ending ? " and its ranks are still exiting"
+                       : j->changing       ? " and a change of it is being written"
+                                           : "");
     }
-    long id = j->id;
-    if (remove_job(j, err)) {
+    Deletion *r = malloc(sizeof *r);
+    Job **jobs = r ? malloc(sizeof *jobs) : NULL;
+    if (!jobs) {
+        free(r);
+        *code = RPC_INTERNAL_ERROR;
+        return err_resource(err, "out of memory");
+    }
+    jobs[0] = j;
+    *r = (Deletion){jobs, 1, done, arg};
+    if (remove_jobs(r, err)) {
         *code = RPC_INTERNAL_ERROR;
         return -1;
     }
-    log_info("job %ld removed", id);
     return 0;
 }
 
@@ -151,35 +204,35 @@ static int finished_later(const void *a, const void *b) {
     return (x->id < y->id) - (x->id > y->id);
 }
 
+// The jobs the retention does not keep go in one transaction.
 void retention_apply(void) {
     if (keep_count < 0 && keep_s < 0) return;
     size_t n = 0;
     for (Job *j = astraid.jobs; j; j = j->next)
-        n += job_is_final(j->state) && !j->run;
-    Job **done = n ? malloc(n * sizeof *done) : NULL;
-    if (!done) return;
+        n += removable(j);
+    Deletion *r = n ? calloc(1, sizeof *r) : NULL;
+    Job **done = r ? malloc(n * sizeof *done) : NULL;
+    if (!done) {
+        free(r);
+        return;
+    }
     n = 0;
     for (Job *j = astraid.jobs; j; j = j->next)
-        if (job_is_final(j->state) && !j->run) done[n++] = j;
+        if (removable(j)) done[n++] = j;
     qsort(done, n, sizeof *done, finished_later);
     double now = clock_wall_s();
-    long removed = 0;
-    for (size_t i = 0; i < n; i++) {
-        if (!(keep_count >= 0 && (long)i >= keep_count) &&
-            !(keep_s >= 0 && now - done[i]->finished_at > keep_s))
-            continue;
-        long id = done[i]->id;
-        Err err = {0};
-        if (remove_job(done[i], &err)) { // the database failed: try again at the next end
-            log_warn("keep-finished: job %ld: %s", id, err.msg);
-            break;
-        }
-        removed++;
+    for (size_t i = 0; i < n; i++)
+        if ((keep_count >= 0 && (long)i >= keep_count) ||
+            (keep_s >= 0 && now - done[i]->finished_at > keep_s))
+            done[r->n++] = done[i]; // in place: r->n <= i
+    r->jobs = done;
+    if (!r->n) {
+        deletion_free(r);
+        return;
     }
-    free(done);
-    if (removed)
-        log_info("keep-finished %s: removed %ld finished job(s)", astraid.cfg.keep_finished,
-                 removed);
+    log_info("keep-finished %s: removing %zu finished job(s)", astraid.cfg.keep_finished, r->n);
+    Err err = {0};
+    if (remove_jobs(r, &err)) log_warn("keep-finished: %s", err.msg); // again at the next end
 }
 
 // ---------------------------------------------------------------- after a job ends

@@ -12,9 +12,11 @@
 //
 // A verb's state change (pause, resume, cancel; submit's new job) is written to the
 // database before it takes effect: when the database cannot commit, the request gets
-// the error and the job stays as it was. Ids are never reused: a new id is past every
-// id of the database and every state_dir/jobs/<id> directory. Output lines are kept
-// in a ring while a job can still run; a final job's logs are read from its files.
+// the error and the job stays as it was. The writes are made off the loop (state.c), so a
+// verb completes later: planned on the job as it is, written, then made, or planned
+// again when the job changed while its row was on its way. Ids are never reused: a new id is past
+// every id of the database and every state_dir/jobs/<id> directory. Output lines are kept in a ring
+// while a job can still run; a final job's logs are read from its files.
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -57,9 +59,13 @@ int job_state_parse(const char *name, JobState *out) {
     return -1;
 }
 
+int job_visible(const Job *j) {
+    return !j->unsaved && !j->removing;
+}
+
 Job *job_find(long id) {
     for (Job *j = astraid.jobs; j; j = j->next)
-        if (j->id == id) return j;
+        if (j->id == id) return job_visible(j) ? j : NULL;
     return NULL;
 }
 
@@ -69,6 +75,7 @@ int job_run_dir(const Job *j, char *out, size_t cap) {
 }
 
 void jobs_adopt(Job *j) {
+    j->spec_text = cJSON_PrintUnformatted(j->spec); // NULL: job_to_json copies the tree
     Job **p = &astraid.jobs;
     while (*p && (*p)->id < j->id)
         p = &(*p)->next;
@@ -234,29 +241,68 @@ static void drop_run_dir(const Job *j) {
     if (!job_run_dir(j, run_dir, sizeof run_dir)) rmdir(run_dir);
 }
 
-Job *jobs_submit(const cJSON *spec, long uid, Err *err) {
+// A new job on its way to the database: in astraid.jobs (its id and ckpt_dir are taken)
+// but unsaved, unknown to clients and the queue, until its row committed.
+typedef struct {
+    Job *job;
+    ChangeDone done;
+    void *arg;
+} Submit;
+
+static void unlink_job(Job *j) {
+    for (Job **p = &astraid.jobs; *p; p = &(*p)->next)
+        if (*p == j) {
+            *p = j->next;
+            return;
+        }
+}
+
+static void submit_written(void *arg, const Err *err) {
+    Submit *s = arg;
+    Job *j = s->job;
+    if (err->msg[0]) { // nothing was queued: the job goes, and its empty run directory
+        unlink_job(j);
+        drop_run_dir(j);
+        job_free(j);
+        s->done(s->arg, RPC_INTERNAL_ERROR, err);
+        free(s);
+        return;
+    }
+    j->unsaved = 0;
+    state_event(j->id, "submitted", j->name);
+    log_info("job %ld (%s) submitted by uid %ld", j->id, j->name, j->submitted_by);
+    server_push_progress(j);
+    s->done(s->arg, 0, err);
+    free(s);
+    scheduler_kick(); // after the reply said "queued"
+}
+
+int jobs_submit(const cJSON *spec, long uid, ChangeDone done, void *arg, long *id, Err *err) {
     JobSpec js;
-    if (job_spec_parse(&js, spec, err)) return NULL;
+    if (job_spec_parse(&js, spec, err)) return -1;
     Job *j = NULL;
     if (!check_absolute(spec, err) && !check_devices(&js, spec, err)) {
         j = job_new(&js, spec, uid);
         if (!j) err_set(err, "out of memory");
     }
     job_spec_free(&js);
-    if (!j) return NULL;
+    if (!j) return -1;
+    Submit *s = NULL;
     if (!j->name || !j->spec || set_ckpt_dir(j, err) || !j->ckpt_dir || job_paths_check(j, err) ||
-        make_run_dir(j, err) || state_save_job(j, err)) {
+        !(s = malloc(sizeof *s)) || make_run_dir(j, err) ||
+        state_save_job(j, submit_written, s, err)) {
         if (!*err->msg) err_resource(err, "out of memory");
         drop_run_dir(j);
         job_free(j);
-        return NULL;
+        free(s);
+        return -1;
     }
+    *s = (Submit){j, done, arg};
+    j->unsaved = 1;
     astraid.next_id = j->id + 1;
     jobs_adopt(j);
-    state_event(j->id, "submitted", j->name);
-    log_info("job %ld (%s) submitted by uid %ld", j->id, j->name, uid);
-    server_push_progress(j);
-    return j;
+    *id = j->id;
+    return 0;
 }
 
 // ---------------------------------------------------------------- state changes
@@ -274,8 +320,9 @@ static void apply_state(Job *j, JobState s) {
     if (s == JOB_STARTING) j->started_at = clock_wall_s();
 }
 
-// What follows a recorded change from `from`: the log line, the event, the watchers; a
-// final job's lines go back to its files only, and the retention may drop old jobs.
+// What follows a change from `from`: the log line, the event; a final job's lines go back
+// to its files only, and the retention may drop old jobs. (The watchers hear of it once
+// its row is written.)
 static void announce_state(Job *j, JobState from) {
     if (from != j->state)
         log_info("job %ld: %s -> %s", j->id, job_state_name(from), job_state_name(j->state));
@@ -284,30 +331,40 @@ static void announce_state(Job *j, JobState from) {
         drop_log(j);
         retention_schedule();
     }
-    server_push_progress(j);
+}
+
+// A row of a job written: clients now see its state. j is still there: it is freed only
+// by its removal's write, which comes after this one.
+typedef struct {
+    Job *job;
+    JobState state;
+} Saved;
+
+static void saved(void *arg, const Err *err) {
+    (void)err; // a run's own change is shown whatever the disk said (the failure is logged)
+    Saved *s = arg;
+    s->job->shown_state = s->state;
+    server_push_progress(s->job);
+    free(s);
+}
+
+void job_save(Job *j) {
+    j->version++;
+    Saved *s = malloc(sizeof *s);
+    if (s) *s = (Saved){j, j->state};
+    if (!s || state_save_job(j, saved, s, NULL)) {
+        free(s);
+        j->shown_state = j->state; // not written: shown as it is
+        server_push_progress(j);
+    }
 }
 
 // A run's own transitions happen whatever the database says (a failed write is logged).
 void job_set_state(Job *j, JobState s) {
     JobState from = j->state;
     apply_state(j, s);
-    state_save_job(j, NULL);
+    job_save(j);
     announce_state(j, from);
-}
-
-// A verb's change to state s, on top of what the verb already changed in j (`before` is
-// j as the request found it): the database takes the row first; when it cannot commit,
-// j goes back to `before` and the request gets the error, so that nothing acknowledged
-// is lost at a restart.
-static int commit_verb(Job *j, const Job *before, JobState s, int *code, Err *err) {
-    apply_state(j, s);
-    if (state_save_job(j, err)) {
-        *j = *before;
-        *code = RPC_INTERNAL_ERROR;
-        return -1;
-    }
-    announce_state(j, before->state);
-    return 0;
 }
 
 static int refuse(const Job *j, const char *verb, int *code, Err *err) {
@@ -315,33 +372,146 @@ static int refuse(const Job *j, const char *verb, int *code, Err *err) {
     return err_set(err, "job %ld is %s: cannot %s", j->id, job_state_name(j->state), verb);
 }
 
-int job_pause(Job *j, int *code, Err *err) {
-    Job before = *j;
-    if (j->state == JOB_QUEUED) // not started yet: it just stays out of the queue
-        return commit_verb(j, &before, JOB_PAUSED, code, err);
-    if (j->state != JOB_RUNNING && j->state != JOB_STARTING) return refuse(j, "pause", code, err);
-    if (commit_verb(j, &before, JOB_PAUSING, code, err)) return -1;
-    runner_stop(j, STOP_PAUSE);
+// A verb that changes a job's state: whether it may (else *code and err), the change
+// (made on a copy for the row to write, then on the job once that row committed; real:
+// the job's own strings may be freed), and what follows it (stopping the ranks).
+typedef struct {
+    const char *name;
+    int (*check)(const Job *j, int *code, Err *err);
+    void (*change)(Job *j, int real);
+    void (*after)(Job *j, JobState from);
+} Verb;
+
+typedef struct {
+    const Verb *verb;
+    Job *job;     // never removed meanwhile: no rm while it is `changing`
+    long version; // of the job it was planned on
+    ChangeDone done;
+    void *arg;
+} Change;
+
+static void change_written(void *arg, const Err *err);
+
+// Checks the verb on j as it is and queues its row: the job as the verb makes it.
+static int plan(Job *j, Change *c, int *code, Err *err) {
+    if (j->removing) {
+        *code = RPC_BAD_STATE;
+        return err_set(err, "job %ld is being removed: cannot %s", j->id, c->verb->name);
+    }
+    if (c->verb->check(j, code, err)) return -1;
+    Job next = *j;
+    c->verb->change(&next, 0);
+    c->version = j->version;
+    if (state_save_job(&next, change_written, c, err)) {
+        *code = RPC_INTERNAL_ERROR;
+        return -1;
+    }
     return 0;
 }
 
+static void change_finish(Change *c, int code, const Err *err) {
+    c->job->changing--;
+    c->done(c->arg, code, err);
+    free(c);
+}
+
+// The row committed: the change is made, unless the job changed meanwhile (a run's own
+// transition, another verb): then it is planned again on the job as it is now, and when
+// it no longer applies, the job's current row replaces the one just written.
+static void change_written(void *arg, const Err *err) {
+    Change *c = arg;
+    Job *j = c->job;
+    int code = RPC_INTERNAL_ERROR;
+    Err again = {0};
+    if (err->msg[0]) {
+        change_finish(c, code, err);
+        return;
+    }
+    if (j->version != c->version) {
+        if (plan(j, c, &code, &again)) {
+            job_save(j);
+            change_finish(c, code, &again);
+        }
+        return;
+    }
+    JobState from = j->state;
+    c->verb->change(j, 1);
+    j->version++;
+    j->shown_state = j->state;
+    announce_state(j, from);
+    server_push_progress(j);
+    if (c->verb->after) c->verb->after(j, from);
+    change_finish(c, 0, err);
+}
+
+static int change_job(Job *j, const Verb *verb, ChangeDone done, void *arg, int *code, Err *err) {
+    Change *c = malloc(sizeof *c);
+    if (!c) {
+        *code = RPC_INTERNAL_ERROR;
+        return err_resource(err, "out of memory");
+    }
+    *c = (Change){.verb = verb, .job = j, .done = done, .arg = arg};
+    if (plan(j, c, code, err)) {
+        free(c);
+        return -1;
+    }
+    j->changing++;
+    return 0;
+}
+
+// pause: a queued job is not started yet: it just stays out of the queue; a running one
+// is stopped (its ranks checkpoint and exit).
+static int pause_check(const Job *j, int *code, Err *err) {
+    if (j->state == JOB_QUEUED || j->state == JOB_RUNNING || j->state == JOB_STARTING) return 0;
+    return refuse(j, "pause", code, err);
+}
+
+static void pause_change(Job *j, int real) {
+    (void)real;
+    apply_state(j, j->state == JOB_QUEUED ? JOB_PAUSED : JOB_PAUSING);
+}
+
+static void pause_after(Job *j, JobState from) {
+    if (from != JOB_QUEUED) runner_stop(j, STOP_PAUSE);
+}
+
+static const Verb PAUSE = {"pause", pause_check, pause_change, pause_after};
+
+int job_pause(Job *j, ChangeDone done, void *arg, int *code, Err *err) {
+    return change_job(j, &PAUSE, done, arg, code, err);
+}
+
 // Resume = queue again; the run continues from the last checkpoint when there is one.
-int job_resume(Job *j, int *code, Err *err) {
-    if (j->run || (j->state != JOB_PAUSED && j->state != JOB_FAILED && j->state != JOB_CANCELLED &&
-                   j->state != JOB_INTERRUPTED))
+static int resume_check(const Job *j, int *code, Err *err) {
+    if (j->run || j->ending ||
+        (j->state != JOB_PAUSED && j->state != JOB_FAILED && j->state != JOB_CANCELLED &&
+         j->state != JOB_INTERRUPTED))
         return refuse(j, "resume", code, err);
     if (job_ckpt_dir_free(j, err)) { // a job submitted while this one was finished took it
         *code = RPC_BAD_STATE;
         return -1;
     }
-    Job before = *j;
+    return 0;
+}
+
+static void resume_change(Job *j, int real) {
     j->restarts = 0;
     j->hold_until = 0;
     j->finished_at = 0;
+    if (real) free(j->error);
     j->error = NULL;
-    if (commit_verb(j, &before, JOB_QUEUED, code, err)) return -1;
-    free(before.error);
-    return 0;
+    apply_state(j, JOB_QUEUED);
+}
+
+static void resume_after(Job *j, JobState from) {
+    (void)j, (void)from;
+    scheduler_kick();
+}
+
+static const Verb RESUME = {"resume", resume_check, resume_change, resume_after};
+
+int job_resume(Job *j, ChangeDone done, void *arg, int *code, Err *err) {
+    return change_job(j, &RESUME, done, arg, code, err);
 }
 
 int job_checkpoint(Job *j, int *code, Err *err) {
@@ -351,24 +521,24 @@ int job_checkpoint(Job *j, int *code, Err *err) {
     return 0;
 }
 
-int job_cancel(Job *j, int *code, Err *err) {
-    if (job_is_final(j->state)) return refuse(j, "cancel", code, err);
-    Job before = *j;
-    if (commit_verb(j, &before, JOB_CANCELLED, code, err)) return -1;
-    if (j->run) runner_stop(j, STOP_CANCEL); // SIGKILL now; the run ends a moment later
-    return 0;
+static int cancel_check(const Job *j, int *code, Err *err) {
+    return job_is_final(j->state) ? refuse(j, "cancel", code, err) : 0;
 }
 
-// The latest checkpoint in the job's ckpt_dir (what --resume=true will find).
-static int find_checkpoint(Job *j) {
-    char path[PATH_MAX];
-    Err err = {0};
-    int rc = ckpt_find_latest(j->ckpt_dir, path, sizeof path, &err);
-    if (rc < 0) log_warn("job %ld: %s", j->id, err.msg);
-    if (rc) return 0;
-    free(j->last_checkpoint);
-    j->last_checkpoint = strdup(path);
-    return 1;
+static void cancel_change(Job *j, int real) {
+    (void)real;
+    apply_state(j, JOB_CANCELLED);
+}
+
+static void cancel_after(Job *j, JobState from) {
+    (void)from;
+    if (j->run) runner_stop(j, STOP_CANCEL); // SIGKILL now; the run ends a moment later
+}
+
+static const Verb CANCEL = {"cancel", cancel_check, cancel_change, cancel_after};
+
+int job_cancel(Job *j, ChangeDone done, void *arg, int *code, Err *err) {
+    return change_job(j, &CANCEL, done, arg, code, err);
 }
 
 static double backoff_s(long restarts) {
@@ -476,34 +646,65 @@ static char *interrupted_cause(const Job *j, const RunOutcome *o) {
     return strdup(head);
 }
 
-void job_run_ended(Job *j, const RunOutcome *o) {
-    progress_read(j);
-    progress_close_job(j);
-    devices_release(j);
-    j->resume = find_checkpoint(j);
+// A run that ended, while what it left is read off the loop (in the writes' order, so
+// that a verb queued after the end is planned on the job as the end leaves it): its last
+// progress, and the latest checkpoint of its ckpt_dir (what --resume=true will find; a
+// directory of thousands of entries takes a while).
+typedef struct {
+    Job *job; // ending: neither removed nor resumed meanwhile
+    RunOutcome o;
+    char *cause, *started_from; // o's strings, copied
+    char run_dir[PATH_MAX], *ckpt_dir;
+    long total_steps;
+    Progress progress;
+    int found; // ckpt_find_latest: 0 found (in ckpt), 1 none, -1 error (in err)
+    char ckpt[PATH_MAX];
+    Err err;
+} RunEnd;
+
+static void run_end_read(void *arg) {
+    RunEnd *e = arg;
+    progress_read_dir(e->run_dir, e->total_steps, &e->progress);
+    e->found = ckpt_find_latest(e->ckpt_dir, e->ckpt, sizeof e->ckpt, &e->err);
+}
+
+static void run_end_free(RunEnd *e) {
+    free(e->cause);
+    free(e->started_from);
+    free(e->ckpt_dir);
+    free(e);
+}
+
+// What the run's end decides, on the job as it is now, and what follows (the next job, or
+// the daemon's exit). A cancel or a pause that was written as the run ended (its ranks
+// already gone) still counts as the daemon's stop.
+static void run_end_decide(Job *j, RunOutcome o) {
+    if (o.stop == STOP_NONE && j->state == JOB_CANCELLED) o.stop = STOP_CANCEL;
+    if (o.stop == STOP_NONE && j->state == JOB_PAUSING && (o.failed || !reached_end(j)))
+        o.stop = STOP_PAUSE;
     j->eta_s = -1; // until a run measures it again
-    if (!o->transient) j->start_retries = 0;
-    int short_end = o->stop == STOP_NONE && !o->failed && (o->interrupted || !reached_end(j));
-    const char *outcome = o->stop == STOP_CANCEL     ? "cancelled"
-                          : o->stop == STOP_SHUTDOWN ? "interrupted"
-                          : o->stop == STOP_PAUSE    ? "paused"
-                          : o->failed                ? "failed"
-                          : short_end                ? "interrupted"
-                                                     : "completed";
+    if (!o.transient) j->start_retries = 0;
+    int short_end = o.stop == STOP_NONE && !o.failed && (o.interrupted || !reached_end(j));
+    const char *outcome = o.stop == STOP_CANCEL     ? "cancelled"
+                          : o.stop == STOP_SHUTDOWN ? "interrupted"
+                          : o.stop == STOP_PAUSE    ? "paused"
+                          : o.failed                ? "failed"
+                          : short_end               ? "interrupted"
+                                                    : "completed";
     state_run_ended(j, outcome);
-    if (o->stop == STOP_CANCEL)
+    if (o.stop == STOP_CANCEL)
         job_set_state(j, JOB_CANCELLED);
-    else if (o->stop == STOP_SHUTDOWN)
+    else if (o.stop == STOP_SHUTDOWN)
         job_set_state(j, JOB_INTERRUPTED);
-    else if (o->stop == STOP_PAUSE)
+    else if (o.stop == STOP_PAUSE)
         job_set_state(j, JOB_PAUSED);
-    else if (o->failed && o->transient)
-        start_later(j, o->cause ? o->cause : "a rank could not be started");
-    else if (o->failed)
-        on_failure(j, o->cause ? o->cause : "a rank failed", o->bad_input, o->started_from);
+    else if (o.failed && o.transient)
+        start_later(j, o.cause ? o.cause : "a rank could not be started");
+    else if (o.failed)
+        on_failure(j, o.cause ? o.cause : "a rank failed", o.bad_input, o.started_from);
     else if (short_end) {
-        char *cause = interrupted_cause(j, o);
-        on_failure(j, cause ? cause : "interrupted", 0, o->started_from);
+        char *cause = interrupted_cause(j, &o);
+        on_failure(j, cause ? cause : "interrupted", 0, o.started_from);
         free(cause);
     } else {
         free(j->error);
@@ -515,6 +716,45 @@ void job_run_ended(Job *j, const RunOutcome *o) {
         daemon_maybe_finish();
     else
         scheduler_kick();
+}
+
+static void run_end_read_done(void *arg, const Err *err) {
+    (void)err;
+    RunEnd *e = arg;
+    Job *j = e->job;
+    j->ending = 0;
+    progress_apply(j, &e->progress);
+    if (e->found < 0) log_warn("job %ld: %s", j->id, e->err.msg);
+    j->resume = e->found == 0;
+    if (j->resume && (!j->last_checkpoint || strcmp(j->last_checkpoint, e->ckpt))) {
+        free(j->last_checkpoint);
+        j->last_checkpoint = strdup(e->ckpt);
+    }
+    run_end_decide(j, e->o);
+    run_end_free(e);
+}
+
+void job_run_ended(Job *j, const RunOutcome *o) {
+    devices_release(j);
+    RunEnd *e = calloc(1, sizeof *e);
+    Err err = {0};
+    if (e) {
+        e->job = j;
+        e->o = *o;
+        e->o.cause = e->cause = o->cause ? strdup(o->cause) : NULL;
+        e->o.started_from = e->started_from = o->started_from ? strdup(o->started_from) : NULL;
+        e->ckpt_dir = strdup(j->ckpt_dir);
+        e->total_steps = j->total_steps;
+    }
+    if (!e || !e->ckpt_dir || job_run_dir(j, e->run_dir, sizeof e->run_dir) ||
+        state_queue_work(run_end_read, run_end_read_done, e, &err)) {
+        // Without memory to read them: decided on what the last poll saw.
+        log_error("job %ld: cannot read what its run left: out of memory", j->id);
+        if (e) run_end_free(e);
+        run_end_decide(j, *o);
+        return;
+    }
+    j->ending = 1;
 }
 
 // ---------------------------------------------------------------- logs
@@ -664,8 +904,10 @@ cJSON *job_to_json(const Job *j) {
     cJSON *o = cJSON_CreateObject();
     cJSON_AddNumberToObject(o, "id", (double)j->id);
     cJSON_AddStringToObject(o, "name", j->name);
-    cJSON_AddStringToObject(o, "state", job_state_name(j->state));
-    cJSON_AddItemToObject(o, "spec", cJSON_Duplicate(j->spec, 1));
+    cJSON_AddStringToObject(o, "state", job_state_name(j->shown_state));
+    // The spec never changes once adopted: printed then, not at every request.
+    cJSON_AddItemToObject(
+        o, "spec", j->spec_text ? cJSON_CreateRaw(j->spec_text) : cJSON_Duplicate(j->spec, 1));
     cJSON_AddNumberToObject(o, "step", (double)j->step);
     cJSON_AddNumberToObject(o, "total_steps", (double)j->total_steps);
     cJSON_AddNumberToObject(o, "epoch", (double)j->epoch);
@@ -674,9 +916,7 @@ cJSON *job_to_json(const Job *j) {
     add_metric(o, "grad_norm", j->grad_norm, j->has_progress);
     add_metric(o, "tokens_per_s", j->tokens_per_s, j->has_progress);
     add_metric(o, "eta_s", j->eta_s, j->has_progress && j->eta_s >= 0);
-    double val_loss = NAN;
-    int has_val = progress_val_loss(j, &val_loss);
-    add_metric(o, "val_loss", val_loss, has_val);
+    add_metric(o, "val_loss", j->val_loss, j->has_val_loss);
     cJSON_AddNumberToObject(o, "restarts", (double)j->restarts);
     cJSON *devs = cJSON_AddArrayToObject(o, "devices");
     for (long i = 0; j->devices && i < j->n_devices; i++) {
@@ -701,10 +941,10 @@ cJSON *job_to_json(const Job *j) {
 
 void job_free(Job *j) {
     if (!j) return;
-    progress_close_job(j);
     drop_log(j);
     free(j->name);
     cJSON_Delete(j->spec);
+    cJSON_free(j->spec_text);
     free(j->ckpt_dir);
     free(j->want_ids);
     free(j->devices);

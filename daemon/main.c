@@ -16,47 +16,73 @@
 #include <unistd.h>
 
 #include "common/clock.h"
+#include "common/flags.h"
 #include "common/fsutil.h"
 #include "common/path.h"
 #include "common/socket_path.h"
 #include "daemon/daemon.h"
+#include "ranks/ranks.h"
 
 #define DEFAULT_CONFIG "/etc/astraid/astraid.json"
 
 Astraid astraid;
 
+// Flags: every option of the config file, then --config, --version, --help. Two passes
+// over the command line: the config file first, then the other flags (they win).
+typedef struct {
+    Flag *flags;
+    size_t n;
+    int config_pass;
+} FlagTable;
+
+static FlagTable flag_table;
+
+static int set_option(const Flag *f, const char *value, Err *err) {
+    return flag_table.config_pass ? 0 : config_set(f->target, f->data, value, err);
+}
+
+static int apply_config_file(const Flag *f, const char *value, Err *err) {
+    return flag_table.config_pass ? config_apply_file(f->target, value, err) : 0;
+}
+
+static int make_flag_table(Config *c, Err *err) {
+    static bool ignored; // --version and --help are handled before the config
+    flag_table.n = CONFIG_N_OPTIONS + 3;
+    Flag *f = flag_table.flags = calloc(flag_table.n, sizeof *f);
+    if (!f) return err_resource(err, "out of memory");
+    for (size_t i = 0; i < CONFIG_N_OPTIONS; i++)
+        f[i] = (Flag){.name = CONFIG_OPTIONS[i].name,
+                      .kind = FLAG_PARSED,
+                      .target = c,
+                      .parse = set_option,
+                      .data = &CONFIG_OPTIONS[i],
+                      .help = CONFIG_OPTIONS[i].help};
+    f[CONFIG_N_OPTIONS] = (Flag){.name = "config",
+                                 .kind = FLAG_PARSED,
+                                 .target = c,
+                                 .parse = apply_config_file,
+                                 .value_name = "FILE",
+                                 .help = "JSON config file"};
+    f[CONFIG_N_OPTIONS + 1] = (Flag){
+        .name = "version", .kind = FLAG_SWITCH, .target = &ignored, .help = "print the version"};
+    f[CONFIG_N_OPTIONS + 2] =
+        (Flag){.name = "help", .kind = FLAG_SWITCH, .target = &ignored, .short_name = 'h'};
+    return 0;
+}
+
 static void usage(void) {
     printf("usage: astraid [--config FILE] [--flag=VALUE ...]\n\n"
            "The astrai training service: runs astrai-train jobs submitted with astraictl.\n"
            "Every flag is also a key of the JSON config file (default " DEFAULT_CONFIG ").\n\n");
-    for (size_t i = 0; i < CONFIG_N_OPTIONS; i++)
-        printf("  --%-16s %s\n", CONFIG_OPTIONS[i].name, CONFIG_OPTIONS[i].help);
-    printf("  --%-16s %s\n  --%-16s %s\n", "config", "JSON config file", "version",
-           "print the version");
+    Err err = {0};
+    Config unused = {0};
+    if (make_flag_table(&unused, &err) == 0) flags_usage(stdout, flag_table.flags, flag_table.n);
+    free(flag_table.flags);
 }
 
-// "--name=value" or "--name value"; *value NULL when missing.
-static const char *flag_value(int argc, char **argv, int *i, char *name, size_t cap) {
-    const char *a = argv[*i] + 2, *eq = strchr(a, '=');
-    size_t n = eq ? (size_t)(eq - a) : strlen(a);
-    snprintf(name, cap, "%.*s", (int)n, a);
-    if (eq) return eq + 1;
-    return *i + 1 < argc ? argv[++*i] : NULL;
-}
-
-static int parse_flags(Config *c, int argc, char **argv, int config_pass, Err *err) {
-    for (int i = 1; i < argc; i++) {
-        if (strncmp(argv[i], "--", 2))
-            return err_set(err, "unexpected argument '%s' (flags are --name=value)", argv[i]);
-        char name[64];
-        const char *value = flag_value(argc, argv, &i, name, sizeof name);
-        const ConfigOption *o = config_option(name);
-        if (!o && strcmp(name, "config")) return err_set(err, "unknown flag --%s", name);
-        if (!value) return err_set(err, "--%s needs a value", name);
-        if (config_pass && !o && config_apply_file(c, value, err)) return -1;
-        if (!config_pass && o && config_set(c, o, value, err)) return -1;
-    }
-    return 0;
+static int parse_flags(int argc, char **argv, int config_pass, Err *err) {
+    flag_table.config_pass = config_pass;
+    return flags_parse(flag_table.flags, flag_table.n, argc - 1, argv + 1, NULL, err);
 }
 
 static const char *env_dir(const char *name) {
@@ -120,7 +146,7 @@ static int check_config(const Config *c, Err *err) {
 
 static int load_config(Config *c, int argc, char **argv, Err *err) {
     *c = (Config){.max_restarts = 3,
-                  .stop_timeout = 60,
+                  .stop_timeout = RANKS_STOP_GRACE_S,
                   .max_connections = 256,
                   .poll_interval = 0.5,
                   .max_unauthenticated = 64,
@@ -131,7 +157,10 @@ static int load_config(Config *c, int argc, char **argv, Err *err) {
     if (!has_config && access(DEFAULT_CONFIG, F_OK) == 0 &&
         config_apply_file(c, DEFAULT_CONFIG, err))
         return -1;
-    if (parse_flags(c, argc, argv, 1, err) || parse_flags(c, argc, argv, 0, err)) return -1;
+    if (make_flag_table(c, err)) return -1;
+    int rc = parse_flags(argc, argv, 1, err) || parse_flags(argc, argv, 0, err);
+    free(flag_table.flags);
+    if (rc) return -1;
     if (fill_defaults(c, err)) return -1;
     return check_config(c, err);
 }
@@ -162,8 +191,8 @@ static void on_stop_signal(uv_signal_t *h, int signum) {
         int running = runner_alive();
         log_info("%s: stopping %d running job(s) (they checkpoint first)", name, running);
         // systemd waits TimeoutStopSec; ranks may need up to stop-timeout to checkpoint.
-        sd_notifyf("STOPPING=1\nSTATUS=stopping %d job(s)\nEXTEND_TIMEOUT_USEC=%llu", running,
-                   (unsigned long long)((astraid.cfg.stop_timeout + 10) * 1e6));
+        notify_systemd("STOPPING=1\nSTATUS=stopping %d job(s)\nEXTEND_TIMEOUT_USEC=%llu", running,
+                       (unsigned long long)((astraid.cfg.stop_timeout + 10) * 1e6));
         server_close_listeners();
     }
     for (Job *j = astraid.jobs; j; j = j->next)
@@ -246,14 +275,14 @@ int main(int argc, char **argv) {
                                                          : 0;
     if (rc) {
         fprintf(stderr, "astraid: %s\n", err.msg);
-        sd_notifyf("STATUS=failed: %s", err.msg);
+        notify_systemd("STATUS=failed: %s", err.msg);
         server_close_all();
         uv_walk(astraid.loop, close_handle, NULL);
     } else {
         log_info("ready: socket %s, state %s, %d %s device(s), train binary %s",
                  astraid.cfg.socket_path, astraid.cfg.state_dir, astraid.devices.n,
                  astraid.devices.gpu ? "cuda" : "cpu", astraid.cfg.train_binary);
-        sd_notifyf("READY=1\nSTATUS=serving on %s", astraid.cfg.socket_path);
+        notify_systemd("READY=1\nSTATUS=serving on %s", astraid.cfg.socket_path);
     }
     uv_run(astraid.loop, UV_RUN_DEFAULT);
     uv_loop_close(astraid.loop);

@@ -1,7 +1,10 @@
 // progress_reader.c: fills each running job's progress fields from the progress
 // database its rank 0 writes (run_dir/progress.db, worker/lib/progress.h), read
-// only, on a timer. WAL lets us read while rank 0 writes; a busy database is simply
-// read at the next tick, never waited on. Changes are pushed to watchers.
+// only, on a timer. The reads run on libuv's threadpool (a slow disk never stalls the
+// loop) and their results are applied on the loop; one poll at a time, so the open
+// handles it keeps are only ever used by one thread. WAL lets us read while rank 0
+// writes; a busy database is simply read at the next tick, never waited on. Changes
+// are pushed to watchers.
 #include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -13,27 +16,16 @@
 
 #define ETA_WINDOW 16 // steps the ETA's pace is measured over
 
-static uv_timer_t poll_timer;
-
-static sqlite3 *open_progress(Job *j) {
-    if (j->progress_db) return j->progress_db;
+static sqlite3 *open_progress(const char *run_dir) {
     char path[PATH_MAX];
-    if (job_run_dir(j, path, sizeof path) || strlen(path) + sizeof "/progress.db" > sizeof path)
-        return NULL;
-    strcat(path, "/progress.db");
+    if ((size_t)snprintf(path, sizeof path, "%s/progress.db", run_dir) >= sizeof path) return NULL;
     sqlite3 *db = NULL;
     if (sqlite3_open_v2(path, &db, SQLITE_OPEN_READONLY, NULL) != SQLITE_OK) {
         sqlite3_close(db); // not created yet: the run is still starting
         return NULL;
     }
     sqlite3_busy_timeout(db, 0);
-    j->progress_db = db;
     return db;
-}
-
-void progress_close_job(Job *j) {
-    sqlite3_close(j->progress_db);
-    j->progress_db = NULL;
 }
 
 static int query_long(sqlite3 *db, const char *sql, long *out) {
@@ -46,11 +38,12 @@ static int query_long(sqlite3 *db, const char *sql, long *out) {
 }
 
 // The newest rows: the latest values, and the pace (seconds per step) for the ETA.
-static int read_steps(sqlite3 *db, Job *j) {
+static void read_steps(sqlite3 *db, long total_steps, Progress *p) {
     sqlite3_stmt *st;
     const char *sql = "SELECT step, epoch, loss, lr, grad_norm, tokens_per_s, wall_time FROM steps"
                       " ORDER BY step DESC LIMIT 16";
-    if (sqlite3_prepare_v2(db, sql, -1, &st, NULL) != SQLITE_OK) return -1;
+    p->eta_s = -1;
+    if (sqlite3_prepare_v2(db, sql, -1, &st, NULL) != SQLITE_OK) return;
     int n = 0;
     long first_step = 0, last_step = 0;
     double first_wall = 0, last_wall = 0;
@@ -60,124 +53,228 @@ static int read_steps(sqlite3 *db, Job *j) {
         if (n++ == 0) {
             last_step = step;
             last_wall = wall;
-            j->step = step;
-            j->epoch = (long)sqlite3_column_int64(st, 1);
-            j->loss = sqlite3_column_double(st, 2);
-            j->lr = sqlite3_column_double(st, 3);
-            j->grad_norm = sqlite3_column_double(st, 4);
-            j->tokens_per_s = sqlite3_column_double(st, 5);
-            j->has_progress = 1;
+            p->step = step;
+            p->epoch = (long)sqlite3_column_int64(st, 1);
+            p->loss = sqlite3_column_double(st, 2);
+            p->lr = sqlite3_column_double(st, 3);
+            p->grad_norm = sqlite3_column_double(st, 4);
+            p->tokens_per_s = sqlite3_column_double(st, 5);
+            p->has_step = 1;
         }
         first_step = step;
         first_wall = wall;
     }
     sqlite3_finalize(st);
-    j->eta_s = -1;
-    if (last_step > first_step && j->total_steps > 0)
-        j->eta_s = (last_wall - first_wall) / (double)(last_step - first_step) *
-                   (double)(j->total_steps > last_step ? j->total_steps - last_step : 0);
-    return n > 0 ? 0 : -1;
+    if (last_step > first_step && total_steps > 0)
+        p->eta_s = (last_wall - first_wall) / (double)(last_step - first_step) *
+                   (double)(total_steps > last_step ? total_steps - last_step : 0);
 }
 
-static void read_checkpoint(sqlite3 *db, Job *j) {
+static void read_checkpoint(sqlite3 *db, Progress *p) {
     sqlite3_stmt *st;
     const char *sql = "SELECT path FROM checkpoints ORDER BY step DESC LIMIT 1";
     if (sqlite3_prepare_v2(db, sql, -1, &st, NULL) != SQLITE_OK) return;
     if (sqlite3_step(st) == SQLITE_ROW) {
         const char *path = (const char *)sqlite3_column_text(st, 0);
-        if (path && (!j->last_checkpoint || strcmp(path, j->last_checkpoint))) {
-            free(j->last_checkpoint);
-            j->last_checkpoint = strdup(path);
-        }
+        p->checkpoint = path ? strdup(path) : NULL;
     }
     sqlite3_finalize(st);
 }
 
-// The latest validation loss of each job (--val_split), kept here by job id: the Job
-// struct has no field for it. Filled by progress_read while a job runs, and read once
-// from the run's progress.db for a job seen first after its run (a restarted daemon).
-typedef struct {
-    long id;
-    int has;
-    double val_loss;
-} ValEntry;
-
-static ValEntry *val_cache;
-static size_t n_val_cache, cap_val_cache;
-
-static ValEntry *val_entry(long id, int create) {
-    for (size_t i = 0; i < n_val_cache; i++)
-        if (val_cache[i].id == id) return &val_cache[i];
-    if (!create) return NULL;
-    if (n_val_cache == cap_val_cache) {
-        size_t cap = cap_val_cache ? cap_val_cache * 2 : 16;
-        ValEntry *v = realloc(val_cache, cap * sizeof *v);
-        if (!v) return NULL;
-        val_cache = v;
-        cap_val_cache = cap;
-    }
-    val_cache[n_val_cache] = (ValEntry){.id = id};
-    return &val_cache[n_val_cache++];
-}
-
-// The newest validation row; a database from before the validation table: none. Returns
-// 1 when the value changed.
-static int read_validation(sqlite3 *db, Job *j) {
-    ValEntry *e = val_entry(j->id, 1);
-    if (!e) return 0;
+// The newest validation row (--val_split); a database from before the validation table:
+// none.
+static void read_validation(sqlite3 *db, Progress *p) {
     sqlite3_stmt *st;
     const char *sql = "SELECT val_loss FROM validation ORDER BY step DESC LIMIT 1";
-    if (sqlite3_prepare_v2(db, sql, -1, &st, NULL) != SQLITE_OK) return 0;
-    int changed = 0;
+    if (sqlite3_prepare_v2(db, sql, -1, &st, NULL) != SQLITE_OK) return;
     if (sqlite3_step(st) == SQLITE_ROW && sqlite3_column_type(st, 0) != SQLITE_NULL) {
-        double v = sqlite3_column_double(st, 0);
-        changed = !e->has || v != e->val_loss;
-        e->has = 1;
-        e->val_loss = v;
+        p->val_loss = sqlite3_column_double(st, 0);
+        p->has_val = 1;
     }
     sqlite3_finalize(st);
+}
+
+static void read_db(sqlite3 *db, long total_steps, Progress *p) {
+    *p = (Progress){.opened = 1, .eta_s = -1};
+    long total;
+    if (!query_long(db, "SELECT CAST(value AS INTEGER) FROM run WHERE key='total_steps'", &total)) {
+        p->has_total = 1;
+        p->total_steps = total_steps = total;
+    }
+    read_steps(db, total_steps, p);
+    read_checkpoint(db, p);
+    read_validation(db, p);
+}
+
+void progress_read_dir(const char *run_dir, long total_steps, Progress *p) {
+    sqlite3 *db = open_progress(run_dir);
+    *p = (Progress){.eta_s = -1};
+    if (db) read_db(db, total_steps, p);
+    sqlite3_close(db);
+}
+
+int progress_apply(Job *j, Progress *p) {
+    int changed = !j->progress_seen;
+    j->progress_seen = 1;
+    if (!p->opened) return changed;
+    if (p->has_total && p->total_steps != j->total_steps) {
+        j->total_steps = p->total_steps;
+        changed = 1;
+    }
+    if (p->has_step) {
+        changed |= p->step != j->step;
+        j->step = p->step;
+        j->epoch = p->epoch;
+        j->loss = p->loss;
+        j->lr = p->lr;
+        j->grad_norm = p->grad_norm;
+        j->tokens_per_s = p->tokens_per_s;
+        j->has_progress = 1;
+    }
+    j->eta_s = p->eta_s;
+    if (p->checkpoint && (!j->last_checkpoint || strcmp(p->checkpoint, j->last_checkpoint))) {
+        free(j->last_checkpoint);
+        j->last_checkpoint = p->checkpoint;
+        p->checkpoint = NULL;
+        changed = 1;
+    }
+    if (p->has_val && (!j->has_val_loss || p->val_loss != j->val_loss)) {
+        j->val_loss = p->val_loss;
+        j->has_val_loss = 1;
+        changed = 1;
+    }
+    free(p->checkpoint);
+    p->checkpoint = NULL;
     return changed;
 }
 
-int progress_val_loss(const Job *j, double *val_loss) {
-    ValEntry *e = val_entry(j->id, 0);
-    if (!e) {
-        char path[PATH_MAX];
-        sqlite3 *db = NULL;
-        if (!job_run_dir(j, path, sizeof path) &&
-            strlen(path) + sizeof "/progress.db" <= sizeof path) {
-            strcat(path, "/progress.db");
-            if (sqlite3_open_v2(path, &db, SQLITE_OPEN_READONLY, NULL) == SQLITE_OK) {
-                sqlite3_busy_timeout(db, 0);
-                read_validation(db, (Job *)j);
-            }
-            sqlite3_close(db);
-        }
-        if (!(e = val_entry(j->id, 1))) return 0;
-    }
-    if (e->has) *val_loss = e->val_loss;
-    return e->has;
+// ---------------------------------------------------------------- the poll
+
+// One job of a poll: a running one (its handle kept open between polls), or one this
+// astraid has not read yet (a job of the database: its val_loss, read once).
+typedef struct {
+    long id;
+    int running;
+    long total_steps;
+    char run_dir[PATH_MAX];
+    Progress p;
+} PollItem;
+
+typedef struct {
+    uv_work_t req;
+    size_t n;
+    PollItem *items; // (n,) by ascending id, as astraid.jobs
+} Poll;
+
+// Open handles of running jobs, by id. Used by the poll's work function alone (one
+// poll at a time): closed once their job is no longer polled as running.
+typedef struct {
+    long id;
+    sqlite3 *db;
+} Handle;
+
+static Handle *handles;
+static size_t n_handles;
+static uv_timer_t poll_timer;
+static int polling; // a poll is on the threadpool
+
+static Handle *handle_of(long id) {
+    for (size_t i = 0; i < n_handles; i++)
+        if (handles[i].id == id) return &handles[i];
+    return NULL;
 }
 
-int progress_read(Job *j) {
-    sqlite3 *db = open_progress(j);
-    if (!db) return 0;
-    long before_step = j->step, before_total = j->total_steps;
-    const char *before_ckpt = j->last_checkpoint;
-    long total;
-    if (!query_long(db, "SELECT CAST(value AS INTEGER) FROM run WHERE key='total_steps'", &total))
-        j->total_steps = total;
-    read_steps(db, j);
-    read_checkpoint(db, j);
-    int val_changed = read_validation(db, j);
-    return val_changed || j->step != before_step || j->total_steps != before_total ||
-           j->last_checkpoint != before_ckpt;
+// Closes the handles of jobs this poll does not read as running.
+static void close_stale_handles(const Poll *poll) {
+    for (size_t i = 0; i < n_handles;) {
+        int kept = 0;
+        for (size_t k = 0; k < poll->n && !kept; k++)
+            kept = poll->items[k].running && poll->items[k].id == handles[i].id;
+        if (kept) {
+            i++;
+            continue;
+        }
+        sqlite3_close(handles[i].db);
+        handles[i] = handles[--n_handles];
+    }
+    if (!n_handles) {
+        free(handles);
+        handles = NULL;
+    }
+}
+
+static sqlite3 *running_handle(const PollItem *it) {
+    Handle *h = handle_of(it->id);
+    if (h) return h->db;
+    sqlite3 *db = open_progress(it->run_dir);
+    Handle *grown = db ? realloc(handles, (n_handles + 1) * sizeof *grown) : NULL;
+    if (!grown) {
+        sqlite3_close(db);
+        return NULL;
+    }
+    handles = grown;
+    handles[n_handles++] = (Handle){it->id, db};
+    return db;
+}
+
+static void poll_work(uv_work_t *req) {
+    Poll *poll = req->data;
+    close_stale_handles(poll);
+    for (size_t k = 0; k < poll->n; k++) {
+        PollItem *it = &poll->items[k];
+        it->p = (Progress){.eta_s = -1};
+        if (!it->running) {
+            progress_read_dir(it->run_dir, it->total_steps, &it->p);
+            continue;
+        }
+        sqlite3 *db = running_handle(it);
+        if (db) read_db(db, it->total_steps, &it->p);
+    }
+}
+
+// Applied to the jobs still as they were polled: a running job that still runs (its
+// run's end reads its last progress itself), an unseen one still unseen.
+static void poll_done(uv_work_t *req, int status) {
+    Poll *poll = req->data;
+    Job *j = astraid.jobs;
+    for (size_t k = 0; k < poll->n; k++) {
+        PollItem *it = &poll->items[k];
+        while (j && j->id < it->id)
+            j = j->next;
+        int current = j && j->id == it->id && (it->running ? j->run != NULL : !j->progress_seen);
+        if (!status && current && progress_apply(j, &it->p) && it->running) server_push_progress(j);
+        free(it->p.checkpoint);
+    }
+    free(poll->items);
+    free(poll);
+    polling = 0;
 }
 
 static void on_poll(uv_timer_t *t) {
     (void)t;
+    if (polling) return; // a slow disk: the next tick after that poll is done
+    size_t n = 0;
     for (Job *j = astraid.jobs; j; j = j->next)
-        if (j->run && progress_read(j)) server_push_progress(j);
+        n += j->run || (!j->progress_seen && !j->ending && !j->unsaved);
+    if (!n) return;
+    Poll *poll = calloc(1, sizeof *poll);
+    PollItem *items = poll ? calloc(n, sizeof *items) : NULL;
+    if (!items) {
+        free(poll);
+        return;
+    }
+    for (Job *j = astraid.jobs; j; j = j->next) {
+        if (!j->run && (j->progress_seen || j->ending || j->unsaved)) continue;
+        PollItem *it = &items[poll->n];
+        it->id = j->id;
+        it->running = j->run != NULL;
+        it->total_steps = j->total_steps;
+        if (!job_run_dir(j, it->run_dir, sizeof it->run_dir)) poll->n++;
+    }
+    poll->items = items;
+    poll->req.data = poll;
+    polling = 1;
+    (void)uv_queue_work(astraid.loop, &poll->req, poll_work, poll_done); // fails only without work
 }
 
 void progress_reader_start(void) {

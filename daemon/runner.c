@@ -2,8 +2,8 @@
 //
 // Each rank is astrai-train started with uv_spawn in its own session and process
 // group (UV_PROCESS_DETACHED), with the environment of a local launch
-// (worker/lib/launch.h launch_rank_env: RANK, WORLD_SIZE, ..., ASTRAI_LAUNCHER_PID =
-// astraid, so the rank arms PR_SET_PDEATHSIG against us) plus:
+// (ranks/ranks.h ranks_env: RANK, WORLD_SIZE, ..., ASTRAI_LAUNCHER_PID = astraid, so the
+// rank arms PR_SET_PDEATHSIG against us) plus:
 //   fd 0            /dev/null
 //   fd 1, 2         one pipe: its lines go to run_dir/run<N>-rank<R>.log and to the
 //                   job's in-memory log (logs, logs -f)
@@ -16,13 +16,15 @@
 //                   job->devices[R]
 //   CUDA_DEVICE_ORDER=PCI_BUS_ID  (GPU jobs) CUDA numbers the GPUs as NVML does
 //
-// The first rank that fails (non-zero exit or a signal) is the root cause: the others
-// get SIGTERM, then SIGKILL after --stop-timeout. A rank that exits 3 (EXIT_INTERRUPTED)
-// though astraid did not stop it was stopped from outside: the others are stopped the
-// same way and the run is interrupted, not failed (a later real failure still wins). A
-// run ends when every rank has exited and its output is drained; the job then decides
-// what comes next. A rank that cannot be started for want of a resource (EMFILE, ENFILE,
-// EAGAIN, ENOMEM, ENOBUFS) makes the run transient: the job tries again later.
+// The ranks' exits follow ranks/ranks.h's policy, as under astrai-train's own launcher: the
+// first rank that fails (non-zero exit or a signal) is the root cause: the others get
+// SIGTERM, then SIGKILL after --stop-timeout. A rank that exits 3 (EXIT_INTERRUPTED) though
+// astraid did not stop it was stopped from outside: the others are stopped the same way and
+// the run is interrupted, not failed (a later real failure still wins). After astraid's own
+// stop (pause, shutdown, cancel) no exit is a failure. A run ends when every rank has exited and
+// its output is drained; the job then decides what comes next. A rank that cannot be started for
+// want of a resource (EMFILE, ENFILE, EAGAIN, ENOMEM, ENOBUFS) makes the run transient: the job
+// tries again later.
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
@@ -34,10 +36,10 @@
 
 #include <cjson/cJSON.h>
 
+#include "comm/comm.h"
 #include "daemon/daemon.h"
 #include "proto/job_spec.h"
-#include "worker/lib/launch.h"
-#include "worker/lib/rendezvous.h"
+#include "ranks/ranks.h"
 
 #define CONTROL_FD 3
 #define RENDEZVOUS_FD 4
@@ -48,13 +50,10 @@
 typedef struct {
     Run *run;
     int index;
-    pid_t pid;
     uv_process_t proc;
     uv_pipe_t out;
     int control_fd, log_fd;
-    int alive, out_open;
-    int64_t exit_status;
-    int term_signal;
+    int out_open;
     char *line; // the current incomplete output line
     size_t line_len;
     char *tail[CAUSE_LINES]; // this run's last output lines, a ring: the root cause quotes them
@@ -64,14 +63,14 @@ typedef struct {
 struct Run {
     Job *job;
     Rank *ranks;
-    int n, alive, outs_open;
+    RankGroup g; // their pids and exits, and what the policy decided
+    int n, outs_open;
     int handles; // libuv handles not yet closed: the Run is freed at 0
     int ended;
     StopKind stop;
     int shutdown_asked; // a second SIGTERM kills at once
-    int failed_rank, bad_input, transient;
-    int interrupted_rank; // the first rank that exited 3 without astraid asking, -1: none
-    char *started_from;   // the job's last checkpoint when the run started
+    int transient;      // a rank could not be started for want of a resource
+    char *started_from; // the job's last checkpoint when the run started
     char shm_name[64];
     uv_timer_t kill_timer, drain_timer;
 };
@@ -88,7 +87,7 @@ int runner_ranks(const Job *j) {
 
 pid_t runner_rank_pid(const Job *j, int r) {
     if (r < 0 || r >= runner_ranks(j)) return 0;
-    const Rank *rk = &j->run->ranks[r];
+    const RankExit *rk = &j->run->g.rank[r];
     return rk->alive ? rk->pid : 0;
 }
 
@@ -103,6 +102,7 @@ static void on_handle_closed(uv_handle_t *h) {
             free(run->ranks[i].tail[k]);
     }
     free(run->ranks);
+    ranks_group_free(&run->g);
     free(run->started_from);
     free(run);
 }
@@ -112,15 +112,11 @@ static void close_handle(Run *run, uv_handle_t *h) {
     uv_close(h, on_handle_closed);
 }
 
-static void signal_ranks(Run *run, int sig) {
-    for (int i = 0; i < run->n; i++)
-        if (run->ranks[i].alive) kill(-run->ranks[i].pid, sig); // the rank's process group
-}
-
 static void send_control(Run *run, const char *msg) {
     for (int i = 0; i < run->n; i++) {
         Rank *r = &run->ranks[i];
-        if (r->alive && r->control_fd >= 0 && write(r->control_fd, msg, strlen(msg)) < 0)
+        if (run->g.rank[i].alive && r->control_fd >= 0 &&
+            write(r->control_fd, msg, strlen(msg)) < 0)
             log_warn("job %ld: rank %d: control pipe: write failed", run->job->id, i);
     }
 }
@@ -129,14 +125,7 @@ static void send_control(Run *run, const char *msg) {
 // run only).
 static char *root_cause(const Rank *r) {
     char head[256];
-    if (!r->pid)
-        snprintf(head, sizeof head, "rank %d could not be started", r->index);
-    else if (r->term_signal)
-        snprintf(head, sizeof head, "rank %d (pid %d) was killed by signal %d (%s)", r->index,
-                 (int)r->pid, r->term_signal, strsignal(r->term_signal));
-    else
-        snprintf(head, sizeof head, "rank %d (pid %d) exited with code %lld", r->index, (int)r->pid,
-                 (long long)r->exit_status);
+    ranks_describe(&r->run->g, r->index, head, sizeof head);
     size_t len = strlen(head) + 32;
     for (int k = 0; k < CAUSE_LINES; k++)
         len += r->tail[k] ? strlen(r->tail[k]) + 1 : 0;
@@ -166,14 +155,19 @@ static void run_end(Run *run) {
         if (r->log_fd >= 0) close(r->log_fd);
         r->control_fd = r->log_fd = -1;
     }
-    launch_remove_shm(run->shm_name); // segments of ranks killed before their cleanup
-    int culprit = run->failed_rank >= 0 ? run->failed_rank : run->interrupted_rank;
+    comm_shm_remove(run->shm_name); // segments of ranks killed before their cleanup
+    const RankGroup *g = &run->g;
+    int culprit = g->failed >= 0 ? g->failed : g->interrupted;
     char *cause = culprit >= 0 ? root_cause(&run->ranks[culprit]) : NULL;
+    // Bad input: a rank that exited 2, or one that could not be started for another reason
+    // than a resource (no binary to run).
+    const RankExit *f = g->failed >= 0 ? &g->rank[g->failed] : NULL;
     RunOutcome o = {.stop = run->stop,
-                    .failed = run->failed_rank >= 0,
-                    .bad_input = run->bad_input,
+                    .failed = f != NULL,
+                    .bad_input = f && (f->pid ? !f->term_signal && f->exit_code == EXIT_BAD_INPUT
+                                              : !run->transient),
                     .transient = run->transient,
-                    .interrupted = run->interrupted_rank >= 0,
+                    .interrupted = g->interrupted >= 0,
                     .cause = cause,
                     .started_from = run->started_from};
     Job *j = run->job;
@@ -183,7 +177,7 @@ static void run_end(Run *run) {
 }
 
 static void maybe_end(Run *run) {
-    if (!run->ended && run->alive == 0 && run->outs_open == 0) run_end(run);
+    if (!run->ended && run->g.alive == 0 && run->outs_open == 0) run_end(run);
 }
 
 // ---------------------------------------------------------------- output
@@ -252,9 +246,9 @@ static void on_drain_timeout(uv_timer_t *t) {
 
 static void on_kill_timeout(uv_timer_t *t) {
     Run *run = t->data;
-    log_warn("job %ld: %d rank(s) did not stop within %g s; SIGKILL", run->job->id, run->alive,
+    log_warn("job %ld: %d rank(s) did not stop within %g s; SIGKILL", run->job->id, run->g.alive,
              astraid.cfg.stop_timeout);
-    signal_ranks(run, SIGKILL);
+    ranks_signal(&run->g, SIGKILL);
 }
 
 static void arm_kill(Run *run) {
@@ -263,53 +257,35 @@ static void arm_kill(Run *run) {
                        (uint64_t)(astraid.cfg.stop_timeout * 1000), 0);
 }
 
-static void on_rank_failed(Run *run, Rank *r) {
-    run->failed_rank = r->index;
-    run->bad_input = !r->term_signal && r->exit_status == EXIT_BAD_INPUT;
-    log_warn("job %ld: rank %d (pid %d) %s %d; stopping the other %d rank(s)", run->job->id,
-             r->index, (int)r->pid, r->term_signal ? "was killed by signal" : "exited with code",
-             r->term_signal ? r->term_signal : (int)r->exit_status, run->alive);
-    signal_ranks(run, SIGTERM);
-    arm_kill(run);
-}
-
-// Stopped from outside (SIGTERM/SIGINT astraid did not send): the rank checkpointed and
-// exited 3. The others stop too (their checkpoint agrees on the step), then the job restarts.
-static void on_rank_interrupted(Run *run, Rank *r) {
-    run->interrupted_rank = r->index;
-    log_warn("job %ld: rank %d (pid %d) was stopped from outside astraid (exit code %d); "
-             "stopping the other %d rank(s)",
-             run->job->id, r->index, (int)r->pid, EXIT_INTERRUPTED, run->alive);
-    signal_ranks(run, SIGTERM);
-    arm_kill(run);
-}
-
 static void on_rank_exit(uv_process_t *p, int64_t exit_status, int term_signal) {
     Rank *r = p->data;
     Run *run = r->run;
-    r->alive = 0;
-    r->exit_status = exit_status;
-    r->term_signal = term_signal;
-    run->alive--;
     close_handle(run, (uv_handle_t *)p);
     log_debug("job %ld: rank %d exited (code %lld, signal %d)", run->job->id, r->index,
               (long long)exit_status, term_signal);
-    int unasked = run->stop == STOP_NONE && run->failed_rank < 0;
-    if (unasked && !term_signal && exit_status == EXIT_INTERRUPTED) {
-        if (run->interrupted_rank < 0) on_rank_interrupted(run, r);
-    } else if (unasked && (exit_status || term_signal)) {
-        on_rank_failed(run, r);
+    if (ranks_exited(&run->g, r->index, (int)exit_status, term_signal) == RANKS_STOP_OTHERS) {
+        char how[128];
+        ranks_describe(&run->g, r->index, how, sizeof how);
+        // An interrupted rank was stopped from outside (SIGTERM/SIGINT astraid did not send):
+        // it checkpointed; the others stop too (their checkpoint agrees on the step), then
+        // the job restarts.
+        log_warn("job %ld: %s%s; stopping the other %d rank(s)", run->job->id, how,
+                 run->g.failed < 0 ? " (stopped from outside astraid)" : "", run->g.alive);
+        ranks_signal(&run->g, SIGTERM);
+        arm_kill(run);
     }
-    if (run->alive == 0) uv_timer_start(&run->drain_timer, on_drain_timeout, DRAIN_MS, 0);
+    if (run->g.alive == 0) uv_timer_start(&run->drain_timer, on_drain_timeout, DRAIN_MS, 0);
     maybe_end(run);
 }
 
 // ---------------------------------------------------------------- spawn
 
 typedef struct {
-    LaunchInfo li;
-    int listen_fd, port;
+    RanksLaunch ranks; // what every rank's environment says
+    int listen_fd;     // astraid's copy of rank 0's rendezvous socket
     char **argv;
+    char shm_name[64];
+    const char *extra[5]; // ranks.extra
     char run_dir[PATH_MAX];
     char control[32], run_dir_env[PATH_MAX + 16], cuda[4096];
 } Launch;
@@ -329,18 +305,22 @@ static int launch_prepare(Launch *l, Job *j, Err *err) {
     l->argv = job_spec_argv(&js, astraid.cfg.train_binary);
     job_spec_free(&js);
     if (!l->argv) return err_set(err, "out of memory building the argv");
-    l->li = (LaunchInfo){.mode = LAUNCH_RANK,
-                         .world_size = (int)j->n_devices,
-                         .local_world_size = (int)j->n_devices,
-                         .rendezvous_fd = -1};
-    launch_new_shm_name(l->li.shm_name, sizeof l->li.shm_name);
+    comm_shm_new_name(l->shm_name, sizeof l->shm_name);
     snprintf(l->control, sizeof l->control, "ASTRAI_CONTROL_FD=%d", CONTROL_FD);
     if (job_run_dir(j, l->run_dir, sizeof l->run_dir) ||
         visible_devices(j, l->cuda, sizeof l->cuda))
         return err_set(err, "run directory or device list too long");
     snprintf(l->run_dir_env, sizeof l->run_dir_env, "ASTRAI_RUN_DIR=%s", l->run_dir);
+    // GPU ids are NVML's indices (PCI bus order); CUDA's default order is fastest first.
+    const char *order = astraid.devices.gpu ? "CUDA_DEVICE_ORDER=PCI_BUS_ID" : NULL;
+    const char *extra[] = {l->control, l->run_dir_env, l->cuda, order, NULL};
+    memcpy(l->extra, extra, sizeof extra);
+    l->ranks = (RanksLaunch){.world_size = (int)j->n_devices,
+                             .listen_fd = RENDEZVOUS_FD,
+                             .shm_name = l->shm_name,
+                             .extra = l->extra};
     // A loopback listener on any port fails only for want of a resource (fds, ports, memory).
-    if (rendezvous_listen(0, 1, &l->listen_fd, &l->port, err)) {
+    if (ranks_listen("127.0.0.1", 0, &l->listen_fd, &l->ranks.port, err)) {
         err->resource = 1;
         return -1;
     }
@@ -391,10 +371,7 @@ static int spawn_rank(Run *run, Launch *l, int r, Err *err) {
         }
         return -1;
     }
-    // GPU ids are NVML's indices (PCI bus order); CUDA's default order is fastest first.
-    const char *order = astraid.devices.gpu ? "CUDA_DEVICE_ORDER=PCI_BUS_ID" : NULL;
-    const char *extra[] = {l->control, l->run_dir_env, l->cuda, order, NULL};
-    char **env = launch_rank_env(&l->li, r, l->port, RENDEZVOUS_FD, extra);
+    char **env = ranks_env(&l->ranks, r);
     uv_stdio_container_t stdio[5] = {
         {.flags = UV_IGNORE},
         {.flags = UV_INHERIT_FD, .data.fd = out[1]},
@@ -411,7 +388,7 @@ static int spawn_rank(Run *run, Launch *l, int r, Err *err) {
                                 .stdio = stdio};
     rk->proc.data = rk;
     rc = env ? uv_spawn(astraid.loop, &rk->proc, &opt) : UV_ENOMEM;
-    launch_free_env(env);
+    ranks_free_env(env);
     close(out[1]);
     close(ctl[0]);
     run->handles++; // the process handle is initialised even when the spawn failed
@@ -422,10 +399,8 @@ static int spawn_rank(Run *run, Launch *l, int r, Err *err) {
         snprintf(what, sizeof what, "cannot start rank %d (%s)", r, l->argv[0]);
         return start_error(err, -rc, what);
     }
-    rk->pid = rk->proc.pid;
-    rk->alive = 1;
+    ranks_started(&run->g, r, rk->proc.pid);
     rk->control_fd = ctl[1];
-    run->alive++;
     uv_pipe_init(astraid.loop, &rk->out, 0);
     uv_pipe_open(&rk->out, out[0]);
     rk->out.data = rk;
@@ -439,12 +414,12 @@ static int spawn_rank(Run *run, Launch *l, int r, Err *err) {
 static Run *run_new(Job *j) {
     Run *run = calloc(1, sizeof *run);
     if (run) run->ranks = calloc((size_t)j->n_devices, sizeof *run->ranks);
-    if (!run || !run->ranks) {
+    if (!run || !run->ranks || ranks_group_init(&run->g, (int)j->n_devices, NULL)) {
+        if (run) free(run->ranks);
         free(run);
         return NULL;
     }
     run->job = j;
-    run->failed_rank = run->interrupted_rank = -1;
     uv_timer_init(astraid.loop, &run->kill_timer);
     uv_timer_init(astraid.loop, &run->drain_timer);
     run->kill_timer.data = run->drain_timer.data = run;
@@ -456,10 +431,9 @@ static Run *run_new(Job *j) {
 // again later (transient), else like a rank that exits with 2 (no binary to run).
 static void spawn_failed(Run *run, int r, const Err *err) {
     keep_line(&run->ranks[r], err->msg, strlen(err->msg));
-    run->failed_rank = r;
+    ranks_start_failed(&run->g, r);
     run->transient = err->resource;
-    run->bad_input = !err->resource;
-    signal_ranks(run, SIGKILL);
+    ranks_signal(&run->g, SIGKILL);
 }
 
 int runner_start(Job *j, Err *err) {
@@ -474,7 +448,7 @@ int runner_start(Job *j, Err *err) {
         job_spec_free_argv(l.argv);
         return err_set(err, "out of memory");
     }
-    memcpy(run->shm_name, l.li.shm_name, sizeof run->shm_name);
+    memcpy(run->shm_name, l.shm_name, sizeof run->shm_name);
     run->n = (int)j->n_devices;
     run->started_from = j->last_checkpoint ? strdup(j->last_checkpoint) : NULL;
     j->run = run;
@@ -482,20 +456,20 @@ int runner_start(Job *j, Err *err) {
     runs_alive++;
     job_set_state(j, JOB_STARTING);
     pid_t *pids = calloc((size_t)run->n, sizeof *pids);
-    for (int r = 0; r < run->n && run->failed_rank < 0; r++) {
+    for (int r = 0; r < run->n && run->g.failed < 0; r++) {
         Err serr = {0};
         if (spawn_rank(run, &l, r, &serr)) spawn_failed(run, r, &serr);
-        if (pids) pids[r] = run->ranks[r].pid;
+        if (pids) pids[r] = run->g.rank[r].pid;
     }
-    run->n = run->failed_rank >= 0 ? run->failed_rank + 1 : run->n;
+    run->n = run->g.failed >= 0 ? run->g.failed + 1 : run->n;
     close(l.listen_fd); // rank 0 has its own copy
     job_spec_free_argv(l.argv);
     if (pids) state_run_started(j, pids, run->n);
     free(pids);
-    log_info("job %ld: run %ld started: %d rank(s)%s", j->id, j->runs, run->alive,
+    log_info("job %ld: run %ld started: %d rank(s)%s", j->id, j->runs, run->g.alive,
              j->resume ? ", resuming from the last checkpoint" : "");
-    if (run->failed_rank < 0) job_set_state(j, JOB_RUNNING);
-    if (run->alive == 0) uv_timer_start(&run->drain_timer, on_drain_timeout, 0, 0);
+    if (run->g.failed < 0) job_set_state(j, JOB_RUNNING);
+    if (run->g.alive == 0) uv_timer_start(&run->drain_timer, on_drain_timeout, 0, 0);
     return 0;
 }
 
@@ -504,9 +478,10 @@ int runner_start(Job *j, Err *err) {
 void runner_stop(Job *j, StopKind why) {
     Run *run = j->run;
     if (!run || run->ended) return;
+    ranks_stop_asked(&run->g); // their exits from now on are expected
     if (why == STOP_CANCEL || (why == STOP_SHUTDOWN && run->shutdown_asked)) {
         if (why == STOP_CANCEL) run->stop = why; // else a second SIGTERM: no more waiting
-        signal_ranks(run, SIGKILL);
+        ranks_signal(&run->g, SIGKILL);
         return;
     }
     run->shutdown_asked |= why == STOP_SHUTDOWN;

@@ -169,7 +169,7 @@ static int runs_before(const Job *a, const Job *b) {
 static Job *queue_head(double now, double *earliest) {
     Job *best = NULL;
     for (Job *j = astraid.jobs; j; j = j->next) {
-        if (j->state != JOB_QUEUED) continue;
+        if (j->state != JOB_QUEUED || j->unsaved) continue; // unsaved: not acknowledged yet
         if (j->hold_until > now) {
             if (!*earliest || j->hold_until < *earliest) *earliest = j->hold_until;
             continue;

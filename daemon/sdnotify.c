@@ -71,7 +71,7 @@ int sd_listen_fd(void) {
     return listen_fd;
 }
 
-void sd_notifyf(const char *fmt, ...) {
+void notify_systemd(const char *fmt, ...) {
     if (!notify_len) return;
     char msg[1024];
     va_list ap;

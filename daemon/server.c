@@ -3,7 +3,8 @@
 // A unix stream socket (bound here, or passed by systemd socket activation) and
 // optionally TCP. Each connection splits its bytes into lines (proto/rpc.h
 // RpcReader: a line over 1 MiB gets one -32005 reply and is skipped, the connection
-// stays usable) and answers each line in order. Replies and pushes go out through
+// stays usable) and answers each line in order (a request whose change is being written
+// holds the lines after it until its answer: conn_defer). Replies and pushes go out through
 // libuv's write queue. Nobody can stall the loop or grow the daemon without bound:
 //   - a client is answered at most SLICE lines per turn of the loop, and not at all
 //     while more than PAUSE_AT of its output is unread; with more than INPUT_CAP of its
@@ -61,6 +62,8 @@ struct Conn {
     size_t held;    // queued + the reader's buffer, as counted in client_memory
     int backlog;    // answered a full SLICE: more lines may wait for the next turn
     int lines_wait; // serving stopped before its reader ran out of complete lines
+    int waiting;    // a request's answer waits for its change to be written (conn_defer)
+    int gone;       // closed while waiting: freed by conn_answer
     int watching;
     long watch_job; // 0: every job
     int following, follow_rank;
@@ -120,7 +123,10 @@ int server_check_token(const char *given) {
 static void on_conn_closed(uv_handle_t *h) {
     Conn *c = h->data;
     rpc_reader_free(&c->reader);
-    free(c);
+    if (c->waiting)
+        c->gone = 1; // its answer still holds it
+    else
+        free(c);
 }
 
 static void on_trim(uv_timer_t *t) {
@@ -284,7 +290,7 @@ static void serve_lines(Conn *c) {
     char *line;
     size_t len;
     int kind = RPC_LINE_OK, n = 0;
-    while (!c->closing && c->queued < PAUSE_AT && n < SLICE) {
+    while (!c->closing && !c->waiting && c->queued < PAUSE_AT && n < SLICE) {
         if ((kind = rpc_reader_next(&c->reader, &line, &len)) == RPC_LINE_NONE) break;
         n++;
         if (kind == RPC_LINE_OK)
@@ -294,12 +300,30 @@ static void serve_lines(Conn *c) {
                       rpc_error(NULL, RPC_LINE_TOO_LONG, "line longer than 1 MiB; skipped", NULL));
     }
     c->lines_wait = !c->closing && kind != RPC_LINE_NONE;
-    c->backlog = c->lines_wait && n == SLICE;
+    c->backlog = c->lines_wait && !c->waiting && n == SLICE;
     if (c->backlog && !uv_is_active((uv_handle_t *)&backlog_idle))
         uv_idle_start(&backlog_idle, on_backlog);
 }
 
 static void on_read(uv_stream_t *s, ssize_t n, const uv_buf_t *buf);
+
+void conn_defer(Conn *c) {
+    c->waiting = 1;
+}
+
+void conn_answer(Conn *c, char *msg) {
+    c->waiting = 0;
+    if (c->gone) {
+        free(msg);
+        free(c);
+        return;
+    }
+    conn_send(c, msg);
+    if (c->closing) return;
+    serve_lines(c); // the lines that came meanwhile
+    input_flow(c);
+    account(c);
+}
 
 // Reads from c only while fewer than INPUT_CAP bytes of its requests wait to be answered
 // (a line still arriving is no request yet: the reader bounds it by RPC_MAX_LINE), so

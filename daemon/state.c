@@ -1,10 +1,12 @@
 // state.c: the daemon database, state_dir/astraid.db (DESIGN §6), written only by
 // astraid: jobs (one row each, rewritten on every change), runs (one row per
 // attempt, with the pids of its ranks) and events (an append-only history). WAL,
-// busy_timeout, and BEGIN IMMEDIATE around every write.
+// busy_timeout, and BEGIN IMMEDIATE around every write; the writes are made off the
+// loop, in order, by one writer (below), and columns are always named.
 //
-// A write that cannot commit (a full disk) is rolled back and returns -1: the verbs
-// then refuse the request and leave the job as it was (docs/astraid.md).
+// A write that cannot commit (a full disk, a lock held past the busy timeout) is rolled
+// back and its completion gets the error: the verbs then refuse the request and leave
+// the job as it was (docs/astraid.md).
 //
 // Recovery at startup: jobs the daemon died under (starting, running, pausing: a
 // crash or kill -9; their ranks got SIGTERM from PR_SET_PDEATHSIG, checkpoint and
@@ -28,7 +30,9 @@
 #include "ckpt/checkpoint.h"
 #include "daemon/daemon.h"
 
-static sqlite3 *db;
+// db: the loop's connection, for the reads of startup (recovery, ids). wdb: the writer's,
+// used by one write at a time on libuv's threadpool.
+static sqlite3 *db, *wdb;
 
 static const char SCHEMA[] =
     "PRAGMA journal_mode=WAL;"
@@ -42,6 +46,13 @@ static const char SCHEMA[] =
     " finished_at REAL, outcome TEXT, pids TEXT, starts TEXT, PRIMARY KEY(job_id, run));"
     "CREATE TABLE IF NOT EXISTS events(id INTEGER PRIMARY KEY, job_id INTEGER, time REAL,"
     " kind TEXT, detail TEXT);";
+
+// The columns of a jobs row, in the order job_row binds them and job_from_row reads them.
+#define JOB_COLUMNS                                                                                \
+    "id, name, state, spec, ckpt_dir, step, total_steps, epoch, loss, lr, grad_norm,"              \
+    " tokens_per_s, eta_s, has_progress, restarts, max_restarts, priority, n_devices, want_ids,"   \
+    " last_checkpoint, error, submitted_by, created_at, started_at, finished_at, resume, runs"
+#define JOB_N_COLUMNS 27
 
 // runs.starts (the ranks' start times) came after the first databases were written.
 static int add_starts_column(const char *path, Err *err) {
@@ -57,63 +68,211 @@ static int add_starts_column(const char *path, Err *err) {
     return 0;
 }
 
+static int open_db(const char *path, sqlite3 **out, Err *err) {
+    if (sqlite3_open_v2(path, out, SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE, NULL) != SQLITE_OK)
+        return err_set(err, "%s: %s", path, *out ? sqlite3_errmsg(*out) : "cannot open");
+    sqlite3_busy_timeout(*out, 5000);
+    return 0;
+}
+
 int state_open(const char *state_dir, Err *err) {
     char path[PATH_MAX];
     snprintf(path, sizeof path, "%s/astraid.db", state_dir);
-    if (sqlite3_open_v2(path, &db, SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE, NULL) != SQLITE_OK)
-        return err_set(err, "%s: %s", path, db ? sqlite3_errmsg(db) : "cannot open");
-    sqlite3_busy_timeout(db, 5000);
+    if (open_db(path, &db, err)) return -1;
     char *msg = NULL;
     if (sqlite3_exec(db, SCHEMA, NULL, NULL, &msg) != SQLITE_OK) {
         err_set(err, "%s: %s", path, msg ? msg : "schema");
         sqlite3_free(msg);
         return -1;
     }
-    return add_starts_column(path, err);
+    if (add_starts_column(path, err) || open_db(path, &wdb, err)) return -1;
+    // A first read opens the writer's WAL files now: a write must not need a descriptor
+    // later, when the daemon may have none left (the ranks' logs and pipes).
+    if (sqlite3_exec(wdb, "SELECT count(*) FROM jobs", NULL, NULL, NULL) != SQLITE_OK)
+        return err_set(err, "%s: %s", path, sqlite3_errmsg(wdb));
+    return 0;
 }
 
 void state_close(void) {
     sqlite3_close(db);
-    db = NULL;
+    sqlite3_close(wdb);
+    db = wdb = NULL;
 }
 
-// A failed write: logged, and in err (may be NULL) as a resource failure.
-static int db_failed(const char *what, Err *err) {
-    log_error("astraid.db: %s: %s", what, sqlite3_errmsg(db));
-    return err_resource(err, "astraid.db: %s: %s", what, sqlite3_errmsg(db));
+// ---------------------------------------------------------------- the writer
+//
+// Every write of the database goes through one queue: built on the loop (its values
+// copied), run on libuv's threadpool one at a time and in order, each in its own
+// BEGIN IMMEDIATE transaction, its completion called on the loop. So the loop never
+// waits on sqlite's busy timeout or an fsync, and the rows land in the order the
+// changes were made. A blocking read that must be ordered with the writes (a run's
+// end: its last progress and checkpoints) takes its turn in the same queue.
+
+#define MAX_VALUES JOB_N_COLUMNS
+#define MAX_STMTS 3
+
+typedef struct {
+    int type; // SQLITE_INTEGER, SQLITE_FLOAT, SQLITE_TEXT or SQLITE_NULL
+    sqlite3_int64 i;
+    double d;
+    char *s;
+} Value;
+
+typedef struct {
+    const char *sql;
+    int n;
+    Value v[MAX_VALUES];
+} Stmt;
+
+typedef struct Write {
+    uv_work_t req;
+    char what[64]; // "saving job 3": what a failure's log line names
+    Stmt stmts[MAX_STMTS];
+    int n_stmts;
+    void (*work)(void *arg); // instead of statements: a blocking read in the queue's order
+    StateDone done;
+    void *arg;
+    Err err;
+    struct Write *next;
+} Write;
+
+static Write *queue_head, *queue_tail; // waiting; queue_head is running when busy
+static int busy;
+
+static Write *write_new(const char *what, StateDone done, void *arg, Err *err) {
+    Write *w = calloc(1, sizeof *w);
+    if (!w) {
+        log_error("astraid.db: %s: out of memory", what);
+        err_resource(err, "astraid.db: %s: out of memory", what);
+        return NULL;
+    }
+    snprintf(w->what, sizeof w->what, "%s", what);
+    w->done = done;
+    w->arg = arg;
+    return w;
 }
 
-// One write statement in its own BEGIN IMMEDIATE transaction.
-static int write_begin(sqlite3_stmt **st, const char *sql, Err *err) {
-    if (!db) return err_resource(err, "astraid.db is not open");
-    if (sqlite3_exec(db, "BEGIN IMMEDIATE", NULL, NULL, NULL) != SQLITE_OK)
-        return db_failed("begin", err);
-    if (sqlite3_prepare_v2(db, sql, -1, st, NULL) != SQLITE_OK) {
-        db_failed("prepare", err);
-        sqlite3_exec(db, "ROLLBACK", NULL, NULL, NULL);
+static Stmt *add_stmt(Write *w, const char *sql) {
+    Stmt *s = &w->stmts[w->n_stmts++];
+    s->sql = sql;
+    return s;
+}
+
+static void put_int(Stmt *s, sqlite3_int64 i) {
+    s->v[s->n++] = (Value){.type = SQLITE_INTEGER, .i = i};
+}
+
+static void put_double(Stmt *s, double d) {
+    s->v[s->n++] = (Value){.type = SQLITE_FLOAT, .d = d};
+}
+
+// Takes t (a copy to free, NULL: SQL NULL).
+static void put_owned(Stmt *s, char *t) {
+    s->v[s->n++] = (Value){.type = t ? SQLITE_TEXT : SQLITE_NULL, .s = t};
+}
+
+static void put_text(Stmt *s, const char *t) {
+    put_owned(s, t ? strdup(t) : NULL);
+}
+
+static void write_free(Write *w) {
+    for (int k = 0; k < w->n_stmts; k++)
+        for (int i = 0; i < w->stmts[k].n; i++)
+            free(w->stmts[k].v[i].s);
+    free(w);
+}
+
+// A failed write (on the threadpool: logged by its completion).
+static void write_failed(Write *w, const char *step) {
+    err_resource(&w->err, "astraid.db: %s: %s", step, sqlite3_errmsg(wdb));
+}
+
+static int run_stmt(Write *w, const Stmt *s) {
+    sqlite3_stmt *st;
+    if (sqlite3_prepare_v2(wdb, s->sql, -1, &st, NULL) != SQLITE_OK) {
+        write_failed(w, "prepare");
         return -1;
     }
-    return 0;
-}
-
-// Steps and commits; a failed commit (SQLITE_FULL, an I/O error) is rolled back, so
-// that the next write starts a fresh transaction.
-static int write_end(sqlite3_stmt *st, Err *err) {
+    for (int i = 0; i < s->n; i++) {
+        const Value *v = &s->v[i];
+        if (v->type == SQLITE_INTEGER)
+            sqlite3_bind_int64(st, i + 1, v->i);
+        else if (v->type == SQLITE_FLOAT)
+            sqlite3_bind_double(st, i + 1, v->d);
+        else if (v->type == SQLITE_TEXT)
+            sqlite3_bind_text(st, i + 1, v->s, -1, SQLITE_STATIC);
+        else
+            sqlite3_bind_null(st, i + 1);
+    }
     int rc = sqlite3_step(st);
     sqlite3_finalize(st);
-    if (rc != SQLITE_DONE || sqlite3_exec(db, "COMMIT", NULL, NULL, NULL) != SQLITE_OK) {
-        db_failed(rc != SQLITE_DONE ? "write" : "commit", err);
-        sqlite3_exec(db, "ROLLBACK", NULL, NULL, NULL);
-        return -1;
-    }
-    return 0;
+    if (rc != SQLITE_DONE) write_failed(w, "write");
+    return rc == SQLITE_DONE ? 0 : -1;
 }
 
-static void bind_text(sqlite3_stmt *st, int i, const char *s) {
-    if (s)
-        sqlite3_bind_text(st, i, s, -1, SQLITE_TRANSIENT);
+// The statements in one transaction; one that cannot commit (SQLITE_FULL, an I/O error, a
+// lock held past the busy timeout) is rolled back, so that the next write starts afresh.
+static void write_work(uv_work_t *req) {
+    Write *w = req->data;
+    if (w->work) {
+        w->work(w->arg);
+        return;
+    }
+    if (!wdb) {
+        err_resource(&w->err, "astraid.db is not open");
+        return;
+    }
+    if (sqlite3_exec(wdb, "BEGIN IMMEDIATE", NULL, NULL, NULL) != SQLITE_OK) {
+        write_failed(w, "begin");
+        return;
+    }
+    int rc = 0;
+    for (int k = 0; k < w->n_stmts && !rc; k++)
+        rc = run_stmt(w, &w->stmts[k]);
+    if (!rc && sqlite3_exec(wdb, "COMMIT", NULL, NULL, NULL) != SQLITE_OK) {
+        write_failed(w, "commit");
+        rc = -1;
+    }
+    if (rc) sqlite3_exec(wdb, "ROLLBACK", NULL, NULL, NULL);
+}
+
+static void start_next(void);
+
+static void write_done(uv_work_t *req, int status) {
+    (void)status; // never cancelled
+    Write *w = req->data;
+    queue_head = w->next;
+    if (!queue_head) queue_tail = NULL;
+    busy = 0;
+    start_next(); // the next write runs while this one's completion does
+    if (w->err.msg[0]) log_error("%s (%s)", w->err.msg, w->what);
+    if (w->done) w->done(w->arg, &w->err);
+    write_free(w);
+}
+
+static void start_next(void) {
+    if (busy || !queue_head) return;
+    busy = 1;
+    queue_head->req.data = queue_head;
+    // Fails only without a work function.
+    (void)uv_queue_work(astraid.loop, &queue_head->req, write_work, write_done);
+}
+
+static void enqueue(Write *w) {
+    if (queue_tail)
+        queue_tail->next = w;
     else
-        sqlite3_bind_null(st, i);
+        queue_head = w;
+    queue_tail = w;
+    start_next();
+}
+
+int state_queue_work(void (*work)(void *arg), StateDone done, void *arg, Err *err) {
+    Write *w = write_new("a read", done, arg, err);
+    if (!w) return -1;
+    w->work = work;
+    enqueue(w);
+    return 0;
 }
 
 static char *ids_json(const int *ids, long n) {
@@ -124,76 +283,78 @@ static char *ids_json(const int *ids, long n) {
     return s;
 }
 
-int state_save_job(const Job *j, Err *err) {
-    sqlite3_stmt *st;
-    if (write_begin(&st,
-                    "INSERT OR REPLACE INTO jobs VALUES(?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,"
-                    "?,?,?,?,?,?,?,?,?)",
-                    err))
-        return -1;
-    char *spec = cJSON_PrintUnformatted(j->spec), *want = ids_json(j->want_ids, j->n_devices);
-    int i = 1;
-    sqlite3_bind_int64(st, i++, j->id);
-    bind_text(st, i++, j->name);
-    bind_text(st, i++, job_state_name(j->state));
-    bind_text(st, i++, spec);
-    bind_text(st, i++, j->ckpt_dir);
-    sqlite3_bind_int64(st, i++, j->step);
-    sqlite3_bind_int64(st, i++, j->total_steps);
-    sqlite3_bind_int64(st, i++, j->epoch);
+int state_save_job(const Job *j, StateDone done, void *arg, Err *err) {
+    char what[64];
+    snprintf(what, sizeof what, "saving job %ld", j->id);
+    Write *w = write_new(what, done, arg, err);
+    if (!w) return -1;
+    Stmt *s = add_stmt(w, "INSERT OR REPLACE INTO jobs(" JOB_COLUMNS ") VALUES(?,?,?,?,?,?,?,?,?,"
+                          "?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)");
+    put_int(s, j->id);
+    put_text(s, j->name);
+    put_text(s, job_state_name(j->state));
+    put_owned(s, cJSON_PrintUnformatted(j->spec));
+    put_text(s, j->ckpt_dir);
+    put_int(s, j->step);
+    put_int(s, j->total_steps);
+    put_int(s, j->epoch);
     double metrics[] = {j->loss, j->lr, j->grad_norm, j->tokens_per_s, j->eta_s};
     for (size_t k = 0; k < sizeof metrics / sizeof *metrics; k++)
-        sqlite3_bind_double(st, i++, metrics[k]);
+        put_double(s, metrics[k]);
     long ints[] = {j->has_progress, j->restarts, j->max_restarts, j->priority, j->n_devices};
     for (size_t k = 0; k < sizeof ints / sizeof *ints; k++)
-        sqlite3_bind_int64(st, i++, ints[k]);
-    bind_text(st, i++, want);
-    bind_text(st, i++, j->last_checkpoint);
-    bind_text(st, i++, j->error);
-    sqlite3_bind_int64(st, i++, j->submitted_by);
-    sqlite3_bind_double(st, i++, j->created_at);
-    sqlite3_bind_double(st, i++, j->started_at);
-    sqlite3_bind_double(st, i++, j->finished_at);
-    sqlite3_bind_int(st, i++, j->resume);
-    sqlite3_bind_int64(st, i++, j->runs);
-    int rc = write_end(st, err);
-    cJSON_free(spec);
-    cJSON_free(want);
-    return rc;
+        put_int(s, ints[k]);
+    put_owned(s, ids_json(j->want_ids, j->n_devices));
+    put_text(s, j->last_checkpoint);
+    put_text(s, j->error);
+    put_int(s, j->submitted_by);
+    put_double(s, j->created_at);
+    put_double(s, j->started_at);
+    put_double(s, j->finished_at);
+    put_int(s, j->resume);
+    put_int(s, j->runs);
+    enqueue(w);
+    return 0;
 }
 
 void state_event(long job_id, const char *kind, const char *detail) {
-    sqlite3_stmt *st;
-    if (write_begin(&st, "INSERT INTO events(job_id, time, kind, detail) VALUES(?,?,?,?)", NULL))
-        return;
-    sqlite3_bind_int64(st, 1, job_id);
-    sqlite3_bind_double(st, 2, clock_wall_s());
-    bind_text(st, 3, kind);
-    bind_text(st, 4, detail);
-    write_end(st, NULL);
+    char what[64];
+    snprintf(what, sizeof what, "job %ld: event %s", job_id, kind);
+    Write *w = write_new(what, NULL, NULL, NULL);
+    if (!w) return;
+    Stmt *s = add_stmt(w, "INSERT INTO events(job_id, time, kind, detail) VALUES(?,?,?,?)");
+    put_int(s, job_id);
+    put_double(s, clock_wall_s());
+    put_text(s, kind);
+    put_text(s, detail);
+    enqueue(w);
 }
 
-int state_delete_job(long job_id, Err *err) {
-    if (!db) return err_resource(err, "astraid.db is not open");
-    if (sqlite3_exec(db, "BEGIN IMMEDIATE", NULL, NULL, NULL) != SQLITE_OK)
-        return db_failed("begin", err);
-    static const char *const SQL[] = {"DELETE FROM jobs WHERE id=?",
-                                      "DELETE FROM runs WHERE job_id=?",
-                                      "DELETE FROM events WHERE job_id=?"};
-    int rc = SQLITE_DONE;
-    for (size_t k = 0; k < sizeof SQL / sizeof *SQL && rc == SQLITE_DONE; k++) {
-        sqlite3_stmt *st;
-        rc = sqlite3_prepare_v2(db, SQL[k], -1, &st, NULL);
-        if (rc != SQLITE_OK) break;
-        sqlite3_bind_int64(st, 1, job_id);
-        rc = sqlite3_step(st);
-        sqlite3_finalize(st);
-    }
-    if (rc != SQLITE_DONE || sqlite3_exec(db, "COMMIT", NULL, NULL, NULL) != SQLITE_OK) {
-        db_failed("removing a job", err);
-        sqlite3_exec(db, "ROLLBACK", NULL, NULL, NULL);
+int state_delete_jobs(const long *ids, size_t n, StateDone done, void *arg, Err *err) {
+    char what[64];
+    if (n == 1)
+        snprintf(what, sizeof what, "removing job %ld", ids[0]);
+    else
+        snprintf(what, sizeof what, "removing %zu jobs", n);
+    cJSON *list = cJSON_CreateArray();
+    for (size_t i = 0; list && i < n; i++)
+        cJSON_AddItemToArray(list, cJSON_CreateNumber((double)ids[i]));
+    char *text = list ? cJSON_PrintUnformatted(list) : NULL;
+    cJSON_Delete(list);
+    if (!text) return err_resource(err, "astraid.db: %s: out of memory", what);
+    Write *w = write_new(what, done, arg, err);
+    if (!w) {
+        free(text);
         return -1;
     }
+    static const char *const SQL[] = {
+        "DELETE FROM jobs WHERE id IN (SELECT value FROM json_each(?))",
+        "DELETE FROM runs WHERE job_id IN (SELECT value FROM json_each(?))",
+        "DELETE FROM events WHERE job_id IN (SELECT value FROM json_each(?))"};
+    for (size_t k = 0; k < sizeof SQL / sizeof *SQL; k++)
+        put_text(add_stmt(w, SQL[k]), text);
+    free(text);
+    enqueue(w);
     return 0;
 }
 
@@ -217,40 +378,39 @@ static unsigned long long proc_start_time(int pid) {
 // The ranks' pids and start times (read now: a rank that already exited is a zombie
 // until libuv reaps it, so its /proc entry is still there).
 void state_run_started(const Job *j, const pid_t *pids, int n) {
-    sqlite3_stmt *st;
-    if (write_begin(&st,
-                    "INSERT OR REPLACE INTO runs(job_id, run, started_at, pids, starts)"
-                    " VALUES(?,?,?,?,?)",
-                    NULL))
-        return;
+    char what[64];
+    snprintf(what, sizeof what, "job %ld: run %ld started", j->id, j->runs);
+    Write *w = write_new(what, NULL, NULL, NULL);
+    if (!w) return;
     int *ids = calloc((size_t)n, sizeof *ids);
     cJSON *starts = cJSON_CreateArray();
     for (int i = 0; ids && i < n; i++) {
         ids[i] = (int)pids[i];
         cJSON_AddItemToArray(starts, cJSON_CreateNumber((double)proc_start_time(ids[i])));
     }
-    char *text = ids_json(ids, n), *starts_text = cJSON_PrintUnformatted(starts);
-    sqlite3_bind_int64(st, 1, j->id);
-    sqlite3_bind_int64(st, 2, j->runs);
-    sqlite3_bind_double(st, 3, clock_wall_s());
-    bind_text(st, 4, text);
-    bind_text(st, 5, starts_text);
-    write_end(st, NULL);
-    cJSON_free(text);
-    cJSON_free(starts_text);
+    Stmt *s = add_stmt(w, "INSERT OR REPLACE INTO runs(job_id, run, started_at, pids, starts)"
+                          " VALUES(?,?,?,?,?)");
+    put_int(s, j->id);
+    put_int(s, j->runs);
+    put_double(s, clock_wall_s());
+    put_owned(s, ids_json(ids, n));
+    put_owned(s, cJSON_PrintUnformatted(starts));
     cJSON_Delete(starts);
     free(ids);
+    enqueue(w);
 }
 
 void state_run_ended(const Job *j, const char *outcome) {
-    sqlite3_stmt *st;
-    if (write_begin(&st, "UPDATE runs SET finished_at=?, outcome=? WHERE job_id=? AND run=?", NULL))
-        return;
-    sqlite3_bind_double(st, 1, clock_wall_s());
-    bind_text(st, 2, outcome);
-    sqlite3_bind_int64(st, 3, j->id);
-    sqlite3_bind_int64(st, 4, j->runs);
-    write_end(st, NULL);
+    char what[64];
+    snprintf(what, sizeof what, "job %ld: run %ld ended", j->id, j->runs);
+    Write *w = write_new(what, NULL, NULL, NULL);
+    if (!w) return;
+    Stmt *s = add_stmt(w, "UPDATE runs SET finished_at=?, outcome=? WHERE job_id=? AND run=?");
+    put_double(s, clock_wall_s());
+    put_text(s, outcome);
+    put_int(s, j->id);
+    put_int(s, j->runs);
+    enqueue(w);
 }
 
 long state_max_job_id(void) {
@@ -287,6 +447,7 @@ static Job *job_from_row(sqlite3_stmt *st) {
     j->name = column_text(st, i++);
     const char *state = (const char *)sqlite3_column_text(st, i++);
     if (!state || job_state_parse(state, &j->state)) j->state = JOB_INTERRUPTED;
+    j->shown_state = j->state;
     const char *spec = (const char *)sqlite3_column_text(st, i++);
     j->spec = spec ? cJSON_Parse(spec) : NULL;
     j->ckpt_dir = column_text(st, i++);
@@ -428,12 +589,13 @@ static void recover_job(Job *j) {
              j->resume ? " (resuming from its checkpoint)" : "");
     state_event(j->id, "recovered", job_state_name(j->state));
     j->state = JOB_QUEUED; // a paused-to-be job comes back queued: its pause was not taken
-    state_save_job(j, NULL);
+    job_save(j);
 }
 
 int state_recover(Err *err) {
     sqlite3_stmt *st;
-    if (sqlite3_prepare_v2(db, "SELECT * FROM jobs ORDER BY id", -1, &st, NULL) != SQLITE_OK)
+    if (sqlite3_prepare_v2(db, "SELECT " JOB_COLUMNS " FROM jobs ORDER BY id", -1, &st, NULL) !=
+        SQLITE_OK)
         return err_set(err, "astraid.db: %s", sqlite3_errmsg(db));
     int rc;
     while ((rc = sqlite3_step(st)) == SQLITE_ROW) {

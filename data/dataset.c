@@ -13,6 +13,7 @@
 #include <string.h>
 #include <sys/stat.h>
 
+#include "common/buf.h"
 #include "common/fsutil.h"
 
 enum { KEY_SEQUENCE, KEY_LOSS_MASK, KEY_POSITION_IDS, N_KEYS };
@@ -44,7 +45,8 @@ typedef struct {
 
 typedef struct {
     char **items;
-    int n, cap;
+    int n;
+    size_t cap;
 } PathList;
 
 static void path_list_free(PathList *l) {
@@ -55,13 +57,8 @@ static void path_list_free(PathList *l) {
 }
 
 static int path_list_push(PathList *l, const char *path, Err *err) {
-    if (l->n == l->cap) {
-        int cap = l->cap ? 2 * l->cap : 16;
-        char **items = realloc(l->items, (size_t)cap * sizeof *items);
-        if (!items) return err_resource(err, "out of memory listing shards");
-        l->items = items;
-        l->cap = cap;
-    }
+    if (buf_reserve(&l->items, &l->cap, (size_t)l->n + 1, sizeof *l->items))
+        return err_resource(err, "out of memory listing shards");
     l->items[l->n] = strdup(path);
     if (!l->items[l->n]) return err_resource(err, "out of memory listing shards");
     l->n++;

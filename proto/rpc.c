@@ -7,6 +7,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/buf.h"
+
 // ---------------------------------------------------------------- line reader
 
 void rpc_reader_init(RpcReader *r) {
@@ -40,15 +42,7 @@ static void reader_compact(RpcReader *r) {
 }
 
 static int reader_append(RpcReader *r, const char *data, size_t len) {
-    if (r->len + len + 1 > r->cap) {
-        size_t cap = r->cap ? r->cap : 4096;
-        while (cap < r->len + len + 1)
-            cap *= 2;
-        char *buf = realloc(r->buf, cap);
-        if (!buf) return -1;
-        r->buf = buf;
-        r->cap = cap;
-    }
+    if (buf_reserve(&r->buf, &r->cap, r->len + len + 1, 1)) return -1;
     memcpy(r->buf + r->len, data, len);
     r->len += len;
     return 0;

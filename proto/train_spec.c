@@ -13,6 +13,8 @@
 #include <strings.h>
 #include <yaml.h>
 
+#include "common/flags.h"
+
 typedef enum { KEY_STR, KEY_INT, KEY_FLOAT, KEY_BOOL } KeyType;
 
 typedef struct {
@@ -25,6 +27,8 @@ typedef struct {
     const char *help;
     const char *group; // --help section and AstrAI YAML section
 } KeyDef;
+
+_Static_assert(offsetof(KeyDef, name) == 0, "flags_nearest reads the name first");
 
 #define F(field) offsetof(TrainSpec, field)
 #define NOLIM -DBL_MAX, DBL_MAX
@@ -106,36 +110,9 @@ static const KeyDef *find_key(const char *name) {
     return NULL;
 }
 
-// Levenshtein distance, for "did you mean" suggestions.
-static size_t edit_distance(const char *a, const char *b) {
-    size_t la = strlen(a), lb = strlen(b);
-    if (la > 63 || lb > 63) return SIZE_MAX;
-    size_t row[64];
-    for (size_t j = 0; j <= lb; j++)
-        row[j] = j;
-    for (size_t i = 1; i <= la; i++) {
-        size_t diag = row[0];
-        row[0] = i;
-        for (size_t j = 1; j <= lb; j++) {
-            size_t up = row[j];
-            size_t sub = diag + (a[i - 1] != b[j - 1]);
-            size_t best = up + 1 < row[j - 1] + 1 ? up + 1 : row[j - 1] + 1;
-            row[j] = sub < best ? sub : best;
-            diag = up;
-        }
-    }
-    return row[lb];
-}
-
 static int unknown_key(const char *name, Err *err) {
-    const char *best = NULL;
-    size_t best_d = SIZE_MAX;
-    for (size_t i = 0; i < N_KEYS; i++) {
-        size_t d = edit_distance(name, KEYS[i].name);
-        if (d < best_d) best_d = d, best = KEYS[i].name;
-    }
-    if (best && best_d <= strlen(name) / 2 + 1)
-        return err_set(err, "unknown key '%s' (did you mean '%s'?)", name, best);
+    const char *best = flags_nearest(name, KEYS, N_KEYS, sizeof *KEYS);
+    if (best) return err_set(err, "unknown key '%s' (did you mean '%s'?)", name, best);
     return err_set(err, "unknown key '%s' (see --help for the valid keys)", name);
 }
 

@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "common/error.h"
+#include "common/flags.h"
 #include "common/fsutil.h"
 #include "data/dataset.h"
 #include "data/jsonl.h"
@@ -43,30 +44,6 @@ static const char USAGE[] =
     "Exit status: 0 ok, 1 write failure, 2 bad input. Details: docs/data.md\n";
 
 // ------------------------------------------------------------ flags
-
-typedef struct {
-    const char *name; // "--out"
-    const char **value;
-} StringFlag;
-
-// Matches argv[*i] against flags as "--name VALUE" (advancing *i) or
-// "--name=VALUE": 1 on a match, 0 if none matches, -1 if the value is missing.
-static int match_flag(int argc, char **argv, int *i, const StringFlag *flags, int n_flags,
-                      Err *err) {
-    for (int f = 0; f < n_flags; f++) {
-        size_t len = strlen(flags[f].name);
-        if (strncmp(argv[*i], flags[f].name, len) != 0) continue;
-        if (argv[*i][len] == '=') {
-            *flags[f].value = argv[*i] + len + 1;
-            return 1;
-        }
-        if (argv[*i][len] != '\0') continue;
-        if (*i + 1 >= argc) return err_set(err, "%s needs a value", flags[f].name);
-        *flags[f].value = argv[++*i];
-        return 1;
-    }
-    return 0;
-}
 
 // An optional integer flag >= min; *out is left alone when text is NULL.
 static int parse_count(const char *flag, const char *text, int64_t min, int64_t *out, Err *err) {
@@ -297,25 +274,19 @@ static int parse_prep_args(int argc, char **argv, PrepArgs *a, Err *err) {
     a->files = calloc((size_t)argc + 1, sizeof *a->files);
     if (!a->files) return err_set(err, "out of memory");
     const char *given[4] = {NULL}; // shard_tokens, shard_records, group_size, vocab_size
-    const StringFlag flags[] = {{"--out", &a->out},
-                                {"--format", &a->format},
-                                {"--tokenizer", &a->tokenizer},
-                                {"--shard_tokens", &given[0]},
-                                {"--shard_records", &given[1]},
-                                {"--group_size", &given[2]},
-                                {"--vocab_size", &given[3]}};
-    for (int i = 0; i < argc; i++) {
-        int m = match_flag(argc, argv, &i, flags, 7, err);
-        if (m < 0) return -1;
-        if (m) continue;
-        if (strcmp(argv[i], "--skip_bad_records") == 0) {
-            a->skip_bad = 1;
-            continue;
-        }
-        if (argv[i][0] == '-' && argv[i][1] != '\0')
-            return err_set(err, "prep: unknown flag '%s'", argv[i]);
-        a->files[a->n_files++] = argv[i];
-    }
+    bool skip_bad = false;
+    const Flag flags[] = {{.name = "out", .kind = FLAG_STRING, .target = &a->out},
+                          {.name = "format", .kind = FLAG_STRING, .target = &a->format},
+                          {.name = "tokenizer", .kind = FLAG_STRING, .target = &a->tokenizer},
+                          {.name = "shard_tokens", .kind = FLAG_STRING, .target = &given[0]},
+                          {.name = "shard_records", .kind = FLAG_STRING, .target = &given[1]},
+                          {.name = "group_size", .kind = FLAG_STRING, .target = &given[2]},
+                          {.name = "vocab_size", .kind = FLAG_STRING, .target = &given[3]},
+                          {.name = "skip_bad_records", .kind = FLAG_SWITCH, .target = &skip_bad}};
+    if (flags_parse(flags, sizeof flags / sizeof *flags, argc, argv, &a->n_files, err))
+        return err_prefix(err, "prep");
+    memcpy(a->files, argv, (size_t)a->n_files * sizeof *argv);
+    a->skip_bad = skip_bad;
     if (parse_count("--shard_tokens", given[0], 0, &a->shard_tokens, err) != 0 ||
         parse_count("--shard_records", given[1], 0, &a->shard_records, err) != 0 ||
         parse_count("--group_size", given[2], 1, &a->group_size, err) != 0 ||
@@ -584,23 +555,18 @@ static int inspect_records(const char *root, RecordKind kind, int group_size, in
 static int cmd_inspect(int argc, char **argv) {
     Err err = {0};
     const char *root = NULL, *window_text = NULL, *stride_text = NULL;
-    int as_json = 0, rc = 0;
-    const StringFlag flags[] = {{"--window_size", &window_text}, {"--stride", &stride_text}};
-    for (int i = 0; rc == 0 && i < argc; i++) {
-        int m = match_flag(argc, argv, &i, flags, 2, &err);
-        if (m < 0)
-            rc = -1;
-        else if (m)
-            continue;
-        else if (strcmp(argv[i], "--json") == 0)
-            as_json = 1;
-        else if (argv[i][0] == '-')
-            rc = err_set(&err, "inspect: unknown flag '%s'", argv[i]);
-        else if (root)
-            rc = err_set(&err, "inspect: more than one DIR ('%s')", argv[i]);
-        else
-            root = argv[i];
-    }
+    int rc = 0;
+    bool as_json = false;
+    int n_dirs = 0;
+    const Flag flags[] = {{.name = "window_size", .kind = FLAG_STRING, .target = &window_text},
+                          {.name = "stride", .kind = FLAG_STRING, .target = &stride_text},
+                          {.name = "json", .kind = FLAG_SWITCH, .target = &as_json}};
+    if (flags_parse(flags, sizeof flags / sizeof *flags, argc, argv, &n_dirs, &err))
+        rc = err_prefix(&err, "inspect");
+    else if (n_dirs > 1)
+        rc = err_set(&err, "inspect: more than one DIR ('%s')", argv[1]);
+    else if (n_dirs == 1)
+        root = argv[0];
     int64_t window = 0, stride = 0;
     if (rc == 0) rc = parse_count("--window_size", window_text, 1, &window, &err);
     if (rc == 0) rc = parse_count("--stride", stride_text, 1, &stride, &err);

@@ -15,6 +15,7 @@
 #include "ckpt/meta.h"
 #include "ckpt/safetensors.h"
 #include "common/error.h"
+#include "common/flags.h"
 #include "common/fsutil.h"
 #include "engine/config.h"
 #include "engine/model.h"
@@ -42,39 +43,26 @@ typedef struct {
     const char *config, *out, *dir;
     StDType dtype;
     uint64_t seed;
-    int force, json;
+    bool force, json;
 } Args;
 
 // ---------------------------------------------------------------- arguments
 
-static int parse_seed(const char *s, uint64_t *out, Err *err) {
+static int parse_seed(const Flag *f, const char *s, Err *err) {
     char *end;
     errno = 0;
     unsigned long long v = strtoull(s, &end, 10);
     if (*s == '\0' || *s == '-' || *end != '\0' || errno)
         return err_set(err, "--seed '%s' is not a non-negative integer", s);
-    *out = v;
+    *(uint64_t *)f->target = v;
     return 0;
 }
 
-static int parse_dtype(const char *s, StDType *out, Err *err) {
+static int parse_dtype(const Flag *f, const char *s, Err *err) {
+    StDType *out = f->target;
     if (strcmp(s, "bf16") == 0) return *out = ST_BF16, 0;
     if (strcmp(s, "fp32") == 0 || strcmp(s, "f32") == 0) return *out = ST_F32, 0;
     return err_set(err, "--dtype '%s' is not one of bf16, fp32", s);
-}
-
-// Value of a "--flag value" or "--flag=value" option at argv[*i], or NULL when
-// argv[*i] is not that flag. Advances *i past a separate value.
-static const char *flag_value(int argc, char **argv, int *i, const char *flag, Err *err, int *bad) {
-    size_t n = strlen(flag);
-    if (strncmp(argv[*i], flag, n) != 0) return NULL;
-    if (argv[*i][n] == '=') return argv[*i] + n + 1;
-    if (argv[*i][n] != '\0') return NULL;
-    if (*i + 1 >= argc) {
-        *bad = err_set(err, "%s needs a value", flag);
-        return NULL;
-    }
-    return argv[++*i];
 }
 
 // Room for "/model.safetensors.tmp.<pid>" after a directory name.
@@ -86,38 +74,27 @@ static int check_dir_name(const char *dir, Err *err) {
 }
 
 static int parse_init_args(Args *a, int argc, char **argv, Err *err) {
-    for (int i = 2; i < argc; i++) {
-        int bad = 0;
-        const char *v;
-        if ((v = flag_value(argc, argv, &i, "--config", err, &bad))) {
-            a->config = v;
-        } else if ((v = flag_value(argc, argv, &i, "--out", err, &bad))) {
-            a->out = v;
-        } else if ((v = flag_value(argc, argv, &i, "--dtype", err, &bad))) {
-            if (parse_dtype(v, &a->dtype, err)) return -1;
-        } else if ((v = flag_value(argc, argv, &i, "--seed", err, &bad))) {
-            if (parse_seed(v, &a->seed, err)) return -1;
-        } else if (!bad && strcmp(argv[i], "--force") == 0) {
-            a->force = 1;
-        } else {
-            return bad ? -1 : err_set(err, "init: unknown argument '%s'", argv[i]);
-        }
-    }
+    const Flag flags[] = {
+        {.name = "config", .kind = FLAG_STRING, .target = &a->config},
+        {.name = "out", .kind = FLAG_STRING, .target = &a->out},
+        {.name = "dtype", .kind = FLAG_PARSED, .target = &a->dtype, .parse = parse_dtype},
+        {.name = "seed", .kind = FLAG_PARSED, .target = &a->seed, .parse = parse_seed},
+        {.name = "force", .kind = FLAG_SWITCH, .target = &a->force},
+    };
+    if (flags_parse(flags, sizeof flags / sizeof *flags, argc - 2, argv + 2, NULL, err))
+        return err_prefix(err, "init");
     if (!a->config) return err_set(err, "init: --config is required");
     if (!a->out) return err_set(err, "init: --out is required");
     return check_dir_name(a->out, err);
 }
 
 static int parse_info_args(Args *a, int argc, char **argv, Err *err) {
-    for (int i = 2; i < argc; i++) {
-        if (strcmp(argv[i], "--json") == 0)
-            a->json = 1;
-        else if (argv[i][0] == '-' || a->dir)
-            return err_set(err, "info: unexpected argument '%s'", argv[i]);
-        else
-            a->dir = argv[i];
-    }
-    if (!a->dir) return err_set(err, "info: the model directory is required");
+    const Flag flags[] = {{.name = "json", .kind = FLAG_SWITCH, .target = &a->json}};
+    int n_dirs = 0;
+    if (flags_parse(flags, 1, argc - 2, argv + 2, &n_dirs, err)) return err_prefix(err, "info");
+    if (n_dirs > 1) return err_set(err, "info: unexpected argument '%s'", argv[3]);
+    if (!n_dirs) return err_set(err, "info: the model directory is required");
+    a->dir = argv[2];
     return check_dir_name(a->dir, err);
 }
 

@@ -6,34 +6,29 @@
 // async-signal-safe calls (its environment is built before the fork).
 #include "worker/lib/launch.h"
 
-#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
 #include <math.h>
 #include <sched.h>
 #include <signal.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
 #include <sys/prctl.h>
-#include <sys/random.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
+#include "comm/comm.h"
 #include "common/clock.h"
+#include "ranks/ranks.h"
 #include "worker/lib/rendezvous.h"
 
-#define DEFAULT_STOP_GRACE_S 30.0
 #define DEFAULT_RENDEZVOUS_TIMEOUT_S 300.0
 #define KILL_WAIT_MS 5000    // after SIGKILL, how long to wait for a rank stuck in the kernel
 #define EXIT_LAUNCHER_GONE 1 // a child whose parent died before it could exec
 #define SHM_PAYLOAD 64       // bytes of the rendezvous payload that carry the shm name
-
-extern char **environ;
 
 LaunchInfo *launch_info(void) {
     static LaunchInfo info = {.rendezvous_fd = -1};
@@ -67,13 +62,6 @@ static int env_seconds(const char *name, double fallback, double *out, Err *err)
         return err_set(err, "%s='%s' is not a number of seconds in [0, 1e6]", name, v);
     *out = x;
     return 0;
-}
-
-void launch_new_shm_name(char *out, size_t cap) {
-    uint64_t nonce = 0;
-    if (getrandom(&nonce, sizeof nonce, 0) != (ssize_t)sizeof nonce)
-        nonce = (uint64_t)clock_mono_ms() ^ ((uint64_t)getpid() << 32);
-    snprintf(out, cap, "/astrai-%d-%016llx", (int)getpid(), (unsigned long long)nonce);
 }
 
 // ---------------------------------------------------------------- detection
@@ -233,7 +221,7 @@ int launch_rendezvous(LaunchInfo *li, uint8_t *nccl_id, Err *err) {
     uint8_t payload[SHM_PAYLOAD + LAUNCH_NCCL_ID_BYTES] = {0};
     size_t len = SHM_PAYLOAD + (nccl_id ? LAUNCH_NCCL_ID_BYTES : 0);
     if (li->rank == 0) {
-        if (!li->shm_name[0]) launch_new_shm_name(li->shm_name, sizeof li->shm_name);
+        if (!li->shm_name[0]) comm_shm_new_name(li->shm_name, sizeof li->shm_name);
         memcpy(payload, li->shm_name, sizeof li->shm_name);
         if (nccl_id) memcpy(payload + SHM_PAYLOAD, nccl_id, LAUNCH_NCCL_ID_BYTES);
     }
@@ -258,107 +246,16 @@ int launch_rendezvous(LaunchInfo *li, uint8_t *nccl_id, Err *err) {
 
 // ---------------------------------------------------------------- local launcher
 
-// Variables the parent sets for its ranks; inherited values of these are dropped.
-static const char *const RANK_ENV[] = {"RANK",
-                                       "WORLD_SIZE",
-                                       "LOCAL_RANK",
-                                       "LOCAL_WORLD_SIZE",
-                                       "MASTER_ADDR",
-                                       "MASTER_PORT",
-                                       "ASTRAI_LAUNCHED",
-                                       "ASTRAI_SHM_NAME",
-                                       "ASTRAI_LAUNCHER_PID",
-                                       "ASTRAI_RENDEZVOUS_FD",
-                                       "ASTRAI_RENDEZVOUS_PORT",
-                                       "TORCHELASTIC_USE_AGENT_STORE",
-                                       NULL};
-#define RANK_ENV_SET 10 // the first ten are set (the fd only for rank 0)
-
-static int is_rank_env(const char *entry) {
-    for (const char *const *v = RANK_ENV; *v; v++) {
-        size_t n = strlen(*v);
-        if (!strncmp(entry, *v, n) && entry[n] == '=') return 1;
-    }
-    return 0;
-}
-
-void launch_free_env(char **env) {
-    if (!env) return;
-    for (char **e = env; *e; e++)
-        free(*e);
-    free(env);
-}
-
-// Appends one formatted entry; on failure the slot stays NULL (the end for launch_free_env).
-static int env_add(char **env, size_t *k, const char *fmt, ...) {
-    va_list ap;
-    va_start(ap, fmt);
-    int rc = vasprintf(&env[*k], fmt, ap);
-    va_end(ap);
-    if (rc < 0) {
-        env[*k] = NULL;
-        return -1;
-    }
-    (*k)++;
-    return 0;
-}
-
-// 1 if entry ("NAME=value") sets one of the variables of extra (NULL-terminated, may be NULL).
-static int overridden(const char *entry, const char *const *extra) {
-    for (; extra && *extra; extra++) {
-        const char *eq = strchr(*extra, '=');
-        size_t n = eq ? (size_t)(eq - *extra) : strlen(*extra);
-        if (!strncmp(entry, *extra, n) && entry[n] == '=') return 1;
-    }
-    return 0;
-}
-
 // The address rank 0 of a local launch listens on and the other ranks connect to.
 static const char *local_master(const LaunchInfo *li) {
     return li->master_addr[0] ? li->master_addr : "127.0.0.1";
 }
 
-char **launch_rank_env(const LaunchInfo *li, int rank, int port, int listen_fd,
-                       const char *const *extra) {
-    size_t n = 0, k = 0, n_extra = 0;
-    while (environ[n])
-        n++;
-    while (extra && extra[n_extra])
-        n_extra++;
-    char **env = calloc(n + RANK_ENV_SET + n_extra + 1, sizeof *env);
-    if (!env) return NULL;
-    int rc = 0;
-    for (size_t i = 0; i < n && !rc; i++)
-        if (!is_rank_env(environ[i]) && !overridden(environ[i], extra))
-            rc = env_add(env, &k, "%s", environ[i]);
-    for (size_t i = 0; i < n_extra && !rc; i++)
-        rc = env_add(env, &k, "%s", extra[i]);
-    if (rc || env_add(env, &k, "RANK=%d", rank) ||
-        env_add(env, &k, "WORLD_SIZE=%d", li->world_size) ||
-        env_add(env, &k, "LOCAL_RANK=%d", rank) ||
-        env_add(env, &k, "LOCAL_WORLD_SIZE=%d", li->world_size) ||
-        env_add(env, &k, "MASTER_ADDR=%s", local_master(li)) ||
-        env_add(env, &k, "MASTER_PORT=%d", port) || env_add(env, &k, "ASTRAI_LAUNCHED=1") ||
-        env_add(env, &k, "ASTRAI_SHM_NAME=%s", li->shm_name) ||
-        env_add(env, &k, "ASTRAI_LAUNCHER_PID=%d", (int)getpid()) ||
-        (rank == 0 && env_add(env, &k, "ASTRAI_RENDEZVOUS_FD=%d", listen_fd))) {
-        launch_free_env(env);
-        return NULL;
-    }
-    return env;
-}
-
+// The ranks of this launch (ranks/ranks.h keeps their exits and decides), and the
+// deadline of the stop under way.
 typedef struct {
-    pid_t pid;
-    int running;
-} RankProc;
-
-typedef struct {
-    RankProc *ranks;
-    int n, running;
-    int first_rank, first_code; // the first rank that failed, and its exit code
-    int interrupted;            // a rank exited EXIT_INTERRUPTED (stopped after its checkpoint)
-    int stopping, killed;
+    RankGroup g;
+    int killed;
     int64_t deadline; // stopping: when to SIGKILL; killed: when to give up waiting
     double grace_s;
 } Supervisor;
@@ -383,82 +280,55 @@ static void exec_rank(char **argv, char **env, int keep_fd, pid_t parent) {
     _exit(127);
 }
 
-static int spawn_rank(Supervisor *s, const LaunchInfo *li, int rank, char **argv, int port,
-                      int listen_fd, Err *err) {
-    char **env = launch_rank_env(li, rank, port, listen_fd, NULL);
+static int spawn_rank(Supervisor *s, const RanksLaunch *l, int rank, char **argv, Err *err) {
+    char **env = ranks_env(l, rank);
     if (!env) return err_set(err, "cannot start rank %d: out of memory", rank);
     pid_t parent = getpid();
     pid_t pid = fork();
-    if (pid == 0) exec_rank(argv, env, rank == 0 ? listen_fd : -1, parent);
+    if (pid == 0) exec_rank(argv, env, rank == 0 ? l->listen_fd : -1, parent);
     int fork_errno = errno;
-    launch_free_env(env);
+    ranks_free_env(env);
     if (pid < 0) return err_set(err, "cannot start rank %d: fork: %s", rank, strerror(fork_errno));
     setpgid(pid, pid); // also here, so the group exists before we might signal it
-    s->ranks[rank] = (RankProc){.pid = pid, .running = 1};
-    s->n = rank + 1;
-    s->running++;
+    ranks_started(&s->g, rank, pid);
     return 0;
 }
 
-static void signal_ranks(const Supervisor *s, int sig) {
-    for (int i = 0; i < s->n; i++)
-        if (s->ranks[i].running) kill(-s->ranks[i].pid, sig); // the whole process group of the rank
-}
-
 static void start_stop(Supervisor *s, int sig) {
-    s->stopping = 1;
+    s->g.stopping = 1;
     s->deadline = clock_mono_ms() + (int64_t)(s->grace_s * 1000);
-    signal_ranks(s, sig);
+    ranks_signal(&s->g, sig);
 }
 
 // after_grace: the ranks had their grace period (else the user asked twice).
 static void kill_ranks(Supervisor *s, int after_grace) {
-    for (int i = 0; i < s->n && after_grace; i++)
-        if (s->ranks[i].running)
+    for (int i = 0; i < s->g.n && after_grace; i++)
+        if (s->g.rank[i].alive)
             fprintf(stderr, "astrai-train: rank %d (pid %d) did not stop within %g s; SIGKILL\n", i,
-                    (int)s->ranks[i].pid, s->grace_s);
+                    (int)s->g.rank[i].pid, s->grace_s);
     s->killed = 1;
     s->deadline = clock_mono_ms() + KILL_WAIT_MS;
-    signal_ranks(s, SIGKILL);
-}
-
-static void report_failure(const Supervisor *s, int rank, int status) {
-    char how[96];
-    if (WIFSIGNALED(status))
-        snprintf(how, sizeof how, "was killed by signal %d (%s)", WTERMSIG(status),
-                 strsignal(WTERMSIG(status)));
-    else
-        snprintf(how, sizeof how, "exited with code %d%s", WEXITSTATUS(status),
-                 WEXITSTATUS(status) == EXIT_INTERRUPTED ? " (interrupted after its checkpoint)"
-                                                         : "");
-    fprintf(stderr, "astrai-train: rank %d (pid %d) %s; stopping the other %d rank(s)\n", rank,
-            (int)s->ranks[rank].pid, how, s->running);
+    ranks_signal(&s->g, SIGKILL);
 }
 
 static void on_rank_exit(Supervisor *s, int rank, int status) {
-    s->ranks[rank].running = 0;
-    s->running--;
-    int code = WIFSIGNALED(status) ? 128 + WTERMSIG(status) : WEXITSTATUS(status);
-    // An interrupted rank is not a failure, but its job is stopping: the others stop too (they
-    // agreed on the same step and are on their way out). A failure stays the root cause.
-    int interrupted = code == EXIT_INTERRUPTED;
-    s->interrupted |= interrupted;
-    if (code == 0 || (!interrupted && s->first_rank >= 0)) return;
-    if (!interrupted) {
-        s->first_rank = rank;
-        s->first_code = code;
-    }
-    if (s->stopping) return; // the ranks were already told to stop: not a failure of its own
-    report_failure(s, rank, status);
+    int sig = WIFSIGNALED(status) ? WTERMSIG(status) : 0;
+    if (ranks_exited(&s->g, rank, sig ? 0 : WEXITSTATUS(status), sig) != RANKS_STOP_OTHERS) return;
+    char how[128];
+    ranks_describe(&s->g, rank, how, sizeof how);
+    fprintf(stderr, "astrai-train: %s%s; stopping the other %d rank(s)\n", how,
+            !sig && WEXITSTATUS(status) == EXIT_INTERRUPTED ? " (interrupted after its checkpoint)"
+                                                            : "",
+            s->g.alive);
     start_stop(s, SIGTERM);
 }
 
 static void reap(Supervisor *s) {
-    for (int i = 0; i < s->n; i++) {
-        if (!s->ranks[i].running) continue;
+    for (int i = 0; i < s->g.n; i++) {
+        if (!s->g.rank[i].alive) continue;
         int status;
-        pid_t r = waitpid(s->ranks[i].pid, &status, WNOHANG);
-        if (r == s->ranks[i].pid)
+        pid_t r = waitpid(s->g.rank[i].pid, &status, WNOHANG);
+        if (r == s->g.rank[i].pid)
             on_rank_exit(s, i, status);
         else if (r < 0 && errno == ECHILD) // reaped behind our back: gone, its code lost
             on_rank_exit(s, i, W_EXITCODE(1, 0));
@@ -467,29 +337,29 @@ static void reap(Supervisor *s) {
 
 static void on_stop_signal(Supervisor *s, int sig) {
     const char *name = sig == SIGINT ? "SIGINT" : "SIGTERM";
-    if (s->stopping && !s->killed) { // asked twice: no more waiting
+    if (s->g.stopping && !s->killed) { // asked twice: no more waiting
         fprintf(stderr, "astrai-train: %s again; killing the ranks\n", name);
         kill_ranks(s, 0);
-    } else if (!s->stopping) {
-        fprintf(stderr, "astrai-train: got %s; forwarding it to %d rank(s)\n", name, s->running);
+    } else if (!s->g.stopping) {
+        fprintf(stderr, "astrai-train: got %s; forwarding it to %d rank(s)\n", name, s->g.alive);
         start_stop(s, sig);
     }
 }
 
 // Gives up on ranks that survive even SIGKILL (stuck in the kernel): never wait unbounded.
 static void abandon_ranks(Supervisor *s) {
-    for (int i = 0; i < s->n; i++)
-        if (s->ranks[i].running)
+    for (int i = 0; i < s->g.n; i++)
+        if (s->g.rank[i].alive) {
             fprintf(stderr, "astrai-train: rank %d (pid %d) is still alive after SIGKILL\n", i,
-                    (int)s->ranks[i].pid);
-    if (s->first_rank < 0) s->first_code = 128 + SIGKILL;
-    s->running = 0;
+                    (int)s->g.rank[i].pid);
+            ranks_exited(&s->g, i, 0, SIGKILL);
+        }
 }
 
 static void supervise(Supervisor *s, const sigset_t *watched) {
-    while (s->running > 0) {
+    while (s->g.alive > 0) {
         struct timespec ts, *timeout = NULL;
-        if (s->stopping) {
+        if (s->g.stopping) {
             int64_t left = s->deadline - clock_mono_ms();
             left = left < 0 ? 0 : left;
             ts = (struct timespec){left / 1000, (left % 1000) * 1000000L};
@@ -501,7 +371,7 @@ static void supervise(Supervisor *s, const sigset_t *watched) {
         else if (sig == SIGTERM || sig == SIGINT)
             on_stop_signal(s, sig);
         else if (sig == SIGUSR1)
-            signal_ranks(s, SIGUSR1); // checkpoint request: every rank takes part
+            ranks_signal(&s->g, SIGUSR1); // checkpoint request: every rank takes part
         else if (sig < 0 && errno == EAGAIN && !s->killed)
             kill_ranks(s, 1);
         else if (sig < 0 && errno == EAGAIN)
@@ -509,38 +379,26 @@ static void supervise(Supervisor *s, const sigset_t *watched) {
     }
 }
 
-void launch_remove_shm(const char *name) {
-    DIR *d = opendir("/dev/shm");
-    if (!d) return;
-    size_t n = strlen(name + 1);
-    for (struct dirent *e; (e = readdir(d));) {
-        if (strncmp(e->d_name, name + 1, n)) continue;
-        char path[NAME_MAX + 2];
-        snprintf(path, sizeof path, "/%s", e->d_name);
-        shm_unlink(path);
-    }
-    closedir(d);
-}
-
 // The parent binds the rendezvous socket before any rank exists, so a port in use fails
 // the launch at once; rank 0 inherits the socket and serves the meeting on it.
 static int spawn_all(Supervisor *s, const LaunchInfo *li, char **argv, Err *err) {
-    int fd, port;
-    if (rendezvous_listen_on(local_master(li), li->master_port, &fd, &port, err)) return -1;
+    RanksLaunch l = {
+        .world_size = li->world_size, .master_addr = local_master(li), .shm_name = li->shm_name};
+    if (ranks_listen(l.master_addr, li->master_port, &l.listen_fd, &l.port, err)) return -1;
     int rc = 0;
     for (int r = 0; r < li->world_size && !rc; r++)
-        rc = spawn_rank(s, li, r, argv, port, fd, err);
-    close(fd); // rank 0 has its own copy
+        rc = spawn_rank(s, &l, r, argv, err);
+    close(l.listen_fd); // rank 0 has its own copy
     return rc;
 }
 
 int launch_local(const LaunchInfo *li, char **argv, Err *err) {
-    Supervisor s = {.first_rank = -1};
-    if (env_seconds("ASTRAI_STOP_GRACE_S", DEFAULT_STOP_GRACE_S, &s.grace_s, err)) return -1;
-    s.ranks = calloc((size_t)li->world_size, sizeof *s.ranks);
-    if (!s.ranks) return err_set(err, "out of memory for %d ranks", li->world_size);
+    Supervisor s = {0};
+    if (env_seconds("ASTRAI_STOP_GRACE_S", RANKS_STOP_GRACE_S, &s.grace_s, err) ||
+        ranks_group_init(&s.g, li->world_size, err))
+        return -1;
     LaunchInfo job = *li;
-    launch_new_shm_name(job.shm_name, sizeof job.shm_name);
+    comm_shm_new_name(job.shm_name, sizeof job.shm_name);
     // Signals are taken synchronously (sigtimedwait), so none can slip in between
     // a check and a wait; SIGCHLD must not be ignored or the exit codes are lost.
     struct sigaction dfl = {.sa_handler = SIG_DFL};
@@ -552,12 +410,12 @@ int launch_local(const LaunchInfo *li, char **argv, Err *err) {
         sigaddset(&watched, sigs[i]);
     sigprocmask(SIG_BLOCK, &watched, &old);
     int rc = spawn_all(&s, &job, argv, err);
-    if (rc && s.n > 0) // some ranks started: stop them before reporting
+    if (rc && s.g.alive > 0) // some ranks started: stop them before reporting
         start_stop(&s, SIGTERM);
     supervise(&s, &watched);
-    launch_remove_shm(job.shm_name);
+    comm_shm_remove(job.shm_name);
     sigprocmask(SIG_SETMASK, &old, NULL);
-    free(s.ranks);
-    if (rc) return -1;
-    return s.first_code ? s.first_code : s.interrupted ? EXIT_INTERRUPTED : 0;
+    int code = ranks_exit_code(&s.g);
+    ranks_group_free(&s.g);
+    return rc ? -1 : code;
 }

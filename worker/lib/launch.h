@@ -14,8 +14,8 @@
 //                  world size comes from the environment and --nprocs is ignored,
 //                  as in AstrAI.
 //
-// Environment knobs: ASTRAI_STOP_GRACE_S (seconds between SIGTERM and SIGKILL
-// when ranks are stopped, default 30), ASTRAI_RENDEZVOUS_TIMEOUT_S (default 300),
+// Environment knobs: ASTRAI_STOP_GRACE_S (seconds between SIGTERM and SIGKILL when ranks
+// are stopped, default RANKS_STOP_GRACE_S: 60), ASTRAI_RENDEZVOUS_TIMEOUT_S (default 300),
 // ASTRAI_RENDEZVOUS_PORT (rendezvous port; default MASTER_PORT, or MASTER_PORT+1
 // under torchrun's static rendezvous, whose own store holds MASTER_PORT).
 #pragma once
@@ -56,13 +56,12 @@ int launch_detect(LaunchInfo *li, long nprocs, Err *err);
 // Local parent: listens on li->master_addr:li->master_port for the rendezvous (a port
 // in use is an error naming them, before any rank starts), runs li->world_size ranks of
 // /proc/self/exe with argv, each in its own process group (rank 0 holds the listening
-// socket, the others connect to it), and supervises them: SIGTERM/SIGINT/SIGUSR1 are
-// forwarded to every rank; when a rank fails (non-zero exit or a signal) the others get
-// SIGTERM, then SIGKILL after the grace period; a rank that exits EXIT_INTERRUPTED (stopped
-// after its checkpoint) is no failure, but the others are stopped too. Prints which rank
-// failed and how, removes the run's shm segments, and returns the exit code for the launcher:
-// the first failing rank's code (128+signal for a signal), else EXIT_INTERRUPTED when a rank
-// was interrupted, else 0. -1 with err when the ranks could not be started.
+// socket, the others connect to it), and supervises them with the exit policy of
+// ranks/ranks.h: SIGTERM/SIGINT/SIGUSR1 are forwarded to every rank; the first failure
+// stops the others (SIGTERM, SIGKILL after the grace), and so does a rank interrupted after
+// its checkpoint. Prints which rank failed and how, removes the run's shm segments, and
+// returns the group's exit code (ranks_exit_code); -1 with err when the ranks could not
+// be started.
 int launch_local(const LaunchInfo *li, char **argv, Err *err);
 
 // Ranks meet before the collectives exist (every mode; returns at once when there
@@ -74,22 +73,3 @@ int launch_rendezvous(LaunchInfo *li, uint8_t *nccl_id, Err *err);
 // CPU threads for one rank: `threads` if > 0, else the usable cores divided by the
 // ranks on this host (at least 1).
 long launch_threads(const LaunchInfo *li, long threads);
-
-// Helpers shared with other supervisors of local ranks (astraid).
-
-// The environment of rank `rank` of a local launch: ours without inherited rank
-// variables and without the variables `extra` sets, then `extra` ("NAME=value",
-// NULL-terminated, may be NULL), then RANK/WORLD_SIZE/LOCAL_RANK/LOCAL_WORLD_SIZE,
-// MASTER_ADDR=li->master_addr (127.0.0.1 when empty), MASTER_PORT=port, ASTRAI_LAUNCHED=1,
-// ASTRAI_SHM_NAME, ASTRAI_LAUNCHER_PID (this process) and for rank 0
-// ASTRAI_RENDEZVOUS_FD=listen_fd. NULL when out of memory; free with launch_free_env.
-char **launch_rank_env(const LaunchInfo *li, int rank, int port, int listen_fd,
-                       const char *const *extra);
-void launch_free_env(char **env);
-
-// "/astrai-<pid>-<random>": unique per run, so a crashed run's segment is never reused.
-void launch_new_shm_name(char *out, size_t cap);
-
-// Removes a run's shm segments ("<name>" and any "<name>-..." the backend made) that a
-// rank killed before its cleanup left behind.
-void launch_remove_shm(const char *name);

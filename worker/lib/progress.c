@@ -9,6 +9,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "common/buf.h"
 #include "common/clock.h"
 #include "common/fsutil.h"
 
@@ -175,13 +176,8 @@ static int check_row(const MetricRow *r, Err *err) {
 
 int metrics_append_row(MetricLog *m, const MetricRow *row, Err *err) {
     if (check_row(row, err)) return err_prefix(err, "metric log");
-    if (m->n == m->cap) {
-        size_t cap = m->cap ? m->cap * 2 : 256;
-        MetricRow *rows = realloc(m->rows, cap * sizeof *rows);
-        if (!rows) return err_resource(err, "metric log: out of memory");
-        m->rows = rows;
-        m->cap = cap;
-    }
+    if (buf_reserve(&m->rows, &m->cap, m->n + 1, sizeof *m->rows))
+        return err_resource(err, "metric log: out of memory");
     m->rows[m->n++] = *row;
     return 0;
 }
@@ -410,31 +406,21 @@ static cJSON *row_json(const MetricRow *r) {
 }
 
 char *metrics_to_jsonl(const MetricLog *m, size_t *len) {
-    size_t cap = 4096, used = 0;
-    char *out = malloc(cap);
-    for (size_t i = 0; i < m->n && out; i++) {
+    Buf out = {0};
+    int rc = buf_append(&out, "", 0);
+    for (size_t i = 0; i < m->n && !rc; i++) {
         cJSON *o = row_json(&m->rows[i]);
         char *line = o ? cJSON_PrintUnformatted(o) : NULL;
         cJSON_Delete(o);
-        size_t n = line ? strlen(line) : 0;
-        char *grown = !line                 ? NULL
-                      : used + n + 2 <= cap ? out
-                                            : realloc(out, cap = 2 * (used + n + 2));
-        if (grown) {
-            out = grown;
-            memcpy(out + used, line, n);
-            used += n;
-            out[used++] = '\n';
-        } else { // out of memory: out is still the old buffer
-            free(out);
-            out = NULL;
-        }
+        rc = !line || buf_append(&out, line, strlen(line)) || buf_append(&out, "\n", 1);
         free(line);
     }
-    if (!out) return NULL;
-    out[used] = 0;
-    *len = used;
-    return out;
+    if (rc) {
+        buf_free(&out);
+        return NULL;
+    }
+    *len = out.len;
+    return buf_take(&out);
 }
 
 void metrics_free(MetricLog *m) {

@@ -22,11 +22,3 @@ typedef struct {
 // Rank 0 sends payload[0..len) to every rank; the other ranks receive it into
 // payload. With world_size 1 it returns at once.
 int rendezvous_run(const RendezvousConfig *cfg, uint8_t *payload, size_t len, Err *err);
-
-// A listening TCP socket (close-on-exec, SO_REUSEADDR) on `host` (a name or address: the
-// first of its addresses that can be bound), or on every address when host is NULL; port 0
-// picks a free port, *port_out gets it. A port in use is an error naming host:port (no rank
-// waits on another program's port).
-int rendezvous_listen_on(const char *host, int port, int *fd_out, int *port_out, Err *err);
-// rendezvous_listen_on every address, or on 127.0.0.1 only with loopback_only.
-int rendezvous_listen(int port, int loopback_only, int *fd_out, int *port_out, Err *err);
