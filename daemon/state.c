@@ -554,7 +554,7 @@ static void wait_orphans(const Job *j) {
                      pid);
             kill(-pid, SIGKILL);
         } else if (pid > 0 && kill(pid, 0) == 0) {
-            log_info("job %ld: recorded rank pid %d is now another process; left alone", j->id,
+            log_info("job %ld: recorded rank pid %d is no longer that rank; left alone", j->id,
                      pid);
         }
     }
@@ -577,7 +577,10 @@ static void remove_stale_checkpoints(const Job *j) {
 static void recover_job(Job *j) {
     int died_under = j->state == JOB_STARTING || j->state == JOB_RUNNING || j->state == JOB_PAUSING;
     if (!died_under && j->state != JOB_INTERRUPTED) return;
-    if (died_under) wait_orphans(j);
+    if (died_under) {
+        wait_orphans(j);
+        state_run_ended(j, "interrupted"); // its astraid died: the run row is closed here
+    }
     char path[PATH_MAX];
     Err err = {0};
     j->resume = ckpt_find_latest(j->ckpt_dir, path, sizeof path, &err) == 0;

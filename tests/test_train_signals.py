@@ -15,6 +15,7 @@ import signal
 import socket
 import subprocess
 import sys
+import time
 
 import train_util as tu
 from test_parallel_signals import children, rank_of
@@ -187,6 +188,31 @@ def check_by_hand(root, model, data, failures):
         print(f"by hand, SIGTERM to rank 1: both ranks exit 3 at step {step}")
 
 
+def check_stop_while_meeting(root, model, data, failures):
+    """Rank 0 of two started alone waits in the rendezvous for a rank that never comes (its
+    launcher died, say): SIGTERM makes it give up at once and exit 3, not wait out the
+    rendezvous timeout."""
+    ck = os.path.join(root, "meeting")
+    proc = subprocess.Popen(args(model, data, ck, nprocs=2), stderr=subprocess.PIPE, text=True,
+                            env=dict(os.environ, RANK="0", WORLD_SIZE="2", MASTER_ADDR="127.0.0.1",
+                                     MASTER_PORT=str(free_port())))
+    time.sleep(2)  # past the setup, into the rendezvous
+    t0 = time.time()
+    proc.send_signal(signal.SIGTERM)
+    try:
+        rc = proc.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+        failures.append("a rank waiting in the rendezvous ignored SIGTERM for 30 s")
+        return
+    err = proc.stderr.read()
+    if rc != INTERRUPTED or "rendezvous" not in err:
+        failures.append(f"stopped in the rendezvous: exit {rc}, {err[-300:]!r}")
+    else:
+        print(f"SIGTERM in the rendezvous: exit 3 after {time.time() - t0:.2f} s")
+
+
 def main():
     failures = []
     root = tu.tmpdir()
@@ -198,6 +224,7 @@ def main():
     check_ddp_rank_signal(root, model, data, straight, failures)
     check_ddp_launcher_signal(root, model, data, straight, failures)
     check_by_hand(root, model, data, failures)
+    check_stop_while_meeting(root, model, data, failures)
     if not failures:
         shutil.rmtree(root)
     return tu.finish(failures)

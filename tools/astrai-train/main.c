@@ -90,8 +90,11 @@ static int connect_ranks(LaunchInfo *li, const TrainSpec *spec, const Backend *b
     return 0;
 }
 
-// Exit code of a failure before training: 1 for a resource (memory, device, I/O), else 2.
+// Exit code of a failure before training: interrupted when a stop signal cut the setup short
+// (a rendezvous waiting for ranks that never came), 1 for a resource (memory, device, I/O),
+// else 2.
 static int setup_failed(const Err *err) {
+    if (trainer_stop_requested) return EXIT_INTERRUPTED;
     return err->resource ? 1 : EXIT_BAD_INPUT;
 }
 
@@ -133,6 +136,7 @@ static int run(const TrainSpec *spec, char **argv) {
     }
     if (li->mode != LAUNCH_LOCAL_PARENT) {
         install_signals();
+        li->stop = &trainer_stop_requested;
         return train_rank(li, spec);
     }
     // The ranks meet where --master_addr/--master_port say when given explicitly (AstrAI

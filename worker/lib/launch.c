@@ -230,7 +230,8 @@ int launch_rendezvous(LaunchInfo *li, uint8_t *nccl_id, Err *err) {
                             .master_addr = li->master_addr,
                             .port = li->master_port,
                             .listen_fd = li->rendezvous_fd,
-                            .timeout_ms = (int)(timeout_s * 1000)};
+                            .timeout_ms = (int)(timeout_s * 1000),
+                            .stop = li->stop};
     int rc = rendezvous_run(&cfg, payload, len, err);
     if (li->rendezvous_fd >= 0) {
         close(li->rendezvous_fd);

@@ -19,6 +19,7 @@
 // ASTRAI_RENDEZVOUS_PORT (rendezvous port; default MASTER_PORT, or MASTER_PORT+1
 // under torchrun's static rendezvous, whose own store holds MASTER_PORT).
 #pragma once
+#include <signal.h>
 #include <stdint.h>
 
 #include "common/error.h"
@@ -41,6 +42,9 @@ typedef struct {
     // The shm segment of the collectives: set by the local parent (ASTRAI_SHM_NAME),
     // or chosen by rank 0 and handed out by launch_rendezvous().
     char shm_name[64];
+    // The rank's stop flag (set by its SIGTERM/SIGINT handler), or NULL: a rendezvous still
+    // waiting for ranks gives up when it is set.
+    const volatile sig_atomic_t *stop;
 } LaunchInfo;
 
 // This process's launch: astrai-train's main fills it with launch_detect(), the

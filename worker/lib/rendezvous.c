@@ -45,6 +45,12 @@ static double secs(int ms) {
     return ms / 1000.0;
 }
 
+// A stop request arrived (cfg->stop): the ranks that did not come may never come.
+static int stopped(const RendezvousConfig *cfg, Err *err) {
+    if (!cfg->stop || !*cfg->stop) return 0;
+    return err_set(err, "rendezvous: stopped by a signal while the ranks met");
+}
+
 // 1 when fd is ready for `events` (or has an error to report), 0 at the deadline.
 static int wait_fd(int fd, short events, int64_t deadline) {
     for (;;) {
@@ -252,6 +258,7 @@ static int gather(Root *r, int lfd, int64_t deadline, Err *err) {
     struct pollfd fds[1 + MAX_PENDING];
     while (r->arrived < r->cfg->world_size) {
         int left = ms_left(deadline);
+        if (stopped(r->cfg, err)) return -1;
         if (left == 0) return missing_error(r, err);
         fds[0] = (struct pollfd){.fd = lfd, .events = POLLIN};
         for (int i = 0; i < r->npend; i++)
@@ -342,6 +349,7 @@ static int connect_root(const RendezvousConfig *cfg, int64_t deadline, int *fd, 
     char why[256] = "timed out";
     for (;;) {
         if (connect_once(cfg, deadline, fd, why, sizeof why) == 0) return 0;
+        if (stopped(cfg, err)) return -1;
         int left = ms_left(deadline);
         if (left == 0)
             return err_set(err, "rendezvous: no connection to MASTER_ADDR %s:%d after %g s (%s)",

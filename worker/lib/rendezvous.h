@@ -6,6 +6,7 @@
 // wait has a deadline: a missing rank, a disagreeing rank or an unreachable master
 // is a clear error on every rank that can be told, never a hang.
 #pragma once
+#include <signal.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -17,6 +18,9 @@ typedef struct {
     int port;                // rank 0's port
     int listen_fd;           // rank 0: an already listening socket to use, or -1 to bind `port`
     int timeout_ms;          // for the whole meeting
+    // A stop request (the rank's SIGTERM/SIGINT flag), or NULL: once it is non-zero the
+    // meeting gives up at once instead of waiting for ranks that may never come.
+    const volatile sig_atomic_t *stop;
 } RendezvousConfig;
 
 // Rank 0 sends payload[0..len) to every rank; the other ranks receive it into
