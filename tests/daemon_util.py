@@ -43,14 +43,18 @@ class Client:
     def send_raw(self, data):
         self.sock.sendall(data)
 
-    def read_message(self):
+    def read_line(self):
+        """The next line astraid sent, as raw bytes (without its newline)."""
         while b"\n" not in self.buf:
             chunk = self.sock.recv(1 << 16)
             if not chunk:
                 raise ConnectionError("astraid closed the connection")
             self.buf += chunk
         line, self.buf = self.buf.split(b"\n", 1)
-        return json.loads(line)
+        return line
+
+    def read_message(self):
+        return json.loads(self.read_line())
 
     def reply(self):
         """The next reply (pushes before it are kept)."""

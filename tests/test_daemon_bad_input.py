@@ -4,7 +4,6 @@ pause of a completed job, TCP without or with a wrong token, a client that disco
 mid-reply, a client that stops reading, too many connections; a token file readable by others
 is refused at startup."""
 
-import json
 import os
 import socket
 import subprocess
@@ -12,14 +11,6 @@ import time
 
 import daemon_util as du
 import train_util as tu
-
-
-def free_port():
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
 
 
 def check_framing(d):
@@ -160,7 +151,7 @@ def check_tcp(port, token):
 
 def check_token_mode(root, token_file):
     os.chmod(token_file, 0o644)
-    d = du.Daemon(os.path.join(root, "other"), args=[f"--tcp=127.0.0.1:{free_port()}",
+    d = du.Daemon(os.path.join(root, "other"), args=[f"--tcp=127.0.0.1:{tu.free_port()}",
                                                      f"--token-file={token_file}"])
     os.makedirs(d.root, exist_ok=True)
     proc = subprocess.run(d.args, capture_output=True, text=True, timeout=30)
@@ -176,7 +167,7 @@ def main():
     with open(token_file, "w") as f:
         f.write(token + "\n")
     os.chmod(token_file, 0o600)
-    port = free_port()
+    port = tu.free_port()
     d = du.Daemon(root, args=[f"--tcp=127.0.0.1:{port}", f"--token-file={token_file}",
                               "--max-connections=16"]).start()
     with du.guarded(d):

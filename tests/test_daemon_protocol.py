@@ -33,12 +33,7 @@ class StrictClient(du.Client):
         self.raw = []
 
     def read_message(self):
-        while b"\n" not in self.buf:
-            chunk = self.sock.recv(1 << 16)
-            if not chunk:
-                raise ConnectionError("astraid closed the connection")
-            self.buf += chunk
-        line, self.buf = self.buf.split(b"\n", 1)
+        line = self.read_line()
         self.raw.append(line)
         return json.loads(line.decode("utf-8", errors="strict"))
 
@@ -388,14 +383,6 @@ def _record(fn, errors):
 
 # ---------------------------------------------------------------- 16: TCP peers and unix users
 
-def free_port():
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
-
-
 def read_until_closed(sock, timeout):
     """The messages a peer gets until astraid closes it (None: still open at timeout)."""
     sock.settimeout(timeout)
@@ -419,7 +406,7 @@ def check_tcp_limits(root):
     with open(token_file, "w") as f:
         f.write(token)
     os.chmod(token_file, stat.S_IRUSR | stat.S_IWUSR)
-    port = free_port()
+    port = tu.free_port()
     d = du.Daemon(os.path.join(root, "tcp"),
                   args=[f"--tcp=127.0.0.1:{port}", f"--token-file={token_file}",
                         "--max-connections=16", "--max-unauthenticated=8", "--auth-timeout=2"])

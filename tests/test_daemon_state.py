@@ -311,12 +311,7 @@ def raw_call(c, method, params):
     c.send_raw((json.dumps({"jsonrpc": "2.0", "id": rid, "method": method, "params": params})
                 + "\n").encode())
     while True:
-        while b"\n" not in c.buf:
-            chunk = c.sock.recv(1 << 16)
-            if not chunk:
-                raise ConnectionError("astraid closed the connection")
-            c.buf += chunk
-        line, c.buf = c.buf.split(b"\n", 1)
+        line = c.read_line()
         msg = json.loads(line)
         if msg.get("id") == rid:
             return len(line), msg

@@ -9,7 +9,6 @@
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -110,12 +109,6 @@ def check_kill9(root, model, data, failures):
           f"{[l for l in err.splitlines() if 'rank' in l][:3]}")
 
 
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def external(cmd, env_list, timeout=300):
     procs = [subprocess.Popen(cmd, env=dict(os.environ, **e), stderr=subprocess.PIPE, text=True)
              for e in env_list]
@@ -127,7 +120,7 @@ def check_external(root, model, data, failures):
     tu.run(args(model, data, none, mode="none", nprocs=1, batch=4))
     base = tu.metric_rows(tu.latest_checkpoint(none))
     for style in ("torchrun", "slurm"):
-        port = free_port()
+        port = tu.free_port()
         ck = os.path.join(root, f"ext-{style}")
         envs = []
         for r in range(2):
@@ -151,7 +144,7 @@ def check_external(root, model, data, failures):
 
 def check_external_errors(root, model, data, failures):
     env = {"ASTRAI_RENDEZVOUS_TIMEOUT_S": "3"}
-    port = free_port()
+    port = tu.free_port()
     ck = os.path.join(root, "ext-bad")
     common = dict(env, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     t0 = time.time()
@@ -166,7 +159,7 @@ def check_external_errors(root, model, data, failures):
           f"{results[0][1].strip().splitlines()[-1]}")
     t0 = time.time()
     (rc, err), = external(args(model, data, ck),
-                          [dict(env, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()),
+                          [dict(env, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(tu.free_port()),
                                 RANK="1", WORLD_SIZE="2")], timeout=60)
     took = time.time() - t0
     if rc == 0 or "127.0.0.1" not in err or not 2.5 <= took <= 30:

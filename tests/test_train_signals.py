@@ -12,7 +12,6 @@ import os
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -159,17 +158,11 @@ def check_ddp_launcher_signal(root, model, data, straight, failures):
         check_resumed(name, cmd, ck, straight, failures)
 
 
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def check_by_hand(root, model, data, failures):
     """Two ranks started by hand: SIGTERM to rank 1 alone; every process must exit 3."""
     ck = os.path.join(root, "by-hand")
     cmd = args(model, data, ck, nprocs=2)
-    port = str(free_port())
+    port = str(tu.free_port())
     procs = [subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True,
                               env=dict(os.environ, RANK=str(r), WORLD_SIZE="2", MASTER_PORT=port,
                                        MASTER_ADDR="127.0.0.1"))
@@ -195,7 +188,7 @@ def check_stop_while_meeting(root, model, data, failures):
     ck = os.path.join(root, "meeting")
     proc = subprocess.Popen(args(model, data, ck, nprocs=2), stderr=subprocess.PIPE, text=True,
                             env=dict(os.environ, RANK="0", WORLD_SIZE="2", MASTER_ADDR="127.0.0.1",
-                                     MASTER_PORT=str(free_port())))
+                                     MASTER_PORT=str(tu.free_port())))
     time.sleep(2)  # past the setup, into the rendezvous
     t0 = time.time()
     proc.send_signal(signal.SIGTERM)

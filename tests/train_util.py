@@ -4,6 +4,7 @@ and train the PyTorch reference on the batches astrai-train sees."""
 import json
 import math
 import os
+import socket
 import subprocess
 import tempfile
 
@@ -31,6 +32,13 @@ def run(args, expect=0, timeout=600, env=None):
             f"{' '.join(args)}: exit {proc.returncode}, expected {expect}\n"
             f"stdout:\n{proc.stdout}\nstderr:\n{proc.stderr}")
     return proc.stdout, proc.stderr
+
+
+def free_port():
+    """A TCP port on 127.0.0.1 that nothing listens on right now."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 def tmpdir():
