@@ -101,13 +101,15 @@ def check_forgiven(c, model, data):
     """Three kills, each after the run saved a new checkpoint, with max_restarts 1."""
     jid = c.call("submit", du.spec(model, data, n_epoch=12, ckpt_interval=20,
                                    max_restarts=1))["job"]
-    seen = None
+    seen = None  # the checkpoint the current run started from
     for _ in range(3):
         job, pids = running_pids(c, jid, lambda j: j["last_checkpoint"] not in (None, seen))
-        seen = job["last_checkpoint"]
         os.kill(pids[0], signal.SIGKILL)
-        du.wait_job(c, jid, ["queued", "starting", "running"],
-                    pred=lambda j: not j["ranks"] or j["ranks"][0]["pid"] != pids[0])
+        # The next run resumes from the newest checkpoint, which the run just killed may have
+        # written after the status above: only a checkpoint past that one is new progress.
+        restarted = du.wait_job(c, jid, ["queued", "starting", "running"],
+                                pred=lambda j: not j["ranks"] or j["ranks"][0]["pid"] != pids[0])
+        seen = restarted["last_checkpoint"]
     done = du.wait_job(c, jid, ["completed"], timeout=180)
     assert done["restarts"] == 1 and done["step"] == done["total_steps"], done
 
