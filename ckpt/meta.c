@@ -123,12 +123,20 @@ static int is_own_key(const char *key) {
            strcmp(key, "timestamp") == 0 || strcmp(key, "step") == 0;
 }
 
+// A count as its exact decimal digits: cJSON prints a double with 15 digits when it reads back
+// within a relative epsilon, which loses the last unit of integers near 2^53.
+static int add_count(cJSON *root, const char *key, long v) {
+    char digits[32];
+    snprintf(digits, sizeof digits, "%ld", v);
+    return cJSON_AddRawToObject(root, key, digits) != NULL;
+}
+
 char *meta_to_json(const CkptMeta *m) {
     cJSON *root = cJSON_CreateObject();
-    int ok = root && cJSON_AddNumberToObject(root, "epoch", (double)m->epoch) &&
-             cJSON_AddNumberToObject(root, "consumed_samples", (double)m->consumed_samples) &&
+    int ok = root && add_count(root, "epoch", m->epoch) &&
+             add_count(root, "consumed_samples", m->consumed_samples) &&
              cJSON_AddStringToObject(root, "timestamp", m->timestamp) &&
-             (m->step < 0 || cJSON_AddNumberToObject(root, "step", (double)m->step));
+             (m->step < 0 || add_count(root, "step", m->step));
     const cJSON *item;
     if (ok && m->config) {
         cJSON_ArrayForEach(item, m->config) {
