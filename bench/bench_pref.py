@@ -20,18 +20,12 @@ import json
 import math
 import os
 import shutil
-import sqlite3
 import statistics
 import sys
-import tempfile
-import time
 
 import numpy as np
 
 import bench_train as bt
-
-HERE = os.path.dirname(os.path.abspath(__file__))
-TESTS = os.path.join(HERE, "..", "tests")
 
 # "issue" is bench_train's ~30M config; "small" the same shape at half the width and depth
 # (head_dim 64 and 4 query heads per KV head kept), which suits 2 cores.
@@ -77,16 +71,6 @@ def parse_args(argv):
 # ------------------------------------------------------------------ inputs
 
 
-def make_model(build, root, cfg):
-    cfg_path = os.path.join(root, "config.json")
-    with open(cfg_path, "w") as f:
-        json.dump(cfg, f)
-    out = os.path.join(root, "model")
-    bt.run_child([os.path.join(build, "astrai-model"), "init", "--config", cfg_path, "--out", out,
-                  "--dtype", "fp32", "--seed", str(bt.SEED)], os.path.join(root, "model.log"), 1)
-    return out
-
-
 def make_records(n, window, vocab):
     """n DPO records of random ids in [1, vocab) (0 is AstrAI's padding): a prompt of L//2
     ids and responses of L - L//2 + 1, so each row (prompt's tail + response's head, AstrAI's
@@ -126,24 +110,9 @@ def write_windows(root, records, b, window):
 
 
 def run_astrai(args, root, train_type, model_dir, data, batch):
-    ckpt_dir = os.path.join(root, "ckpt-" + train_type)
-    total = args.warmup + args.steps
-    flags = {"train_type": train_type, "param_path": model_dir, "data_root_path": data,
-             "batch_per_device": batch, "window_size": args.window, "threads": args.threads,
-             "optimizer": "adamw", "max_lr": bt.MAX_LR, "weight_decay": bt.WEIGHT_DECAY,
-             "max_grad_norm": bt.MAX_GRAD_NORM, "shuffle": "false", "random_seed": bt.SEED,
-             "max_steps": total, "ckpt_interval": 100000, "log_interval": 1,
-             "ckpt_dir": ckpt_dir}
-    if train_type == "dpo":
-        flags["dpo_beta"] = DPO_BETA
-    cmd = [os.path.join(args.build, "astrai-train")] + [f"--{k}={v}" for k, v in flags.items()]
-    _, rss, seconds = bt.run_child(cmd, os.path.join(root, f"astrai-{train_type}.log"),
-                                   args.threads)
-    with sqlite3.connect(os.path.join(ckpt_dir, "progress.db")) as db:
-        rows = db.execute("SELECT loss, tokens_per_s, wall_time FROM steps "
-                          "ORDER BY step").fetchall()
-    if len(rows) != total:
-        sys.exit(f"bench_pref: {train_type} progress.db has {len(rows)} steps, expected {total}")
+    extra = {"dpo_beta": DPO_BETA} if train_type == "dpo" else {}
+    rows, rss, seconds = bt.train_astrai(args, root, train_type, model_dir, data, batch,
+                                         f"astrai-{train_type}.log", extra)
     losses, rates, times = zip(*rows)
     r = bt.steady_rate(list(times), list(losses), args)
     # The tokens astrai-train itself counted per timed step (its tokens_per_s times the step's
@@ -173,17 +142,11 @@ def run_peer(args, root, model_dir, data):
 
 def peer_main(args):
     """DPO-trains the reference model on the records astrai-train sees (shuffle off: step s
-    takes records b*s .. b*s+b-1); prints {"times": [...], "losses": [...], ...} as JSON."""
-    import resource
-
-    import torch
-
-    sys.path.insert(0, TESTS)
+    takes records b*s .. b*s+b-1)."""
+    rss_import = bt.peer_start(args.threads)
     from ref.model import RefModel
     from ref.pref import dpo_loss
 
-    torch.set_num_threads(args.threads)
-    rss_import = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     policy = RefModel.from_dir(args.model_dir)
     reference = RefModel.from_dir(args.model_dir)
     for p in reference.parameters():
@@ -191,21 +154,12 @@ def peer_main(args):
     with open(args.data) as f:
         records = [(r["prompt"], r["chosen"], r["rejected"]) for r in map(json.loads, f)]
     total = math.ceil(len(records) / args.records)  # astrai-train's total_steps (one epoch)
-    opt = torch.optim.AdamW(policy.parameters(), lr=bt.MAX_LR, betas=(0.9, 0.95), eps=1e-8,
-                            weight_decay=bt.WEIGHT_DECAY, foreach=True)
-    times, losses = [], []
-    for step in range(args.warmup + args.steps):
+
+    def step_loss(step):
         batch = records[step * args.records:(step + 1) * args.records]
-        l, _ = dpo_loss(policy, reference, batch, args.window, beta=DPO_BETA)
-        l.backward()
-        torch.nn.utils.clip_grad_norm_(policy.parameters(), bt.MAX_GRAD_NORM)
-        for g in opt.param_groups:
-            g["lr"] = bt.cosine_lr(step, total)
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        losses.append(float(l))
-        times.append(time.time())
-    print(json.dumps({"times": times, "losses": losses, "rss_after_import_bytes": rss_import}))
+        return dpo_loss(policy, reference, batch, args.window, beta=DPO_BETA)[0]
+
+    bt.peer_train(args, policy.parameters(), step_loss, total, rss_import)
 
 
 # ------------------------------------------------------------------ report
@@ -246,27 +200,17 @@ def report(args, cfg, params, seq, dpo, peer, load):
     if loss_diff > 1e-3:
         print(f"warning: astrai and pytorch dpo losses differ by up to {loss_diff:.2g}: "
               f"the two sides did not train the same steps")
-    busiest = max(load.values())
-    if busiest > args.threads + 0.5:
-        print(f"warning: 1-minute load average reached {busiest:.1f} on {os.cpu_count()} cores "
-              f"during the run: other work shared the cores, the numbers are noisy")
+    bt.warn_load(load, args.threads)
 
 
 def main(argv):
     args = parse_args(argv)
     if args.peer_worker:
         return peer_main(args)
-    args.build = os.path.abspath(args.build)
-    for name in ("astrai-model", "astrai-train"):
-        if not os.access(os.path.join(args.build, name), os.X_OK):
-            sys.exit(f"bench_pref: {os.path.join(args.build, name)} not found (build first)")
-    if args.workdir and os.path.exists(args.workdir) and os.listdir(args.workdir):
-        sys.exit(f"bench_pref: --workdir {args.workdir} is not empty")
-    root = args.workdir or tempfile.mkdtemp(prefix="astrai-bench-")
-    os.makedirs(root, exist_ok=True)
+    root = bt.setup(args, "bench_pref", ("astrai-model", "astrai-train"))
     cfg = MODELS[args.model]
     try:
-        model_dir = make_model(args.build, root, cfg)
+        model_dir = bt.make_model(args.build, root, cfg)
         records = make_records((args.warmup + args.steps) * args.records, args.window,
                                cfg["vocab_size"])
         jsonl = write_records(root, records)

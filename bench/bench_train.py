@@ -91,10 +91,23 @@ def run_child(cmd, log_path, threads, extra_env=None):
 # ------------------------------------------------------------------ inputs
 
 
-def make_model(build, root):
+def setup(args, prog, binaries):
+    """The checks before a run (the binaries built, --workdir empty); returns the work dir."""
+    args.build = os.path.abspath(args.build)
+    for name in binaries:
+        if not os.access(os.path.join(args.build, name), os.X_OK):
+            sys.exit(f"{prog}: {os.path.join(args.build, name)} not found (build first)")
+    if args.workdir and os.path.exists(args.workdir) and os.listdir(args.workdir):
+        sys.exit(f"{prog}: --workdir {args.workdir} is not empty")
+    root = args.workdir or tempfile.mkdtemp(prefix="astrai-bench-")
+    os.makedirs(root, exist_ok=True)
+    return root
+
+
+def make_model(build, root, cfg=CONFIG):
     cfg_path = os.path.join(root, "config.json")
     with open(cfg_path, "w") as f:
-        json.dump(CONFIG, f)
+        json.dump(cfg, f)
     out = os.path.join(root, "model")
     run_child([os.path.join(build, "astrai-model"), "init", "--config", cfg_path, "--out", out,
                "--dtype", "fp32", "--seed", str(SEED)], os.path.join(root, "model.log"), 1)
@@ -150,24 +163,33 @@ def steady_rate(times, losses, args):
             "loss_first": losses[0], "loss_last": losses[-1]}
 
 
-def run_astrai(args, root, model_dir, data_dir):
-    ckpt_dir = os.path.join(root, "ckpt")
+def train_astrai(args, root, train_type, model_dir, data, batch, log_name, extra=None):
+    """Runs astrai-train for warmup + steps AdamW steps (the peer's settings, shuffle off);
+    returns its progress.db rows (loss, tokens_per_s, wall_time), peak RSS and seconds."""
+    ckpt_dir = os.path.join(root, "ckpt-" + train_type)
     total = args.warmup + args.steps
-    flags = {"train_type": "seq", "param_path": model_dir, "data_root_path": data_dir,
-             "batch_per_device": args.batch, "window_size": args.window,
+    flags = {"train_type": train_type, "param_path": model_dir, "data_root_path": data,
+             "batch_per_device": batch, "window_size": args.window,
              "threads": args.threads, "optimizer": "adamw", "max_lr": MAX_LR,
              "weight_decay": WEIGHT_DECAY, "max_grad_norm": MAX_GRAD_NORM, "shuffle": "false",
              "random_seed": SEED, "max_steps": total, "ckpt_interval": 100000,
-             "log_interval": 1, "ckpt_dir": ckpt_dir}
+             "log_interval": 1, "ckpt_dir": ckpt_dir, **(extra or {})}
     cmd = [os.path.join(args.build, "astrai-train")] + [f"--{k}={v}" for k, v in flags.items()]
-    _, rss, seconds = run_child(cmd, os.path.join(root, "astrai-train.log"), args.threads)
+    _, rss, seconds = run_child(cmd, os.path.join(root, log_name), args.threads)
     with sqlite3.connect(os.path.join(ckpt_dir, "progress.db")) as db:
-        rows = db.execute("SELECT step, loss, tokens_per_s, wall_time FROM steps "
+        rows = db.execute("SELECT loss, tokens_per_s, wall_time FROM steps "
                           "ORDER BY step").fetchall()
     if len(rows) != total:
-        sys.exit(f"bench_train: progress.db has {len(rows)} steps, expected {total}")
-    r = steady_rate([w for _, _, _, w in rows], [l for _, l, _, _ in rows], args)
-    r["mean_step_tokens_per_s"] = float(np.mean([t for _, _, t, _ in rows[args.warmup:]]))
+        sys.exit(f"astrai-train {train_type}: progress.db has {len(rows)} steps, "
+                 f"expected {total}")
+    return rows, rss, seconds
+
+
+def run_astrai(args, root, model_dir, data_dir):
+    rows, rss, seconds = train_astrai(args, root, "seq", model_dir, data_dir, args.batch,
+                                      "astrai-train.log")
+    r = steady_rate([w for _, _, w in rows], [l for l, _, _ in rows], args)
+    r["mean_step_tokens_per_s"] = float(np.mean([t for _, t, _ in rows[args.warmup:]]))
     r.update(peak_rss_bytes=rss, process_seconds=seconds)
     return r
 
@@ -197,35 +219,32 @@ def cosine_lr(step, total):
     return MAX_LR * max(MIN_RATE, 0.5 * (1 + math.cos(math.pi * p)))
 
 
-def peer_main(args):
-    """Trains the reference model on the same batches astrai-train sees (shuffle off, so window
-    i of the dataset is sample i); prints {"times": [...], "losses": [...], ...} as JSON."""
+def peer_start(threads):
+    """torch on `threads` threads, tests/ importable; the peak RSS after importing it."""
     import resource
 
     import torch
 
     sys.path.insert(0, TESTS)
-    from ref.model import RefModel, loss
+    torch.set_num_threads(threads)
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
-    torch.set_num_threads(args.threads)
-    rss_import = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-    model = RefModel.from_dir(args.model)
-    tokens = np.fromfile(os.path.join(args.data, "part0", "sequence.bin"), dtype="<i4")
-    seq = torch.from_numpy(tokens.astype(np.int64))
-    n_windows = (len(tokens) - 1) // args.window
-    total = math.ceil(n_windows / args.batch)  # astrai-train's total_steps (one epoch)
+
+def peer_train(args, params, step_loss, total, rss_import):
+    """astrai-train's optimizer steps on the peer's side: step_loss(step) is step's loss, then
+    clipping, AdamW at the cosine lr of `total` steps; prints {"times": [...], "losses": [...],
+    ...} as JSON."""
+    import torch
+
+    params = list(params)
     # foreach: the multi-tensor AdamW, same arithmetic as the per-tensor loop, less overhead.
-    opt = torch.optim.AdamW(model.parameters(), lr=MAX_LR, betas=(0.9, 0.95), eps=1e-8,
+    opt = torch.optim.AdamW(params, lr=MAX_LR, betas=(0.9, 0.95), eps=1e-8,
                             weight_decay=WEIGHT_DECAY, foreach=True)
     times, losses = [], []
-    span = args.batch * args.window
     for step in range(args.warmup + args.steps):
-        chunk = seq[step * span:(step + 1) * span + 1]
-        x = chunk[:-1].view(args.batch, args.window)
-        y = chunk[1:].view(args.batch, args.window)  # window b's targets: its inputs shifted
-        l = loss(model.forward(x), y)
+        l = step_loss(step)
         l.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), MAX_GRAD_NORM)
+        torch.nn.utils.clip_grad_norm_(params, MAX_GRAD_NORM)
         for g in opt.param_groups:
             g["lr"] = cosine_lr(step, total)
         opt.step()
@@ -233,6 +252,29 @@ def peer_main(args):
         losses.append(float(l))
         times.append(time.time())
     print(json.dumps({"times": times, "losses": losses, "rss_after_import_bytes": rss_import}))
+
+
+def peer_main(args):
+    """Trains the reference model on the same batches astrai-train sees (shuffle off, so window
+    i of the dataset is sample i)."""
+    rss_import = peer_start(args.threads)
+    import torch
+    from ref.model import RefModel, loss
+
+    model = RefModel.from_dir(args.model)
+    tokens = np.fromfile(os.path.join(args.data, "part0", "sequence.bin"), dtype="<i4")
+    seq = torch.from_numpy(tokens.astype(np.int64))
+    n_windows = (len(tokens) - 1) // args.window
+    total = math.ceil(n_windows / args.batch)  # astrai-train's total_steps (one epoch)
+    span = args.batch * args.window
+
+    def step_loss(step):
+        chunk = seq[step * span:(step + 1) * span + 1]
+        x = chunk[:-1].view(args.batch, args.window)
+        y = chunk[1:].view(args.batch, args.window)  # window b's targets: its inputs shifted
+        return loss(model.forward(x), y)
+
+    peer_train(args, model.parameters(), step_loss, total, rss_import)
 
 
 # ------------------------------------------------------------------ report
@@ -283,8 +325,13 @@ def report(args, sgemm, flops, astrai, peer, load):
     if abs(astrai["loss_first"] - peer["loss_first"]) > 1e-3 * abs(peer["loss_first"]):
         print(f"warning: first-step losses differ (astrai {astrai['loss_first']:.5f}, pytorch "
               f"{peer['loss_first']:.5f}): the two sides did not train the same step")
+    warn_load(load, args.threads)
+
+
+def warn_load(load, threads):
+    """A warning when the 1-minute load average sampled around the runs passed our threads."""
     busiest = max(load.values())
-    if busiest > args.threads + 0.5:
+    if busiest > threads + 0.5:
         print(f"warning: 1-minute load average reached {busiest:.1f} on {os.cpu_count()} cores "
               f"during the run: other work shared the cores, the numbers are noisy")
 
@@ -293,14 +340,7 @@ def main(argv):
     args = parse_args(argv)
     if args.peer_worker:
         return peer_main(args)
-    args.build = os.path.abspath(args.build)
-    for name in ("astrai-model", "astrai-train", "bench_sgemm_peak"):
-        if not os.access(os.path.join(args.build, name), os.X_OK):
-            sys.exit(f"bench_train: {os.path.join(args.build, name)} not found (build first)")
-    if args.workdir and os.path.exists(args.workdir) and os.listdir(args.workdir):
-        sys.exit(f"bench_train: --workdir {args.workdir} is not empty")
-    root = args.workdir or tempfile.mkdtemp(prefix="astrai-bench-")
-    os.makedirs(root, exist_ok=True)
+    root = setup(args, "bench_train", ("astrai-model", "astrai-train", "bench_sgemm_peak"))
     try:
         model_dir = make_model(args.build, root)
         data_dir = make_dataset(root, (args.warmup + args.steps) * args.batch, args.window)

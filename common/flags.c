@@ -54,11 +54,13 @@ static bool same_name(const char *a, size_t len, const char *b) {
 
 static const Flag *find(const Flag *flags, size_t n, const char *name, size_t len) {
     for (size_t i = 0; i < n; i++)
-        if (same_name(name, len, flags[i].name)) return &flags[i];
+        if (flags[i].kind != FLAG_UNKNOWN && same_name(name, len, flags[i].name)) return &flags[i];
     return NULL;
 }
 
 static int unknown(const Flag *flags, size_t n, const char *arg, size_t len, Err *err) {
+    for (size_t i = 0; i < n; i++)
+        if (flags[i].kind == FLAG_UNKNOWN) return flags[i].parse(&flags[i], arg, err);
     char name[NAME_MAX_LEN];
     snprintf(name, sizeof name, "%.*s", (int)(len < sizeof name ? len : sizeof name - 1), arg);
     const char *near = flags_nearest(name, flags, n, sizeof *flags);
@@ -82,7 +84,7 @@ static int long_flag(const Flag *flags, size_t n, int argc, char **argv, int *i,
     bool negated = false;
     if (!f && !eq && len > 3 && same_name(arg, 3, "no-")) {
         f = find(flags, n, arg + 3, len - 3);
-        negated = f && f->kind == FLAG_SWITCH && f->negatable;
+        negated = f && f->negatable && (f->kind == FLAG_SWITCH || f->value_optional);
         if (!negated) f = NULL;
     }
     if (!f) return unknown(flags, n, arg, len, err);
@@ -92,6 +94,7 @@ static int long_flag(const Flag *flags, size_t n, int argc, char **argv, int *i,
         return 0;
     }
     if (eq) return set_value(f, eq + 1, err);
+    if (f->value_optional) return f->parse(f, negated ? "false" : "true", err);
     if (*i + 1 >= argc) return err_set(err, "--%s needs a value", f->name);
     return set_value(f, argv[++*i], err);
 }
@@ -106,6 +109,7 @@ static int short_flag(const Flag *flags, size_t n, int argc, char **argv, int *i
             *(bool *)f->target = true;
             return 0;
         }
+        if (f->value_optional) return f->parse(f, "true", err);
         if (*i + 1 >= argc) return err_set(err, "%s needs a value", arg);
         return set_value(f, argv[++*i], err);
     }
@@ -145,11 +149,14 @@ void flags_usage(FILE *out, const Flag *flags, size_t n) {
         if (!f->help) continue;
         char left[NAME_MAX_LEN * 2];
         const char *value = f->kind == FLAG_SWITCH ? "" : f->value_name ? f->value_name : "VALUE";
+        // " VALUE", or "[=VALUE]" when the value is optional
+        const char *before = !*value ? "" : f->value_optional ? "[=" : " ";
+        const char *after = *value && f->value_optional ? "]" : "";
         if (f->short_name)
-            snprintf(left, sizeof left, "-%c, --%s%s%s", f->short_name, f->name, *value ? " " : "",
-                     value);
+            snprintf(left, sizeof left, "-%c, --%s%s%s%s", f->short_name, f->name, before, value,
+                     after);
         else
-            snprintf(left, sizeof left, "--%s%s%s", f->name, *value ? " " : "", value);
+            snprintf(left, sizeof left, "--%s%s%s%s", f->name, before, value, after);
         fprintf(out, "  %-22s %s\n", left, f->help);
     }
 }

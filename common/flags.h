@@ -4,7 +4,8 @@
 // Forms: "--name VALUE" and "--name=VALUE" for a flag that takes a value, "--name" for a
 // switch (and "--no-name" when it is negatable), "-c" for a flag with a short name. '-' and
 // '_' are the same in names ("--max_restarts" is "--max-restarts"). "--" ends the flags;
-// "-" alone is an argument. An unknown flag is an error naming it and the nearest valid one.
+// "-" alone is an argument. An unknown flag is an error naming it and the nearest valid one,
+// unless the table has a FLAG_UNKNOWN entry, which takes it.
 #pragma once
 #include <stdbool.h>
 #include <stddef.h>
@@ -13,9 +14,11 @@
 #include "common/error.h"
 
 typedef enum {
-    FLAG_STRING, // takes a value: *(const char **)target = the argv string
-    FLAG_SWITCH, // takes no value: *(bool *)target = true ("--no-name": false, if negatable)
-    FLAG_PARSED, // takes a value, handed to parse()
+    FLAG_STRING,  // takes a value: *(const char **)target = the argv string
+    FLAG_SWITCH,  // takes no value: *(bool *)target = true ("--no-name": false, if negatable)
+    FLAG_PARSED,  // takes a value, handed to parse()
+    FLAG_UNKNOWN, // no name of its own: parse() gets every long flag that no other entry
+                  // names, as "name" or "name=value" (without "--"), to accept or refuse
 } FlagKind;
 
 typedef struct Flag Flag;
@@ -29,7 +32,10 @@ struct Flag {
     const char *help;       // the usage line; NULL: not listed
     const char *value_name; // "PATH" in "--socket PATH" (default "VALUE")
     char short_name;        // 'f': -f; 0: none
-    bool negatable;         // FLAG_SWITCH: --no-name sets false
+    bool negatable;         // FLAG_SWITCH, value_optional: --no-name sets false
+    // FLAG_PARSED: "--name" alone hands parse() "true" (and "--no-name", when negatable,
+    // "false") instead of taking the next argument; a value comes as "--name=VALUE" only.
+    bool value_optional;
 };
 
 // Parses argv[0..argc) (no program name) against flags[0..n). The arguments that are not

@@ -345,29 +345,26 @@ void dataset_close(Dataset *d) {
     *d = (Dataset){0};
 }
 
-// The first index of a[0..n) holding a value outside [0, limit), or -1.
-static int64_t first_outside(const int32_t *a, int64_t n, int limit) {
-    for (int64_t t = 0; a && t < n; t++)
-        if (a[t] < 0 || a[t] >= limit) return t;
-    return -1;
+// Fails naming the first value of key k (a[0..d->n_tokens)) outside [0, limit) and its
+// position; `what` names such a value, `limit_name` the limit. A key not loaded passes.
+static int check_key_range(const Dataset *d, const int32_t *a, int k, const char *what,
+                           const char *limit_name, int limit, Err *err) {
+    for (int64_t t = 0; a && t < d->n_tokens; t++)
+        if (a[t] < 0 || a[t] >= limit)
+            return err_set(err,
+                           "dataset: key '%s': %s %" PRId32 " at position %" PRId64
+                           " is outside [0, %s %d)",
+                           KEY_NAMES[k], what, a[t], t, limit_name, limit);
+    return 0;
 }
 
 int dataset_check_vocab(const Dataset *d, int vocab_size, Err *err) {
-    int64_t t = first_outside(d->sequence, d->n_tokens, vocab_size);
-    if (t < 0) return 0;
-    return err_set(err,
-                   "dataset: token id %" PRId32 " at position %" PRId64
-                   " is outside the vocabulary [0, %d)",
-                   d->sequence[t], t, vocab_size);
+    return check_key_range(d, d->sequence, KEY_SEQUENCE, "token id", "vocab_size", vocab_size, err);
 }
 
 int dataset_check_positions(const Dataset *d, int max_positions, Err *err) {
-    int64_t t = first_outside(d->position_ids, d->n_tokens, max_positions);
-    if (t < 0) return 0;
-    return err_set(err,
-                   "dataset: key 'position_ids': value %" PRId32 " at token %" PRId64
-                   " is outside [0, max_position_embeddings %d)",
-                   d->position_ids[t], t, max_positions);
+    return check_key_range(d, d->position_ids, KEY_POSITION_IDS, "position id",
+                           "max_position_embeddings", max_positions, err);
 }
 
 int64_t dataset_num_windows(int64_t n_tokens, int64_t window, int64_t stride) {

@@ -251,79 +251,85 @@ static int append_metric(TrainSpec *s, const KeyDef *k, const char *value, Err *
     return rc;
 }
 
-// -c FILE / --config FILE / --config=FILE at argv[i]: the path, else NULL.
-static const char *config_arg(int argc, char **argv, int *i) {
-    const char *a = argv[*i];
-    if (!strncmp(a, "--config=", 9)) return a + 9;
-    if (strcmp(a, "-c") && strcmp(a, "--config")) return NULL;
-    if (*i + 1 >= argc) return "";
-    return argv[++*i];
+// ---------------------------------------------------------------- astrai-train's command line
+
+// What the entries of astrai-train's flag table write to. argv is read twice: the first pass
+// applies -c/--config's YAML wherever it stands, the second every other flag over it.
+typedef struct {
+    TrainSpec *spec;
+    bool yaml_pass;     // the first pass
+    bool metrics_given; // a --metrics already read: the next one adds to it
+    bool help;
+} ArgsPass;
+
+// --KEY=VALUE (f->data: its KeyDef).
+static int parse_key_flag(const Flag *f, const char *value, Err *err) {
+    ArgsPass *p = f->target;
+    const KeyDef *k = f->data;
+    if (p->yaml_pass) return 0;
+    if (k->offset == F(metrics) && p->metrics_given) return append_metric(p->spec, k, value, err);
+    if (k->offset == F(metrics)) p->metrics_given = true;
+    return set_given(p->spec, k, value, err);
 }
 
-// The key of flag `arg` ("--x=v", "--x", "--no-x") into key; *negated for --no-x.
-static const KeyDef *flag_key(const char *arg, char *key, size_t cap, bool *negated, Err *err) {
-    const char *eq = strchr(arg + 2, '=');
-    size_t klen = eq ? (size_t)(eq - arg - 2) : strlen(arg + 2);
-    if (klen >= cap) {
-        err_set(err, "flag '%s' is too long", arg);
-        return NULL;
-    }
-    memcpy(key, arg + 2, klen);
-    key[klen] = 0;
-    *negated = false;
-    const KeyDef *k = find_key(key);
-    if (!k && !eq && !strncmp(key, "no-", 3)) {
-        k = find_key(key + 3);
-        if (k && k->type == KEY_BOOL)
-            *negated = true;
-        else
-            k = NULL;
-    }
-    if (!k) unknown_key(key, err);
-    return k;
+static int parse_config_flag(const Flag *f, const char *path, Err *err) {
+    ArgsPass *p = f->target;
+    if (!p->yaml_pass) return 0;
+    if (!*path) return err_set(err, "--config: missing file name");
+    return train_spec_apply_yaml(p->spec, path, err);
+}
+
+// A flag no key names ("name" or "name=value"): the same error as a JSON or YAML key.
+static int parse_unknown_flag(const Flag *f, const char *arg, Err *err) {
+    (void)f;
+    char name[128];
+    snprintf(name, sizeof name, "%.*s", (int)strcspn(arg, "="), arg);
+    return unknown_key(name, err);
+}
+
+#define N_EXTRA_FLAGS 4
+#define N_FLAGS (N_EXTRA_FLAGS + N_KEYS)
+
+// astrai-train's flag table: -c/--config, --dry-run, -h/--help, then one flag per key
+// (booleans: --key alone, --no-key, --key=true|false), and the unknown-flag error.
+static void args_flags(ArgsPass *p, Flag flags[N_FLAGS]) {
+    flags[0] = (Flag){.name = "config",
+                      .kind = FLAG_PARSED,
+                      .target = p,
+                      .parse = parse_config_flag,
+                      .short_name = 'c',
+                      .value_name = "FILE",
+                      .help = "AstrAI's YAML config (sections model, data, parallel, training, "
+                              "ckpt, log); flags on the command line win"};
+    flags[1] = (Flag){.name = "dry-run",
+                      .kind = FLAG_SWITCH,
+                      .target = &p->spec->dry_run,
+                      .help = "validate everything (files too), print the resolved "
+                              "configuration, do not train"};
+    flags[2] = (Flag){.name = "help", .kind = FLAG_SWITCH, .target = &p->help, .short_name = 'h'};
+    flags[3] = (Flag){.name = "KEY", .kind = FLAG_UNKNOWN, .parse = parse_unknown_flag};
+    for (size_t i = 0; i < N_KEYS; i++)
+        flags[N_EXTRA_FLAGS + i] = (Flag){.name = KEYS[i].name,
+                                          .kind = FLAG_PARSED,
+                                          .target = p,
+                                          .parse = parse_key_flag,
+                                          .data = &KEYS[i],
+                                          .negatable = KEYS[i].type == KEY_BOOL,
+                                          .value_optional = KEYS[i].type == KEY_BOOL};
 }
 
 int train_spec_parse_args(TrainSpec *s, int argc, char **argv, bool *help, Err *err) {
-    *help = false;
-    // The YAML first, wherever -c stands: the other flags win over it.
-    for (int i = 1; i < argc; i++) {
-        const char *path = config_arg(argc, argv, &i);
-        if (path && !*path) return err_set(err, "--config: missing file name");
-        if (path && train_spec_apply_yaml(s, path, err)) return -1;
+    ArgsPass p = {.spec = s, .yaml_pass = true};
+    Flag flags[N_FLAGS];
+    args_flags(&p, flags);
+    // flags_parse leaves argv as it was without arguments allowed: the second pass reads it.
+    int rc = flags_parse(flags, N_FLAGS, argc - 1, argv + 1, NULL, err);
+    if (!rc) {
+        p.yaml_pass = false;
+        rc = flags_parse(flags, N_FLAGS, argc - 1, argv + 1, NULL, err);
     }
-    bool metrics_on_cli = false;
-    for (int i = 1; i < argc; i++) {
-        const char *arg = argv[i];
-        if (!strcmp(arg, "--help") || !strcmp(arg, "-h")) {
-            *help = true;
-            continue;
-        }
-        if (!strcmp(arg, "--dry-run") || !strcmp(arg, "--dry_run")) {
-            s->dry_run = true;
-            continue;
-        }
-        if (config_arg(argc, argv, &i)) continue;
-        if (strncmp(arg, "--", 2) != 0 || !arg[2])
-            return err_set(err, "unexpected argument '%s' (flags look like --key=value)", arg);
-        char key[128];
-        bool negated;
-        const KeyDef *k = flag_key(arg, key, sizeof key, &negated, err);
-        if (!k) return -1;
-        const char *eq = strchr(arg + 2, '=');
-        const char *value = eq ? eq + 1 : NULL;
-        if (!value && k->type == KEY_BOOL) value = negated ? "false" : "true";
-        if (!value) {
-            if (i + 1 >= argc) return err_set(err, "%s: missing value", key);
-            value = argv[++i];
-        }
-        if (k->offset == F(metrics) && metrics_on_cli) {
-            if (append_metric(s, k, value, err)) return -1;
-            continue;
-        }
-        if (k->offset == F(metrics)) metrics_on_cli = true;
-        if (set_given(s, k, value, err)) return -1;
-    }
-    return 0;
+    *help = p.help;
+    return rc;
 }
 
 // ---------------------------------------------------------------- AstrAI's YAML config
@@ -601,12 +607,13 @@ cJSON *train_spec_to_json(const TrainSpec *s) {
 
 void train_spec_print_help(const char *prog) {
     printf("usage: %s --train_type=seq|sft --param_path=DIR --data_root_path=DIR [options]\n\n"
-           "Flags take --key=value or --key value; booleans also --key alone and --no-key.\n"
-           "  -c, --config FILE    AstrAI's YAML config (sections model, data, parallel,\n"
-           "                       training, ckpt, log); flags on the command line win\n"
-           "  --dry-run            validate everything (files too), print the resolved\n"
-           "                       configuration, do not train\n",
+           "Flags take --key=value or --key value; booleans also --key alone and --no-key.\n",
            prog);
+    TrainSpec unused;
+    ArgsPass p = {.spec = &unused};
+    Flag flags[N_FLAGS];
+    args_flags(&p, flags);
+    flags_usage(stdout, flags, N_EXTRA_FLAGS);
     for (size_t g = 0; g < sizeof YAML_SECTIONS / sizeof *YAML_SECTIONS; g++) {
         printf("\n%s:\n", YAML_SECTIONS[g]);
         for (size_t i = 0; i < N_KEYS; i++) {

@@ -95,9 +95,10 @@ void train_spec_free(TrainSpec *s);
 // Unknown key → error suggesting the nearest valid key; bad value → error naming it.
 int train_spec_set(TrainSpec *s, const char *key, const char *value, Err *err);
 
-// Parses astrai-train's argv (--flag=value, --flag value, boolean --flag and --no-flag,
-// -c/--config FILE: AstrAI's YAML, applied first so that the other flags win; --dry-run).
-// Sets *help when --help/-h is given.
+// Parses astrai-train's argv with common/flags, one flag per key of the table (--key=value,
+// --key value, boolean --key, --no-key and --key=true|false; '-' and '_' alike), -c/--config
+// FILE (AstrAI's YAML, applied first so that the other flags win) and --dry-run. An unknown
+// flag is an unknown key, named with the nearest one. Sets *help when --help/-h is given.
 int train_spec_parse_args(TrainSpec *s, int argc, char **argv, bool *help, Err *err);
 
 // Applies the keys of a JSON object (job spec). Keys in `ignore` (NULL-terminated,

@@ -139,6 +139,60 @@ static void test_help_and_usage(void) {
               "%s", text);
 }
 
+// A FLAG_PARSED with value_optional: "--name" alone is "true", "--no-name" "false", a value
+// only with '='; and a FLAG_UNKNOWN entry that takes every other long flag.
+static int record(const Flag *f, const char *value, Err *err) {
+    (void)err;
+    snprintf(f->target, 64, "%s", value);
+    return 0;
+}
+
+static int refuse(const Flag *f, const char *arg, Err *err) {
+    (void)f;
+    return err_set(err, "no key '%s'", arg);
+}
+
+static void test_optional_value_and_unknown(void) {
+    char strict[64];
+    Flag f[] = {{.name = "strict",
+                 .kind = FLAG_PARSED,
+                 .target = strict,
+                 .parse = record,
+                 .short_name = 's',
+                 .negatable = true,
+                 .value_optional = true,
+                 .help = "be strict"},
+                {.name = "other", .kind = FLAG_UNKNOWN, .parse = refuse}};
+    const char *cases[][2] = {{"--strict", "true"},
+                              {"--no-strict", "false"},
+                              {"--strict=off", "off"},
+                              {"-s", "true"},
+                              {"--strict=", ""}};
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        char *argv[] = {(char *)cases[i][0], "x", NULL};
+        int n;
+        Err err = {0};
+        strict[0] = '?';
+        CHECK_MSG(flags_parse(f, 2, 2, argv, &n, &err) == 0 && !strcmp(strict, cases[i][1]) &&
+                      n == 1 && !strcmp(argv[0], "x"), // the next argument is not its value
+                  "%s: '%s' %s", cases[i][0], strict, err.msg);
+    }
+    const char *unknown[][2] = {{"--stric=1", "no key 'stric=1'"},
+                                {"--no-other", "no key 'no-other'"},
+                                {"--other", "no key 'other'"}}; // no name of its own
+    for (size_t i = 0; i < sizeof unknown / sizeof *unknown; i++) {
+        char *argv[] = {(char *)unknown[i][0], NULL};
+        Err err = {0};
+        CHECK_MSG(flags_parse(f, 2, 1, argv, NULL, &err) == -1 && !strcmp(err.msg, unknown[i][1]),
+                  "%s: '%s'", unknown[i][0], err.msg);
+    }
+    char text[256] = {0};
+    FILE *mem = fmemopen(text, sizeof text - 1, "w");
+    flags_usage(mem, f, 2);
+    fclose(mem);
+    CHECK_MSG(strstr(text, "-s, --strict[=VALUE]") && !strstr(text, "other"), "%s", text);
+}
+
 static void test_buf(void) {
     Buf b = {0};
     char expect[5000];
@@ -177,6 +231,7 @@ int main(void) {
     test_errors();
     test_argv_untouched();
     test_help_and_usage();
+    test_optional_value_and_unknown();
     test_buf();
     CHECK_DONE();
 }

@@ -165,8 +165,23 @@ def check_table(model, data, root):
           f"spellings: {conf}")
     p = run(base(model, data, root) + ["--no-max_lr", "--dry-run"], 2)
     check("unknown key" in p.stderr, f"--no-max_lr: {p.stderr!r}")
+    # '-' is '_' in names (as in every binary); --key=true|false for booleans; a boolean alone
+    # does not take the next argument; a typo is named with the nearest key.
+    p = run(base(model, data, root) + ["--max-lr", "5e-4", "--shuffle=false",
+                                        "--gradient-checkpointing", "--dry_run"], 0)
+    conf = resolved(p.stdout)
+    check(same(conf.get("max_lr"), "5e-4") and conf.get("shuffle") == "false"
+          and conf.get("gradient_checkpointing") == "true", f"spellings: {conf}")
+    p = run(base(model, data, root) + ["--shuffle", "false", "--dry-run"], 2)
+    check("unexpected argument 'false'" in p.stderr, f"--shuffle false: {p.stderr!r}")
+    p = run(base(model, data, root) + ["--max_lrr=1", "--dry-run"], 2)
+    check("unknown key 'max_lrr' (did you mean 'max_lr'?)" in p.stderr, f"typo: {p.stderr!r}")
+    p = run(base(model, data, root) + ["--max_lr"], 2)
+    check("--max_lr needs a value" in p.stderr, f"--max_lr without value: {p.stderr!r}")
     # --help groups as AstrAI's config sections.
     out = run(["--help"], 0).stdout
+    check(out == run(["-h"], 0).stdout and "-c, --config FILE" in out and "--dry-run" in out,
+          f"--help: {out[:400]!r}")
     for group in ("model:", "data:", "parallel:", "training:", "ckpt:", "log:"):
         check(f"\n{group}\n" in out, f"--help lacks group {group}")
     # --dry-run checks files: bad model dir, bad data root, unwritable ckpt_dir.

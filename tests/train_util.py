@@ -122,31 +122,25 @@ def cosine_factor(t, total, warmup_ratio, min_rate):
     return max(min_rate, 0.5 * (1 + math.cos(math.pi * p)))
 
 
-def reference_training(model_dir, tokens, window, batch, accum, steps_limit, optimizer, max_lr,
-                       weight_decay, max_grad_norm, seed, shuffle=True, warmup_ratio=0.05,
-                       min_rate=0.01, n_epoch=1, neftune_alpha=0.0):
-    """Trains RefModel like astrai-train does (one rank); returns (rows, model)."""
-    torch.manual_seed(0)
-    model = RefModel.from_dir(model_dir)
-    samples = windows(tokens, window, window)
-    n = len(samples)
+def reference_loop(model, n, batch, accum, steps_limit, optimizer, max_lr, weight_decay,
+                   max_grad_norm, seed, micro_loss, shuffle=True, warmup_ratio=0.05,
+                   min_rate=0.01, n_epoch=1):
+    """astrai-train's steps (one rank) over n samples: the sampler's order, micro-batches of
+    `batch` samples, `accum` of them per step, clipping, the cosine lr, at most steps_limit
+    steps. micro_loss(idx, consumed) is (loss, {metric: float}) of the samples idx, consumed
+    those read before them; a step row has the mean loss and metrics over its micro-batches."""
     total = (math.ceil(n / batch) // accum) * n_epoch
     opt = make_optimizer(optimizer, list(model.named_parameters()), lr=max_lr,
                          weight_decay=weight_decay)
-    rows, step, micro, loss_sum, consumed = [], 0, 0, 0.0, 0
+    rows, step, micro, consumed, sums = [], 0, 0, 0, {}
     for epoch in range(n_epoch):
         order = ref_sampler.rank_order(n, 1, 0, seed, epoch, shuffle)
-        for b0 in range(0, len(order), batch):
+        for b0 in range(0, n, batch):
             idx = order[b0:b0 + batch]
-            x = torch.tensor(np.stack([samples[i][0] for i in idx]))
-            y = torch.tensor(np.stack([samples[i][1] for i in idx]))
-            noise = None
-            if neftune_alpha > 0:
-                noise = ref_noise.neftune_noise(neftune_alpha, seed, consumed, x.shape[0],
-                                                x.shape[1], model.cfg["hidden_size"])
-            loss = ref_loss(model.forward(x, embed_noise=noise), y)
+            loss, metrics = micro_loss(idx, consumed)
             (loss / accum).backward()
-            loss_sum += float(loss)
+            for key, value in {"loss": float(loss), **metrics}.items():
+                sums[key] = sums.get(key, 0.0) + value
             consumed += len(idx)
             micro += 1
             if micro % accum:
@@ -156,11 +150,36 @@ def reference_training(model_dir, tokens, window, batch, accum, steps_limit, opt
             opt.step(lr)
             opt.zero_grad()
             step += 1
-            rows.append({"step": step, "epoch": epoch, "loss": loss_sum / accum, "lr": lr,
-                         "grad_norm": norm, "consumed_samples": consumed})
-            loss_sum = 0.0
+            row = {"step": step, "epoch": epoch, "lr": lr, "grad_norm": norm,
+                   "consumed_samples": consumed}
+            row.update({key: value / accum for key, value in sums.items()})
+            rows.append(row)
+            sums = {}
             if step == steps_limit:
-                return rows, model
+                return rows
+    return rows
+
+
+def reference_training(model_dir, tokens, window, batch, accum, steps_limit, optimizer, max_lr,
+                       weight_decay, max_grad_norm, seed, shuffle=True, warmup_ratio=0.05,
+                       min_rate=0.01, n_epoch=1, neftune_alpha=0.0):
+    """Trains RefModel like astrai-train does (one rank); returns (rows, model)."""
+    torch.manual_seed(0)
+    model = RefModel.from_dir(model_dir)
+    samples = windows(tokens, window, window)
+
+    def micro_loss(idx, consumed):
+        x = torch.tensor(np.stack([samples[i][0] for i in idx]))
+        y = torch.tensor(np.stack([samples[i][1] for i in idx]))
+        noise = None
+        if neftune_alpha > 0:
+            noise = ref_noise.neftune_noise(neftune_alpha, seed, consumed, x.shape[0],
+                                            x.shape[1], model.cfg["hidden_size"])
+        return ref_loss(model.forward(x, embed_noise=noise), y), {}
+
+    rows = reference_loop(model, len(samples), batch, accum, steps_limit, optimizer, max_lr,
+                          weight_decay, max_grad_norm, seed, micro_loss, shuffle, warmup_ratio,
+                          min_rate, n_epoch)
     return rows, model
 
 

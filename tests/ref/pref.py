@@ -15,15 +15,11 @@ The reference model (and GRPO's old policy: offline, both are the frozen initial
 without gradients.
 """
 
-import math
-
 import torch
 import torch.nn.functional as F
 
-from ref import sampler as ref_sampler
 from ref.model import RefModel
-from ref.optim import clip_grad_norm, make_optimizer
-from train_util import cosine_factor
+from train_util import reference_loop
 
 ADV_EPS = 1e-8  # AstrAI's eps of the advantage's std and of the KL's log
 
@@ -129,36 +125,11 @@ def reference_pref_training(model_dir, kind, records, window, batch, accum, step
     reference = RefModel.from_dir(model_dir)
     for p in reference.parameters():
         p.requires_grad_(False)
-    n = len(records)
-    total = (math.ceil(n / batch) // accum) * n_epoch
-    opt = make_optimizer(optimizer, list(policy.named_parameters()), lr=max_lr,
-                         weight_decay=weight_decay)
-    rows, step, micro, consumed = [], 0, 0, 0
-    sums = dict.fromkeys(("loss",) + METRICS[kind], 0.0)
-    for epoch in range(n_epoch):
-        order = ref_sampler.rank_order(n, 1, 0, seed, epoch, shuffle)
-        for b0 in range(0, n, batch):
-            idx = order[b0:b0 + batch]
-            loss, metrics = loss_fn(policy, reference, [records[i] for i in idx], window, **knobs)
-            (loss / accum).backward()
-            sums["loss"] += float(loss)
-            for key, value in metrics.items():
-                sums[key] += value
-            consumed += len(idx)
-            micro += 1
-            if micro % accum:
-                continue
-            norm = clip_grad_norm(list(policy.parameters()), max_grad_norm)
-            lr = max_lr * cosine_factor(step, total, warmup_ratio, min_rate)
-            opt.step(lr)
-            opt.zero_grad()
-            step += 1
-            row = {"step": step, "epoch": epoch, "lr": lr, "grad_norm": norm,
-                   "consumed_samples": consumed}
-            row.update({key: value / accum for key, value in sums.items()})
-            rows.append(row)
-            sums = dict.fromkeys(sums, 0.0)
-            if step == steps_limit:
-                return rows, policy
-    return rows, policy
+
+    def micro_loss(idx, consumed):
+        return loss_fn(policy, reference, [records[i] for i in idx], window, **knobs)
+
+    rows = reference_loop(policy, len(records), batch, accum, steps_limit, optimizer, max_lr,
+                          weight_decay, max_grad_norm, seed, micro_loss, shuffle, warmup_ratio,
+                          min_rate, n_epoch)
     return rows, policy
