@@ -6,7 +6,8 @@ One run measures, while a job trains through astraid:
      and connection each): p50/p99/max latency and requests/s with 1 client and with 64
      clients sending back to back (throughput: with 64 clients the latency is mostly
      queueing, p50 ~ 64 / throughput), and with 64 clients each sending one request every
-     --interval-ms (64 users of `astraictl status`/`watch`: the latency they see);
+     --interval-ms (64 users of `astraictl status`/`watch`: the latency they see); each with
+     astraid's CPU time per request;
   2. training tokens/s of a job run through astraid vs the same astrai-train command run
      alone, one after the other (never side by side), both read from their progress.db
      (median tokens_per_s over the steps after the warm-up).
@@ -18,6 +19,7 @@ round of each side is reported too.
 import argparse
 import json
 import os
+import shutil
 import sqlite3
 import statistics
 import subprocess
@@ -51,13 +53,25 @@ def parse_args():
     return p.parse_args()
 
 
-def round_trips(build, path, job, clients, total, interval_ms=0):
+def cpu_s(pid):
+    """CPU seconds (user + system) process pid has used so far."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def round_trips(build, d, job, clients, total, interval_ms=0):
     """`status` round trips from C clients (bench/status_latency.c), one connection each;
-    interval_ms 0: back to back, else one request per client every interval_ms."""
-    out = subprocess.run([os.path.join(build, "bench_status_latency"), path, str(job),
+    interval_ms 0: back to back, else one request per client every interval_ms. Also the
+    CPU time astraid spent per request (its whole process: the loop and its threadpool's
+    progress.db polls): what the machine's load does not change much, unlike the tails."""
+    cpu0 = cpu_s(d.proc.pid)
+    out = subprocess.run([os.path.join(build, "bench_status_latency"), d.socket, str(job),
                           str(clients), str(max(1, total // clients)), str(interval_ms)],
                          capture_output=True, text=True, check=True)
-    return json.loads(out.stdout)
+    r = json.loads(out.stdout)
+    r["astraid_cpu_us_per_req"] = (cpu_s(d.proc.pid) - cpu0) / r["requests"] * 1e6
+    return r
 
 
 def tokens_per_s(progress_db, warmup):
@@ -115,10 +129,10 @@ def main():
     # 1. round trips while a job trains (a long background job on the second slot)
     busy = c.call("submit", dict(train, n_epoch=1000, name="background"))["job"]
     du.wait_job(c, busy, ["running"], pred=lambda j: j["step"] > 0)
-    out["status_1_client"] = round_trips(a.build, d.socket, busy, 1, a.requests)
-    out["status_64_clients"] = round_trips(a.build, d.socket, busy, 64, a.requests * 4)
+    out["status_1_client"] = round_trips(a.build, d, busy, 1, a.requests)
+    out["status_64_clients"] = round_trips(a.build, d, busy, 64, a.requests * 4)
     paced = int(a.paced_s * 1000 / a.interval_ms) * 64
-    out["status_64_paced"] = round_trips(a.build, d.socket, busy, 64, paced, a.interval_ms)
+    out["status_64_paced"] = round_trips(a.build, d, busy, 64, paced, a.interval_ms)
     assert c.call("status", {"job": busy})["state"] == "running"
     c.call("cancel", {"job": busy})
     du.wait_job(c, busy, ["cancelled"], pred=lambda j: not j["devices"])
@@ -128,13 +142,16 @@ def main():
     out["load_avg_end"] = os.getloadavg()[0]
     c.close()
     d.stop()
+    shutil.rmtree(root, ignore_errors=True)
     print(json.dumps(out, indent=1))
     s1, s64, sp = out["status_1_client"], out["status_64_clients"], out["status_64_paced"]
     print(f"status 1 client: p50 {s1['p50_ms']:.3f} ms p99 {s1['p99_ms']:.3f} ms "
           f"{s1['req_per_s']:.0f} req/s | 64 clients back to back: p50 {s64['p50_ms']:.3f} ms "
           f"p99 {s64['p99_ms']:.3f} ms {s64['req_per_s']:.0f} req/s | 64 clients every "
           f"{sp['interval_ms']:g} ms: p50 {sp['p50_ms']:.3f} ms p99 {sp['p99_ms']:.3f} ms "
-          f"max {sp['max_ms']:.3f} ms")
+          f"max {sp['max_ms']:.3f} ms | astraid CPU per request {s1['astraid_cpu_us_per_req']:.0f} / "
+          f"{s64['astraid_cpu_us_per_req']:.0f} / {sp['astraid_cpu_us_per_req']:.0f} us | load "
+          f"{out['load_avg_start']:.1f} -> {out['load_avg_end']:.1f}")
     t = out.get("training")
     if t:
         print(f"tokens/s alone {t['alone_tokens_per_s']:.0f} vs astraid {t['astraid_tokens_per_s']:.0f} "

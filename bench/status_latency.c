@@ -54,15 +54,20 @@ static int connect_unix(const char *path) {
     return fd;
 }
 
-// Reads one reply line into buf (its start kept; the rest of a long line dropped): 0, or -1.
+// Reads one reply line into buf (its start kept, NUL-terminated; the rest of a long line
+// dropped): 0, or -1. Reads as much as has arrived at once: a byte per read() would cost
+// the client more than astraid takes to answer. One request is in flight at a time, so
+// nothing follows the newline.
 static int read_line(int fd, char *buf, size_t cap) {
     size_t n = 0;
+    char chunk[4096];
     for (;;) {
-        char c;
-        ssize_t r = read(fd, &c, 1);
+        ssize_t r = read(fd, chunk, sizeof chunk);
         if (r <= 0) return -1;
-        if (c == '\n') break;
-        if (n + 1 < cap) buf[n++] = c;
+        size_t take = n + (size_t)r < cap ? (size_t)r : cap - 1 - n;
+        memcpy(buf + n, chunk, take);
+        n += take;
+        if (memchr(chunk, '\n', (size_t)r)) break;
     }
     buf[n] = 0;
     return 0;

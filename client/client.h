@@ -27,11 +27,23 @@ typedef struct {
     // command options
     bool wait, follow;
     const char *state;
-    long rank, tail; // -1 when not given
-    unsigned given;  // OPT_* bits of the command options on the command line
+    long rank, tail;          // -1 when not given
+    const char *metric, *svg; // plot
+    long width, height;       // plot: -1 when not given
+    unsigned given;           // OPT_* bits of the command options on the command line
 } Options;
 
-enum { OPT_WAIT = 1, OPT_FOLLOW = 2, OPT_STATE = 4, OPT_RANK = 8, OPT_TAIL = 16 };
+enum {
+    OPT_WAIT = 1,
+    OPT_FOLLOW = 2,
+    OPT_STATE = 4,
+    OPT_RANK = 8,
+    OPT_TAIL = 16,
+    OPT_METRIC = 32,
+    OPT_SVG = 64,
+    OPT_WIDTH = 128,
+    OPT_HEIGHT = 256,
+};
 
 // Called for each server push (a message without id) while waiting.
 typedef void (*PushHandler)(const char *method, const cJSON *params, void *ctx);

@@ -2,13 +2,19 @@
 // for watch, logs -f and submit --wait/--follow) rendered for humans or as --json.
 #include <cjson/cJSON.h>
 #include <errno.h>
+#include <langinfo.h>
+#include <locale.h>
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/ioctl.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "client/client.h"
+#include "client/plot.h"
 #include "common/buf.h"
+#include "common/fsutil.h"
 #include "proto/job_spec.h"
 
 static int fail(int code, const Err *err) {
@@ -69,9 +75,13 @@ static long job_id_of(const cJSON *job) {
     return cJSON_IsNumber(id) ? (long)id->valuedouble : -1;
 }
 
+// The terminal's width in cells: TIOCGWINSZ of stdout, else $COLUMNS, else 80.
 static int terminal_width(void) {
     struct winsize ws;
-    return ioctl(STDOUT_FILENO, TIOCGWINSZ, &ws) == 0 && ws.ws_col > 0 ? ws.ws_col : 80;
+    if (ioctl(STDOUT_FILENO, TIOCGWINSZ, &ws) == 0 && ws.ws_col > 0) return ws.ws_col;
+    const char *columns = getenv("COLUMNS");
+    long n = columns ? strtol(columns, NULL, 10) : 0;
+    return n > 0 && n <= 10000 ? (int)n : 80;
 }
 
 // Moves back to the first bar and rewrites every bar (the last without a newline,
@@ -412,6 +422,207 @@ static int cmd_watch(char **args, const Options *o) {
     return rc ? fail(rc, &err) : EXIT_OK;
 }
 
+// ---------------------------------------------------------------- plot
+
+#define PLOT_PAGE 10000     // steps asked for in one history request (its largest limit)
+#define PLOT_POLL_MS 1000   // --follow: between looks for new steps
+#define PLOT_MAX_WIDTH 1000 // --width
+#define PLOT_MAX_HEIGHT 500 // --height
+#define PLOT_HEIGHT 20      // lines, unless --height (or a shorter terminal) says
+#define SVG_WIDTH 960       // pixels of --svg
+#define SVG_HEIGHT 480
+
+static const char *const PLOT_METRICS[] = {"loss", "val_loss", "lr", "grad_norm", "tokens_per_s"};
+
+typedef struct {
+    long job;
+    const char *metric;
+    PlotPoint *points; // (n,) the metric at each step that has it (NaN: null, a gap)
+    size_t n, cap;
+    long last_step; // of the newest row read: since_step of the next page
+    cJSON *rows;    // --json: every row read (else NULL: none kept)
+    cJSON *status;  // the job's latest JOB object
+} PlotData;
+
+// The rows after last_step, every page of them (since_step paging, until "more" is false);
+// *got: rows read.
+static int fetch_history(Client *c, PlotData *p, size_t *got, Err *err) {
+    *got = 0;
+    for (bool more = true; more;) {
+        cJSON *params = job_params(p->job), *result = NULL;
+        cJSON_AddNumberToObject(params, "since_step", (double)p->last_step);
+        cJSON_AddNumberToObject(params, "limit", PLOT_PAGE);
+        int rc = client_call(c, "history", params, &result, err);
+        if (rc) return rc;
+        cJSON *steps = cJSON_GetObjectItemCaseSensitive(result, "steps"), *row;
+        size_t before = *got;
+        while ((row = cJSON_DetachItemFromArray(steps, 0))) {
+            const cJSON *step = cJSON_GetObjectItemCaseSensitive(row, "step");
+            const cJSON *v = cJSON_GetObjectItemCaseSensitive(row, p->metric);
+            // a step not after the last one read: not a page of this curve
+            if (!cJSON_IsNumber(step) || step->valuedouble <= (double)p->last_step) {
+                cJSON_Delete(row);
+                continue;
+            }
+            p->last_step = (long)step->valuedouble;
+            (*got)++;
+            // val_loss exists only at the validation steps; null is a gap
+            if (v && buf_reserve(&p->points, &p->cap, p->n + 1, sizeof *p->points)) {
+                cJSON_Delete(row);
+                cJSON_Delete(result);
+                return err_set(err, "out of memory"), EXIT_DAEMON_ERROR;
+            }
+            if (v)
+                p->points[p->n++] =
+                    (PlotPoint){p->last_step, cJSON_IsNumber(v) ? v->valuedouble : NAN};
+            if (p->rows)
+                cJSON_AddItemToArray(p->rows, row);
+            else
+                cJSON_Delete(row);
+        }
+        more = cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(result, "more")) && *got > before;
+        cJSON_Delete(result);
+    }
+    return EXIT_OK;
+}
+
+static const char *status_string(const cJSON *job, const char *key) {
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(job, key);
+    return cJSON_IsString(v) ? v->valuestring : "?";
+}
+
+static double status_number(const cJSON *job, const char *key) {
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(job, key);
+    return cJSON_IsNumber(v) ? v->valuedouble : 0;
+}
+
+// "job 3 tiny | loss 2.861 | running | step 40/400 | restarts 1"
+static void plot_title(const PlotData *p, char *out, size_t cap) {
+    char last[32] = "-";
+    for (size_t i = p->n; i-- > 0;)
+        if (isfinite(p->points[i].value)) {
+            snprintf(last, sizeof last, "%.4g", p->points[i].value);
+            break;
+        }
+    snprintf(out, cap, "job %ld %s | %s %s | %s | step %.0f/%.0f | restarts %.0f", p->job,
+             status_string(p->status, "name"), p->metric, last, status_string(p->status, "state"),
+             status_number(p->status, "step"), status_number(p->status, "total_steps"),
+             status_number(p->status, "restarts"));
+}
+
+typedef struct {
+    int width, height;
+    bool utf8, tty;
+    int drawn; // lines of the chart on the terminal (tty: redrawn in place)
+} PlotOut;
+
+// The chart on stdout: on a terminal over the one drawn before (cursor up, clear below).
+static int draw_text(const PlotSeries *s, PlotOut *out, Err *err) {
+    char *text = plot_text(s, out->width, out->height, out->utf8);
+    if (!text) return err_set(err, "out of memory"), EXIT_DAEMON_ERROR;
+    if (out->tty && out->drawn) printf("\033[%dA\r\033[J", out->drawn);
+    fputs(text, stdout);
+    fflush(stdout);
+    out->drawn = 0;
+    for (const char *c = text; *c; c++)
+        out->drawn += *c == '\n';
+    free(text);
+    return EXIT_OK;
+}
+
+static int write_svg(const PlotSeries *s, const char *path, Err *err) {
+    char *svg = plot_svg(s, SVG_WIDTH, SVG_HEIGHT);
+    if (!svg) return err_set(err, "out of memory"), EXIT_DAEMON_ERROR;
+    int rc = fs_write_file_atomic(path, svg, strlen(svg), err);
+    free(svg);
+    return rc ? EXIT_DAEMON_ERROR : EXIT_OK;
+}
+
+// The size of the terminal chart: --width/--height, else the terminal's (a chart that
+// fits under the prompt).
+static int plot_size(const Options *o, PlotOut *out, Err *err) {
+    struct winsize ws;
+    int rows = ioctl(STDOUT_FILENO, TIOCGWINSZ, &ws) == 0 && ws.ws_row > 0 ? ws.ws_row : 0;
+    out->width = o->width >= 0 ? (int)o->width : terminal_width();
+    out->height = o->height >= 0                       ? (int)o->height
+                  : rows > 1 && rows - 1 < PLOT_HEIGHT ? rows - 1
+                                                       : PLOT_HEIGHT;
+    if (o->width < 0) // the terminal's: as much of it as a chart may take
+        out->width = out->width < PLOT_MIN_WIDTH   ? PLOT_MIN_WIDTH
+                     : out->width > PLOT_MAX_WIDTH ? PLOT_MAX_WIDTH
+                                                   : out->width;
+    if (o->height < 0 && out->height < PLOT_MIN_HEIGHT) out->height = PLOT_MIN_HEIGHT;
+    if (out->width < PLOT_MIN_WIDTH || out->width > PLOT_MAX_WIDTH)
+        return err_set(err, "--width: %ld is not in [%d, %d]", o->width, PLOT_MIN_WIDTH,
+                       PLOT_MAX_WIDTH);
+    if (out->height < PLOT_MIN_HEIGHT || out->height > PLOT_MAX_HEIGHT)
+        return err_set(err, "--height: %ld is not in [%d, %d]", o->height, PLOT_MIN_HEIGHT,
+                       PLOT_MAX_HEIGHT);
+    return 0;
+}
+
+static int check_metric(const char *metric, Err *err) {
+    for (size_t i = 0; i < sizeof PLOT_METRICS / sizeof *PLOT_METRICS; i++)
+        if (!strcmp(metric, PLOT_METRICS[i])) return 0;
+    return err_set(err, "--metric: '%s' is not one of loss, val_loss, lr, grad_norm, tokens_per_s",
+                   metric);
+}
+
+// The job's status and its new steps, then the chart (the SVG) when either changed; with
+// --follow again every PLOT_POLL_MS until the job is final (its last steps are read after
+// the status that says so).
+static int plot_loop(Client *c, PlotData *p, PlotOut *out, const Options *o, Err *err) {
+    char title[1024], shown[1024] = "";
+    for (bool first = true;; first = false) {
+        cJSON *status = NULL;
+        size_t got = 0;
+        int rc = client_call(c, "status", job_params(p->job), &status, err);
+        if (rc) return rc;
+        cJSON_Delete(p->status);
+        p->status = status;
+        if ((rc = fetch_history(c, p, &got, err))) return rc;
+        plot_title(p, title, sizeof title);
+        PlotSeries s = {title, p->points, p->n};
+        if ((o->svg || !o->json) && (first || got || strcmp(title, shown))) {
+            rc = o->svg ? write_svg(&s, o->svg, err) : draw_text(&s, out, err);
+            if (rc) return rc;
+            snprintf(shown, sizeof shown, "%s", title);
+        }
+        if (!o->follow || job_state_is_final(status_string(status, "state"))) return EXIT_OK;
+        nanosleep(&(struct timespec){PLOT_POLL_MS / 1000, PLOT_POLL_MS % 1000 * 1000000L}, NULL);
+    }
+}
+
+static int cmd_plot(char **args, const Options *o) {
+    Err err;
+    PlotData p = {.metric = o->metric ? o->metric : "loss"};
+    PlotOut out = {.tty = isatty(STDOUT_FILENO)};
+    if (parse_job_id(args[0], &p.job, &err) || check_metric(p.metric, &err) ||
+        plot_size(o, &out, &err))
+        return fail(EXIT_USAGE, &err);
+    setlocale(LC_CTYPE, ""); // braille where the locale speaks UTF-8
+    out.utf8 = !strcmp(nl_langinfo(CODESET), "UTF-8");
+    if (o->json && !(p.rows = cJSON_CreateArray()))
+        return err_set(&err, "out of memory"), fail(EXIT_DAEMON_ERROR, &err);
+    Client c;
+    int rc = client_open(&c, o, &err);
+    if (!rc) rc = plot_loop(&c, &p, &out, o, &err);
+    client_close(&c);
+    if (!rc && o->json) {
+        cJSON *all = cJSON_CreateObject();
+        cJSON_AddNumberToObject(all, "job", (double)p.job);
+        cJSON_AddItemReferenceToObject(all, "steps", p.rows);
+        print_json(all);
+        cJSON_Delete(all);
+    }
+    if (!rc && o->svg && !o->json)
+        printf("job %ld: %zu points of %s written to %s\n", p.job, p.n, p.metric, o->svg);
+    free(p.points);
+    cJSON_Delete(p.rows);
+    cJSON_Delete(p.status);
+    return rc ? fail(rc, &err) : EXIT_OK;
+}
+
 // ---------------------------------------------------------------- dispatch
 
 typedef struct {
@@ -432,6 +643,7 @@ static const Command COMMANDS[] = {
     {"logs", 1, 1, OPT_RANK | OPT_TAIL | OPT_FOLLOW},
     {"watch", 0, 1, 0},
     {"daemon", 0, 0, 0},
+    {"plot", 1, 1, OPT_FOLLOW | OPT_METRIC | OPT_SVG | OPT_WIDTH | OPT_HEIGHT},
 };
 
 static int dispatch(const char *name, char **args, const Options *o) {
@@ -442,6 +654,7 @@ static int dispatch(const char *name, char **args, const Options *o) {
     if (!strcmp(name, "watch")) return cmd_watch(args, o);
     if (!strcmp(name, "daemon")) return cmd_daemon(o);
     if (!strcmp(name, "rm")) return cmd_rm(args, o);
+    if (!strcmp(name, "plot")) return cmd_plot(args, o);
     return cmd_verb(name, args, o); // pause, resume, checkpoint, cancel
 }
 
@@ -458,8 +671,10 @@ int run_command(const char *name, int argc, char **argv, const Options *o) {
                 cmd->min_args, cmd->max_args, argc);
         return EXIT_USAGE;
     }
-    static const char *const option_names[] = {"--wait", "--follow", "--state", "--rank", "--tail"};
-    for (int bit = 0; bit < 5; bit++)
+    static const char *const option_names[] = {"--wait", "--follow", "--state",
+                                               "--rank", "--tail",   "--metric",
+                                               "--svg",  "--width",  "--height"};
+    for (int bit = 0; bit < (int)(sizeof option_names / sizeof *option_names); bit++)
         if (o->given & ~cmd->options & (1u << bit)) {
             fprintf(stderr, "astraictl %s: %s does not apply to this command\n", name,
                     option_names[bit]);

@@ -27,7 +27,7 @@ static int parse_timeout(const Flag *f, const char *text, Err *err) {
 }
 
 // The flags of astraictl, global and of the commands alike (they may stand anywhere).
-#define N_FLAGS 11
+#define N_FLAGS 15
 static void flag_table(Options *o, bool *help, Flag flags[N_FLAGS]) {
     const Flag table[N_FLAGS] = {
         {.name = "socket",
@@ -56,6 +56,10 @@ static void flag_table(Options *o, bool *help, Flag flags[N_FLAGS]) {
         {.name = "state", .kind = FLAG_STRING, .target = &o->state},
         {.name = "rank", .kind = FLAG_PARSED, .target = &o->rank, .parse = parse_count},
         {.name = "tail", .kind = FLAG_PARSED, .target = &o->tail, .parse = parse_count},
+        {.name = "metric", .kind = FLAG_STRING, .target = &o->metric},
+        {.name = "svg", .kind = FLAG_STRING, .target = &o->svg},
+        {.name = "width", .kind = FLAG_PARSED, .target = &o->width, .parse = parse_count},
+        {.name = "height", .kind = FLAG_PARSED, .target = &o->height, .parse = parse_count},
         {.name = "help", .kind = FLAG_SWITCH, .target = help, .short_name = 'h'},
     };
     memcpy(flags, table, sizeof table);
@@ -72,6 +76,9 @@ static void usage(FILE *out, const Flag *flags) {
             "  rm JOB                              remove a finished job (its checkpoints stay)\n"
             "  logs JOB [--rank R] [--tail N] [-f] stderr of a rank (-f: follow)\n"
             "  watch [JOB]                         live progress (step, loss, tok/s, ETA)\n"
+            "  plot JOB [--metric M] [--follow] [--svg FILE] [--width N] [--height N]\n"
+            "                                      a training curve (M: loss, val_loss, lr,\n"
+            "                                      grad_norm, tokens_per_s; default loss)\n"
             "  daemon                              daemon.info\n\n"
             "global options:\n");
     flags_usage(out, flags, N_FLAGS);
@@ -84,12 +91,14 @@ static void usage(FILE *out, const Flag *flags) {
 // The command options given (their OPT_* bits): set ones differ from their defaults.
 static unsigned given_options(const Options *o) {
     return (o->wait ? OPT_WAIT : 0) | (o->follow ? OPT_FOLLOW : 0) | (o->state ? OPT_STATE : 0) |
-           (o->rank >= 0 ? OPT_RANK : 0) | (o->tail >= 0 ? OPT_TAIL : 0);
+           (o->rank >= 0 ? OPT_RANK : 0) | (o->tail >= 0 ? OPT_TAIL : 0) |
+           (o->metric ? OPT_METRIC : 0) | (o->svg ? OPT_SVG : 0) | (o->width >= 0 ? OPT_WIDTH : 0) |
+           (o->height >= 0 ? OPT_HEIGHT : 0);
 }
 
 int main(int argc, char **argv) {
     signal(SIGPIPE, SIG_IGN);
-    Options o = {.timeout_s = 30, .rank = -1, .tail = -1};
+    Options o = {.timeout_s = 30, .rank = -1, .tail = -1, .width = -1, .height = -1};
     bool help = false;
     Flag flags[N_FLAGS];
     flag_table(&o, &help, flags);

@@ -1,8 +1,10 @@
 # astraid: the training service (daemon/*.c) and its systemd units (systemd/).
 pkg_check_modules(LIBUV REQUIRED IMPORTED_TARGET libuv)
+pkg_check_modules(MHD REQUIRED IMPORTED_TARGET libmicrohttpd) # the HTTP listener (http.c)
 file(GLOB ASTRAID_SOURCES CONFIGURE_DEPENDS ${CMAKE_SOURCE_DIR}/daemon/*.c)
 add_executable(astraid ${ASTRAID_SOURCES})
-target_link_libraries(astraid PRIVATE astrai_core PkgConfig::LIBUV ${CMAKE_DL_LIBS})
+target_link_libraries(astraid PRIVATE astrai_core astrai_web PkgConfig::LIBUV PkgConfig::MHD
+  ${CMAKE_DL_LIBS})
 install(TARGETS astraid RUNTIME DESTINATION bin)
 
 # Units go where systemd looks for packaged ones (override with -DASTRAI_SYSTEMD_DIR=...).

@@ -6,6 +6,8 @@
 //   log.c             leveled logging to stderr
 //   server.c          unix/tcp listeners, connections, line framing, output queues
 //   dispatch.c        the JSON-RPC methods
+//   http.c            the HTTP listener (--http): the web page, /metrics, /api, off the loop
+//   metrics.c         the Prometheus text of /metrics, the request counters
 //   jobs.c            jobs and their state machine (DESIGN §5), ids, log rings
 //   history.c         finished jobs: rm, retention (--keep-finished)
 //   scheduler.c       devices (CPU slots or GPUs) and the queue
@@ -13,6 +15,7 @@
 //   runner.c          the ranks of a run: spawn, control pipes, logs, exits, stops
 //   state.c           the daemon database (sqlite: jobs, runs, events), its writer, recovery
 //   progress_reader.c each running job's progress.db, polled read-only off the loop
+//   curve.c           a job's training curve from its progress.db (history, the web page)
 //   sdnotify.c        systemd notifications and socket activation
 #pragma once
 #include <stdint.h>
@@ -41,7 +44,8 @@ typedef struct {
     char *socket_path;  // unix control socket
     char *state_dir;    // astraid.db and jobs/<id>/
     char *tcp;          // "HOST:PORT" or NULL (off)
-    char *token_file;   // bearer token for tcp (mode 0600)
+    char *token_file;   // bearer token for tcp and http (mode 0600)
+    char *http;         // "HOST:PORT" of the HTTP listener or NULL (off)
     char *devices;      // "N", "cpu:N", "cuda:0,1" or NULL (auto)
     char *train_binary; // astrai-train
     char *log_level;
@@ -128,6 +132,7 @@ typedef struct {
 } LogLine;
 
 typedef struct Run Run;
+typedef struct JobText JobText;
 
 typedef struct Job {
     long id;
@@ -137,6 +142,7 @@ typedef struct Job {
     cJSON *spec;          // as submitted, plus the defaulted ckpt_dir
     char *spec_text;      // spec printed (by jobs_adopt), for the JOB objects
     char *ckpt_dir;
+    char *ckpt_real; // ckpt_dir's canonical form (job_ckpt_dir_resolve), NULL: did not resolve
     // progress (from progress.db)
     long step, total_steps, epoch;
     double loss, lr, grad_norm, tokens_per_s, eta_s, val_loss;
@@ -163,6 +169,7 @@ typedef struct Job {
     LogLine *log; // (JOB_LOG_LINES,) ring of the last output lines, NULL until the first
                   // one and again once the job is final (its logs are then read from disk)
     int log_start, log_len;
+    JobText *text; // its JOB object's last text (job_to_raw_json), NULL: none kept
     struct Job *next;
 } Job;
 
@@ -195,8 +202,14 @@ void job_add_log(Job *j, int rank, const char *text, size_t len);
 // The last `tail` output lines of `rank` (a JSON array of strings): from the ring while
 // the job has one, else read back from its run<N>-rank<R>.log files.
 cJSON *job_log_tail(const Job *j, int rank, long tail);
-cJSON *job_to_json(const Job *j);
+cJSON *job_to_json(const Job *j); // the JOB object (a tree to read or add to)
+// The same as a raw node (its text): printed again only when a value it shows changed;
+// what replies and pushes send.
+cJSON *job_to_raw_json(const Job *j);
 int job_run_dir(const Job *j, char *out, size_t cap);
+// out = run_dir/run<run>-rank<rank>.log, the output of one rank of one run; -1 when it does
+// not fit in cap bytes.
+int job_log_path(const char *run_dir, long run, int rank, char *out, size_t cap);
 // Adds a job read back from the database (state.c).
 void jobs_adopt(Job *j);
 void job_free(Job *j);
@@ -220,13 +233,16 @@ void job_start_failed(Job *j, const Err *err);
 
 // ---------------------------------------------------------------- job_paths.c
 // The paths of a new job, checked as astraid's user (docs/astraid.md "Paths"): param_path
-// and data_root_path hold what a run reads, and ckpt_dir passes job_ckpt_dir_usable and
-// job_ckpt_dir_free. Errors name the key and the path.
-int job_paths_check(const Job *j, Err *err);
+// and data_root_path hold what a run reads, and ckpt_dir (resolved: j->ckpt_real) passes
+// job_ckpt_dir_usable and job_ckpt_dir_free. Errors name the key and the path.
+int job_paths_check(Job *j, Err *err);
+// Sets j->ckpt_real to ckpt_dir's canonical form (NULL and err when it does not resolve):
+// once, when the job is accepted or adopted.
+int job_ckpt_dir_resolve(Job *j, Err *err);
 // ckpt_dir can be created and written: its nearest existing ancestor is a directory astraid's
 // user may write, on a file system mounted read-write.
 int job_ckpt_dir_usable(const Job *j, Err *err);
-// ckpt_dir is no other live job's ckpt_dir, nor inside or around one.
+// ckpt_dir is no other live job's ckpt_dir, nor inside or around one (by their ckpt_real).
 int job_ckpt_dir_free(const Job *j, Err *err);
 
 // ---------------------------------------------------------------- history.c
@@ -301,6 +317,18 @@ void progress_read_dir(const char *run_dir, long total_steps, Progress *p);
 // Sets j's progress from p (and frees p's strings); 1 if the job changed.
 int progress_apply(Job *j, Progress *p);
 
+// ---------------------------------------------------------------- curve.c
+// A job's training curve (the `history` method, the web page): the steps rows of
+// run_dir/progress.db with step > since_step, in step order, at most limit of them, as a
+// JSON array of {step, loss, val_loss (only at steps with a validation row), lr, grad_norm,
+// tokens_per_s, wall_time}; a non-finite value is null. *more is 1 when rows past the limit
+// remain. No database yet is an empty curve. Blocking, and safe on any thread (its own
+// read-only connection that never blocks the writer): call it off the loop.
+int curve_read(const char *run_dir, long since_step, long limit, cJSON **steps, int *more,
+               Err *err);
+#define HISTORY_LIMIT 2000      // steps of a history page (method, /api/history) unless asked
+#define HISTORY_LIMIT_MAX 10000 // the largest page asked for
+
 // ---------------------------------------------------------------- sdnotify.c
 void sd_init(void); // takes NOTIFY_SOCKET / LISTEN_* out of the environment
 void notify_systemd(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
@@ -325,6 +353,9 @@ int conn_is_authed(const Conn *c);
 // -1 when c would exceed max-connections (it stays unauthenticated).
 int conn_set_authed(Conn *c);
 int server_check_token(const char *token);
+// "HOST:PORT" or "[IPv6]:PORT" (numeric) of the listener `option` ("tcp", "http").
+int server_parse_address(const char *option, const char *spec, struct sockaddr_storage *ss,
+                         Err *err);
 void conn_watch(Conn *c, long job_id);            // 0: every job
 void conn_follow(Conn *c, long job_id, int rank); // rank -1: every rank
 // After the reply to a watch or logs: a one-job watch or follow of a job already final
@@ -336,6 +367,81 @@ int server_connections(void);
 
 // ---------------------------------------------------------------- dispatch.c
 void dispatch_line(Conn *c, const char *line, size_t len);
+
+// ---------------------------------------------------------------- http.c, metrics.c
+// The HTTP listener (docs/monitoring.md): libmicrohttpd's threads serve GET /, /metrics,
+// /api/jobs and /api/history. They never touch the Job list: they read a Snapshot the loop
+// builds when asked (uv_async) and hands over under a mutex, immutable once published.
+
+// A job as /metrics shows it.
+typedef struct {
+    long id;
+    char *name;
+    JobState state; // as clients see it
+    // values as /metrics writes them (doubles: a table of offsets renders them all)
+    double step, total_steps, restarts, loss, lr, grad_norm, tokens_per_s, val_loss;
+    double eta_s; // < 0: unknown
+    int has_progress, has_val_loss;
+    char *last_checkpoint; // its path (the mtime is read when rendering, off the loop); NULL
+} JobGauge;
+
+typedef struct {
+    char name[32];    // "cpu:0", "cuda:1"
+    long job;         // holding it, 0 when free
+    int64_t mem_used; // bytes (NVML), -1: unknown
+    int util_pct;     // percent (NVML), -1: unknown
+} DeviceGauge;
+
+#define METRICS_SERIES_MAX 128 // (method, code) pairs counted; the rest count as "other"
+#define METRICS_BUCKETS 16     // request latency buckets: 100 us to 10 s, then +Inf
+
+// The control requests answered, as counted by dispatch.c (loop thread).
+typedef struct {
+    struct {
+        char method[24]; // a known method's name, "other" for the rest
+        int code;        // 0: a result, else the RPC error code
+        uint64_t n;
+    } series[METRICS_SERIES_MAX];
+    int n_series;
+    uint64_t buckets[METRICS_BUCKETS + 1]; // (+Inf last) not cumulative
+    double sum_s;
+} RequestStats;
+
+typedef struct {
+    long id;
+    char *run_dir;
+} JobRunDir;
+
+typedef struct {
+    int refs;          // readers holding it, +1 while it is the current one (under http.c's mutex)
+    double built_mono; // clock_mono_s() when built
+    char *jobs_json;   // the JOB array of /api/jobs (live jobs, the newest finished ones)
+    JobGauge *jobs;    // (n_jobs,) the same jobs, ascending id
+    int n_jobs;
+    JobRunDir *runs; // (n_runs,) every visible job, ascending id: /api/history
+    int n_runs;
+    DeviceGauge *devices; // (n_devices,)
+    int n_devices;
+    long by_state[JOB_NSTATES]; // visible jobs
+    int connections;            // control connections open
+    RequestStats requests;
+} Snapshot;
+
+// Starts the listener when --http is set (after server_start: it reads the token); -1 with
+// err when it cannot listen.
+int http_start(Err *err);
+// Stops the listener's threads and frees the snapshot; before the loop's handles close.
+void http_stop(void);
+// --http's value: a numeric address; off loopback it needs --token-file. Bad input in err.
+int http_check_config(const Config *c, Err *err);
+
+// Counts one control request: its method (known: one of dispatch.c's, else "other"), the
+// code of its answer (0: a result; a request answered later counts 0 when queued) and the
+// seconds it took on the loop. Loop thread only.
+void metrics_request(const char *method, int known, int code, double seconds);
+void metrics_requests(RequestStats *out); // a copy of the counts, for a snapshot
+// The Prometheus text (format 0.0.4) of s; NULL when out of memory. Any thread.
+char *metrics_render(const Snapshot *s, size_t *len);
 
 // ---------------------------------------------------------------- the daemon
 typedef struct {

@@ -4,6 +4,8 @@
 // A request that changes state (submit, pause, resume, cancel, rm) is answered once its
 // change is written (state.c's writer, off the loop): its handler returns ANSWER_LATER,
 // and its connection is served no further line until then, so replies stay in order.
+// So is one that reads a file (history: a progress.db), on libuv's threadpool.
+#include <limits.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -12,11 +14,13 @@
 
 #include <cjson/cJSON.h>
 
+#include "common/buf.h"
 #include "daemon/daemon.h"
 
 #define LIST_LIMIT 100                    // jobs in a list page unless "limit" says
 #define LIST_LIMIT_MAX 1000               // the largest "limit"
 #define LIST_MAX_BYTES (RPC_MAX_LINE / 2) // of a page's JOBs: far below the line limit
+#define HISTORY_MAX_BYTES LIST_MAX_BYTES  // of a history page's steps
 
 #define ANSWER_LATER 1 // a handler's *code (RPC codes are negative): the reply comes later
 
@@ -67,7 +71,7 @@ static void later_done(void *arg, int code, const Err *err) {
     Job *j = l->kind != LATER_RESULT ? job_find(l->job) : NULL;
     cJSON *result = NULL;
     if (!code && l->kind == LATER_JOB && j) {
-        result = job_to_json(j);
+        result = job_to_raw_json(j);
     } else if (!code && l->kind == LATER_SUBMIT && j) {
         result = cJSON_CreateObject();
         cJSON_AddNumberToObject(result, "job", (double)j->id);
@@ -173,10 +177,8 @@ static cJSON *do_list(Conn *c, const cJSON *params, int *code, Err *err) {
     for (Job *j = astraid.jobs; j && !more; j = j->next) {
         if (j->id <= after || !job_visible(j) || (want != JOB_NSTATES && j->shown_state != want))
             continue;
-        cJSON *o = n < limit ? job_to_json(j) : NULL;
-        char *text = o ? cJSON_PrintUnformatted(o) : NULL;
-        size_t len = text ? strlen(text) + 1 : 0;
-        cJSON_free(text);
+        cJSON *o = n < limit ? job_to_raw_json(j) : NULL;
+        size_t len = o ? strlen(o->valuestring) + 1 : 0;
         more = !o || (n > 0 && bytes + len > LIST_MAX_BYTES); // the first JOB always goes
         if (more) {
             cJSON_Delete(o);
@@ -197,7 +199,7 @@ static cJSON *do_list(Conn *c, const cJSON *params, int *code, Err *err) {
 static cJSON *do_status(Conn *c, const cJSON *params, int *code, Err *err) {
     (void)c;
     Job *j = param_job(params, code, err);
-    return j ? job_to_json(j) : NULL;
+    return j ? job_to_raw_json(j) : NULL;
 }
 
 typedef int (*Verb)(Job *j, ChangeDone done, void *arg, int *code, Err *err);
@@ -222,11 +224,110 @@ static cJSON *do_resume(Conn *c, const cJSON *p, int *code, Err *err) {
 static cJSON *do_checkpoint(Conn *c, const cJSON *p, int *code, Err *err) {
     (void)c;
     Job *j = param_job(p, code, err);
-    return j && !job_checkpoint(j, code, err) ? job_to_json(j) : NULL;
+    return j && !job_checkpoint(j, code, err) ? job_to_raw_json(j) : NULL;
 }
 
 static cJSON *do_cancel(Conn *c, const cJSON *p, int *code, Err *err) {
     return do_verb(c, p, job_cancel, code, err);
+}
+
+// ---------------------------------------------------------------- history
+
+// A history read on the threadpool: its Later (LATER_RESULT) gets the result the read
+// makes, or code and err; the run directory is copied, so the job may go meanwhile (and
+// the connection: conn_answer frees a closed one).
+typedef struct {
+    uv_work_t req;
+    Later *later;
+    char run_dir[PATH_MAX];
+    long since_step, limit;
+    int code;
+    Err err;
+} HistoryRead;
+
+// steps printed as a JSON array (the rows, in order, while they fit in HISTORY_MAX_BYTES;
+// the first always goes): the reply's "steps", printed here rather than on the loop.
+static char *print_steps(const cJSON *steps, int *more) {
+    Buf out = {0};
+    if (buf_append(&out, "[", 1)) return NULL;
+    int rc = 0;
+    const cJSON *row;
+    cJSON_ArrayForEach(row, steps) {
+        char *text = cJSON_PrintUnformatted(row);
+        size_t len = text ? strlen(text) : 0;
+        if (text && out.len > 1 && out.len + len + 2 > HISTORY_MAX_BYTES) { // + ',' and ']'
+            *more = 1;
+            cJSON_free(text);
+            break;
+        }
+        rc = !text || (out.len > 1 && buf_append(&out, ",", 1)) || buf_append(&out, text, len);
+        cJSON_free(text);
+        if (rc) break;
+    }
+    if (rc || buf_append(&out, "]", 1)) {
+        buf_free(&out);
+        return NULL;
+    }
+    return buf_take(&out);
+}
+
+static void history_work(uv_work_t *req) {
+    HistoryRead *h = req->data;
+    cJSON *steps = NULL;
+    int more = 0;
+    if (curve_read(h->run_dir, h->since_step, h->limit, &steps, &more, &h->err)) {
+        h->code = RPC_INTERNAL_ERROR;
+        return;
+    }
+    char *text = print_steps(steps, &more);
+    cJSON_Delete(steps);
+    cJSON *r = text ? cJSON_CreateObject() : NULL;
+    if (!r || !cJSON_AddRawToObject(r, "steps", text) || !cJSON_AddBoolToObject(r, "more", more)) {
+        cJSON_Delete(r);
+        h->code = RPC_INTERNAL_ERROR;
+        err_resource(&h->err, "history: out of memory");
+    } else {
+        h->later->result = r;
+    }
+    free(text);
+}
+
+static void history_done(uv_work_t *req, int status) {
+    HistoryRead *h = req->data;
+    (void)status; // the loop is never closed under queued work: it always ran
+    later_done(h->later, h->code, &h->err);
+    free(h);
+}
+
+// The steps of the job's curve after since_step (default 0), at most limit of them
+// (docs/protocol.md), read off the loop.
+static cJSON *do_history(Conn *c, const cJSON *params, int *code, Err *err) {
+    Job *j = param_job(params, code, err);
+    long since_step = 0, limit = HISTORY_LIMIT;
+    if (!j || param_long(params, "since_step", 0, 1L << 53, &since_step, code, err) ||
+        param_long(params, "limit", 1, HISTORY_LIMIT_MAX, &limit, code, err))
+        return NULL;
+    HistoryRead *h = calloc(1, sizeof *h);
+    if (!h) return out_of_memory(code, err);
+    *h = (HistoryRead){.req.data = h, .since_step = since_step, .limit = limit};
+    Later *l = later_new(c, LATER_RESULT, j->id, NULL);
+    if (!l) {
+        free(h);
+        return out_of_memory(code, err);
+    }
+    if (job_run_dir(j, h->run_dir, sizeof h->run_dir)) {
+        free(h);
+        later_free(l);
+        return fail(code, RPC_INTERNAL_ERROR, err, "history: run directory path too long");
+    }
+    h->later = l;
+    int rc = uv_queue_work(astraid.loop, &h->req, history_work, history_done);
+    if (rc) {
+        *code = RPC_INTERNAL_ERROR;
+        err_set(err, "history: %s", uv_strerror(rc));
+        free(h);
+    }
+    return answer_later(c, l, rc, code);
 }
 
 // A final job's state and run directory go; its ckpt_dir, named in the reply, stays.
@@ -267,7 +368,7 @@ static cJSON *do_watch(Conn *c, const cJSON *params, int *code, Err *err) {
     // Watching every job starts from the live ones: the finished history can be long.
     for (Job *j = astraid.jobs; j; j = j->next)
         if (one ? j == one : job_visible(j) && !job_is_final(j->state))
-            cJSON_AddItemToArray(jobs, job_to_json(j));
+            cJSON_AddItemToArray(jobs, job_to_raw_json(j));
     conn_watch(c, one ? one->id : 0);
     return r;
 }
@@ -320,6 +421,7 @@ static const struct {
     {"pause", do_pause},      {"resume", do_resume}, {"checkpoint", do_checkpoint},
     {"cancel", do_cancel},    {"logs", do_logs},     {"watch", do_watch},
     {"daemon.info", do_info}, {"auth", do_auth},     {"rm", do_rm},
+    {"history", do_history},
 };
 
 static Handler find_method(const char *name) {
@@ -334,6 +436,7 @@ static cJSON *bad_state_data(const cJSON *params) {
 }
 
 static void call(Conn *c, const RpcRequest *req) {
+    double t0 = clock_mono_s();
     Handler fn = find_method(req->method);
     int code = RPC_INTERNAL_ERROR, hang_up = 0;
     Err err = {0};
@@ -351,6 +454,8 @@ static void call(Conn *c, const RpcRequest *req) {
         request_id = NULL;
         hang_up = !result && code == RPC_UNAUTHORIZED;
     }
+    metrics_request(req->method, fn != NULL, result || code == ANSWER_LATER ? 0 : code,
+                    clock_mono_s() - t0);
     if (!result && code == ANSWER_LATER) return;
     if (req->id && result)
         conn_send(c, rpc_result(req->id, result));

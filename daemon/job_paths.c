@@ -10,7 +10,9 @@
 //                   no other live job's ckpt_dir, nor inside or around one
 //
 // ckpt_dir need not exist yet: it is compared by its canonical form, the real path of
-// its longest existing prefix (symlinks resolved, a dangling one followed) and the rest.
+// its longest existing prefix (symlinks resolved, a dangling one followed) and the rest,
+// resolved once when the job is accepted or adopted (Job.ckpt_real): a submit compares
+// with the live jobs' forms, it does not resolve each of them again.
 #include <errno.h>
 #include <limits.h>
 #include <stdio.h>
@@ -205,14 +207,27 @@ static int check_ckpt_place(const Job *j, const char *path, Err *err) {
     return 0;
 }
 
-int job_ckpt_dir_free(const Job *j, Err *err) {
-    char path[PATH_MAX], other[PATH_MAX];
+int job_ckpt_dir_resolve(Job *j, Err *err) {
+    char path[PATH_MAX];
     size_t existing;
+    free(j->ckpt_real);
+    j->ckpt_real = NULL;
     if (canonical("ckpt_dir", j->ckpt_dir, path, &existing, err)) return -1;
+    j->ckpt_real = strdup(path);
+    return j->ckpt_real ? 0 : err_resource(err, "out of memory");
+}
+
+int job_ckpt_dir_free(const Job *j, Err *err) {
+    char own[PATH_MAX];
+    size_t existing;
+    // A job whose ckpt_dir did not resolve when it was adopted: say why now.
+    const char *path = j->ckpt_real;
+    if (!path && canonical("ckpt_dir", j->ckpt_dir, own, &existing, err)) return -1;
+    if (!path) path = own;
     for (const Job *o = astraid.jobs; o; o = o->next) {
-        if (o == j || job_is_final(o->state) || !o->ckpt_dir) continue;
-        Err ignored = {0}; // a path that no longer resolves is no one's checkpoint directory
-        if (canonical("ckpt_dir", o->ckpt_dir, other, &existing, &ignored)) continue;
+        // a path that did not resolve is no one's checkpoint directory
+        const char *other = o->ckpt_real;
+        if (o == j || job_is_final(o->state) || !other) continue;
         if (is_within(path, other) || is_within(other, path))
             return err_set(err,
                            "ckpt_dir: %s %s job %ld's ckpt_dir %s (job %ld is %s; two live jobs "
@@ -226,17 +241,14 @@ int job_ckpt_dir_free(const Job *j, Err *err) {
     return 0;
 }
 
-int job_paths_check(const Job *j, Err *err) {
+int job_paths_check(Job *j, Err *err) {
     const char *param = spec_string(j, "param_path"), *data = spec_string(j, "data_root_path");
     const char *train_type = spec_string(j, "train_type");
-    char path[PATH_MAX];
-    size_t existing;
     if (!param || !data || !train_type)
         return err_set(err, "param_path, data_root_path and train_type are required");
     if (check_param_path(param, err) || check_data_root(data, train_type, err) ||
-        canonical("ckpt_dir", j->ckpt_dir, path, &existing, err) ||
-        check_ckpt_place(j, path, err) || job_ckpt_dir_usable(j, err) ||
-        job_ckpt_dir_free(j, err)) {
+        job_ckpt_dir_resolve(j, err) || check_ckpt_place(j, j->ckpt_real, err) ||
+        job_ckpt_dir_usable(j, err) || job_ckpt_dir_free(j, err)) {
         err->resource = 0; // even EACCES or EROFS: the spec names a path the job cannot use
         return -1;
     }

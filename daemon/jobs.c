@@ -32,6 +32,7 @@
 #include <cjson/cJSON.h>
 
 #include "ckpt/checkpoint.h"
+#include "common/buf.h"
 #include "common/fsutil.h"
 #include "common/path.h"
 #include "daemon/daemon.h"
@@ -41,6 +42,12 @@
 #define UNKNOWN_DIRS_SHOWN 100      // ids of unknown run directories listed in daemon.info
 #define BACKOFF_BASE_S 1.0
 #define BACKOFF_MAX_S 60.0
+
+// A JOB object's text and the key of the values it was printed from (job_to_raw_json).
+struct JobText {
+    char *json; // the JOB object printed, NULL: none yet
+    Buf key;    // the values it was printed from
+};
 
 static const char *const STATE_NAMES[JOB_NSTATES] = {"queued",  "starting",  "running",
                                                      "pausing", "paused",    "completed",
@@ -63,10 +70,53 @@ int job_visible(const Job *j) {
     return !j->unsaved && !j->removing;
 }
 
+// The adopted jobs by ascending id, as in astraid.jobs: a request finds its job in
+// O(log jobs) however long the history. A job leaves it in job_free.
+static Job **index_jobs;
+static size_t index_n, index_cap;
+static int index_lost; // it could not grow once (out of memory): job_find walks the list
+
+// The position of the first job of the index with an id >= id.
+static size_t index_at(long id) {
+    size_t lo = 0, hi = index_n;
+    while (lo < hi) {
+        size_t mid = lo + (hi - lo) / 2;
+        if (index_jobs[mid]->id < id)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    return lo;
+}
+
+static void index_add(Job *j) {
+    if (index_lost || buf_reserve(&index_jobs, &index_cap, index_n + 1, sizeof *index_jobs)) {
+        index_lost = 1;
+        return;
+    }
+    size_t k = index_at(j->id);
+    memmove(index_jobs + k + 1, index_jobs + k, (index_n - k) * sizeof *index_jobs);
+    index_jobs[k] = j;
+    index_n++;
+}
+
+static void index_remove(const Job *j) {
+    size_t k = index_at(j->id);
+    if (k == index_n || index_jobs[k] != j) return; // never adopted
+    memmove(index_jobs + k, index_jobs + k + 1, (index_n - k - 1) * sizeof *index_jobs);
+    index_n--;
+}
+
 Job *job_find(long id) {
-    for (Job *j = astraid.jobs; j; j = j->next)
-        if (j->id == id) return job_visible(j) ? j : NULL;
-    return NULL;
+    Job *j = NULL;
+    if (index_lost) {
+        for (j = astraid.jobs; j && j->id != id; j = j->next)
+            ;
+    } else {
+        size_t k = index_at(id);
+        j = k < index_n && index_jobs[k]->id == id ? index_jobs[k] : NULL;
+    }
+    return j && job_visible(j) ? j : NULL;
 }
 
 int job_run_dir(const Job *j, char *out, size_t cap) {
@@ -74,8 +124,17 @@ int job_run_dir(const Job *j, char *out, size_t cap) {
     return n < 0 || (size_t)n >= cap ? -1 : 0;
 }
 
+int job_log_path(const char *run_dir, long run, int rank, char *out, size_t cap) {
+    int n = snprintf(out, cap, "%s/run%ld-rank%d.log", run_dir, run, rank);
+    return n < 0 || (size_t)n >= cap ? -1 : 0;
+}
+
 void jobs_adopt(Job *j) {
     j->spec_text = cJSON_PrintUnformatted(j->spec); // NULL: job_to_json copies the tree
+    Err ignored = {0}; // a ckpt_dir that no longer resolves is compared with no other
+    if (!j->ckpt_real) job_ckpt_dir_resolve(j, &ignored);
+    j->text = calloc(1, sizeof *j->text); // NULL: its JOB text is printed at each request
+    index_add(j);
     Job **p = &astraid.jobs;
     while (*p && (*p)->id < j->id)
         p = &(*p)->next;
@@ -838,17 +897,63 @@ cJSON *job_log_tail(const Job *j, int rank, long tail) {
     char dir[PATH_MAX], path[PATH_MAX + 64];
     if (job_run_dir(j, dir, sizeof dir)) return lines;
     for (long run = j->runs; run >= 1 && tail > 0 && budget > 0; run--) {
-        snprintf(path, sizeof path, "%s/run%ld-rank%d.log", dir, run, rank);
-        file_tail(path, &tail, &budget, lines);
+        if (!job_log_path(dir, run, rank, path, sizeof path))
+            file_tail(path, &tail, &budget, lines);
     }
     return lines;
 }
 
 // ---------------------------------------------------------------- JSON
+//
+// A JOB object is described once, value by value, into an Out: either a cJSON tree
+// (job_to_json), or the values' bytes alone, the key of the printed text each job keeps
+// (JobText): job_to_raw_json answers from that text while the job's key is the one it was
+// printed from, so a `status` builds no tree and prints no number. One description for
+// both: the key cannot miss a value the JOB shows, wherever it changes (a state, a poll
+// of progress.db, a rank's exit, a GPU sample).
 
-static void add_time(cJSON *o, const char *key, double t) {
-    if (t <= 0) {
-        cJSON_AddNullToObject(o, key);
+typedef struct {
+    int tree;   // building the tree, else the key
+    Buf *key;   // the key
+    int failed; // out of memory writing the key
+} Out;
+
+static void key_put(Out *o, const void *v, size_t n) {
+    if (buf_append(o->key, v, n)) o->failed = 1;
+}
+
+// Adds item to in (an object under key, an array when key is NULL); freed when it cannot.
+static void tree_add(cJSON *in, const char *key, cJSON *item) {
+    int added = key ? cJSON_AddItemToObject(in, key, item) : cJSON_AddItemToArray(in, item);
+    if (!added) cJSON_Delete(item);
+}
+
+// A number, JSON null unless shown.
+static void out_number(Out *o, cJSON *in, const char *key, double v, int shown) {
+    if (o->tree) {
+        tree_add(in, key, shown ? cJSON_CreateNumber(v) : cJSON_CreateNull());
+        return;
+    }
+    char flag = (char)(shown != 0);
+    key_put(o, &flag, 1);
+    if (shown) key_put(o, &v, sizeof v);
+}
+
+// A string, JSON null when s is NULL.
+static void out_string(Out *o, cJSON *in, const char *key, const char *s) {
+    if (o->tree) {
+        tree_add(in, key, s ? cJSON_CreateString(s) : cJSON_CreateNull());
+        return;
+    }
+    size_t n = s ? strlen(s) + 1 : 0; // with its NUL: "" and NULL differ
+    key_put(o, &n, sizeof n);
+    key_put(o, s, n);
+}
+
+// A unix time as "2024-05-01T12:00:00Z", JSON null when t is 0 (not yet).
+static void out_time(Out *o, cJSON *in, const char *key, double t) {
+    if (!o->tree) {
+        key_put(o, &t, sizeof t);
         return;
     }
     char buf[32];
@@ -856,96 +961,137 @@ static void add_time(cJSON *o, const char *key, double t) {
     struct tm tm;
     gmtime_r(&s, &tm);
     strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%SZ", &tm);
-    cJSON_AddStringToObject(o, key, buf);
+    out_string(o, in, key, t > 0 ? buf : NULL);
 }
 
-static void add_metric(cJSON *o, const char *key, double v, int known) {
-    if (known && isfinite(v))
-        cJSON_AddNumberToObject(o, key, v);
-    else
-        cJSON_AddNullToObject(o, key);
-}
-
-static void add_string(cJSON *o, const char *key, const char *s) {
-    if (s)
-        cJSON_AddStringToObject(o, key, s);
-    else
-        cJSON_AddNullToObject(o, key);
-}
-
-static void add_count(cJSON *o, const char *key, int64_t v) {
-    if (v >= 0)
-        cJSON_AddNumberToObject(o, key, (double)v);
-    else
-        cJSON_AddNullToObject(o, key);
+// An array of n items, or an object (n 0), under key (key NULL: an item of the array in):
+// the tree's node, NULL while writing the key (where its n, so that the key splits as
+// the values do, and then its values follow).
+static cJSON *out_open(Out *o, cJSON *in, const char *key, int is_array, size_t n) {
+    if (!o->tree) {
+        key_put(o, &n, sizeof n);
+        return NULL;
+    }
+    cJSON *node = is_array ? cJSON_CreateArray() : cJSON_CreateObject();
+    int added = key ? cJSON_AddItemToObject(in, key, node) : cJSON_AddItemToArray(in, node);
+    if (added) return node;
+    cJSON_Delete(node);
+    return NULL;
 }
 
 // The ranks of a live run: [{"rank":0,"pid":4242,"gpu":1,"memory_used_bytes":...,
 // "utilization_pct":87}]; gpu and its figures null on CPU slots or when unknown
 // (from gpu.c's last sample, at most a few seconds old). [] without a run.
-static cJSON *ranks_to_json(const Job *j) {
-    cJSON *list = cJSON_CreateArray();
-    for (int r = 0; r < runner_ranks(j) && j->devices && r < j->n_devices; r++) {
-        cJSON *o = cJSON_CreateObject();
+static void describe_ranks(const Job *j, Out *o, cJSON *obj) {
+    int n = j->devices ? runner_ranks(j) : 0;
+    if (n > j->n_devices) n = (int)j->n_devices;
+    cJSON *list = out_open(o, obj, "ranks", 1, (size_t)n);
+    for (int r = 0; r < n; r++) {
+        cJSON *rank = out_open(o, list, NULL, 0, 0);
         pid_t pid = runner_rank_pid(j, r);
         int gpu = astraid.devices.gpu ? j->devices[r] : -1; // its LOCAL_RANK-th visible GPU
-        cJSON_AddNumberToObject(o, "rank", r);
-        add_count(o, "pid", pid > 0 ? pid : -1);
-        add_count(o, "gpu", gpu);
-        add_count(o, "memory_used_bytes", gpu >= 0 ? gpu_process_memory(gpu, pid) : -1);
-        add_count(o, "utilization_pct", gpu >= 0 ? gpu_utilization(gpu) : -1);
-        cJSON_AddItemToArray(list, o);
+        int64_t mem = gpu >= 0 ? gpu_process_memory(gpu, pid) : -1;
+        int util = gpu >= 0 ? gpu_utilization(gpu) : -1;
+        out_number(o, rank, "rank", r, 1);
+        out_number(o, rank, "pid", pid, pid > 0);
+        out_number(o, rank, "gpu", gpu, gpu >= 0);
+        out_number(o, rank, "memory_used_bytes", (double)mem, mem >= 0);
+        out_number(o, rank, "utilization_pct", util, util >= 0);
     }
-    return list;
+}
+
+static void out_metric(Out *o, cJSON *obj, const char *key, double v, int known) {
+    out_number(o, obj, key, v, known && isfinite(v));
 }
 
 // The JOB object of DESIGN §3 / docs/protocol.md.
-cJSON *job_to_json(const Job *j) {
-    cJSON *o = cJSON_CreateObject();
-    cJSON_AddNumberToObject(o, "id", (double)j->id);
-    cJSON_AddStringToObject(o, "name", j->name);
-    cJSON_AddStringToObject(o, "state", job_state_name(j->shown_state));
-    // The spec never changes once adopted: printed then, not at every request.
-    cJSON_AddItemToObject(
-        o, "spec", j->spec_text ? cJSON_CreateRaw(j->spec_text) : cJSON_Duplicate(j->spec, 1));
-    cJSON_AddNumberToObject(o, "step", (double)j->step);
-    cJSON_AddNumberToObject(o, "total_steps", (double)j->total_steps);
-    cJSON_AddNumberToObject(o, "epoch", (double)j->epoch);
-    add_metric(o, "loss", j->loss, j->has_progress);
-    add_metric(o, "lr", j->lr, j->has_progress);
-    add_metric(o, "grad_norm", j->grad_norm, j->has_progress);
-    add_metric(o, "tokens_per_s", j->tokens_per_s, j->has_progress);
-    add_metric(o, "eta_s", j->eta_s, j->has_progress && j->eta_s >= 0);
-    add_metric(o, "val_loss", j->val_loss, j->has_val_loss);
-    cJSON_AddNumberToObject(o, "restarts", (double)j->restarts);
-    cJSON *devs = cJSON_AddArrayToObject(o, "devices");
-    for (long i = 0; j->devices && i < j->n_devices; i++) {
+static void describe(const Job *j, Out *o, cJSON *obj) {
+    out_number(o, obj, "id", (double)j->id, 1);
+    out_string(o, obj, "name", j->name);
+    out_string(o, obj, "state", job_state_name(j->shown_state));
+    // The spec never changes once adopted: printed then, not at every request (nor keyed).
+    if (o->tree)
+        tree_add(obj, "spec",
+                 j->spec_text ? cJSON_CreateRaw(j->spec_text) : cJSON_Duplicate(j->spec, 1));
+    out_number(o, obj, "step", (double)j->step, 1);
+    out_number(o, obj, "total_steps", (double)j->total_steps, 1);
+    out_number(o, obj, "epoch", (double)j->epoch, 1);
+    out_metric(o, obj, "loss", j->loss, j->has_progress);
+    out_metric(o, obj, "lr", j->lr, j->has_progress);
+    out_metric(o, obj, "grad_norm", j->grad_norm, j->has_progress);
+    out_metric(o, obj, "tokens_per_s", j->tokens_per_s, j->has_progress);
+    out_metric(o, obj, "eta_s", j->eta_s, j->has_progress && j->eta_s >= 0);
+    out_metric(o, obj, "val_loss", j->val_loss, j->has_val_loss);
+    out_number(o, obj, "restarts", (double)j->restarts, 1);
+    long n_devices = j->devices ? j->n_devices : 0;
+    cJSON *devs = out_open(o, obj, "devices", 1, (size_t)n_devices);
+    for (long i = 0; i < n_devices; i++) {
         char name[32];
         device_name(&astraid.devices, j->devices[i], name, sizeof name);
-        cJSON_AddItemToArray(devs, cJSON_CreateString(name));
+        out_string(o, devs, NULL, name);
     }
-    cJSON_AddItemToObject(o, "ranks", ranks_to_json(j));
-    add_string(o, "last_checkpoint", j->last_checkpoint);
-    add_string(o, "error", j->error);
-    if (j->submitted_by >= 0)
-        cJSON_AddNumberToObject(o, "submitted_by", (double)j->submitted_by);
-    else
-        cJSON_AddNullToObject(o, "submitted_by");
-    add_time(o, "created_at", j->created_at);
-    add_time(o, "started_at", j->started_at);
-    add_time(o, "finished_at", j->finished_at);
-    return o;
+    describe_ranks(j, o, obj);
+    out_string(o, obj, "last_checkpoint", j->last_checkpoint);
+    out_string(o, obj, "error", j->error);
+    out_number(o, obj, "submitted_by", (double)j->submitted_by, j->submitted_by >= 0);
+    out_time(o, obj, "created_at", j->created_at);
+    out_time(o, obj, "started_at", j->started_at);
+    out_time(o, obj, "finished_at", j->finished_at);
+}
+
+cJSON *job_to_json(const Job *j) {
+    cJSON *obj = cJSON_CreateObject();
+    Out o = {.tree = 1};
+    if (obj) describe(j, &o, obj);
+    return obj;
+}
+
+// The key of the job asked now (loop thread only; its buffer kept from one request to the
+// next).
+static Buf key_now;
+
+cJSON *job_to_raw_json(const Job *j) {
+    JobText *t = j->text;
+    Buf *key = &key_now;
+    Out o = {.key = key};
+    key->len = 0;
+    if (t) describe(j, &o, NULL);
+    if (t && !o.failed && t->json && t->key.len == key->len &&
+        !memcmp(t->key.data, key->data, key->len))
+        return cJSON_CreateRaw(t->json);
+    cJSON *tree = job_to_json(j);
+    char *json = tree ? cJSON_PrintUnformatted(tree) : NULL;
+    cJSON_Delete(tree);
+    cJSON *raw = json ? cJSON_CreateRaw(json) : NULL;
+    if (t) { // kept with its key when there is memory for both, else printed again next time
+        cJSON_free(t->json);
+        t->json = NULL;
+        t->key.len = 0;
+        if (json && !o.failed && !buf_append(&t->key, key->data, key->len)) {
+            t->json = json;
+            json = NULL;
+        }
+    }
+    cJSON_free(json);
+    return raw;
 }
 
 // ---------------------------------------------------------------- teardown
 
 void job_free(Job *j) {
     if (!j) return;
+    index_remove(j);
     drop_log(j);
     free(j->name);
     cJSON_Delete(j->spec);
     cJSON_free(j->spec_text);
     free(j->ckpt_dir);
+    free(j->ckpt_real);
+    if (j->text) {
+        cJSON_free(j->text->json);
+        buf_free(&j->text->key);
+        free(j->text);
+    }
     free(j->want_ids);
     free(j->devices);
     free(j->last_checkpoint);
@@ -959,6 +1105,11 @@ void jobs_free_all(void) {
         astraid.jobs = j->next;
         job_free(j);
     }
+    free(index_jobs);
+    index_jobs = NULL;
+    index_n = index_cap = 0;
+    index_lost = 0;
+    buf_free(&key_now);
     free(unknown_dirs);
     unknown_dirs = NULL;
     n_unknown_dirs = 0;

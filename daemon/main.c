@@ -140,7 +140,7 @@ static int check_config(const Config *c, Err *err) {
     if (c->token_file && (st.st_mode & 077))
         return err_set(err, "token-file: %s has mode %04o; it must be 0600 (chmod 600 %s)",
                        c->token_file, (unsigned)(st.st_mode & 07777), c->token_file);
-    if (retention_configure(c->keep_finished, err)) return -1;
+    if (http_check_config(c, err) || retention_configure(c->keep_finished, err)) return -1;
     return log_set_level(c->log_level, err);
 }
 
@@ -178,6 +178,7 @@ void daemon_maybe_finish(void) {
     if (!astraid.stopping || runner_alive()) return;
     log_info("every job is stopped; exiting");
     server_close_all();
+    http_stop(); // its threads wake the loop: gone before the loop's handles close
     uv_walk(astraid.loop, close_handle, NULL); // timers, signals: uv_run then returns
 }
 
@@ -243,7 +244,7 @@ static int start(Err *err) {
         state_open(astraid.cfg.state_dir, err) || state_recover(err) || jobs_init_ids(err))
         return -1;
     retention_apply();
-    if (server_start(err)) return -1;
+    if (server_start(err) || http_start(err)) return -1;
     uv_signal_init(astraid.loop, &sig_term);
     uv_signal_init(astraid.loop, &sig_int);
     uv_signal_start(&sig_term, on_stop_signal, SIGTERM);
@@ -277,6 +278,7 @@ int main(int argc, char **argv) {
         fprintf(stderr, "astraid: %s\n", err.msg);
         notify_systemd("STATUS=failed: %s", err.msg);
         server_close_all();
+        http_stop();
         uv_walk(astraid.loop, close_handle, NULL);
     } else {
         log_info("ready: socket %s, state %s, %d %s device(s), train binary %s",

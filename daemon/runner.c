@@ -341,7 +341,8 @@ static int start_error(Err *err, int e, const char *what) {
 
 static int open_rank_log(const Launch *l, long run_no, int rank, Err *err) {
     char path[PATH_MAX + 64], what[PATH_MAX + 80];
-    snprintf(path, sizeof path, "%s/run%ld-rank%d.log", l->run_dir, run_no, rank);
+    if (job_log_path(l->run_dir, run_no, rank, path, sizeof path))
+        return err_set(err, "%s: the path of rank %d's log is too long", l->run_dir, rank);
     int fd = open(path, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
     if (fd < 0) {
         int e = errno;

@@ -465,7 +465,7 @@ void server_push_progress(const Job *j) {
     for (Conn *c = conns, *next; c; c = next) {
         next = c->next; // conn_send may drop c
         int watched = c->watching && (c->watch_job == 0 || c->watch_job == j->id);
-        if (watched && !msg) msg = rpc_push("progress", job_to_json(j));
+        if (watched && !msg) msg = rpc_push("progress", job_to_raw_json(j));
         if (watched && msg) conn_send(c, strdup(msg));
         end_if_final(c, j);
     }
@@ -546,24 +546,24 @@ static int read_token(const char *path, Err *err) {
     return ok ? 0 : err_set(err, "token-file: %s is empty or too long", path);
 }
 
-// "HOST:PORT", "[::1]:PORT".
-static int parse_host_port(const char *spec, struct sockaddr_storage *ss, Err *err) {
+int server_parse_address(const char *option, const char *spec, struct sockaddr_storage *ss,
+                         Err *err) {
     const char *colon = strrchr(spec, ':');
     char host[256];
     if (!colon || colon == spec || (size_t)(colon - spec) >= sizeof host)
-        return err_set(err, "tcp: '%s' is not HOST:PORT", spec);
+        return err_set(err, "%s: '%s' is not HOST:PORT", option, spec);
     snprintf(host, sizeof host, "%.*s", (int)(colon - spec), spec);
     char *end;
     long port = strtol(colon + 1, &end, 10);
     if (end == colon + 1 || *end || port < 1 || port > 65535)
-        return err_set(err, "tcp: '%s' has no valid port", spec);
+        return err_set(err, "%s: '%s' has no valid port", option, spec);
     if (host[0] == '[' && host[strlen(host) - 1] == ']') {
         host[strlen(host) - 1] = 0;
         if (!uv_ip6_addr(host + 1, (int)port, (struct sockaddr_in6 *)ss)) return 0;
     } else if (!uv_ip4_addr(host, (int)port, (struct sockaddr_in *)ss)) {
         return 0;
     }
-    return err_set(err, "tcp: '%s' is not a numeric IPv4 or [IPv6] address", host);
+    return err_set(err, "%s: '%s' is not a numeric IPv4 or [IPv6] address", option, host);
 }
 
 // Every second (4 times per auth-timeout when that is shorter): TCP peers that did not
@@ -591,8 +591,7 @@ static void on_sweep(uv_timer_t *t) {
 
 static int listen_tcp(Err *err) {
     struct sockaddr_storage ss;
-    if (read_token(astraid.cfg.token_file, err) || parse_host_port(astraid.cfg.tcp, &ss, err))
-        return -1;
+    if (server_parse_address("tcp", astraid.cfg.tcp, &ss, err)) return -1;
     uv_tcp_init(astraid.loop, &tcp_listener);
     tcp_open = 1;
     int rc = uv_tcp_bind(&tcp_listener, (struct sockaddr *)&ss, 0);
@@ -610,6 +609,8 @@ int server_start(Err *err) {
     uint64_t ms = quarter < 10 ? 10 : quarter > 1000 ? 1000 : (uint64_t)quarter;
     uv_timer_start(&sweep_timer, on_sweep, ms, ms);
     if (listen_unix(err)) return -1;
+    // The token of tcp and http peers (main.c requires it with --tcp).
+    if (astraid.cfg.token_file && read_token(astraid.cfg.token_file, err)) return -1;
     return astraid.cfg.tcp ? listen_tcp(err) : 0;
 }
 

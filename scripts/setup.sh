@@ -2,12 +2,14 @@
 # Installs astrai's dependencies from Debian packages (idempotent).
 #   scripts/setup.sh        what building and running needs
 #   scripts/setup.sh test   also what the tests need (clang + sanitizer runtimes and libFuzzer,
-#                           PyTorch for the numerical reference, systemd-analyze)
+#                           PyTorch for the numerical reference, systemd-analyze, Prometheus
+#                           and headless Chromium for the metrics and web page tests)
 set -eu
 PKGS="build-essential cmake pkg-config libomp-dev libopenblas-dev libopenblas-openmp-dev \
-libcjson-dev libyaml-dev libsqlite3-dev libuv1-dev sqlite3"
+libcjson-dev libyaml-dev libsqlite3-dev libuv1-dev libmicrohttpd-dev sqlite3"
 if [ "${1:-}" = test ]; then
-    PKGS="$PKGS clang libclang-rt-14-dev systemd python3 python3-torch python3-numpy"
+    PKGS="$PKGS clang libclang-rt-14-dev systemd python3 python3-torch python3-numpy \
+prometheus chromium"
 fi
 missing=""
 for p in $PKGS; do

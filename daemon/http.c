@@ -1,0 +1,446 @@
+// http.c: astraid's HTTP listener (--http HOST:PORT, docs/monitoring.md): GET / (the web
+// page, web/web.h), /metrics (metrics.c), /api/jobs and /api/history.
+//
+// libmicrohttpd parses HTTP on its own threads (HTTP_THREADS of them, each polling its share
+// of at most HTTP_CONNECTIONS connections; a connection silent for HTTP_TIMEOUT_S is
+// closed; a request whose headers pass HTTP_HEADER_BYTES gets 431), so nothing a client does
+// reaches the event loop. Those threads never touch the Job list: they read a Snapshot.
+// A request that finds the current snapshot older than SNAPSHOT_MAX_AGE_S wakes the loop
+// (uv_async) and waits, at most SNAPSHOT_WAIT_S, for the loop to build a new one and hand it
+// over under the mutex; the loop holds the mutex only to swap a pointer. Readers hold a
+// reference, so a snapshot is freed by whoever drops the last one. An idle listener costs
+// the loop nothing. /api/history reads the job's progress.db (curve_read) on the HTTP
+// thread: blocking there holds no one else up.
+//
+// Access: like --tcp, a peer on loopback needs no token; any other one must send
+// "Authorization: Bearer TOKEN" (--token-file, compared in constant time) or gets 401. The
+// page itself (/) is the exception: it holds no data (it is the same static file for
+// everyone), and a browser cannot send a header when it opens an address; the page then
+// sends the token on its /api requests (docs/monitoring.md "The web page").
+#include <errno.h>
+#include <netinet/in.h>
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include <cjson/cJSON.h>
+#include <microhttpd.h>
+
+#include "daemon/daemon.h"
+#include "web/web.h"
+
+#define HTTP_THREADS 2
+#define HTTP_CONNECTIONS 64u     // open at once; more wait in the kernel's backlog
+#define HTTP_TIMEOUT_S 10u       // a connection silent this long is closed
+#define HTTP_HEADER_BYTES 32768u // of a request's line and headers (431 past it)
+#define SNAPSHOT_MAX_AGE_S 0.25  // older: the loop is asked for a new one
+#define SNAPSHOT_WAIT_S 2.0      // for the loop's new snapshot; then the old one serves
+#define API_FINISHED 100         // finished jobs in /api/jobs and /metrics: the newest ones
+
+static struct MHD_Daemon *mhd;
+static uv_async_t wake;
+static int wake_open;
+static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t fresh; // a new snapshot was published (CLOCK_MONOTONIC)
+static Snapshot *current;    // under mu
+static int stopping;         // under mu: no more waiting for the loop
+
+// ---------------------------------------------------------------- snapshots
+
+static void snapshot_free(Snapshot *s) {
+    if (!s) return;
+    cJSON_free(s->jobs_json);
+    for (int i = 0; i < s->n_jobs; i++) {
+        free(s->jobs[i].name);
+        free(s->jobs[i].last_checkpoint);
+    }
+    free(s->jobs);
+    for (int i = 0; i < s->n_runs; i++)
+        free(s->runs[i].run_dir);
+    free(s->runs);
+    free(s->devices);
+    free(s);
+}
+
+static void snapshot_release(Snapshot *s) {
+    if (!s) return;
+    pthread_mutex_lock(&mu);
+    int last = --s->refs == 0;
+    pthread_mutex_unlock(&mu);
+    if (last) snapshot_free(s);
+}
+
+static char *dup_or_null(const char *s) {
+    return s ? strdup(s) : NULL;
+}
+
+static int add_job(Snapshot *s, cJSON *array, const Job *j) {
+    JobGauge *g = &s->jobs[s->n_jobs++];
+    *g = (JobGauge){.id = j->id,
+                    .name = strdup(j->name),
+                    .state = j->shown_state,
+                    .step = (double)j->step,
+                    .total_steps = (double)j->total_steps,
+                    .restarts = (double)j->restarts,
+                    .loss = j->loss,
+                    .lr = j->lr,
+                    .grad_norm = j->grad_norm,
+                    .tokens_per_s = j->tokens_per_s,
+                    .eta_s = j->eta_s,
+                    .val_loss = j->val_loss,
+                    .has_progress = j->has_progress,
+                    .has_val_loss = j->has_val_loss,
+                    .last_checkpoint = dup_or_null(j->last_checkpoint)};
+    cJSON *o = job_to_json(j);
+    if (!o || !cJSON_AddItemToArray(array, o)) {
+        cJSON_Delete(o);
+        return -1;
+    }
+    return g->name && (!j->last_checkpoint || g->last_checkpoint) ? 0 : -1;
+}
+
+// The GPUs' memory and use as gpu.c last sampled them (gpus_to_json: its one public view).
+static void add_gpu_samples(Snapshot *s) {
+    cJSON *gpus = gpus_to_json(), *g;
+    cJSON_ArrayForEach(g, gpus) {
+        const cJSON *index = cJSON_GetObjectItemCaseSensitive(g, "index");
+        const cJSON *mem = cJSON_GetObjectItemCaseSensitive(g, "memory_used_bytes");
+        const cJSON *util = cJSON_GetObjectItemCaseSensitive(g, "utilization_pct");
+        for (int i = 0; astraid.devices.gpu && i < s->n_devices; i++) {
+            if (!cJSON_IsNumber(index) || astraid.devices.ids[i] != index->valueint) continue;
+            if (cJSON_IsNumber(mem)) s->devices[i].mem_used = (int64_t)mem->valuedouble;
+            if (cJSON_IsNumber(util)) s->devices[i].util_pct = util->valueint;
+        }
+    }
+    cJSON_Delete(gpus);
+}
+
+// What the HTTP threads show, read off the Job list and the devices (loop thread). NULL
+// when out of memory.
+static Snapshot *snapshot_build(void) {
+    Snapshot *s = calloc(1, sizeof *s);
+    if (!s) return NULL;
+    s->refs = 1;
+    s->built_mono = clock_mono_s();
+    s->connections = server_connections();
+    metrics_requests(&s->requests);
+    int n = 0, finished = 0;
+    for (const Job *j = astraid.jobs; j; j = j->next) {
+        if (!job_visible(j)) continue;
+        n++;
+        finished += job_is_final(j->state);
+        s->by_state[j->shown_state]++;
+    }
+    Devices *d = &astraid.devices;
+    s->jobs = calloc((size_t)n + 1, sizeof *s->jobs);
+    s->runs = calloc((size_t)n + 1, sizeof *s->runs);
+    s->devices = calloc((size_t)d->n + 1, sizeof *s->devices);
+    cJSON *array = cJSON_CreateArray();
+    int ok = s->jobs && s->runs && s->devices && array;
+    int skip = finished > API_FINISHED ? finished - API_FINISHED : 0; // the oldest finished
+    for (const Job *j = astraid.jobs; j && ok; j = j->next) {
+        if (!job_visible(j)) continue;
+        char dir[4096];
+        JobRunDir *r = &s->runs[s->n_runs];
+        r->id = j->id;
+        ok = !job_run_dir(j, dir, sizeof dir) && (r->run_dir = strdup(dir));
+        s->n_runs += ok;
+        if (ok && job_is_final(j->state) && skip > 0)
+            skip--;
+        else if (ok)
+            ok = !add_job(s, array, j);
+    }
+    for (int i = 0; ok && i < d->n; i++) {
+        device_name(d, d->ids[i], s->devices[i].name, sizeof s->devices[i].name);
+        s->devices[i].job = d->used[i];
+        s->devices[i].mem_used = -1;
+        s->devices[i].util_pct = -1;
+    }
+    s->n_devices = ok ? d->n : 0;
+    if (ok) add_gpu_samples(s);
+    s->jobs_json = ok ? cJSON_PrintUnformatted(array) : NULL;
+    cJSON_Delete(array);
+    if (!s->jobs_json) {
+        snapshot_free(s);
+        return NULL;
+    }
+    return s;
+}
+
+// Loop thread: a reader asked for a new snapshot.
+static void on_wake(uv_async_t *h) {
+    (void)h;
+    Snapshot *s = snapshot_build(), *old = NULL;
+    if (!s) {
+        log_warn("http: out of memory building the snapshot; serving the last one");
+        return;
+    }
+    pthread_mutex_lock(&mu);
+    old = current;
+    current = s;
+    pthread_cond_broadcast(&fresh);
+    pthread_mutex_unlock(&mu);
+    snapshot_release(old);
+}
+
+// A reference to a snapshot at most SNAPSHOT_MAX_AGE_S old (or the last one when the loop
+// does not answer within SNAPSHOT_WAIT_S); NULL when there has never been one.
+static Snapshot *snapshot_get(void) {
+    pthread_mutex_lock(&mu);
+    Snapshot *seen = current;
+    if (!stopping && (!seen || clock_mono_s() - seen->built_mono > SNAPSHOT_MAX_AGE_S)) {
+        uv_async_send(&wake);
+        struct timespec until;
+        clock_gettime(CLOCK_MONOTONIC, &until);
+        until.tv_sec += (time_t)SNAPSHOT_WAIT_S;
+        while (current == seen && !stopping)
+            if (pthread_cond_timedwait(&fresh, &mu, &until) == ETIMEDOUT) break;
+    }
+    Snapshot *s = current;
+    if (s) s->refs++;
+    pthread_mutex_unlock(&mu);
+    return s;
+}
+
+// ---------------------------------------------------------------- responses
+
+static enum MHD_Result respond(struct MHD_Connection *conn, unsigned status, const char *type,
+                               char *body, size_t len, enum MHD_ResponseMemoryMode mode) {
+    struct MHD_Response *r = MHD_create_response_from_buffer(len, body, mode);
+    if (!r) {
+        if (mode == MHD_RESPMEM_MUST_FREE) free(body);
+        return MHD_NO; // out of memory: the connection is closed
+    }
+    MHD_add_response_header(r, MHD_HTTP_HEADER_CONTENT_TYPE, type);
+    MHD_add_response_header(r, MHD_HTTP_HEADER_CACHE_CONTROL, "no-store");
+    if (status == MHD_HTTP_UNAUTHORIZED)
+        MHD_add_response_header(r, MHD_HTTP_HEADER_WWW_AUTHENTICATE, "Bearer");
+    if (status == MHD_HTTP_METHOD_NOT_ALLOWED)
+        MHD_add_response_header(r, MHD_HTTP_HEADER_ALLOW, "GET");
+    enum MHD_Result rc = MHD_queue_response(conn, status, r);
+    MHD_destroy_response(r);
+    return rc;
+}
+
+static enum MHD_Result respond_text(struct MHD_Connection *conn, unsigned status,
+                                    const char *text) {
+    return respond(conn, status, "text/plain; charset=utf-8", (char *)text, strlen(text),
+                   MHD_RESPMEM_PERSISTENT);
+}
+
+// Takes o.
+static enum MHD_Result respond_json(struct MHD_Connection *conn, unsigned status, cJSON *o) {
+    char *text = o ? cJSON_PrintUnformatted(o) : NULL;
+    cJSON_Delete(o);
+    if (!text) return respond_text(conn, MHD_HTTP_INTERNAL_SERVER_ERROR, "out of memory\n");
+    // cJSON allocates with malloc (its default hooks): MHD frees it with free().
+    return respond(conn, status, "application/json", text, strlen(text), MHD_RESPMEM_MUST_FREE);
+}
+
+static enum MHD_Result respond_error(struct MHD_Connection *conn, unsigned status,
+                                     const char *msg) {
+    cJSON *o = cJSON_CreateObject();
+    if (o) cJSON_AddStringToObject(o, "error", msg);
+    return respond_json(conn, status, o);
+}
+
+// ---------------------------------------------------------------- routes
+
+static enum MHD_Result get_metrics(struct MHD_Connection *conn, const Snapshot *s) {
+    size_t len;
+    char *text = metrics_render(s, &len);
+    if (!text) return respond_text(conn, MHD_HTTP_INTERNAL_SERVER_ERROR, "out of memory\n");
+    return respond(conn, MHD_HTTP_OK, "text/plain; version=0.0.4; charset=utf-8", text, len,
+                   MHD_RESPMEM_MUST_FREE);
+}
+
+static enum MHD_Result get_jobs(struct MHD_Connection *conn, const Snapshot *s) {
+    const char *fmt = "{\"jobs\":%s,\"uptime_s\":%.3f}";
+    double uptime = clock_mono_s() - astraid.started_at;
+    int n = snprintf(NULL, 0, fmt, s->jobs_json, uptime);
+    char *body = n > 0 ? malloc((size_t)n + 1) : NULL;
+    if (!body) return respond_text(conn, MHD_HTTP_INTERNAL_SERVER_ERROR, "out of memory\n");
+    snprintf(body, (size_t)n + 1, fmt, s->jobs_json, uptime);
+    return respond(conn, MHD_HTTP_OK, "application/json", body, (size_t)n, MHD_RESPMEM_MUST_FREE);
+}
+
+// Query parameter `key`, an integer in [lo, hi]; *out keeps its default when absent.
+// -1 with a message naming it in err.
+static int query_long(struct MHD_Connection *conn, const char *key, long lo, long hi, long *out,
+                      Err *err) {
+    const char *v = MHD_lookup_connection_value(conn, MHD_GET_ARGUMENT_KIND, key);
+    if (!v) return 0;
+    char *end;
+    errno = 0;
+    long x = strtol(v, &end, 10);
+    if (end == v || *end || errno || x < lo || x > hi)
+        return err_set(err, "%s: expected an integer in [%ld, %ld], got '%.64s'", key, lo, hi, v);
+    *out = x;
+    return 0;
+}
+
+static const char *run_dir_of(const Snapshot *s, long id) {
+    int lo = 0, hi = s->n_runs - 1;
+    while (lo <= hi) {
+        int mid = (lo + hi) / 2;
+        if (s->runs[mid].id == id) return s->runs[mid].run_dir;
+        if (s->runs[mid].id < id)
+            lo = mid + 1;
+        else
+            hi = mid - 1;
+    }
+    return NULL;
+}
+
+static enum MHD_Result get_history(struct MHD_Connection *conn, const Snapshot *s) {
+    Err err = {0};
+    long job = 0, since = 0, limit = HISTORY_LIMIT;
+    if (!MHD_lookup_connection_value(conn, MHD_GET_ARGUMENT_KIND, "job"))
+        return respond_error(conn, MHD_HTTP_BAD_REQUEST, "job: missing (?job=ID)");
+    if (query_long(conn, "job", 1, 1L << 53, &job, &err) ||
+        query_long(conn, "since_step", 0, 1L << 53, &since, &err) ||
+        query_long(conn, "limit", 1, HISTORY_LIMIT_MAX, &limit, &err))
+        return respond_error(conn, MHD_HTTP_BAD_REQUEST, err.msg);
+    const char *run_dir = run_dir_of(s, job);
+    if (!run_dir) {
+        char msg[64];
+        snprintf(msg, sizeof msg, "no such job: %ld", job);
+        return respond_error(conn, MHD_HTTP_NOT_FOUND, msg);
+    }
+    cJSON *steps = NULL;
+    int more = 0;
+    if (curve_read(run_dir, since, limit, &steps, &more, &err))
+        return respond_error(conn, MHD_HTTP_INTERNAL_SERVER_ERROR, err.msg);
+    cJSON *o = cJSON_CreateObject();
+    if (!o || !cJSON_AddItemToObject(o, "steps", steps)) {
+        cJSON_Delete(steps);
+        cJSON_Delete(o);
+        return respond_text(conn, MHD_HTTP_INTERNAL_SERVER_ERROR, "out of memory\n");
+    }
+    cJSON_AddBoolToObject(o, "more", more);
+    return respond_json(conn, MHD_HTTP_OK, o);
+}
+
+// ---------------------------------------------------------------- access
+
+static int is_loopback(const struct sockaddr *a) {
+    if (a->sa_family == AF_INET)
+        return (ntohl(((const struct sockaddr_in *)a)->sin_addr.s_addr) >> 24) == 127;
+    if (a->sa_family != AF_INET6) return 0;
+    const struct in6_addr *a6 = &((const struct sockaddr_in6 *)a)->sin6_addr;
+    return IN6_IS_ADDR_LOOPBACK(a6) || (IN6_IS_ADDR_V4MAPPED(a6) && a6->s6_addr[12] == 127);
+}
+
+// A loopback peer, or one with the bearer token.
+static int authorized(struct MHD_Connection *conn) {
+    const union MHD_ConnectionInfo *info =
+        MHD_get_connection_info(conn, MHD_CONNECTION_INFO_CLIENT_ADDRESS);
+    if (info && info->client_addr && is_loopback(info->client_addr)) return 1;
+    const char *auth =
+        MHD_lookup_connection_value(conn, MHD_HEADER_KIND, MHD_HTTP_HEADER_AUTHORIZATION);
+    const char *scheme = "Bearer ";
+    return auth && !strncmp(auth, scheme, strlen(scheme)) &&
+           server_check_token(auth + strlen(scheme));
+}
+
+static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const char *url,
+                                  const char *method, const char *version, const char *upload_data,
+                                  size_t *upload_data_size, void **con_cls) {
+    (void)cls, (void)version, (void)upload_data;
+    // Not a GET: answered at once, its body unread (the connection then closes).
+    if (strcmp(method, MHD_HTTP_METHOD_GET))
+        return respond_text(conn, MHD_HTTP_METHOD_NOT_ALLOWED, "only GET\n");
+    int page = !strcmp(url, "/");
+    if (!page && !authorized(conn))
+        return respond_text(conn, MHD_HTTP_UNAUTHORIZED,
+                            "unauthorized: send Authorization: Bearer TOKEN\n");
+    // A GET's first call has its headers only; answered then, libmicrohttpd could not know
+    // the request is over and would close the connection. Answered on the next call, the
+    // connection stays open for the next request.
+    static int headers_seen;
+    if (!*con_cls) {
+        *con_cls = &headers_seen;
+        return MHD_YES;
+    }
+    if (*upload_data_size) {
+        *upload_data_size = 0; // a GET with a body: read and dropped
+        return MHD_YES;
+    }
+    if (page)
+        return respond(conn, MHD_HTTP_OK, "text/html; charset=utf-8", (char *)web_index_html,
+                       web_index_html_len, MHD_RESPMEM_PERSISTENT);
+    int metrics = !strcmp(url, "/metrics"), jobs = !strcmp(url, "/api/jobs");
+    int history = !strcmp(url, "/api/history");
+    if (!metrics && !jobs && !history) return respond_text(conn, MHD_HTTP_NOT_FOUND, "not found\n");
+    Snapshot *s = snapshot_get();
+    if (!s) return respond_text(conn, MHD_HTTP_SERVICE_UNAVAILABLE, "astraid is not answering\n");
+    enum MHD_Result rc = metrics ? get_metrics(conn, s)
+                         : jobs  ? get_jobs(conn, s)
+                                 : get_history(conn, s);
+    snapshot_release(s);
+    return rc;
+}
+
+static void mhd_log(void *cls, const char *fmt, va_list ap) {
+    (void)cls;
+    char msg[512];
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    msg[strcspn(msg, "\n")] = 0;
+    log_debug("http: %s", msg);
+}
+
+// ---------------------------------------------------------------- start, stop
+
+int http_check_config(const Config *c, Err *err) {
+    struct sockaddr_storage ss;
+    if (!c->http) return 0;
+    if (server_parse_address("http", c->http, &ss, err)) return -1;
+    if (!is_loopback((struct sockaddr *)&ss) && !c->token_file)
+        return err_set(err,
+                       "http: --http %s is not a loopback address: it needs --token-file (peers "
+                       "off loopback send it as a bearer token)",
+                       c->http);
+    return 0;
+}
+
+int http_start(Err *err) {
+    struct sockaddr_storage ss;
+    if (!astraid.cfg.http) return 0;
+    if (server_parse_address("http", astraid.cfg.http, &ss, err)) return -1;
+    pthread_condattr_t attr;
+    pthread_condattr_init(&attr);
+    pthread_condattr_setclock(&attr, CLOCK_MONOTONIC);
+    pthread_cond_init(&fresh, &attr);
+    pthread_condattr_destroy(&attr);
+    uv_async_init(astraid.loop, &wake, on_wake);
+    wake_open = 1;
+    unsigned flags = MHD_USE_POLL_INTERNAL_THREAD | MHD_USE_ERROR_LOG;
+    if (ss.ss_family == AF_INET6) flags |= MHD_USE_IPv6;
+    mhd = MHD_start_daemon(
+        flags, 0, NULL, NULL, on_request, NULL, MHD_OPTION_EXTERNAL_LOGGER, mhd_log, NULL,
+        MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&ss, MHD_OPTION_THREAD_POOL_SIZE,
+        (unsigned)HTTP_THREADS, MHD_OPTION_CONNECTION_LIMIT, HTTP_CONNECTIONS,
+        MHD_OPTION_CONNECTION_TIMEOUT, HTTP_TIMEOUT_S, MHD_OPTION_CONNECTION_MEMORY_LIMIT,
+        (size_t)HTTP_HEADER_BYTES, MHD_OPTION_END);
+    if (!mhd)
+        return err_resource(err, "http: cannot listen on %s (in use, or not an address here?)",
+                            astraid.cfg.http);
+    log_info("http: listening on %s", astraid.cfg.http);
+    return 0;
+}
+
+void http_stop(void) {
+    if (!wake_open) return; // never started
+    pthread_mutex_lock(&mu);
+    stopping = 1; // a reader waiting for the loop takes what there is
+    pthread_cond_broadcast(&fresh);
+    pthread_mutex_unlock(&mu);
+    if (mhd) MHD_stop_daemon(mhd); // its threads are gone: nothing reads the snapshot
+    mhd = NULL;
+    if (!uv_is_closing((uv_handle_t *)&wake)) uv_close((uv_handle_t *)&wake, NULL);
+    snapshot_release(current);
+    current = NULL;
+}

@@ -1,0 +1,259 @@
+"""astraid's HTTP listener (--http) against bad input, and its /api routes. A real daemon,
+real training ranks (tiny models), a real socket; no mocks.
+
+- /api/jobs: {"jobs": [JOB...], "uptime_s"}: the JOB objects `status` returns, every live job
+  and the 100 newest finished ones, ascending id;
+- /api/history: the steps of the job's progress.db (read here with sqlite3), paged by
+  since_step/limit with "more"; an unknown job 404 and a bad parameter 400, each named;
+- bad HTTP input: oversized headers (431 or a closed connection), unknown paths (404), POST
+  (405), a malformed request line, 200 slow clients holding half a request; meanwhile the
+  control socket answers status promptly, afterwards /metrics answers again, a lone slow
+  client is closed after the listener's timeout, and astraid's CPU time stays small."""
+
+import json
+import math
+import os
+import socket
+import sqlite3
+import threading
+import time
+import urllib.error
+import urllib.request
+
+import daemon_util as du
+import train_util as tu
+
+SANITIZED = os.environ.get("ASTRAI_SANITIZED") in ("1", "ON", "TRUE", "true")
+LATENCY_BOUND = 3.0 if SANITIZED else 1.0  # seconds for status during the abuse
+CPU_BOUND = 6.0 if SANITIZED else 2.0      # astraid's CPU seconds over the whole abuse
+SLOW_CLIENTS = 200
+HTTP_TIMEOUT_S = 10  # daemon/http.c HTTP_TIMEOUT_S
+API_FINISHED = 100   # finished jobs /api/jobs shows
+
+
+def http_get(port, path, headers=None, host="127.0.0.1", timeout=30):
+    """(status, headers, body bytes) of GET http://host:port/path."""
+    req = urllib.request.Request(f"http://{host}:{port}{path}", headers=headers or {})
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as r:
+            return r.status, r.headers, r.read()
+    except urllib.error.HTTPError as e:
+        return e.code, e.headers, e.read()
+
+
+def http_setup(root):
+    """A tiny model and dataset, and astraid with --http on a free loopback port:
+    (model, data, port, daemon)."""
+    model, data = du.make_setup(root, n_windows=24)
+    port = tu.free_port()
+    os.makedirs(os.path.join(root, "d"))
+    d = du.Daemon(os.path.join(root, "d"), args=[f"--http=127.0.0.1:{port}"])
+    return model, data, port, d.start()
+
+
+def timed(what, fn, *args):
+    """fn(*args), then a line saying how long it took."""
+    t = time.time()
+    fn(*args)
+    print(f"{what} ok ({time.time() - t:.1f} s)")
+
+
+def cpu_seconds(pid):
+    """utime + stime of a process (all its threads), from /proc/PID/stat."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def raw_exchange(port, data, timeout=10):
+    """Sends data on a new connection; what came back until the peer closed (or the
+    timeout), and whether it closed."""
+    s = socket.create_connection(("127.0.0.1", port), timeout=timeout)
+    got, closed = b"", False
+    try:
+        s.sendall(data)
+        while True:
+            chunk = s.recv(65536)
+            if not chunk:
+                closed = True
+                break
+            got += chunk
+    except (socket.timeout, ConnectionResetError, BrokenPipeError):
+        closed = True
+    finally:
+        s.close()
+    return got, closed
+
+
+def progress_steps(run_dir):
+    db = sqlite3.connect(f"file:{os.path.join(run_dir, 'progress.db')}?mode=ro", uri=True)
+    rows = db.execute("SELECT step, loss FROM steps ORDER BY step").fetchall()
+    db.close()
+    return rows
+
+
+def check_history(d, port, c, job):
+    status, headers, body = http_get(port, f"/api/history?job={job}")
+    assert status == 200 and headers["Content-Type"] == "application/json", (status, body)
+    h = json.loads(body)
+    assert set(h) == {"steps", "more"} and h["more"] is False, h
+    want = progress_steps(os.path.join(d.state_dir, "jobs", str(job)))
+    assert len(want) >= 4, f"the job wrote {len(want)} steps"
+    # cJSON prints a double with 15 significant digits when that reads back within an ulp.
+    got = [(s["step"], s["loss"]) for s in h["steps"]]
+    assert [g[0] for g in got] == [w[0] for w in want] and all(
+        math.isclose(g[1], w[1], rel_tol=1e-15) for g, w in zip(got, want)), \
+        f"/api/history {got}\nprogress.db {want}"
+    for s in h["steps"]:
+        assert {"step", "loss", "lr", "grad_norm", "tokens_per_s", "wall_time"} <= set(s), s
+    # Paging: since_step and limit, "more" while rows remain.
+    first = json.loads(http_get(port, f"/api/history?job={job}&limit=2")[2])
+    assert [s["step"] for s in first["steps"]] == [r[0] for r in want[:2]] and first["more"]
+    rest = json.loads(http_get(port, f"/api/history?job={job}&since_step="
+                                     f"{first['steps'][-1]['step']}&limit=10000")[2])
+    assert [s["step"] for s in rest["steps"]] == [r[0] for r in want[2:]] and not rest["more"]
+    status, _, body = http_get(port, "/api/history?job=99999")
+    assert status == 404 and json.loads(body) == {"error": "no such job: 99999"}, (status, body)
+    for query, named in [("job=abc", "job"), ("", "job"), (f"job={job}&limit=0", "limit"),
+                         (f"job={job}&limit=10001", "limit"),
+                         (f"job={job}&since_step=-1", "since_step"),
+                         (f"job={job}&since_step=1x", "since_step")]:
+        status, _, body = http_get(port, f"/api/history?{query}")
+        assert status == 400 and named in json.loads(body)["error"], (query, status, body)
+
+
+def check_api_jobs(port, c, done_job, model, data, root):
+    """A running job, API_FINISHED + 2 cancelled queued ones: /api/jobs has every live job
+    and the newest API_FINISHED finished ones, each exactly as status returns it."""
+    long_model, long_data = du.make_setup(os.path.join(root, "long"), n_windows=4000)
+    running = c.call("submit", du.spec(long_model, long_data, name="long"))["job"]
+    du.wait_job(c, running, ["running"])
+    queued = c.call("submit", du.spec(model, data, name="waits"))["job"]
+    cancelled = []
+    for i in range(API_FINISHED + 2):
+        j = c.call("submit", du.spec(model, data, name=f"c{i}"))["job"]
+        c.call("cancel", {"job": j})
+        cancelled.append(j)
+    status, headers, body = http_get(port, "/api/jobs")
+    assert status == 200 and headers["Content-Type"] == "application/json", (status, body)
+    got = json.loads(body)
+    assert set(got) == {"jobs", "uptime_s"} and got["uptime_s"] > 0, got.keys()
+    ids = [j["id"] for j in got["jobs"]]
+    finished = [done_job] + cancelled
+    want = sorted([running, queued] + finished[-API_FINISHED:])
+    assert ids == want, f"ids {ids[:5]}... ({len(ids)}), want {want[:5]}... ({len(want)})"
+    by_id = {j["id"]: j for j in got["jobs"]}
+    for j in [queued, cancelled[-1]]:
+        assert by_id[j] == c.call("status", {"job": j}), j
+    assert by_id[running]["state"] == "running"
+    c.call("cancel", {"job": running})
+    du.wait_job(c, running, ["cancelled"])
+    c.call("cancel", {"job": queued})
+
+
+class StatusPoller:
+    """status of a job over the control socket in a loop (a thread), keeping the slowest."""
+
+    def __init__(self, d, job):
+        self.c, self.job, self.worst, self.n, self.run = d.client(), job, 0.0, 0, True
+        self.t = threading.Thread(target=self.loop)
+        self.t.start()
+
+    def loop(self):
+        while self.run:
+            t0 = time.monotonic()
+            self.c.call("status", {"job": self.job})
+            self.worst = max(self.worst, time.monotonic() - t0)
+            self.n += 1
+            time.sleep(0.01)
+
+    def stop(self):
+        self.run = False
+        self.t.join()
+        self.c.close()
+
+
+def check_abuse(d, port, job):
+    pid = d.proc.pid
+    cpu0 = cpu_seconds(pid)
+    poller = StatusPoller(d, job)
+    # Oversized headers: 431, or the connection closed; never a crash.
+    got, closed = raw_exchange(port, b"GET /metrics HTTP/1.1\r\nHost: x\r\nX-Big: " +
+                               b"a" * (1 << 20) + b"\r\n\r\n")
+    assert got.startswith(b"HTTP/1.1 431") or (closed and not got), got[:100]
+    # Unknown paths, other methods.
+    status, _, body = http_get(port, "/no/such/path")
+    assert status == 404 and body, (status, body)
+    for path in ["/metricsx", "/api", "/api/jobs/1"]:
+        assert http_get(port, path)[0] == 404, path
+    got, _ = raw_exchange(port, b"POST /metrics HTTP/1.1\r\nHost: x\r\nContent-Length: 4\r\n"
+                          b"Connection: close\r\n\r\nabcd")
+    assert got.startswith(b"HTTP/1.1 405"), got[:100]
+    # A malformed request line: 400, or the connection closed.
+    got, closed = raw_exchange(port, b"GARBAGE\r\n\r\n")
+    assert got.startswith(b"HTTP/1.1 400") or (closed and not got), got[:100]
+    got, closed = raw_exchange(port, b"GET\x00/ HTTP/9.9\r\n\r\n")
+    assert got.startswith(b"HTTP/1.1 4") or (closed and not got), got[:100]
+    # 200 slow clients: half a request each, held.
+    slow = []
+    for _ in range(SLOW_CLIENTS):
+        try:
+            s = socket.create_connection(("127.0.0.1", port), timeout=5)
+            s.sendall(b"GET /metrics HTTP/1.1\r\nHost: x\r\n")
+            slow.append(s)
+        except OSError:
+            break  # refused past the backlog: bounded, as it should be
+    assert len(slow) >= 64, f"only {len(slow)} slow connections could even connect"
+    time.sleep(2)
+    assert d.proc.poll() is None, "astraid died"
+    for s in slow:
+        s.close()
+    # /metrics answers again once they are gone.
+    t0 = time.monotonic()
+    while True:
+        try:
+            status, _, body = http_get(port, "/metrics", timeout=5)
+            break
+        except OSError:
+            assert time.monotonic() - t0 < 30, "/metrics did not answer after the slow clients"
+            time.sleep(0.2)
+    assert status == 200 and b"astrai_job_state" in body, status
+    print(f"/metrics answered {time.monotonic() - t0:.1f} s after the slow clients left")
+    poller.stop()
+    cpu = cpu_seconds(pid) - cpu0
+    print(f"abuse: status worst {poller.worst * 1e3:.1f} ms over {poller.n} calls; "
+          f"astraid used {cpu:.2f} s CPU; {len(slow)} slow clients connected")
+    assert poller.n > 50, f"status answered only {poller.n} times"
+    assert poller.worst < LATENCY_BOUND, f"status took {poller.worst:.2f} s during the abuse"
+    assert cpu < CPU_BOUND, f"astraid used {cpu:.2f} s of CPU over the abuse"
+
+    # A lone slow client is closed after the listener's timeout.
+    s = socket.create_connection(("127.0.0.1", port), timeout=HTTP_TIMEOUT_S + 20)
+    s.sendall(b"GET /metrics HTTP/1.1\r\n")
+    t0 = time.monotonic()
+    try:
+        rest = s.recv(100)
+    except ConnectionResetError:
+        rest = b""
+    waited = time.monotonic() - t0
+    s.close()
+    assert rest == b"" and HTTP_TIMEOUT_S - 1 <= waited <= HTTP_TIMEOUT_S + 10, (rest, waited)
+
+
+def main():
+    root = tu.tmpdir()
+    model, data, port, d = http_setup(root)
+    with du.guarded(d):
+        c = d.client()
+        job = c.call("submit", du.spec(model, data, name="hist"))["job"]
+        du.wait_job(c, job, ["completed"])
+        timed("history", check_history, d, port, c, job)
+        timed("api/jobs", check_api_jobs, port, c, job, model, data, root)
+        timed("abuse", check_abuse, d, port, job)
+        c.close()
+        assert d.stop() == 0
+    print("ok")
+
+
+if __name__ == "__main__":
+    main()
