@@ -160,10 +160,10 @@ typedef struct Job {
     long runs;                                  // runs started so far (run<N>-rank<R>.log)
     double hold_until;  // restart backoff: not started before this clock_mono_s()
     long start_retries; // runs in a row that could not start for want of a resource (fds, memory)
-    Run *run;             // the ranks of its run under the local executor, while they live
-    SlurmRun *slurm;      // its Slurm job under the slurm executor, until it ended
-    long slurm_id;        // the Slurm job id of its last run (slurm executor), 0: none
-    int ending; // its run ended: what it left (progress, checkpoints) is being read
+    Run *run;           // the ranks of its run under the local executor, while they live
+    SlurmRun *slurm;    // its Slurm job under the slurm executor, until it ended
+    long slurm_id;      // the Slurm job id of its last run (slurm executor), 0: none
+    int ending;         // its run ended: what it left (progress, checkpoints) is being read
     // Changes on their way to the database (state.c's writer): a verb's change is made once
     // its row committed, if version (bumped by every change written) is still the one it
     // was planned on; changing counts them. unsaved: a submit not committed yet; removing:
