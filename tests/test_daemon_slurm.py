@@ -144,6 +144,8 @@ def run(root, cluster):
 
         # astraid killed -9 and started again: it finds the Slurm job and tracks it on.
         du.wait_job(c, jid, ["running"], timeout=120, pred=lambda j: j["step"] > step_before)
+        with open(os.path.join(d.shared, "jobs", str(jid), "run2-rank0.log")) as f:
+            assert "resum" in f.read().lower(), "run 2 did not resume from the checkpoint"
         c.close()
         d.kill9()
         d.start()
