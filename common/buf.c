@@ -1,7 +1,9 @@
 // buf.c: growable arrays and byte buffers (buf.h).
 #include "common/buf.h"
 
+#include <stdarg.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -26,6 +28,19 @@ int buf_append(Buf *b, const void *data, size_t n) {
     if (n) memcpy(b->data + b->len, data, n);
     b->len += n;
     b->data[b->len] = 0;
+    return 0;
+}
+
+int buf_printf(Buf *b, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    int n = vsnprintf(NULL, 0, fmt, ap);
+    va_end(ap);
+    if (n < 0 || buf_reserve(&b->data, &b->cap, b->len + (size_t)n + 1, 1)) return -1;
+    va_start(ap, fmt);
+    vsnprintf(b->data + b->len, (size_t)n + 1, fmt, ap);
+    va_end(ap);
+    b->len += (size_t)n;
     return 0;
 }
 

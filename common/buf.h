@@ -16,6 +16,8 @@ typedef struct {
 
 // Appends n bytes: 0, or -1 when out of memory (b unchanged).
 int buf_append(Buf *b, const void *data, size_t n);
+// Appends printf's output: 0, or -1 when out of memory (b unchanged).
+int buf_printf(Buf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 // Takes the bytes (NULL when none were appended; the caller frees them); b is empty again.
 char *buf_take(Buf *b);
 void buf_free(Buf *b);

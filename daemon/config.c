@@ -37,6 +37,16 @@ const ConfigOption CONFIG_OPTIONS[] = {
      "seconds between progress reads"},
     {"keep-finished", OPT_STR, offsetof(Config, keep_finished), 0, 0,
      "keep the N newest finished jobs (N), or those of the last D days (Dd)"},
+    {"executor", OPT_STR, offsetof(Config, executor), 0, 0, "local | slurm"},
+    {"shared-dir", OPT_STR, offsetof(Config, shared_dir), 0, 0,
+     "the jobs' run directories, seen by every node (default: state-dir)"},
+    {"slurm-partition", OPT_STR, offsetof(Config, slurm_partition), 0, 0, "sbatch --partition"},
+    {"slurm-account", OPT_STR, offsetof(Config, slurm_account), 0, 0, "sbatch --account"},
+    {"slurm-time", OPT_STR, offsetof(Config, slurm_time), 0, 0, "sbatch --time of a job"},
+    {"slurm-sbatch-args", OPT_STR, offsetof(Config, slurm_sbatch_args), 0, 0,
+     "more sbatch arguments, space-separated"},
+    {"slurm-gpus-per-node", OPT_LONG, offsetof(Config, slurm_gpus_per_node), 0, 4096,
+     "GPUs per node of a job that does not say (0: CPU tasks)"},
 };
 const size_t CONFIG_N_OPTIONS = sizeof CONFIG_OPTIONS / sizeof *CONFIG_OPTIONS;
 

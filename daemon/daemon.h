@@ -17,6 +17,7 @@
 //   progress_reader.c each running job's progress.db, polled read-only off the loop
 //   curve.c           a job's training curve from its progress.db (history, the web page)
 //   sdnotify.c        systemd notifications and socket activation
+//   slurm.c           the slurm executor: jobs run as Slurm batch jobs (sbatch, squeue, scancel)
 #pragma once
 #include <stdint.h>
 #include <sys/types.h>
@@ -56,6 +57,12 @@ typedef struct {
     double auth_timeout;      // seconds a tcp connection gets to authenticate
     double poll_interval;     // seconds between progress.db reads
     char *keep_finished;      // retention of finished jobs: "N" (the N newest) or "Dd" (days)
+    char *executor;           // "local" (default) or "slurm"
+    char *shared_dir;         // the jobs' run directories (default state_dir): under slurm, a
+                              // directory the cluster's nodes see at the same path
+    char *slurm_partition, *slurm_account, *slurm_time; // sbatch's --partition/--account/--time
+    char *slurm_sbatch_args;                            // more sbatch arguments (space-separated)
+    long slurm_gpus_per_node; // a job's GPUs per node when it does not say (0: CPU tasks)
 } Config;
 
 // One option: a --flag of astraid and a key of its config file.
@@ -133,6 +140,7 @@ typedef struct {
 
 typedef struct Run Run;
 typedef struct JobText JobText;
+typedef struct SlurmRun SlurmRun;
 
 typedef struct Job {
     long id;
@@ -158,8 +166,10 @@ typedef struct Job {
     long runs;                                  // runs started so far (run<N>-rank<R>.log)
     double hold_until;  // restart backoff: not started before this clock_mono_s()
     long start_retries; // runs in a row that could not start for want of a resource (fds, memory)
-    Run *run;
-    int ending; // its run ended: what it left (progress, checkpoints) is being read
+    Run *run;           // the ranks of its run under the local executor, while they live
+    SlurmRun *slurm;    // its Slurm job under the slurm executor, until it ended
+    long slurm_id;      // the Slurm job id of its last run (slurm executor), 0: none
+    int ending;         // its run ended: what it left (progress, checkpoints) is being read
     // Changes on their way to the database (state.c's writer): a verb's change is made once
     // its row committed, if version (bumped by every change written) is still the one it
     // was planned on; changing counts them. unsaved: a submit not committed yet; removing:
@@ -178,6 +188,7 @@ typedef struct Job {
 typedef void (*ChangeDone)(void *arg, int code, const Err *err);
 
 int job_visible(const Job *j); // shown to clients: neither unsaved nor removing
+int job_has_run(const Job *j); // a run of it is alive (local ranks or a Slurm job)
 Job *job_find(long id);        // a visible job, NULL for any other id
 // Sets astraid.next_id past the database's ids and every state_dir/jobs/<id> directory;
 // a directory the database does not know is logged and listed by jobs_unknown_dirs.
@@ -328,6 +339,29 @@ int curve_read(const char *run_dir, long since_step, long limit, cJSON **steps, 
                Err *err);
 #define HISTORY_LIMIT 2000      // steps of a history page (method, /api/history) unless asked
 #define HISTORY_LIMIT_MAX 10000 // the largest page asked for
+// ---------------------------------------------------------------- slurm.c
+// --executor slurm (docs/slurm.md): finds sbatch/squeue/scancel/scontrol and asks slurmctld
+// (a failure is logged: astraid serves, and submits say why they cannot run). Starts the
+// poll of the Slurm jobs (squeue/scontrol and the ranks' log files, every poll-interval, off
+// the loop). Needs astraid.loop.
+void slurm_init(void);
+void slurm_free(void); // after uv_run returned
+// A new job's sbatch --test-only (off the loop): done(arg, 0, NULL) when Slurm would take
+// it, else done(arg, RPC_INVALID_PARAMS, err) with Slurm's message. -1 when it could not
+// even be queued.
+int slurm_check_submit(const Job *j, ChangeDone done, void *arg, Err *err);
+// A run as a Slurm job: the batch script into the run directory, sbatch off the loop; the
+// job is `starting` until Slurm answers, then as squeue says (PENDING: queued, RUNNING:
+// running). Ends through job_run_ended like a local run.
+int slurm_start(Job *j, Err *err);
+// pause/shutdown: scancel --signal=TERM (every rank checkpoints at one step and exits 3);
+// a pending job is just cancelled; shutdown leaves the Slurm job running (astraid finds
+// it again at its next start). cancel: scancel.
+void slurm_stop(Job *j, StopKind why);
+void slurm_checkpoint(Job *j); // scancel --signal=USR1
+// At start, for a job whose Slurm job may still live (slurm_id set): tracked again.
+int slurm_attach(Job *j);
+const char *slurm_state(const Job *j); // Slurm's word for its live run ("RUNNING"), or NULL
 
 // ---------------------------------------------------------------- sdnotify.c
 void sd_init(void); // takes NOTIFY_SOCKET / LISTEN_* out of the environment
@@ -452,6 +486,7 @@ typedef struct {
     long next_id;
     double started_at; // clock_mono_s() at start (uptime)
     int stopping;      // SIGTERM/SIGINT taken: no new runs, the running ones are stopped
+    int slurm;         // --executor slurm
 } Astraid;
 
 extern Astraid astraid;

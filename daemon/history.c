@@ -168,7 +168,7 @@ static int remove_jobs(Deletion *r, Err *err) {
 
 // A final job whose ranks are gone and that no change or removal is under way for.
 static int removable(const Job *j) {
-    return job_is_final(j->state) && !j->run && !j->ending && !j->changing && !j->removing;
+    return job_is_final(j->state) && !job_has_run(j) && !j->ending && !j->changing && !j->removing;
 }
 
 int job_remove(Job *j, ChangeDone done, void *arg, int *code, Err *err) {
@@ -177,9 +177,9 @@ int job_remove(Job *j, ChangeDone done, void *arg, int *code, Err *err) {
         return err_set(err,
                        "job %ld is %s%s: cannot rm (only a completed, failed or cancelled job)",
                        j->id, job_state_name(j->state),
-                       j->run || j->ending ? " and its ranks are still exiting"
-                       : j->changing       ? " and a change of it is being written"
-                                           : "");
+                       job_has_run(j) || j->ending ? " and its ranks are still exiting"
+                       : j->changing               ? " and a change of it is being written"
+                                                   : "");
     }
     Deletion *r = malloc(sizeof *r);
     Job **jobs = r ? malloc(sizeof *jobs) : NULL;

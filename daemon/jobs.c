@@ -15,8 +15,8 @@
 // the error and the job stays as it was. The writes are made off the loop (state.c), so a
 // verb completes later: planned on the job as it is, written, then made, or planned
 // again when the job changed while its row was on its way. Ids are never reused: a new id is past
-// every id of the database and every state_dir/jobs/<id> directory. Output lines are kept in a ring
-// while a job can still run; a final job's logs are read from its files.
+// every id of the database and every run directory (shared_dir/jobs/<id>). Output lines are kept in
+// a ring while a job can still run; a final job's logs are read from its files.
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -119,8 +119,12 @@ Job *job_find(long id) {
     return j && job_visible(j) ? j : NULL;
 }
 
+int job_has_run(const Job *j) {
+    return j->run || j->slurm;
+}
+
 int job_run_dir(const Job *j, char *out, size_t cap) {
-    int n = snprintf(out, cap, "%s/jobs/%ld", astraid.cfg.state_dir, j->id);
+    int n = snprintf(out, cap, "%s/jobs/%ld", astraid.cfg.shared_dir, j->id);
     return n < 0 || (size_t)n >= cap ? -1 : 0;
 }
 
@@ -144,7 +148,7 @@ void jobs_adopt(Job *j) {
 
 // ---------------------------------------------------------------- ids
 
-// Ids of state_dir/jobs/<id> directories astraid.db does not know (it was deleted or
+// Ids of shared_dir/jobs/<id> directories astraid.db does not know (it was deleted or
 // emptied): reported, never adopted, and their ids never given again.
 static long *unknown_dirs;
 static size_t n_unknown_dirs;
@@ -171,7 +175,7 @@ static void note_unknown_dir(long id) {
 
 int jobs_init_ids(Err *err) {
     char dir[PATH_MAX];
-    if (path_join(dir, sizeof dir, astraid.cfg.state_dir, "jobs", err)) return -1;
+    if (path_join(dir, sizeof dir, astraid.cfg.shared_dir, "jobs", err)) return -1;
     DIR *d = opendir(dir);
     if (!d) return err_errno(err, errno, "%s: cannot list", dir);
     long max_id = state_max_job_id();
@@ -214,7 +218,7 @@ cJSON *jobs_unknown_dirs(void) {
 static long next_free_id(void) {
     char dir[PATH_MAX];
     for (;; astraid.next_id++) {
-        int n = snprintf(dir, sizeof dir, "%s/jobs/%ld", astraid.cfg.state_dir, astraid.next_id);
+        int n = snprintf(dir, sizeof dir, "%s/jobs/%ld", astraid.cfg.shared_dir, astraid.next_id);
         if (n < 0 || (size_t)n >= sizeof dir || access(dir, F_OK)) return astraid.next_id;
         log_warn("job id %ld: %s exists but is no job of astraid.db; id skipped", astraid.next_id,
                  dir);
@@ -235,8 +239,16 @@ static int check_absolute(const cJSON *spec, Err *err) {
     return 0;
 }
 
+// What a run needs from this machine: its devices (the local executor; under slurm,
+// Slurm decides, sbatch --test-only at submit).
 static int check_devices(const JobSpec *js, const cJSON *spec, Err *err) {
     const Devices *d = &astraid.devices;
+    if (astraid.slurm) return 0;
+    if (js->nodes > 1)
+        return err_set(err,
+                       "nodes: %ld nodes, but astraid runs jobs on this machine only "
+                       "(astraid --executor slurm runs multi-node jobs)",
+                       js->nodes);
     const cJSON *asked = cJSON_GetObjectItemCaseSensitive(spec, "devices");
     if (cJSON_IsString(asked) && !d->gpu)
         return err_set(err, "devices: the job asks for GPUs (%s); astraid has %d CPU slot(s)",
@@ -277,7 +289,7 @@ static int set_ckpt_dir(Job *j, Err *err) {
     const cJSON *given = cJSON_GetObjectItemCaseSensitive(j->spec, "ckpt_dir");
     char dir[PATH_MAX + 16], run_dir[PATH_MAX];
     if (job_run_dir(j, run_dir, sizeof run_dir))
-        return err_set(err, "state-dir: %s is too long", astraid.cfg.state_dir);
+        return err_set(err, "shared-dir: %s is too long", astraid.cfg.shared_dir);
     if (cJSON_IsString(given)) {
         j->ckpt_dir = strdup(given->valuestring);
         return 0;
@@ -316,15 +328,20 @@ static void unlink_job(Job *j) {
         }
 }
 
+// Nothing was queued: the job goes, and its run directory.
+static void submit_refused(Submit *s, int code, const Err *err) {
+    unlink_job(s->job);
+    drop_run_dir(s->job);
+    job_free(s->job);
+    s->done(s->arg, code, err);
+    free(s);
+}
+
 static void submit_written(void *arg, const Err *err) {
     Submit *s = arg;
     Job *j = s->job;
-    if (err->msg[0]) { // nothing was queued: the job goes, and its empty run directory
-        unlink_job(j);
-        drop_run_dir(j);
-        job_free(j);
-        s->done(s->arg, RPC_INTERNAL_ERROR, err);
-        free(s);
+    if (err->msg[0]) {
+        submit_refused(s, RPC_INTERNAL_ERROR, err);
         return;
     }
     j->unsaved = 0;
@@ -334,6 +351,15 @@ static void submit_written(void *arg, const Err *err) {
     s->done(s->arg, 0, err);
     free(s);
     scheduler_kick(); // after the reply said "queued"
+}
+
+// Under slurm, Slurm takes the job (sbatch --test-only) before its row is written: a bad
+// partition or an impossible request is refused at submit with Slurm's message.
+static void submit_checked(void *arg, int code, const Err *err) {
+    Submit *s = arg;
+    Err serr = {0};
+    if (!code && !state_save_job(s->job, submit_written, s, &serr)) return;
+    submit_refused(s, code ? code : RPC_INTERNAL_ERROR, code ? err : &serr);
 }
 
 int jobs_submit(const cJSON *spec, long uid, ChangeDone done, void *arg, long *id, Err *err) {
@@ -349,14 +375,15 @@ int jobs_submit(const cJSON *spec, long uid, ChangeDone done, void *arg, long *i
     Submit *s = NULL;
     if (!j->name || !j->spec || set_ckpt_dir(j, err) || !j->ckpt_dir || job_paths_check(j, err) ||
         !(s = malloc(sizeof *s)) || make_run_dir(j, err) ||
-        state_save_job(j, submit_written, s, err)) {
+        (astraid.slurm ? slurm_check_submit(j, submit_checked, s, err)
+                       : state_save_job(j, submit_written, s, err))) {
         if (!*err->msg) err_resource(err, "out of memory");
         drop_run_dir(j);
         job_free(j);
         free(s);
         return -1;
     }
-    *s = (Submit){j, done, arg};
+    *s = (Submit){j, done, arg}; // before the check or write completes: both run off the loop
     j->unsaved = 1;
     astraid.next_id = j->id + 1;
     jobs_adopt(j);
@@ -527,11 +554,12 @@ static int pause_check(const Job *j, int *code, Err *err) {
 
 static void pause_change(Job *j, int real) {
     (void)real;
-    apply_state(j, j->state == JOB_QUEUED ? JOB_PAUSED : JOB_PAUSING);
+    apply_state(j, j->state == JOB_QUEUED && !job_has_run(j) ? JOB_PAUSED : JOB_PAUSING);
 }
 
+// A queued job may have a run: a Slurm job still pending.
 static void pause_after(Job *j, JobState from) {
-    if (from != JOB_QUEUED) runner_stop(j, STOP_PAUSE);
+    if (from != JOB_QUEUED || job_has_run(j)) runner_stop(j, STOP_PAUSE);
 }
 
 static const Verb PAUSE = {"pause", pause_check, pause_change, pause_after};
@@ -542,7 +570,7 @@ int job_pause(Job *j, ChangeDone done, void *arg, int *code, Err *err) {
 
 // Resume = queue again; the run continues from the last checkpoint when there is one.
 static int resume_check(const Job *j, int *code, Err *err) {
-    if (j->run || j->ending ||
+    if (job_has_run(j) || j->ending ||
         (j->state != JOB_PAUSED && j->state != JOB_FAILED && j->state != JOB_CANCELLED &&
          j->state != JOB_INTERRUPTED))
         return refuse(j, "resume", code, err);
@@ -591,7 +619,7 @@ static void cancel_change(Job *j, int real) {
 
 static void cancel_after(Job *j, JobState from) {
     (void)from;
-    if (j->run) runner_stop(j, STOP_CANCEL); // SIGKILL now; the run ends a moment later
+    if (job_has_run(j)) runner_stop(j, STOP_CANCEL); // SIGKILL now; the run ends a moment later
 }
 
 static const Verb CANCEL = {"cancel", cancel_check, cancel_change, cancel_after};
@@ -1023,6 +1051,10 @@ static void describe(const Job *j, Out *o, cJSON *obj) {
     out_metric(o, obj, "eta_s", j->eta_s, j->has_progress && j->eta_s >= 0);
     out_metric(o, obj, "val_loss", j->val_loss, j->has_val_loss);
     out_number(o, obj, "restarts", (double)j->restarts, 1);
+    if (astraid.slurm) {
+        out_number(o, obj, "slurm_job", (double)j->slurm_id, j->slurm_id > 0);
+        out_string(o, obj, "slurm_state", slurm_state(j));
+    }
     long n_devices = j->devices ? j->n_devices : 0;
     cJSON *devs = out_open(o, obj, "devices", 1, (size_t)n_devices);
     for (long i = 0; i < n_devices; i++) {

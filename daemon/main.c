@@ -125,6 +125,8 @@ static int fill_defaults(Config *c, Err *err) {
     if (!c->state_dir) c->state_dir = default_state_dir();
     if (!c->train_binary) c->train_binary = default_train_binary();
     if (!c->log_level) c->log_level = strdup("info");
+    if (!c->executor) c->executor = strdup("local");
+    if (!c->shared_dir) c->shared_dir = strdup(c->state_dir);
     return 0;
 }
 
@@ -141,6 +143,10 @@ static int check_config(const Config *c, Err *err) {
         return err_set(err, "token-file: %s has mode %04o; it must be 0600 (chmod 600 %s)",
                        c->token_file, (unsigned)(st.st_mode & 07777), c->token_file);
     if (http_check_config(c, err) || retention_configure(c->keep_finished, err)) return -1;
+    if (strcmp(c->executor, "local") && strcmp(c->executor, "slurm"))
+        return err_set(err, "executor: '%s' is not local or slurm", c->executor);
+    if (c->shared_dir[0] != '/')
+        return err_set(err, "shared-dir: '%s' is not an absolute path", c->shared_dir);
     return log_set_level(c->log_level, err);
 }
 
@@ -161,8 +167,9 @@ static int load_config(Config *c, int argc, char **argv, Err *err) {
     int rc = parse_flags(argc, argv, 1, err) || parse_flags(argc, argv, 0, err);
     free(flag_table.flags);
     if (rc) return -1;
-    if (fill_defaults(c, err)) return -1;
-    return check_config(c, err);
+    if (fill_defaults(c, err) || check_config(c, err)) return -1;
+    astraid.slurm = !strcmp(c->executor, "slurm");
+    return 0;
 }
 
 // ---------------------------------------------------------------- shutdown
@@ -239,9 +246,10 @@ static int lock_state_dir(Err *err) {
 
 static int start(Err *err) {
     char jobs_dir[PATH_MAX];
-    snprintf(jobs_dir, sizeof jobs_dir, "%s/jobs", astraid.cfg.state_dir);
-    if (fs_mkdir_p(jobs_dir, err) || lock_state_dir(err) ||
-        state_open(astraid.cfg.state_dir, err) || state_recover(err) || jobs_init_ids(err))
+    snprintf(jobs_dir, sizeof jobs_dir, "%s/jobs", astraid.cfg.shared_dir);
+    if (fs_mkdir_p(astraid.cfg.state_dir, err) || fs_mkdir_p(jobs_dir, err) ||
+        lock_state_dir(err) || state_open(astraid.cfg.state_dir, err) || state_recover(err) ||
+        jobs_init_ids(err))
         return -1;
     retention_apply();
     if (server_start(err) || http_start(err)) return -1;
@@ -250,6 +258,7 @@ static int start(Err *err) {
     uv_signal_start(&sig_term, on_stop_signal, SIGTERM);
     uv_signal_start(&sig_int, on_stop_signal, SIGINT);
     progress_reader_start();
+    if (astraid.slurm) slurm_init();
     scheduler_kick();
     return 0;
 }
@@ -288,6 +297,7 @@ int main(int argc, char **argv) {
     }
     uv_run(astraid.loop, UV_RUN_DEFAULT);
     uv_loop_close(astraid.loop);
+    slurm_free();
     jobs_free_all();
     state_close();
     devices_free(&astraid.devices);

@@ -241,7 +241,7 @@ static void poll_done(uv_work_t *req, int status) {
         PollItem *it = &poll->items[k];
         while (j && j->id < it->id)
             j = j->next;
-        int current = j && j->id == it->id && (it->running ? j->run != NULL : !j->progress_seen);
+        int current = j && j->id == it->id && (it->running ? job_has_run(j) : !j->progress_seen);
         if (!status && current && progress_apply(j, &it->p) && it->running) server_push_progress(j);
         free(it->p.checkpoint);
     }
@@ -255,7 +255,7 @@ static void on_poll(uv_timer_t *t) {
     if (polling) return; // a slow disk: the next tick after that poll is done
     size_t n = 0;
     for (Job *j = astraid.jobs; j; j = j->next)
-        n += j->run || (!j->progress_seen && !j->ending && !j->unsaved);
+        n += job_has_run(j) || (!j->progress_seen && !j->ending && !j->unsaved);
     if (!n) return;
     Poll *poll = calloc(1, sizeof *poll);
     PollItem *items = poll ? calloc(n, sizeof *items) : NULL;
@@ -264,10 +264,10 @@ static void on_poll(uv_timer_t *t) {
         return;
     }
     for (Job *j = astraid.jobs; j; j = j->next) {
-        if (!j->run && (j->progress_seen || j->ending || j->unsaved)) continue;
+        if (!job_has_run(j) && (j->progress_seen || j->ending || j->unsaved)) continue;
         PollItem *it = &items[poll->n];
         it->id = j->id;
-        it->running = j->run != NULL;
+        it->running = job_has_run(j);
         it->total_steps = j->total_steps;
         if (!job_run_dir(j, it->run_dir, sizeof it->run_dir)) poll->n++;
     }

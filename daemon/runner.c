@@ -438,6 +438,7 @@ static void spawn_failed(Run *run, int r, const Err *err) {
 }
 
 int runner_start(Job *j, Err *err) {
+    if (astraid.slurm) return slurm_start(j, err);
     Launch l = {.listen_fd = -1};
     if (launch_prepare(&l, j, err)) {
         job_spec_free_argv(l.argv);
@@ -477,6 +478,10 @@ int runner_start(Job *j, Err *err) {
 // ---------------------------------------------------------------- control
 
 void runner_stop(Job *j, StopKind why) {
+    if (j->slurm) {
+        slurm_stop(j, why);
+        return;
+    }
     Run *run = j->run;
     if (!run || run->ended) return;
     ranks_stop_asked(&run->g); // their exits from now on are expected
@@ -492,5 +497,6 @@ void runner_stop(Job *j, StopKind why) {
 }
 
 void runner_checkpoint(Job *j) {
+    if (j->slurm) slurm_checkpoint(j);
     if (j->run) send_control(j->run, "checkpoint\n");
 }

@@ -169,7 +169,8 @@ static int runs_before(const Job *a, const Job *b) {
 static Job *queue_head(double now, double *earliest) {
     Job *best = NULL;
     for (Job *j = astraid.jobs; j; j = j->next) {
-        if (j->state != JOB_QUEUED || j->unsaved) continue; // unsaved: not acknowledged yet
+        // unsaved: not acknowledged yet; a run: a Slurm job pending in Slurm's own queue
+        if (j->state != JOB_QUEUED || j->unsaved || job_has_run(j)) continue;
         if (j->hold_until > now) {
             if (!*earliest || j->hold_until < *earliest) *earliest = j->hold_until;
             continue;
@@ -201,7 +202,7 @@ void scheduler_kick(void) {
         double now = clock_mono_s(), earliest = 0;
         Job *j = queue_head(now, &earliest);
         arm_wake(earliest, now);
-        if (!j || !devices_take(j)) return;
+        if (!j || (!astraid.slurm && !devices_take(j))) return; // Slurm allocates its own
         Err err = {0};
         if (runner_start(j, &err)) {
             devices_release(j);

@@ -51,20 +51,25 @@ static const char SCHEMA[] =
 #define JOB_COLUMNS                                                                                \
     "id, name, state, spec, ckpt_dir, step, total_steps, epoch, loss, lr, grad_norm,"              \
     " tokens_per_s, eta_s, has_progress, restarts, max_restarts, priority, n_devices, want_ids,"   \
-    " last_checkpoint, error, submitted_by, created_at, started_at, finished_at, resume, runs"
-#define JOB_N_COLUMNS 27
+    " last_checkpoint, error, submitted_by, created_at, started_at, finished_at, resume, runs,"    \
+    " slurm_id"
+#define JOB_N_COLUMNS 28
 
-// runs.starts (the ranks' start times) came after the first databases were written.
-static int add_starts_column(const char *path, Err *err) {
+// A column that came after the first databases were written (runs.starts: the ranks' start
+// times; jobs.slurm_id).
+static int add_column(const char *path, const char *table, const char *column, const char *type,
+                      Err *err) {
     sqlite3_stmt *st;
-    int has = 0;
-    if (sqlite3_prepare_v2(db, "SELECT 1 FROM pragma_table_info('runs') WHERE name='starts'", -1,
-                           &st, NULL) != SQLITE_OK)
+    char sql[256];
+    snprintf(sql, sizeof sql, "SELECT 1 FROM pragma_table_info('%s') WHERE name='%s'", table,
+             column);
+    if (sqlite3_prepare_v2(db, sql, -1, &st, NULL) != SQLITE_OK)
         return err_set(err, "%s: %s", path, sqlite3_errmsg(db));
-    has = sqlite3_step(st) == SQLITE_ROW;
+    int has = sqlite3_step(st) == SQLITE_ROW;
     sqlite3_finalize(st);
-    if (!has && sqlite3_exec(db, "ALTER TABLE runs ADD COLUMN starts TEXT", NULL, NULL, NULL))
-        return err_set(err, "%s: adding runs.starts: %s", path, sqlite3_errmsg(db));
+    snprintf(sql, sizeof sql, "ALTER TABLE %s ADD COLUMN %s %s", table, column, type);
+    if (!has && sqlite3_exec(db, sql, NULL, NULL, NULL))
+        return err_set(err, "%s: adding %s.%s: %s", path, table, column, sqlite3_errmsg(db));
     return 0;
 }
 
@@ -85,7 +90,9 @@ int state_open(const char *state_dir, Err *err) {
         sqlite3_free(msg);
         return -1;
     }
-    if (add_starts_column(path, err) || open_db(path, &wdb, err)) return -1;
+    if (add_column(path, "runs", "starts", "TEXT", err) ||
+        add_column(path, "jobs", "slurm_id", "INTEGER", err) || open_db(path, &wdb, err))
+        return -1;
     // A first read opens the writer's WAL files now: a write must not need a descriptor
     // later, when the daemon may have none left (the ranks' logs and pipes).
     if (sqlite3_exec(wdb, "SELECT count(*) FROM jobs", NULL, NULL, NULL) != SQLITE_OK)
@@ -289,7 +296,7 @@ int state_save_job(const Job *j, StateDone done, void *arg, Err *err) {
     Write *w = write_new(what, done, arg, err);
     if (!w) return -1;
     Stmt *s = add_stmt(w, "INSERT OR REPLACE INTO jobs(" JOB_COLUMNS ") VALUES(?,?,?,?,?,?,?,?,?,"
-                          "?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)");
+                          "?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)");
     put_int(s, j->id);
     put_text(s, j->name);
     put_text(s, job_state_name(j->state));
@@ -313,6 +320,7 @@ int state_save_job(const Job *j, StateDone done, void *arg, Err *err) {
     put_double(s, j->finished_at);
     put_int(s, j->resume);
     put_int(s, j->runs);
+    put_int(s, j->slurm_id);
     enqueue(w);
     return 0;
 }
@@ -470,6 +478,7 @@ static Job *job_from_row(sqlite3_stmt *st) {
     j->finished_at = sqlite3_column_double(st, i++);
     j->resume = sqlite3_column_int(st, i++);
     j->runs = (long)sqlite3_column_int64(st, i++);
+    j->slurm_id = (long)sqlite3_column_int64(st, i++);
     if (!j->name || !j->spec || !j->ckpt_dir) {
         job_free(j);
         return NULL;
@@ -574,7 +583,23 @@ static void remove_stale_checkpoints(const Job *j) {
         log_warn("job %ld: %s", j->id, err.msg);
 }
 
+// 1 if the job's last run has no end in the runs table: under slurm its Slurm job may live on.
+static int last_run_open(const Job *j) {
+    sqlite3_stmt *st;
+    if (sqlite3_prepare_v2(db, "SELECT finished_at IS NULL FROM runs WHERE job_id=? AND run=?", -1,
+                           &st, NULL) != SQLITE_OK)
+        return 0;
+    sqlite3_bind_int64(st, 1, j->id);
+    sqlite3_bind_int64(st, 2, j->runs);
+    int open = sqlite3_step(st) == SQLITE_ROW && sqlite3_column_int(st, 0);
+    sqlite3_finalize(st);
+    return open;
+}
+
 static void recover_job(Job *j) {
+    if (astraid.slurm && j->slurm_id && !job_is_final(j->state) && last_run_open(j) &&
+        !slurm_attach(j))
+        return; // its Slurm job (its ranks) ran on without astraid: squeue says how it is now
     int died_under = j->state == JOB_STARTING || j->state == JOB_RUNNING || j->state == JOB_PAUSING;
     if (!died_under && j->state != JOB_INTERRUPTED) return;
     if (died_under) {

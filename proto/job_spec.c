@@ -1,5 +1,6 @@
 // job_spec.c: the job spec validator (job_spec.h): training keys through
-// proto/train_spec.c, job keys (name, devices, max_restarts, priority) here.
+// proto/train_spec.c, job keys (name, devices, max_restarts, priority, nodes,
+// gpus_per_node) here.
 #include "proto/job_spec.h"
 
 #include <cjson/cJSON.h>
@@ -12,7 +13,8 @@
 #define NAME_MAX_LEN 128
 #define MAX_DEVICES 4096
 
-static const char *const JOB_KEYS[] = {"name", "devices", "max_restarts", "priority", NULL};
+static const char *const JOB_KEYS[] = {
+    "name", "devices", "max_restarts", "priority", "nodes", "gpus_per_node", NULL};
 
 static int is_job_key(const char *key) {
     for (const char *const *k = JOB_KEYS; *k; k++)
@@ -156,6 +158,9 @@ static int parse_job_key(JobSpec *spec, const cJSON *item, Err *err) {
     if (!strcmp(key, "devices")) return parse_devices(spec, item, err);
     if (!strcmp(key, "max_restarts"))
         return get_integer(item, key, 0, 1000, &spec->max_restarts, err);
+    if (!strcmp(key, "nodes")) return get_integer(item, key, 1, MAX_DEVICES, &spec->nodes, err);
+    if (!strcmp(key, "gpus_per_node"))
+        return get_integer(item, key, 1, MAX_DEVICES, &spec->gpus_per_node, err);
     return get_integer(item, key, -1000, 1000, &spec->priority, err); // priority
 }
 
@@ -172,10 +177,25 @@ static int parse_train_key(JobSpec *spec, const cJSON *item, Err *err) {
     return rc;
 }
 
-// devices and nprocs describe the same number of ranks; either one sets the other.
+// devices and nprocs describe the same number of ranks; either one sets the other, and
+// so do nodes x gpus_per_node.
 static int reconcile_devices(JobSpec *spec, const cJSON *obj, Err *err) {
     int has_devices = cJSON_HasObjectItem(obj, "devices");
     int has_nprocs = cJSON_HasObjectItem(obj, "nprocs");
+    if (spec->gpus_per_node) {
+        long ranks = (spec->nodes ? spec->nodes : 1) * spec->gpus_per_node;
+        if ((has_devices || has_nprocs) &&
+            (has_devices ? spec->n_devices : spec->train.nprocs) != ranks)
+            return err_set(err,
+                           "gpus_per_node: nodes x gpus_per_node is %ld rank(s) but %s is %ld "
+                           "(they must match)",
+                           ranks, has_devices ? "devices" : "nprocs",
+                           has_devices ? spec->n_devices : spec->train.nprocs);
+        spec->n_devices = spec->train.nprocs = ranks;
+        return 0;
+    }
+    if (spec->nodes > 1 && has_devices + has_nprocs == 0)
+        return err_set(err, "nodes: %ld nodes need gpus_per_node, nprocs or devices", spec->nodes);
     if (!has_devices)
         spec->n_devices = spec->train.nprocs;
     else if (!has_nprocs)

@@ -9,6 +9,10 @@
 //                 equal it; when only devices is given, nprocs is set to that number.
 //   max_restarts  integer >= 0 (default: the daemon's --max-restarts)
 //   priority      integer (higher starts first; FIFO within a priority), default 0
+//   nodes         integer >= 1: nodes of a Slurm job (astraid --executor slurm; the local
+//                 executor refuses more than 1), default 1; its ranks are spread evenly
+//   gpus_per_node integer >= 1: GPUs (= ranks) per node of a Slurm job; sets nprocs to
+//                 nodes x gpus_per_node (nprocs/devices, when given too, must equal it)
 #pragma once
 #include "common/error.h"
 #include "proto/train_spec.h"
@@ -22,6 +26,8 @@ typedef struct {
     long priority;
     long n_devices;   // devices asked for (= train.nprocs unless given)
     long *device_ids; // the n_devices ids when devices is a list, else NULL
+    long nodes;         // 0 when not given
+    long gpus_per_node; // 0 when not given
 } JobSpec;
 
 // Validates obj (a JSON object) into spec. Errors name the key and suggest the

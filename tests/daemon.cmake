@@ -20,3 +20,7 @@ foreach(v "" _v1)
     LIBRARY_OUTPUT_DIRECTORY ${CMAKE_BINARY_DIR}/fake_nvml${v} C_VISIBILITY_PRESET hidden)
 endforeach()
 target_compile_definitions(fake_nvml_v1 PRIVATE FAKE_NVML_NO_V3)
+# A real one-host Slurm cluster (munged, slurmctld, slurmd: tests/slurm_util.py); exit 77
+# (skipped, with the reason) where it cannot start.
+astrai_py_test(daemon_slurm test_daemon_slurm.py)
+set_tests_properties(daemon_slurm PROPERTIES TIMEOUT 600 LABELS daemon SKIP_RETURN_CODE 77)

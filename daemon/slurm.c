@@ -1,0 +1,758 @@
+// slurm.c: the slurm executor (--executor slurm, DESIGN §12, docs/slurm.md).
+//
+// A run of a job is one Slurm batch job: run_dir/run<N>.sbatch, a script that sruns
+// astrai-train (one task per rank; the ranks start from SLURM_* variables and meet at
+// MASTER_ADDR:MASTER_PORT, the first node of the allocation) and then writes srun's exit
+// status to run_dir/run<N>.exit. Everything both sides must see is in the run directory,
+// under --shared-dir: the script, the ranks' output (run<N>-rank<R>.log, srun --output),
+// progress.db, the exit file, and the checkpoints unless the job names another ckpt_dir.
+//
+// The Slurm commands run off the loop (libuv's threadpool), each bounded by a timeout. One
+// poll at a time, every poll-interval: squeue for the jobs Slurm still lists, scontrol for
+// those it does not, the exit files, and the new complete lines of the ranks' logs. Its
+// result is applied on the loop: PENDING -> queued, RUNNING -> running, and a Slurm job that
+// is gone ends the run (job_run_ended, as a local run ends): srun's exit status when the
+// script wrote it (0 done, 2 bad input, 3 interrupted after a checkpoint, else a failure),
+// else the failure Slurm names (CANCELLED, TIMEOUT, NODE_FAIL, PREEMPTED, ...) with its
+// reason. Slurm's own requeue is off (--no-requeue): astraid alone restarts a run, from its
+// checkpoint, up to max_restarts.
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <poll.h>
+#include <signal.h>
+#include <spawn.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <cjson/cJSON.h>
+
+#include "common/buf.h"
+#include "common/fsutil.h"
+#include "daemon/daemon.h"
+#include "proto/job_spec.h"
+
+extern char **environ;
+
+#define CMD_TIMEOUT_S 30         // a Slurm command that takes longer is killed: slurmctld is down
+#define CMD_MAX_OUTPUT (1 << 20) // bytes of a command's output kept
+#define LOG_CHUNK (256 * 1024)   // bytes of a rank's log read per poll
+#define MAX_RANK_LOGS 4096
+
+struct SlurmRun {
+    Job *job;
+    long run_no;   // the job's run this is (run<N>.sbatch)
+    StopKind stop; // why astraid stops it, STOP_NONE while it runs on its own
+    int n_ranks;
+    long long *log_off; // (n_ranks,) bytes of run<N>-rank<R>.log taken into the job's log
+    char *state;        // Slurm's state as last seen ("PENDING", "RUNNING", ...), NULL: none yet
+    int ended;
+};
+
+static uv_timer_t poll_timer;
+static int poll_busy;
+
+// ---------------------------------------------------------------- commands
+
+// Runs argv (PATH searched) with stdin /dev/null; its stdout and stderr together in *out
+// (NUL-terminated, trailing whitespace trimmed), its wait status in *status. Blocking:
+// threadpool only. -1 (err) when it could not run or took longer than CMD_TIMEOUT_S.
+static int run_command(char *const argv[], char **out, int *status, Err *err) {
+    int fds[2];
+    *out = NULL;
+    if (pipe2(fds, O_CLOEXEC)) return err_errno(err, errno, "%s: cannot make a pipe", argv[0]);
+    posix_spawn_file_actions_t fa;
+    posix_spawn_file_actions_init(&fa);
+    posix_spawn_file_actions_addopen(&fa, 0, "/dev/null", O_RDONLY, 0);
+    posix_spawn_file_actions_adddup2(&fa, fds[1], 1);
+    posix_spawn_file_actions_adddup2(&fa, fds[1], 2);
+    pid_t pid;
+    int rc = posix_spawnp(&pid, argv[0], &fa, NULL, argv, environ);
+    posix_spawn_file_actions_destroy(&fa);
+    close(fds[1]);
+    if (rc) {
+        close(fds[0]);
+        return err_errno(err, rc, "%s: cannot run it (is Slurm installed and on PATH?)", argv[0]);
+    }
+    Buf b = {0};
+    char chunk[4096];
+    double deadline = clock_mono_s() + CMD_TIMEOUT_S;
+    int timed_out = 0;
+    for (;;) {
+        double left = deadline - clock_mono_s();
+        struct pollfd p = {.fd = fds[0], .events = POLLIN};
+        if (left <= 0 || poll(&p, 1, (int)(left * 1000) + 1) == 0) {
+            timed_out = 1;
+            break;
+        }
+        ssize_t n = read(fds[0], chunk, sizeof chunk);
+        if (n < 0 && errno == EINTR) continue;
+        if (n <= 0) break;
+        if (b.len < CMD_MAX_OUTPUT) buf_append(&b, chunk, (size_t)n);
+    }
+    close(fds[0]);
+    if (timed_out) kill(pid, SIGKILL);
+    while (waitpid(pid, status, 0) < 0 && errno == EINTR)
+        ;
+    *out = b.len ? buf_take(&b) : strdup("");
+    if (!*out) return err_resource(err, "%s: out of memory", argv[0]);
+    size_t len = strlen(*out);
+    while (len && ((*out)[len - 1] == '\n' || (*out)[len - 1] == ' '))
+        (*out)[--len] = 0;
+    if (timed_out)
+        return err_set(err, "%s: no answer within %d s (is slurmctld up?)", argv[0], CMD_TIMEOUT_S);
+    return 0;
+}
+
+// Runs argv; 0 when it exited 0, else -1 with err = "NAME: its output".
+static int run_slurm(char *const argv[], char **out, Err *err) {
+    int status = 0;
+    char *text = NULL;
+    if (run_command(argv, &text, &status, err)) {
+        free(text);
+        return -1;
+    }
+    if (!WIFEXITED(status) || WEXITSTATUS(status)) {
+        err_set(err, "%s: %s", argv[0], *text ? text : "failed");
+        free(text);
+        return -1;
+    }
+    if (out)
+        *out = text;
+    else
+        free(text);
+    return 0;
+}
+
+// ---------------------------------------------------------------- the batch script
+
+// s quoted for sh: '...' with each ' written '\''.
+static void shell_quote(Buf *b, const char *s) {
+    buf_append(b, "'", 1);
+    for (; *s; s++)
+        if (*s == '\'')
+            buf_append(b, "'\\''", 4);
+        else
+            buf_append(b, s, 1);
+    buf_append(b, "'", 1);
+}
+
+static long spec_long(const Job *j, const char *key, long dflt) {
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(j->spec, key);
+    return cJSON_IsNumber(v) ? (long)v->valuedouble : dflt;
+}
+
+// The job's nodes and tasks per node: nodes x gpus_per_node GPU ranks, or n_devices CPU
+// ranks spread evenly over the nodes.
+static void job_layout(const Job *j, long *nodes, long *per_node, long *gpus) {
+    *nodes = spec_long(j, "nodes", 1);
+    *gpus = spec_long(j, "gpus_per_node", astraid.cfg.slurm_gpus_per_node);
+    *per_node = *gpus ? *gpus : (j->n_devices + *nodes - 1) / *nodes;
+}
+
+// The script of run run_no (argv: astrai-train's).
+static char *batch_script(const Job *j, long run_no, char **argv, const char *run_dir) {
+    long nodes, per_node, gpus;
+    job_layout(j, &nodes, &per_node, &gpus);
+    Buf b = {0};
+    char line[PATH_MAX + 128];
+    buf_printf(&b, "#!/bin/sh\n# astraid job %ld, run %ld (written by astraid: do not edit)\n",
+               j->id, run_no);
+    buf_printf(&b, "#SBATCH --job-name=astrai-%ld\n#SBATCH --nodes=%ld\n", j->id, nodes);
+    buf_printf(&b, "#SBATCH --ntasks=%ld\n#SBATCH --ntasks-per-node=%ld\n", j->n_devices, per_node);
+    if (gpus) buf_printf(&b, "#SBATCH --gpus-per-node=%ld\n", gpus);
+    snprintf(line, sizeof line, "#SBATCH --output=%s/run%ld-batch.log\n", run_dir, run_no);
+    buf_printf(&b, "%s#SBATCH --no-requeue\n", line);
+    buf_printf(&b, "export ASTRAI_RUN_DIR=");
+    shell_quote(&b, run_dir);
+    // The ranks meet on the allocation's first node, where this script runs (by its host
+    // name: Slurm's node names need not resolve); the port follows the Slurm job id so that
+    // two jobs sharing a node do not meet each other.
+    buf_printf(&b, "\nexport MASTER_ADDR=\"$(hostname)\"\n"
+                   "export MASTER_PORT=$((20000 + SLURM_JOB_ID %% 20000))\n");
+    snprintf(line, sizeof line, "%s/run%ld-rank%%t.log", run_dir, run_no);
+    buf_printf(&b, "srun --kill-on-bad-exit=0 --output=");
+    shell_quote(&b, line);
+    for (char **a = argv; *a; a++) {
+        buf_append(&b, " ", 1);
+        shell_quote(&b, *a);
+    }
+    snprintf(line, sizeof line, "%s/run%ld.exit", run_dir, run_no);
+    buf_printf(&b, "\nrc=$?\necho $rc > ");
+    shell_quote(&b, line);
+    buf_printf(&b, ".tmp && mv ");
+    shell_quote(&b, line);
+    buf_printf(&b, ".tmp ");
+    shell_quote(&b, line);
+    buf_printf(&b, "\nexit $rc\n");
+    return buf_take(&b);
+}
+
+// sbatch's arguments: the configured ones, then [--test-only] script. (argv, its strings)
+typedef struct {
+    char *argv[64];
+    char *words; // slurm_sbatch_args split in place
+} SbatchArgs;
+
+static int sbatch_args(SbatchArgs *a, int test_only, const char *script, Err *err) {
+    int n = 0;
+    a->argv[n++] = "sbatch";
+    a->argv[n++] = "--parsable";
+    const Config *c = &astraid.cfg;
+    static char part[256], acct[256], tlim[128];
+    if (c->slurm_partition) {
+        snprintf(part, sizeof part, "--partition=%s", c->slurm_partition);
+        a->argv[n++] = part;
+    }
+    if (c->slurm_account) {
+        snprintf(acct, sizeof acct, "--account=%s", c->slurm_account);
+        a->argv[n++] = acct;
+    }
+    if (c->slurm_time) {
+        snprintf(tlim, sizeof tlim, "--time=%s", c->slurm_time);
+        a->argv[n++] = tlim;
+    }
+    a->words = c->slurm_sbatch_args ? strdup(c->slurm_sbatch_args) : NULL;
+    char *save = NULL;
+    for (char *w = a->words ? strtok_r(a->words, " \t", &save) : NULL; w;
+         w = strtok_r(NULL, " \t", &save)) {
+        if (n >= 60) return err_set(err, "slurm-sbatch-args: too many arguments");
+        a->argv[n++] = w;
+    }
+    if (test_only) a->argv[n++] = "--test-only";
+    a->argv[n++] = (char *)script;
+    a->argv[n] = NULL;
+    return 0;
+}
+
+// ---------------------------------------------------------------- submit check, start
+
+typedef struct {
+    uv_work_t req;
+    long job;
+    int test_only;
+    char *script, run_dir[PATH_MAX], path[PATH_MAX + 64];
+    long slurm_id;
+    ChangeDone done; // test_only
+    void *arg;
+    Err err;
+} Sbatch;
+
+static void sbatch_free(Sbatch *s) {
+    free(s->script);
+    free(s);
+}
+
+static void sbatch_work(uv_work_t *req) {
+    Sbatch *s = req->data;
+    SbatchArgs a = {0};
+    char *out = NULL;
+    if (fs_mkdir_p(s->run_dir, &s->err) ||
+        fs_write_file_atomic(s->path, s->script, strlen(s->script), &s->err) ||
+        chmod(s->path, 0755) || sbatch_args(&a, s->test_only, s->path, &s->err) ||
+        run_slurm(a.argv, &out, &s->err)) {
+        if (!s->err.msg[0]) err_errno(&s->err, errno, "%s: cannot write", s->path);
+    } else if (!s->test_only && (s->slurm_id = strtol(out, NULL, 10)) <= 0) {
+        err_set(&s->err, "sbatch: unexpected answer '%s'", out);
+    }
+    if (s->test_only) unlink(s->path);
+    free(a.words);
+    free(out);
+}
+
+static Sbatch *sbatch_new(const Job *j, long run_no, int test_only, Err *err) {
+    Sbatch *s = calloc(1, sizeof *s);
+    JobSpec js;
+    if (!s) return err_resource(err, "out of memory"), NULL;
+    if (job_spec_parse(&js, j->spec, err)) {
+        free(s);
+        return err_prefix(err, "job spec"), NULL;
+    }
+    if (j->resume) js.train.resume = true;
+    char **argv = job_spec_argv(&js, astraid.cfg.train_binary);
+    job_spec_free(&js);
+    s->job = j->id;
+    s->test_only = test_only;
+    if (argv && !job_run_dir(j, s->run_dir, sizeof s->run_dir)) {
+        snprintf(s->path, sizeof s->path, "%s/run%ld%s.sbatch", s->run_dir, run_no,
+                 test_only ? "-test" : "");
+        s->script = batch_script(j, run_no, argv, s->run_dir);
+    }
+    job_spec_free_argv(argv);
+    if (!s->script) {
+        sbatch_free(s);
+        return err_resource(err, "out of memory writing the batch script"), NULL;
+    }
+    s->req.data = s;
+    return s;
+}
+
+static void check_done(uv_work_t *req, int status) {
+    (void)status;
+    Sbatch *s = req->data;
+    if (s->err.msg[0]) err_prefix(&s->err, "slurm refuses the job");
+    s->done(s->arg, s->err.msg[0] ? RPC_INVALID_PARAMS : 0, &s->err);
+    sbatch_free(s);
+}
+
+int slurm_check_submit(const Job *j, ChangeDone done, void *arg, Err *err) {
+    Sbatch *s = sbatch_new(j, 0, 1, err);
+    if (!s) return -1;
+    s->done = done;
+    s->arg = arg;
+    if (uv_queue_work(astraid.loop, &s->req, sbatch_work, check_done)) {
+        sbatch_free(s);
+        return err_resource(err, "cannot queue sbatch");
+    }
+    return 0;
+}
+
+static SlurmRun *run_new(Job *j) {
+    SlurmRun *r = calloc(1, sizeof *r);
+    if (!r) return NULL;
+    r->job = j;
+    r->run_no = j->runs;
+    r->n_ranks = j->n_devices > MAX_RANK_LOGS ? MAX_RANK_LOGS : (int)j->n_devices;
+    r->log_off = calloc((size_t)r->n_ranks, sizeof *r->log_off);
+    if (!r->log_off) {
+        free(r);
+        return NULL;
+    }
+    return r;
+}
+
+static void run_free(SlurmRun *r) {
+    free(r->log_off);
+    free(r->state);
+    free(r);
+}
+
+// The run is over for astraid: the job decides what comes next.
+static void run_over(SlurmRun *r, const RunOutcome *o) {
+    Job *j = r->job;
+    r->ended = 1;
+    if (j) {
+        j->slurm = NULL;
+        job_run_ended(j, o);
+    }
+    run_free(r);
+}
+
+static void start_done(uv_work_t *req, int status) {
+    (void)status;
+    Sbatch *s = req->data;
+    Job *j = job_find(s->job);
+    SlurmRun *r = j ? j->slurm : NULL;
+    if (r && s->err.msg[0]) {
+        log_warn("job %ld: %s", j->id, s->err.msg);
+        RunOutcome o = {.stop = r->stop, .failed = 1, .cause = s->err.msg};
+        run_over(r, &o);
+    } else if (r) {
+        j->slurm_id = s->slurm_id;
+        log_info("job %ld: run %ld is Slurm job %ld", j->id, r->run_no, j->slurm_id);
+        state_event(j->id, "slurm", s->path);
+        if (r->stop == STOP_CANCEL || r->stop == STOP_PAUSE)
+            slurm_stop(j, r->stop); // asked while sbatch ran
+        else
+            job_save(j);
+    }
+    sbatch_free(s);
+}
+
+int slurm_start(Job *j, Err *err) {
+    SlurmRun *r = run_new(j);
+    Sbatch *s = r ? sbatch_new(j, j->runs + 1, 0, err) : NULL;
+    if (!s) {
+        if (r)
+            run_free(r);
+        else
+            err_resource(err, "out of memory");
+        return -1;
+    }
+    j->runs++;
+    r->run_no = j->runs;
+    j->slurm = r;
+    j->slurm_id = 0;
+    state_run_started(j, NULL, 0); // open until the run ends: at a restart, astraid looks for it
+    if (uv_queue_work(astraid.loop, &s->req, sbatch_work, start_done)) {
+        j->slurm = NULL;
+        run_free(r);
+        sbatch_free(s);
+        return err_resource(err, "cannot queue sbatch");
+    }
+    job_set_state(j, JOB_STARTING);
+    return 0;
+}
+
+// ---------------------------------------------------------------- stop, checkpoint
+
+typedef struct {
+    uv_work_t req;
+    long job, slurm_id;
+    char signal[16]; // "" : a plain scancel
+} Scancel;
+
+static void scancel_work(uv_work_t *req) {
+    Scancel *c = req->data;
+    char id[32], sig[32];
+    snprintf(id, sizeof id, "%ld", c->slurm_id);
+    snprintf(sig, sizeof sig, "--signal=%s", c->signal);
+    char *argv[] = {"scancel", c->signal[0] ? sig : id, c->signal[0] ? id : NULL, NULL};
+    Err err = {0};
+    if (run_slurm(argv, NULL, &err)) log_warn("job %ld: %s", c->job, err.msg);
+}
+
+static void scancel_done(uv_work_t *req, int status) {
+    (void)status;
+    free(req->data);
+}
+
+static void scancel(const Job *j, const char *signal) {
+    Scancel *c = calloc(1, sizeof *c);
+    if (!c) return;
+    c->job = j->id;
+    c->slurm_id = j->slurm_id;
+    snprintf(c->signal, sizeof c->signal, "%s", signal);
+    c->req.data = c;
+    if (uv_queue_work(astraid.loop, &c->req, scancel_work, scancel_done)) free(c);
+}
+
+static int is_pending(const SlurmRun *r) {
+    return !r->state || !strcmp(r->state, "PENDING") || !strcmp(r->state, "CONFIGURING");
+}
+
+void slurm_stop(Job *j, StopKind why) {
+    SlurmRun *r = j->slurm;
+    if (!r || r->ended) return;
+    if (why == STOP_SHUTDOWN) return; // the cluster keeps it; astraid tracks it again at start
+    if (r->stop == STOP_NONE || why == STOP_CANCEL) r->stop = why;
+    if (!j->slurm_id) return; // sbatch has not answered: start_done stops it
+    // A pending job has no rank to checkpoint: it is just withdrawn.
+    scancel(j, why == STOP_CANCEL || is_pending(r) ? "" : "TERM");
+}
+
+void slurm_checkpoint(Job *j) {
+    if (j->slurm && j->slurm_id) scancel(j, "USR1");
+}
+
+// ---------------------------------------------------------------- the poll
+
+typedef struct {
+    long job, slurm_id, run_no;
+    char run_dir[PATH_MAX];
+    int n_ranks;
+    long long *log_off;   // (n_ranks,) where to read from (copied), then where the reads ended
+    char **lines;         // (n_ranks,) complete new lines of each rank's log, NULL: none
+    char *state, *reason; // Slurm's, NULL when Slurm does not know the job any more
+    int exit_code;        // from run<N>.exit, -1: not written
+    char *batch_tail;     // a failed srun: the last lines of run<N>-batch.log (srun's errors)
+} Watch;
+
+typedef struct {
+    uv_work_t req;
+    Watch *w;
+    int n;
+    int listed; // squeue answered: a job it does not list is not pending or running
+} Poll;
+
+// "KEY=VALUE" of scontrol's one-line output (VALUE up to the next space).
+static char *scontrol_field(const char *text, const char *key) {
+    size_t k = strlen(key);
+    for (const char *p = text; (p = strstr(p, key)); p += k)
+        if ((p == text || p[-1] == ' ') && p[k] == '=')
+            return strndup(p + k + 1, strcspn(p + k + 1, " "));
+    return NULL;
+}
+
+// The last BATCH_TAIL bytes of run<N>-batch.log, from its first whole line.
+#define BATCH_TAIL 600
+static char *read_batch_tail(const Watch *w) {
+    char path[PATH_MAX + 32], buf[BATCH_TAIL + 1];
+    snprintf(path, sizeof path, "%s/run%ld-batch.log", w->run_dir, w->run_no);
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    struct stat st;
+    if (fd < 0 || fstat(fd, &st)) {
+        if (fd >= 0) close(fd);
+        return NULL;
+    }
+    off_t at = st.st_size > BATCH_TAIL ? st.st_size - BATCH_TAIL : 0;
+    ssize_t n = pread(fd, buf, BATCH_TAIL, at);
+    close(fd);
+    if (n <= 0) return NULL;
+    buf[n] = 0;
+    char *start = at ? strchr(buf, '\n') : buf;
+    return start && *start ? strdup(start + (at != 0)) : NULL;
+}
+
+static void read_exit(Watch *w) {
+    char path[PATH_MAX + 32], text[32] = {0};
+    snprintf(path, sizeof path, "%s/run%ld.exit", w->run_dir, w->run_no);
+    FILE *f = fopen(path, "r");
+    w->exit_code = -1;
+    if (f && fgets(text, sizeof text, f)) w->exit_code = atoi(text);
+    if (f) fclose(f);
+    if (w->exit_code > 0 && w->exit_code != EXIT_INTERRUPTED) w->batch_tail = read_batch_tail(w);
+}
+
+// The complete lines appended to rank r's log since log_off[r].
+static void read_log(Watch *w, int r) {
+    char path[PATH_MAX + 64];
+    snprintf(path, sizeof path, "%s/run%ld-rank%d.log", w->run_dir, w->run_no, r);
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return;
+    char *buf = malloc(LOG_CHUNK + 1);
+    ssize_t n = buf ? pread(fd, buf, LOG_CHUNK, (off_t)w->log_off[r]) : -1;
+    close(fd);
+    if (n <= 0) {
+        free(buf);
+        return;
+    }
+    ssize_t end = n;
+    while (end > 0 && buf[end - 1] != '\n')
+        end--;
+    if (end == 0 && n == LOG_CHUNK) end = n; // one line longer than a chunk: split
+    buf[end] = 0;
+    w->log_off[r] += end;
+    if (end)
+        w->lines[r] = buf;
+    else
+        free(buf);
+}
+
+static void squeue_states(Poll *p) {
+    Buf ids = {0};
+    for (int i = 0; i < p->n; i++)
+        buf_printf(&ids, "%s%ld", i ? "," : "", p->w[i].slurm_id);
+    char *list = buf_take(&ids), *out = NULL;
+    char *argv[] = {"squeue", "--noheader", "--states=all", "--format=%i|%T|%r", "--jobs",
+                    list,     NULL};
+    Err err = {0};
+    if (list && !run_slurm(argv, &out, &err)) {
+        p->listed = 1;
+        char *save = NULL;
+        for (char *line = strtok_r(out, "\n", &save); line; line = strtok_r(NULL, "\n", &save)) {
+            long id = strtol(line, NULL, 10);
+            char *st = strchr(line, '|'), *reason = st ? strchr(st + 1, '|') : NULL;
+            if (!reason) continue;
+            *reason++ = 0;
+            for (int i = 0; i < p->n; i++)
+                if (p->w[i].slurm_id == id) {
+                    p->w[i].state = strdup(st + 1);
+                    p->w[i].reason = strdup(reason);
+                }
+        }
+    } else if (list) {
+        log_warn("slurm: %s", err.msg);
+    }
+    free(list);
+    free(out);
+}
+
+// A job squeue no longer lists: scontrol may still know how it ended.
+static void scontrol_state(Watch *w) {
+    char id[32], *out = NULL;
+    snprintf(id, sizeof id, "%ld", w->slurm_id);
+    char *argv[] = {"scontrol", "--oneliner", "show", "job", id, NULL};
+    Err err = {0};
+    if (run_slurm(argv, &out, &err)) {
+        free(out);
+        return;
+    }
+    w->state = scontrol_field(out, "JobState");
+    w->reason = scontrol_field(out, "Reason");
+    free(out);
+}
+
+static void poll_work(uv_work_t *req) {
+    Poll *p = req->data;
+    squeue_states(p);
+    for (int i = 0; i < p->n; i++) {
+        Watch *w = &p->w[i];
+        if (p->listed && !w->state) scontrol_state(w);
+        read_exit(w); // after the state: an exit file written meanwhile is seen
+        for (int r = 0; r < w->n_ranks; r++)
+            read_log(w, r);
+    }
+}
+
+static int is_final_state(const char *s) {
+    static const char *const LIVE[] = {"PENDING",   "CONFIGURING", "RUNNING",  "COMPLETING",
+                                       "SUSPENDED", "REQUEUED",    "RESIZING", "SIGNALING",
+                                       "STAGE_OUT", "STOPPED",     NULL};
+    for (const char *const *l = LIVE; *l; l++)
+        if (!strcmp(s, *l)) return 0;
+    return 1;
+}
+
+static void take_lines(Job *j, int rank, char *text) {
+    char *save = NULL;
+    for (char *line = strtok_r(text, "\n", &save); line; line = strtok_r(NULL, "\n", &save))
+        job_add_log(j, rank, line, strlen(line));
+}
+
+// "srun exited with code 1 (Slurm job 12); last output: ..." (srun's own error lines),
+// or "Slurm job 12 TIMEOUT (reason)" when the batch script could not write srun's status.
+static char *slurm_cause(const Watch *w, const char *state) {
+    Buf b = {0};
+    if (w->exit_code >= 0) {
+        buf_printf(&b, "srun exited with code %d (Slurm job %ld)", w->exit_code, w->slurm_id);
+        if (w->batch_tail) buf_printf(&b, "; last output:\n%s", w->batch_tail);
+    } else {
+        buf_printf(&b, "Slurm job %ld %s", w->slurm_id, state);
+        if (w->reason && strcmp(w->reason, "None")) buf_printf(&b, " (%s)", w->reason);
+    }
+    return buf_take(&b);
+}
+
+// What the Slurm job's end means for the run (it ended: its exit file or Slurm says so).
+static void apply_end(SlurmRun *r, const Watch *w) {
+    const char *state = w->state ? w->state : "is no longer known to Slurm";
+    int code = w->exit_code;
+    RunOutcome o = {.stop = r->stop};
+    o.failed = code != 0 && code != EXIT_INTERRUPTED;
+    o.bad_input = code == EXIT_BAD_INPUT;
+    o.interrupted = code == EXIT_INTERRUPTED;
+    o.started_from = r->job->last_checkpoint;
+    char *cause = o.failed || o.interrupted ? slurm_cause(w, state) : NULL;
+    o.cause = cause;
+    log_info("job %ld: Slurm job %ld ended: %s, exit %d", r->job->id, w->slurm_id, state, code);
+    run_over(r, &o);
+    free(cause);
+}
+
+static void apply_watch(const Watch *w) {
+    Job *j = job_find(w->job);
+    SlurmRun *r = j ? j->slurm : NULL;
+    if (!r || r->run_no != w->run_no || j->slurm_id != w->slurm_id) return;
+    for (int rank = 0; rank < w->n_ranks && rank < r->n_ranks; rank++) {
+        r->log_off[rank] = w->log_off[rank];
+        if (w->lines[rank]) take_lines(j, rank, w->lines[rank]);
+    }
+    if (w->state && (!r->state || strcmp(r->state, w->state))) {
+        free(r->state);
+        r->state = strdup(w->state);
+        if (w->reason && strcmp(w->reason, "None")) state_event(j->id, w->state, w->reason);
+    }
+    int gone = w->exit_code >= 0 || (w->state ? is_final_state(w->state) : 1);
+    if (gone) {
+        apply_end(r, w);
+        return;
+    }
+    JobState want = is_pending(r) ? JOB_QUEUED : JOB_RUNNING;
+    if ((j->state == JOB_STARTING || j->state == JOB_QUEUED || j->state == JOB_RUNNING) &&
+        j->state != want)
+        job_set_state(j, want);
+}
+
+static void poll_free(Poll *p) {
+    for (int i = 0; i < p->n; i++) {
+        Watch *w = &p->w[i];
+        for (int r = 0; w->lines && r < w->n_ranks; r++)
+            free(w->lines[r]);
+        free(w->lines);
+        free(w->log_off);
+        free(w->state);
+        free(w->reason);
+        free(w->batch_tail);
+    }
+    free(p->w);
+    free(p);
+}
+
+static void poll_done(uv_work_t *req, int status) {
+    (void)status;
+    Poll *p = req->data;
+    poll_busy = 0;
+    // A job squeue could not be asked about stays as it is: slurmctld may be back soon.
+    for (int i = 0; i < p->n; i++)
+        if (p->listed || p->w[i].exit_code >= 0) apply_watch(&p->w[i]);
+    poll_free(p);
+}
+
+static void on_poll(uv_timer_t *t) {
+    (void)t;
+    int n = 0;
+    for (Job *j = astraid.jobs; j; j = j->next)
+        n += j->slurm && j->slurm_id;
+    if (poll_busy || n == 0) return;
+    Poll *p = calloc(1, sizeof *p);
+    if (p) p->w = calloc((size_t)n, sizeof *p->w);
+    if (!p || !p->w) {
+        free(p);
+        return;
+    }
+    for (Job *j = astraid.jobs; j; j = j->next) {
+        SlurmRun *r = j->slurm;
+        if (!r || !j->slurm_id) continue;
+        Watch *w = &p->w[p->n];
+        *w = (Watch){.job = j->id,
+                     .slurm_id = j->slurm_id,
+                     .run_no = r->run_no,
+                     .n_ranks = r->n_ranks,
+                     .exit_code = -1};
+        w->log_off = malloc((size_t)r->n_ranks * sizeof *w->log_off);
+        w->lines = calloc((size_t)r->n_ranks, sizeof *w->lines);
+        if (!w->log_off || !w->lines || job_run_dir(j, w->run_dir, sizeof w->run_dir)) {
+            free(w->log_off);
+            free(w->lines);
+            continue;
+        }
+        memcpy(w->log_off, r->log_off, (size_t)r->n_ranks * sizeof *w->log_off);
+        p->n++;
+    }
+    p->req.data = p;
+    if (p->n == 0 || uv_queue_work(astraid.loop, &p->req, poll_work, poll_done)) {
+        poll_free(p);
+        return;
+    }
+    poll_busy = 1;
+}
+
+// ---------------------------------------------------------------- startup
+
+void slurm_init(void) {
+    uv_timer_init(astraid.loop, &poll_timer);
+    uint64_t ms = (uint64_t)(astraid.cfg.poll_interval * 1000);
+    uv_timer_start(&poll_timer, on_poll, ms, ms);
+    char *out = NULL;
+    Err err = {0};
+    char *argv[] = {"sinfo", "--noheader", "--format=%P %a %D", NULL};
+    if (run_slurm(argv, &out, &err))
+        log_error("slurm: %s (jobs cannot run until Slurm answers)", err.msg);
+    else
+        log_info("slurm: partitions: %s", out);
+    free(out);
+}
+
+void slurm_free(void) {
+    for (Job *j = astraid.jobs; j; j = j->next)
+        if (j->slurm) {
+            run_free(j->slurm);
+            j->slurm = NULL;
+        }
+}
+
+int slurm_attach(Job *j) {
+    SlurmRun *r = run_new(j);
+    if (!r) return -1;
+    j->slurm = r;
+    // Its logs were taken into the ring before astraid stopped: new lines only.
+    char run_dir[PATH_MAX], path[PATH_MAX + 64];
+    for (int rank = 0; !job_run_dir(j, run_dir, sizeof run_dir) && rank < r->n_ranks; rank++) {
+        struct stat st;
+        snprintf(path, sizeof path, "%s/run%ld-rank%d.log", run_dir, r->run_no, rank);
+        if (!stat(path, &st)) r->log_off[rank] = (long long)st.st_size;
+    }
+    if (j->state == JOB_PAUSING) r->stop = STOP_PAUSE;
+    log_info("job %ld: tracking Slurm job %ld again", j->id, j->slurm_id);
+    return 0;
+}
+
+const char *slurm_state(const Job *j) {
+    return j->slurm ? j->slurm->state : NULL;
+}

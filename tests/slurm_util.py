@@ -1,0 +1,176 @@
+"""A real one-host Slurm cluster for the tests: munged, slurmctld and slurmd (Debian's
+munge and slurm-wlm) on private ports, directories and a private munge socket, started
+and stopped by the test. Slurm's client commands find it through SLURM_CONF (Cluster.env).
+
+    with Cluster(root) as c:       # raises Unavailable (with the reason) when it cannot start
+        subprocess.run(["sbatch", ...], env=c.env)
+"""
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import time
+
+import train_util as tu
+
+BINARIES = ("munged", "slurmctld", "slurmd", "sbatch", "squeue", "scancel", "scontrol", "sinfo")
+
+
+class Unavailable(Exception):
+    """Slurm cannot run here (not installed, not root, a daemon would not start)."""
+
+
+def find(name):
+    for d in os.environ.get("PATH", "").split(":") + ["/usr/sbin", "/sbin"]:
+        p = os.path.join(d, name)
+        if os.access(p, os.X_OK):
+            return p
+    return None
+
+
+class Cluster:
+    def __init__(self, root, cpus=None, partition="debug"):
+        self.root = os.path.join(root, "slurm")
+        self.cpus = cpus or os.cpu_count()
+        self.partition = partition
+        self.procs = []
+        self.conf = os.path.join(self.root, "slurm.conf")
+        self.node = "astrai-node"
+        self.env = dict(os.environ, SLURM_CONF=self.conf)
+
+    def __enter__(self):
+        try:
+            self.start()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def __exit__(self, *exc):
+        self.stop()
+
+    def _path(self, *parts):
+        return os.path.join(self.root, *parts)
+
+    def _write_conf(self, ctld_port, slurmd_port):
+        host = socket.gethostname()
+        conf = f"""ClusterName=astraitest
+SlurmctldHost={host}(127.0.0.1)
+SlurmctldPort={ctld_port}
+SlurmdPort={slurmd_port}
+AuthType=auth/munge
+AuthInfo=socket={self._path("munge", "munge.sock")}
+CredType=cred/munge
+SlurmUser=root
+SlurmdUser=root
+StateSaveLocation={self._path("state")}
+SlurmdSpoolDir={self._path("spool")}
+SlurmctldPidFile={self._path("slurmctld.pid")}
+SlurmdPidFile={self._path("slurmd.pid")}
+SlurmctldLogFile={self._path("slurmctld.log")}
+SlurmdLogFile={self._path("slurmd.log")}
+ProctrackType=proctrack/linuxproc
+TaskPlugin=task/none
+SelectType=select/cons_tres
+SelectTypeParameters=CR_Core
+MpiDefault=none
+ReturnToService=2
+JobAcctGatherType=jobacct_gather/none
+MinJobAge=600
+KillWait=30
+SchedulerParameters=sched_interval=1
+NodeName={self.node} NodeHostname={host} NodeAddr=127.0.0.1 CPUs={self.cpus} State=UNKNOWN
+PartitionName={self.partition} Nodes=ALL Default=YES MaxTime=INFINITE State=UP
+"""
+        with open(self.conf, "w") as f:
+            f.write(conf)
+
+    def start(self):
+        missing = [b for b in BINARIES if not find(b)]
+        if missing:
+            raise Unavailable(f"not installed: {', '.join(missing)} (Debian slurm-wlm, munge)")
+        if os.geteuid() != 0:
+            raise Unavailable("the test cluster's slurmd runs as root")
+        for d in ("state", "spool", "munge"):
+            os.makedirs(self._path(d), exist_ok=True)
+        os.chmod(self._path("munge"), 0o700)
+        key = self._path("munge", "munge.key")
+        with open(key, "wb") as f:
+            f.write(os.urandom(1024))
+        os.chmod(key, 0o600)
+        self._daemon([find("munged"), "--foreground", f"--key-file={key}",
+                      f"--socket={self._path('munge', 'munge.sock')}",
+                      f"--pid-file={self._path('munge', 'munged.pid')}",
+                      f"--log-file={self._path('munge', 'munged.log')}",
+                      f"--seed-file={self._path('munge', 'seed')}", "--force"], "munged")
+        self._wait(lambda: os.path.exists(self._path("munge", "munge.sock")), "munged")
+        self._write_conf(tu.free_port(), tu.free_port())
+        self._daemon([find("slurmctld"), "-D", "-i", "-f", self.conf], "slurmctld")
+        self._daemon([find("slurmd"), "-D", "-f", self.conf, "-N", self.node], "slurmd")
+        self._wait(self._node_idle, "slurmd (node idle)", timeout=60)
+
+    def _daemon(self, argv, name):
+        log = open(self._path(f"{name}.out"), "ab")
+        self.procs.append((name, subprocess.Popen(argv, stdout=log, stderr=log,
+                                                  env=self.env, start_new_session=True)))
+        log.close()
+
+    def _node_idle(self):
+        out = subprocess.run(["sinfo", "--noheader", "--format=%t"], env=self.env,
+                             capture_output=True, text=True, timeout=30)
+        return out.returncode == 0 and out.stdout.strip() == "idle"
+
+    def _wait(self, ready, what, timeout=30):
+        deadline = time.time() + timeout
+        while time.time() < deadline:
+            for name, p in self.procs:
+                if p.poll() is not None:
+                    raise Unavailable(f"{name} exited with {p.returncode}: {self.log_tail(name)}")
+            if ready():
+                return
+            time.sleep(0.2)
+        raise Unavailable(f"{what} not ready within {timeout} s: {self.log_tail('slurmctld')}")
+
+    def log_tail(self, name, n=2000):
+        text = ""
+        for path in (self._path(f"{name}.out"), self._path(f"{name}.log")):
+            if os.path.exists(path):
+                with open(path, "rb") as f:
+                    text += f.read().decode(errors="replace")[-n:]
+        return text
+
+    def run(self, *args, check=True):
+        out = subprocess.run(list(args), env=self.env, capture_output=True, text=True,
+                             timeout=60)
+        if check and out.returncode:
+            raise AssertionError(f"{' '.join(args)}: {out.stdout}{out.stderr}")
+        return out
+
+    def jobs(self):
+        """The ids of the jobs Slurm lists as pending or running."""
+        out = self.run("squeue", "--noheader", "--format=%i")
+        return [int(x) for x in out.stdout.split()]
+
+    def stop_ctld(self):
+        """Stops slurmctld alone (tests of 'slurmctld down')."""
+        for name, p in self.procs:
+            if name == "slurmctld":
+                p.send_signal(signal.SIGTERM)
+                p.wait(30)
+
+    def stop(self):
+        if self.procs and find("scancel"):
+            subprocess.run(["scancel", "--full", "--user=root"], env=self.env,
+                           capture_output=True, timeout=30)
+        for name, p in reversed(self.procs):
+            if p.poll() is None:
+                p.send_signal(signal.SIGTERM)
+                try:
+                    p.wait(20)
+                except subprocess.TimeoutExpired:
+                    os.killpg(p.pid, signal.SIGKILL)
+                    p.wait()
+        self.procs = []
+        shutil.rmtree(self._path("spool"), ignore_errors=True)

@@ -1,0 +1,211 @@
+"""astraid --executor slurm on a real one-host Slurm cluster (tests/slurm_util.py): a 2-rank
+ddp job runs as one Slurm job of two tasks and completes with the loss curve of the same
+job under the local executor; pause/resume gives the never-paused curve; checkpoint writes
+one while training goes on; cancel leaves no Slurm job and no rank; a task killed through
+Slurm is restarted from the checkpoint; astraid killed -9 and restarted keeps tracking a
+running Slurm job; a job Slurm rejects (bad partition) fails at submit with Slurm's message;
+slurmctld down is reported at submit and astraid keeps serving. Skipped with the reason
+when Slurm cannot run here."""
+
+import os
+import sqlite3
+import sys
+import time
+
+import daemon_util as du
+import slurm_util
+import train_util as tu
+
+EPOCHS = 6  # steps = 6 epochs x 80 windows / (4 per rank x 2 ranks) = 60
+
+
+def ddp_spec(model, data, **extra):
+    s = du.spec(model, data, n_epoch=EPOCHS, nprocs=2, parallel_mode="ddp")
+    s.update(extra)
+    return s
+
+
+def curve(state_dir_or_shared, job):
+    db = sqlite3.connect(os.path.join(state_dir_or_shared, "jobs", str(job), "progress.db"))
+    rows = db.execute("SELECT step, loss, lr, grad_norm FROM steps ORDER BY step").fetchall()
+    db.close()
+    return rows
+
+
+def slurm_daemon(root, cluster, extra=()):
+    shared = os.path.join(root, "shared")
+    d = du.Daemon(root, env={"SLURM_CONF": cluster.conf},
+                  args=["--executor=slurm", f"--shared-dir={shared}", "--poll-interval=0.2",
+                        *extra])
+    d.shared = shared
+    return d
+
+
+def wait_no_slurm_job(cluster, timeout=60):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if not cluster.jobs():
+            return
+        time.sleep(0.2)
+    raise AssertionError(f"Slurm still lists {cluster.jobs()}")
+
+
+def wait_resumed(log, timeout=60):
+    """Waits for the run's rank 0 to say it resumed from a checkpoint."""
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if os.path.exists(log):
+            with open(log) as f:
+                if "resuming from" in f.read():
+                    return
+        time.sleep(0.2)
+    raise AssertionError(f"{log}: the run did not resume from the checkpoint")
+
+
+def train_binary_pids(run_dir):
+    """Processes whose environment names the run directory (the job's ranks)."""
+    pids = []
+    for p in os.listdir("/proc"):
+        if not p.isdigit():
+            continue
+        try:
+            with open(f"/proc/{p}/environ", "rb") as f:
+                if f"ASTRAI_RUN_DIR={run_dir}".encode() in f.read().split(b"\0"):
+                    pids.append(int(p))
+        except OSError:
+            pass
+    return [p for p in pids if du.pid_alive(p)]
+
+
+def main():
+    root = tu.tmpdir()
+    try:
+        cluster = slurm_util.Cluster(root).__enter__()
+    except slurm_util.Unavailable as e:
+        print(f"skipped: Slurm cannot run here: {e}")
+        return 77
+    try:
+        run(root, cluster)
+    finally:
+        cluster.stop()
+    print("ok")
+    return 0
+
+
+def run(root, cluster):
+    model, data = du.make_setup(root)
+    # The reference: the same job under the local executor.
+    local = du.Daemon(os.path.join(root, "local"), devices="cpu:2")
+    os.makedirs(local.root, exist_ok=True)
+    local.start()
+    with du.guarded(local):
+        c = local.client()
+        ref_id = c.call("submit", ddp_spec(model, data))["job"]
+        du.wait_job(c, ref_id, ["completed"], timeout=300)
+        reference = curve(local.state_dir, ref_id)
+        c.close()
+        assert local.stop() == 0
+    assert len(reference) == 60, len(reference)
+
+    d = slurm_daemon(root, cluster).start()
+    with du.guarded(d):
+        c = d.client()
+        # A job Slurm rejects fails at submit with Slurm's message, and leaves nothing.
+        e = du.expect_error(lambda: c.call("submit", ddp_spec(model, data, nprocs=64)), -32602,
+                            "slurm refuses the job", "sbatch")
+        assert c.call("list")["jobs"] == [], "a refused job was kept"
+
+        # 2-rank ddp: one Slurm job of two tasks, the local executor's curve.
+        jid = c.call("submit", ddp_spec(model, data))["job"]
+        st = du.wait_job(c, jid, ["running"], timeout=120)
+        assert st["slurm_job"] in cluster.jobs(), (st, cluster.jobs())
+        out = cluster.run("scontrol", "--oneliner", "show", "job", str(st["slurm_job"])).stdout
+        assert "NumTasks=2" in out, out
+        done = du.wait_job(c, jid, ["completed"], timeout=300)
+        assert curve(d.shared, jid) == reference, "the Slurm job's loss curve differs"
+        assert done["loss"] == reference[-1][1], (done["loss"], reference[-1])
+        logs = c.call("logs", {"job": jid, "tail": 1000})["lines"]
+        assert any("step" in line.lower() or "epoch" in line.lower() for line in logs), logs
+        wait_no_slurm_job(cluster)
+
+        # pause -> paused (every rank checkpointed at one step) -> resume: the same curve.
+        jid = c.call("submit", ddp_spec(model, data))["job"]
+        du.wait_job(c, jid, ["running"], timeout=120, pred=lambda j: j["step"] >= 5)
+        c.call("pause", {"job": jid})
+        paused = du.wait_job(c, jid, ["paused"], timeout=120)
+        assert paused["last_checkpoint"], paused
+        assert paused["step"] < 60, paused
+        wait_no_slurm_job(cluster)
+        c.call("resume", {"job": jid})
+        done = du.wait_job(c, jid, ["completed"], timeout=300)
+        assert curve(d.shared, jid) == reference, "the paused Slurm job's curve differs"
+
+        # checkpoint: one more checkpoint while it trains on.
+        jid = c.call("submit", ddp_spec(model, data, n_epoch=40))["job"]
+        st = du.wait_job(c, jid, ["running"], timeout=120, pred=lambda j: j["step"] >= 3)
+        c.call("checkpoint", {"job": jid})
+        st = du.wait_job(c, jid, ["running"], timeout=120,
+                         pred=lambda j: j["last_checkpoint"] is not None)
+
+        # A task killed through Slurm: the run fails and restarts from the checkpoint.
+        step_before = st["step"]
+        cluster.run("scancel", "--signal=KILL", f"{st['slurm_job']}.0")
+        again = du.wait_job(c, jid, ["running", "queued", "starting"], timeout=120,
+                            pred=lambda j: j["restarts"] == 1 and j["slurm_job"] not in (None, st["slurm_job"]))
+        assert "srun exited with code" in again["error"], again
+
+        # astraid killed -9 and started again: it finds the Slurm job and tracks it on.
+        du.wait_job(c, jid, ["running"], timeout=120, pred=lambda j: j["step"] > step_before)
+        wait_resumed(os.path.join(d.shared, "jobs", str(jid), "run2-rank0.log"))
+        c.close()
+        d.kill9()
+        d.start()
+        c = d.client()
+        st = du.wait_job(c, jid, ["running"], timeout=60)
+        assert st["slurm_job"] == again["slurm_job"], (st, again)
+
+        # cancel: no Slurm job, no rank left.
+        run_dir = os.path.join(d.shared, "jobs", str(jid))
+        c.call("cancel", {"job": jid})
+        du.wait_job(c, jid, ["cancelled"], timeout=60)
+        wait_no_slurm_job(cluster)
+        deadline = time.time() + 30
+        while train_binary_pids(run_dir) and time.time() < deadline:
+            time.sleep(0.2)
+        assert not train_binary_pids(run_dir), train_binary_pids(run_dir)
+
+        # A partition Slurm does not have: refused at submit with Slurm's message.
+        bad = slurm_daemon(os.path.join(root, "bad"), cluster, ["--slurm-partition=nopart"])
+        os.makedirs(bad.root, exist_ok=True)
+        bad.start()
+        with du.guarded(bad):
+            b = bad.client()
+            du.expect_error(lambda: b.call("submit", ddp_spec(model, data)), -32602,
+                            "slurm refuses the job", "invalid partition")
+            b.close()
+            assert bad.stop() == 0
+
+        # No Slurm on PATH: astraid starts, says so, and refuses submits naming sbatch.
+        nopath = slurm_daemon(os.path.join(root, "nopath"), cluster)
+        nopath.env["PATH"] = "/nonexistent"
+        os.makedirs(nopath.root, exist_ok=True)
+        nopath.start()
+        with du.guarded(nopath):
+            b = nopath.client()
+            du.expect_error(lambda: b.call("submit", ddp_spec(model, data)), -32602,
+                            "slurm refuses the job", "sbatch", "PATH")
+            b.close()
+            assert nopath.stop() == 0
+            assert "sinfo: cannot run it" in nopath.logs(), nopath.logs()
+
+        # slurmctld down: a submit says so, astraid keeps serving.
+        cluster.stop_ctld()
+        e = du.expect_error(lambda: c.call("submit", ddp_spec(model, data)), -32602,
+                            "slurm refuses the job")
+        assert c.call("daemon.info")["version"], "astraid stopped serving"
+        c.close()
+        assert d.stop() == 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
