@@ -110,19 +110,26 @@ def training(a, c, d, root, train):
             "best_overhead_pct": (best_alone - best_through) / best_alone * 100}
 
 
+def training_setup(build, prefix, threads):
+    """For a bench of astraid: ASTRAI_BUILD set for the test helpers, a temp root with the
+    CONFIG model and 1 MiB of text, and the spec of a job training one epoch of it (~34
+    steps: batch 8 x window 128). Returns (root, spec)."""
+    os.environ["ASTRAI_BUILD"] = build
+    import train_util as tu
+    root = tempfile.mkdtemp(prefix=prefix)
+    model = tu.make_model(os.path.join(root, "m"), CONFIG)
+    data, _ = tu.make_text_data(root, 1 << 20)
+    train = {"train_type": "seq", "param_path": model, "data_root_path": data,
+             "batch_per_device": 8, "window_size": 128, "threads": threads,
+             "ckpt_interval": 100000, "random_seed": 1, "n_epoch": 1}
+    return root, train
+
+
 def main():
     a = parse_args()
     a.build = os.path.abspath(a.build)
-    os.environ["ASTRAI_BUILD"] = a.build
+    root, train = training_setup(a.build, "astrai-bench-daemon-", a.threads)
     import daemon_util as du
-    import train_util as tu
-    root = tempfile.mkdtemp(prefix="astrai-bench-daemon-")
-    model = tu.make_model(os.path.join(root, "m"), CONFIG)
-    window, batch = 128, 8
-    data, _ = tu.make_text_data(root, 1 << 20)  # the whole text: ~34 steps
-    train = {"train_type": "seq", "param_path": model, "data_root_path": data,
-             "batch_per_device": batch, "window_size": window, "threads": a.threads,
-             "ckpt_interval": 100000, "random_seed": 1, "n_epoch": 1}
     d = du.Daemon(root, devices="cpu:2").start()
     c = d.client()
     out = {"load_avg_start": os.getloadavg()[0]}

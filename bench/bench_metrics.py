@@ -24,7 +24,6 @@ import json
 import os
 import statistics
 import sys
-import tempfile
 import threading
 import time
 
@@ -32,7 +31,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "tests"))
 sys.path.insert(0, HERE)
 
-from bench_daemon import CONFIG, tokens_per_s  # noqa: E402  the same model and measure
+from bench_daemon import tokens_per_s, training_setup  # noqa: E402  the same job and measure
 
 
 def parse_args():
@@ -112,7 +111,7 @@ def cpu_percent(pid, seconds):
     return (cpu_seconds(pid) - c0) / (time.monotonic() - t0) * 100
 
 
-def training(a, root, train, model, data):
+def training(a, root, train):
     """3. the same job through astraid without and with the listener, alternating."""
     import daemon_util as du
     import train_util as tu
@@ -144,15 +143,9 @@ def training(a, root, train, model, data):
 def main():
     a = parse_args()
     a.build = os.path.abspath(a.build)
-    os.environ["ASTRAI_BUILD"] = a.build
+    root, train = training_setup(a.build, "astrai-bench-metrics-", a.threads)
     import daemon_util as du
     import train_util as tu
-    root = tempfile.mkdtemp(prefix="astrai-bench-metrics-")
-    model = tu.make_model(os.path.join(root, "m"), CONFIG)
-    data, _ = tu.make_text_data(root, 1 << 20)
-    train = {"train_type": "seq", "param_path": model, "data_root_path": data,
-             "batch_per_device": 8, "window_size": 128, "threads": a.threads,
-             "ckpt_interval": 100000, "random_seed": 1, "n_epoch": 1}
     tiny_model, tiny_data = du.make_setup(os.path.join(root, "tiny"), n_windows=16)
     port = tu.free_port()
     os.makedirs(os.path.join(root, "d"))
@@ -182,7 +175,7 @@ def main():
     c.close()
     d.stop()
     if a.rounds:
-        out["training"] = training(a, root, train, model, data)
+        out["training"] = training(a, root, train)
     out["load_avg_end"] = os.getloadavg()[0]
     print(json.dumps(out, indent=1))
     s = out["scrape"]

@@ -63,6 +63,7 @@ typedef struct {
     char *slurm_partition, *slurm_account, *slurm_time; // sbatch's --partition/--account/--time
     char *slurm_sbatch_args;                            // more sbatch arguments (space-separated)
     long slurm_gpus_per_node; // a job's GPUs per node when it does not say (0: CPU tasks)
+    long slurm_nodes;         // the nodes of a CPU job that does not say
 } Config;
 
 // One option: a --flag of astraid and a key of its config file.

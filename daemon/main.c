@@ -156,7 +156,8 @@ static int load_config(Config *c, int argc, char **argv, Err *err) {
                   .max_connections = 256,
                   .poll_interval = 0.5,
                   .max_unauthenticated = 64,
-                  .auth_timeout = 10};
+                  .auth_timeout = 10,
+                  .slurm_nodes = 1};
     int has_config = 0;
     for (int i = 1; i < argc; i++)
         has_config |= !strncmp(argv[i], "--config", 8);

@@ -147,12 +147,21 @@ static long spec_long(const Job *j, const char *key, long dflt) {
     return cJSON_IsNumber(v) ? (long)v->valuedouble : dflt;
 }
 
-// The job's nodes and tasks per node: nodes x gpus_per_node GPU ranks, or n_devices CPU
-// ranks spread evenly over the nodes.
+// The job's nodes and tasks (ranks) per node. GPU jobs (gpus_per_node, or the daemon's
+// --slurm-gpus-per-node): one GPU per rank, gpus_per_node ranks on each node (fewer when the
+// job has fewer ranks), as many nodes as that takes. CPU jobs: the ranks spread evenly over
+// the job's nodes (or --slurm-nodes).
 static void job_layout(const Job *j, long *nodes, long *per_node, long *gpus) {
-    *nodes = spec_long(j, "nodes", 1);
+    long n = j->n_devices;
     *gpus = spec_long(j, "gpus_per_node", astraid.cfg.slurm_gpus_per_node);
-    *per_node = *gpus ? *gpus : (j->n_devices + *nodes - 1) / *nodes;
+    if (*gpus) {
+        *per_node = *gpus = *gpus < n ? *gpus : n;
+        *nodes = spec_long(j, "nodes", (n + *per_node - 1) / *per_node);
+        return;
+    }
+    *nodes = spec_long(j, "nodes", astraid.cfg.slurm_nodes);
+    if (*nodes > n) *nodes = n;
+    *per_node = (n + *nodes - 1) / *nodes;
 }
 
 // The script of run run_no (argv: astrai-train's).

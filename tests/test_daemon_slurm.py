@@ -121,6 +121,11 @@ def run(root, cluster):
         assert st["slurm_job"] in cluster.jobs(), (st, cluster.jobs())
         out = cluster.run("scontrol", "--oneliner", "show", "job", str(st["slurm_job"])).stdout
         assert "NumTasks=2" in out, out
+        with open(os.path.join(d.shared, "jobs", str(jid), "run1.sbatch")) as f:
+            script = f.read()
+        for line in ("#SBATCH --nodes=1", "#SBATCH --ntasks=2", "#SBATCH --ntasks-per-node=2",
+                     "#SBATCH --no-requeue"):
+            assert line in script.splitlines(), (line, script)
         done = du.wait_job(c, jid, ["completed"], timeout=300)
         assert curve(d.shared, jid) == reference, "the Slurm job's loss curve differs"
         assert done["loss"] == reference[-1][1], (done["loss"], reference[-1])
