@@ -360,7 +360,9 @@ int slurm_start(Job *j, Err *err);
 // it again at its next start). cancel: scancel.
 void slurm_stop(Job *j, StopKind why);
 void slurm_checkpoint(Job *j); // scancel --signal=USR1
-// At start, for a job whose Slurm job may still live (slurm_id set): tracked again.
+// At start, for a job whose last run was still open: its Slurm job (slurm_id, or when astraid
+// died before sbatch answered, the job squeue lists with that run's script) is tracked
+// again. -1 when it has none (the run is over: the job is recovered as a local one).
 int slurm_attach(Job *j);
 const char *slurm_state(const Job *j); // Slurm's word for its live run ("RUNNING"), or NULL
 

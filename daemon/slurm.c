@@ -746,7 +746,31 @@ void slurm_free(void) {
         }
 }
 
+// The Slurm job of run run_no when sbatch submitted it but astraid died before it heard the
+// id: the job Slurm lists under the job's name whose script is that run's (its path is in
+// this astraid's run directory, so no other astraid's job matches). 0: none. Blocking
+// (startup only).
+static long find_submitted(const Job *j, long run_no) {
+    char run_dir[PATH_MAX], script[PATH_MAX + 64], name[48], *out = NULL;
+    if (job_run_dir(j, run_dir, sizeof run_dir)) return 0;
+    snprintf(script, sizeof script, "%s/run%ld.sbatch", run_dir, run_no);
+    snprintf(name, sizeof name, "--name=astrai-%ld", j->id);
+    char *argv[] = {"squeue", "--noheader", "--format=%i|%o", name, NULL};
+    Err err = {0};
+    long id = 0;
+    if (run_slurm(argv, &out, &err)) log_warn("job %ld: %s", j->id, err.msg);
+    char *save = NULL;
+    for (char *line = out ? strtok_r(out, "\n", &save) : NULL; line && !id;
+         line = strtok_r(NULL, "\n", &save)) {
+        char *bar = strchr(line, '|');
+        if (bar && !strcmp(bar + 1, script)) id = strtol(line, NULL, 10);
+    }
+    free(out);
+    return id;
+}
+
 int slurm_attach(Job *j) {
+    if (!j->slurm_id && !(j->slurm_id = find_submitted(j, j->runs))) return -1;
     SlurmRun *r = run_new(j);
     if (!r) return -1;
     j->slurm = r;

@@ -597,8 +597,7 @@ static int last_run_open(const Job *j) {
 }
 
 static void recover_job(Job *j) {
-    if (astraid.slurm && j->slurm_id && !job_is_final(j->state) && last_run_open(j) &&
-        !slurm_attach(j))
+    if (astraid.slurm && !job_is_final(j->state) && last_run_open(j) && !slurm_attach(j))
         return; // its Slurm job (its ranks) ran on without astraid: squeue says how it is now
     int died_under = j->state == JOB_STARTING || j->state == JOB_RUNNING || j->state == JOB_PAUSING;
     if (!died_under && j->state != JOB_INTERRUPTED) return;

@@ -169,6 +169,20 @@ def run(root, cluster):
         st = du.wait_job(c, jid, ["running"], timeout=60)
         assert st["slurm_job"] == again["slurm_job"], (st, again)
 
+        # ... also when it died before sbatch's answer reached it (the run open, no Slurm id
+        # recorded): it finds the Slurm job by the run's batch script, submits no other.
+        c.close()
+        d.kill9()
+        db = sqlite3.connect(os.path.join(d.state_dir, "astraid.db"))
+        db.execute("UPDATE jobs SET slurm_id=0, state='starting' WHERE id=?", (jid,))
+        db.commit()
+        db.close()
+        d.start()
+        c = d.client()
+        st = du.wait_job(c, jid, ["running"], timeout=60)
+        assert st["slurm_job"] == again["slurm_job"], (st, again)
+        assert cluster.jobs() == [again["slurm_job"]], cluster.jobs()
+
         # cancel: no Slurm job, no rank left.
         run_dir = os.path.join(d.shared, "jobs", str(jid))
         c.call("cancel", {"job": jid})
