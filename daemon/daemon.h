@@ -473,8 +473,8 @@ void http_stop(void);
 int http_check_config(const Config *c, Err *err);
 
 // Counts one control request: its method (known: one of dispatch.c's, else "other"), the
-// code of its answer (0: a result; a request answered later counts 0 when queued) and the
-// seconds it took on the loop. Loop thread only.
+// code of its answer (0: a result) and the seconds from its arrival to its answer (a
+// request answered later, once its change is written, counts then). Loop thread only.
 void metrics_request(const char *method, int known, int code, double seconds);
 void metrics_requests(RequestStats *out); // a copy of the counts, for a snapshot
 // The Prometheus text (format 0.0.4) of s; NULL when out of memory. Any thread.

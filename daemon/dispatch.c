@@ -26,7 +26,11 @@
 
 typedef cJSON *(*Handler)(Conn *c, const cJSON *params, int *code, Err *err);
 
-static const cJSON *request_id; // of the request being dispatched, for an answer sent later
+// Of the request being dispatched, for an answer sent later: its id, its method's name
+// and when it came (its count and latency are taken when it is answered).
+static const cJSON *request_id;
+static const char *request_method;
+static double request_t0;
 
 // The reply a state change waits for.
 typedef enum { LATER_JOB, LATER_SUBMIT, LATER_RESULT } LaterKind;
@@ -36,6 +40,8 @@ typedef struct {
     LaterKind kind;
     long job;      // LATER_JOB: its JOB object; LATER_SUBMIT: {"job", "state"} of the new job
     cJSON *result; // LATER_RESULT: made when the request came
+    const char *method;
+    double t0; // clock_mono_s() when the request came
 } Later;
 
 // Takes result; NULL when out of memory.
@@ -47,7 +53,7 @@ static Later *later_new(Conn *c, LaterKind kind, long job, cJSON *result) {
         cJSON_Delete(result);
         return NULL;
     }
-    *l = (Later){c, id, kind, job, result};
+    *l = (Later){c, id, kind, job, result, request_method, request_t0};
     return l;
 }
 
@@ -85,6 +91,11 @@ static void later_done(void *arg, int code, const Err *err) {
                          : rpc_error(l->id, code ? code : RPC_INTERNAL_ERROR,
                                      code ? err->msg : "the job is gone",
                                      code == RPC_BAD_STATE ? state_data(l->job) : NULL);
+    metrics_request(l->method, 1,
+                    result ? 0
+                    : code ? code
+                           : RPC_INTERNAL_ERROR,
+                    clock_mono_s() - l->t0);
     if (!l->id) cJSON_Delete(result);
     conn_answer(l->c, msg);
     later_free(l);
@@ -413,10 +424,12 @@ static cJSON *do_auth(Conn *c, const cJSON *params, int *code, Err *err) {
     return r;
 }
 
-static const struct {
+typedef struct {
     const char *name;
     Handler fn;
-} METHODS[] = {
+} Method;
+
+static const Method METHODS[] = {
     {"submit", do_submit},    {"list", do_list},     {"status", do_status},
     {"pause", do_pause},      {"resume", do_resume}, {"checkpoint", do_checkpoint},
     {"cancel", do_cancel},    {"logs", do_logs},     {"watch", do_watch},
@@ -424,9 +437,9 @@ static const struct {
     {"history", do_history},
 };
 
-static Handler find_method(const char *name) {
+static const Method *find_method(const char *name) {
     for (size_t i = 0; i < sizeof METHODS / sizeof *METHODS; i++)
-        if (!strcmp(name, METHODS[i].name)) return METHODS[i].fn;
+        if (!strcmp(name, METHODS[i].name)) return &METHODS[i];
     return NULL;
 }
 
@@ -437,7 +450,8 @@ static cJSON *bad_state_data(const cJSON *params) {
 
 static void call(Conn *c, const RpcRequest *req) {
     double t0 = clock_mono_s();
-    Handler fn = find_method(req->method);
+    const Method *m = find_method(req->method);
+    Handler fn = m ? m->fn : NULL;
     int code = RPC_INTERNAL_ERROR, hang_up = 0;
     Err err = {0};
     cJSON *result = NULL;
@@ -450,13 +464,14 @@ static void call(Conn *c, const RpcRequest *req) {
         err_set(&err, "no such method: %s", req->method);
     } else {
         request_id = req->id;
+        request_method = m->name; // the table's: req's is freed before a later answer
+        request_t0 = t0;
         result = fn(c, req->params, &code, &err);
         request_id = NULL;
         hang_up = !result && code == RPC_UNAUTHORIZED;
     }
-    metrics_request(req->method, fn != NULL, result || code == ANSWER_LATER ? 0 : code,
-                    clock_mono_s() - t0);
-    if (!result && code == ANSWER_LATER) return;
+    if (!result && code == ANSWER_LATER) return; // counted when it is answered (later_done)
+    metrics_request(req->method, fn != NULL, result ? 0 : code, clock_mono_s() - t0);
     if (req->id && result)
         conn_send(c, rpc_result(req->id, result));
     else if (req->id)

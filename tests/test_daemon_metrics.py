@@ -97,15 +97,19 @@ def check_requests(port, c, job):
     du.expect_error(lambda: c.call("status", {"job": 4242}), -32001)
     for name in ["bogus.one", "bogus.two"]:
         du.expect_error(lambda: c.call(name), -32601)
+    # Answered later (read off the loop): counted once answered, with its answer's code.
+    hist = value(before, "astrai_requests_total", method="history", code=0) or 0
+    c.call("history", {"job": job})
     time.sleep(0.3)  # past the snapshot's age
     after = parse(scrape(port))
     assert value(after, "astrai_requests_total", method="status", code=0) == ok + 5
+    assert value(after, "astrai_requests_total", method="history", code=0) == hist + 1
     assert value(after, "astrai_requests_total", method="status", code=-32001) == 1
     assert (value(after, "astrai_requests_total", method="other", code=-32601) or 0) >= 2
     assert not any("bogus" in v for (_, labels) in after for _, v in labels), \
         "an unknown method name became a label value"
-    assert value(after, "astrai_request_duration_seconds_count") == count + 8
-    assert value(after, "astrai_request_duration_seconds_bucket", le="+Inf") == count + 8
+    assert value(after, "astrai_request_duration_seconds_count") == count + 9
+    assert value(after, "astrai_request_duration_seconds_bucket", le="+Inf") == count + 9
 
 
 def prometheus_query(port, query):

@@ -11,6 +11,7 @@ import os
 import sqlite3
 import sys
 import time
+import urllib.request
 
 import daemon_util as du
 import slurm_util
@@ -194,13 +195,20 @@ def run(root, cluster):
         assert not train_binary_pids(run_dir), train_binary_pids(run_dir)
 
         # A partition Slurm does not have: refused at submit with Slurm's message.
-        bad = slurm_daemon(os.path.join(root, "bad"), cluster, ["--slurm-partition=nopart"])
+        port = tu.free_port()
+        bad = slurm_daemon(os.path.join(root, "bad"), cluster,
+                           ["--slurm-partition=nopart", f"--http=127.0.0.1:{port}"])
         os.makedirs(bad.root, exist_ok=True)
         bad.start()
         with du.guarded(bad):
             b = bad.client()
             du.expect_error(lambda: b.call("submit", ddp_spec(model, data)), -32602,
                             "slurm refuses the job", "invalid partition")
+            # Refused after sbatch answered: the request counts with its answer's code.
+            time.sleep(0.3)  # past the metrics snapshot's age
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as r:
+                metrics = r.read().decode()
+            assert 'astrai_requests_total{method="submit",code="-32602"} 1' in metrics, metrics
             b.close()
             assert bad.stop() == 0
 
