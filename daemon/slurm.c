@@ -56,6 +56,8 @@ struct SlurmRun {
 
 static uv_timer_t poll_timer;
 static int poll_busy;
+static int squeue_failing; // the last poll's squeue failed (read and set on the threadpool,
+                           // by one poll at a time)
 
 // ---------------------------------------------------------------- commands
 
@@ -105,8 +107,16 @@ static int run_command(char *const argv[], char **out, int *status, Err *err) {
     while (len && ((*out)[len - 1] == '\n' || (*out)[len - 1] == ' '))
         (*out)[--len] = 0;
     if (timed_out)
-        return err_set(err, "%s: no answer within %d s (is slurmctld up?)", argv[0], CMD_TIMEOUT_S);
+        return err_resource(err, "%s: no answer within %d s (is slurmctld up?)", argv[0],
+                            CMD_TIMEOUT_S);
     return 0;
+}
+
+// Whether a Slurm command's output says the controller could not be reached: a failure
+// another try may not have (err->resource), unlike a refusal.
+static int controller_unreachable(const char *text) {
+    return strstr(text, "Unable to contact slurm controller") || strstr(text, "timed out") ||
+           strstr(text, "Connection refused");
 }
 
 // Runs argv; 0 when it exited 0, else -1 with err = "NAME: its output".
@@ -119,6 +129,7 @@ static int run_slurm(char *const argv[], char **out, Err *err) {
     }
     if (!WIFEXITED(status) || WEXITSTATUS(status)) {
         err_set(err, "%s: %s", argv[0], *text ? text : "failed");
+        err->resource = controller_unreachable(text);
         free(text);
         return -1;
     }
@@ -359,7 +370,10 @@ static void start_done(uv_work_t *req, int status) {
     SlurmRun *r = j ? j->slurm : NULL;
     if (r && s->err.msg[0]) {
         log_warn("job %ld: %s", j->id, s->err.msg);
-        RunOutcome o = {.stop = r->stop, .failed = 1, .cause = s->err.msg};
+        // Slurm out of reach (or the run directory's disk full): the job waits and tries
+        // again; a refusal (a partition since removed, ...) fails the run.
+        RunOutcome o = {
+            .stop = r->stop, .failed = 1, .transient = s->err.resource, .cause = s->err.msg};
         run_over(r, &o);
     } else if (r) {
         j->slurm_id = s->slurm_id;
@@ -555,9 +569,13 @@ static void squeue_states(Poll *p) {
                     p->w[i].reason = strdup(reason);
                 }
         }
-    } else if (list) {
-        log_warn("slurm: %s", err.msg);
     }
+    // Said once when squeue starts failing and once when it answers again, not at each poll.
+    if (list && p->listed && squeue_failing)
+        log_info("slurm: squeue answers again");
+    else if (list && !p->listed && !squeue_failing)
+        log_warn("slurm: %s", err.msg);
+    if (list) squeue_failing = !p->listed;
     free(list);
     free(out);
 }

@@ -154,11 +154,17 @@ PartitionName={self.partition} Nodes=ALL Default=YES MaxTime=INFINITE State=UP
         return [int(x) for x in out.stdout.split()]
 
     def stop_ctld(self):
-        """Stops slurmctld alone (tests of 'slurmctld down')."""
+        """Stops slurmctld alone (tests of 'slurmctld down'); its state stays on disk."""
         for name, p in self.procs:
             if name == "slurmctld":
                 p.send_signal(signal.SIGTERM)
                 p.wait(30)
+        self.procs = [(n, p) for n, p in self.procs if n != "slurmctld"]
+
+    def start_ctld(self):
+        """Starts slurmctld again (it reads back its jobs from its state directory)."""
+        self._daemon([find("slurmctld"), "-D", "-i", "-f", self.conf], "slurmctld")
+        self._wait(lambda: self.run("sinfo", check=False).returncode == 0, "slurmctld")
 
     def stop(self):
         if self.procs and find("scancel"):

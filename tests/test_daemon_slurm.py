@@ -184,6 +184,20 @@ def run(root, cluster):
         assert st["slurm_job"] == again["slurm_job"], (st, again)
         assert cluster.jobs() == [again["slurm_job"]], cluster.jobs()
 
+        # slurmctld down when a run is to be submitted (a restart after a killed task): the
+        # job waits in the queue saying why, and runs once slurmctld is back.
+        cluster.run("scancel", "--signal=KILL", f"{st['slurm_job']}.0")
+        du.wait_job(c, jid, ["queued"], timeout=60, pred=lambda j: j["restarts"] == 2)
+        cluster.stop_ctld()
+        waiting = du.wait_job(c, jid, ["queued"], timeout=90,
+                              pred=lambda j: "sbatch" in (j["error"] or ""))
+        assert "contact slurm controller" in waiting["error"], waiting
+        assert c.call("status", {"job": jid})["state"] == "queued"
+        cluster.start_ctld()
+        st = du.wait_job(c, jid, ["running"], timeout=120,
+                         pred=lambda j: j["slurm_job"] not in (None, again["slurm_job"]))
+        assert st["restarts"] == 2, st
+
         # cancel: no Slurm job, no rank left.
         run_dir = os.path.join(d.shared, "jobs", str(jid))
         c.call("cancel", {"job": jid})
