@@ -90,6 +90,11 @@ int config_apply_json(Config *c, const char *text, size_t len, const char *path,
         cJSON_Delete(root);
         return err_set(err, "%s: not a JSON object", path);
     }
+    // A key "socket\u0000x" would be "socket" to cJSON's C strings.
+    if (json_text_check(text, len, err)) {
+        cJSON_Delete(root);
+        return err_prefix(err, "%s", path);
+    }
     int rc = 0;
     for (cJSON *kv = root->child; kv && !rc; kv = kv->next) {
         const ConfigOption *o = config_option(kv->string);

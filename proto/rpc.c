@@ -240,6 +240,24 @@ static void lex(const char *s, size_t len, int member, Lexed *out) {
         out->member_len--;
 }
 
+// What lex found that cJSON let through, as an error naming its byte offset: -1 (err set)
+// when there is any, else 0.
+static int lexed_error(const Lexed *lx, const char *s, Err *err) {
+    if (lx->control_at >= 0)
+        return err_set(err, "invalid JSON at byte %ld: raw control character 0x%02x",
+                       lx->control_at, (unsigned char)s[lx->control_at]);
+    if (lx->nul_at >= 0)
+        return err_set(err, "\\u0000 at byte %ld: astraid takes no NUL characters in strings",
+                       lx->nul_at);
+    return 0;
+}
+
+int json_text_check(const char *text, size_t len, Err *err) {
+    Lexed lx;
+    lex(text, len, -1, &lx);
+    return lexed_error(&lx, text, err);
+}
+
 // Position of item among the top-level members of root, -1 when absent.
 static int member_index(const cJSON *root, const cJSON *item) {
     int i = 0;
@@ -329,16 +347,10 @@ int rpc_parse_request(RpcRequest *req, const char *line, size_t len, int *code, 
     if (parse_json(req, line, len, code, err)) return -1;
     Lexed lx;
     lex(line, len, member_index(req->root, cJSON_GetObjectItemCaseSensitive(req->root, "id")), &lx);
-    if (lx.control_at >= 0) {
-        *code = RPC_PARSE_ERROR;
-        return err_set(err, "invalid JSON at byte %ld: raw control character 0x%02x", lx.control_at,
-                       (unsigned char)line[lx.control_at]);
-    }
     // Refused before the envelope is read: with NULs about, "id" may not be the id.
-    if (lx.nul_at >= 0) {
-        *code = RPC_INVALID_REQUEST;
-        return err_set(err, "\\u0000 at byte %ld: astraid takes no NUL characters in strings",
-                       lx.nul_at);
+    if (lexed_error(&lx, line, err)) {
+        *code = lx.control_at >= 0 ? RPC_PARSE_ERROR : RPC_INVALID_REQUEST;
+        return -1;
     }
     if (check_envelope(req, &lx, code, err)) {
         req->method = NULL;

@@ -75,6 +75,10 @@ typedef struct {
 int rpc_parse_request(RpcRequest *req, const char *line, size_t len, int *code, Err *err);
 void rpc_request_free(RpcRequest *req);
 
+// The same check for any JSON text cJSON accepted (a config file): -1 with err naming the
+// byte offset of a raw control character or of a \u0000 escape in a string, else 0.
+int json_text_check(const char *text, size_t len, Err *err);
+
 // Serialised messages, newline-terminated, malloc'd, valid UTF-8 (rpc_utf8_sanitize).
 // `id` may be NULL (JSON null); a number id with a valuestring is written as that text.
 // rpc_result takes ownership of result; rpc_error of data (may be NULL).

@@ -130,6 +130,15 @@ def check_config_file(root):
     bad = subprocess.run([tu.binary("astraid"), f"--config={config}"], capture_output=True,
                          text=True, timeout=30)
     assert bad.returncode == 2 and "sockett" in bad.stderr, bad.stderr
+    # A key cJSON would cut at a NUL ("socket\u0000x" read as "socket"), a raw control
+    # character: refused with the byte offset, not applied.
+    for text, want in (('{"socket\\u0000x": "/x"}', "\\u0000 at byte 8"),
+                       ('{"socket": "/x\x01"}', "raw control character 0x01")):
+        with open(config, "w") as f:
+            f.write(text)
+        bad = subprocess.run([tu.binary("astraid"), f"--config={config}"], capture_output=True,
+                             text=True, timeout=30)
+        assert bad.returncode == 2 and want in bad.stderr and config in bad.stderr, bad.stderr
 
 
 def check_units(root):
