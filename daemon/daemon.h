@@ -214,9 +214,8 @@ void job_add_log(Job *j, int rank, const char *text, size_t len);
 // The last `tail` output lines of `rank` (a JSON array of strings): from the ring while
 // the job has one, else read back from its run<N>-rank<R>.log files.
 cJSON *job_log_tail(const Job *j, int rank, long tail);
-cJSON *job_to_json(const Job *j); // the JOB object (a tree to read or add to)
-// The same as a raw node (its text): printed again only when a value it shows changed;
-// what replies and pushes send.
+// The JOB object as a raw node (its text): printed again only when a value it shows changed;
+// what replies, pushes and the HTTP snapshot send.
 cJSON *job_to_raw_json(const Job *j);
 int job_run_dir(const Job *j, char *out, size_t cap);
 // out = run_dir/run<run>-rank<rank>.log, the output of one rank of one run; -1 when it does
@@ -341,10 +340,10 @@ int curve_read(const char *run_dir, long since_step, long limit, cJSON **steps, 
 #define HISTORY_LIMIT 2000      // steps of a history page (method, /api/history) unless asked
 #define HISTORY_LIMIT_MAX 10000 // the largest page asked for
 // ---------------------------------------------------------------- slurm.c
-// --executor slurm (docs/slurm.md): finds sbatch/squeue/scancel/scontrol and asks slurmctld
-// (a failure is logged: astraid serves, and submits say why they cannot run). Starts the
-// poll of the Slurm jobs (squeue/scontrol and the ranks' log files, every poll-interval, off
-// the loop). Needs astraid.loop.
+// --executor slurm (docs/slurm.md): asks slurmctld (sinfo, off the loop; a failure is logged:
+// astraid serves, and submits say why they cannot run), and starts the poll of the Slurm jobs
+// (squeue/scontrol and the ranks' log files, every poll-interval, off the loop). Needs
+// astraid.loop.
 void slurm_init(void);
 void slurm_free(void); // after uv_run returned
 // A new job's sbatch --test-only (off the loop): done(arg, 0, NULL) when Slurm would take

@@ -18,6 +18,7 @@
 // everyone), and a browser cannot send a header when it opens an address; the page then
 // sends the token on its /api requests (docs/monitoring.md "The web page").
 #include <errno.h>
+#include <limits.h>
 #include <netinet/in.h>
 #include <pthread.h>
 #include <stdarg.h>
@@ -94,7 +95,7 @@ static int add_job(Snapshot *s, cJSON *array, const Job *j) {
                     .has_progress = j->has_progress,
                     .has_val_loss = j->has_val_loss,
                     .last_checkpoint = dup_or_null(j->last_checkpoint)};
-    cJSON *o = job_to_json(j);
+    cJSON *o = job_to_raw_json(j); // the text status serves: no tree, no printing again
     if (!o || !cJSON_AddItemToArray(array, o)) {
         cJSON_Delete(o);
         return -1;
@@ -143,7 +144,7 @@ static Snapshot *snapshot_build(void) {
     int skip = finished > API_FINISHED ? finished - API_FINISHED : 0; // the oldest finished
     for (const Job *j = astraid.jobs; j && ok; j = j->next) {
         if (!job_visible(j)) continue;
-        char dir[4096];
+        char dir[PATH_MAX];
         JobRunDir *r = &s->runs[s->n_runs];
         r->id = j->id;
         ok = !job_run_dir(j, dir, sizeof dir) && (r->run_dir = strdup(dir));

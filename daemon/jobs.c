@@ -1071,7 +1071,7 @@ static void describe(const Job *j, Out *o, cJSON *obj) {
     out_time(o, obj, "finished_at", j->finished_at);
 }
 
-cJSON *job_to_json(const Job *j) {
+static cJSON *job_to_json(const Job *j) {
     cJSON *obj = cJSON_CreateObject();
     Out o = {.tree = 1};
     if (obj) describe(j, &o, obj);

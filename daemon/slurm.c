@@ -51,7 +51,6 @@ struct SlurmRun {
     int n_ranks;
     long long *log_off; // (n_ranks,) bytes of run<N>-rank<R>.log taken into the job's log
     char *state;        // Slurm's state as last seen ("PENDING", "RUNNING", ...), NULL: none yet
-    int ended;
 };
 
 static uv_timer_t poll_timer;
@@ -213,10 +212,12 @@ static char *batch_script(const Job *j, long run_no, char **argv, const char *ru
     return buf_take(&b);
 }
 
-// sbatch's arguments: the configured ones, then [--test-only] script. (argv, its strings)
+// sbatch's arguments: the configured ones, then [--test-only] script. (argv, its strings:
+// its own, as sbatches of different jobs run at once on the threadpool)
 typedef struct {
     char *argv[64];
     char *words; // slurm_sbatch_args split in place
+    char part[256], acct[256], tlim[128];
 } SbatchArgs;
 
 static int sbatch_args(SbatchArgs *a, int test_only, const char *script, Err *err) {
@@ -224,18 +225,17 @@ static int sbatch_args(SbatchArgs *a, int test_only, const char *script, Err *er
     a->argv[n++] = "sbatch";
     a->argv[n++] = "--parsable";
     const Config *c = &astraid.cfg;
-    static char part[256], acct[256], tlim[128];
     if (c->slurm_partition) {
-        snprintf(part, sizeof part, "--partition=%s", c->slurm_partition);
-        a->argv[n++] = part;
+        snprintf(a->part, sizeof a->part, "--partition=%s", c->slurm_partition);
+        a->argv[n++] = a->part;
     }
     if (c->slurm_account) {
-        snprintf(acct, sizeof acct, "--account=%s", c->slurm_account);
-        a->argv[n++] = acct;
+        snprintf(a->acct, sizeof a->acct, "--account=%s", c->slurm_account);
+        a->argv[n++] = a->acct;
     }
     if (c->slurm_time) {
-        snprintf(tlim, sizeof tlim, "--time=%s", c->slurm_time);
-        a->argv[n++] = tlim;
+        snprintf(a->tlim, sizeof a->tlim, "--time=%s", c->slurm_time);
+        a->argv[n++] = a->tlim;
     }
     a->words = c->slurm_sbatch_args ? strdup(c->slurm_sbatch_args) : NULL;
     char *save = NULL;
@@ -354,12 +354,8 @@ static void run_free(SlurmRun *r) {
 
 // The run is over for astraid: the job decides what comes next.
 static void run_over(SlurmRun *r, const RunOutcome *o) {
-    Job *j = r->job;
-    r->ended = 1;
-    if (j) {
-        j->slurm = NULL;
-        job_run_ended(j, o);
-    }
+    r->job->slurm = NULL;
+    job_run_ended(r->job, o);
     run_free(r);
 }
 
@@ -379,10 +375,9 @@ static void start_done(uv_work_t *req, int status) {
         j->slurm_id = s->slurm_id;
         log_info("job %ld: run %ld is Slurm job %ld", j->id, r->run_no, j->slurm_id);
         state_event(j->id, "slurm", s->path);
+        job_save(j); // its Slurm id, before anything is asked of that job
         if (r->stop == STOP_CANCEL || r->stop == STOP_PAUSE)
             slurm_stop(j, r->stop); // asked while sbatch ran
-        else
-            job_save(j);
     }
     sbatch_free(s);
 }
@@ -451,7 +446,7 @@ static int is_pending(const SlurmRun *r) {
 
 void slurm_stop(Job *j, StopKind why) {
     SlurmRun *r = j->slurm;
-    if (!r || r->ended) return;
+    if (!r) return;
     if (why == STOP_SHUTDOWN) return; // the cluster keeps it; astraid tracks it again at start
     if (r->stop == STOP_NONE || why == STOP_CANCEL) r->stop = why;
     if (!j->slurm_id) return; // sbatch has not answered: start_done stops it
@@ -742,10 +737,10 @@ static void on_poll(uv_timer_t *t) {
 
 // ---------------------------------------------------------------- startup
 
-void slurm_init(void) {
-    uv_timer_init(astraid.loop, &poll_timer);
-    uint64_t ms = (uint64_t)(astraid.cfg.poll_interval * 1000);
-    uv_timer_start(&poll_timer, on_poll, ms, ms);
+// At start: whether Slurm answers, said in the log (a dead slurmctld may take the command's
+// whole timeout: on the threadpool, so that astraid serves meanwhile).
+static void probe_work(uv_work_t *req) {
+    (void)req;
     char *out = NULL;
     Err err = {0};
     char *argv[] = {"sinfo", "--noheader", "--format=%P %a %D", NULL};
@@ -754,6 +749,18 @@ void slurm_init(void) {
     else
         log_info("slurm: partitions: %s", out);
     free(out);
+}
+
+static void probe_done(uv_work_t *req, int status) {
+    (void)req, (void)status;
+}
+
+void slurm_init(void) {
+    static uv_work_t probe;
+    uv_timer_init(astraid.loop, &poll_timer);
+    uint64_t ms = (uint64_t)(astraid.cfg.poll_interval * 1000);
+    uv_timer_start(&poll_timer, on_poll, ms, ms);
+    (void)uv_queue_work(astraid.loop, &probe, probe_work, probe_done); // fails only without work
 }
 
 void slurm_free(void) {

@@ -51,6 +51,18 @@ def wait_no_slurm_job(cluster, timeout=60):
     raise AssertionError(f"Slurm still lists {cluster.jobs()}")
 
 
+def kill9_and_restart(d, c, jid, while_down=None):
+    """astraid killed -9 (its client closed first), while_down() run, astraid started again;
+    returns the new client and the job's status once running."""
+    c.close()
+    d.kill9()
+    if while_down:
+        while_down()
+    d.start()
+    c = d.client()
+    return c, du.wait_job(c, jid, ["running"], timeout=60)
+
+
 def wait_resumed(log, timeout=60):
     """Waits for the run's rank 0 to say it resumed from a checkpoint."""
     deadline = time.time() + timeout
@@ -112,8 +124,8 @@ def run(root, cluster):
     with du.guarded(d):
         c = d.client()
         # A job Slurm rejects fails at submit with Slurm's message, and leaves nothing.
-        e = du.expect_error(lambda: c.call("submit", ddp_spec(model, data, nprocs=64)), -32602,
-                            "slurm refuses the job", "sbatch")
+        du.expect_error(lambda: c.call("submit", ddp_spec(model, data, nprocs=64)), -32602,
+                        "slurm refuses the job", "sbatch")
         assert c.call("list")["jobs"] == [], "a refused job was kept"
 
         # 2-rank ddp: one Slurm job of two tasks, the local executor's curve.
@@ -163,24 +175,18 @@ def run(root, cluster):
         # astraid killed -9 and started again: it finds the Slurm job and tracks it on.
         du.wait_job(c, jid, ["running"], timeout=120, pred=lambda j: j["step"] > step_before)
         wait_resumed(os.path.join(d.shared, "jobs", str(jid), "run2-rank0.log"))
-        c.close()
-        d.kill9()
-        d.start()
-        c = d.client()
-        st = du.wait_job(c, jid, ["running"], timeout=60)
+        c, st = kill9_and_restart(d, c, jid)
         assert st["slurm_job"] == again["slurm_job"], (st, again)
 
         # ... also when it died before sbatch's answer reached it (the run open, no Slurm id
         # recorded): it finds the Slurm job by the run's batch script, submits no other.
-        c.close()
-        d.kill9()
-        db = sqlite3.connect(os.path.join(d.state_dir, "astraid.db"))
-        db.execute("UPDATE jobs SET slurm_id=0, state='starting' WHERE id=?", (jid,))
-        db.commit()
-        db.close()
-        d.start()
-        c = d.client()
-        st = du.wait_job(c, jid, ["running"], timeout=60)
+        def forget_slurm_id():
+            db = sqlite3.connect(os.path.join(d.state_dir, "astraid.db"))
+            db.execute("UPDATE jobs SET slurm_id=0, state='starting' WHERE id=?", (jid,))
+            db.commit()
+            db.close()
+
+        c, st = kill9_and_restart(d, c, jid, while_down=forget_slurm_id)
         assert st["slurm_job"] == again["slurm_job"], (st, again)
         assert cluster.jobs() == [again["slurm_job"]], cluster.jobs()
 
@@ -241,8 +247,8 @@ def run(root, cluster):
 
         # slurmctld down: a submit says so, astraid keeps serving.
         cluster.stop_ctld()
-        e = du.expect_error(lambda: c.call("submit", ddp_spec(model, data)), -32602,
-                            "slurm refuses the job")
+        du.expect_error(lambda: c.call("submit", ddp_spec(model, data)), -32602,
+                        "slurm refuses the job")
         assert c.call("daemon.info")["version"], "astraid stopped serving"
         c.close()
         assert d.stop() == 0
