@@ -347,8 +347,18 @@ def run_astrai(args, root, name, model_dir, data_dir, batch, window, memory, tim
     out = steady_rate([w for _, _, _, w in r], batch * window, args.warmup)
     out.update(mean_step_tokens_per_s=float(np.mean([t for _, _, t, _ in r[args.warmup:]])),
                loss_first=r[0][1], loss_last=r[-1][1], peak_gpu_memory_bytes=peak,
-               process_seconds=seconds, stopped_before_final_checkpoint=stopped)
+               process_seconds=seconds, stopped_before_final_checkpoint=stopped,
+               attention_kernels=attention_kernels(log))
     return out
+
+
+def attention_kernels(log):
+    """Which attention kernels a bf16 astrai-train ran: attention.cu logs each reason for the
+    SIMT fallback once; without such a line the tensor-core kernels served every call."""
+    with open(log, errors="replace") as f:
+        fallbacks = [line.split("CUDA attention: ", 1)[1].strip() for line in f
+                     if "CUDA attention: " in line and "SIMT" in line]
+    return "simt: " + "; ".join(fallbacks) if fallbacks else "tensor-core"
 
 
 def run_torch(args, root, name, data_dir, batch, memory, timeout):
@@ -538,7 +548,8 @@ def summary_line(name, res):
             return f"FAILED ({(s or {}).get('error', 'not run')[:200]!r})"
         mem = s.get("peak_gpu_memory_gib")
         return (f"{s['tokens_per_s']:.0f} tok/s, MFU {100 * s.get('mfu', 0):.1f}%, peak "
-                + (f"{mem:.1f} GiB" if mem is not None else "n/a"))
+                + (f"{mem:.1f} GiB" if mem is not None else "n/a")
+                + (f", attention {s['attention_kernels']}" if "attention_kernels" in s else ""))
     ratio = res.get("ratio_tokens_per_s")
     return (f"bench_gpu: {name}: astrai {side(res.get('astrai'))} | pytorch "
             f"{side(res.get('pytorch'))} | ratio astrai/pytorch "

@@ -449,10 +449,11 @@ typedef struct {
 } JobRunDir;
 
 typedef struct {
-    int refs;          // readers holding it, +1 while it is the current one (under http.c's mutex)
-    double built_mono; // clock_mono_s() when built
-    char *jobs_json;   // the JOB array of /api/jobs (live jobs, the newest finished ones)
-    JobGauge *jobs;    // (n_jobs,) the same jobs, ascending id
+    int refs; // readers holding it, +1 while it is the current one (under http.c's mutex)
+    unsigned long generation; // http_changed's count when built
+    double built_mono;        // clock_mono_s() when built
+    char *jobs_json;          // the JOB array of /api/jobs (live jobs, the newest finished ones)
+    JobGauge *jobs;           // (n_jobs,) the same jobs, ascending id
     int n_jobs;
     JobRunDir *runs; // (n_runs,) every visible job, ascending id: /api/history
     int n_runs;
@@ -468,6 +469,10 @@ typedef struct {
 int http_start(Err *err);
 // Stops the listener's threads and frees the snapshot; before the loop's handles close.
 void http_stop(void);
+// Loop thread, before the acknowledgement goes out: what a snapshot shows changed other
+// than progress numbers (a job visible, gone, in a new shown state; a request counted),
+// so the next HTTP request answers from a new snapshot. Costs one atomic increment.
+void http_changed(void);
 // --http's value: a numeric address; off loopback it needs --token-file. Bad input in err.
 int http_check_config(const Config *c, Err *err);
 

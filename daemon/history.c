@@ -132,6 +132,7 @@ static void deletion_free(Deletion *r) {
 
 static void rows_removed(void *arg, const Err *err) {
     Deletion *r = arg;
+    http_changed(); // the jobs are gone, or shown again when the database failed
     for (size_t i = 0; i < r->n; i++) {
         Job *j = r->jobs[i];
         j->removing = 0;
@@ -163,6 +164,7 @@ static int remove_jobs(Deletion *r, Err *err) {
     }
     for (size_t i = 0; i < r->n; i++)
         r->jobs[i]->removing = 1;
+    http_changed(); // hidden from now on
     return 0;
 }
 

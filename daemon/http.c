@@ -5,12 +5,14 @@
 // of at most HTTP_CONNECTIONS connections; a connection silent for HTTP_TIMEOUT_S is
 // closed; a request whose headers pass HTTP_HEADER_BYTES gets 431), so nothing a client does
 // reaches the event loop. Those threads never touch the Job list: they read a Snapshot.
-// A request that finds the current snapshot older than SNAPSHOT_MAX_AGE_S wakes the loop
-// (uv_async) and waits, at most SNAPSHOT_WAIT_S, for the loop to build a new one and hand it
-// over under the mutex; the loop holds the mutex only to swap a pointer. Readers hold a
-// reference, so a snapshot is freed by whoever drops the last one. An idle listener costs
-// the loop nothing. /api/history reads the job's progress.db (curve_read) on the HTTP
-// thread: blocking there holds no one else up.
+// A request that finds the current snapshot stale wakes the loop (uv_async) and waits, at most
+// SNAPSHOT_WAIT_S, for the loop to build a new one and hand it over under the mutex; the loop holds
+// the mutex only to swap a pointer. Stale means built before the last http_changed (a job
+// submitted, changed or removed, a request counted: what the control socket acknowledged is in the
+// next answer here), or, for the progress numbers that change at every step, older than
+// SNAPSHOT_MAX_AGE_S. Readers hold a reference, so a snapshot is freed by whoever drops the last
+// one. An idle listener costs the loop nothing. /api/history reads the job's progress.db
+// (curve_read) on the HTTP thread: blocking there holds no one else up.
 //
 // Access: like --tcp, a peer on loopback needs no token; any other one must send
 // "Authorization: Bearer TOKEN" (--token-file, compared in constant time) or gets 401. The
@@ -22,6 +24,7 @@
 #include <netinet/in.h>
 #include <pthread.h>
 #include <stdarg.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -37,7 +40,7 @@
 #define HTTP_CONNECTIONS 64u     // open at once; more wait in the kernel's backlog
 #define HTTP_TIMEOUT_S 10u       // a connection silent this long is closed
 #define HTTP_HEADER_BYTES 32768u // of a request's line and headers (431 past it)
-#define SNAPSHOT_MAX_AGE_S 0.25  // older: the loop is asked for a new one
+#define SNAPSHOT_MAX_AGE_S 0.25  // older: the loop is asked for new progress numbers
 #define SNAPSHOT_WAIT_S 2.0      // for the loop's new snapshot; then the old one serves
 #define API_FINISHED 100         // finished jobs in /api/jobs and /metrics: the newest ones
 
@@ -45,9 +48,10 @@ static struct MHD_Daemon *mhd;
 static uv_async_t wake;
 static int wake_open;
 static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
-static pthread_cond_t fresh; // a new snapshot was published (CLOCK_MONOTONIC)
-static Snapshot *current;    // under mu
-static int stopping;         // under mu: no more waiting for the loop
+static pthread_cond_t fresh;    // a new snapshot was published (CLOCK_MONOTONIC)
+static Snapshot *current;       // under mu
+static int stopping;            // under mu: no more waiting for the loop
+static atomic_ulong generation; // bumped by the loop at each http_changed; read by readers
 
 // ---------------------------------------------------------------- snapshots
 
@@ -125,6 +129,7 @@ static Snapshot *snapshot_build(void) {
     Snapshot *s = calloc(1, sizeof *s);
     if (!s) return NULL;
     s->refs = 1;
+    s->generation = atomic_load(&generation); // the loop's own writes: all already applied
     s->built_mono = clock_mono_s();
     s->connections = server_connections();
     metrics_requests(&s->requests);
@@ -187,12 +192,24 @@ static void on_wake(uv_async_t *h) {
     snapshot_release(old);
 }
 
-// A reference to a snapshot at most SNAPSHOT_MAX_AGE_S old (or the last one when the loop
-// does not answer within SNAPSHOT_WAIT_S); NULL when there has never been one.
+void http_changed(void) {
+    atomic_fetch_add(&generation, 1);
+}
+
+static int snapshot_stale(const Snapshot *s) {
+    return !s || s->generation != atomic_load(&generation) ||
+           clock_mono_s() - s->built_mono > SNAPSHOT_MAX_AGE_S;
+}
+
+// A reference to a snapshot that is not stale (or the last one when the loop does not
+// answer within SNAPSHOT_WAIT_S); NULL when there has never been one. Any snapshot
+// published after a stale one was seen is fresh for this request: the loop builds and
+// publishes in one callback, so one built before a change the client saw acknowledged
+// was published before that acknowledgement.
 static Snapshot *snapshot_get(void) {
     pthread_mutex_lock(&mu);
     Snapshot *seen = current;
-    if (!stopping && (!seen || clock_mono_s() - seen->built_mono > SNAPSHOT_MAX_AGE_S)) {
+    if (!stopping && snapshot_stale(seen)) {
         uv_async_send(&wake);
         struct timespec until;
         clock_gettime(CLOCK_MONOTONIC, &until);

@@ -337,6 +337,13 @@ static void submit_refused(Submit *s, int code, const Err *err) {
     free(s);
 }
 
+// What clients see of j other than its progress changed: the watchers hear of it, and the
+// HTTP side answers from a new snapshot (both before the acknowledgement goes out).
+static void shown_changed(const Job *j) {
+    http_changed();
+    server_push_progress(j);
+}
+
 static void submit_written(void *arg, const Err *err) {
     Submit *s = arg;
     Job *j = s->job;
@@ -347,7 +354,7 @@ static void submit_written(void *arg, const Err *err) {
     j->unsaved = 0;
     state_event(j->id, "submitted", j->name);
     log_info("job %ld (%s) submitted by uid %ld", j->id, j->name, j->submitted_by);
-    server_push_progress(j);
+    shown_changed(j);
     s->done(s->arg, 0, err);
     free(s);
     scheduler_kick(); // after the reply said "queued"
@@ -430,7 +437,7 @@ static void saved(void *arg, const Err *err) {
     (void)err; // a run's own change is shown whatever the disk said (the failure is logged)
     Saved *s = arg;
     s->job->shown_state = s->state;
-    server_push_progress(s->job);
+    shown_changed(s->job);
     free(s);
 }
 
@@ -441,7 +448,7 @@ void job_save(Job *j) {
     if (!s || state_save_job(j, saved, s, NULL)) {
         free(s);
         j->shown_state = j->state; // not written: shown as it is
-        server_push_progress(j);
+        shown_changed(j);
     }
 }
 
@@ -525,7 +532,7 @@ static void change_written(void *arg, const Err *err) {
     j->version++;
     j->shown_state = j->state;
     announce_state(j, from);
-    server_push_progress(j);
+    shown_changed(j);
     if (c->verb->after) c->verb->after(j, from);
     change_finish(c, 0, err);
 }

@@ -46,6 +46,7 @@ void metrics_request(const char *method, int known, int code, double seconds) {
         b++;
     requests.buckets[b]++;
     requests.sum_s += seconds;
+    http_changed(); // counted before its answer goes out: the next /metrics shows it
 }
 
 void metrics_requests(RequestStats *out) {

@@ -58,6 +58,9 @@ struct Backend {
     // ---------------------------------------------------------------- memory
     // Zeroed memory, or NULL with err naming the size asked for and (GPU) what was free.
     void *(*alloc)(size_t bytes, Err *err);
+    // Ordered after every op issued so far, so p may still be in use by them (CUDA: it
+    // waits for the compute stream). Memory another stream used (the comm's, comm/nccl.c)
+    // is freed only after its owner waited for that stream (comm_wait).
     void (*free)(void *p);
     void (*zero)(void *p, size_t bytes);
     void (*copy)(void *dst, const void *src, size_t bytes);      // backend to backend

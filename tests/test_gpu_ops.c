@@ -22,6 +22,9 @@
 
 #include "engine/backend.h"
 #include "engine/dtype.h"
+#ifdef ASTRAI_HAVE_CUDA
+#include "engine/cuda/cuda_backend.h" // cuda_attention_kernels: which kernels ran
+#endif
 
 // ---------------------------------------------------------------- tolerances
 // bf16 rounding of an output is at most 2^-9 (0.2%) of the element, so of max|cpu|: ops with
@@ -51,6 +54,7 @@ static const Tolerance TOLERANCES[] = {
     {"attention_fwd.out", 1e-5, 2e-2, "bf16 output; P rounded to bf16 for the PV GEMM"},
     {"attention_fwd.lse", 1e-5, 1e-3, "fp32 logsumexp of fp32-accumulated exact products"},
     {"attention_bwd", 1e-5, 3e-2, "bf16 outputs; P and dS rounded to bf16 for the GEMMs"},
+    {"attention_kernels", 0, 0, "bf16 at D=64/128: the tensor-core kernels ran (fp32: SIMT)"},
     {"swiglu_fwd", 1e-5, 1e-2, "bf16 output, fp32 math"},
     {"swiglu_bwd", 1e-5, 1e-2, "bf16 output, fp32 math"},
     {"sigmoid_gate_fwd", 1e-5, 1e-2, "bf16 output, fp32 math"},
@@ -495,6 +499,19 @@ static void test_rope(Ctx *c, int B, int T, int G, int D, int stride) {
     free(ds), free(pos), free(table), free(x), free(dx);
 }
 
+// bf16 at D = 64, 128 (test_attention's rows are aligned) takes the tensor cores: a silent
+// fallback to the SIMT kernels would pass every comparison. 1 = the other ones ran.
+static void check_attention_kernels(Ctx *c, const char *name, const char *shape, int D) {
+#ifdef ASTRAI_HAVE_CUDA
+    int mma = c->dt == DT_BF16 && (D == 64 || D == 128);
+    const char *want = mma ? "tensor-core" : "simt", *got = cuda_attention_kernels();
+    if (strcmp(got, want)) printf("%s: the %s kernels ran, not %s\n", name, got, want);
+    record(c->dt, name, shape, strcmp(got, want) != 0);
+#else
+    (void)c, (void)name, (void)shape, (void)D; // never reached: no CUDA backend to open
+#endif
+}
+
 static void test_attention(Ctx *c, int B, int T, int H, int KVH, int D, int docs) {
     int N = B * T, stride = (H + 2 * KVH) * D;
     size_t total = (size_t)N * stride, nout = (size_t)N * H * D, nlse = (size_t)B * H * T;
@@ -513,6 +530,7 @@ static void test_attention(Ctx *c, int B, int T, int H, int KVH, int D, int docs
                           pds.cpu, B, T, H, KVH, D, stride);
     c->gpu->attention_fwd(po.gpu, pl.gpu, pq.gpu, at(c->gpu, pq.gpu, ko), at(c->gpu, pq.gpu, vo),
                           pds.gpu, B, T, H, KVH, D, stride);
+    check_attention_kernels(c, "attention_kernels.fwd", sh, D);
     compare(c, "attention_fwd.out", sh, &po);
     compare(c, "attention_fwd.lse", sh, &pl);
     // Backward from the CPU's out and lse on both sides.
@@ -527,6 +545,7 @@ static void test_attention(Ctx *c, int B, int T, int H, int KVH, int D, int docs
     c->gpu->attention_bwd(pdq.gpu, at(c->gpu, pdq.gpu, ko), at(c->gpu, pdq.gpu, vo), pd.gpu,
                           pout.gpu, plse.gpu, pq.gpu, at(c->gpu, pq.gpu, ko),
                           at(c->gpu, pq.gpu, vo), pds.gpu, B, T, H, KVH, D, stride);
+    check_attention_kernels(c, "attention_kernels.bwd", sh, D);
     compare_cols(c, "attention_bwd.dq", sh, &pdq, N, stride, 0, ko);
     compare_cols(c, "attention_bwd.dk", sh, &pdq, N, stride, ko, vo);
     compare_cols(c, "attention_bwd.dv", sh, &pdq, N, stride, vo, stride);
@@ -959,6 +978,7 @@ static void run_all(Ctx *c) {
     for (int D = 64; D <= 128; D *= 2)
         for (int docs = 0; docs <= 1; docs++)
             test_attention(c, 2, 300, 8, 2, D, docs);
+    test_attention(c, 1, 70, 4, 2, 96, 1); // SIMT in both dtypes (the bf16 fallback is logged)
     test_swiglu(c, 300, 1408);
     test_sigmoid_gate(c, (size_t)300 * 768 + 5);
     test_cross_entropy(c, 128, 32000, 0.0f);

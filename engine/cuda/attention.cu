@@ -917,16 +917,43 @@ void launch(Kernel kernel, dim3 grid, int threads, size_t smem, Args... args) {
     CUDA_CHECK(cudaGetLastError());
 }
 
-// The tensor-core kernels: bf16, head_dim 64 or 128, 16-byte aligned rows and heads.
-template <typename E> bool use_mma(int D, int stride, std::initializer_list<const void *> ptrs) {
+// The tensor-core kernels: bf16, head_dim 64 or 128, 16-byte aligned rows and heads. NULL
+// when they apply, else why the SIMT ones run instead.
+template <typename E>
+const char *mma_refused(int D, int stride, std::initializer_list<const void *> ptrs) {
     if constexpr (!std::is_same<E, bf16>::value) {
-        return false;
+        return "fp32 storage";
     } else {
-        if ((D != 64 && D != 128) || stride % 8) return false;
+        if (D != 64 && D != 128) return "head_dim not 64 or 128";
+        if (stride % 8) return "token stride not a multiple of 8 elements";
         for (const void *p : ptrs)
-            if (!cu_aligned16(p)) return false;
-        return true;
+            if (!cu_aligned16(p)) return "a tensor not 16-byte aligned";
+        return NULL;
     }
+}
+
+const char *last_kernels = "none"; // cuda_attention_kernels()
+
+// Records the kernels this op runs. A bf16 op that cannot use the tensor cores is a silent
+// slow path: said once per reason (fp32 has no tensor-core kernels, so it is no fallback).
+template <typename E>
+bool use_mma(const char *op, int D, int stride, std::initializer_list<const void *> ptrs) {
+    const char *why = mma_refused<E>(D, stride, ptrs);
+    last_kernels = why ? "simt" : "tensor-core";
+    if (why && std::is_same<E, bf16>::value) {
+        static const char *said[4]; // the reasons logged (mma_refused's literals)
+        int n = 0;
+        while (n < 4 && said[n] && said[n] != why)
+            n++;
+        if (n < 4 && !said[n]) {
+            said[n] = why;
+            fprintf(stderr,
+                    "astrai: CUDA attention: %s runs the SIMT kernels, not the tensor cores (%s: "
+                    "head_dim %d, token stride %d)\n",
+                    op, why, D, stride);
+        }
+    }
+    return !why;
 }
 
 template <int D>
@@ -942,7 +969,7 @@ void attention_fwd(E *out, float *lse, const E *q, const E *k, const E *v, const
                    int B, int T, int H, int KVH, int D, int stride) {
     check_shape(B, T, H, KVH, D);
     if (B <= 0 || T <= 0) return;
-    if (use_mma<E>(D, stride, {out, q, k, v})) {
+    if (use_mma<E>("attention_fwd", D, stride, {out, q, k, v})) {
         if constexpr (std::is_same<E, bf16>::value) {
             if (D == 64)
                 fwd_mma<64>(out, lse, q, k, v, doc_start, B, T, H, KVH, stride);
@@ -982,7 +1009,7 @@ void attention_bwd(E *dq, E *dk, E *dv, const E *dout, const E *out, const float
         (int)(CUDA_SCRATCH_BYTES / row_bytes < (size_t)B ? CUDA_SCRATCH_BYTES / row_bytes
                                                          : (size_t)B);
     float *delta = (float *)cuda_scratch((size_t)chunk * row_bytes);
-    const bool mma = use_mma<E>(D, stride, {dq, dk, dv, dout, out, q, k, v});
+    const bool mma = use_mma<E>("attention_bwd", D, stride, {dq, dk, dv, dout, out, q, k, v});
     for (int b0 = 0; b0 < B; b0 += chunk) {
         const int nb = B - b0 < chunk ? B - b0 : chunk;
         const size_t qkv_off = (size_t)b0 * T * stride, o_off = (size_t)b0 * T * H * D;
@@ -1035,3 +1062,7 @@ void attention_bwd(E *dq, E *dk, E *dv, const E *dout, const E *out, const float
 
 ATTENTION_OPS(f32, float)
 ATTENTION_OPS(bf16, __nv_bfloat16)
+
+const char *cuda_attention_kernels(void) {
+    return last_kernels;
+}

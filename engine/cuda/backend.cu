@@ -39,8 +39,14 @@ static void *cuda_alloc(size_t bytes, Err *err) {
     return p;
 }
 
+// Ordered after the compute stream's last use of p (backend.h "free"): the stream is
+// drained first, so the ordering holds with any allocator, not only through cudaFree's
+// device-wide synchronisation (a caching or stream-ordered allocator would hand the
+// block out again while a kernel still reads it).
 static void cuda_free(void *p) {
-    if (p) CUDA_CHECK(cudaFree(p));
+    if (!p) return;
+    CUDA_CHECK(cudaStreamSynchronize(stream()));
+    CUDA_CHECK(cudaFree(p));
 }
 
 static void cuda_zero(void *p, size_t bytes) {

@@ -43,6 +43,10 @@ void cuda_check_fail(int code, const char *call, const char *file, int line);
         if (cuda_check_code_) cuda_check_fail(cuda_check_code_, #call, __FILE__, __LINE__);        \
     } while (0)
 
+// The kernels the last attention op ran: "tensor-core", "simt" (the fallback is logged
+// once per reason), "none" before the first (attention.cu; for tests and benchmarks).
+const char *cuda_attention_kernels(void);
+
 // The Backend tables (backend.cu); NULL until cuda_context_open succeeded.
 const Backend *cuda_backend(DType dtype);
 

@@ -313,6 +313,9 @@ static int disarm(Executor *x, Model *m, Err *err) {
     while (!x->async_failed && x->launched < x->n_buckets)
         hook_failed(x, start_reduce(x, &x->async_err));
     int rc = x->async_failed ? err_set(err, "%s", x->async_err.msg) : comm_wait(x->comm, err);
+    // The comm's stream is done with the exchange buffer (comm_wait); the compute stream may
+    // still be reading it (from_staging copies) or the gathered weights, which the caller
+    // releases next: the backend's free is ordered after those reads (backend.h).
     regions_release(x, x->pending);
     x->pending = NULL;
     x->gather_src = NULL;
