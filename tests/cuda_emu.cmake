@@ -1,12 +1,15 @@
 # test_cuda_emu: the CUDA kernels of engine/cuda/ run on the CPU, so their logic is tested
 # on machines without a GPU (tests/cuda_emu/). Each emulated file is generated at build time
-# from the real .cu by tests/cuda_emu/gen.py (it rewrites only the <<<...>>> launch syntax)
+# from the real .cu by tests/cuda_emu/gen.py (it rewrites only the <<<...>>> launch syntax,
+# extern __shared__ declarations and the asm statements of the PTX instructions it knows)
 # and compiled as C++ with tests/cuda_emu/emu.h force-included; the test compares every op
-# with the CPU reference kernels (engine/cpu/), in fp32 and bf16.
+# with the CPU reference kernels (engine/cpu/), in fp32 and bf16, and attention with a
+# float64 attention of its own.
 #
-# Emulated: embedding, rmsnorm, rope, elementwise, cross_entropy, preference, optim. Not: attention.cu
-# (inline PTX: mma, ldmatrix, cp.async; its tiling is tests/test_attention_tiling.c),
-# matmul.cu (cuBLASLt), context.cu and backend.cu (runtime plumbing).
+# Emulated: embedding, rmsnorm, rope, elementwise, cross_entropy, preference, optim and
+# attention (its tensor-core kernels too: ldmatrix, mma.sync and cp.async emulated from the
+# PTX ISA, tests/cuda_emu/mma.cpp and emu.cpp). Not: matmul.cu (cuBLASLt), context.cu and
+# backend.cu (runtime plumbing).
 #
 # Needs a C++20 compiler, <ucontext.h> and Python 3; not nvcc or the CUDA toolkit. Not in
 # the sanitizer build: its C objects are clang's, and ASan does not follow the emulator's
@@ -34,7 +37,7 @@ endif()
 set(_emu_src ${CMAKE_SOURCE_DIR}/tests/cuda_emu)
 set(_emu_gen ${CMAKE_BINARY_DIR}/cuda_emu)
 set(_emu_generated "")
-foreach(f embedding rmsnorm rope elementwise cross_entropy preference optim)
+foreach(f embedding rmsnorm rope elementwise cross_entropy preference optim attention)
   set(_out ${_emu_gen}/${f}.emu.cpp)
   add_custom_command(OUTPUT ${_out}
     COMMAND ${Python3_EXECUTABLE} ${_emu_src}/gen.py ${CMAKE_SOURCE_DIR}/engine/cuda/${f}.cu ${_out}
@@ -45,7 +48,7 @@ foreach(f embedding rmsnorm rope elementwise cross_entropy preference optim)
 endforeach()
 
 add_executable(test_cuda_emu ${_emu_src}/test_cuda_emu.cpp ${_emu_src}/emu.cpp
-  ${_emu_src}/context_stub.cpp ${_emu_generated})
+  ${_emu_src}/mma.cpp ${_emu_src}/context_stub.cpp ${_emu_generated})
 set_target_properties(test_cuda_emu PROPERTIES CXX_STANDARD 20 CXX_STANDARD_REQUIRED ON
   CXX_EXTENSIONS OFF)
 # The stub <cuda_runtime.h>, <cuda_bf16.h> come before any system copy of the toolkit's.

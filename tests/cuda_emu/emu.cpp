@@ -1,17 +1,27 @@
 // emu.cpp: the scheduler behind emu.h: runs a kernel launch block by block, one fiber
 // (ucontext) per CUDA thread, all on the calling OS thread, and implements __syncthreads,
-// warp shuffles and the few runtime calls the ops make (cudaMemcpyAsync, ...).
+// warp-collective operations (shuffles; ldmatrix and mma.sync compute in mma.cpp), dynamic
+// shared memory, cp.async and the few runtime calls the ops make (cudaMemcpyAsync, ...).
 //
 // Within a block, warp by warp (in order, or the reverse: emu::set_reverse), the scheduler
 // resumes each lane of the warp that can run until it ends or waits at a barrier, and
-// releases the warp once its 32 lanes all wait at a shuffle (each lane gets its source
-// lane's value, taken before any lane runs on), until the warp has ended or waits at
-// __syncthreads; then the next warp. So warps drift as far apart as CUDA allows, and a
-// missing __syncthreads between a shared-memory write and another warp's read shows.
+// releases the warp once its 32 lanes all wait at the same warp-collective operation (its
+// compute runs on the lanes' operands before any lane runs on), until the warp has ended or
+// waits at __syncthreads; then the next warp. So warps drift as far apart as CUDA allows,
+// and a missing __syncthreads between a shared-memory write and another warp's read shows.
 // Once every live thread waits at __syncthreads, the block goes on.
 // Anything else is an error CUDA leaves undefined (a hang or garbage on the GPU), reported
 // with the launch site, block and thread: a barrier some threads skipped by returning
-// early, a full-mask shuffle with exited lanes, or threads waiting at different barriers.
+// early, a warp-collective operation with exited lanes, or threads waiting at different
+// barriers.
+//
+// cp.async (PTX ISA, "Data Movement and Conversion Instructions: cp.async"): each thread
+// keeps its copies in flight, oldest first; commit_group closes the ones not yet committed
+// into a group, wait_group N completes all but the N most recent committed groups. Only
+// then do the bytes land in shared memory: until that wait the destination holds 0xff
+// (poison), so a read too early, or by another thread before a __syncthreads, sees NaNs.
+// A thread that ends with copies in flight (uncommitted, or committed and not waited for)
+// is an error, as is a misaligned address or one outside the dynamic shared memory.
 #include <errno.h>
 #include <signal.h>
 #include <stdarg.h>
@@ -22,6 +32,8 @@
 #include <unistd.h>
 
 #include <deque>
+#include <map>
+#include <vector>
 
 #include "engine/cuda/cuda_backend.h"
 #include "tests/cuda_emu/emu.h"
@@ -35,19 +47,40 @@ namespace {
 
 enum State { kReady, kAtSync, kAtWarp, kDone };
 
+// A cp.async copy in flight: its source bytes (read at issue) and where they land.
+struct Copy {
+    unsigned char *dst;
+    unsigned char data[16];
+    int bytes;
+};
+
 struct Fiber {
     ucontext_t ctx;
     char *stack;
     State state;
-    // a pending warp exchange
-    unsigned mask;
-    int bytes, src;
-    unsigned char in[8], out[8];
+    // at a barrier: __syncthreads_or or a plain __syncthreads; the predicate in, the OR out
+    bool bar_or;
+    int pred;
+    // at a warp-collective operation: which, and this lane's operands and result
+    const char *what;
+    WarpCompute compute;
+    const void *in;
+    void *out;
+    // cp.async: the copies in flight, oldest first: committed groups of groups[0],
+    // groups[1], ... copies (oldest first), then `uncommitted` more
+    std::vector<Copy> copies;
+    std::deque<size_t> groups;
+    size_t uncommitted;
 };
 
 // Per-thread stack: the kernels need little, but unoptimised (-O0) builds and deep
 // inlining take more; untouched pages cost nothing. A PROT_NONE page below catches overflow.
 constexpr size_t kStackBytes = 256 << 10;
+
+// Dynamic shared memory: at most 48 KiB unless the kernel opted in to more
+// (cudaFuncAttributeMaxDynamicSharedMemorySize), up to 163 KiB: sm_80's limit, the smallest
+// of the GPUs built for (sm_90: 227 KiB).
+constexpr size_t kDefaultShared = 48 << 10, kMaxShared = 163 << 10;
 
 std::deque<Fiber> fibers; // stable addresses: a ucontext_t points into itself
 ucontext_t scheduler;
@@ -58,18 +91,19 @@ const Config *run_cfg;
 cudaError_t last_error = cudaSuccess;
 bool reverse = false;
 Stats stats;
+std::map<KernelId, size_t> max_shared; // the opt-ins, per kernel
+unsigned char *shared_end;             // an unmapped page starts here
+unsigned char *shared_base;            // the running launch's dynamic shared memory
+size_t shared_bytes;
 
 void set_thread(int t) {
     const dim3 &b = run_cfg->block;
     thread_idx = {t % b.x, (t / b.x) % b.y, t / (b.x * b.y)};
 }
 
-[[noreturn]] void fail(int t, const char *fmt, ...) {
-    va_list ap;
-    va_start(ap, fmt);
+[[noreturn]] void vfail(int t, const char *fmt, va_list ap) {
     fprintf(stderr, "cuda_emu: ");
     vfprintf(stderr, fmt, ap);
-    va_end(ap);
     if (run_cfg) {
         fprintf(stderr,
                 "\n  in the kernel launched at %s:%d, grid (%u,%u,%u), block (%u,%u,%u); "
@@ -77,6 +111,8 @@ void set_thread(int t) {
                 run_cfg->file, run_cfg->line, run_cfg->grid.x, run_cfg->grid.y, run_cfg->grid.z,
                 run_cfg->block.x, run_cfg->block.y, run_cfg->block.z, block_idx.x, block_idx.y,
                 block_idx.z);
+        if (run_cfg->shmem)
+            fprintf(stderr, " (%zu bytes of dynamic shared memory)", run_cfg->shmem);
         if (t >= 0) {
             set_thread(t);
             fprintf(stderr, ", thread (%u,%u,%u)", thread_idx.x, thread_idx.y, thread_idx.z);
@@ -86,18 +122,33 @@ void set_thread(int t) {
     abort();
 }
 
+[[noreturn]] __attribute__((format(printf, 2, 3))) void fail(int t, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    vfail(t, fmt, ap);
+}
+
+// `bytes` of fresh memory between two unmapped pages (less than a page of slack below it,
+// none above), so that a run past either end faults: a fiber's stack overflowing, an index
+// past the dynamic shared memory.
+unsigned char *map_guarded(size_t bytes) {
+    size_t page = (size_t)sysconf(_SC_PAGESIZE), mapped = (bytes + page - 1) / page * page;
+    void *p = mmap(nullptr, mapped + 2 * page, PROT_READ | PROT_WRITE,
+                   MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (p == MAP_FAILED) {
+        fprintf(stderr, "cuda_emu: mmap of %zu bytes: %s\n", bytes, strerror(errno));
+        abort();
+    }
+    unsigned char *end = (unsigned char *)p + page + mapped;
+    mprotect(p, page, PROT_NONE);
+    mprotect(end, page, PROT_NONE);
+    return end - bytes;
+}
+
 void grow(size_t n) {
-    long page = sysconf(_SC_PAGESIZE);
     while (fibers.size() < n) {
-        void *p = mmap(nullptr, kStackBytes + page, PROT_READ | PROT_WRITE,
-                       MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
-        if (p == MAP_FAILED) {
-            fprintf(stderr, "cuda_emu: mmap of a fiber stack: %s\n", strerror(errno));
-            abort();
-        }
-        mprotect(p, page, PROT_NONE);
         fibers.emplace_back();
-        fibers.back().stack = (char *)p + page;
+        fibers.back().stack = (char *)map_guarded(kStackBytes);
         // Once: makecontext needs a context from getcontext (a system call); a fiber's
         // context, saved by swapcontext when it last ran, serves again afterwards.
         getcontext(&fibers.back().ctx);
@@ -128,21 +179,33 @@ struct FaultHandler {
     }
 } fault_handler;
 
+// The running thread's fiber, for `what` (which only a kernel may do).
+Fiber &running(const char *what) {
+    if (current < 0) fail(-1, "%s outside a kernel", what);
+    return fibers[current];
+}
+
 void trampoline() {
     run_invoke(run_closure);
-    fibers[current].state = kDone;
+    Fiber &f = fibers[current];
+    if (!f.copies.empty())
+        fail(current,
+             "the thread returns with %zu cp.async copies in flight (%zu of them not "
+             "committed): undefined on the GPU (wait_group 0 before the end)",
+             f.copies.size(), f.uncommitted);
+    f.groups.clear();
+    f.state = kDone;
     swapcontext(&fibers[current].ctx, &scheduler); // never resumed
 }
 
 // Parks the running thread in state s until the scheduler releases it.
 void wait_as(State s) {
-    if (current < 0) fail(-1, "a barrier or shuffle outside a kernel");
     fibers[current].state = s;
     swapcontext(&fibers[current].ctx, &scheduler);
 }
 
-// Releases the warp [lo, hi) if all its lanes wait at an exchange; fails on a warp that can
-// never complete. Returns whether it released.
+// Releases the warp [lo, hi) if all its lanes wait at a warp-collective operation (running
+// its compute); fails on a warp that can never complete. Returns whether it released.
 bool release_warp(int lo, int hi) {
     int waiting = 0, done = 0, first = -1;
     for (int t = lo; t < hi; t++) {
@@ -153,32 +216,46 @@ bool release_warp(int lo, int hi) {
         done += fibers[t].state == kDone;
     }
     if (waiting == 0) return false;
+    const Fiber &f0 = fibers[first];
     if (hi - lo < 32)
-        fail(first,
-             "a full-warp shuffle or __syncwarp in a partial warp (%d threads): the "
-             "block size is not a multiple of 32",
-             hi - lo);
+        fail(first, "%s in a partial warp (%d threads): the block size is not a multiple of 32",
+             f0.what, hi - lo);
     if (done)
         fail(first,
-             "a full-mask shuffle or __syncwarp that %d lane(s) of the warp never reach "
-             "(they returned): undefined on the GPU",
-             done);
+             "%s that %d lane(s) of the warp never reach (they returned): undefined on the GPU",
+             f0.what, done);
     if (waiting < hi - lo) return false; // lanes at __syncthreads: a deadlock unless resolved
+    const void *in[32];
+    void *out[32];
     for (int t = lo; t < hi; t++) {
         const Fiber &f = fibers[t];
-        if (f.mask != 0xffffffffu)
-            fail(t, "shuffle mask 0x%08x: only full-warp masks are emulated", f.mask);
-        if (f.bytes != fibers[lo].bytes)
-            fail(t, "lanes of one warp in different shuffles (%d vs %d bytes)", f.bytes,
-                 fibers[lo].bytes);
+        if (f.compute != f0.compute)
+            fail(t, "lanes of one warp at different warp-wide operations (%s and %s)", f.what,
+                 f0.what);
+        in[t - lo] = f.in;
+        out[t - lo] = f.out;
     }
-    for (int t = lo; t < hi; t++) {
-        Fiber &f = fibers[t];
-        memcpy(f.out, fibers[lo + f.src].in, (size_t)f.bytes);
-    }
+    f0.compute(in, out);
     for (int t = lo; t < hi; t++)
         fibers[t].state = kReady;
     return true;
+}
+
+// Releases the block's threads, all at __syncthreads (or all at __syncthreads_or: each
+// gets the OR of their predicates).
+void release_block(int nt) {
+    int any = 0;
+    for (int t = 0; t < nt; t++) {
+        if (fibers[t].bar_or != fibers[0].bar_or)
+            fail(t, "threads of the block at different barriers (__syncthreads and "
+                    "__syncthreads_or)");
+        any |= fibers[t].pred;
+    }
+    for (int t = 0; t < nt; t++) {
+        fibers[t].pred = any;
+        fibers[t].state = kReady;
+    }
+    stats.barriers++;
 }
 
 void run_block(int nt) {
@@ -190,6 +267,7 @@ void run_block(int nt) {
         makecontext(&f.ctx, trampoline, 0);
         f.state = kReady;
     }
+    memset(shared_base, 0xff, shared_bytes); // what the block has not written reads as NaN
     const int warps = (nt + 31) / 32;
     for (;;) {
         // Each warp runs as far as it can (to its end or a __syncthreads) before the next
@@ -221,31 +299,35 @@ void run_block(int nt) {
                      "__syncthreads reached by %d thread(s) after %d thread(s) of "
                      "the block returned: undefined on the GPU",
                      at_sync, done);
-            for (int t = 0; t < nt; t++)
-                fibers[t].state = kReady;
-            stats.barriers++;
+            release_block(nt);
             continue;
         }
         fail(first_sync,
              "deadlock: %d thread(s) wait at __syncthreads while others wait at a "
-             "warp shuffle",
+             "warp-collective operation",
              at_sync);
     }
 }
 
-bool bad_config(const Config &c) {
+bool bad_config(const Config &c, KernelId kernel) {
     const dim3 &b = c.block, &g = c.grid;
     unsigned long long threads = (unsigned long long)b.x * b.y * b.z;
-    const char *why = nullptr;
+    auto opt_in = max_shared.find(kernel);
+    size_t shared_limit = opt_in == max_shared.end() ? kDefaultShared : opt_in->second;
+    char why[200] = "";
     if (b.x == 0 || b.y == 0 || b.z == 0 || g.x == 0 || g.y == 0 || g.z == 0)
-        why = "an empty grid or block";
+        snprintf(why, sizeof why, "an empty grid or block");
     else if (b.x > 1024 || b.y > 1024 || b.z > 64 || threads > 1024)
-        why = "more than 1024 threads a block (or a block dimension over its limit)";
+        snprintf(why, sizeof why,
+                 "more than 1024 threads a block (or a block dimension over its limit)");
     else if (g.x > 0x7fffffffu || g.y > 65535 || g.z > 65535)
-        why = "a grid dimension over its limit (2^31-1, 65535, 65535)";
-    else if (c.shmem != 0)
-        why = "dynamic shared memory (not emulated)";
-    if (!why) return false;
+        snprintf(why, sizeof why, "a grid dimension over its limit (2^31-1, 65535, 65535)");
+    else if (c.shmem > shared_limit)
+        snprintf(why, sizeof why,
+                 "%zu bytes of dynamic shared memory, over the kernel's %zu (48 KiB unless "
+                 "raised by cudaFuncAttributeMaxDynamicSharedMemorySize)",
+                 c.shmem, shared_limit);
+    if (!why[0]) return false;
     fprintf(stderr, "cuda_emu: invalid launch at %s:%d, grid (%u,%u,%u), block (%u,%u,%u): %s\n",
             c.file, c.line, g.x, g.y, g.z, b.x, b.y, b.z, why);
     return true;
@@ -260,19 +342,34 @@ void check_stream(cudaStream_t s, const char *what) {
 
 } // namespace
 
-void launch(const Config &c, void (*invoke)(void *), void *closure) {
+void fail(const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    vfail(current, fmt, ap);
+}
+
+cudaError_t set_max_dynamic_shared(KernelId kernel, int bytes) {
+    if (bytes < 0 || (size_t)bytes > kMaxShared) return cudaErrorInvalidValue;
+    max_shared[kernel] = (size_t)bytes;
+    return cudaSuccess;
+}
+
+void launch(const Config &c, KernelId kernel, void (*invoke)(void *), void *closure) {
     if (current >= 0 || run_cfg) fail(current, "a kernel launch inside a kernel");
     if (c.stream != (cudaStream_t)cuda_stream()) {
         fprintf(stderr, "cuda_emu: the kernel launched at %s:%d is not on cuda_stream()\n", c.file,
                 c.line);
         abort();
     }
-    if (bad_config(c)) {
+    if (bad_config(c, kernel)) {
         last_error = cudaErrorInvalidConfiguration;
         return;
     }
     int nt = (int)(c.block.x * c.block.y * c.block.z);
     grow((size_t)nt);
+    if (!shared_end) shared_end = map_guarded(kMaxShared) + kMaxShared;
+    shared_bytes = c.shmem;
+    shared_base = shared_end - (c.shmem + 15) / 16 * 16;
     run_cfg = &c;
     run_invoke = invoke;
     run_closure = closure;
@@ -291,27 +388,90 @@ void launch(const Config &c, void (*invoke)(void *), void *closure) {
 }
 
 void syncthreads() {
+    running("__syncthreads").bar_or = false;
     wait_as(kAtSync);
 }
 
-void warp_exchange(unsigned mask, const void *in, void *out, int bytes, int src_lane) {
-    if (current < 0) fail(-1, "a shuffle outside a kernel");
-    Fiber &f = fibers[current];
-    f.mask = mask;
-    f.bytes = bytes;
-    f.src = src_lane;
-    memcpy(f.in, in, (size_t)bytes);
+int syncthreads_or(int pred) {
+    Fiber &f = running("__syncthreads_or");
+    f.bar_or = true;
+    f.pred = pred != 0;
+    wait_as(kAtSync);
+    return fibers[current].pred;
+}
+
+void warp_collective(const char *what, WarpCompute compute, const void *in, void *out) {
+    Fiber &f = running(what);
+    f.what = what;
+    f.compute = compute;
+    f.in = in;
+    f.out = out;
     wait_as(kAtWarp);
-    memcpy(out, fibers[current].out, (size_t)bytes);
+}
+
+namespace {
+struct ShuffleIn {
+    const void *value;
+    int src;
+};
+template <int N> void shuffle(const void *const in[32], void *const out[32]) {
+    for (int l = 0; l < 32; l++) {
+        const ShuffleIn *s = static_cast<const ShuffleIn *>(in[l]);
+        memcpy(out[l], static_cast<const ShuffleIn *>(in[s->src])->value, N);
+    }
+}
+void no_exchange(const void *const *, void *const *) {}
+} // namespace
+
+void warp_exchange(unsigned mask, const void *in, void *out, int bytes, int src_lane) {
+    if (mask != 0xffffffffu)
+        fail(current, "shuffle mask 0x%08x: only full-warp masks are emulated", mask);
+    const ShuffleIn s = {in, src_lane};
+    switch (bytes) { // each size its own operation: lanes of one warp must agree on it
+    case 1:
+        return warp_collective("a 1-byte shuffle", shuffle<1>, &s, out);
+    case 2:
+        return warp_collective("a 2-byte shuffle", shuffle<2>, &s, out);
+    case 4:
+        return warp_collective("a 4-byte shuffle", shuffle<4>, &s, out);
+    case 8:
+        return warp_collective("an 8-byte shuffle", shuffle<8>, &s, out);
+    default:
+        fail(current, "a shuffle of %d bytes: not emulated (1, 2, 4 or 8)", bytes);
+    }
 }
 
 void syncwarp(unsigned mask) {
-    unsigned char none = 0;
-    warp_exchange(mask, &none, &none, 1, lane());
+    if (mask != 0xffffffffu)
+        fail(current, "__syncwarp mask 0x%08x: only full-warp masks are emulated", mask);
+    warp_collective("__syncwarp", no_exchange, nullptr, nullptr);
 }
 
 int lane() {
     return current % 32;
+}
+
+void *dynamic_shared() {
+    return shared_base;
+}
+
+uint32_t shared_address(const void *p) {
+    const unsigned char *q = static_cast<const unsigned char *>(p);
+    if (q < shared_base || q > shared_base + shared_bytes)
+        fail(current,
+             "__cvta_generic_to_shared(%p): not in the dynamic shared memory (%zu bytes at %p; "
+             "static __shared__ variables are outside the emulated shared window)",
+             p, shared_bytes, (void *)shared_base);
+    return (uint32_t)(q - shared_base);
+}
+
+unsigned char *shared_at(uint32_t addr, size_t bytes, const char *what) {
+    if ((size_t)addr + bytes > shared_bytes)
+        fail(current,
+             "%s of %zu bytes at shared address %u: outside the dynamic shared memory "
+             "(%zu bytes)",
+             what, bytes, addr, shared_bytes);
+    return shared_base + addr;
 }
 
 void set_reverse(bool on) {
@@ -322,6 +482,46 @@ const Stats &stats_now() {
     return stats;
 }
 
+namespace ptx {
+
+void cp_async(bool cg, uint32_t dst, uint64_t src, int cp_size, uint32_t src_size) {
+    Fiber &f = running("cp.async");
+    if ((cp_size != 4 && cp_size != 8 && cp_size != 16) || (cg && cp_size != 16))
+        fail(current, "cp.async.%s of %d bytes: cp-size must be %s", cg ? "cg" : "ca", cp_size,
+             cg ? "16" : "4, 8 or 16");
+    if (src_size > (uint32_t)cp_size)
+        fail(current, "cp.async src-size %u over its cp-size %d", src_size, cp_size);
+    if (dst % cp_size || src % cp_size)
+        fail(current,
+             "cp.async of %d bytes from %p to shared address %u: both must be %d-byte aligned",
+             cp_size, (const void *)(uintptr_t)src, dst, cp_size);
+    Copy c = {shared_at(dst, (size_t)cp_size, "cp.async"), {}, cp_size};
+    memcpy(c.data, (const void *)(uintptr_t)src, src_size); // the rest zero-filled
+    memset(c.dst, 0xff, (size_t)cp_size);                   // in flight: poison until waited
+    f.copies.push_back(c);
+    f.uncommitted++;
+}
+
+void cp_async_commit_group() {
+    Fiber &f = running("cp.async.commit_group");
+    f.groups.push_back(f.uncommitted); // an empty group when there is none: as PTX says
+    f.uncommitted = 0;
+}
+
+void cp_async_wait_group(int n) {
+    Fiber &f = running("cp.async.wait_group");
+    size_t landed = 0;
+    while (f.groups.size() > (size_t)n) {
+        landed += f.groups.front();
+        f.groups.pop_front();
+    }
+    for (size_t k = 0; k < landed; k++)
+        memcpy(f.copies[k].dst, f.copies[k].data, (size_t)f.copies[k].bytes);
+    f.copies.erase(f.copies.begin(), f.copies.begin() + (ptrdiff_t)landed);
+}
+
+} // namespace ptx
+
 } // namespace emu
 
 // ---------------------------------------------------------------- runtime API subset
@@ -329,7 +529,7 @@ const Stats &stats_now() {
 cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t bytes, cudaMemcpyKind kind,
                             cudaStream_t stream) {
     (void)kind;
-    if (emu::current >= 0) emu::fail(emu::current, "cudaMemcpyAsync inside a kernel");
+    if (emu::current >= 0) emu::fail("cudaMemcpyAsync inside a kernel");
     emu::check_stream(stream, "cudaMemcpyAsync");
     memmove(dst, src, bytes);
     return cudaSuccess;

@@ -6,21 +6,28 @@
 //
 // Model: one CUDA thread = one fiber (ucontext) on the calling OS thread. Blocks run one
 // after another; within a block the scheduler (emu.cpp) runs each thread until it ends or
-// reaches __syncthreads / a warp shuffle, and releases a barrier once every thread (warp
-// lane) it waits for has arrived. Single-threaded and deterministic, and strict where CUDA
-// says "undefined": a __syncthreads that some threads of the block skipped (exited), a
-// full-mask shuffle with exited lanes, or a deadlock abort with the launch site named.
+// reaches __syncthreads / a warp-collective operation (shuffle, ldmatrix, mma.sync), and
+// releases a barrier once every thread (warp lane) it waits for has arrived. Single-threaded
+// and deterministic, and strict where CUDA says "undefined": a __syncthreads that some
+// threads of the block skipped (exited), a warp-collective operation with exited lanes, or a
+// deadlock abort with the launch site named.
 // __shared__ variables become function statics (one block runs at a time); they are not
 // reset between blocks, so a read of shared memory that the block never wrote goes unseen.
+// Dynamic (extern __shared__) memory is one buffer of the launch's size, filled with 0xff
+// bytes (NaN as bf16, float and double) at each block's start, with an unmapped page after it.
 //
-// What it cannot express: inline PTX (asm), tensor-core mma, cp.async, dynamic (extern)
-// shared memory, atomics, textures: files that use them are not emulated.
+// Inline PTX: gen.py turns each asm statement of a known instruction into a call of its
+// emu::ptx function (below): ldmatrix .x4 (and .trans), mma.sync m16n8k16 bf16 -> fp32
+// (mma.cpp: the fragment layouts), cp.async 4/8/16 bytes with commit_group / wait_group
+// (emu.cpp: a copy lands in shared memory only at the wait_group that completes it).
+// What it cannot express: other PTX, atomics, textures: files that use them are not emulated.
 #pragma once
 #include <math.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <string.h>
 
+#include <array>
 #include <tuple>
 #include <utility>
 
@@ -55,10 +62,16 @@ struct alignas(16) int4 {
 struct alignas(8) float2 {
     float x, y;
 };
+struct alignas(8) int2 {
+    int x, y;
+};
 inline float4 make_float4(float x, float y, float z, float w) {
     return {x, y, z, w};
 }
 inline float2 make_float2(float x, float y) {
+    return {x, y};
+}
+inline int2 make_int2(int x, int y) {
     return {x, y};
 }
 constexpr int warpSize = 32;
@@ -174,6 +187,13 @@ inline double __dmul_rn(double a, double b) {
 inline float __fmaf_rn(float a, float b, float c) {
     return fmaf(a, b, c);
 }
+// CUDA's integer min/max overloads (the kernels use the int ones).
+inline int min(int a, int b) {
+    return a < b ? a : b;
+}
+inline int max(int a, int b) {
+    return a > b ? a : b;
+}
 
 // ---------------------------------------------------------------- the emulator (emu.cpp)
 namespace emu {
@@ -181,12 +201,30 @@ namespace emu {
 extern uint3 thread_idx, block_idx;
 extern dim3 block_dim, grid_dim;
 
+// Aborts with the message, naming the launch, block and thread (the one running, if any).
+[[noreturn]] void fail(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+
 void syncthreads();
-// A warp-wide exchange: every lane of the warp gives `bytes` bytes from `in` and a source
-// lane; once all have arrived, each gets its source lane's bytes in `out`.
+int syncthreads_or(int pred); // the OR over the block's threads of their pred
+// A warp-collective operation: every lane of the warp calls warp_collective with the same
+// `compute` and its own operands `in` and result buffer `out`; once all 32 have arrived,
+// compute runs once with the lanes' pointers (indexed by lane) and fills every lane's out.
+// `what` names the operation in errors (lanes that exited, lanes at different operations).
+typedef void (*WarpCompute)(const void *const in[32], void *const out[32]);
+void warp_collective(const char *what, WarpCompute compute, const void *in, void *out);
+// A warp-wide exchange: every lane of the warp gives `bytes` (1, 2, 4 or 8) bytes from `in`
+// and a source lane; once all have arrived, each gets its source lane's bytes in `out`.
 void warp_exchange(unsigned mask, const void *in, void *out, int bytes, int src_lane);
 void syncwarp(unsigned mask);
 int lane(); // the calling thread's lane: its linear index in the block, mod 32
+
+// The running block's dynamic shared memory (extern __shared__, gen.py), 16-byte aligned.
+void *dynamic_shared();
+// The shared-window address of p (__cvta_generic_to_shared): its offset in the dynamic
+// shared memory; p outside it is an error.
+uint32_t shared_address(const void *p);
+// The bytes [addr, addr+bytes) of the shared window, for `what`; outside it is an error.
+unsigned char *shared_at(uint32_t addr, size_t bytes, const char *what);
 
 // Runs blocks, and the threads of a block, in reverse order from now on (a kernel whose
 // result depends on the order has a race); the default is forward.
@@ -208,8 +246,15 @@ inline Config config(const char *file, int line, dim3 grid, dim3 block, size_t s
                      cudaStream_t stream = 0) {
     return {file, line, grid, block, shmem, stream};
 }
+// A kernel's identity (for its attributes), whatever its parameters.
+typedef void (*KernelId)();
+template <typename... P> KernelId kernel_id(void (*kernel)(P...)) {
+    return reinterpret_cast<KernelId>(kernel);
+}
+// cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes).
+cudaError_t set_max_dynamic_shared(KernelId kernel, int bytes);
 // Runs invoke(closure) once per thread of every block of c (or records a launch error).
-void launch(const Config &c, void (*invoke)(void *), void *closure);
+void launch(const Config &c, KernelId kernel, void (*invoke)(void *), void *closure);
 
 // `kernel<<<cfg>>>(args)`, rewritten by gen.py as `kernel | config(cfg) | args(args)`.
 template <typename... P> struct Bound {
@@ -232,13 +277,30 @@ template <typename... P, typename... A> void operator|(Bound<P...> b, Args<A...>
         std::tuple<P...> params;
     } closure{b.kernel, std::make_from_tuple<std::tuple<P...>>(a.values)};
     launch(
-        b.cfg,
+        b.cfg, kernel_id(b.kernel),
         [](void *p) {
             Closure *c = static_cast<Closure *>(p);
             std::apply(c->kernel, c->params);
         },
         &closure);
 }
+
+// The inline PTX that gen.py translates: each asm statement becomes one call, the opcode's
+// optional qualifiers first (as bools), then the instruction's operands in PTX order, the
+// destination registers as pointers. Every one is checked as the hardware requires
+// (alignment, the shared window, full warps) and fails naming the launch.
+namespace ptx {
+// ldmatrix.sync.aligned.m8n8.x4{.trans}.shared.b16 {d0..d3}, [addr] (mma.cpp).
+void ldmatrix_x4(bool trans, std::array<uint32_t *, 4> d, uint32_t addr);
+// mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {d0..d3}, {a0..a3}, {b0,b1},
+// {c0..c3} (mma.cpp).
+void mma_m16n8k16_f32_bf16(std::array<float *, 4> d, std::array<uint32_t, 4> a,
+                           std::array<uint32_t, 2> b, std::array<float, 4> c);
+// cp.async.{ca,cg}.shared.global [dst], [src], cp_size, src_size (emu.cpp).
+void cp_async(bool cg, uint32_t dst, uint64_t src, int cp_size, uint32_t src_size);
+void cp_async_commit_group();
+void cp_async_wait_group(int n);
+} // namespace ptx
 
 } // namespace emu
 
@@ -250,6 +312,9 @@ template <typename... P, typename... A> void operator|(Bound<P...> b, Args<A...>
 
 inline void __syncthreads() {
     emu::syncthreads();
+}
+inline int __syncthreads_or(int pred) {
+    return emu::syncthreads_or(pred);
 }
 inline void __syncwarp(unsigned mask = 0xffffffffu) {
     emu::syncwarp(mask);
@@ -267,4 +332,21 @@ template <typename V> V __shfl_sync(unsigned mask, V v, int src_lane, int width 
     V r;
     emu::warp_exchange(mask, &v, &r, (int)sizeof(V), src_lane & 31);
     return r;
+}
+// sm_80's redux.sync as a butterfly of shuffles: the same result, min being exact.
+inline int __reduce_min_sync(unsigned mask, int v) {
+    for (int o = 16; o > 0; o >>= 1)
+        v = min(v, __shfl_xor_sync(mask, v, o));
+    return v;
+}
+inline size_t __cvta_generic_to_shared(const void *p) {
+    return emu::shared_address(p);
+}
+
+enum cudaFuncAttribute { cudaFuncAttributeMaxDynamicSharedMemorySize = 8 };
+template <typename... P>
+cudaError_t cudaFuncSetAttribute(void (*kernel)(P...), cudaFuncAttribute attr, int value) {
+    return attr == cudaFuncAttributeMaxDynamicSharedMemorySize
+               ? emu::set_max_dynamic_shared(emu::kernel_id(kernel), value)
+               : cudaErrorInvalidValue;
 }

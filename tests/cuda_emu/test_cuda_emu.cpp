@@ -1,15 +1,19 @@
 // test_cuda_emu.cpp: the CUDA kernels of engine/cuda/ (embedding, rmsnorm, rope,
-// elementwise, cross_entropy, optim), run on the CPU emulator (emu.h; the sources generated
-// from the real .cu files by gen.py), against the CPU reference kernels (engine/cpu/), in
-// fp32 and bf16. Checks per op:
+// elementwise, cross_entropy, optim, attention), run on the CPU emulator (emu.h; the sources
+// generated from the real .cu files by gen.py), against the CPU reference kernels
+// (engine/cpu/), in fp32 and bf16, and attention (its tensor-core and SIMT kernels) against
+// a float64 attention written here. Checks per op:
 // - the result matches the CPU's: bit for bit where the formulas promise it (copies, the
 //   embedding sums, casts, AdamW, scale), else within a tolerance (fp32 ~1e-5 relative; bf16
-//   outputs one bf16 rounding of the fp32 result, the CPU given the same bf16-rounded inputs);
+//   outputs one bf16 rounding of the fp32 result, the CPU given the same bf16-rounded inputs;
+//   attention: per element, from the roundings its path makes, see attn_allowed);
 // - run again with blocks and threads in reverse order, the bits are the same (no race or
 //   order dependence);
 // - nothing is written outside the buffers (guard bands around each);
-// and the emulator itself fails a launch on a bad configuration, a barrier some threads
-// skip, a shuffle with exited lanes, or a deadlock.
+// and the emulator's PTX (ldmatrix, mma.sync: the PTX ISA's fragment layouts element by
+// element; cp.async: when copies land) and its refusals (a misaligned or out-of-bounds
+// address, a warp-collective operation some lanes left, a copy in flight at exit: each in a
+// child process that must abort).
 // Buffers are 16-byte aligned (the kernels' vector paths) or one element off (the scalar
 // paths). Prints one line per check; exits 1 if any failed.
 #include <math.h>
@@ -17,9 +21,12 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
 #include <time.h>
+#include <unistd.h>
 
 #include <algorithm>
+#include <functional>
 #include <numeric>
 #include <random>
 #include <string>
@@ -60,6 +67,8 @@ template <typename T> struct Ops;
         static constexpr auto cross_entropy_fwd = cuda_cross_entropy_fwd_##S;                      \
         static constexpr auto cross_entropy_bwd = cuda_cross_entropy_bwd_##S;                      \
         static constexpr auto gaussian_noise_add = cuda_gaussian_noise_add_##S;                    \
+        static constexpr auto attention_fwd = cuda_attention_fwd_##S;                              \
+        static constexpr auto attention_bwd = cuda_attention_bwd_##S;                              \
     };
 OPS(f32, float)
 OPS(bf16, bf16)
@@ -174,23 +183,21 @@ template <typename T> Tol out_tol(Tol f32) {
                : Tol{kBf16.rtol + f32.rtol, f32.atol, kBf16.atol_of_max + f32.atol_of_max};
 }
 
-static void check(const std::string &what, const std::vector<float> &got,
-                  const std::vector<float> &want, Tol tol) {
+// |got[i] - want[i]| <= allowed[i] for every i (a NaN matches only a NaN).
+static void check_within(const std::string &what, const std::vector<float> &got,
+                         const std::vector<float> &want, const std::vector<double> &allowed) {
     bool ok = got.size() == want.size();
-    double max_want = 0, max_err = 0, worst = 0;
+    double max_err = 0, worst = 0;
     size_t at = 0;
-    for (size_t i = 0; ok && i < want.size(); i++)
-        max_want = std::max(max_want, (double)fabsf(want[i]));
     for (size_t i = 0; ok && i < want.size(); i++) {
         double g = got[i], w = want[i], err = fabs(g - w);
-        double allowed = tol.atol + tol.rtol * fabs(w) + tol.atol_of_max * max_want;
         double r;
         if (g == w || (std::isnan(g) && std::isnan(w)))
             r = 0;
-        else if (!std::isfinite(g) || !std::isfinite(w) || allowed == 0)
+        else if (!std::isfinite(g) || !std::isfinite(w) || allowed[i] == 0)
             r = INFINITY;
         else
-            r = err / allowed;
+            r = err / allowed[i];
         if (r > worst) {
             worst = r;
             at = i;
@@ -205,6 +212,17 @@ static void check(const std::string &what, const std::vector<float> &got,
         printf("%-4s %-50s n=%-7zu max|err| %-9.3g (%.2g of tol; at %zu: %.9g vs %.9g)\n",
                ok ? "ok" : "FAIL", what.c_str(), want.size(), max_err, worst, at,
                want.empty() ? 0.0 : got[at], want.empty() ? 0.0 : want[at]);
+}
+
+static void check(const std::string &what, const std::vector<float> &got,
+                  const std::vector<float> &want, Tol tol) {
+    double max_want = 0;
+    for (float w : want)
+        max_want = std::max(max_want, (double)fabsf(w));
+    std::vector<double> allowed(want.size());
+    for (size_t i = 0; i < want.size(); i++)
+        allowed[i] = tol.atol + tol.rtol * fabs(want[i]) + tol.atol_of_max * max_want;
+    check_within(what, got, want, allowed);
 }
 
 static std::string fmt(const char *f, ...) __attribute__((format(printf, 1, 2)));
@@ -698,6 +716,488 @@ static void test_muon(int rows, int cols) {
     check("  momentum buffer (exact)", got[1], br, kExact);
 }
 
+// ---------------------------------------------------------------- PTX instructions
+
+// One block of one warp with `shmem` bytes of dynamic shared memory: lane l runs f(l).
+static void warp_kernel(const std::function<void(int)> *f) {
+    (*f)((int)threadIdx.x);
+}
+static void run_warp(size_t shmem, const std::function<void(int)> &f) {
+    warp_kernel | emu::config(__FILE__, __LINE__, 1, 32, shmem, (cudaStream_t)cuda_stream()) |
+        emu::args(&f);
+}
+
+static uint32_t shared_addr(const void *p) {
+    return (uint32_t)__cvta_generic_to_shared(p);
+}
+
+// The element (row, col) of 8x8 b16 matrix m, a distinct value each.
+static uint16_t ldm_value(int m, int row, int col) {
+    return (uint16_t)(m * 64 + row * 8 + col);
+}
+
+// ldmatrix .x4 and .x4.trans against the PTX ISA's ldmatrix figure, element by element: the
+// 32 rows (8 per matrix, lanes 8m..8m+7 giving matrix m's) scattered over shared memory.
+static void test_ldmatrix() {
+    std::vector<uint32_t> plain(32 * 4), trans(32 * 4);
+    run_warp(32 * 16, [&](int l) {
+        unsigned char *sm = (unsigned char *)emu::dynamic_shared();
+        unsigned char *row = sm + (size_t)(l * 13 % 32) * 16; // lane l: row l%8 of matrix l/8
+        for (int c = 0; c < 8; c++) {
+            uint16_t v = ldm_value(l / 8, l % 8, c);
+            memcpy(row + 2 * c, &v, 2);
+        }
+        __syncwarp();
+        uint32_t *p = &plain[(size_t)l * 4], *t = &trans[(size_t)l * 4];
+        emu::ptx::ldmatrix_x4(false, {p, p + 1, p + 2, p + 3}, shared_addr(row));
+        emu::ptx::ldmatrix_x4(true, {t, t + 1, t + 2, t + 3}, shared_addr(row));
+    });
+    int bad = 0;
+    for (int l = 0; l < 32; l++)
+        for (int j = 0; j < 4; j++)
+            for (int h = 0; h < 2; h++) {
+                uint16_t got = (uint16_t)(plain[(size_t)l * 4 + j] >> (16 * h));
+                uint16_t got_t = (uint16_t)(trans[(size_t)l * 4 + j] >> (16 * h));
+                bad += got != ldm_value(j, l / 4, 2 * (l % 4) + h);
+                bad += got_t != ldm_value(j, 2 * (l % 4) + h, l / 4);
+            }
+    printf("%-4s ldmatrix.x4 and .x4.trans: the PTX ISA's fragment layout (%d wrong)\n",
+           bad ? "FAIL" : "ok", bad);
+    failures += bad != 0;
+}
+
+static uint32_t bf16_pair(float lo, float hi) {
+    return (uint32_t)__float2bfloat16_rn(lo).__x | (uint32_t)__float2bfloat16_rn(hi).__x << 16;
+}
+
+// mma.sync m16n8k16 against the PTX ISA's fragment formulas for a0..a7, b0..b3 and c0..c3
+// (.bf16 A and B, .f32 C and D), element by element, on small integers (exact sums).
+static void test_mma() {
+    float A[16][16], B[16][8], C[16][8], D[16][8];
+    for (int m = 0; m < 16; m++)
+        for (int k = 0; k < 16; k++)
+            A[m][k] = (float)((int)(rng() % 17) - 8);
+    for (int k = 0; k < 16; k++)
+        for (int n = 0; n < 8; n++)
+            B[k][n] = (float)((int)(rng() % 17) - 8);
+    for (int m = 0; m < 16; m++)
+        for (int n = 0; n < 8; n++)
+            C[m][n] = (float)((int)(rng() % 201) - 100);
+    run_warp(0, [&](int l) {
+        int group = l >> 2, tig = l % 4;
+        float a[8], b[4], c[4];
+        for (int i = 0; i < 8; i++) // row groupID for 0 <= i < 2 || 4 <= i < 6, else +8
+            a[i] = A[(i < 2 || (i >= 4 && i < 6)) ? group : group + 8]
+                    [tig * 2 + (i & 1) + (i >= 4 ? 8 : 0)];
+        for (int i = 0; i < 4; i++)
+            b[i] = B[tig * 2 + (i & 1) + (i >= 2 ? 8 : 0)][group];
+        for (int i = 0; i < 4; i++)
+            c[i] = C[i < 2 ? group : group + 8][tig * 2 + (i & 1)];
+        float d[4];
+        emu::ptx::mma_m16n8k16_f32_bf16({&d[0], &d[1], &d[2], &d[3]},
+                                        {bf16_pair(a[0], a[1]), bf16_pair(a[2], a[3]),
+                                         bf16_pair(a[4], a[5]), bf16_pair(a[6], a[7])},
+                                        {bf16_pair(b[0], b[1]), bf16_pair(b[2], b[3])},
+                                        {c[0], c[1], c[2], c[3]});
+        for (int i = 0; i < 4; i++)
+            D[i < 2 ? group : group + 8][tig * 2 + (i & 1)] = d[i];
+    });
+    int bad = 0;
+    for (int m = 0; m < 16; m++)
+        for (int n = 0; n < 8; n++) {
+            float want = C[m][n];
+            for (int k = 0; k < 16; k++)
+                want += A[m][k] * B[k][n];
+            bad += D[m][n] != want;
+        }
+    printf("%-4s mma.sync.m16n8k16 bf16: the PTX ISA's fragment layout (%d wrong)\n",
+           bad ? "FAIL" : "ok", bad);
+    failures += bad != 0;
+}
+
+// cp.async: a copy lands at the wait_group that completes its group (before, the destination
+// reads as poison: NaN), wait_group 1 leaves the newest group in flight, a src-size of 0
+// zero-fills, and dynamic shared memory starts as NaN.
+static void test_cp_async() {
+    alignas(16) static const float src[8] = {1, 2, 3, 4, 5, 6, 7, 8};
+    float seen[24];
+    run_warp(64, [&](int l) {
+        float *sm = (float *)emu::dynamic_shared();
+        if (l != 0) return;
+        memcpy(seen, sm, 16); // never written
+        emu::ptx::cp_async(true, shared_addr(sm), (uint64_t)(uintptr_t)src, 16, 16);
+        emu::ptx::cp_async_commit_group();
+        emu::ptx::cp_async(false, shared_addr(sm + 4), (uint64_t)(uintptr_t)src, 4, 0);
+        emu::ptx::cp_async(true, shared_addr(sm + 8), (uint64_t)(uintptr_t)(src + 4), 16, 16);
+        emu::ptx::cp_async_commit_group();
+        memcpy(seen + 4, sm, 16); // in flight
+        emu::ptx::cp_async_wait_group(1);
+        memcpy(seen + 8, sm, 16);      // the first group landed
+        memcpy(seen + 12, sm + 8, 16); // the second not yet
+        emu::ptx::cp_async_wait_group(0);
+        memcpy(seen + 16, sm + 4, 32);
+    });
+    const float N = NAN,
+                want[24] = {N, N, N, N, N, N, N, N, 1, 2, 3, 4, N, N, N, N, 0, N, N, N, 5, 6, 7, 8};
+    int bad = 0;
+    for (int k = 0; k < 24; k++)
+        bad += !(seen[k] == want[k] || (std::isnan(seen[k]) && std::isnan(want[k])));
+    printf("%-4s cp.async: lands at its wait_group, zero-fills; shared memory starts as NaN "
+           "(%d wrong)\n",
+           bad ? "FAIL" : "ok", bad);
+    failures += bad != 0;
+}
+
+// What f writes to stderr, run in a child process (its wait status in *status).
+static std::string child_stderr(const std::function<void()> &f, int *status) {
+    int fds[2];
+    if (pipe(fds) != 0) abort();
+    fflush(stdout);
+    pid_t pid = fork();
+    if (pid == 0) {
+        dup2(fds[1], 2);
+        f();
+        _exit(0);
+    }
+    close(fds[1]);
+    std::string msg;
+    char buf[512];
+    for (ssize_t n; (n = read(fds[0], buf, sizeof buf)) > 0;)
+        msg.append(buf, (size_t)n);
+    close(fds[0]);
+    waitpid(pid, status, 0);
+    return msg;
+}
+
+// The emulator aborts, naming the launch, on what the hardware leaves undefined: f runs in a
+// child process, which must die of SIGABRT with `needle` in its message.
+static void expect_abort(const char *what, const char *needle, const std::function<void()> &f) {
+    int status = 0;
+    std::string msg = child_stderr(f, &status);
+    bool ok = WIFSIGNALED(status) && WTERMSIG(status) == SIGABRT &&
+              msg.find(needle) != std::string::npos && msg.find(__FILE__) != std::string::npos;
+    printf("%-4s the emulator refuses %s%s%s\n", ok ? "ok" : "FAIL", what, ok ? "" : ": ",
+           ok ? "" : msg.c_str());
+    failures += !ok;
+}
+
+static void test_ptx_errors() {
+    alignas(16) static const float src[8] = {};
+    expect_abort("a misaligned ldmatrix row", "not 16-byte aligned", [] {
+        run_warp(512, [](int l) {
+            uint32_t r[4];
+            unsigned char *sm = (unsigned char *)emu::dynamic_shared();
+            emu::ptx::ldmatrix_x4(false, {r, r + 1, r + 2, r + 3}, shared_addr(sm + 16 * l + 8));
+        });
+    });
+    expect_abort("an ldmatrix some lanes left", "never reach", [] {
+        run_warp(512, [](int l) {
+            uint32_t r[4];
+            if (l == 31) return;
+            unsigned char *sm = (unsigned char *)emu::dynamic_shared();
+            emu::ptx::ldmatrix_x4(false, {r, r + 1, r + 2, r + 3}, shared_addr(sm + 16 * l));
+        });
+    });
+    expect_abort("an mma.sync with lanes at an ldmatrix", "different warp-wide operations", [] {
+        run_warp(512, [](int l) {
+            uint32_t r[4] = {};
+            float d[4] = {};
+            unsigned char *sm = (unsigned char *)emu::dynamic_shared();
+            if (l)
+                emu::ptx::ldmatrix_x4(false, {r, r + 1, r + 2, r + 3}, shared_addr(sm + 16 * l));
+            else
+                emu::ptx::mma_m16n8k16_f32_bf16({d, d + 1, d + 2, d + 3}, {}, {}, {});
+        });
+    });
+    expect_abort("a cp.async past the dynamic shared memory", "outside the dynamic shared", [] {
+        run_warp(64, [](int) {
+            float *sm = (float *)emu::dynamic_shared();
+            emu::ptx::cp_async(true, shared_addr(sm + 16), (uint64_t)(uintptr_t)src, 16, 16);
+        });
+    });
+    expect_abort("a misaligned cp.async source", "16-byte aligned", [] {
+        run_warp(64, [](int) {
+            float *sm = (float *)emu::dynamic_shared();
+            emu::ptx::cp_async(true, shared_addr(sm), (uint64_t)(uintptr_t)(src + 1), 16, 16);
+        });
+    });
+    expect_abort("a thread ending with a cp.async in flight", "in flight", [] {
+        run_warp(64, [](int) {
+            float *sm = (float *)emu::dynamic_shared();
+            emu::ptx::cp_async(false, shared_addr(sm), (uint64_t)(uintptr_t)src, 4, 4);
+            emu::ptx::cp_async_commit_group();
+        });
+    });
+}
+
+// ---------------------------------------------------------------- attention
+
+// q, k, v as the model holds them: one fused row [q heads | k heads | v heads] per token.
+struct AttnProblem {
+    int B, T, H, KVH, D;
+    std::vector<float> qkv, dout; // (B*T, stride), (B,T,H,D)
+    std::vector<int32_t> doc_start;
+    int stride() const {
+        return (H + 2 * KVH) * D;
+    }
+    const float *row(int b, int t, int head) const { // head: H + kvh for k, H + KVH + kvh v
+        return &qkv[((size_t)b * T + t) * stride() + (size_t)head * D];
+    }
+};
+
+// Key j is visible to query i of batch row b iff doc_start[b*T+i] <= j <= i. Packed: batch
+// rows alternate between documents starting at 0, 37, 100 (query tiles that skip key
+// tiles, key tiles that skip query tiles) and at 0, 5, 6 (short documents, then one long
+// enough for a query tile to walk 3 key tiles); else causal only.
+static std::vector<int32_t> doc_starts(int B, int T, bool packed) {
+    static const std::vector<int> starts[2] = {{0, 37, 100}, {0, 5, 6}};
+    std::vector<int32_t> ds((size_t)B * T, 0);
+    for (int b = 0; packed && b < B; b++)
+        for (int t = 0; t < T; t++)
+            for (int s : starts[b % 2])
+                if (s <= t) ds[(size_t)b * T + t] = s;
+    return ds;
+}
+
+// Columns [c0, c1) of rows of `stride`.
+template <typename V>
+static std::vector<V> columns(const std::vector<V> &x, int stride, int c0, int c1) {
+    std::vector<V> c;
+    for (size_t r = 0; r < x.size() / stride; r++)
+        c.insert(c.end(), x.begin() + r * stride + c0, x.begin() + r * stride + c1);
+    return c;
+}
+
+// An output of the float64 reference, a sum of terms, and per element what its error may
+// be made of: `val` the exact value; `rounded` the sum of |terms| (on the tensor-core path
+// each term has a factor rounded to bf16: P for out and dv, dS for dq and dk); `fp32` a
+// magnitude that bounds what fp32 arithmetic may change (see attn_allowed).
+struct Expect {
+    std::vector<double> val, rounded, fp32;
+    explicit Expect(size_t n = 0) : val(n), rounded(n), fp32(n) {}
+    void add(size_t at, double term, double fp32_term) {
+        val[at] += term;
+        rounded[at] += fabs(term);
+        fp32[at] += fp32_term;
+    }
+    Expect columns(int stride, int c0, int c1) const {
+        Expect e;
+        e.val = ::columns(val, stride, c0, c1);
+        e.rounded = ::columns(rounded, stride, c0, c1);
+        e.fp32 = ::columns(fp32, stride, c0, c1);
+        return e;
+    }
+    std::vector<float> floats() const {
+        return std::vector<float>(val.begin(), val.end());
+    }
+};
+
+static double dot_abs(const float *a, const float *b, int D, double *abs_sum) {
+    double s = 0, m = 0;
+    for (int d = 0; d < D; d++) {
+        s += (double)a[d] * b[d];
+        m += fabs((double)a[d] * b[d]);
+    }
+    *abs_sum = m;
+    return s;
+}
+
+// out: (B,T,H,D), lse: (B,H,T). The fp32 magnitude of out: the scores' fp32 errors (D-term
+// dot products: at most their sum of |terms| smag, times D ulps) move the probabilities
+// relative to each other by up to twice the row's largest, and the normalised sum adds one.
+static void ref_attention_fwd(const AttnProblem &p, Expect &out, Expect &lse) {
+    const int T = p.T, H = p.H, D = p.D;
+    const double scale = 1.0 / sqrt((double)D);
+    out = Expect((size_t)p.B * T * H * D);
+    lse = Expect((size_t)p.B * H * T);
+    std::vector<double> s(T), smag(T);
+    for (int b = 0; b < p.B; b++)
+        for (int h = 0; h < H; h++)
+            for (int i = 0; i < T; i++) {
+                const int kvh = h / (H / p.KVH), j0 = p.doc_start[(size_t)b * T + i];
+                double m = -INFINITY, l = 0, smax = 0;
+                for (int j = j0; j <= i; j++) {
+                    s[j] = scale * dot_abs(p.row(b, i, h), p.row(b, j, H + kvh), D, &smag[j]);
+                    smag[j] *= scale;
+                    m = std::max(m, s[j]);
+                    smax = std::max(smax, smag[j]);
+                }
+                for (int j = j0; j <= i; j++)
+                    l += exp(s[j] - m);
+                const size_t at = ((size_t)b * H + h) * T + i;
+                lse.add(at, m + log(l), 1 + fabs(m + log(l)) + smax);
+                for (int j = j0; j <= i; j++) {
+                    const double pj = exp(s[j] - m) / l;
+                    const float *v = p.row(b, j, H + p.KVH + kvh);
+                    for (int d = 0; d < D; d++)
+                        out.add(((size_t)(b * T + i) * H + h) * D + d, pj * v[d],
+                                (2 + 2 * smax) * fabs(pj * v[d]));
+                }
+            }
+}
+
+// dqkv: the qkv layout, from out and lse as the backward gets them (their values exactly),
+// so that p = exp(s - lse) and delta = dout . out are the kernels' own definitions. fp32
+// magnitudes: p's relative error is that of s - lse (smag + |lse|, plus its own rounding),
+// dS's adds the absolute error of dP - delta (the dot products' sums of |terms|).
+static void ref_attention_bwd(const AttnProblem &p, const std::vector<float> &out,
+                              const std::vector<float> &lse, Expect &dqkv) {
+    const int T = p.T, H = p.H, D = p.D, S = p.stride();
+    const double scale = 1.0 / sqrt((double)D);
+    dqkv = Expect((size_t)p.B * T * S);
+    for (int b = 0; b < p.B; b++)
+        for (int h = 0; h < H; h++)
+            for (int i = 0; i < T; i++) {
+                const int kvh = h / (H / p.KVH);
+                const float *q = p.row(b, i, h), *o = &out[((size_t)(b * T + i) * H + h) * D];
+                const float *dout = &p.dout[((size_t)(b * T + i) * H + h) * D];
+                const double row_lse = lse[((size_t)b * H + h) * T + i];
+                double delta_mag, delta = dot_abs(dout, o, D, &delta_mag);
+                for (int j = p.doc_start[(size_t)b * T + i]; j <= i; j++) {
+                    const float *k = p.row(b, j, H + kvh), *v = p.row(b, j, H + p.KVH + kvh);
+                    double smag, dp_mag, s = scale * dot_abs(q, k, D, &smag);
+                    const double pij = exp(s - row_lse), dp = dot_abs(dout, v, D, &dp_mag);
+                    const double p_err = 2 + scale * smag + fabs(row_lse);
+                    const double ds = pij * (dp - delta) * scale;
+                    const double ds_mag = fabs(ds) * p_err + pij * scale * (dp_mag + delta_mag);
+                    for (int d = 0; d < D; d++) {
+                        const size_t ri = (size_t)(b * T + i) * S, rj = (size_t)(b * T + j) * S;
+                        dqkv.add(ri + h * D + d, ds * k[d], ds_mag * fabs(k[d]));
+                        dqkv.add(rj + (H + kvh) * D + d, ds * q[d], ds_mag * fabs(q[d]));
+                        dqkv.add(rj + (H + p.KVH + kvh) * D + d, pij * dout[d],
+                                 p_err * fabs(pij * dout[d]));
+                    }
+                }
+            }
+}
+
+// What an element may differ by: u |val| where the output is stored as bf16 (one rounding,
+// u = 2^-8 the unit roundoff of bf16's 8-bit significand); u `rounded` on the tensor-core
+// path, whose products take P and dS rounded to bf16 (each term off by at most u of
+// itself: the sum by u times the sum of |terms|); and 2^-14 `fp32`: fp32's unit roundoff
+// 2^-24 times the at most 1024 roundings a sum here can take (D + T terms, heads of a
+// group), with room. Worst-case bounds, first order in u (u^2 is within the fp32 term).
+struct Rounding {
+    double out, mid; // u or 0: the storage rounds; P and dS are rounded
+};
+static std::vector<double> attn_allowed(const Expect &e, Rounding r) {
+    std::vector<double> a(e.val.size());
+    for (size_t i = 0; i < a.size(); i++)
+        a[i] = r.out * fabs(e.val[i]) + r.mid * e.rounded[i] + 0x1p-14 * e.fp32[i];
+    return a;
+}
+
+// The attention ops of dtype T against the reference: forward, then the backward from the
+// reference's out and lse as T and fp32 hold them. `mma`: the tensor-core kernels must run
+// (bf16, D 64 or 128, 16-byte aligned), else the SIMT ones; skew 1 misaligns every tensor.
+template <typename T>
+void test_attention(int B, int seq, int H, int KVH, int D, bool packed, bool mma, int skew = 0) {
+    AttnProblem p = {B, seq, H, KVH, D, {}, {}, doc_starts(B, seq, packed)};
+    const int S = p.stride();
+    p.qkv = quant<T>(randn((size_t)B * seq * S, 1.5f));
+    p.dout = quant<T>(randn((size_t)B * seq * H * D));
+    std::string tag = fmt("%s B%d T%d H%d KVH%d D%d %s%s", Ops<T>::name, B, seq, H, KVH, D,
+                          packed ? "docs" : "causal", skew ? " unaligned" : "");
+    const char *path = mma ? "tensor-core" : "simt";
+    const double u = 0x1p-8;
+    const Rounding r = {sizeof(T) == 2 ? u : 0.0, mma ? u : 0.0};
+    auto dispatch = [&](const std::string &op) {
+        if (strcmp(cuda_attention_kernels(), path)) {
+            printf("FAIL %s %s: ran the %s kernels, not the %s ones\n", op.c_str(), tag.c_str(),
+                   cuda_attention_kernels(), path);
+            failures++;
+        }
+    };
+
+    Expect out, lse;
+    ref_attention_fwd(p, out, lse);
+    Outs fwd = run_both("attention_fwd " + tag, [&] {
+        Dev<T> qkv(p.qkv, skew), o((size_t)B * seq * H * D, skew);
+        Dev<float> l((size_t)B * H * seq);
+        Dev<int32_t> ds(p.doc_start.size());
+        std::copy(p.doc_start.begin(), p.doc_start.end(), ds.get());
+        Ops<T>::attention_fwd(o, l, qkv, qkv.get() + H * D, qkv.get() + (H + KVH) * D, ds, B, seq,
+                              H, KVH, D, S);
+        return Outs{o.floats(), l.floats()};
+    });
+    dispatch("attention_fwd");
+    check_within(fmt("attention_fwd %s (%s) out", tag.c_str(), path), fwd[0], out.floats(),
+                 attn_allowed(out, r));
+    check_within("  lse", fwd[1], lse.floats(), attn_allowed(lse, {0, 0}));
+
+    const std::vector<float> out_in = quant<T>(out.floats()), lse_in = lse.floats();
+    Expect dqkv;
+    ref_attention_bwd(p, out_in, lse_in, dqkv);
+    Outs bwd = run_both("attention_bwd " + tag, [&] {
+        Dev<T> qkv(p.qkv, skew), o(out_in, skew), d(p.dout, skew);
+        Dev<T> g(std::vector<float>(p.qkv.size(), NAN), skew); // every element overwritten
+        Dev<float> l(lse_in);
+        Dev<int32_t> ds(p.doc_start.size());
+        std::copy(p.doc_start.begin(), p.doc_start.end(), ds.get());
+        Ops<T>::attention_bwd(g, g.get() + H * D, g.get() + (H + KVH) * D, d, o, l, qkv,
+                              qkv.get() + H * D, qkv.get() + (H + KVH) * D, ds, B, seq, H, KVH, D,
+                              S);
+        return Outs{g.floats()};
+    });
+    dispatch("attention_bwd");
+    const char *names[3] = {"dq", "dk", "dv"};
+    const int c[4] = {0, H * D, (H + KVH) * D, S};
+    for (int x = 0; x < 3; x++) {
+        Expect e = dqkv.columns(S, c[x], c[x + 1]);
+        check_within(x ? fmt("  %s", names[x]) : fmt("attention_bwd %s (%s) dq", tag.c_str(), path),
+                     columns(bwd[0], S, c[x], c[x + 1]), e.floats(), attn_allowed(e, r));
+    }
+}
+
+// A bf16 call the tensor cores cannot take says why on stderr, once per reason: a silent
+// fallback to the SIMT kernels would pass every comparison at a fraction of the speed. Two
+// calls at head_dim 32, then two with misaligned tensors: two lines.
+static void test_fallback_said() {
+    int status = 0;
+    std::string msg = child_stderr(
+        [] {
+            for (int skew : {0, 0, 1, 1}) {
+                const int B = 1, T = 5, H = 2, KVH = 1, D = skew ? 64 : 32, S = (H + 2 * KVH) * D;
+                Dev<bf16> qkv(std::vector<float>((size_t)T * S, 0.5f), skew);
+                Dev<bf16> o((size_t)T * H * D, skew);
+                Dev<float> l((size_t)H * T);
+                Dev<int32_t> ds(T);
+                std::fill(ds.get(), ds.get() + T, 0);
+                Ops<bf16>::attention_fwd(o, l, qkv, qkv.get() + H * D, qkv.get() + (H + KVH) * D,
+                                         ds, B, T, H, KVH, D, S);
+            }
+        },
+        &status);
+    size_t lines = 0;
+    for (size_t at = 0; (at = msg.find("runs the SIMT kernels", at)) != std::string::npos; at++)
+        lines++;
+    bool ok = WIFEXITED(status) && WEXITSTATUS(status) == 0 && lines == 2 &&
+              msg.find("head_dim not 64 or 128: head_dim 32") != std::string::npos &&
+              msg.find("a tensor not 16-byte aligned: head_dim 64") != std::string::npos;
+    printf("%-4s a bf16 attention on the SIMT kernels says why, once per reason%s%s\n",
+           ok ? "ok" : "FAIL", ok ? "" : ": ", ok ? "" : msg.c_str());
+    failures += !ok;
+}
+
+static void test_attention_all() {
+    // Tensor cores: D 64 and 128, GQA and not, both masks, T past a tile edge (tiles of 64
+    // queries or keys, 32 queries in dk/dv), a whole number of tiles, and T = 1; T = 130
+    // gives query tiles of 3 key tiles, so the double-buffered copies reach their steady
+    // state (a copy in flight while the previous tile's is waited for).
+    test_attention<bf16>(2, 130, 4, 2, 64, true, true);
+    test_attention<bf16>(1, 130, 4, 1, 128, false, true);
+    test_attention<bf16>(2, 70, 2, 1, 128, true, true);
+    test_attention<bf16>(2, 64, 2, 2, 64, false, true);
+    test_attention<bf16>(1, 1, 2, 1, 64, false, true);
+    test_attention<bf16>(1, 1, 2, 2, 128, true, true);
+    // SIMT: fp32, bf16 where the tensor cores do not apply (head_dim, alignment).
+    test_attention<float>(2, 70, 4, 2, 64, true, false);
+    test_attention<float>(1, 130, 2, 1, 128, false, false);
+    test_attention<float>(1, 1, 2, 1, 32, false, false);
+    test_attention<bf16>(2, 70, 4, 2, 64, true, false, 1);
+    test_attention<bf16>(1, 33, 2, 1, 32, false, false);
+}
+
 // ---------------------------------------------------------------- main
 
 template <typename T> void test_dtype() {
@@ -761,6 +1261,12 @@ int main() {
     test_muon(40, 70);
     test_muon(70, 40);
     test_muon(33, 33);
+    test_ldmatrix();
+    test_mma();
+    test_cp_async();
+    test_ptx_errors();
+    test_fallback_said(); // first: the reasons are said once per process
+    test_attention_all();
     clock_gettime(CLOCK_MONOTONIC, &t1);
     const emu::Stats &s = emu::stats_now();
     printf("%llu launches, %llu CUDA threads, %llu fiber switches, %llu block barriers; "
