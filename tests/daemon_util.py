@@ -11,6 +11,7 @@ import subprocess
 import sys
 import time
 
+import test_launch_util as lu
 import train_util as tu
 
 WINDOW, BATCH = 32, 4
@@ -149,6 +150,10 @@ class Daemon:
     def stop(self, sig=signal.SIGTERM, timeout=90):
         """Signals astraid and waits; returns its exit code."""
         self.proc.send_signal(sig)
+        return self.wait(timeout)
+
+    def wait(self, timeout=90):
+        """Waits for astraid (signalled already) to exit; returns its exit code."""
         try:
             rc = self.proc.wait(timeout)
         except subprocess.TimeoutExpired:
@@ -192,32 +197,78 @@ def wait_job(client, job, states, timeout=120, pred=None):
     raise AssertionError(f"job {job} not in {states} within {timeout} s: {last}")
 
 
+def running(client, job, pred=None, timeout=120):
+    """The job's status once it runs with every rank's pid known (and pred(job) holds)."""
+    return wait_job(client, job, ["running"], timeout, lambda j: j["ranks"] and all(
+        r["pid"] for r in j["ranks"]) and (pred is None or pred(j)))
+
+
+def hold(client, job, pred=None, timeout=120):
+    """The job's ranks held (lu.Held: stopped) once it runs (and pred(job) holds): it cannot
+    end meanwhile, however fast the machine. .job is its status just before."""
+    st = running(client, job, pred, timeout)
+    held = lu.Held([r["pid"] for r in st["ranks"]])
+    held.job = st
+    return held
+
+
+def progress_db(d, job):
+    """The job's progress.db (its ranks write it in its run directory)."""
+    return os.path.join(d.state_dir, "jobs", str(job), "progress.db")
+
+
+def checkpoint_past(client, d, job, held, past=None):
+    """Lets held (the job's ranks, lu.Held) run until they saved a checkpoint other than
+    `past`, holds them again, and returns its path once status shows it."""
+    def newer():
+        path = lu.progress_value(progress_db(d, job),
+                                 "SELECT path FROM checkpoints ORDER BY step DESC LIMIT 1")
+        return path != past and path
+    path = held.advance_until(f"a checkpoint of job {job} past {past}", newer)
+    wait_job(client, job, ["running"], pred=lambda j: j["last_checkpoint"] == path)
+    return path
+
+
+def caught_up(client):
+    """Returns once astraid has read and dispatched every line that reached any of its
+    sockets before this call (a pipelined request, one sent on another connection): each
+    loop turn reads every socket that has input, and a request sent once the previous one's
+    reply came back is read in a later turn than the lines already waiting."""
+    for _ in range(2):
+        client.call("daemon.info")
+
+
 def final_loss(job_status):
     """The loss of the last metric.jsonl row of the job's latest checkpoint."""
     ckpt = tu.latest_checkpoint(job_status["spec"]["ckpt_dir"])
     return tu.metric_rows(ckpt)[-1]
 
 
-def pid_alive(pid):
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().split(")")[-1].split()[0] != "Z"
-    except FileNotFoundError:
-        return False
+pid_alive = lu.alive
+
+
+def latest_run(state_dir, job, column):
+    """A column of the job's latest row in astraid.db's runs table (None without one)."""
+    import sqlite3
+    db = sqlite3.connect(os.path.join(state_dir, "astraid.db"), timeout=5)
+    row = db.execute(f"SELECT {column} FROM runs WHERE job_id=? ORDER BY run DESC LIMIT 1",
+                     (job,)).fetchone()
+    db.close()
+    return row[0] if row else None
 
 
 def rank_pids(state_dir, job):
     """The rank pids astraid recorded for the job's latest run."""
-    import sqlite3
-    db = sqlite3.connect(os.path.join(state_dir, "astraid.db"), timeout=5)
-    row = db.execute("SELECT pids FROM runs WHERE job_id=? ORDER BY run DESC LIMIT 1",
-                     (job,)).fetchone()
-    db.close()
-    return json.loads(row[0]) if row and row[0] else []
+    pids = latest_run(state_dir, job, "pids")
+    return json.loads(pids) if pids else []
+
+
+def wait_run_ended(state_dir, job):
+    """Until astraid has decided on the end of the job's latest run (its outcome is written:
+    queued in the loop's turn that decided, so whatever the loop answers from now on comes
+    after that decision, the queue looked at again included)."""
+    return lu.wait_for(f"the end of job {job}'s run in astraid.db",
+                       lambda: latest_run(state_dir, job, "outcome"))
 
 
 def wait_gone(pids, timeout=60):

@@ -190,9 +190,10 @@ def check_restarts(d, c, model, data):
     follow = subprocess.Popen([tu.binary("astraictl"), f"--socket={d.socket}", "plot", str(jid),
                                "--follow", "--width", "80"], stdout=subprocess.PIPE, text=True,
                               env=dict(os.environ, LC_ALL="C"))
-    job = du.wait_job(c, jid, ["running"], pred=lambda j: j["step"] >= 30 and j["ranks"] and
-                      j["ranks"][0]["pid"] and j["last_checkpoint"])
-    os.kill(job["ranks"][0]["pid"], signal.SIGKILL)
+    with du.hold(c, jid) as held:  # killed at step 30, however fast the machine
+        held.advance(du.progress_db(d, jid), to=30)
+        du.checkpoint_past(c, d, jid, held)
+        os.kill(held.pids[0], signal.SIGKILL)
     done = du.wait_job(c, jid, ["completed"], timeout=120)
     assert done["restarts"] == 1, done
     rows = history_all(c, jid, limit=50)
@@ -211,7 +212,9 @@ def check_restarts(d, c, model, data):
 def check_tty(d, c, model, data):
     """On a terminal --follow redraws in place (cursor up, clear) with braille, sized to it."""
     jid = c.call("submit", du.spec(model, data, n_epoch=6))["job"]
-    du.wait_job(c, jid, ["running"])
+    # Held until astraictl drew its first chart: the job trains on after that (redraws),
+    # however fast the machine.
+    held = du.hold(c, jid)
     master, slave = pty.openpty()
     fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 30, 64, 0, 0))
     proc = subprocess.Popen([tu.binary("astraictl"), f"--socket={d.socket}", "plot", str(jid),
@@ -220,16 +223,20 @@ def check_tty(d, c, model, data):
     os.close(slave)
     out = b""
     deadline = time.time() + 60
-    while time.time() < deadline:
-        if not select.select([master], [], [], 1)[0]:
-            continue
-        try:
-            chunk = os.read(master, 65536)
-        except OSError:  # EIO: astraictl exited, its side of the pty closed
-            break
-        if not chunk:
-            break
-        out += chunk
+    try:
+        while time.time() < deadline:
+            if not select.select([master], [], [], 1)[0]:
+                continue
+            try:
+                chunk = os.read(master, 65536)
+            except OSError:  # EIO: astraictl exited, its side of the pty closed
+                break
+            if not chunk:
+                break
+            out += chunk
+            held.release()
+    finally:
+        held.release()
     os.close(master)
     assert proc.wait(10) == 0
     text = out.decode()

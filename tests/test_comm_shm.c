@@ -107,6 +107,28 @@ static int wait_child(pid_t pid, int limit_ms) {
     return WIFEXITED(status) ? WEXITSTATUS(status) : -2;
 }
 
+// Waits up to limit_ms for pid to sleep (state S in /proc/PID/stat: blocked in a
+// wait, not running, not gone). Returns whether it did.
+static int wait_sleeping(pid_t pid, int limit_ms) {
+    double end = now_ms() + limit_ms;
+    char path[64];
+    snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
+    while (now_ms() < end) {
+        char text[512] = "";
+        FILE *f = fopen(path, "r");
+        if (!f) return 0;
+        size_t n = fread(text, 1, sizeof text - 1, f);
+        fclose(f);
+        text[n] = 0;
+        const char *paren = strrchr(text, ')');
+        if (!paren || paren[1] != ' ') return 0;
+        if (paren[2] == 'S') return 1;
+        if (paren[2] == 'Z' || paren[2] == 'X') return 0;
+        sleep_ms(1);
+    }
+    return 0;
+}
+
 static void reset_reports(void) {
     memset(reports, 0, MAX_WORLD * sizeof *reports);
 }
@@ -376,12 +398,16 @@ static void test_rank0_never_creates(void) {
 }
 
 // Rank 1 joins but is late to the first all_reduce: rank 0 times out naming
-// it; rank 1, arriving later, fails too instead of waiting for nobody.
+// it; rank 1, arriving once rank 0 has failed, fails too instead of waiting for
+// nobody.
 static int body_late_rank1(Comm *c, void *ctx) {
     (void)ctx;
     float x = 1;
     Err err;
-    if (comm_rank(c) == 1) sleep_ms(3000);
+    double until = now_ms() + 60000;
+    while (comm_rank(c) == 1 && !__atomic_load_n(&reports[0].failed, __ATOMIC_ACQUIRE) &&
+           now_ms() < until)
+        sleep_ms(1);
     if (comm_all_reduce(c, &x, 1, DT_F32, COMM_SUM, &err) == 0) return 1;
     report_failure(comm_rank(c), &err);
     return 0;
@@ -442,17 +468,16 @@ static void test_stale_crashed_run(void) {
     reset_reports();
     CommConfig old0 = group_config(name, 2, 0, 30000, 0);
     pid_t old = spawn(&old0, body_nothing, NULL);
-    double until = now_ms() + 5000;
-    while (!segment_exists(name) && now_ms() < until)
-        sleep_ms(1);
-    sleep_ms(50); // past its ftruncate and header
+    // Asleep waiting for rank 1 to join: past its ftruncate and header.
+    CHECK_MSG(wait_sleeping(old, 20000), "the crashed run's rank 0 never waited for rank 1");
     kill(old, SIGKILL);
     waitpid(old, NULL, 0);
     CHECK_MSG(segment_exists(name), "the crashed run left no segment: the test proves nothing");
     reset_reports();
     CommConfig c1 = group_config(name, 2, 1, 5000, 0), c0 = group_config(name, 2, 0, 5000, 0);
     pid_t p1 = spawn(&c1, body_one_all_reduce, NULL);
-    sleep_ms(200); // rank 1 sees the stale segment first
+    // Rank 1 sees the stale segment first: asleep between two tries to attach.
+    CHECK_MSG(wait_sleeping(p1, 20000), "rank 1 never waited for a usable segment");
     pid_t p0 = spawn(&c0, body_one_all_reduce, NULL);
     CHECK_MSG(wait_child(p0, 20000) == 0, "rank 0: %s", reports[0].msg);
     CHECK_MSG(wait_child(p1, 20000) == 0, "rank 1: %s", reports[1].msg);

@@ -127,7 +127,7 @@ def check_connection_limit(d):
     assert m["error"]["code"] == -32004, m
     for c in held:
         c.close()
-    time.sleep(0.2)
+    wait_idle(d)  # astraid saw them go
     c = d.client()
     assert "version" in c.call("daemon.info")
     c.close()

@@ -99,14 +99,18 @@ def check_disjoint(d, c, model, data):
     busy = {x["id"]: x["busy_job"] for x in c.call("daemon.info")["devices"]}
     assert sorted(busy.values()) == sorted([a, b]), busy
 
-    both = c.call("submit", spec(model, data, n_epoch=400, devices=2, parallel_mode="ddp",
-                                    batch_per_device=2, name="both"))["job"]
-    time.sleep(1)
-    assert c.call("status", {"job": both})["state"] == "queued"
-    assert c.call("status", {"job": both})["ranks"] == []
-    c.call("cancel", {"job": a})
-    time.sleep(1)  # one GPU free is not enough
-    assert c.call("status", {"job": both})["state"] == "queued"
+    # a and b held: neither ends (freeing its GPU) on its own meanwhile. The queue is looked
+    # at as a submit is answered and as a run's end is decided: no wait makes these surer.
+    with du.hold(c, a), du.hold(c, b):
+        both = c.call("submit", spec(model, data, n_epoch=400, devices=2, parallel_mode="ddp",
+                                        batch_per_device=2, name="both"))["job"]
+        assert c.call("status", {"job": both})["state"] == "queued"
+        assert c.call("status", {"job": both})["ranks"] == []
+        c.call("cancel", {"job": a})
+        du.wait_run_ended(d.state_dir, a)  # one GPU free is not enough
+        busy = {x["id"]: x["busy_job"] for x in c.call("daemon.info")["devices"]}
+        assert busy == {ja["devices"][0]: None, jb["devices"][0]: b}, busy
+        assert c.call("status", {"job": both})["state"] == "queued"
     c.call("cancel", {"job": b})
     jboth = running_ranks(c, both, gpu_figures)
     assert [r["gpu"] for r in jboth["ranks"]] == [0, 1], jboth["ranks"]
@@ -123,35 +127,36 @@ def check_named_gpu(d, c, model, data, gpus_file):
     """"devices": "cuda:1" gets GPU 1; status (JSON and astraictl) shows its figures."""
     jid = c.call("submit", spec(model, data, n_epoch=400, devices="cuda:1"))["job"]
     job = running_ranks(c, jid, gpu_figures)
-    (rank,) = job["ranks"]
-    assert rank["gpu"] == 1 and job["devices"] == ["cuda:1"], job
-    assert environ(rank["pid"])["CUDA_VISIBLE_DEVICES"] == "1"
-    assert rank["memory_used_bytes"] == 2 * GIB and rank["utilization_pct"] == 42, rank
+    with du.hold(c, jid):  # it runs on, whatever the machine's speed, until cancelled
+        (rank,) = job["ranks"]
+        assert rank["gpu"] == 1 and job["devices"] == ["cuda:1"], job
+        assert environ(rank["pid"])["CUDA_VISIBLE_DEVICES"] == "1"
+        assert rank["memory_used_bytes"] == 2 * GIB and rank["utilization_pct"] == 42, rank
 
-    ctl = [tu.binary("astraictl"), "--socket", d.socket]
-    out, _ = tu.run(ctl + ["status", str(jid)])
-    assert f"rank 0  cuda:1  2.0 GiB  42%  pid {rank['pid']}" in out, out
-    out, _ = tu.run(ctl + ["status", str(jid), "--json"])
-    assert json.loads(out)["ranks"][0]["gpu"] == 1, out
-    out, _ = tu.run(ctl + ["daemon"])
-    assert "gpu 1  Fake H200 one  5.0/141.0 GiB  42%" in out, out
+        ctl = [tu.binary("astraictl"), "--socket", d.socket]
+        out, _ = tu.run(ctl + ["status", str(jid)])
+        assert f"rank 0  cuda:1  2.0 GiB  42%  pid {rank['pid']}" in out, out
+        out, _ = tu.run(ctl + ["status", str(jid), "--json"])
+        assert json.loads(out)["ranks"][0]["gpu"] == 1, out
+        out, _ = tu.run(ctl + ["daemon"])
+        assert "gpu 1  Fake H200 one  5.0/141.0 GiB  42%" in out, out
 
-    # The sample follows the GPUs: utilisation NVML cannot read is null, then "-".
-    write_gpus(gpus_file, [GPUS[0], GPUS[1][:2] + ("-",) + GPUS[1][3:]])
-    job = running_ranks(c, jid, lambda ranks: ranks[0]["utilization_pct"] is None)
-    assert job["ranks"][0]["memory_used_bytes"] == 2 * GIB, job["ranks"]
-    assert c.call("daemon.info")["gpus"][1]["utilization_pct"] is None
-    assert "gpu 1: NVML nvmlDeviceGetUtilizationRates failed: Not Supported" in d.logs()
-    out, _ = tu.run(ctl + ["status", str(jid)])
-    assert "rank 0  cuda:1  2.0 GiB  -  pid" in out, out
-    write_gpus(gpus_file, GPUS)
+        # The sample follows the GPUs: utilisation NVML cannot read is null, then "-".
+        write_gpus(gpus_file, [GPUS[0], GPUS[1][:2] + ("-",) + GPUS[1][3:]])
+        job = running_ranks(c, jid, lambda ranks: ranks[0]["utilization_pct"] is None)
+        assert job["ranks"][0]["memory_used_bytes"] == 2 * GIB, job["ranks"]
+        assert c.call("daemon.info")["gpus"][1]["utilization_pct"] is None
+        assert "gpu 1: NVML nvmlDeviceGetUtilizationRates failed: Not Supported" in d.logs()
+        out, _ = tu.run(ctl + ["status", str(jid)])
+        assert "rank 0  cuda:1  2.0 GiB  -  pid" in out, out
+        write_gpus(gpus_file, GPUS)
 
-    # A job on the other GPU runs beside it.
-    other = c.call("submit", spec(model, data, n_epoch=400, devices=1))["job"]
-    jo = running_ranks(c, other, gpu_figures)
-    assert jo["ranks"][0]["gpu"] == 0, jo
-    for j in (jid, other):
-        c.call("cancel", {"job": j})
+        # A job on the other GPU runs beside it.
+        other = c.call("submit", spec(model, data, n_epoch=400, devices=1))["job"]
+        jo = running_ranks(c, other, gpu_figures)
+        assert jo["ranks"][0]["gpu"] == 0, jo
+        for j in (jid, other):
+            c.call("cancel", {"job": j})
 
     du.expect_error(lambda: c.call("submit", spec(model, data, devices="cuda:7")), -32602,
                     "devices", "no device 7")

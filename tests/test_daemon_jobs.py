@@ -18,13 +18,21 @@ def check_submit_to_completed(d, c, model, data):
     assert [j["id"] for j in watched["jobs"]] == [jid], watched
     follower = d.client()
     follower.call("logs", {"job": jid, "follow": True})
-    running = du.wait_job(c, jid, ["running"], pred=lambda j: j["step"] > 0)
-    assert running["total_steps"] == 120, running  # 80 windows / 4 per step * 6 epochs
-    assert running["loss"] is not None and running["loss"] > 0, running
-    assert running["devices"] == ["cpu:0"], running
-    assert running["name"] == "tiny" and running["submitted_by"] == os.getuid(), running
-    info = c.call("daemon.info")
-    assert info["devices"] == [{"id": "cpu:0", "busy_job": jid}], info
+    # Held while looked at: it cannot end meanwhile, however fast the machine.
+    progress_db = os.path.join(d.state_dir, "jobs", str(jid), "progress.db")
+    with du.hold(c, jid) as held:
+        held.advance(progress_db)
+        running = du.wait_job(c, jid, ["running"], pred=lambda j: j["step"] > 0)
+        assert running["total_steps"] == 120, running  # 80 windows / 4 per step * 6 epochs
+        assert running["loss"] is not None and running["loss"] > 0, running
+        assert running["devices"] == ["cpu:0"], running
+        assert running["name"] == "tiny" and running["submitted_by"] == os.getuid(), running
+        info = c.call("daemon.info")
+        assert info["devices"] == [{"id": "cpu:0", "busy_job": jid}], info
+        # One step or more further, still held: a progress push between the one of the step
+        # above and the last one.
+        step = held.advance(progress_db)
+        du.wait_job(c, jid, ["running"], pred=lambda j: j["step"] >= step)
     done = du.wait_job(c, jid, ["completed"])
     assert done["step"] == 120 and done["error"] is None and done["finished_at"], done
     ckpt = done["last_checkpoint"]
@@ -85,8 +93,8 @@ def check_checkpoint_and_cancel(d, c, model, data):
 def check_queue_on_one_device(d, c, model, data):
     a = c.call("submit", du.spec(model, data, n_epoch=4, name="a"))["job"]
     b = c.call("submit", du.spec(model, data, n_epoch=4, name="b"))["job"]
-    du.wait_job(c, a, ["running"])
-    assert c.call("status", {"job": b})["state"] == "queued"
+    with du.hold(c, a):  # a cannot end before b is looked at
+        assert c.call("status", {"job": b})["state"] == "queued"
     ja = du.wait_job(c, a, ["completed"])
     jb = du.wait_job(c, b, ["completed"])
     assert jb["started_at"] >= ja["finished_at"], (ja, jb)

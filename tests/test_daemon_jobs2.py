@@ -52,8 +52,7 @@ def events(d, jid, kind):
 
 def running_pids(c, jid, pred=None):
     """The rank pids of the job's live run once it runs (and pred(job) holds)."""
-    job = du.wait_job(c, jid, ["running"], pred=lambda j: len(j["ranks"]) > 0 and all(
-        r["pid"] for r in j["ranks"]) and (pred is None or pred(j)))
+    job = du.running(c, jid, pred)
     return job, [r["pid"] for r in job["ranks"]]
 
 
@@ -63,8 +62,10 @@ def check_outside_sigterm(d, c, model, data, rank, **extra):
     """SIGTERM to one rank from outside astraid: the run stops with a checkpoint, the job
     is restarted from it and completes at total_steps."""
     jid = c.call("submit", du.spec(model, data, n_epoch=EPOCHS, **extra))["job"]
-    _, pids = running_pids(c, jid, lambda j: j["step"] >= 10)
-    os.kill(pids[rank], signal.SIGTERM)
+    with du.hold(c, jid) as held:  # the SIGTERM at step 10, however fast the machine
+        held.advance(du.progress_db(d, jid), to=10)
+        pids = held.pids
+        os.kill(pids[rank], signal.SIGTERM)
     assert du.wait_gone(pids, 60), f"ranks {pids} did not stop after SIGTERM"
     done = du.wait_job(c, jid, ["completed"], timeout=180)
     assert done["step"] == done["total_steps"] > 0, f"completed at a partial step: {done}"
@@ -97,19 +98,18 @@ def part_interrupt(root, model, data):
 
 # ---------------------------------------------------------------- restarts
 
-def check_forgiven(c, model, data):
+def check_forgiven(d, c, model, data):
     """Three kills, each after the run saved a new checkpoint, with max_restarts 1."""
     jid = c.call("submit", du.spec(model, data, n_epoch=12, ckpt_interval=20,
                                    max_restarts=1))["job"]
-    seen = None  # the checkpoint the current run started from
+    seen, killed = None, None  # the checkpoint the current run started from; the last rank
     for _ in range(3):
-        job, pids = running_pids(c, jid, lambda j: j["last_checkpoint"] not in (None, seen))
-        os.kill(pids[0], signal.SIGKILL)
-        # The next run resumes from the newest checkpoint, which the run just killed may have
-        # written after the status above: only a checkpoint past that one is new progress.
-        restarted = du.wait_job(c, jid, ["queued", "starting", "running"],
-                                pred=lambda j: not j["ranks"] or j["ranks"][0]["pid"] != pids[0])
-        seen = restarted["last_checkpoint"]
+        # Each run held, let on until it saved a checkpoint past `seen`, killed while held:
+        # it cannot end first, nor save another before the kill, however fast the machine.
+        with du.hold(c, jid, lambda j: j["ranks"][0]["pid"] != killed) as held:
+            seen = du.checkpoint_past(c, d, jid, held, seen)
+            killed = held.pids[0]
+            os.kill(killed, signal.SIGKILL)
     done = du.wait_job(c, jid, ["completed"], timeout=180)
     assert done["restarts"] == 1 and done["step"] == done["total_steps"], done
 
@@ -208,7 +208,7 @@ def part_restarts(root, model, data):
     with du.guarded(d):
         c = d.client()
         check_out_of_fds(d, c, model, data)
-        check_forgiven(c, model, data)
+        check_forgiven(d, c, model, data)
         check_not_forgiven(c, model, data)
         c.close()
         assert d.stop() == 0
@@ -288,7 +288,7 @@ def mount_tmpfs(path, *options):
     return r.returncode == 0, r.stderr.strip()
 
 
-def check_read_only(c, root, model, data):
+def check_read_only(d, c, root, model, data):
     """A read-only ckpt_dir is refused at submit; one that turns read-only under a run fails
     the job at once (no restart can write it)."""
     ro = os.path.join(root, "ro")
@@ -304,8 +304,9 @@ def check_read_only(c, root, model, data):
         assert ok, why
         jid = c.call("submit", du.spec(model, data, n_epoch=12, ckpt_interval=60, max_restarts=3,
                                        ckpt_dir=os.path.join(rw, "ck")))["job"]
-        running_pids(c, jid, lambda j: j["step"] >= 1)
-        r = subprocess.run(["mount", "-o", "remount,ro", rw], capture_output=True, text=True)
+        with du.hold(c, jid) as held:  # read-only before its first checkpoint, however fast
+            held.advance(du.progress_db(d, jid), to=1)
+            r = subprocess.run(["mount", "-o", "remount,ro", rw], capture_output=True, text=True)
         assert r.returncode == 0, r.stderr
         failed = du.wait_job(c, jid, ["failed"], timeout=180)
         assert failed["restarts"] == 0, f"an unwritable ckpt_dir was retried: {failed}"
@@ -322,7 +323,7 @@ def part_paths(root, model, data):
         check_inputs(c, root, model, data)
         busy = check_shared(c, root, model, data)
         check_places(d, c, root, model, data, busy)
-        check_read_only(c, root, model, data)
+        check_read_only(d, c, root, model, data)
         c.close()
         assert d.stop() == 0
 

@@ -6,8 +6,8 @@ are a stand-in train binary (a shell script that sleeps until killed, or fails a
   the lock and, past the busy timeout (5 s), get a clear -32603 with nothing changed; with
   the lock released in time the submit gets its reply (before the replies to the requests
   its client sent after it) and its job is in astraid.db;
-- slow scan: a run that ends with a ckpt_dir of 200k entries (its latest checkpoint is
-  looked for there) does not stall status;
+- slow scan: a run that ends with a ckpt_dir of 100k entries or more (as many as take half a
+  second to scan here; its latest checkpoint is looked for there) does not stall status;
 - named columns: astraid.db whose jobs table has its columns in another order (another
   version's schema) is read and written by column name."""
 
@@ -19,11 +19,15 @@ import threading
 import time
 
 import daemon_util as du
+import test_launch_util as lu
 import train_util as tu
 
 LATENCY_S = 0.1
 BUSY_TIMEOUT_S = 5
-SCAN_ENTRIES = 200_000
+POLLER_ROUNDS = 10  # measured while a submit waits for the lock (well within BUSY_TIMEOUT_S)
+SCAN_ENTRIES = 100_000        # checkpoint names made at a time ...
+SCAN_S = 5 * LATENCY_S        # ... until a scan of them takes this long here
+SCAN_MAX = 20 * SCAN_ENTRIES
 FAKE_TRAIN = """#!/bin/sh
 # A stand-in astrai-train: fails at once, or waits until killed or astraid is gone.
 echo "fake rank $RANK start"
@@ -61,6 +65,12 @@ class Poller:
             for method, params in self.calls:
                 self.lat.append((timed(self.c, method, params), method))
             time.sleep(0.01)
+
+    def rounds(self, n):
+        """Returns once the poller has made n more rounds of its calls."""
+        want = len(self.lat) + n * len(self.calls)
+        lu.wait_for(f"{n} rounds of {self.calls}", lambda: len(self.lat) >= want or
+                    not self.t.is_alive())
 
     def stop(self):
         self.run = False
@@ -112,7 +122,7 @@ def check_locked_db(root, fake, model, data):
         poller = Poller(d, running)
         send(a, 1, "submit", du.spec(model, data, name="refused"))
         send(b, 1, "cancel", {"job": running})
-        time.sleep(1)
+        du.caught_up(c)  # both read, their writes waiting for the lock
         assert c.call("status", {"job": running})["state"] == "running", \
             "the cancel took effect before it was written"
         replies = [a.reply(), b.reply()]
@@ -136,7 +146,8 @@ def check_locked_db(root, fake, model, data):
         poller = Poller(d, running)
         send(a, 2, "submit", du.spec(model, data, name="late"))
         send(a, 3, "status", {"job": running})
-        time.sleep(1)
+        du.caught_up(c)  # the submit read and waiting for the lock, the status behind it
+        poller.rounds(POLLER_ROUNDS)
         check_latencies(poller.stop(), "while a submit waits for the lock")
         db.rollback()
         db.close()
@@ -157,22 +168,27 @@ def check_slow_scan(root, fake, model, data):
         ckpt = os.path.join(root, "crowded")
         os.makedirs(ckpt)
         # Names of checkpoints: each one is looked at (its meta.json) by the search for the
-        # latest checkpoint when a run ends.
-        for i in range(SCAN_ENTRIES):
-            os.close(os.open(os.path.join(ckpt, f"epoch_0_step_{i}"), os.O_CREAT | os.O_WRONLY))
-        t0 = time.monotonic()
-        for e in os.scandir(ckpt):
-            os.path.isfile(os.path.join(e.path, "meta.json"))
-        scan_s = time.monotonic() - t0
+        # latest checkpoint when a run ends. As many as it takes here for their scan to be a
+        # stall the latencies would show (on a fast machine, more).
+        n, scan_s = 0, 0.0
+        while scan_s < SCAN_S and n < SCAN_MAX:
+            for i in range(n, n + SCAN_ENTRIES):
+                os.close(os.open(os.path.join(ckpt, f"epoch_0_step_{i}"),
+                                 os.O_CREAT | os.O_WRONLY))
+            n += SCAN_ENTRIES
+            t0 = time.monotonic()
+            for e in os.scandir(ckpt):
+                os.path.isfile(os.path.join(e.path, "meta.json"))
+            scan_s = time.monotonic() - t0
         c = d.client()
         poller = Poller(d)
         job = c.call("submit", du.spec(model, data, name="crowded", ckpt_dir=ckpt))["job"]
-        du.wait_job(c, job, ["failed"], timeout=60)
-        time.sleep(0.2)
+        du.wait_job(c, job, ["failed"], timeout=60)  # the scan is done before it shows
+        poller.rounds(3)
         lat = poller.stop()
-        print(f"a scan of {SCAN_ENTRIES} entries takes {scan_s * 1e3:.0f} ms here; status max "
+        print(f"a scan of {n} entries takes {scan_s * 1e3:.0f} ms here; status max "
               f"{max(lat)[0] * 1e3:.1f} ms")
-        check_latencies(lat, f"as a run ended with {SCAN_ENTRIES} entries in its ckpt_dir")
+        check_latencies(lat, f"as a run ended with {n} entries in its ckpt_dir")
         c.close()
     assert d.stop() == 0
 

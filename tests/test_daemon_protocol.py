@@ -17,7 +17,10 @@ import threading
 import time
 
 import daemon_util as du
+import test_launch_util as lu
 import train_util as tu
+from test_daemon_http import http_get
+from test_daemon_metrics import parse, value
 
 SANITIZED = os.environ.get("ASTRAI_SANITIZED") in ("1", "ON", "TRUE", "true")
 RSS_BOUND = 160 << 20  # astraid's RSS under the flood: 64 MiB of client memory, plus itself
@@ -69,7 +72,8 @@ def finish(p, timeout):
 # ---------------------------------------------------------------- 11: valid UTF-8 replies
 
 BAD_RANK = """#!/bin/sh
-sleep 1.5
+# Prints once $0.go exists (the test's followers listen by then), then fails.
+while [ ! -e "$0.go" ]; do sleep 0.05; done
 printf 'data file \\377\\376.bin: cannot open\\n' >&2
 printf 'caf\\303\\251 ok, then cut \\342\\202\\n'
 exit 1
@@ -77,8 +81,8 @@ exit 1
 
 
 def check_utf8(root, model, data):
-    d = du.Daemon(os.path.join(root, "utf8"),
-                  args=[f"--train-binary={write_script(os.path.join(root, 'bad_rank'), BAD_RANK)}"])
+    rank = write_script(os.path.join(root, "bad_rank"), BAD_RANK)
+    d = du.Daemon(os.path.join(root, "utf8"), args=[f"--train-binary={rank}"])
     os.makedirs(d.root)
     d.start()
     with du.guarded(d):
@@ -88,6 +92,7 @@ def check_utf8(root, model, data):
         follower.call("logs", {"job": jid, "follow": True})
         watcher = StrictClient(d.socket)
         watcher.call("watch", {"job": jid})
+        open(rank + ".go", "w").close()
         job = du.wait_job(c, jid, ["failed"])
         assert "\ufffd\ufffd.bin: cannot open" in job["error"], job["error"]
         assert "caf\u00e9 ok, then cut \ufffd\ufffd" in job["error"], job["error"]
@@ -111,8 +116,15 @@ def check_utf8(root, model, data):
 
 # ---------------------------------------------------------------- 12: following the lifecycle
 
+def answered(port, method):
+    """How many `method` requests astraid answered with code 0 (its /metrics)."""
+    return value(parse(http_get(port, "/metrics")[2].decode()), "astrai_requests_total",
+                 method=method, code=0) or 0
+
+
 def check_follow_lifecycle(root, model, data):
-    d = du.Daemon(os.path.join(root, "follow"))
+    port = tu.free_port()
+    d = du.Daemon(os.path.join(root, "follow"), args=[f"--http=127.0.0.1:{port}"])
     os.makedirs(d.root)
     d.start()
     job_file = os.path.join(root, "job.json")
@@ -124,10 +136,15 @@ def check_follow_lifecycle(root, model, data):
         jid = int(waiter.stdout.readline().split()[1])  # "job 1 queued"
         watch = ctl_bg(d, "watch", str(jid))
         follow = ctl_bg(d, "logs", str(jid), "-f")
-        du.wait_job(c, jid, ["running"], pred=lambda j: j["step"] >= 3)
-        c.call("pause", {"job": jid})
+        with du.hold(c, jid) as held:  # paused mid-run, whatever the machine's speed
+            # All three follow the job before it is paused (--wait watches it too).
+            lu.wait_for("watch --wait, watch and logs -f following the job",
+                        lambda: answered(port, "watch") >= 2 and answered(port, "logs") >= 1)
+            held.advance(du.progress_db(d, jid), to=3)
+            c.call("pause", {"job": jid})
         du.wait_job(c, jid, ["paused"])
-        time.sleep(1)
+        # Pushes they got are read in order: one that stopped at pause would print paused,
+        # not completed, below; this only says it sooner.
         for p in (waiter, watch, follow):
             assert p.poll() is None, f"{p.args[2:]} stopped at pause: {p.communicate()}"
         c.call("resume", {"job": jid})
@@ -350,7 +367,10 @@ def check_memory(root, model, data):
         peak = max(samples) if samples else 0
         for s in hostile:
             s.close()
-        time.sleep(1.5)  # the daemon sees them go and gives their memory back
+        # The daemon sees them go and gives their memory back: c, the probe's and the good
+        # follower's connections are left.
+        lu.wait_for("astraid dropping the hostile clients",
+                    lambda: c.call("daemon.info")["connections"] <= 3)
         after = rss(d.proc.pid)
         stop.set()
         for t in threads:
@@ -413,9 +433,8 @@ def check_tcp_limits(root):
     os.makedirs(d.root)
     d.start()
     with du.guarded(d):
+        t0 = time.time()  # before the first connects: their auth timeout runs from later
         idle = [socket.create_connection(("127.0.0.1", port)) for _ in range(40)]
-        t0 = time.time()
-        time.sleep(0.3)
         # Past 8, unauthenticated peers are refused at once ...
         refused = [read_until_closed(s, 5) for s in idle[8:]]
         assert all(r and r[0]["error"]["code"] == -32004 for r in refused), refused[:3]

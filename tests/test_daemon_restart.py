@@ -7,6 +7,7 @@ import signal
 import sqlite3
 
 import daemon_util as du
+import test_launch_util as lu
 import train_util as tu
 
 EPOCHS = 12  # 240 steps
@@ -26,16 +27,25 @@ def db_state(d, jid):
 
 def stop_mid_job(d, c, model, data, how):
     jid = c.call("submit", du.spec(model, data, n_epoch=EPOCHS))["job"]
-    du.wait_job(c, jid, ["running"], pred=lambda j: j["step"] >= 10)
-    pids = du.rank_pids(d.state_dir, jid)
-    assert pids, "no rank pids recorded"
+    with du.hold(c, jid) as held:  # stopped at step 10, however fast the machine
+        held.advance(du.progress_db(d, jid), to=10)
+        pids = du.rank_pids(d.state_dir, jid)
+        assert pids, "no rank pids recorded"
+        if how == "sigterm":
+            d.proc.send_signal(signal.SIGTERM)
+            # Its ranks are told to stop in the turn that logs it; c's call comes after.
+            lu.wait_for("astraid stopping the job",
+                        lambda: "stopping 1 running job(s)" in d.logs())
+            du.caught_up(c)
+        else:
+            d.kill9()
+            held.wait_signal(signal.SIGTERM)  # PDEATHSIG
     c.close()
     if how == "sigterm":
-        assert d.stop(signal.SIGTERM) == 0, d.logs()
+        assert d.wait() == 0, d.logs()
         assert not any(du.pid_alive(p) for p in pids), "astraid exited before its ranks"
         assert db_state(d, jid) == "interrupted", db_state(d, jid)
     else:
-        d.kill9()
         assert du.wait_gone(pids, 60), f"ranks {pids} survived kill -9 of astraid"
     ckpt_dir = os.path.join(d.state_dir, "jobs", str(jid), "checkpoints")
     assert os.listdir(ckpt_dir), f"{how}: the ranks wrote no checkpoint"

@@ -8,6 +8,7 @@ slurmctld down is reported at submit and astraid keeps serving. Skipped with the
 when Slurm cannot run here."""
 
 import os
+import signal
 import sqlite3
 import sys
 import time
@@ -15,6 +16,7 @@ import urllib.request
 
 import daemon_util as du
 import slurm_util
+import test_launch_util as lu
 import train_util as tu
 
 EPOCHS = 6  # steps = 6 epochs x 80 windows / (4 per rank x 2 ranks) = 60
@@ -73,6 +75,22 @@ def wait_resumed(log, timeout=60):
                     return
         time.sleep(0.2)
     raise AssertionError(f"{log}: the run did not resume from the checkpoint")
+
+
+def held_ranks(run_dir, n=2):
+    """The job's n ranks (its astrai-train processes) held, once they run: lu.Held."""
+    train = os.path.realpath(tu.binary("astrai-train"))
+
+    def ranks():
+        pids = []
+        for p in train_binary_pids(run_dir):
+            try:
+                if os.path.realpath(f"/proc/{p}/exe") == train:
+                    pids.append(p)
+            except OSError:
+                pass
+        return len(pids) == n and pids
+    return lu.Held(lu.wait_for(f"the {n} ranks of {run_dir}", ranks, timeout=120))
 
 
 def train_binary_pids(run_dir):
@@ -148,8 +166,12 @@ def run(root, cluster):
 
         # pause -> paused (every rank checkpointed at one step) -> resume: the same curve.
         jid = c.call("submit", ddp_spec(model, data))["job"]
-        du.wait_job(c, jid, ["running"], timeout=120, pred=lambda j: j["step"] >= 5)
-        c.call("pause", {"job": jid})
+        run_dir = os.path.join(d.shared, "jobs", str(jid))
+        with held_ranks(run_dir) as held:  # paused at step 5, whatever the machine's speed
+            held.advance(os.path.join(run_dir, "progress.db"), to=5)
+            du.wait_job(c, jid, ["running"], timeout=120)
+            c.call("pause", {"job": jid})
+            held.wait_signal(signal.SIGTERM)  # scancel's, off astraid's loop
         paused = du.wait_job(c, jid, ["paused"], timeout=120)
         assert paused["last_checkpoint"], paused
         assert paused["step"] < 60, paused
@@ -158,8 +180,10 @@ def run(root, cluster):
         done = du.wait_job(c, jid, ["completed"], timeout=300)
         assert curve(d.shared, jid) == reference, "the paused Slurm job's curve differs"
 
-        # checkpoint: one more checkpoint while it trains on.
-        jid = c.call("submit", ddp_spec(model, data, n_epoch=40))["job"]
+        # checkpoint: one more checkpoint while it trains on. (Cancelled at the end: so many
+        # steps that it cannot end before, its ranks held while astraid is down.)
+        jid = c.call("submit", ddp_spec(model, data, n_epoch=400))["job"]
+        run_dir = os.path.join(d.shared, "jobs", str(jid))
         st = du.wait_job(c, jid, ["running"], timeout=120, pred=lambda j: j["step"] >= 3)
         c.call("checkpoint", {"job": jid})
         st = du.wait_job(c, jid, ["running"], timeout=120,
@@ -167,15 +191,17 @@ def run(root, cluster):
 
         # A task killed through Slurm: the run fails and restarts from the checkpoint.
         step_before = st["step"]
-        cluster.run("scancel", "--signal=KILL", f"{st['slurm_job']}.0")
+        with held_ranks(run_dir):
+            cluster.run("scancel", "--signal=KILL", f"{st['slurm_job']}.0")
         again = du.wait_job(c, jid, ["running", "queued", "starting"], timeout=120,
                             pred=lambda j: j["restarts"] == 1 and j["slurm_job"] not in (None, st["slurm_job"]))
         assert "srun exited with code" in again["error"], again
 
         # astraid killed -9 and started again: it finds the Slurm job and tracks it on.
         du.wait_job(c, jid, ["running"], timeout=120, pred=lambda j: j["step"] > step_before)
-        wait_resumed(os.path.join(d.shared, "jobs", str(jid), "run2-rank0.log"))
-        c, st = kill9_and_restart(d, c, jid)
+        wait_resumed(os.path.join(run_dir, "run2-rank0.log"))
+        with held_ranks(run_dir):
+            c, st = kill9_and_restart(d, c, jid)
         assert st["slurm_job"] == again["slurm_job"], (st, again)
 
         # ... also when it died before sbatch's answer reached it (the run open, no Slurm id
@@ -186,7 +212,8 @@ def run(root, cluster):
             db.commit()
             db.close()
 
-        c, st = kill9_and_restart(d, c, jid, while_down=forget_slurm_id)
+        with held_ranks(run_dir):
+            c, st = kill9_and_restart(d, c, jid, while_down=forget_slurm_id)
         assert st["slurm_job"] == again["slurm_job"], (st, again)
         assert cluster.jobs() == [again["slurm_job"]], cluster.jobs()
 
@@ -205,7 +232,6 @@ def run(root, cluster):
         assert st["restarts"] == 2, st
 
         # cancel: no Slurm job, no rank left.
-        run_dir = os.path.join(d.shared, "jobs", str(jid))
         c.call("cancel", {"job": jid})
         du.wait_job(c, jid, ["cancelled"], timeout=60)
         wait_no_slurm_job(cluster)
@@ -224,8 +250,8 @@ def run(root, cluster):
             b = bad.client()
             du.expect_error(lambda: b.call("submit", ddp_spec(model, data)), -32602,
                             "slurm refuses the job", "invalid partition")
-            # Refused after sbatch answered: the request counts with its answer's code.
-            time.sleep(0.3)  # past the metrics snapshot's age
+            # Refused after sbatch answered: the request counts with its answer's code (in
+            # the next /metrics: no wait).
             with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as r:
                 metrics = r.read().decode()
             assert 'astrai_requests_total{method="submit",code="-32602"} 1' in metrics, metrics

@@ -14,7 +14,8 @@ import sys
 import time
 
 import train_util as tu
-from test_train_resume import wait_for_step
+from test_launch_util import children
+from test_train_resume import signal_at_step, wait_for_step
 
 WINDOW = 32
 N_BYTES = 80 * WINDOW + 1
@@ -27,19 +28,6 @@ def args(model, data, ckpt, mode="ddp", nprocs=2, batch=2, **extra):
          "ckpt_interval": 1000, "comm_timeout": 60}
     a.update(extra)
     return [tu.binary("astrai-train")] + [f"--{k}={v}" for k, v in a.items()]
-
-
-def children(pid):
-    out = []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                with open(f"/proc/{entry}/stat") as f:
-                    if int(f.read().rsplit(")", 1)[1].split()[1]) == pid:
-                        out.append(int(entry))
-            except (OSError, IndexError):
-                pass
-    return out
 
 
 def rank_of(pid):
@@ -66,9 +54,8 @@ def check_sigterm(root, model, data, failures):
     tu.run(args(model, data, straight, **extra))
     ck = os.path.join(root, "sigterm")
     proc = subprocess.Popen(args(model, data, ck, **extra), stderr=subprocess.PIPE, text=True)
-    if not wait_for_step(ck, 4, proc):
+    if not signal_at_step(proc, ck, 4, signal.SIGTERM):
         failures.append("sigterm: the run did not reach step 4")
-    proc.send_signal(signal.SIGTERM)
     _, err = proc.communicate(timeout=120)
     if proc.returncode != 3:
         failures.append(f"sigterm: launcher exit {proc.returncode}, expected 3: {err[-400:]}")

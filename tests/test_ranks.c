@@ -2,6 +2,7 @@
 // (ranks/ranks.h): the exit policy (root cause, interruptions, the supervisor's own stop,
 // the group's exit code), the root-cause text, signalling the ranks' process groups, a
 // rank's environment and the rendezvous listener; and comm/'s shm segment names.
+#include <errno.h>
 #include <fcntl.h>
 #include <signal.h>
 #include <string.h>
@@ -105,6 +106,20 @@ static void test_start_failed(void) {
     ranks_group_free(&g);
 }
 
+// Whether SIGUSR1 waits on pid (its SigPnd or ShdPnd mask in /proc/PID/status).
+static int usr1_pending(pid_t pid) {
+    char path[64], line[256];
+    snprintf(path, sizeof path, "/proc/%d/status", (int)pid);
+    FILE *f = fopen(path, "r");
+    CHECK_MSG(f != NULL, "%s: %s", path, strerror(errno));
+    int pending = 0;
+    while (f && fgets(line, sizeof line, f))
+        if (!strncmp(line, "SigPnd:", 7) || !strncmp(line, "ShdPnd:", 7))
+            pending |= (strtoull(line + 7, NULL, 16) >> (SIGUSR1 - 1)) & 1;
+    if (f) fclose(f);
+    return pending;
+}
+
 // ranks_signal reaches each live rank's whole process group, and no exited rank.
 static void test_signal(void) {
     RankGroup g;
@@ -117,6 +132,12 @@ static void test_signal(void) {
         kids[r] = fork();
         if (kids[r] == 0) { // a rank leading its group, with a child of its own
             setpgid(0, 0);
+            if (r == 1) { // its group must get nothing: a SIGUSR1 would stay pending
+                sigset_t usr1;
+                sigemptyset(&usr1);
+                sigaddset(&usr1, SIGUSR1);
+                sigprocmask(SIG_BLOCK, &usr1, NULL);
+            }
             pid_t c = fork();
             if (c == 0) {
                 pause();
@@ -136,8 +157,8 @@ static void test_signal(void) {
     ranks_signal(&g, SIGUSR1);
     int st;
     CHECK(waitpid(kids[0], &st, 0) == kids[0] && WIFSIGNALED(st) && WTERMSIG(st) == SIGUSR1);
-    usleep(100000);
-    CHECK(kill(grandkid[1], 0) == 0); // rank 1's group untouched
+    // kill() is synchronous: a SIGUSR1 sent to rank 1's group would be pending there now.
+    CHECK(!usr1_pending(kids[1]) && !usr1_pending(grandkid[1])); // rank 1's group untouched
     kill(-kids[1], SIGKILL);
     waitpid(kids[1], &st, 0);
     close(p[0]);

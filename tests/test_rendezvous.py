@@ -31,9 +31,10 @@ def check_same_payload(out, world, root_pid):
 
 def test_two_ranks_by_hand(tmp):
     port = lu.free_port()
-    # Rank 1 first: it keeps retrying until rank 0 listens.
+    # Rank 1 first: it keeps retrying until rank 0 listens (rank 0 starts once rank 1 was
+    # refused and sleeps before its next try).
     p1 = rank(tmp, 1, 2, port)
-    time.sleep(0.5)
+    lu.wait_sleeping(p1.pid)
     p0 = rank(tmp, 0, 2, port)
     for p in (p0, p1):
         rc, err = lu.finish(p)

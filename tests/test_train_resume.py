@@ -9,6 +9,7 @@ import subprocess
 import sys
 import time
 
+import test_launch_util as lu
 import train_util as tu
 
 WINDOW, BATCH = 32, 4
@@ -74,6 +75,19 @@ def wait_for_step(ckpt_dir, step, proc, timeout=120):
     return False
 
 
+def signal_at_step(proc, ckpt_dir, step, sig, target=None, ranks=None):
+    """Once the run of proc has reached `step`, sends sig to target(proc) (proc's pid by
+    default) with its ranks held (lu.Held: ranks, by default a launcher's children or proc
+    itself) until the signal is on its way to one of them: the run stops a step or so later,
+    however fast the machine. False (nothing sent) when it did not reach step."""
+    if not wait_for_step(ckpt_dir, step, proc):
+        return False
+    with lu.Held(ranks or lu.children(proc.pid) or [proc.pid]) as held:
+        os.kill(target(proc) if target else proc.pid, sig)
+        held.wait_signal(sig)  # a launcher forwards it
+    return True
+
+
 def check_sigterm_resume(root, model, data, failures):
     straight = os.path.join(root, "straight-long")
     extra = {"n_epoch": 8}
@@ -82,9 +96,8 @@ def check_sigterm_resume(root, model, data, failures):
     cmd = [tu.binary("astrai-train")] + [f"--{k}={v}" for k, v in
                                          args(model, data, stopped, **extra).items()]
     proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True)
-    if not wait_for_step(stopped, 5, proc):
+    if not signal_at_step(proc, stopped, 5, signal.SIGTERM):
         failures.append("the run did not reach step 5")
-    proc.send_signal(signal.SIGTERM)
     _, err = proc.communicate(timeout=120)
     if proc.returncode != 3:
         failures.append(f"SIGTERM: exit {proc.returncode}, expected 3: {err[-300:]}")

@@ -16,9 +16,10 @@ import subprocess
 import sys
 import time
 
+import test_launch_util as lu
 import train_util as tu
-from test_parallel_signals import children, rank_of
-from test_train_resume import wait_for_step
+from test_parallel_signals import rank_of
+from test_train_resume import signal_at_step
 
 WINDOW = 32
 N_BYTES = 80 * WINDOW + 1  # 80 windows: 20 optimizer steps per epoch (global batch 4)
@@ -47,13 +48,12 @@ def stopped_step(err):
 
 
 def interrupt(cmd, ckpt, sig, target=None, env=None):
-    """Starts cmd, waits for its third step, sends sig to target(proc) (the process itself by
-    default); returns (exit code, stderr)."""
+    """Starts cmd, sends sig to target(proc) (the process itself by default) at its third
+    step; returns (exit code, stderr)."""
     proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True, env=env)
-    if not wait_for_step(ckpt, 3, proc):
+    if not signal_at_step(proc, ckpt, 3, sig, target):
         proc.kill()
         return None, proc.communicate()[1]
-    os.kill(target(proc) if target else proc.pid, sig)
     _, err = proc.communicate(timeout=120)
     return proc.returncode, err
 
@@ -130,7 +130,7 @@ def check_ddp_rank_signal(root, model, data, straight, failures):
     cmd = args(model, data, ck, nprocs=2)
 
     def rank1(proc):
-        return {rank_of(p): p for p in children(proc.pid)}[1]
+        return {rank_of(p): p for p in lu.children(proc.pid)}[1]
 
     rc, err = interrupt(cmd, ck, signal.SIGTERM, target=rank1)
     if not check_stop(name, rc, err, ck, failures):
@@ -167,9 +167,9 @@ def check_by_hand(root, model, data, failures):
                               env=dict(os.environ, RANK=str(r), WORLD_SIZE="2", MASTER_PORT=port,
                                        MASTER_ADDR="127.0.0.1"))
              for r in range(2)]
-    if not wait_for_step(ck, 3, procs[0]):
+    if not signal_at_step(procs[0], ck, 3, signal.SIGTERM, lambda _: procs[1].pid,
+                          [p.pid for p in procs]):
         failures.append("by hand: the run did not reach step 3")
-    procs[1].send_signal(signal.SIGTERM)
     results = [(p.wait(timeout=120), p.stderr.read()) for p in procs]
     codes = [rc for rc, _ in results]
     step = stopped_step(results[0][1])
@@ -186,10 +186,11 @@ def check_stop_while_meeting(root, model, data, failures):
     launcher died, say): SIGTERM makes it give up at once and exit 3, not wait out the
     rendezvous timeout."""
     ck = os.path.join(root, "meeting")
+    port = tu.free_port()
     proc = subprocess.Popen(args(model, data, ck, nprocs=2), stderr=subprocess.PIPE, text=True,
                             env=dict(os.environ, RANK="0", WORLD_SIZE="2", MASTER_ADDR="127.0.0.1",
-                                     MASTER_PORT=str(tu.free_port())))
-    time.sleep(2)  # past the setup, into the rendezvous
+                                     MASTER_PORT=str(port)))
+    lu.wait_listening(port, proc)  # past the setup: rank 0 listens in the rendezvous
     t0 = time.time()
     proc.send_signal(signal.SIGTERM)
     try:

@@ -1,6 +1,7 @@
 """astraid's web page (web/index.html) in a real browser. astraid --http on a free loopback
 port while a tiny job trains; Debian's headless Chromium loads http://127.0.0.1:PORT/ twice,
-seconds apart, and dumps the DOM once the page's polls ran (--virtual-time-budget):
+the job training on in between, and dumps the DOM once the page's polls ran
+(--virtual-time-budget):
 
 - the job's row shows its name (as text: it holds markup), state, step and total, loss;
 - its loss and lr curves are drawn, one point per step of its history: at least the row's
@@ -14,17 +15,19 @@ daemon (no external src/href/url(), no absolute URL but the SVG namespace). Skip
 saying why) where chromium is not installed."""
 
 import html.parser
+import json
 import os
 import re
 import shutil
 import sqlite3
 import subprocess
 import sys
-import time
 import urllib.request
 
 import daemon_util as du
+import test_launch_util as lu
 import train_util as tu
+from test_daemon_http import http_get
 
 SKIP = 77
 CHROMIUM = "chromium"
@@ -119,6 +122,12 @@ def progress_rows(d, job):
     return n
 
 
+def api_step(port, job):
+    """The job's step in /api/jobs."""
+    jobs = json.loads(http_get(port, "/api/jobs")[2])["jobs"]
+    return next(j["step"] for j in jobs if j["id"] == job)
+
+
 def check_load(dom, d, job, status):
     """The page's view of the job; returns (its step, its loss curve's points)."""
     row = dom.rows.get(str(job))
@@ -158,15 +167,20 @@ def main():
     with du.guarded(d):
         check_served_page(base)
         c = d.client()
-        # Long enough to train all through the test; cancelled at its end.
+        # Cancelled at the end of the test; its ranks held while the page loads, so that it
+        # runs all through the test, however fast the machine.
         job = c.call("submit", du.spec(model, data, n_epoch=2000, name=JOB_NAME))["job"]
-        status = du.wait_job(c, job, ["running"], pred=lambda j: j["step"] >= 3)
-        step1, points1 = check_load(chromium(base + "/", os.path.join(root, "chromium1")),
-                                    d, job, status)
-        du.wait_job(c, job, ["running"], pred=lambda j: j["step"] > step1 + 10)
-        time.sleep(1)
-        dom2 = chromium(base + "/", os.path.join(root, "chromium2"), screenshot=artifact)
-        step2, points2 = check_load(dom2, d, job, status)
+        with du.hold(c, job, pred=lambda j: j["step"] >= 3) as held:
+            status = held.job
+            step1, points1 = check_load(chromium(base + "/", os.path.join(root, "chromium1")),
+                                        d, job, status)
+        # Until /api/jobs (whose steps may lag status's) shows a step past every point the
+        # first load drew: the second load shows a later step and more points.
+        lu.wait_for(f"/api/jobs at a step past {points1}",
+                    lambda: api_step(port, job) > points1)
+        with du.hold(c, job):
+            dom2 = chromium(base + "/", os.path.join(root, "chromium2"), screenshot=artifact)
+            step2, points2 = check_load(dom2, d, job, status)
         assert step2 > step1 and points2 > points1, \
             f"the page did not follow the job: step {step1} -> {step2}, points " \
             f"{points1} -> {points2}"
