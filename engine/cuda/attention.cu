@@ -20,7 +20,8 @@
 //     with fp32 accumulation, tiles of 64 queries x 64 keys (dk/dv: 64 keys x 32 queries),
 //     operands staged through shared memory with cp.async, probabilities kept in registers.
 // The key-tile ranges, the per-element mask and the update order are the same in both, and
-// tests/test_attention_tiling.c replays them on the CPU against a naive attention.
+// tests/test_attention_tiling.c replays them on the CPU against a naive attention; the
+// kernels themselves run on the CPU in test_cuda_emu (tests/cuda_emu/, PTX emulated).
 //
 // Masks: key j is visible to query i iff doc_start[b*T+i] <= j <= i. A query tile walks the
 // key tiles from the one holding its lowest doc_start to the one holding its last row; a key
