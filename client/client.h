@@ -53,6 +53,7 @@ typedef struct {
     RpcReader reader;
     long next_id;
     int timeout_ms;
+    bool raw; // --json: the strings as sent, else made safe for a terminal (text.h)
     PushHandler on_push;
     void *push_ctx;
 } Client;

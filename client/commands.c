@@ -13,6 +13,7 @@
 
 #include "client/client.h"
 #include "client/plot.h"
+#include "client/text.h"
 #include "common/buf.h"
 #include "common/fsutil.h"
 #include "proto/job_spec.h"
@@ -224,13 +225,23 @@ static const char *job_error(const Progress *p) {
     return cJSON_IsString(error) ? error->valuestring : "no cause recorded";
 }
 
+// "astraictl: job 3 failed: CAUSE" on stderr, safe for a terminal also with --json (whose
+// strings are kept as sent).
+static void print_job_failure(long id, const Progress *p) {
+    char line[1024];
+    snprintf(line, sizeof line, "job %ld %s: %s", id, p->final_state, job_error(p));
+    char *safe = text_for_terminal(line);
+    fprintf(stderr, "astraictl: %s\n", safe ? safe : "out of memory");
+    free(safe);
+}
+
 // submit --wait / --follow: follow the job until it ends; 0 only when completed.
 static int await_job(Client *c, long id, const Options *o, Err *err) {
     Progress p = {.job = id, .show = o->follow, .json = o->json, .tty = !o->json && isatty(1)};
     int rc = follow_progress(c, &p, err);
     if (!rc && o->json && !o->follow) print_json(cJSON_GetArrayItem(p.jobs, 0));
     if (!rc && strcmp(p.final_state, "completed")) {
-        fprintf(stderr, "astraictl: job %ld %s: %s\n", id, p.final_state, job_error(&p));
+        print_job_failure(id, &p);
         rc = EXIT_JOB_FAILED;
     } else if (!rc && !o->json)
         printf("job %ld completed\n", id);

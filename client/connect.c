@@ -13,6 +13,7 @@
 #include <unistd.h>
 
 #include "client/client.h"
+#include "client/text.h"
 #include "common/clock.h"
 #include "common/socket_path.h"
 
@@ -114,6 +115,7 @@ int client_open(Client *c, const Options *o, Err *err) {
     c->fd = -1;
     c->next_id = 1;
     c->timeout_ms = (int)(o->timeout_s * 1000);
+    c->raw = o->json;
     rpc_reader_init(&c->reader);
     if (o->host && !o->token_file)
         return err_set(err, "--host needs --token-file (the daemon's bearer token)"), EXIT_USAGE;
@@ -144,6 +146,43 @@ static int send_all(Client *c, const char *line, Err *err) {
     return EXIT_OK;
 }
 
+// Replaces *s, a string of a parsed cJSON tree (malloc'd: no cJSON hooks are set), by its
+// terminal-safe form; -1 when out of memory.
+static int make_safe(char **s) {
+    char *safe = text_for_terminal(*s);
+    if (!safe) return -1;
+    cJSON_free(*s);
+    *s = safe;
+    return 0;
+}
+
+// The strings of v and of everything in it, member names included, made safe to print.
+static int make_tree_safe(cJSON *v) {
+    if ((v->string && make_safe(&v->string)) || (cJSON_IsString(v) && make_safe(&v->valuestring)))
+        return -1;
+    for (cJSON *child = v->child; child; child = child->next)
+        if (make_tree_safe(child)) return -1;
+    return 0;
+}
+
+// A message as it is shown: with --json its result and params as sent (only the error's
+// message, printed as text, made safe), else all of it safe for a terminal.
+static int make_message_safe(const Client *c, cJSON *msg, Err *err) {
+    cJSON *shown = c->raw ? cJSON_GetObjectItemCaseSensitive(msg, "error") : msg;
+    if (shown && make_tree_safe(shown)) return err_set(err, "out of memory"), EXIT_CONNECT;
+    return EXIT_OK;
+}
+
+// The start of a line that is not a message, safe to print.
+static int malformed(const char *line, Err *err) {
+    char start[201];
+    snprintf(start, sizeof start, "%s", line);
+    char *safe = text_for_terminal(start);
+    err_set(err, "astraid sent a malformed line: %s", safe ? safe : "?");
+    free(safe);
+    return EXIT_CONNECT;
+}
+
 // Reads the next message, waiting at most timeout_ms (-1: no limit).
 static int read_message(Client *c, int timeout_ms, cJSON **msg, Err *err) {
     double deadline = clock_mono_s() + timeout_ms / 1000.0;
@@ -158,9 +197,11 @@ static int read_message(Client *c, int timeout_ms, cJSON **msg, Err *err) {
             *msg = cJSON_ParseWithLength(line, len);
             if (!cJSON_IsObject(*msg)) {
                 cJSON_Delete(*msg);
-                return err_set(err, "astraid sent a malformed line: %.200s", line), EXIT_CONNECT;
+                return malformed(line, err);
             }
-            return EXIT_OK;
+            int rc = make_message_safe(c, *msg, err);
+            if (rc) cJSON_Delete(*msg);
+            return rc;
         }
         int wait_ms = timeout_ms < 0 ? -1 : (int)((deadline - clock_mono_s()) * 1000);
         if (timeout_ms >= 0 && wait_ms <= 0)

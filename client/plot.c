@@ -10,6 +10,8 @@
 #include <string.h>
 #include <wchar.h>
 
+#include "client/text.h"
+
 #define LABEL_MAX 32
 #define TICKS 3 // bottom, middle, top (and first, middle, last step)
 
@@ -64,22 +66,10 @@ static void scale_of(const PlotSeries *s, Scale *sc) {
         snprintf(sc->x_label[k], LABEL_MAX, "%ld", x_ticks[k]);
 }
 
-// The code point of the UTF-8 sequence at p and its length; 0 when it is not valid UTF-8.
-static size_t utf8_decode(const unsigned char *p, uint32_t *cp) {
-    size_t len = p[0] < 0x80 ? 1 : (p[0] & 0xE0) == 0xC0 ? 2 : (p[0] & 0xF0) == 0xE0 ? 3 : 4;
-    if (p[0] >= 0x80 && ((p[0] & 0xC0) == 0x80 || p[0] > 0xF4)) return 0;
-    *cp = len == 1 ? p[0] : p[0] & (0x7F >> len);
-    for (size_t i = 1; i < len; i++) {
-        if ((p[i] & 0xC0) != 0x80) return 0;
-        *cp = *cp << 6 | (p[i] & 0x3F);
-    }
-    return len;
-}
-
 // The display cells of a printable code point, -1 for a control character, one that cannot
 // be shown (wcwidth needs an UTF-8 LC_CTYPE) or, without utf8, any non-ASCII one.
 static int cell_width(uint32_t cp, bool utf8) {
-    if (cp < 0x20 || cp == 0x7F) return -1;
+    if (cp < 0x20 || (cp >= 0x7F && cp <= 0x9F)) return -1; // C0, DEL, C1
     if (cp < 0x80) return 1;
     return utf8 ? wcwidth((wchar_t)cp) : -1;
 }
@@ -263,20 +253,32 @@ char *plot_text(const PlotSeries *s, int width, int height, bool utf8) {
 #define SVG_BOTTOM 44
 #define SVG_COLOR "#1f6fb4"
 
-// Text as XML character data: markup escaped, a character XML 1.0 cannot hold as '?'.
+// Whether a title in XML may hold the code point: XML 1.0's Char production without its
+// tab, newline and carriage return (a title is one line).
+static bool xml_title_char(uint32_t cp) {
+    return (cp >= 0x20 && cp <= 0xD7FF) || (cp >= 0xE000 && cp <= 0xFFFD) ||
+           (cp >= 0x10000 && cp <= 0x10FFFF);
+}
+
+// Text as XML character data: markup escaped; a character XML 1.0 cannot hold (a control,
+// U+FFFE, U+FFFF), a tab or a line break, and each byte of invalid UTF-8 as U+FFFD, so
+// that the SVG always parses.
 static void put_xml(FILE *f, const char *text) {
-    for (const unsigned char *p = (const unsigned char *)text; *p; p++) {
-        const char *esc = *p == '&'                 ? "&amp;"
-                          : *p == '<'               ? "&lt;"
-                          : *p == '>'               ? "&gt;"
-                          : *p == '"'               ? "&quot;"
-                          : *p == '\''              ? "&apos;"
-                          : *p < 0x20 && *p != '\t' ? "?"
-                                                    : NULL;
+    for (const unsigned char *p = (const unsigned char *)text; *p;) {
+        uint32_t cp = 0;
+        size_t len = utf8_decode(p, &cp);
+        const char *esc = !len || !xml_title_char(cp) ? "\xef\xbf\xbd"
+                          : cp == '&'                 ? "&amp;"
+                          : cp == '<'                 ? "&lt;"
+                          : cp == '>'                 ? "&gt;"
+                          : cp == '"'                 ? "&quot;"
+                          : cp == '\''                ? "&apos;"
+                                                      : NULL;
         if (esc)
             fputs(esc, f);
         else
-            fputc(*p, f);
+            fwrite(p, 1, len, f);
+        p += len ? len : 1;
     }
 }
 

@@ -85,8 +85,8 @@ class FakeServer:
                     buf += data
                 line, buf = buf.split(b"\n", 1)
                 self.lines.append(line.decode())
-                for out in self.script.pop(0):
-                    conn.sendall(out.encode() + b"\n")
+                for out in self.script.pop(0):  # str, or bytes that need not be UTF-8
+                    conn.sendall((out if isinstance(out, bytes) else out.encode()) + b"\n")
             if self.hold:
                 conn.recv(1)
         except OSError:
@@ -103,9 +103,9 @@ class FakeServer:
         self.thread.join(5)
 
 
-def run(args, server=None, env=None, expect_rc=None, what=""):
+def run(args, server=None, env=None, expect_rc=None, what="", text=True):
     cmd = [BIN] + (["--socket", server.address] if server and "--host" not in args else []) + args
-    p = subprocess.run(cmd, capture_output=True, text=True, timeout=60,
+    p = subprocess.run(cmd, capture_output=True, text=text, timeout=60,
                        env=dict(os.environ, **(env or {})))
     if expect_rc is not None:
         check(p.returncode == expect_rc, "%s: rc %d, expected %d; stderr: %s stdout: %s" % (
@@ -349,6 +349,65 @@ def test_logs():
     server.close()
     check(server.lines == [req(1, "logs", {"job": 3})] and json.loads(p.stdout) == {"lines": ["x"]},
           p.stdout)
+
+
+# A name and a ckpt_dir that would clear the screen (ESC [2J, CSI as the C1 control U+009B)
+# and break a line (NEL, U+0085) if printed as sent.
+EVIL_NAME = "evil\x1b[2J\u0085\u009b6n\x7fjob"
+EVIL_DIR = "/tmp/ck\x1b[2J\u009b\u0085\x07dir"
+SHOWN_NAME = "evil\\x1b[2J\\u0085\\u009b6n\\x7fjob"
+
+
+def evil_job(state="running"):
+    j = job(3, EVIL_NAME, state, error="bad\x1b]0;title\x07 \u009b\u0085cause")
+    j["spec"]["ckpt_dir"] = EVIL_DIR
+    return j
+
+
+def terminal_unsafe(out):
+    """The bytes of out a terminal would act on: C0 controls but newline and tab, DEL, C1
+    controls (UTF-8 C2 80..9F), and anything that is not UTF-8."""
+    try:
+        text = out.decode("utf-8")
+    except UnicodeDecodeError as e:
+        return "not UTF-8: %s" % e
+    return [c for c in text if (ord(c) < 0x20 and c not in "\n\t") or 0x7f <= ord(c) <= 0x9f]
+
+
+def test_daemon_text_is_shown_safely():
+    cases = [
+        (["list"], [reply(1, {"jobs": [evil_job()]})], 0),
+        (["status", "3"], [reply(1, evil_job())], 0),
+        (["watch", "3"], [reply(1, {"jobs": [evil_job()]}), push("progress", evil_job("failed"))], 0),
+        (["logs", "3"], [reply(1, {"lines": ["ok", "x\x1b[2J\u009by\u0085z"]})], 0),
+        (["pause", "3"], [error(1, -32002, "job %s: \x1b[31mno\u009b" % EVIL_NAME)], 1),
+        # raw bytes: C1 controls not escaped in the JSON, a byte that is no UTF-8
+        (["list"], [b'{"jsonrpc":"2.0","id":1,"result":{"jobs":[{"id":4,"name":"r\xc2\x9b'
+                    b'\xc2\x85\xff\xed\xa0\x80s","state":"queued"}]}}'], 0),
+        (["status", "3"], [b"not json \x1b[2J\xc2\x9b"], 3),
+    ]
+    for args, script, rc in cases:
+        server = FakeServer([script])
+        p = run(args, server, expect_rc=rc, text=False)
+        server.close()
+        for stream, out in (("stdout", p.stdout), ("stderr", p.stderr)):
+            check(not terminal_unsafe(out), "%s %s unsafe for a terminal: %r %r" % (
+                args, stream, terminal_unsafe(out), out))
+    server = FakeServer([[reply(1, evil_job())]])
+    p = run(["status", "3"], server, expect_rc=0)
+    server.close()
+    check(p.stdout.startswith("job 3 (%s): running" % SHOWN_NAME), p.stdout)
+    check("error            bad\\x1b]0;title\\x07 \\u009b\\u0085cause\n" in p.stdout, p.stdout)
+    # --json: the strings exactly as the daemon sent them
+    for args, script in ((["list", "--json"], [reply(1, {"jobs": [evil_job()]})]),
+                         (["status", "3", "--json"], [reply(1, evil_job())]),
+                         (["watch", "3", "--json"], [reply(1, {"jobs": [evil_job("failed")]})])):
+        server = FakeServer([script])
+        p = run(args, server, expect_rc=0)
+        server.close()
+        got = json.loads(p.stdout.split("\n")[0])  # not splitlines: U+0085 is a line break
+        got = got["jobs"][0] if "jobs" in got else got
+        check(got == evil_job(got["state"]), "%s: %r" % (args, p.stdout))
 
 
 def main():

@@ -8,7 +8,7 @@
   steps 1..total_steps once each, the losses of a job never killed; the plot's title shows
   its restarts, and `plot --follow` (started before the kill) returns once it completed;
 - `plot --svg F` is XML with one path point per step, and the C renderer's SVGs of every
-  case (test_plot --svg-dir) parse as XML;
+  case (test_plot --svg-dir) parse as XML, U+FFFD in place of the characters XML 1.0 forbids;
 - piped output has no escape codes and fits $COLUMNS; on a terminal (a pty) --follow redraws
   in place with braille; --follow on a finished job returns after one chart."""
 
@@ -255,10 +255,15 @@ def check_renderer_svgs(root):
     os.makedirs(out)
     tu.run([tu.binary("test_plot"), "--svg-dir", out])
     names = sorted(os.listdir(out))
-    assert {"empty.svg", "one.svg", "gaps.svg", "constant.svg", "negative.svg"} <= set(names)
+    assert {"empty.svg", "one.svg", "gaps.svg", "constant.svg", "negative.svg",
+            "bad_chars.svg"} <= set(names)
     for name in names:
         svg = ET.parse(os.path.join(out, name)).getroot()
         assert svg.tag == SVG + "svg" and "<&>" in svg.find(SVG + "title").text, name
+    # U+FFFE, U+FFFF, a control, a tab, a surrogate, an overlong form, a byte not UTF-8
+    title = ET.parse(os.path.join(out, "bad_chars.svg")).getroot().find(SVG + "title").text
+    assert title == "job 9 <&> a\ufffd b\ufffd c\ufffd d\ufffd e\ufffd f\ufffd\ufffd\ufffd " \
+                    "g\ufffd\ufffd h\U0001f600 \u20ac", repr(title)
 
 
 def main():

@@ -246,6 +246,15 @@ static void check_text(const Case *c, int width, int height, bool utf8) {
     free(text);
 }
 
+// `--svg-dir DIR`: the SVG as DIR/NAME.svg, for tests/test_astraictl_plot.py to parse.
+static void write_svg(const char *dir, const char *name, const char *svg) {
+    if (!dir) return;
+    char path[4096];
+    snprintf(path, sizeof path, "%s/%s.svg", dir, name);
+    FILE *f = fopen(path, "w");
+    CHECK(f && fputs(svg, f) >= 0 && !fclose(f));
+}
+
 // The SVG: the title escaped, one path point per finite value, a circle per lone point.
 static void check_svg(const Case *c, const char *dir) {
     PlotSeries s = {TITLE, c->p, c->n};
@@ -253,7 +262,7 @@ static void check_svg(const Case *c, const char *dir) {
     CHECK(svg != NULL);
     if (!svg) return;
     CHECK(!strncmp(svg, "<?xml", 5) && strstr(svg, "</svg>\n"));
-    CHECK(strstr(svg, "&lt;&amp;&gt;?[2J") != NULL);
+    CHECK(strstr(svg, "&lt;&amp;&gt;\xef\xbf\xbd[2J") != NULL); // ESC as U+FFFD
     for (const unsigned char *p = (const unsigned char *)svg; *p; p++)
         CHECK_MSG(*p >= 0x20 || *p == '\n', "%s: control byte 0x%02x in the SVG", c->name, *p);
     const char *d = strstr(svg, " d=\"M");
@@ -264,12 +273,28 @@ static void check_svg(const Case *c, const char *dir) {
     CHECK_MSG(points == finite_count(c), "%s: %d path points for %d finite values", c->name, points,
               finite_count(c));
     if (finite_count(c) == 1) CHECK(strstr(svg, "<circle") != NULL);
-    if (dir) {
-        char path[4096];
-        snprintf(path, sizeof path, "%s/%s.svg", dir, c->name);
-        FILE *f = fopen(path, "w");
-        CHECK(f && fputs(svg, f) >= 0 && !fclose(f));
-    }
+    write_svg(dir, c->name, svg);
+    free(svg);
+}
+
+// A title with characters XML 1.0 forbids (U+FFFE, U+FFFF, a control, a tab, a surrogate
+// and an overlong form encoded in UTF-8, a byte that is no UTF-8) has U+FFFD for each of
+// them in the SVG, which stays XML (tests/test_astraictl_plot.py parses bad_chars.svg).
+static void check_svg_bad_chars(const char *dir) {
+    static const char title[] =
+        "job 9 <&> a\xef\xbf\xbe b\xef\xbf\xbf c\xff d\x01 e\t f\xed\xa0\x80"
+        " g\xc0\xaf h\xf0\x9f\x98\x80 \xe2\x82\xac";
+    static const char want[] = "<title>job 9 &lt;&amp;&gt; a\xef\xbf\xbd b\xef\xbf\xbd "
+                               "c\xef\xbf\xbd d\xef\xbf\xbd e\xef\xbf\xbd "
+                               "f\xef\xbf\xbd\xef\xbf\xbd\xef\xbf\xbd "
+                               "g\xef\xbf\xbd\xef\xbf\xbd h\xf0\x9f\x98\x80 \xe2\x82\xac</title>";
+    static const PlotPoint points[] = {{1, 1.0}, {2, 0.5}};
+    PlotSeries s = {title, points, 2};
+    char *svg = plot_svg(&s, 900, 450);
+    CHECK(svg != NULL);
+    if (!svg) return;
+    CHECK_MSG(strstr(svg, want) != NULL, "bad characters not replaced by U+FFFD: %.400s", svg);
+    write_svg(dir, "bad_chars", svg);
     free(svg);
 }
 
@@ -287,5 +312,6 @@ int main(int argc, char **argv) {
         check_text(&cases[k], PLOT_MIN_WIDTH, PLOT_MIN_HEIGHT, true);
         check_svg(&cases[k], svg_dir);
     }
+    check_svg_bad_chars(svg_dir);
     CHECK_DONE();
 }
