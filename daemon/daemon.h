@@ -158,6 +158,9 @@ typedef struct Job {
     int has_progress, has_val_loss;
     int progress_seen; // its progress.db was read by this astraid (val_loss is known)
     long restarts, max_restarts, priority, n_devices;
+    // restarts since this astraid started, for /metrics' counter: never reset, unlike
+    // restarts (reset by resume and by a run that saved new progress)
+    long restarts_total;
     int *want_ids; // (n_devices,) device ids the spec names, or NULL for any
     int *devices;  // (n_devices,) ids held while a run is alive, else NULL
     char *last_checkpoint, *error;

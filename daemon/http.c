@@ -14,11 +14,15 @@
 // one. An idle listener costs the loop nothing. /api/history reads the job's progress.db
 // (curve_read) on the HTTP thread: blocking there holds no one else up.
 //
-// Access: like --tcp, a peer on loopback needs no token; any other one must send
-// "Authorization: Bearer TOKEN" (--token-file, compared in constant time) or gets 401. The
-// page itself (/) is the exception: it holds no data (it is the same static file for
-// everyone), and a browser cannot send a header when it opens an address; the page then
-// sends the token on its /api requests (docs/monitoring.md "The web page").
+// Access: like --tcp, a peer on loopback needs no token when its Host header names a loopback
+// host; any other one must send "Authorization: Bearer TOKEN" (--token-file, compared in
+// constant time) or gets 401. On a loopback listener a request whose Host is not a loopback
+// name gets 421, whatever its path: a browser's page on a name rebound to 127.0.0.1 (DNS
+// rebinding) reads nothing. The token's exception is the page itself (/): it holds no data
+// (it is the same static file for everyone), and a browser cannot send a header when it opens
+// an address; the page then sends the token on its /api requests (docs/monitoring.md "The
+// web page").
+#include <arpa/inet.h>
 #include <errno.h>
 #include <limits.h>
 #include <netinet/in.h>
@@ -28,6 +32,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <time.h>
 
 #include <cjson/cJSON.h>
@@ -47,6 +52,7 @@
 static struct MHD_Daemon *mhd;
 static uv_async_t wake;
 static int wake_open;
+static int loopback_listener; // --http is a loopback address: every Host must be one too
 static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
 static pthread_cond_t fresh;    // a new snapshot was published (CLOCK_MONOTONIC)
 static Snapshot *current;       // under mu
@@ -89,7 +95,7 @@ static int add_job(Snapshot *s, cJSON *array, const Job *j) {
                     .state = j->shown_state,
                     .step = (double)j->step,
                     .total_steps = (double)j->total_steps,
-                    .restarts = (double)j->restarts,
+                    .restarts = (double)j->restarts_total,
                     .loss = j->loss,
                     .lr = j->lr,
                     .grad_norm = j->grad_norm,
@@ -352,11 +358,37 @@ static int is_loopback(const struct sockaddr *a) {
     return IN6_IS_ADDR_LOOPBACK(a6) || (IN6_IS_ADDR_V4MAPPED(a6) && a6->s6_addr[12] == 127);
 }
 
-// A loopback peer, or one with the bearer token.
+// host: "NAME" or "NAME:PORT", NAME a loopback name (localhost, 127.x.y.z, [::1]). NULL
+// (HTTP/1.0 without Host; on_request answers 400 to a later version without one) passes: a
+// browser always sends Host.
+static int host_is_loopback(const char *host) {
+    if (!host) return 1;
+    size_t n = strcspn(host, host[0] == '[' ? "]" : ":");
+    if (host[0] == '[' && host[n]) n++; // the ']'
+    const char *port = host + n;
+    if (port[0] == ':' && port[1] && strspn(port + 1, "0123456789") == strlen(port + 1)) port = "";
+    char name[64];
+    if (*port || n >= sizeof name) return 0;
+    memcpy(name, host, n);
+    name[n] = 0;
+    struct in_addr a;
+    return !strcasecmp(name, "localhost") || !strcmp(name, "[::1]") ||
+           (inet_pton(AF_INET, name, &a) == 1 && ntohl(a.s_addr) >> 24 == 127);
+}
+
+static const char *host_of(struct MHD_Connection *conn) {
+    return MHD_lookup_connection_value(conn, MHD_HEADER_KIND, MHD_HTTP_HEADER_HOST);
+}
+
+// A loopback peer that named a loopback host, or one with the bearer token. A loopback peer
+// naming another host may be a browser's page whose name was rebound to 127.0.0.1 (DNS
+// rebinding): it is no one to trust.
 static int authorized(struct MHD_Connection *conn) {
     const union MHD_ConnectionInfo *info =
         MHD_get_connection_info(conn, MHD_CONNECTION_INFO_CLIENT_ADDRESS);
-    if (info && info->client_addr && is_loopback(info->client_addr)) return 1;
+    if (info && info->client_addr && is_loopback(info->client_addr) &&
+        host_is_loopback(host_of(conn)))
+        return 1;
     const char *auth =
         MHD_lookup_connection_value(conn, MHD_HEADER_KIND, MHD_HTTP_HEADER_AUTHORIZATION);
     const char *scheme = "Bearer ";
@@ -364,13 +396,28 @@ static int authorized(struct MHD_Connection *conn) {
            server_check_token(auth + strlen(scheme));
 }
 
+// 421 naming the Host at fault: on a loopback listener every request names a loopback
+// host, the page included (a rebound name must not even get the page, whose scripts would
+// then read /api as same-origin).
+static enum MHD_Result misdirected(struct MHD_Connection *conn) {
+    char msg[160];
+    snprintf(msg, sizeof msg,
+             "misdirected: Host '%.64s' is not a loopback name (localhost, 127.0.0.1, [::1])\n",
+             host_of(conn));
+    return respond(conn, MHD_HTTP_MISDIRECTED_REQUEST, "text/plain; charset=utf-8", msg,
+                   strlen(msg), MHD_RESPMEM_MUST_COPY);
+}
+
 static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const char *url,
                                   const char *method, const char *version, const char *upload_data,
                                   size_t *upload_data_size, void **con_cls) {
-    (void)cls, (void)version, (void)upload_data;
+    (void)cls, (void)upload_data;
     // Not a GET: answered at once, its body unread (the connection then closes).
     if (strcmp(method, MHD_HTTP_METHOD_GET))
         return respond_text(conn, MHD_HTTP_METHOD_NOT_ALLOWED, "only GET\n");
+    if (!host_of(conn) && strcmp(version, MHD_HTTP_VERSION_1_0)) // RFC 7230 §5.4
+        return respond_text(conn, MHD_HTTP_BAD_REQUEST, "bad request: no Host header\n");
+    if (loopback_listener && !host_is_loopback(host_of(conn))) return misdirected(conn);
     int page = !strcmp(url, "/");
     if (!page && !authorized(conn))
         return respond_text(conn, MHD_HTTP_UNAUTHORIZED,
@@ -437,6 +484,7 @@ int http_start(Err *err) {
     wake_open = 1;
     unsigned flags = MHD_USE_POLL_INTERNAL_THREAD | MHD_USE_ERROR_LOG;
     if (ss.ss_family == AF_INET6) flags |= MHD_USE_IPv6;
+    loopback_listener = is_loopback((struct sockaddr *)&ss);
     mhd = MHD_start_daemon(
         flags, 0, NULL, NULL, on_request, NULL, MHD_OPTION_EXTERNAL_LOGGER, mhd_log, NULL,
         MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&ss, MHD_OPTION_THREAD_POOL_SIZE,

@@ -683,6 +683,7 @@ static void on_failure(Job *j, const char *cause, int permanent, const char *sta
     free(j->error);
     j->error = strdup(cause);
     j->restarts++;
+    j->restarts_total++;
     j->hold_until = clock_mono_s() + backoff_s(j->restarts);
     log_warn("job %ld: run ended early (%s); restart %ld/%ld in %.0f s", j->id, cause, j->restarts,
              j->max_restarts, backoff_s(j->restarts));

@@ -133,8 +133,9 @@ static const JobFamily JOB_FAMILIES[] = {
      offsetof(JobGauge, tokens_per_s), KNOWN_PROGRESS},
     {"astrai_job_eta_seconds", "gauge", "Seconds the job's run still needs (estimate).",
      offsetof(JobGauge, eta_s), KNOWN_ETA},
-    {"astrai_job_restarts_total", "counter", "Restarts of the job after a failed run.",
-     offsetof(JobGauge, restarts), KNOWN_ALWAYS},
+    {"astrai_job_restarts_total", "counter",
+     "Restarts of the job after a failed run, since astraid started.", offsetof(JobGauge, restarts),
+     KNOWN_ALWAYS},
 };
 
 static int known(const JobGauge *j, Known k) {

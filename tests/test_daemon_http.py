@@ -5,6 +5,8 @@ real training ranks (tiny models), a real socket; no mocks.
   and the 100 newest finished ones, ascending id;
 - /api/history: the steps of the job's progress.db (read here with sqlite3), paged by
   since_step/limit with "more"; an unknown job 404 and a bad parameter 400, each named;
+- the Host header on the loopback listener: 421 for any name but a loopback one (DNS
+  rebinding), on every path;
 - bad HTTP input: oversized headers (431 or a closed connection), unknown paths (404), POST
   (405), a malformed request line, 200 slow clients holding half a request; meanwhile the
   control socket answers status promptly, afterwards /metrics answers again, a lone slow
@@ -269,6 +271,32 @@ def check_abuse(d, port, job):
     assert rest == b"" and HTTP_TIMEOUT_S - 1 <= waited <= HTTP_TIMEOUT_S + 10, (rest, waited)
 
 
+REBOUND = "rebind.attacker.example"
+
+
+def check_host(port, job):
+    """A loopback listener answers only requests naming a loopback host: a page whose name an
+    attacker rebound to 127.0.0.1 (DNS rebinding) gets 421 on every path, the page included,
+    and reads no job; loopback names, with or without the port, still get 200. Without Host:
+    HTTP/1.0 is served, HTTP/1.1 refused (400, as RFC 7230 requires)."""
+    paths = ["/api/jobs", "/metrics", f"/api/history?job={job}", "/"]
+    for host in [f"{REBOUND}:{port}", REBOUND, "127.0.0.1.attacker.example", "localhostx",
+                 f"localhost:{port}x", "[::2]", "[::1", "128.0.0.1", "127.1"]:
+        for path in paths:
+            status, _, body = http_get(port, path, headers={"Host": host})
+            assert status == 421 and host.encode() in body and b"spec" not in body, \
+                (host, path, status, body[:200])
+    for host in [f"127.0.0.1:{port}", "127.0.0.1", f"127.9.8.7:{port}", f"localhost:{port}",
+                 "LocalHost", f"[::1]:{port}", "[::1]"]:
+        for path in paths:
+            status, _, body = http_get(port, path, headers={"Host": host})
+            assert status == 200, (host, path, status, body[:200])
+    got, _ = raw_exchange(port, b"GET /api/jobs HTTP/1.0\r\n\r\n")
+    assert got.startswith(b"HTTP/1.0 200") or got.startswith(b"HTTP/1.1 200"), got[:100]
+    got, _ = raw_exchange(port, b"GET /api/jobs HTTP/1.1\r\nConnection: close\r\n\r\n")
+    assert got.startswith(b"HTTP/1.1 400"), got[:100]
+
+
 def main():
     root = tu.tmpdir()
     model, data, port, d = http_setup(root)
@@ -277,6 +305,7 @@ def main():
         job = c.call("submit", du.spec(model, data, name="hist"))["job"]
         du.wait_job(c, job, ["completed"])
         timed("history", check_history, d, port, c, job)
+        timed("host", check_host, port, job)
         timed("api/jobs", check_api_jobs, port, c, job, model, data)
         timed("abuse", check_abuse, d, port, job)
         c.close()

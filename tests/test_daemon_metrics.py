@@ -3,7 +3,8 @@ a real Prometheus server scraping astraid every second returns through its HTTP 
 loss `status` shows for a job that trained. Also: the job's series (one-hot state, step,
 escaped labels), GPU memory and utilisation from NVML's samples (a stand-in
 libnvidia-ml.so.1, as in test_daemon_gpu.py), the request counters moving with the requests made (unknown methods
-under one label value), and the listener's token rule (a non-loopback --http needs
+under one label value), astrai_job_restarts_total never going down (a resume resets the
+restarts of status, not the counter), and the listener's token rule (a non-loopback --http needs
 --token-file; off loopback, 401 without or with a wrong bearer token, except for the page
 itself).
 
@@ -14,6 +15,7 @@ import math
 import os
 import re
 import shutil
+import signal
 import socket
 import stat
 import subprocess
@@ -213,13 +215,27 @@ def non_loopback_address():
     return None
 
 
-def check_token_rule(root):
-    addr = non_loopback_address()
-    token = "tok-" + os.urandom(8).hex()
+def write_token(root, token):
+    """root/token holding token (mode 0600, as astraid requires): its path."""
     token_file = os.path.join(root, "token")
     with open(token_file, "w") as f:
         f.write(token + "\n")
     os.chmod(token_file, stat.S_IRUSR | stat.S_IWUSR)
+    return token_file
+
+
+def token_daemon(root, name, listen, token_file):
+    """astraid in root/name with --http=listen and --token-file, started."""
+    d = du.Daemon(os.path.join(root, name),
+                  args=[f"--http={listen}", f"--token-file={token_file}"])
+    os.makedirs(d.root)
+    return d.start()
+
+
+def check_token_rule(root):
+    addr = non_loopback_address()
+    token = "tok-" + os.urandom(8).hex()
+    token_file = write_token(root, token)
     # Off loopback without a token file: refused at start, as bad input.
     bind = addr or "0.0.0.0"
     d = du.Daemon(os.path.join(root, "notoken"), args=[f"--http={bind}:{tu.free_port()}"])
@@ -245,12 +261,16 @@ def check_token_rule(root):
     taken.close()
     # 0.0.0.0 with the token: loopback peers need none.
     port = tu.free_port()
-    d = du.Daemon(os.path.join(root, "any"),
-                  args=[f"--http=0.0.0.0:{port}", f"--token-file={token_file}"])
-    os.makedirs(d.root)
-    d.start()
+    d = token_daemon(root, "any", f"0.0.0.0:{port}", token_file)
     with du.guarded(d):
         assert http_get(port, "/metrics")[0] == 200
+        # A loopback peer naming another host (a page on a name rebound to 127.0.0.1) is
+        # trusted no more than a remote one.
+        rebound = {"Host": f"rebind.attacker.example:{port}"}
+        assert http_get(port, "/metrics", headers=rebound)[0] == 401
+        assert http_get(port, "/metrics", headers={
+            **rebound, "Authorization": f"Bearer {token}"})[0] == 200
+        assert http_get(port, "/metrics", headers={"Host": f"localhost:{port}"})[0] == 200
         if addr:
             for headers in [{}, {"Authorization": "Bearer wrong"},
                             {"Authorization": f"Bearer {token}x"},
@@ -269,6 +289,30 @@ def check_token_rule(root):
         else:
             print("no non-loopback address here: the 401 part is skipped")
         assert d.stop() == 0
+
+
+def restarts_total(port, job):
+    return value(parse(scrape(port)), "astrai_job_restarts_total", job_id=job,
+                 job_name="restarts")
+
+
+def check_restarts_monotonic(port, c, model, data):
+    """astrai_job_restarts_total is a counter: a job whose rank was killed (restart 1) keeps
+    it when resume resets the restarts status shows (its restart budget)."""
+    job = c.call("submit", du.spec(model, data, n_epoch=2000, name="restarts"))["job"]
+    with du.hold(c, job) as held:
+        os.kill(held.job["ranks"][0]["pid"], signal.SIGKILL)
+    du.wait_job(c, job, ["queued", "starting", "running"], pred=lambda j: j["restarts"] == 1)
+    assert restarts_total(port, job) == 1
+    c.call("cancel", {"job": job})
+    du.wait_job(c, job, ["cancelled"])
+    c.call("resume", {"job": job})
+    st = du.wait_job(c, job, ["queued", "starting", "running"])
+    assert st["restarts"] == 0, st
+    got = restarts_total(port, job)
+    assert got == 1, f"astrai_job_restarts_total went from 1 to {got} on resume"
+    c.call("cancel", {"job": job})
+    du.wait_job(c, job, ["cancelled"])
 
 
 def main():
@@ -290,6 +334,7 @@ def main():
         timed("series", check_job_series, parse(text), st)
         timed("request counters", check_requests, port, c, job)
         timed("prometheus", check_prometheus, root, port, c.call("status", {"job": job}))
+        timed("restarts counter", check_restarts_monotonic, port, c, model, data)
         c.close()
         assert d.stop() == 0
     timed("gpus", check_gpus, root)

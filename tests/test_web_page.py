@@ -7,7 +7,9 @@ the job training on in between, and dumps the DOM once the page's polls ran
 - its loss and lr curves are drawn, one point per step of its history: at least the row's
   step, at most the rows of its progress.db (no point read twice, none lost);
 - the second load shows a later step and more points (the page follows the training);
-- #updated holds the time of the last poll, #error is empty.
+- #updated holds the time of the last poll, #error is empty;
+- off loopback, #token= with a base64 token ("+", "/", "=") is sent as written: the jobs
+  show, no 401.
 
 The second load's screenshot is kept: ASTRAI_BUILD/artifacts/web_page.png. Also: / serves
 web/index.html byte for byte as text/html, and the page references nothing outside the
@@ -22,12 +24,14 @@ import shutil
 import sqlite3
 import subprocess
 import sys
+import urllib.parse
 import urllib.request
 
 import daemon_util as du
 import test_launch_util as lu
 import train_util as tu
 from test_daemon_http import http_get
+from test_daemon_metrics import non_loopback_address, token_daemon, write_token
 
 SKIP = 77
 CHROMIUM = "chromium"
@@ -151,6 +155,37 @@ def check_load(dom, d, job, status):
     return step, loss
 
 
+TOKEN = "ab+cd/ef=="  # base64: "+" must reach the daemon as "+", not as a space
+
+
+def check_token(root, model, data):
+    """Off loopback, the page sends #token= as written (percent-decoded only): a base64
+    token with "+" and "/" gets the jobs, as does its percent-encoded form; a wrong one
+    shows HTTP 401. Skipped where this machine has no address but loopback."""
+    addr = non_loopback_address()
+    if not addr:
+        print("no non-loopback address here: the token part is skipped")
+        return
+    port = tu.free_port()
+    d = token_daemon(root, "remote", f"{addr}:{port}", write_token(root, TOKEN))
+    with du.guarded(d):
+        c = d.client()
+        job = c.call("submit", du.spec(model, data, name="tok"))["job"]
+        c.call("cancel", {"job": job})
+        c.close()
+        for i, fragment in enumerate([TOKEN, urllib.parse.quote(TOKEN, safe=""),
+                                      f"{TOKEN}&job={job}"]):
+            dom = chromium(f"http://{addr}:{port}/#token={fragment}",
+                           os.path.join(root, f"chromium-token{i}"))
+            err = dom.ids["error"]["text"]
+            assert err == "" and str(job) in dom.rows, \
+                f"#token={fragment}: error {err!r}, rows {list(dom.rows)}"
+        dom = chromium(f"http://{addr}:{port}/#token=ab%20cd/ef==",
+                       os.path.join(root, "chromium-wrong"))
+        assert "401" in dom.ids["error"]["text"], dom.ids["error"]
+        assert d.stop() == 0
+
+
 def main():
     if not shutil.which(CHROMIUM):
         print(f"skipped: {CHROMIUM} is not installed (Debian package chromium)")
@@ -165,6 +200,7 @@ def main():
     if os.path.exists(artifact):
         os.remove(artifact)
     with du.guarded(d):
+        check_token(root, model, data)
         check_served_page(base)
         c = d.client()
         # Cancelled at the end of the test; its ranks held while the page loads, so that it
