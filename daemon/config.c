@@ -44,7 +44,7 @@ const ConfigOption CONFIG_OPTIONS[] = {
     {"slurm-account", OPT_STR, offsetof(Config, slurm_account), 0, 0, "sbatch --account"},
     {"slurm-time", OPT_STR, offsetof(Config, slurm_time), 0, 0, "sbatch --time of a job"},
     {"slurm-sbatch-args", OPT_STR, offsetof(Config, slurm_sbatch_args), 0, 0,
-     "more sbatch arguments, space-separated"},
+     "more sbatch arguments, split as sh would (quotes, backslashes)"},
     {"slurm-nodes", OPT_LONG, offsetof(Config, slurm_nodes), 1, 4096,
      "nodes of a CPU job that does not say (default 1)"},
     {"slurm-gpus-per-node", OPT_LONG, offsetof(Config, slurm_gpus_per_node), 0, 4096,

@@ -61,7 +61,7 @@ typedef struct {
     char *shared_dir;         // the jobs' run directories (default state_dir): under slurm, a
                               // directory the cluster's nodes see at the same path
     char *slurm_partition, *slurm_account, *slurm_time; // sbatch's --partition/--account/--time
-    char *slurm_sbatch_args;                            // more sbatch arguments (space-separated)
+    char *slurm_sbatch_args;                            // more sbatch arguments (sh-like words)
     long slurm_gpus_per_node; // a job's GPUs per node when it does not say (0: CPU tasks)
     long slurm_nodes;         // the nodes of a CPU job that does not say
 } Config;
@@ -348,6 +348,8 @@ int curve_read(const char *run_dir, long since_step, long limit, cJSON **steps, 
 // (squeue/scontrol and the ranks' log files, every poll-interval, off the loop). Needs
 // astraid.loop.
 void slurm_init(void);
+// At start: --slurm-sbatch-args splits into words (its quotes balanced).
+int slurm_check_config(const Config *c, Err *err);
 void slurm_free(void); // after uv_run returned
 // A new job's sbatch --test-only (off the loop): done(arg, 0, NULL) when Slurm would take
 // it, else done(arg, RPC_INVALID_PARAMS, err) with Slurm's message. -1 when it could not

@@ -147,6 +147,7 @@ static int check_config(const Config *c, Err *err) {
         return err_set(err, "executor: '%s' is not local or slurm", c->executor);
     if (c->shared_dir[0] != '/')
         return err_set(err, "shared-dir: '%s' is not an absolute path", c->shared_dir);
+    if (slurm_check_config(c, err)) return -1;
     return log_set_level(c->log_level, err);
 }
 

@@ -141,15 +141,16 @@ static int run_slurm(char *const argv[], char **out, Err *err) {
 
 // ---------------------------------------------------------------- the batch script
 
-// s quoted for sh: '...' with each ' written '\''.
+// s quoted for sh and for sbatch's #SBATCH lines: "..." with \ before each \ " $ `. (sbatch
+// splits an #SBATCH line at blanks, honouring quotes, and takes a backslash as an escape even
+// within '...': sh's single quotes would lose a path's backslashes there.)
 static void shell_quote(Buf *b, const char *s) {
-    buf_append(b, "'", 1);
-    for (; *s; s++)
-        if (*s == '\'')
-            buf_append(b, "'\\''", 4);
-        else
-            buf_append(b, s, 1);
-    buf_append(b, "'", 1);
+    buf_append(b, "\"", 1);
+    for (; *s; s++) {
+        if (strchr("\\\"$`", *s)) buf_append(b, "\\", 1);
+        buf_append(b, s, 1);
+    }
+    buf_append(b, "\"", 1);
 }
 
 static long spec_long(const Job *j, const char *key, long dflt) {
@@ -185,8 +186,10 @@ static char *batch_script(const Job *j, long run_no, char **argv, const char *ru
     buf_printf(&b, "#SBATCH --job-name=astrai-%ld\n#SBATCH --nodes=%ld\n", j->id, nodes);
     buf_printf(&b, "#SBATCH --ntasks=%ld\n#SBATCH --ntasks-per-node=%ld\n", j->n_devices, per_node);
     if (gpus) buf_printf(&b, "#SBATCH --gpus-per-node=%ld\n", gpus);
-    snprintf(line, sizeof line, "#SBATCH --output=%s/run%ld-batch.log\n", run_dir, run_no);
-    buf_printf(&b, "%s#SBATCH --no-requeue\n", line);
+    snprintf(line, sizeof line, "%s/run%ld-batch.log", run_dir, run_no);
+    buf_printf(&b, "#SBATCH --output=");
+    shell_quote(&b, line);
+    buf_printf(&b, "\n#SBATCH --no-requeue\n");
     buf_printf(&b, "export ASTRAI_RUN_DIR=");
     shell_quote(&b, run_dir);
     // The ranks meet on the allocation's first node, where this script runs (by its host
@@ -212,11 +215,61 @@ static char *batch_script(const Job *j, long run_no, char **argv, const char *ru
     return buf_take(&b);
 }
 
+enum { SBATCH_MAX_ARGS = 56 }; // words of --slurm-sbatch-args (sbatch's argv: 8 more)
+
+// s split into words as sh would (blanks separate; '...' literal; "..." where \ escapes only
+// \ " $ `; \ outside quotes escapes any character), without expanding $, ` or globs:
+// --slurm-sbatch-args can carry a quoted value (--comment="two words"). At most
+// SBATCH_MAX_ARGS words in words[], their number in *n; they point into the returned copy.
+static char *split_words(const char *s, char **words, int *n, Err *err) {
+    const char *flag = "slurm-sbatch-args", *in = s;
+    char *copy = strdup(s), *out = copy, quote = 0;
+    if (!copy) return err_resource(err, "%s: out of memory", flag), NULL;
+    for (*n = 0;; *out++ = 0) {
+        while (*in == ' ' || *in == '\t')
+            in++;
+        if (!*in) return copy;
+        if (*n == SBATCH_MAX_ARGS) break;
+        words[(*n)++] = out;
+        for (; *in && (quote || (*in != ' ' && *in != '\t')); in++) {
+            if (*in == quote)
+                quote = 0;
+            else if (!quote && (*in == '\'' || *in == '"'))
+                quote = *in;
+            else if (*in == '\\' && !in[1])
+                break; // nothing to escape
+            else if (*in == '\\' && (!quote || (quote == '"' && strchr("\\\"$`", in[1]))))
+                *out++ = *++in;
+            else
+                *out++ = *in;
+        }
+        if (quote || *in == '\\') break;
+    }
+    if (quote)
+        err_set(err, "%s: unbalanced %c in '%s'", flag, quote, s);
+    else if (*in == '\\')
+        err_set(err, "%s: a trailing \\ in '%s'", flag, s);
+    else
+        err_set(err, "%s: more than %d words in '%s'", flag, SBATCH_MAX_ARGS, s);
+    free(copy);
+    return NULL;
+}
+
+int slurm_check_config(const Config *c, Err *err) {
+    char *words[SBATCH_MAX_ARGS];
+    int n;
+    if (!c->slurm_sbatch_args) return 0;
+    char *copy = split_words(c->slurm_sbatch_args, words, &n, err);
+    int rc = copy ? 0 : -1;
+    free(copy);
+    return rc;
+}
+
 // sbatch's arguments: the configured ones, then [--test-only] script. (argv, its strings:
 // its own, as sbatches of different jobs run at once on the threadpool)
 typedef struct {
-    char *argv[64];
-    char *words; // slurm_sbatch_args split in place
+    char *argv[SBATCH_MAX_ARGS + 8];
+    char *words; // slurm_sbatch_args split (split_words)
     char part[256], acct[256], tlim[128];
 } SbatchArgs;
 
@@ -237,13 +290,11 @@ static int sbatch_args(SbatchArgs *a, int test_only, const char *script, Err *er
         snprintf(a->tlim, sizeof a->tlim, "--time=%s", c->slurm_time);
         a->argv[n++] = a->tlim;
     }
-    a->words = c->slurm_sbatch_args ? strdup(c->slurm_sbatch_args) : NULL;
-    char *save = NULL;
-    for (char *w = a->words ? strtok_r(a->words, " \t", &save) : NULL; w;
-         w = strtok_r(NULL, " \t", &save)) {
-        if (n >= 60) return err_set(err, "slurm-sbatch-args: too many arguments");
-        a->argv[n++] = w;
-    }
+    int words = 0;
+    if (c->slurm_sbatch_args &&
+        !(a->words = split_words(c->slurm_sbatch_args, a->argv + n, &words, err)))
+        return -1;
+    n += words;
     if (test_only) a->argv[n++] = "--test-only";
     a->argv[n++] = (char *)script;
     a->argv[n] = NULL;

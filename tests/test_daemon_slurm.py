@@ -4,8 +4,9 @@ job under the local executor; pause/resume gives the never-paused curve; checkpo
 one while training goes on; cancel leaves no Slurm job and no rank; a task killed through
 Slurm is restarted from the checkpoint; astraid killed -9 and restarted keeps tracking a
 running Slurm job; a job Slurm rejects (bad partition) fails at submit with Slurm's message;
-slurmctld down is reported at submit and astraid keeps serving. Skipped with the reason
-when Slurm cannot run here."""
+slurmctld down is reported at submit and astraid keeps serving; a shared dir with a space
+and --slurm-sbatch-args with a quoted value work, an unbalanced quote there exits 2.
+Skipped with the reason when Slurm cannot run here."""
 
 import os
 import signal
@@ -35,8 +36,8 @@ def curve(state_dir_or_shared, job):
     return rows
 
 
-def slurm_daemon(root, cluster, extra=()):
-    shared = os.path.join(root, "shared")
+def slurm_daemon(root, cluster, extra=(), shared="shared"):
+    shared = os.path.join(root, shared)
     d = du.Daemon(root, env={"SLURM_CONF": cluster.conf},
                   args=["--executor=slurm", f"--shared-dir={shared}", "--poll-interval=0.2",
                         *extra])
@@ -106,6 +107,45 @@ def train_binary_pids(run_dir):
         except OSError:
             pass
     return [p for p in pids if du.pid_alive(p)]
+
+
+def run_one(d, model, data):
+    """d started, one short job run to completion; returns its id and status."""
+    os.makedirs(d.root, exist_ok=True)
+    d.start()
+    with du.guarded(d):
+        c = d.client()
+        jid = c.call("submit", ddp_spec(model, data, n_epoch=1))["job"]
+        done = du.wait_job(c, jid, ["completed"], timeout=300)
+        c.close()
+        assert d.stop() == 0
+    return jid, done
+
+
+def spaced_shared_dir(root, cluster, model, data):
+    """A shared dir with a space (the batch script's #SBATCH --output= names it): the job
+    runs, its batch output where the script says."""
+    d = slurm_daemon(os.path.join(root, "spaced"), cluster, shared="shared dir")
+    jid, _ = run_one(d, model, data)
+    assert os.path.exists(os.path.join(d.shared, "jobs", str(jid), "run1-batch.log"))
+
+
+def quoted_sbatch_args(root, cluster, model, data):
+    """--slurm-sbatch-args with a quoted value: sbatch gets it as one word; an unbalanced
+    quote is bad config (exit 2 naming the flag)."""
+    d = slurm_daemon(os.path.join(root, "quoted"), cluster,
+                     ['--slurm-sbatch-args=--comment="two words" --no-requeue'])
+    _, done = run_one(d, model, data)
+    out = cluster.run("squeue", "--noheader", "--states=all", "--format=%k", "--jobs",
+                      str(done["slurm_job"])).stdout
+    assert out.strip() == "two words", out
+    bad = slurm_daemon(os.path.join(root, "unbalanced"), cluster,
+                       ['--slurm-sbatch-args=--comment="two words'])
+    os.makedirs(bad.root, exist_ok=True)
+    bad.start(wait=False)
+    rc = bad.proc.wait(30)
+    bad.log.close()
+    assert rc == 2 and 'slurm-sbatch-args: unbalanced "' in bad.logs(), (rc, bad.logs())
 
 
 def main():
@@ -239,6 +279,9 @@ def run(root, cluster):
         while train_binary_pids(run_dir) and time.time() < deadline:
             time.sleep(0.2)
         assert not train_binary_pids(run_dir), train_binary_pids(run_dir)
+
+        spaced_shared_dir(root, cluster, model, data)
+        quoted_sbatch_args(root, cluster, model, data)
 
         # A partition Slurm does not have: refused at submit with Slurm's message.
         port = tu.free_port()
