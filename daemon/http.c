@@ -3,8 +3,8 @@
 //
 // libmicrohttpd parses HTTP on its own threads (HTTP_THREADS of them, each polling its share
 // of at most HTTP_CONNECTIONS connections; a connection silent for HTTP_TIMEOUT_S is
-// closed; a request whose headers pass HTTP_HEADER_BYTES gets 431), so nothing a client does
-// reaches the event loop. Those threads never touch the Job list: they read a Snapshot.
+// closed; a request whose line and headers pass HTTP_HEADER_BYTES gets 431), so nothing a
+// client does reaches the event loop. Those threads never touch the Job list: they read a Snapshot.
 // A request that finds the current snapshot stale wakes the loop (uv_async) and waits, at most
 // SNAPSHOT_WAIT_S, for the loop to build a new one and hand it over under the mutex; the loop holds
 // the mutex only to swap a pointer. Stale means built before the last http_changed (a job
@@ -45,9 +45,16 @@
 #define HTTP_CONNECTIONS 64u     // open at once; more wait in the kernel's backlog
 #define HTTP_TIMEOUT_S 10u       // a connection silent this long is closed
 #define HTTP_HEADER_BYTES 32768u // of a request's line and headers (431 past it)
-#define SNAPSHOT_MAX_AGE_S 0.25  // older: the loop is asked for new progress numbers
-#define SNAPSHOT_WAIT_S 2.0      // for the loop's new snapshot; then the old one serves
-#define API_FINISHED 100         // finished jobs in /api/jobs and /metrics: the newest ones
+// A connection's memory (libmicrohttpd touches all of it: 64 kept connections hold 64 times
+// this): the request's HTTP_HEADER_BYTES and, measured on 0.9.75, 64 bytes for each header
+// and query parameter parsed. Past HTTP_FIELDS of them the pool runs out and libmicrohttpd
+// closes the connection with no answer (~2 MiB would answer a 32 KiB "?&&&...": too dear).
+#define HTTP_FIELDS 4096u
+#define HTTP_POOL_BYTES (HTTP_HEADER_BYTES + 1024u + 64u * HTTP_FIELDS)
+#define SHOWN_BYTES 64          // of a bad value quoted in an error
+#define SNAPSHOT_MAX_AGE_S 0.25 // older: the loop is asked for new progress numbers
+#define SNAPSHOT_WAIT_S 2.0     // for the loop's new snapshot; then the old one serves
+#define API_FINISHED 100        // finished jobs in /api/jobs and /metrics: the newest ones
 
 static struct MHD_Daemon *mhd;
 static uv_async_t wake;
@@ -243,7 +250,7 @@ static enum MHD_Result respond(struct MHD_Connection *conn, unsigned status, con
     if (status == MHD_HTTP_UNAUTHORIZED)
         MHD_add_response_header(r, MHD_HTTP_HEADER_WWW_AUTHENTICATE, "Bearer");
     if (status == MHD_HTTP_METHOD_NOT_ALLOWED)
-        MHD_add_response_header(r, MHD_HTTP_HEADER_ALLOW, "GET");
+        MHD_add_response_header(r, MHD_HTTP_HEADER_ALLOW, "GET, HEAD");
     enum MHD_Result rc = MHD_queue_response(conn, status, r);
     MHD_destroy_response(r);
     return rc;
@@ -255,13 +262,31 @@ static enum MHD_Result respond_text(struct MHD_Connection *conn, unsigned status
                    MHD_RESPMEM_PERSISTENT);
 }
 
-// Takes o.
+// Takes text (malloc'd, or NULL when out of memory). A message may quote what the client
+// sent, which need not be UTF-8: bytes that are not are replaced (U+FFFD).
+static enum MHD_Result respond_utf8(struct MHD_Connection *conn, unsigned status, const char *type,
+                                    char *text) {
+    text = text ? rpc_utf8_sanitize(text) : NULL;
+    if (!text) return respond_text(conn, MHD_HTTP_INTERNAL_SERVER_ERROR, "out of memory\n");
+    return respond(conn, status, type, text, strlen(text), MHD_RESPMEM_MUST_FREE);
+}
+
+// Takes o. cJSON allocates with malloc (its default hooks): MHD frees the text with free().
 static enum MHD_Result respond_json(struct MHD_Connection *conn, unsigned status, cJSON *o) {
     char *text = o ? cJSON_PrintUnformatted(o) : NULL;
     cJSON_Delete(o);
-    if (!text) return respond_text(conn, MHD_HTTP_INTERNAL_SERVER_ERROR, "out of memory\n");
-    // cJSON allocates with malloc (its default hooks): MHD frees it with free().
-    return respond(conn, status, "application/json", text, strlen(text), MHD_RESPMEM_MUST_FREE);
+    return respond_utf8(conn, status, "application/json", text);
+}
+
+// The first SHOWN_BYTES of a client's value v at most, for a message, in out: cut before a
+// UTF-8 character it would split (a byte that is no UTF-8 is replaced by respond_utf8).
+static const char *shown(const char *v, char out[SHOWN_BYTES + 1]) {
+    size_t n = strnlen(v, SHOWN_BYTES);
+    for (int k = 0; k < 3 && n > 0 && ((unsigned char)v[n] & 0xC0) == 0x80; k++)
+        n--; // v[n] continues the character that starts before it
+    memcpy(out, v, n);
+    out[n] = 0;
+    return out;
 }
 
 static enum MHD_Result respond_error(struct MHD_Connection *conn, unsigned status,
@@ -291,17 +316,19 @@ static enum MHD_Result get_jobs(struct MHD_Connection *conn, const Snapshot *s) 
     return respond(conn, MHD_HTTP_OK, "application/json", body, (size_t)n, MHD_RESPMEM_MUST_FREE);
 }
 
-// Query parameter `key`, an integer in [lo, hi]; *out keeps its default when absent.
-// -1 with a message naming it in err.
+// Query parameter `key`, ASCII digits only (no sign, no space: strtol alone would take
+// "+1" and " 1" but not "1 ") of an integer in [lo, hi]; *out keeps its default when
+// absent. -1 with a message naming it in err.
 static int query_long(struct MHD_Connection *conn, const char *key, long lo, long hi, long *out,
                       Err *err) {
     const char *v = MHD_lookup_connection_value(conn, MHD_GET_ARGUMENT_KIND, key);
     if (!v) return 0;
-    char *end;
     errno = 0;
-    long x = strtol(v, &end, 10);
-    if (end == v || *end || errno || x < lo || x > hi)
-        return err_set(err, "%s: expected an integer in [%ld, %ld], got '%.64s'", key, lo, hi, v);
+    long x = strtol(v, NULL, 10);
+    char quoted[SHOWN_BYTES + 1];
+    if (!*v || strspn(v, "0123456789") != strlen(v) || errno || x < lo || x > hi)
+        return err_set(err, "%s: expected an integer in [%ld, %ld], got '%s'", key, lo, hi,
+                       shown(v, quoted));
     *out = x;
     return 0;
 }
@@ -380,6 +407,22 @@ static const char *host_of(struct MHD_Connection *conn) {
     return MHD_lookup_connection_value(conn, MHD_HEADER_KIND, MHD_HTTP_HEADER_HOST);
 }
 
+// auth: "Bearer TOKEN", the scheme in any case (RFC 7235 §2.1), then spaces, the token and
+// maybe whitespace that is no part of it (RFC 7230 §3.2's OWS).
+static int bearer_ok(const char *auth) {
+    const char *scheme = "Bearer ";
+    if (!auth || strncasecmp(auth, scheme, strlen(scheme))) return 0;
+    const char *token = auth + strlen(scheme);
+    token += strspn(token, " ");
+    size_t n = strlen(token);
+    while (n > 0 && (token[n - 1] == ' ' || token[n - 1] == '\t'))
+        n--;
+    char *given = strndup(token, n);
+    int ok = given && server_check_token(given);
+    free(given);
+    return ok;
+}
+
 // A loopback peer that named a loopback host, or one with the bearer token. A loopback peer
 // naming another host may be a browser's page whose name was rebound to 127.0.0.1 (DNS
 // rebinding): it is no one to trust.
@@ -389,32 +432,41 @@ static int authorized(struct MHD_Connection *conn) {
     if (info && info->client_addr && is_loopback(info->client_addr) &&
         host_is_loopback(host_of(conn)))
         return 1;
-    const char *auth =
-        MHD_lookup_connection_value(conn, MHD_HEADER_KIND, MHD_HTTP_HEADER_AUTHORIZATION);
-    const char *scheme = "Bearer ";
-    return auth && !strncmp(auth, scheme, strlen(scheme)) &&
-           server_check_token(auth + strlen(scheme));
+    return bearer_ok(
+        MHD_lookup_connection_value(conn, MHD_HEADER_KIND, MHD_HTTP_HEADER_AUTHORIZATION));
 }
 
 // 421 naming the Host at fault: on a loopback listener every request names a loopback
 // host, the page included (a rebound name must not even get the page, whose scripts would
 // then read /api as same-origin).
 static enum MHD_Result misdirected(struct MHD_Connection *conn) {
-    char msg[160];
+    char msg[160], host[SHOWN_BYTES + 1];
     snprintf(msg, sizeof msg,
-             "misdirected: Host '%.64s' is not a loopback name (localhost, 127.0.0.1, [::1])\n",
-             host_of(conn));
-    return respond(conn, MHD_HTTP_MISDIRECTED_REQUEST, "text/plain; charset=utf-8", msg,
-                   strlen(msg), MHD_RESPMEM_MUST_COPY);
+             "misdirected: Host '%s' is not a loopback name (localhost, 127.0.0.1, [::1])\n",
+             shown(host_of(conn), host));
+    return respond_utf8(conn, MHD_HTTP_MISDIRECTED_REQUEST, "text/plain; charset=utf-8",
+                        strdup(msg));
+}
+
+// The request line and headers' size past HTTP_HEADER_BYTES. The pool holds more
+// (HTTP_POOL_BYTES, for the parameters parsed): libmicrohttpd's own 431 comes only past it.
+static int too_big(struct MHD_Connection *conn) {
+    const union MHD_ConnectionInfo *info =
+        MHD_get_connection_info(conn, MHD_CONNECTION_INFO_REQUEST_HEADER_SIZE);
+    return info && info->header_size > HTTP_HEADER_BYTES;
 }
 
 static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const char *url,
                                   const char *method, const char *version, const char *upload_data,
                                   size_t *upload_data_size, void **con_cls) {
     (void)cls, (void)upload_data;
-    // Not a GET: answered at once, its body unread (the connection then closes).
-    if (strcmp(method, MHD_HTTP_METHOD_GET))
-        return respond_text(conn, MHD_HTTP_METHOD_NOT_ALLOWED, "only GET\n");
+    // Not a GET: answered at once, its body unread (the connection then closes). A HEAD is
+    // served as a GET: libmicrohttpd sends the response's headers only.
+    if (strcmp(method, MHD_HTTP_METHOD_GET) && strcmp(method, MHD_HTTP_METHOD_HEAD))
+        return respond_text(conn, MHD_HTTP_METHOD_NOT_ALLOWED, "only GET and HEAD\n");
+    if (too_big(conn))
+        return respond_text(conn, MHD_HTTP_REQUEST_HEADER_FIELDS_TOO_LARGE,
+                            "request line and headers past 32 KiB\n");
     if (!host_of(conn) && strcmp(version, MHD_HTTP_VERSION_1_0)) // RFC 7230 §5.4
         return respond_text(conn, MHD_HTTP_BAD_REQUEST, "bad request: no Host header\n");
     if (loopback_listener && !host_is_loopback(host_of(conn))) return misdirected(conn);
@@ -447,6 +499,14 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
                                  : get_history(conn, s);
     snapshot_release(s);
     return rc;
+}
+
+// Percent-decoding of the path and of each query key and value, except for one holding
+// "%00", left as sent: its NUL would end the string every strcmp and strtol reads there
+// ("/metrics%00" would be served as /metrics, "job=1%00" read as 1).
+static size_t unescape(void *cls, struct MHD_Connection *conn, char *s) {
+    (void)cls, (void)conn;
+    return strstr(s, "%00") ? strlen(s) : MHD_http_unescape(s);
 }
 
 static void mhd_log(void *cls, const char *fmt, va_list ap) {
@@ -483,14 +543,14 @@ int http_start(Err *err) {
     uv_async_init(astraid.loop, &wake, on_wake);
     wake_open = 1;
     unsigned flags = MHD_USE_POLL_INTERNAL_THREAD | MHD_USE_ERROR_LOG;
-    if (ss.ss_family == AF_INET6) flags |= MHD_USE_IPv6;
+    if (ss.ss_family == AF_INET6) flags |= MHD_USE_DUAL_STACK; // [::]: IPv4 peers too
     loopback_listener = is_loopback((struct sockaddr *)&ss);
     mhd = MHD_start_daemon(
         flags, 0, NULL, NULL, on_request, NULL, MHD_OPTION_EXTERNAL_LOGGER, mhd_log, NULL,
         MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&ss, MHD_OPTION_THREAD_POOL_SIZE,
         (unsigned)HTTP_THREADS, MHD_OPTION_CONNECTION_LIMIT, HTTP_CONNECTIONS,
         MHD_OPTION_CONNECTION_TIMEOUT, HTTP_TIMEOUT_S, MHD_OPTION_CONNECTION_MEMORY_LIMIT,
-        (size_t)HTTP_HEADER_BYTES, MHD_OPTION_END);
+        (size_t)HTTP_POOL_BYTES, MHD_OPTION_UNESCAPE_CALLBACK, unescape, NULL, MHD_OPTION_END);
     if (!mhd)
         return err_resource(err, "http: cannot listen on %s (in use, or not an address here?)",
                             astraid.cfg.http);

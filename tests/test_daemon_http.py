@@ -10,7 +10,11 @@ real training ranks (tiny models), a real socket; no mocks.
 - bad HTTP input: oversized headers (431 or a closed connection), unknown paths (404), POST
   (405), a malformed request line, 200 slow clients holding half a request; meanwhile the
   control socket answers status promptly, afterwards /metrics answers again, a lone slow
-  client is closed after the listener's timeout, and astraid's CPU time stays small."""
+  client is closed after the listener's timeout, and astraid's CPU time stays small;
+- query integers ASCII digits only, %00 decoded nowhere (a path holding it is 404), error
+  bodies valid UTF-8 cut between characters; HEAD as GET without the body; a 32 KiB request
+  with HTTP_FIELDS parameters answered, a bigger one 431; the Bearer scheme in any case with
+  whitespace after the token; a [::] listener reached over IPv4 (dual stack)."""
 
 import json
 import math
@@ -33,6 +37,8 @@ CPU_BOUND = 6.0 if SANITIZED else 2.0      # astraid's CPU seconds over the whol
 SLOW_CLIENTS = 200
 STATUS_CALLS = 60  # status calls measured while the slow clients are held
 HTTP_TIMEOUT_S = 10  # daemon/http.c HTTP_TIMEOUT_S
+HTTP_HEADER_BYTES = 32768  # daemon/http.c HTTP_HEADER_BYTES
+HTTP_FIELDS = 4096  # daemon/http.c HTTP_FIELDS: headers and query parameters answered
 API_FINISHED = 100   # finished jobs /api/jobs shows
 
 
@@ -271,6 +277,105 @@ def check_abuse(d, port, job):
     assert rest == b"" and HTTP_TIMEOUT_S - 1 <= waited <= HTTP_TIMEOUT_S + 10, (rest, waited)
 
 
+def history_error(port, query):
+    """(status, the "error" of /api/history?query), the body required to be UTF-8 JSON."""
+    status, _, body = http_get(port, f"/api/history?{query}")
+    return status, json.loads(body.decode("utf-8")).get("error")
+
+
+def check_query(port, job):
+    """Query integers are ASCII digits only (a '-' then refused by the range), with no NUL
+    (%00) cutting the value short; an error echoing a value is valid UTF-8, cut on a
+    character boundary. A path with a NUL matches no route."""
+    for query, named in [("job=1%00", "job"), ("job=%2B1", "job"), ("job=+1", "job"),
+                         ("job=%201", "job"), ("job=1%20", "job"), ("job=%091", "job"),
+                         ("job=0x1", "job"), (f"job={job}&since_step=%2B0", "since_step"),
+                         (f"job={job}&since_step=-0", "since_step"),
+                         (f"job={job}&limit=2%00", "limit"), (f"job={job}&limit=%202", "limit")]:
+        status, error = history_error(port, query)
+        assert status == 400 and error and error.startswith(named), (query, status, error)
+    assert job < 10 and http_get(port, f"/api/history?job=%3{job}")[0] == 200  # still decoded
+    status, error = history_error(port, "job=%FF%FE")
+    assert status == 400 and "'\ufffd\ufffd'" in error, (status, error)
+    status, error = history_error(port, "job=x" + "%C3%A9" * 40)  # the 64th byte leads an é
+    assert status == 400 and "'x" + "\u00e9" * 31 + "'" in error, (status, error)
+    for path in ["/metrics%00", "/api/jobs%00x", "/%00", "/api/history%00?job=1"]:
+        status, _, body = http_get(port, path)
+        assert status == 404, (path, status, body[:100])
+    assert http_get(port, "/metric%73")[0] == 200
+
+
+def check_head(port):
+    """HEAD is GET without the body: the same status and Content-Length."""
+    _, headers, page = http_get(port, "/")
+    for path, length in [("/", len(page)), ("/metrics", None), ("/api/jobs", None),
+                         ("/nowhere", None)]:
+        got, _ = raw_exchange(port, f"HEAD {path} HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+                              "Connection: close\r\n\r\n".encode())
+        head, _, body = got.partition(b"\r\n\r\n")
+        want = b"HTTP/1.1 404" if path == "/nowhere" else b"HTTP/1.1 200"
+        assert head.startswith(want) and body == b"", (path, got[:300])
+        if length is not None:
+            assert f"Content-Length: {length}".encode() in head, (path, head)
+    got, _ = raw_exchange(port, b"DELETE / HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+    assert got.startswith(b"HTTP/1.1 405") and b"\r\nAllow: GET, HEAD\r\n" in got, got[:300]
+
+
+def request_of(target, size):
+    """A GET of target padded to size bytes of line and headers (an X-Pad header)."""
+    head = f"GET {target} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\nX-Pad: "
+    return (head + "p" * (size - len(head) - 4) + "\r\n\r\n").encode()
+
+
+def check_request_size(port):
+    """A request whose line and headers fit in HTTP_HEADER_BYTES is answered if it has at
+    most HTTP_FIELDS headers and query parameters (it has 3 headers); past the bytes, 431 (or
+    414 for a long line)."""
+    for query in ["a=1&" * 475, "a=1&" * (HTTP_FIELDS - 3), "&" * (HTTP_FIELDS - 3),
+                  "v=" + "x" * 12000 + "&a" * (HTTP_FIELDS - 4)]:
+        data = request_of("/api/jobs?" + query, HTTP_HEADER_BYTES)
+        assert len(data) == HTTP_HEADER_BYTES, len(data)
+        got, _ = raw_exchange(port, data)
+        assert got.startswith(b"HTTP/1.1 200"), (len(query), got[:100])
+    for query in ["", "v=" + "x" * HTTP_HEADER_BYTES, "a=1&" * 100]:
+        got, _ = raw_exchange(port, request_of("/api/jobs?" + query, HTTP_HEADER_BYTES + 2))
+        assert got.startswith(b"HTTP/1.1 431") or got.startswith(b"HTTP/1.1 414"), \
+            (len(query), got[:100])
+
+
+def check_bearer(root):
+    """The Bearer scheme in any case, whitespace after the token ignored, the token still
+    exact; on [::]:PORT (dual stack) an IPv4 peer connects too (skipped without IPv6)."""
+    token = "tok-" + os.urandom(8).hex()
+    token_file = os.path.join(root, "token")
+    with open(token_file, "w") as f:
+        f.write(token + "\n")
+    os.chmod(token_file, 0o600)
+    try:
+        socket.socket(socket.AF_INET6).close()
+        listen = "[::]"
+    except OSError:
+        listen = "0.0.0.0"
+        print("no IPv6 here: the dual-stack check is skipped")
+    port = tu.free_port()
+    os.makedirs(os.path.join(root, "t"))
+    d = du.Daemon(os.path.join(root, "t"),
+                  args=[f"--http={listen}:{port}", f"--token-file={token_file}"]).start()
+    with du.guarded(d):
+        remote = {"Host": "astraid.example"}  # named so, a loopback peer needs the token
+        for auth, want in [(f"Bearer {token}", 200), (f"bearer {token}", 200),
+                           (f"BEARER  {token}", 200), (f"Bearer {token} ", 200),
+                           (f"Bearer {token}\t \t", 200), (f"Bearer {token}x", 401),
+                           (f"Bearer {token[:-1]}", 401), (f"Bearer{token}", 401),
+                           (f"Basic {token}", 401), (f"Bearer x {token}", 401), ("Bearer ", 401)]:
+            status = http_get(port, "/api/jobs", headers=dict(remote, Authorization=auth))[0]
+            assert status == want, (auth, status)
+        assert http_get(port, "/api/jobs", host="127.0.0.1")[0] == 200  # IPv4, dual stack
+        if listen == "[::]":
+            assert http_get(port, "/api/jobs", host="[::1]")[0] == 200
+        assert d.stop() == 0
+
+
 REBOUND = "rebind.attacker.example"
 
 
@@ -306,10 +411,14 @@ def main():
         du.wait_job(c, job, ["completed"])
         timed("history", check_history, d, port, c, job)
         timed("host", check_host, port, job)
+        timed("query", check_query, port, job)
+        timed("head", check_head, port)
+        timed("request size", check_request_size, port)
         timed("api/jobs", check_api_jobs, port, c, job, model, data)
         timed("abuse", check_abuse, d, port, job)
         c.close()
         assert d.stop() == 0
+    timed("bearer", check_bearer, root)
     print("ok")
 
 
