@@ -8,6 +8,7 @@ a second throughout; TCP peers that cannot lock unix users out."""
 import json
 import os
 import random
+import select
 import shutil
 import signal
 import socket
@@ -277,6 +278,36 @@ while True:  # 4000 output lines a second (0.7 MB/s), in bursts
 """
 
 
+# Reads every line astraid pushes of a job's log (argv: socket, job) until its stdin closes;
+# prints "flowing" at its first lines, then its line count and whether astraid dropped it.
+GOOD_FOLLOWER = """#!/usr/bin/python3
+import json, select, socket, sys
+s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+s.connect(sys.argv[1])
+s.sendall(json.dumps({"jsonrpc": "2.0", "id": 1, "method": "logs", "params": {
+    "job": int(sys.argv[2]), "follow": True, "tail": 0}}).encode() + b"\\n")
+lines, dropped, said = 0, False, False
+while sys.stdin not in select.select([s, sys.stdin], [], [])[0]:
+    chunk = s.recv(1 << 16)
+    if not chunk:
+        dropped = True
+        break
+    lines += chunk.count(b"\\n")
+    if lines > 1 and not said:
+        print("flowing", flush=True)
+        said = True
+print(lines, "dropped" if dropped else "kept", flush=True)
+"""
+
+
+def raised_priority():
+    """A child's preexec_fn: ahead of the load (a CPU hog beside the suite), as root."""
+    try:
+        os.setpriority(os.PRIO_PROCESS, 0, -10)
+    except PermissionError:
+        pass
+
+
 def rss(pid):
     with open(f"/proc/{pid}/status") as f:
         for line in f:
@@ -325,25 +356,17 @@ def check_memory(root, model, data):
                 time.sleep(0.1)
             pc.close()
 
-        def good_follower():  # reads every pushed line: it is never the one dropped
-            gf = d.client()
-            gf.call("logs", {"job": jid, "follow": True, "tail": 0})
-            gf.sock.settimeout(30)
-            while not stop.is_set():
-                chunk = gf.sock.recv(1 << 16)
-                assert chunk, "the reading follower was dropped"
-                good_lines[0] += chunk.count(b"\n")
-            gf.close()
-
         errors = []
-        threads = [threading.Thread(target=_record, args=(f, errors), daemon=True)
-                   for f in (probe, good_follower)]
+        threads = [threading.Thread(target=_record, args=(probe, errors), daemon=True)]
         for t in threads:
             t.start()
-        deadline = time.time() + 30
-        while not good_lines[0] and not errors:  # the rank's flood has begun
-            assert time.time() < deadline, "no output from the chatty rank"
-            time.sleep(0.05)
+        # The follower that reads every pushed line, never the one dropped: a process of its
+        # own, ahead of the load, so that it keeps reading however busy the machine is.
+        good = subprocess.Popen(["/usr/bin/python3", "-c", GOOD_FOLLOWER, d.socket, str(jid)],
+                                stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+                                preexec_fn=raised_priority)
+        flowing = select.select([good.stdout], [], [], 30)[0] and good.stdout.readline()
+        assert flowing == "flowing\n", f"no output from the chatty rank: {flowing!r}"
         hostile = []
         for i in range(50):  # followers and watchers that never read
             h = connect(d)
@@ -375,6 +398,9 @@ def check_memory(root, model, data):
         stop.set()
         for t in threads:
             t.join(15)
+        lines, kept = good.communicate("", timeout=30)[0].split()
+        assert kept == "kept", "the reading follower was dropped"
+        good_lines[0] = int(lines)
         worst = max(latencies)
         print(f"astraid RSS: {base >> 20} MiB before, peak {peak >> 20} MiB, {after >> 20} MiB "
               f"after the clients left; daemon.info worst {worst * 1000:.0f} ms over "
