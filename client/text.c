@@ -5,17 +5,10 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "proto/rpc.h"
+
 size_t utf8_decode(const unsigned char *p, uint32_t *cp) {
-    static const uint32_t min_cp[5] = {0, 0, 0x80, 0x800, 0x10000}; // below: overlong
-    size_t len = p[0] < 0x80 ? 1 : (p[0] & 0xE0) == 0xC0 ? 2 : (p[0] & 0xF0) == 0xE0 ? 3 : 4;
-    if (p[0] >= 0x80 && ((p[0] & 0xC0) == 0x80 || p[0] > 0xF4)) return 0;
-    *cp = len == 1 ? p[0] : p[0] & (0x7F >> len);
-    for (size_t i = 1; i < len; i++) { // stops at a NUL: it is no continuation byte
-        if ((p[i] & 0xC0) != 0x80) return 0;
-        *cp = *cp << 6 | (p[i] & 0x3F);
-    }
-    if (*cp < min_cp[len] || *cp > 0x10FFFF || (*cp >= 0xD800 && *cp <= 0xDFFF)) return 0;
-    return len;
+    return rpc_utf8_decode(p, strnlen((const char *)p, 4), cp); // a NUL continues nothing
 }
 
 // Writes the character at p (or its escape) to out, which has room for 7 bytes; returns

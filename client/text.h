@@ -5,8 +5,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
-// The code point of the UTF-8 sequence at p and its length; 0 when it is not valid UTF-8
-// (a bad lead or continuation byte, an overlong form, a surrogate, above U+10FFFF).
+// The code point of the UTF-8 sequence at p (NUL-terminated) and its length; 0 when it is
+// not valid UTF-8: rpc_utf8_decode's rule (proto/rpc.h), the one astraid sends by.
 size_t utf8_decode(const unsigned char *p, uint32_t *cp);
 
 // text with every character a terminal would act on written as an escape, so that it can

@@ -316,6 +316,11 @@ static enum MHD_Result get_jobs(struct MHD_Connection *conn, const Snapshot *s) 
     return respond(conn, MHD_HTTP_OK, "application/json", body, (size_t)n, MHD_RESPMEM_MUST_FREE);
 }
 
+// s: one ASCII digit or more, nothing else.
+static int all_digits(const char *s) {
+    return *s && strspn(s, "0123456789") == strlen(s);
+}
+
 // Query parameter `key`, ASCII digits only (no sign, no space: strtol alone would take
 // "+1" and " 1" but not "1 ") of an integer in [lo, hi]; *out keeps its default when
 // absent. -1 with a message naming it in err.
@@ -326,7 +331,7 @@ static int query_long(struct MHD_Connection *conn, const char *key, long lo, lon
     errno = 0;
     long x = strtol(v, NULL, 10);
     char quoted[SHOWN_BYTES + 1];
-    if (!*v || strspn(v, "0123456789") != strlen(v) || errno || x < lo || x > hi)
+    if (!all_digits(v) || errno || x < lo || x > hi)
         return err_set(err, "%s: expected an integer in [%ld, %ld], got '%s'", key, lo, hi,
                        shown(v, quoted));
     *out = x;
@@ -393,7 +398,7 @@ static int host_is_loopback(const char *host) {
     size_t n = strcspn(host, host[0] == '[' ? "]" : ":");
     if (host[0] == '[' && host[n]) n++; // the ']'
     const char *port = host + n;
-    if (port[0] == ':' && port[1] && strspn(port + 1, "0123456789") == strlen(port + 1)) port = "";
+    if (port[0] == ':' && all_digits(port + 1)) port = "";
     char name[64];
     if (*port || n >= sizeof name) return 0;
     memcpy(name, host, n);

@@ -102,18 +102,24 @@ static int utf8_seq_len(unsigned char b) {
     return 0;
 }
 
-// Length of the well-formed sequence at s[0..len), 0 when s does not start with one.
-static size_t utf8_seq(const unsigned char *s, size_t len) {
+size_t rpc_utf8_decode(const unsigned char *s, size_t len, uint32_t *cp) {
     int n = utf8_seq_len(s[0]);
     if (!n || (size_t)n > len) return 0;
-    uint32_t cp = n == 1 ? s[0] : s[0] & (0x7F >> n);
+    uint32_t c = n == 1 ? s[0] : s[0] & (0x7F >> n);
     for (int k = 1; k < n; k++) {
         if ((s[k] & 0xC0) != 0x80) return 0;
-        cp = cp << 6 | (s[k] & 0x3F);
+        c = c << 6 | (s[k] & 0x3F);
     }
     static const uint32_t min_cp[5] = {0, 0, 0x80, 0x800, 0x10000};
-    if (cp < min_cp[n] || cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF)) return 0;
+    if (c < min_cp[n] || c > 0x10FFFF || (c >= 0xD800 && c <= 0xDFFF)) return 0;
+    *cp = c;
     return (size_t)n;
+}
+
+// Length of the well-formed sequence at s[0..len), 0 when s does not start with one.
+static size_t utf8_seq(const unsigned char *s, size_t len) {
+    uint32_t cp;
+    return rpc_utf8_decode(s, len, &cp);
 }
 
 // Offset of the first byte that starts no well-formed sequence; len when there is none.

@@ -7,6 +7,7 @@
 //   push:     {"jsonrpc":"2.0","method":"progress","params":JOB}\n   (no id)
 #pragma once
 #include <stddef.h>
+#include <stdint.h>
 
 #include "common/error.h"
 
@@ -88,6 +89,10 @@ char *rpc_push(const char *method, cJSON *params);
 // A client request line; takes ownership of params (may be NULL).
 char *rpc_request(long id, const char *method, cJSON *params);
 
+// The code point of the well-formed UTF-8 sequence at s[0..len) in *cp, and its length; 0
+// when s does not start with one (a bad lead or continuation byte, a sequence cut by len,
+// an overlong form, a surrogate, above U+10FFFF).
+size_t rpc_utf8_decode(const unsigned char *s, size_t len, uint32_t *cp);
 // 1 if s[0..len) is valid UTF-8.
 int rpc_utf8_valid(const char *s, size_t len);
 // text (malloc'd, NUL-terminated) with every byte that starts no well-formed UTF-8
