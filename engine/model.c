@@ -44,7 +44,6 @@ struct ModelActs {
     int embed, norm, lm_head; // parameter indices (lm_head = embed when tied)
 
     size_t capacity; // token rows the buffers below hold
-    size_t bytes;
     int B, T;
     int has_loss;
     float label_smoothing, counted;
@@ -406,7 +405,6 @@ static void free_activations(Model *m) {
     free(m->acts->host_batch);
     m->acts->host_batch = NULL;
     m->acts->capacity = 0;
-    m->acts->bytes = 0;
 }
 
 static int ensure_activations(Model *m, size_t N, Err *err) {
@@ -424,14 +422,9 @@ static int ensure_activations(Model *m, size_t N, Err *err) {
             free_activations(m);
             return err_prefix(err, "model: activations of %zu tokens", N);
         }
-        a->bytes += table[i].bytes;
     }
     a->capacity = N;
     return 0;
-}
-
-size_t model_activation_bytes(const Model *m) {
-    return m->acts ? m->acts->bytes : 0;
 }
 
 void model_free(Model *m) {

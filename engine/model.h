@@ -146,5 +146,3 @@ void model_zero_grad(Model *m);
 int model_acquire(Model *m, int which, Err *err);
 void model_release(Model *m, int which);
 
-// Bytes held by activations (for memory reports).
-size_t model_activation_bytes(const Model *m);

@@ -1,6 +1,6 @@
 // test_comm_nccl.c: the nccl backend's error paths, which must work without a
 // GPU: a clear error (not built / no nccl_id / no CUDA device), never a crash.
-// The collectives themselves run on a GPU machine (a later issue).
+// The collectives themselves are test_comm_nccl_gpu.c's, run on a GPU (tests/gpu/run.sh).
 #include <string.h>
 
 #include "check.h"
