@@ -12,15 +12,10 @@
 #include <unistd.h>
 
 #include "common/fsutil.h"
+#include "common/path.h"
 
 #define TMP_PREFIX ".tmp-"
 #define OLD_PREFIX ".old-"
-
-static int join(char *out, size_t cap, const char *dir, const char *name, Err *err) {
-    if ((size_t)snprintf(out, cap, "%s/%s", dir, name) >= cap)
-        return err_set(err, "%s/%s: path too long", dir, name);
-    return 0;
-}
 
 // A checkpoint name is one path component that cannot collide with our temp names.
 static int check_name(const char *name, Err *err) {
@@ -38,7 +33,7 @@ int ckpt_begin(const char *ckpt_dir, const char *name, char *tmp_path_out, size_
     if ((size_t)snprintf(base, sizeof base, TMP_PREFIX "%s-%ld", name, (long)getpid()) >=
         sizeof base)
         return err_set(err, "checkpoint name '%s' too long", name);
-    if (join(tmp_path_out, cap, ckpt_dir, base, err) != 0) return -1;
+    if (path_join(tmp_path_out, cap, ckpt_dir, base, err) != 0) return -1;
     // A leftover of an earlier attempt by a process with our pid is garbage.
     if (fs_remove_tree(tmp_path_out, err) != 0) return -1;
     if (mkdir(tmp_path_out, 0755) != 0)
@@ -65,7 +60,7 @@ static int fsync_tree(const char *dir, Err *err) {
     while (rc == 0 && (ent = readdir(d)) != NULL) {
         if (strcmp(ent->d_name, ".") == 0 || strcmp(ent->d_name, "..") == 0) continue;
         char path[PATH_MAX];
-        if (join(path, sizeof path, dir, ent->d_name, err) != 0) {
+        if (path_join(path, sizeof path, dir, ent->d_name, err) != 0) {
             rc = -1;
         } else if (fs_is_dir(path)) {
             rc = fsync_tree(path, err);
@@ -84,11 +79,11 @@ static int rename_or_fail(const char *from, const char *to, Err *err) {
 
 int ckpt_commit(const char *ckpt_dir, const char *tmp_path, const char *name, Err *err) {
     char final_path[PATH_MAX], old_path[PATH_MAX], old_base[NAME_MAX + 1];
-    if (check_name(name, err) != 0 || join(final_path, sizeof final_path, ckpt_dir, name, err))
+    if (check_name(name, err) != 0 || path_join(final_path, sizeof final_path, ckpt_dir, name, err))
         return -1;
     if ((size_t)snprintf(old_base, sizeof old_base, OLD_PREFIX "%s-%ld", name, (long)getpid()) >=
             sizeof old_base ||
-        join(old_path, sizeof old_path, ckpt_dir, old_base, err) != 0)
+        path_join(old_path, sizeof old_path, ckpt_dir, old_base, err) != 0)
         return err_set(err, "checkpoint name '%s' too long", name);
     if (fsync_tree(tmp_path, err) != 0) return -1;
     // Replacing: move the old one aside first (a crash in between leaves it under
@@ -163,7 +158,7 @@ int ckpt_find_latest(const char *ckpt_dir, char *out, size_t cap, Err *err) {
     }
     closedir(d);
     if (best_step < 0) return 1;
-    return join(out, cap, ckpt_dir, best, err);
+    return path_join(out, cap, ckpt_dir, best, err);
 }
 
 // ".old-<name>-<pid>" → <name> into out; -1 when the entry does not have that form.
@@ -184,7 +179,8 @@ static int settle_old(const char *ckpt_dir, const char *entry, const char *path,
                       size_t cap, Err *err) {
     char name[NAME_MAX + 1], final_path[PATH_MAX];
     if (old_entry_name(entry, name, sizeof name) == 0 &&
-        join(final_path, sizeof final_path, ckpt_dir, name, err) == 0 && !fs_is_dir(final_path)) {
+        path_join(final_path, sizeof final_path, ckpt_dir, name, err) == 0 &&
+        !fs_is_dir(final_path)) {
         snprintf(what, cap, "restored %s from %s (a replace that did not finish)", final_path,
                  path);
         return rename_or_fail(path, final_path, err);
@@ -196,7 +192,7 @@ static int settle_old(const char *ckpt_dir, const char *entry, const char *path,
 // Settles one .tmp-* or .old-* entry of ckpt_dir; what says what was done.
 static int settle_entry(const char *ckpt_dir, const char *entry, char *what, size_t cap, Err *err) {
     char path[PATH_MAX];
-    if (join(path, sizeof path, ckpt_dir, entry, err) != 0) return -1;
+    if (path_join(path, sizeof path, ckpt_dir, entry, err) != 0) return -1;
     if (strncmp(entry, OLD_PREFIX, strlen(OLD_PREFIX)) == 0)
         return settle_old(ckpt_dir, entry, path, what, cap, err);
     snprintf(what, cap, "removed %s (a checkpoint write that did not finish)", path);

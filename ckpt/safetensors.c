@@ -15,6 +15,7 @@
 #include <unistd.h>
 
 #include "common/buf.h"
+#include "common/fsutil.h"
 
 // The Python implementation refuses headers above 100 MB; so do we.
 #define ST_MAX_HEADER_LEN 100000000ull
@@ -285,18 +286,9 @@ int st_parse(StFile *f, const uint8_t *buf, size_t len, Err *err) {
 
 int st_open(StFile *f, const char *path, Err *err) {
     memset(f, 0, sizeof *f);
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) return err_errno(err, errno, "%s: cannot open", path);
     struct stat st;
-    if (fstat(fd, &st) != 0) {
-        int e = errno;
-        close(fd);
-        return err_errno(err, e, "%s: cannot stat", path);
-    }
-    if (!S_ISREG(st.st_mode)) {
-        close(fd);
-        return err_set(err, "%s: not a regular file", path);
-    }
+    int fd = fs_open_regular(path, &st, err);
+    if (fd < 0) return -1;
     size_t len = (size_t)st.st_size;
     if (len < 8) {
         close(fd);

@@ -69,6 +69,8 @@ int client_wait_push(Client *c, Err *err);
 
 // commands.c: `astraictl COMMAND args...`; returns the exit code.
 int run_command(const char *command, int argc, char **argv, const Options *o);
+// The commands' lines of --help.
+void commands_usage(FILE *out);
 
 // render.c
 void render_job_table(FILE *out, const cJSON *jobs);

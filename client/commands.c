@@ -249,7 +249,8 @@ static int await_job(Client *c, long id, const Options *o, Err *err) {
     return rc;
 }
 
-static int cmd_submit(char **args, const Options *o) {
+static int cmd_submit(const char *name, char **args, const Options *o) {
+    (void)name;
     Err err;
     cJSON *spec, *result = NULL;
     if (load_job_file(args[0], &spec, &err)) return fail(EXIT_USAGE, &err);
@@ -283,7 +284,8 @@ static int cmd_submit(char **args, const Options *o) {
 
 // Every page of `list` (docs/protocol.md: "after" the last id of the previous page, until
 // "next" is null), on one connection, shown as one table (or one JSON object).
-static int cmd_list(const Options *o) {
+static int cmd_list(const char *name, char **args, const Options *o) {
+    (void)name, (void)args;
     Client c;
     Err err;
     cJSON *all = cJSON_CreateObject(), *jobs = cJSON_AddArrayToObject(all, "jobs");
@@ -311,10 +313,10 @@ static int cmd_list(const Options *o) {
     return rc ? fail(rc, &err) : EXIT_OK;
 }
 
-static int cmd_status(char **args, const Options *o) {
+static int cmd_status(const char *name, char **args, const Options *o) {
     Err err;
     long id;
-    if (!args[0]) return cmd_list(o);
+    if (!args[0]) return cmd_list(name, args, o);
     if (parse_job_id(args[0], &id, &err)) return fail(EXIT_USAGE, &err);
     cJSON *result = NULL;
     int rc = call_once(o, "status", job_params(id), &result);
@@ -343,7 +345,8 @@ static int cmd_verb(const char *verb, char **args, const Options *o) {
 }
 
 // rm: a final job's state and run directory go; its checkpoints stay.
-static int cmd_rm(char **args, const Options *o) {
+static int cmd_rm(const char *name, char **args, const Options *o) {
+    (void)name;
     Err err;
     long id;
     if (parse_job_id(args[0], &id, &err)) return fail(EXIT_USAGE, &err);
@@ -359,7 +362,8 @@ static int cmd_rm(char **args, const Options *o) {
     return rc;
 }
 
-static int cmd_daemon(const Options *o) {
+static int cmd_daemon(const char *name, char **args, const Options *o) {
+    (void)name, (void)args;
     cJSON *result = NULL;
     int rc = call_once(o, "daemon.info", cJSON_CreateObject(), &result);
     if (!rc && o->json)
@@ -390,7 +394,8 @@ static void on_log_push(const char *method, const cJSON *params, void *ctx) {
     }
 }
 
-static int cmd_logs(char **args, const Options *o) {
+static int cmd_logs(const char *name, char **args, const Options *o) {
+    (void)name;
     Err err;
     LogFollow f = {.json = o->json};
     if (parse_job_id(args[0], &f.job, &err)) return fail(EXIT_USAGE, &err);
@@ -421,7 +426,8 @@ static int cmd_logs(char **args, const Options *o) {
     return rc ? fail(rc, &err) : EXIT_OK;
 }
 
-static int cmd_watch(char **args, const Options *o) {
+static int cmd_watch(const char *name, char **args, const Options *o) {
+    (void)name;
     Err err;
     Progress p = {.job = -1, .show = true, .json = o->json, .tty = !o->json && isatty(1)};
     if (args[0] && parse_job_id(args[0], &p.job, &err)) return fail(EXIT_USAGE, &err);
@@ -604,7 +610,8 @@ static int plot_loop(Client *c, PlotData *p, PlotOut *out, const Options *o, Err
     }
 }
 
-static int cmd_plot(char **args, const Options *o) {
+static int cmd_plot(const char *name, char **args, const Options *o) {
+    (void)name;
     Err err;
     PlotData p = {.metric = o->metric ? o->metric : "loss"};
     PlotOut out = {.tty = isatty(STDOUT_FILENO)};
@@ -636,37 +643,53 @@ static int cmd_plot(char **args, const Options *o) {
 
 // ---------------------------------------------------------------- dispatch
 
+// The one list of commands: their arguments, the options each takes, what runs them and the
+// lines of --help. A command's function gets its own name (the verbs share one).
 typedef struct {
     const char *name;
     int min_args, max_args;
     unsigned options; // OPT_* bits this command takes
+    int (*run)(const char *name, char **args, const Options *o);
+    const char *synopsis, *help;
 } Command;
 
 static const Command COMMANDS[] = {
-    {"submit", 1, 1, OPT_WAIT | OPT_FOLLOW},
-    {"list", 0, 0, OPT_STATE},
-    {"status", 0, 1, OPT_STATE},
-    {"pause", 1, 1, 0},
-    {"resume", 1, 1, 0},
-    {"checkpoint", 1, 1, 0},
-    {"cancel", 1, 1, 0},
-    {"rm", 1, 1, 0},
-    {"logs", 1, 1, OPT_RANK | OPT_TAIL | OPT_FOLLOW},
-    {"watch", 0, 1, 0},
-    {"daemon", 0, 0, 0},
-    {"plot", 1, 1, OPT_FOLLOW | OPT_METRIC | OPT_SVG | OPT_WIDTH | OPT_HEIGHT},
+    {"submit", 1, 1, OPT_WAIT | OPT_FOLLOW, cmd_submit, "submit FILE.json [--wait|--follow]",
+     "validate and submit a job"},
+    {"list", 0, 0, OPT_STATE, cmd_list, "list [--state S]", "jobs as a table"},
+    {"status", 0, 1, OPT_STATE, cmd_status, "status [JOB]", "one job's details (no JOB: list)"},
+    {"pause", 1, 1, 0, cmd_verb, "pause JOB", "checkpoint at the next step and stop"},
+    {"resume", 1, 1, 0, cmd_verb, "resume JOB", "start a paused job from its checkpoint"},
+    {"checkpoint", 1, 1, 0, cmd_verb, "checkpoint JOB", "checkpoint at the next step, go on"},
+    {"cancel", 1, 1, 0, cmd_verb, "cancel JOB", "stop now (the checkpoints stay)"},
+    {"rm", 1, 1, 0, cmd_rm, "rm JOB", "remove a finished job (its checkpoints stay)"},
+    {"logs", 1, 1, OPT_RANK | OPT_TAIL | OPT_FOLLOW, cmd_logs,
+     "logs JOB [--rank R] [--tail N] [-f]", "stderr of a rank (-f: follow)"},
+    {"watch", 0, 1, 0, cmd_watch, "watch [JOB]", "live progress (step, loss, tok/s, ETA)"},
+    {"daemon", 0, 0, 0, cmd_daemon, "daemon", "daemon.info"},
+    {"plot", 1, 1, OPT_FOLLOW | OPT_METRIC | OPT_SVG | OPT_WIDTH | OPT_HEIGHT, cmd_plot,
+     "plot JOB [--metric M] [--follow] [--svg FILE] [--width N] [--height N]",
+     "a training curve of M (default loss; also val_loss, lr, grad_norm, tokens_per_s)"},
 };
 
-static int dispatch(const char *name, char **args, const Options *o) {
-    if (!strcmp(name, "submit")) return cmd_submit(args, o);
-    if (!strcmp(name, "list")) return cmd_list(o);
-    if (!strcmp(name, "status")) return cmd_status(args, o);
-    if (!strcmp(name, "logs")) return cmd_logs(args, o);
-    if (!strcmp(name, "watch")) return cmd_watch(args, o);
-    if (!strcmp(name, "daemon")) return cmd_daemon(o);
-    if (!strcmp(name, "rm")) return cmd_rm(args, o);
-    if (!strcmp(name, "plot")) return cmd_plot(args, o);
-    return cmd_verb(name, args, o); // pause, resume, checkpoint, cancel
+// Each command option's bit and flag, for "does not apply" (the bits are client.h's).
+static const struct {
+    unsigned bit;
+    const char *flag;
+} OPTION_FLAGS[] = {
+    {OPT_WAIT, "--wait"}, {OPT_FOLLOW, "--follow"}, {OPT_STATE, "--state"},
+    {OPT_RANK, "--rank"}, {OPT_TAIL, "--tail"},     {OPT_METRIC, "--metric"},
+    {OPT_SVG, "--svg"},   {OPT_WIDTH, "--width"},   {OPT_HEIGHT, "--height"},
+};
+
+void commands_usage(FILE *out) {
+    for (size_t i = 0; i < sizeof COMMANDS / sizeof *COMMANDS; i++) {
+        const Command *c = &COMMANDS[i];
+        if (strlen(c->synopsis) <= 36)
+            fprintf(out, "  %-36s %s\n", c->synopsis, c->help);
+        else
+            fprintf(out, "  %s\n  %-36s %s\n", c->synopsis, "", c->help);
+    }
 }
 
 int run_command(const char *name, int argc, char **argv, const Options *o) {
@@ -682,18 +705,15 @@ int run_command(const char *name, int argc, char **argv, const Options *o) {
                 cmd->min_args, cmd->max_args, argc);
         return EXIT_USAGE;
     }
-    static const char *const option_names[] = {"--wait", "--follow", "--state",
-                                               "--rank", "--tail",   "--metric",
-                                               "--svg",  "--width",  "--height"};
-    for (int bit = 0; bit < (int)(sizeof option_names / sizeof *option_names); bit++)
-        if (o->given & ~cmd->options & (1u << bit)) {
+    for (size_t i = 0; i < sizeof OPTION_FLAGS / sizeof *OPTION_FLAGS; i++)
+        if (o->given & ~cmd->options & OPTION_FLAGS[i].bit) {
             fprintf(stderr, "astraictl %s: %s does not apply to this command\n", name,
-                    option_names[bit]);
+                    OPTION_FLAGS[i].flag);
             return EXIT_USAGE;
         }
     if ((o->given & OPT_WAIT) && (o->given & OPT_FOLLOW)) {
         fprintf(stderr, "astraictl submit: --wait and --follow exclude each other\n");
         return EXIT_USAGE;
     }
-    return dispatch(name, argv, o);
+    return cmd->run(name, argv, o);
 }

@@ -66,21 +66,10 @@ static void flag_table(Options *o, bool *help, Flag flags[N_FLAGS]) {
 }
 
 static void usage(FILE *out, const Flag *flags) {
-    fprintf(out,
-            "usage: astraictl [global options] COMMAND [args]\n\n"
-            "commands:\n"
-            "  submit FILE.json [--wait|--follow]  validate and submit a job\n"
-            "  list [--state S]                    jobs as a table\n"
-            "  status [JOB]                        one job's details (no JOB: list)\n"
-            "  pause JOB | resume JOB | checkpoint JOB | cancel JOB\n"
-            "  rm JOB                              remove a finished job (its checkpoints stay)\n"
-            "  logs JOB [--rank R] [--tail N] [-f] stderr of a rank (-f: follow)\n"
-            "  watch [JOB]                         live progress (step, loss, tok/s, ETA)\n"
-            "  plot JOB [--metric M] [--follow] [--svg FILE] [--width N] [--height N]\n"
-            "                                      a training curve (M: loss, val_loss, lr,\n"
-            "                                      grad_norm, tokens_per_s; default loss)\n"
-            "  daemon                              daemon.info\n\n"
-            "global options:\n");
+    fprintf(out, "usage: astraictl [global options] COMMAND [args]\n\n"
+                 "commands:\n");
+    commands_usage(out);
+    fprintf(out, "\nglobal options:\n");
     flags_usage(out, flags, N_FLAGS);
     fprintf(out, "\nexit codes: 0 ok, 1 the daemon returned an error, 2 bad usage or invalid job "
                  "file,\n"

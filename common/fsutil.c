@@ -13,21 +13,27 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-int fs_read_file(const char *path, char **data, size_t *len, Err *err) {
-    *data = NULL;
-    if (len) *len = 0;
+int fs_open_regular(const char *path, struct stat *st, Err *err) {
     int fd = open(path, O_RDONLY | O_CLOEXEC);
     if (fd < 0) return err_errno(err, errno, "%s: cannot open", path);
-    struct stat st;
-    if (fstat(fd, &st) != 0) {
+    if (fstat(fd, st) != 0) {
         int e = errno;
         close(fd);
         return err_errno(err, e, "%s: cannot stat", path);
     }
-    if (!S_ISREG(st.st_mode)) {
+    if (!S_ISREG(st->st_mode)) {
         close(fd);
         return err_set(err, "%s: not a regular file", path);
     }
+    return fd;
+}
+
+int fs_read_file(const char *path, char **data, size_t *len, Err *err) {
+    *data = NULL;
+    if (len) *len = 0;
+    struct stat st;
+    int fd = fs_open_regular(path, &st, err);
+    if (fd < 0) return -1;
     size_t cap = (size_t)st.st_size;
     char *buf = malloc(cap + 1);
     if (!buf) {

@@ -1,8 +1,13 @@
 // fsutil.h: file helpers with the crash-safety rules of DESIGN §6.
 #pragma once
 #include <stddef.h>
+#include <sys/stat.h>
 
 #include "common/error.h"
+
+// Opens path read-only after checking (on the open descriptor, so no race) that it is a regular
+// file; *st is its stat. Returns the descriptor, or -1 naming the path.
+int fs_open_regular(const char *path, struct stat *st, Err *err);
 
 // Reads a whole file into a malloc'd, NUL-terminated buffer (*len excludes the NUL).
 int fs_read_file(const char *path, char **data, size_t *len, Err *err);

@@ -14,6 +14,7 @@
 #include <sqlite3.h>
 
 #include "daemon/daemon.h"
+#include "proto/progress_db.h"
 
 #define CURVE_BUSY_MS 200 // a reader waits for the wal-index at most this (rare in WAL mode)
 
@@ -21,15 +22,6 @@
 // exists at the steps with a validation row).
 static const char *const COLUMNS[] = {"loss", "lr", "grad_norm", "tokens_per_s", "wall_time"};
 #define N_COLUMNS (sizeof COLUMNS / sizeof *COLUMNS)
-
-static const char *const SQL_WITH_VAL =
-    "SELECT s.step, s.loss, s.lr, s.grad_norm, s.tokens_per_s, s.wall_time, v.step, v.val_loss"
-    " FROM steps s LEFT JOIN validation v ON v.step = s.step"
-    " WHERE s.step > ?1 ORDER BY s.step LIMIT ?2";
-// A database written before the validation table existed.
-static const char *const SQL_STEPS_ONLY =
-    "SELECT step, loss, lr, grad_norm, tokens_per_s, wall_time FROM steps"
-    " WHERE step > ?1 ORDER BY step LIMIT ?2";
 
 static int db_fail(sqlite3 *db, const char *path, const char *what, Err *err) {
     return err_resource(err, "%s: %s: %s", path, what, db ? sqlite3_errmsg(db) : "out of memory");
@@ -92,7 +84,9 @@ static int read_curve(sqlite3 *db, const char *path, long since_step, long limit
     if (has_steps < 0 || has_val < 0) return db_fail(db, path, "read", err);
     if (!has_steps) return 0; // rank 0 created the file and is creating its tables
     sqlite3_stmt *st;
-    if (sqlite3_prepare_v2(db, has_val ? SQL_WITH_VAL : SQL_STEPS_ONLY, -1, &st, NULL) != SQLITE_OK)
+    if (sqlite3_prepare_v2(
+            db, has_val ? PROGRESS_DB_CURVE_WITH_VALIDATION : PROGRESS_DB_CURVE_STEPS_ONLY, -1, &st,
+            NULL) != SQLITE_OK)
         return db_fail(db, path, "read", err);
     sqlite3_bind_int64(st, 1, since_step);
     sqlite3_bind_int64(st, 2, limit + 1);
@@ -107,7 +101,7 @@ int curve_read(const char *run_dir, long since_step, long limit, cJSON **steps, 
     char path[PATH_MAX];
     *more = 0;
     *steps = NULL;
-    if ((size_t)snprintf(path, sizeof path, "%s/progress.db", run_dir) >= sizeof path)
+    if ((size_t)snprintf(path, sizeof path, "%s/" PROGRESS_DB_FILE, run_dir) >= sizeof path)
         return err_set(err, "%s: path too long", run_dir);
     cJSON *rows = cJSON_CreateArray();
     if (!rows) return err_resource(err, "%s: out of memory", path);

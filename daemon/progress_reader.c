@@ -13,12 +13,14 @@
 #include <sqlite3.h>
 
 #include "daemon/daemon.h"
+#include "proto/progress_db.h"
 
 #define ETA_WINDOW 16 // steps the ETA's pace is measured over
 
 static sqlite3 *open_progress(const char *run_dir) {
     char path[PATH_MAX];
-    if ((size_t)snprintf(path, sizeof path, "%s/progress.db", run_dir) >= sizeof path) return NULL;
+    if ((size_t)snprintf(path, sizeof path, "%s/" PROGRESS_DB_FILE, run_dir) >= sizeof path)
+        return NULL;
     sqlite3 *db = NULL;
     if (sqlite3_open_v2(path, &db, SQLITE_OPEN_READONLY, NULL) != SQLITE_OK) {
         sqlite3_close(db); // not created yet: the run is still starting
@@ -40,14 +42,13 @@ static int query_long(sqlite3 *db, const char *sql, long *out) {
 // The newest rows: the latest values, and the pace (seconds per step) for the ETA.
 static void read_steps(sqlite3 *db, long total_steps, Progress *p) {
     sqlite3_stmt *st;
-    const char *sql = "SELECT step, epoch, loss, lr, grad_norm, tokens_per_s, wall_time FROM steps"
-                      " ORDER BY step DESC LIMIT 16";
     p->eta_s = -1;
-    if (sqlite3_prepare_v2(db, sql, -1, &st, NULL) != SQLITE_OK) return;
+    if (sqlite3_prepare_v2(db, PROGRESS_DB_LATEST_STEPS, -1, &st, NULL) != SQLITE_OK) return;
+    sqlite3_bind_int(st, 1, ETA_WINDOW);
     int n = 0;
     long first_step = 0, last_step = 0;
     double first_wall = 0, last_wall = 0;
-    while (sqlite3_step(st) == SQLITE_ROW && n < ETA_WINDOW) {
+    while (sqlite3_step(st) == SQLITE_ROW) {
         long step = (long)sqlite3_column_int64(st, 0);
         double wall = sqlite3_column_double(st, 6);
         if (n++ == 0) {
@@ -72,7 +73,7 @@ static void read_steps(sqlite3 *db, long total_steps, Progress *p) {
 
 static void read_checkpoint(sqlite3 *db, Progress *p) {
     sqlite3_stmt *st;
-    const char *sql = "SELECT path FROM checkpoints ORDER BY step DESC LIMIT 1";
+    const char *sql = PROGRESS_DB_LAST_CHECKPOINT;
     if (sqlite3_prepare_v2(db, sql, -1, &st, NULL) != SQLITE_OK) return;
     if (sqlite3_step(st) == SQLITE_ROW) {
         const char *path = (const char *)sqlite3_column_text(st, 0);
@@ -85,7 +86,7 @@ static void read_checkpoint(sqlite3 *db, Progress *p) {
 // none.
 static void read_validation(sqlite3 *db, Progress *p) {
     sqlite3_stmt *st;
-    const char *sql = "SELECT val_loss FROM validation ORDER BY step DESC LIMIT 1";
+    const char *sql = PROGRESS_DB_LAST_VALIDATION;
     if (sqlite3_prepare_v2(db, sql, -1, &st, NULL) != SQLITE_OK) return;
     if (sqlite3_step(st) == SQLITE_ROW && sqlite3_column_type(st, 0) != SQLITE_NULL) {
         p->val_loss = sqlite3_column_double(st, 0);
@@ -97,7 +98,7 @@ static void read_validation(sqlite3 *db, Progress *p) {
 static void read_db(sqlite3 *db, long total_steps, Progress *p) {
     *p = (Progress){.opened = 1, .eta_s = -1};
     long total;
-    if (!query_long(db, "SELECT CAST(value AS INTEGER) FROM run WHERE key='total_steps'", &total)) {
+    if (!query_long(db, PROGRESS_DB_TOTAL_STEPS, &total)) {
         p->has_total = 1;
         p->total_steps = total_steps = total;
     }

@@ -8,6 +8,7 @@
 #include <dirent.h>
 #include <errno.h>
 #include <inttypes.h>
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -15,6 +16,7 @@
 
 #include "common/buf.h"
 #include "common/fsutil.h"
+#include "common/path.h"
 
 enum { KEY_SEQUENCE, KEY_LOSS_MASK, KEY_POSITION_IDS, N_KEYS };
 static const char *const KEY_NAMES[N_KEYS] = {"sequence", "loss_mask", "position_ids"};
@@ -65,13 +67,6 @@ static int path_list_push(PathList *l, const char *path, Err *err) {
     return 0;
 }
 
-static char *join_path(const char *dir, const char *name) {
-    size_t len = strlen(dir) + 1 + strlen(name) + 1;
-    char *p = malloc(len);
-    if (p) snprintf(p, len, "%s/%s", dir, name);
-    return p;
-}
-
 // Appends every regular file named meta.json under dir. Symlinked
 // directories are not followed, so a link cycle cannot recurse forever;
 // hidden entries are skipped like Python's glob("**") does.
@@ -82,9 +77,14 @@ static int collect_meta_paths(const char *dir, PathList *out, Err *err) {
     struct dirent *e;
     while (rc == 0 && (e = readdir(d)) != NULL) {
         if (e->d_name[0] == '.') continue; // hidden, as AstrAI's glob: also our temporaries
-        char *path = join_path(dir, e->d_name);
+        // On the heap: the recursion is as deep as the tree, PATH_MAX bytes a level.
+        char *path = malloc(PATH_MAX);
         if (!path) {
             rc = err_resource(err, "out of memory listing %s", dir);
+            break;
+        }
+        if ((rc = path_join(path, PATH_MAX, dir, e->d_name, err))) {
+            free(path);
             break;
         }
         struct stat st;

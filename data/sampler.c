@@ -7,13 +7,7 @@
 #include <inttypes.h>
 #include <stdlib.h>
 
-// splitmix64 (Steele, Lea, Flood 2014): state advances by the golden gamma.
-static uint64_t splitmix64_next(uint64_t *state) {
-    uint64_t z = (*state += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-}
+#include "common/splitmix64.h"
 
 // Uniform in [0, bound) without modulo bias: draws below 2^64 mod bound are
 // rejected, so the accepted range is a whole multiple of bound.

@@ -12,13 +12,7 @@
 #include <unistd.h>
 
 #include "common/fsutil.h"
-
-// dir/name into buf[cap], failing rather than truncating.
-static int child_path(char *buf, size_t cap, const char *dir, const char *name, Err *err) {
-    if (snprintf(buf, cap, "%s/%s", dir, name) >= (int)cap)
-        return err_set(err, "%s/%s: path too long", dir, name);
-    return 0;
-}
+#include "common/path.h"
 
 static const char *dtype_name(ShardDtype t) {
     return t == SHARD_FLOAT32 ? "float32" : "int32";
@@ -37,7 +31,7 @@ static int write_meta(const char *dir, const char *head, const ShardKey *keys, i
                         dtype_name(keys[i].dtype));
     if (len < (int)sizeof text) len += snprintf(text + len, sizeof text - (size_t)len, "}");
     if (len >= (int)sizeof text) return err_set(err, "%s: meta.json too long", dir);
-    if (child_path(path, sizeof path, dir, "meta.json", err) != 0) return -1;
+    if (path_join(path, sizeof path, dir, "meta.json", err) != 0) return -1;
     return fs_write_file_synced(path, text, (size_t)len, err);
 }
 
@@ -54,7 +48,7 @@ static int write_key(const char *dir, const ShardKey *a, Err *err) {
     char name[NAME_MAX + 1], path[PATH_MAX];
     int rc = snprintf(name, sizeof name, "%s.bin", a->key) >= (int)sizeof name
                  ? err_set(err, "key '%s': name too long", a->key)
-                 : child_path(path, sizeof path, dir, name, err);
+                 : path_join(path, sizeof path, dir, name, err);
     if (rc == 0) rc = fs_write_file_synced(path, bytes, (size_t)n * 4, err);
     free(bytes);
     return rc;

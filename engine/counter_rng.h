@@ -7,19 +7,12 @@
 #include <math.h>
 #include <stdint.h>
 
-#include "engine/hd.h"
-
-// splitmix64's finaliser: a bijection of 64-bit words whose outputs look independent.
-HD_FN uint64_t counter_mix64(uint64_t z) {
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
-    return z ^ (z >> 31);
-}
+#include "common/splitmix64.h"
 
 // A standard normal for element i of the stream `seed` (Box-Muller on two 24-bit uniforms;
 // u1 in (0, 1], so the logarithm is finite).
 HD_FN float counter_normal(uint64_t seed, uint64_t i) {
-    uint64_t bits = counter_mix64(counter_mix64(seed) + 0x9e3779b97f4a7c15ULL * (i + 1));
+    uint64_t bits = splitmix64_mix(splitmix64_mix(seed) + SPLITMIX64_GAMMA * (i + 1));
     float u1 = ((float)(bits >> 40) + 1.0f) * 0x1.0p-24f;
     float u2 = (float)((bits >> 16) & 0xffffffu) * 0x1.0p-24f;
     return sqrtf(-2.0f * logf(u1)) * cosf(6.2831853071795865f * u2);

@@ -4,7 +4,7 @@
 #pragma once
 #include <math.h>
 
-#include "engine/hd.h"
+#include "common/hd.h"
 
 // -log(sigmoid(x)) = log(1 + e^-x), without overflow for either sign.
 HD_FN double pref_neg_log_sigmoid(double x) {

@@ -3,12 +3,7 @@
 
 #include <math.h>
 
-static uint64_t splitmix64(uint64_t *x) {
-    uint64_t z = (*x += 0x9e3779b97f4a7c15ULL);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
-    return z ^ (z >> 31);
-}
+#include "common/splitmix64.h"
 
 static uint64_t rotl(uint64_t x, int k) {
     return (x << k) | (x >> (64 - k));
@@ -16,7 +11,7 @@ static uint64_t rotl(uint64_t x, int k) {
 
 void rng_seed(Rng *r, uint64_t seed) {
     for (int i = 0; i < 4; i++)
-        r->s[i] = splitmix64(&seed);
+        r->s[i] = splitmix64_next(&seed);
     r->has_spare = 0;
     r->spare = 0.0f;
 }

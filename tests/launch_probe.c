@@ -80,10 +80,10 @@ static void hex(const uint8_t *b, size_t n, char *out) {
 
 // DIR/rank<R>.txt, written whole then renamed so a reader never sees half of it.
 static int write_report(const ProbeArgs *a, const LaunchInfo *li, const uint8_t *id) {
-    char path[4096], tmp[4200], idhex[2 * LAUNCH_NCCL_ID_BYTES + 1] = "";
+    char path[4096], tmp[4200], idhex[2 * COMM_NCCL_ID_BYTES + 1] = "";
     snprintf(path, sizeof path, "%s/rank%d.txt", a->out, li->rank);
     snprintf(tmp, sizeof tmp, "%s.tmp", path);
-    if (id) hex(id, LAUNCH_NCCL_ID_BYTES, idhex);
+    if (id) hex(id, COMM_NCCL_ID_BYTES, idhex);
     FILE *f = fopen(tmp, "w");
     if (!f) return -1;
     fprintf(f,
@@ -114,7 +114,7 @@ static int run_rank(const ProbeArgs *a, LaunchInfo *li) {
     ignore_term = li->rank == a->ignore_term_rank;
     struct sigaction sa = {.sa_handler = on_term};
     sigaction(SIGTERM, &sa, NULL);
-    uint8_t id[LAUNCH_NCCL_ID_BYTES] = {0};
+    uint8_t id[COMM_NCCL_ID_BYTES] = {0};
     Err err = {0};
     if (li->rank == 0 && getrandom(id, sizeof id, 0) != (ssize_t)sizeof id) return 1;
     if (a->rendezvous && launch_rendezvous(li, id, &err)) {

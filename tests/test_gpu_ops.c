@@ -20,6 +20,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/splitmix64.h"
 #include "engine/backend.h"
 #include "engine/dtype.h"
 #ifdef ASTRAI_HAVE_CUDA
@@ -167,11 +168,8 @@ static void write_json(const char *skipped) {
 // ---------------------------------------------------------------- host data
 static uint64_t rng_state = 0x5eed5eed12345678ull;
 
-static uint64_t rng_next(void) { // splitmix64
-    uint64_t z = (rng_state += 0x9e3779b97f4a7c15ull);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
+static uint64_t rng_next(void) {
+    return splitmix64_next(&rng_state);
 }
 
 static float rng_uniform(float lo, float hi) {

@@ -17,6 +17,7 @@
 #include "common/error.h"
 #include "common/flags.h"
 #include "common/fsutil.h"
+#include "common/path.h"
 #include "engine/config.h"
 #include "engine/model.h"
 
@@ -100,16 +101,11 @@ static int parse_info_args(Args *a, int argc, char **argv, Err *err) {
 
 // ---------------------------------------------------------------- init
 
-// out = dir/name; dir was checked by check_dir_name, so it fits.
-static void join(char *out, const char *dir, const char *name) {
-    snprintf(out, PATH_MAX, "%s/%s", dir, name);
-}
-
 // model_save to a temp name, then rename: a crash never leaves a half
 // model.safetensors.
 static int save_weights_atomic(const Model *m, const char *dir, StDType dtype, Err *err) {
     char path[PATH_MAX], tmp[PATH_MAX + 32];
-    join(path, dir, "model.safetensors");
+    if (path_join(path, sizeof path, dir, "model.safetensors", err)) return -1;
     snprintf(tmp, sizeof tmp, "%s.tmp.%ld", path, (long)getpid());
     if (model_save(m, tmp, dtype, err)) {
         unlink(tmp);
@@ -125,7 +121,7 @@ static int save_weights_atomic(const Model *m, const char *dir, StDType dtype, E
 
 static int write_config(const ModelConfig *cfg, const char *dir, Err *err) {
     char path[PATH_MAX];
-    join(path, dir, "config.json");
+    if (path_join(path, sizeof path, dir, "config.json", err)) return -1;
     char *text = model_config_to_json(cfg);
     if (!text) return err_set(err, "%s: out of memory", path);
     int rc = fs_write_file_atomic(path, text, strlen(text), err);
@@ -141,7 +137,10 @@ static int cmd_init(const Args *a) {
         return EXIT_BAD_INPUT;
     }
     char existing[PATH_MAX];
-    join(existing, a->out, "model.safetensors");
+    if (path_join(existing, sizeof existing, a->out, "model.safetensors", &err)) {
+        fprintf(stderr, "astrai-model: %s\n", err.msg);
+        return EXIT_BAD_INPUT;
+    }
     if (!a->force && fs_is_file(existing)) {
         fprintf(stderr, "astrai-model: %s already exists (use --force to replace it)\n", existing);
         return EXIT_BAD_INPUT;
@@ -189,9 +188,9 @@ typedef struct {
 static int open_model_dir(ModelDir *d, const char *dir, Err *err) {
     memset(d, 0, sizeof *d);
     char path[PATH_MAX];
-    join(path, dir, "config.json");
+    if (path_join(path, sizeof path, dir, "config.json", err)) return -1;
     if (model_config_load(&d->cfg, path, err)) return -1;
-    join(path, dir, "model.safetensors");
+    if (path_join(path, sizeof path, dir, "model.safetensors", err)) return -1;
     Model m;
     if (model_create(&m, &d->cfg, backend_cpu(), err))
         return err_prefix(err, "%s/config.json", dir);
@@ -200,7 +199,7 @@ static int open_model_dir(ModelDir *d, const char *dir, Err *err) {
     if (rc || st_open(&d->st, path, err)) return -1;
     for (int i = 0; i < d->st.n_tensors; i++)
         d->n_params += numel_of(&d->st.tensors[i]);
-    join(path, dir, "meta.json");
+    if (path_join(path, sizeof path, dir, "meta.json", err)) return -1;
     if (fs_is_file(path)) {
         if (meta_load(&d->meta, path, err)) return -1;
         d->has_meta = 1;

@@ -218,12 +218,12 @@ int launch_rendezvous(LaunchInfo *li, uint8_t *nccl_id, Err *err) {
     double timeout_s;
     if (env_seconds("ASTRAI_RENDEZVOUS_TIMEOUT_S", DEFAULT_RENDEZVOUS_TIMEOUT_S, &timeout_s, err))
         return -1;
-    uint8_t payload[SHM_PAYLOAD + LAUNCH_NCCL_ID_BYTES] = {0};
-    size_t len = SHM_PAYLOAD + (nccl_id ? LAUNCH_NCCL_ID_BYTES : 0);
+    uint8_t payload[SHM_PAYLOAD + COMM_NCCL_ID_BYTES] = {0};
+    size_t len = SHM_PAYLOAD + (nccl_id ? COMM_NCCL_ID_BYTES : 0);
     if (li->rank == 0) {
         if (!li->shm_name[0]) comm_shm_new_name(li->shm_name, sizeof li->shm_name);
         memcpy(payload, li->shm_name, sizeof li->shm_name);
-        if (nccl_id) memcpy(payload + SHM_PAYLOAD, nccl_id, LAUNCH_NCCL_ID_BYTES);
+        if (nccl_id) memcpy(payload + SHM_PAYLOAD, nccl_id, COMM_NCCL_ID_BYTES);
     }
     RendezvousConfig cfg = {.rank = li->rank,
                             .world_size = li->world_size,
@@ -241,7 +241,7 @@ int launch_rendezvous(LaunchInfo *li, uint8_t *nccl_id, Err *err) {
     if (payload[0] != '/' || !memchr(payload, 0, SHM_PAYLOAD))
         return err_set(err, "rendezvous: rank 0 sent no valid shm segment name");
     memcpy(li->shm_name, payload, sizeof li->shm_name);
-    if (nccl_id) memcpy(nccl_id, payload + SHM_PAYLOAD, LAUNCH_NCCL_ID_BYTES);
+    if (nccl_id) memcpy(nccl_id, payload + SHM_PAYLOAD, COMM_NCCL_ID_BYTES);
     return 0;
 }
 

@@ -22,11 +22,10 @@
 #include <signal.h>
 #include <stdint.h>
 
+#include "comm/comm.h" // COMM_NCCL_ID_BYTES: the id the rendezvous hands out
 #include "common/error.h"
 
 typedef enum { LAUNCH_SINGLE, LAUNCH_LOCAL_PARENT, LAUNCH_RANK } LaunchMode;
-
-#define LAUNCH_NCCL_ID_BYTES 128
 
 typedef struct {
     LaunchMode mode;
@@ -70,7 +69,7 @@ int launch_local(const LaunchInfo *li, char **argv, Err *err);
 
 // Ranks meet before the collectives exist (every mode; returns at once when there
 // is only one rank): rank 0 hands every rank the shm segment name (filling
-// li->shm_name) and, when nccl_id is not NULL, its LAUNCH_NCCL_ID_BYTES bytes
+// li->shm_name) and, when nccl_id is not NULL, its COMM_NCCL_ID_BYTES bytes
 // (read on rank 0, written on the others). Every rank must pass nccl_id alike.
 int launch_rendezvous(LaunchInfo *li, uint8_t *nccl_id, Err *err);
 

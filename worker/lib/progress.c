@@ -12,20 +12,7 @@
 #include "common/buf.h"
 #include "common/clock.h"
 #include "common/fsutil.h"
-
-static const char *SCHEMA =
-    "PRAGMA journal_mode=WAL;"
-    "PRAGMA synchronous=NORMAL;"
-    "CREATE TABLE IF NOT EXISTS steps(step INTEGER PRIMARY KEY, epoch INTEGER NOT NULL,"
-    " consumed_samples INTEGER NOT NULL, loss REAL, lr REAL, grad_norm REAL,"
-    " tokens_per_s REAL, wall_time REAL NOT NULL);"
-    "CREATE TABLE IF NOT EXISTS checkpoints(step INTEGER PRIMARY KEY, epoch INTEGER NOT NULL,"
-    " path TEXT NOT NULL, wall_time REAL NOT NULL);"
-    "CREATE TABLE IF NOT EXISTS validation(step INTEGER PRIMARY KEY, epoch INTEGER NOT NULL,"
-    " consumed_samples INTEGER NOT NULL, val_loss REAL, wall_time REAL NOT NULL);"
-    "CREATE TABLE IF NOT EXISTS step_metrics(step INTEGER NOT NULL, name TEXT NOT NULL,"
-    " value REAL, PRIMARY KEY(step, name));"
-    "CREATE TABLE IF NOT EXISTS run(key TEXT PRIMARY KEY, value);";
+#include "proto/progress_db.h"
 
 // A database that cannot be opened or written is the system's failure (disk full, read-only,
 // I/O error, no permission), not bad input.
@@ -45,18 +32,14 @@ static int exec_sql(ProgressDb *p, const char *sql, Err *err) {
 
 static int forget_after(ProgressDb *p, long total_steps, long resume_step, Err *err) {
     char sql[512];
-    snprintf(sql, sizeof sql,
-             "BEGIN IMMEDIATE; DELETE FROM steps WHERE step > %ld;"
-             " DELETE FROM checkpoints WHERE step > %ld; DELETE FROM validation WHERE step > %ld;"
-             " DELETE FROM step_metrics WHERE step > %ld;"
-             " INSERT OR REPLACE INTO run(key, value) VALUES('total_steps', %ld); COMMIT;",
-             resume_step, resume_step, resume_step, resume_step, total_steps);
+    snprintf(sql, sizeof sql, PROGRESS_DB_FORGET_AFTER, resume_step, resume_step, resume_step,
+             resume_step, total_steps);
     return exec_sql(p, sql, err);
 }
 
 int progress_open(ProgressDb *p, const char *dir, long total_steps, long resume_step, Err *err) {
     memset(p, 0, sizeof *p);
-    snprintf(p->path, sizeof p->path, "%s/progress.db", dir);
+    snprintf(p->path, sizeof p->path, "%s/" PROGRESS_DB_FILE, dir);
     if (fs_mkdir_p(dir, err)) return -1;
     if (sqlite3_open(p->path, &p->db) != SQLITE_OK) {
         db_fail(p, "open", err);
@@ -64,15 +47,15 @@ int progress_open(ProgressDb *p, const char *dir, long total_steps, long resume_
         return -1;
     }
     sqlite3_busy_timeout(p->db, 5000);
-    if (exec_sql(p, SCHEMA, err) || forget_after(p, total_steps, resume_step, err) ||
-        sqlite3_prepare_v2(p->db, "INSERT OR REPLACE INTO steps VALUES(?1,?2,?3,?4,?5,?6,?7,?8)",
-                           -1, &p->insert_step, NULL) != SQLITE_OK ||
-        sqlite3_prepare_v2(p->db, "INSERT OR REPLACE INTO checkpoints VALUES(?1,?2,?3,?4)", -1,
-                           &p->insert_ckpt, NULL) != SQLITE_OK ||
-        sqlite3_prepare_v2(p->db, "INSERT OR REPLACE INTO validation VALUES(?1,?2,?3,?4,?5)", -1,
-                           &p->insert_val, NULL) != SQLITE_OK ||
-        sqlite3_prepare_v2(p->db, "INSERT OR REPLACE INTO step_metrics VALUES(?1,?2,?3)", -1,
-                           &p->insert_extra, NULL) != SQLITE_OK) {
+    if (exec_sql(p, PROGRESS_DB_SCHEMA, err) || forget_after(p, total_steps, resume_step, err) ||
+        sqlite3_prepare_v2(p->db, PROGRESS_DB_INSERT_STEP, -1, &p->insert_step, NULL) !=
+            SQLITE_OK ||
+        sqlite3_prepare_v2(p->db, PROGRESS_DB_INSERT_CHECKPOINT, -1, &p->insert_ckpt, NULL) !=
+            SQLITE_OK ||
+        sqlite3_prepare_v2(p->db, PROGRESS_DB_INSERT_VALIDATION, -1, &p->insert_val, NULL) !=
+            SQLITE_OK ||
+        sqlite3_prepare_v2(p->db, PROGRESS_DB_INSERT_METRIC, -1, &p->insert_extra, NULL) !=
+            SQLITE_OK) {
         if (!err || !*err->msg || !strstr(err->msg, p->path)) db_fail(p, "prepare", err);
         progress_close(p);
         return -1;

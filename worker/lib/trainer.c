@@ -446,7 +446,7 @@ static int optimizer_step(Trainer *t, StepClock *c, int *stop, int *ckpt, Err *e
 // The NEFTune noise stream of the micro-step at the current position: a function of the
 // seed, the samples consumed and the rank, so that a resumed run draws what it would have.
 static uint64_t noise_seed(const Trainer *t) {
-    return counter_mix64(counter_mix64((uint64_t)t->spec->random_seed) ^
+    return splitmix64_mix(splitmix64_mix((uint64_t)t->spec->random_seed) ^
                          ((uint64_t)t->consumed_samples << 16 | (uint64_t)t->rank));
 }
 

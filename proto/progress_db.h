@@ -1,0 +1,68 @@
+// progress_db.h: progress.db, the contract between astrai-train's rank 0 (its only writer,
+// worker/lib/progress.c) and its readers (astraid's daemon/progress_reader.c and
+// daemon/curve.c). Its file name, its schema and every statement either side runs are here
+// and nowhere else (docs/design.md §6). Readers open it read-only under WAL and never block
+// the writer. A table added later must be optional to readers: a database written by an older
+// astrai-train lacks it (validation came after steps; curve.c checks).
+#pragma once
+
+#define PROGRESS_DB_FILE "progress.db" // in the run directory (or ckpt_dir, run alone)
+
+// One row per optimizer step, per checkpoint, per validation; step_metrics holds the named
+// extra numbers of a step (the DPO/GRPO terms); run holds keys of the whole run
+// ('total_steps').
+#define PROGRESS_DB_SCHEMA                                                                         \
+    "PRAGMA journal_mode=WAL;"                                                                     \
+    "PRAGMA synchronous=NORMAL;"                                                                   \
+    "CREATE TABLE IF NOT EXISTS steps(step INTEGER PRIMARY KEY, epoch INTEGER NOT NULL,"           \
+    " consumed_samples INTEGER NOT NULL, loss REAL, lr REAL, grad_norm REAL,"                      \
+    " tokens_per_s REAL, wall_time REAL NOT NULL);"                                                \
+    "CREATE TABLE IF NOT EXISTS checkpoints(step INTEGER PRIMARY KEY, epoch INTEGER NOT NULL,"     \
+    " path TEXT NOT NULL, wall_time REAL NOT NULL);"                                               \
+    "CREATE TABLE IF NOT EXISTS validation(step INTEGER PRIMARY KEY, epoch INTEGER NOT NULL,"      \
+    " consumed_samples INTEGER NOT NULL, val_loss REAL, wall_time REAL NOT NULL);"                 \
+    "CREATE TABLE IF NOT EXISTS step_metrics(step INTEGER NOT NULL, name TEXT NOT NULL,"           \
+    " value REAL, PRIMARY KEY(step, name));"                                                       \
+    "CREATE TABLE IF NOT EXISTS run(key TEXT PRIMARY KEY, value);"
+
+// ---------------------------------------------------------------- the writer's statements
+
+// A resumed run forgets the rows after its checkpoint's step (%ld: the step, four times, then
+// total_steps), so the curve is the run's own.
+#define PROGRESS_DB_FORGET_AFTER                                                                   \
+    "BEGIN IMMEDIATE; DELETE FROM steps WHERE step > %ld;"                                         \
+    " DELETE FROM checkpoints WHERE step > %ld; DELETE FROM validation WHERE step > %ld;"          \
+    " DELETE FROM step_metrics WHERE step > %ld;"                                                  \
+    " INSERT OR REPLACE INTO run(key, value) VALUES('total_steps', %ld); COMMIT;"
+#define PROGRESS_DB_INSERT_STEP                                                                    \
+    "INSERT OR REPLACE INTO steps(step, epoch, consumed_samples, loss, lr, grad_norm,"             \
+    " tokens_per_s, wall_time) VALUES(?1,?2,?3,?4,?5,?6,?7,?8)"
+#define PROGRESS_DB_INSERT_CHECKPOINT                                                              \
+    "INSERT OR REPLACE INTO checkpoints(step, epoch, path, wall_time) VALUES(?1,?2,?3,?4)"
+#define PROGRESS_DB_INSERT_VALIDATION                                                              \
+    "INSERT OR REPLACE INTO validation(step, epoch, consumed_samples, val_loss, wall_time)"        \
+    " VALUES(?1,?2,?3,?4,?5)"
+#define PROGRESS_DB_INSERT_METRIC                                                                  \
+    "INSERT OR REPLACE INTO step_metrics(step, name, value) VALUES(?1,?2,?3)"
+
+// ---------------------------------------------------------------- the readers' statements
+
+// The ?1 newest steps, newest first: columns step, epoch, loss, lr, grad_norm, tokens_per_s,
+// wall_time (progress_reader.c: the latest values and the pace for the ETA).
+#define PROGRESS_DB_LATEST_STEPS                                                                   \
+    "SELECT step, epoch, loss, lr, grad_norm, tokens_per_s, wall_time FROM steps"                  \
+    " ORDER BY step DESC LIMIT ?1"
+#define PROGRESS_DB_LAST_CHECKPOINT "SELECT path FROM checkpoints ORDER BY step DESC LIMIT 1"
+#define PROGRESS_DB_LAST_VALIDATION "SELECT val_loss FROM validation ORDER BY step DESC LIMIT 1"
+#define PROGRESS_DB_TOTAL_STEPS "SELECT CAST(value AS INTEGER) FROM run WHERE key='total_steps'"
+
+// The curve (curve.c): steps after ?1, at most ?2 of them, in order; columns step, loss, lr,
+// grad_norm, tokens_per_s, wall_time, then (with validation) the validation row's step and
+// val_loss, NULL where that step has none.
+#define PROGRESS_DB_CURVE_WITH_VALIDATION                                                          \
+    "SELECT s.step, s.loss, s.lr, s.grad_norm, s.tokens_per_s, s.wall_time, v.step, v.val_loss"    \
+    " FROM steps s LEFT JOIN validation v ON v.step = s.step"                                      \
+    " WHERE s.step > ?1 ORDER BY s.step LIMIT ?2"
+#define PROGRESS_DB_CURVE_STEPS_ONLY                                                               \
+    "SELECT step, loss, lr, grad_norm, tokens_per_s, wall_time FROM steps"                         \
+    " WHERE step > ?1 ORDER BY step LIMIT ?2"
