@@ -22,28 +22,6 @@
 // Integers in JSON arrive as doubles: beyond 2^53 they are no longer exact.
 #define ST_MAX_JSON_INT 9007199254740992.0
 
-static const struct {
-    const char *name;
-    StDType dtype;
-    size_t size;
-} DTYPES[] = {
-    {"F32", ST_F32, 4}, {"BF16", ST_BF16, 2}, {"F16", ST_F16, 2},
-    {"I32", ST_I32, 4}, {"I64", ST_I64, 8},   {"U8", ST_U8, 1},
-};
-#define N_DTYPES (sizeof DTYPES / sizeof DTYPES[0])
-
-static const char *dtype_name(StDType dt) {
-    for (size_t i = 0; i < N_DTYPES; i++)
-        if (DTYPES[i].dtype == dt) return DTYPES[i].name;
-    return "?";
-}
-
-static size_t dtype_size(StDType dt) {
-    for (size_t i = 0; i < N_DTYPES; i++)
-        if (DTYPES[i].dtype == dt) return DTYPES[i].size;
-    return 0;
-}
-
 // ---------------------------------------------------------------- number conversion
 
 float st_bf16_to_f32(uint16_t h) {
@@ -100,18 +78,19 @@ static int json_uint(const cJSON *item, uint64_t *out) {
     return 0;
 }
 
+// A dtype as safetensors headers name it.
+static const char *st_name(DType t) {
+    return dtype_info(t)->safetensors;
+}
+
 static int parse_dtype(StTensor *t, const cJSON *entry, Err *err) {
     const cJSON *dt = cJSON_GetObjectItemCaseSensitive(entry, "dtype");
     if (!dt) return err_set(err, "tensor '%s': missing \"dtype\"", t->name);
     if (!cJSON_IsString(dt)) return err_set(err, "tensor '%s': \"dtype\" is not a string", t->name);
-    for (size_t i = 0; i < N_DTYPES; i++) {
-        if (strcmp(dt->valuestring, DTYPES[i].name) == 0) {
-            t->dtype = DTYPES[i].dtype;
-            return 0;
-        }
-    }
-    return err_set(err, "tensor '%s': unknown dtype '%.40s' (known: F32 BF16 F16 I32 I64 U8)",
-                   t->name, dt->valuestring);
+    if (!dtype_from_name(dt->valuestring, 0, &t->dtype)) return 0;
+    return err_set(
+        err, "tensor '%s': unknown dtype '%.40s' (known: F32 BF16 F16 I64 I32 I16 I8 U8 BOOL)",
+        t->name, dt->valuestring);
 }
 
 static int parse_shape(StTensor *t, const cJSON *entry, Err *err) {
@@ -162,7 +141,7 @@ static int check_extent(const StTensor *t, size_t data_len, Err *err) {
         return err_set(err,
                        "tensor '%s': shape and dtype %s need %llu bytes but data_offsets [%llu, "
                        "%llu] span %llu",
-                       t->name, dtype_name(t->dtype), (unsigned long long)bytes,
+                       t->name, st_name(t->dtype), (unsigned long long)bytes,
                        (unsigned long long)t->begin, (unsigned long long)t->end,
                        (unsigned long long)(t->end - t->begin));
     if (t->end > data_len)
@@ -351,19 +330,18 @@ int st_read_f32(const StFile *f, const char *name, int ndim, const int64_t *shap
     const uint8_t *src = f->data + t->begin;
     size_t n = (size_t)(t->end - t->begin) / dtype_size(t->dtype);
     switch (t->dtype) {
-    case ST_F32:
+    case DT_F32:
         memcpy(out, src, n * sizeof(float));
         return 0;
-    case ST_BF16:
-    case ST_F16:
+    case DT_BF16:
+    case DT_F16:
         for (size_t i = 0; i < n; i++) {
             uint16_t h = (uint16_t)(src[2 * i] | (src[2 * i + 1] << 8));
-            out[i] = t->dtype == ST_BF16 ? st_bf16_to_f32(h) : st_f16_to_f32(h);
+            out[i] = t->dtype == DT_BF16 ? st_bf16_to_f32(h) : st_f16_to_f32(h);
         }
         return 0;
     default:
-        return err_set(err, "tensor '%s' has dtype %s, not a float type", name,
-                       dtype_name(t->dtype));
+        return err_set(err, "tensor '%s' has dtype %s, not a float type", name, st_name(t->dtype));
     }
 }
 
@@ -408,7 +386,7 @@ static int cmp_write_by_name(const void *a, const void *b) {
 
 // The header {"name":{"dtype":..,"shape":[..],"data_offsets":[b,e]},..} with tensors
 // in `order`, padded with spaces to a multiple of 8 like the Python writer.
-static int build_header(Buf *sb, const StWriteTensor *const *order, int n, StDType dtype) {
+static int build_header(Buf *sb, const StWriteTensor *const *order, int n, DType dtype) {
     int rc = buf_append(sb, "{", 1);
     uint64_t offset = 0;
     for (int i = 0; i < n && rc == 0; i++) {
@@ -416,7 +394,7 @@ static int build_header(Buf *sb, const StWriteTensor *const *order, int n, StDTy
         uint64_t bytes = numel_of(t) * dtype_size(dtype);
         if (i) rc |= buf_append(sb, ",", 1);
         rc |= sb_json_string(sb, t->name);
-        rc |= sb_printf(sb, ":{\"dtype\":\"%s\",\"shape\":[", dtype_name(dtype));
+        rc |= sb_printf(sb, ":{\"dtype\":\"%s\",\"shape\":[", st_name(dtype));
         for (int d = 0; d < t->ndim; d++)
             rc |= sb_printf(sb, "%s%lld", d ? "," : "", (long long)t->shape[d]);
         rc |= sb_printf(sb, "],\"data_offsets\":[%llu,%llu]}", (unsigned long long)offset,
@@ -432,8 +410,8 @@ static int build_header(Buf *sb, const StWriteTensor *const *order, int n, StDTy
 // Host floats staged at a time: a tensor held elsewhere (fetch) comes over in chunks.
 enum { STAGE_FLOATS = 1 << 18 };
 
-static int write_floats(FILE *fp, const float *src, size_t n, StDType dtype) {
-    if (dtype == ST_F32) return fwrite(src, sizeof(float), n, fp) == n ? 0 : -1;
+static int write_floats(FILE *fp, const float *src, size_t n, DType dtype) {
+    if (dtype == DT_F32) return fwrite(src, sizeof(float), n, fp) == n ? 0 : -1;
     enum { CHUNK = 8192 };
     uint8_t buf[2 * CHUNK];
     for (size_t i = 0; i < n; i += CHUNK) {
@@ -448,7 +426,7 @@ static int write_floats(FILE *fp, const float *src, size_t n, StDType dtype) {
     return 0;
 }
 
-static int write_tensor_data(FILE *fp, const StWriteTensor *t, StDType dtype, float *stage) {
+static int write_tensor_data(FILE *fp, const StWriteTensor *t, DType dtype, float *stage) {
     uint64_t n = numel_of(t);
     if (!t->fetch) return write_floats(fp, t->data, (size_t)n, dtype);
     for (uint64_t i = 0; i < n; i += STAGE_FLOATS) {
@@ -459,9 +437,9 @@ static int write_tensor_data(FILE *fp, const StWriteTensor *t, StDType dtype, fl
     return 0;
 }
 
-static int check_write_args(const StWriteTensor *const *order, int n, StDType dtype, Err *err) {
-    if (dtype != ST_F32 && dtype != ST_BF16)
-        return err_set(err, "can only write F32 or BF16, not %s", dtype_name(dtype));
+static int check_write_args(const StWriteTensor *const *order, int n, DType dtype, Err *err) {
+    if (dtype != DT_F32 && dtype != DT_BF16)
+        return err_set(err, "can only write F32 or BF16, not %s", st_name(dtype));
     for (int i = 0; i < n; i++) {
         const StWriteTensor *t = order[i];
         if (t->ndim < 0 || t->ndim > ST_MAX_DIMS)
@@ -477,7 +455,7 @@ static int check_write_args(const StWriteTensor *const *order, int n, StDType dt
 }
 
 static int write_file(const char *path, const Buf *header, const StWriteTensor *const *order, int n,
-                      StDType dtype, Err *err) {
+                      DType dtype, Err *err) {
     float *stage = malloc(STAGE_FLOATS * sizeof *stage);
     if (!stage) return err_resource(err, "%s: out of memory for the staging buffer", path);
     FILE *fp = fopen(path, "wb");
@@ -505,7 +483,7 @@ static int write_file(const char *path, const Buf *header, const StWriteTensor *
     return 0;
 }
 
-int st_write(const char *path, const StWriteTensor *tensors, int n, StDType dtype, Err *err) {
+int st_write(const char *path, const StWriteTensor *tensors, int n, DType dtype, Err *err) {
     const StWriteTensor **order = malloc(((size_t)n + 1) * sizeof *order);
     if (!order) return err_resource(err, "%s: out of memory", path);
     for (int i = 0; i < n; i++)

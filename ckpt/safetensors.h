@@ -9,15 +9,14 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "common/dtype.h"
 #include "common/error.h"
-
-typedef enum { ST_F32, ST_BF16, ST_F16, ST_I32, ST_I64, ST_U8 } StDType;
 
 #define ST_MAX_DIMS 8
 
 typedef struct {
     char *name;
-    StDType dtype;
+    DType dtype;
     int ndim;
     int64_t shape[ST_MAX_DIMS];
     uint64_t begin, end; // byte offsets into the data area
@@ -58,9 +57,9 @@ typedef struct {
 } StWriteTensor;
 
 // Writes tensors (sorted by name in the header, like the Python writer) in
-// dtype ST_F32 or ST_BF16 (round to nearest even), fsynced. Plain write: use it
+// dtype DT_F32 or DT_BF16 (round to nearest even), fsynced. Plain write: use it
 // inside a temporary checkpoint directory, or via a temp name + rename.
-int st_write(const char *path, const StWriteTensor *tensors, int n, StDType dtype, Err *err);
+int st_write(const char *path, const StWriteTensor *tensors, int n, DType dtype, Err *err);
 
 float st_bf16_to_f32(uint16_t h);
 uint16_t st_f32_to_bf16(float f);

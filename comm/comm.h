@@ -16,7 +16,7 @@
 #include <stdint.h>
 
 #include "common/error.h"
-#include "engine/dtype.h"
+#include "common/dtype.h"
 
 typedef enum { COMM_SUM, COMM_AVG } CommOp;
 

@@ -15,28 +15,18 @@
 #include <sys/stat.h>
 
 #include "common/buf.h"
+#include "common/dtype.h"
 #include "common/fsutil.h"
 #include "common/path.h"
 
 enum { KEY_SEQUENCE, KEY_LOSS_MASK, KEY_POSITION_IDS, N_KEYS };
 static const char *const KEY_NAMES[N_KEYS] = {"sequence", "loss_mask", "position_ids"};
 
-// The dtypes AstrAI's pipeline can write for integer keys (its
-// output.dtype overrides); every one is widened to int32 on load.
-typedef struct {
-    const char *name;
-    int size;
-    int is_signed;
-    int is_bool; // numpy bool: any non-zero byte is True
-} Dtype;
-static const Dtype DTYPES[] = {
-    {"int32", 4, 1, 0}, {"int64", 8, 1, 0}, {"int16", 2, 1, 0},
-    {"int8", 1, 1, 0},  {"uint8", 1, 0, 0}, {"bool", 1, 0, 1},
-};
-
+// A key's dtype is one of the integer types AstrAI's pipeline can write (its output.dtype
+// overrides: int32, int64, int16, int8, uint8, bool); every one is widened to int32 on load.
 typedef struct {
     int present;
-    const Dtype *dtype;
+    DType dtype;
 } ShardKey;
 
 typedef struct {
@@ -116,15 +106,10 @@ static char *bin_path_for(const char *meta_path, const char *key) {
     return p;
 }
 
-static const Dtype *find_dtype(const char *name) {
-    for (size_t i = 0; i < sizeof DTYPES / sizeof DTYPES[0]; i++)
-        if (strcmp(DTYPES[i].name, name) == 0) return &DTYPES[i];
-    return NULL;
-}
-
 // <key>.bin next to meta_path must hold exactly n elements of dtype t.
-static int check_bin_size(const char *meta_path, const char *key, int64_t n, const Dtype *t,
+static int check_bin_size(const char *meta_path, const char *key, int64_t n, DType dtype,
                           Err *err) {
+    const DTypeInfo *t = dtype_info(dtype);
     char *bin = bin_path_for(meta_path, key);
     if (!bin) return err_resource(err, "out of memory");
     struct stat st;
@@ -136,7 +121,7 @@ static int check_bin_size(const char *meta_path, const char *key, int64_t n, con
     else if ((int64_t)st.st_size != n * t->size)
         rc = err_set(
             err, "%s: key '%s': shape [%" PRId64 "] of %s needs %" PRId64 " bytes but %s has %lld",
-            meta_path, key, n, t->name, n * t->size, bin, (long long)st.st_size);
+            meta_path, key, n, t->numpy, n * t->size, bin, (long long)st.st_size);
     free(bin);
     return rc;
 }
@@ -150,8 +135,7 @@ static int parse_key_entry(const char *meta_path, const char *key, const cJSON *
     const cJSON *dtype = cJSON_GetObjectItemCaseSensitive(entry, "dtype");
     if (!cJSON_IsString(dtype))
         return err_set(err, "%s: key '%s': \"dtype\" missing or not a string", meta_path, key);
-    out->dtype = find_dtype(dtype->valuestring);
-    if (!out->dtype)
+    if (dtype_from_name(dtype->valuestring, 1, &out->dtype) || !dtype_info(out->dtype)->is_int)
         return err_set(err,
                        "%s: key '%s': dtype '%s' is not an integer type "
                        "(int32, int64, int16, int8, uint8, bool)",
@@ -217,13 +201,14 @@ static int parse_shard(Shard *s, Err *err) {
     return rc;
 }
 
-static int64_t read_element(const unsigned char *p, const Dtype *t) {
+static int64_t read_element(const unsigned char *p, DType dtype) {
+    const DTypeInfo *t = dtype_info(dtype);
     uint64_t u = 0;
     for (int b = t->size - 1; b >= 0; b--)
         u = (u << 8) | p[b]; // little-endian
     if (t->is_signed && t->size < 8 && (u >> (8 * t->size - 1)))
         u |= ~(uint64_t)0 << (8 * t->size); // sign-extend
-    if (t->is_bool) return u != 0;
+    if (dtype == DT_BOOL) return u != 0;    // numpy's bool: any non-zero byte is True
     return (int64_t)u;
 }
 
@@ -234,11 +219,12 @@ static int load_key(const Shard *s, int k, int32_t *dst, Err *err) {
     char *raw = NULL;
     size_t len = 0;
     int rc = fs_read_file(bin, &raw, &len, err);
-    const Dtype *t = s->keys[k].dtype;
+    DType dtype = s->keys[k].dtype;
+    const DTypeInfo *t = dtype_info(dtype);
     if (rc == 0 && (int64_t)len != s->n * t->size)
         rc = err_set(err, "%s: changed size while loading", bin);
     for (int64_t i = 0; rc == 0 && i < s->n; i++) {
-        int64_t v = read_element((const unsigned char *)raw + i * t->size, t);
+        int64_t v = read_element((const unsigned char *)raw + i * t->size, dtype);
         if (v < INT32_MIN || v > INT32_MAX)
             rc = err_set(err, "%s: key '%s': element %" PRId64 " = %" PRId64 " exceeds int32",
                          s->meta_path, KEY_NAMES[k], i, v);

@@ -279,12 +279,11 @@ int records_write_shard(const RecordSet *rs, int64_t first, int64_t n, const cha
         response_len[k] = (int32_t)(rs->response_off[k0 + k + 1] - rs->response_off[k0 + k]);
     const int64_t p0 = rs->prompt_off[first], r0 = rs->response_off[k0];
     const ShardKey keys[N_KEYS] = {
-        {KEY_NAMES[KEY_PROMPT], rs->prompt + p0, rs->prompt_off[first + n] - p0, SHARD_INT32},
-        {KEY_NAMES[KEY_PROMPT_LEN], prompt_len, n, SHARD_INT32},
-        {KEY_NAMES[KEY_RESPONSE], rs->response + r0, rs->response_off[k0 + n * G] - r0,
-         SHARD_INT32},
-        {KEY_NAMES[KEY_RESPONSE_LEN], response_len, n * G, SHARD_INT32},
-        {KEY_NAMES[KEY_REWARD], rs->reward ? rs->reward + k0 : NULL, n * G, SHARD_FLOAT32},
+        {KEY_NAMES[KEY_PROMPT], rs->prompt + p0, rs->prompt_off[first + n] - p0, DT_I32},
+        {KEY_NAMES[KEY_PROMPT_LEN], prompt_len, n, DT_I32},
+        {KEY_NAMES[KEY_RESPONSE], rs->response + r0, rs->response_off[k0 + n * G] - r0, DT_I32},
+        {KEY_NAMES[KEY_RESPONSE_LEN], response_len, n * G, DT_I32},
+        {KEY_NAMES[KEY_REWARD], rs->reward ? rs->reward + k0 : NULL, n * G, DT_F32},
     };
     char head[160];
     snprintf(head, sizeof head, "\"format\": \"%s\", \"group_size\": %d, \"records\": %" PRId64,

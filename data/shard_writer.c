@@ -14,10 +14,6 @@
 #include "common/fsutil.h"
 #include "common/path.h"
 
-static const char *dtype_name(ShardDtype t) {
-    return t == SHARD_FLOAT32 ? "float32" : "int32";
-}
-
 // meta.json text as AstrAI's json.dump writes it (", " and ": " separators),
 // so shards written here are byte-identical to AstrAI's.
 static int write_meta(const char *dir, const char *head, const ShardKey *keys, int n_keys,
@@ -28,7 +24,7 @@ static int write_meta(const char *dir, const char *head, const ShardKey *keys, i
         len += snprintf(text + len, sizeof text - (size_t)len,
                         "%s\"%s\": {\"shape\": [%" PRId64 "], \"dtype\": \"%s\"}",
                         i || (head && *head) ? ", " : "", keys[i].key, keys[i].n,
-                        dtype_name(keys[i].dtype));
+                        dtype_info(keys[i].dtype)->numpy);
     if (len < (int)sizeof text) len += snprintf(text + len, sizeof text - (size_t)len, "}");
     if (len >= (int)sizeof text) return err_set(err, "%s: meta.json too long", dir);
     if (path_join(path, sizeof path, dir, "meta.json", err) != 0) return -1;
@@ -66,7 +62,7 @@ int shard_write(const char *dir, const ShardArray *arrays, int n_arrays, int64_t
     ShardKey *keys = malloc((size_t)(n_arrays ? n_arrays : 1) * sizeof *keys);
     if (!keys) return err_resource(err, "%s: out of memory", dir);
     for (int i = 0; i < n_arrays; i++)
-        keys[i] = (ShardKey){arrays[i].key, arrays[i].data, n, SHARD_INT32};
+        keys[i] = (ShardKey){arrays[i].key, arrays[i].data, n, DT_I32};
     int rc = shard_write_keys(dir, NULL, keys, n_arrays, err);
     free(keys);
     return rc;

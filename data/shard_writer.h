@@ -5,10 +5,8 @@
 #pragma once
 #include <stdint.h>
 
+#include "common/dtype.h"
 #include "common/error.h"
-
-// Both are 4-byte little-endian on disk.
-typedef enum { SHARD_INT32, SHARD_FLOAT32 } ShardDtype;
 
 // A key of a token shard: int32, as long as every other key of the shard.
 typedef struct {
@@ -21,7 +19,7 @@ typedef struct {
     const char *key;  // "prompt", "reward", ...
     const void *data; // (n,) int32_t or float, as dtype says
     int64_t n;
-    ShardDtype dtype;
+    DType dtype; // DT_I32 or DT_F32
 } ShardKey;
 
 // A token shard: every array holds n int32 elements.

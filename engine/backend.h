@@ -9,7 +9,7 @@
 // device memory for CUDA). Host and backend memory meet only through upload/download.
 //
 // Types: `void *` / `const void *` tensors are in the backend's compute dtype `dtype`
-// (fp32 or bf16, engine/dtype.h); `float *` tensors are always fp32; `double *` are
+// (fp32 or bf16, common/dtype.h); `float *` tensors are always fp32; `double *` are
 // single backend-resident accumulators (loss, sum of squares) read back once per
 // optimizer step. All tensors are row-major; N = B*T token rows.
 //
@@ -28,7 +28,7 @@
 #include <stdint.h>
 
 #include "common/error.h"
-#include "engine/dtype.h"
+#include "common/dtype.h"
 
 // The scalars of one AdamW update, computed on the host (torch.optim.AdamW, single tensor):
 // w = w*decay; m = m*beta1 + g*one_minus_beta1; v = v*beta2 + g*g*one_minus_beta2;

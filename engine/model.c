@@ -316,7 +316,7 @@ int model_load(Model *m, const char *path, Err *err) {
     return rc;
 }
 
-int model_save(const Model *m, const char *path, StDType dtype, Err *err) {
+int model_save(const Model *m, const char *path, DType dtype, Err *err) {
     StWriteTensor *t = calloc((size_t)m->n_params, sizeof *t);
     if (!t) return err_resource(err, "%s: out of memory", path);
     for (int i = 0; i < m->n_params; i++) {

@@ -96,7 +96,7 @@ int model_init_random(Model *m, uint64_t seed, Err *err);
 // naming it. With tied embeddings a present lm_head.weight is ignored.
 int model_load(Model *m, const char *safetensors_path, Err *err);
 // Writes the master weights, one tensor at a time through host memory.
-int model_save(const Model *m, const char *safetensors_path, StDType dtype, Err *err);
+int model_save(const Model *m, const char *safetensors_path, DType dtype, Err *err);
 // weights = master in the compute dtype (after the optimizer stepped the master); no-op in fp32.
 void model_refresh_weights(Model *m);
 

@@ -244,7 +244,7 @@ int optim_save(const Optimizer *o, const ParamView *m, const char *path, Err *er
         }
     }
     tensors[t] = (StWriteTensor){.name = "step", .ndim = 1, .shape = {1}, .data = &step};
-    int rc = st_write(path, tensors, n, ST_F32, err);
+    int rc = st_write(path, tensors, n, DT_F32, err);
     free(tensors);
     free(names);
     return rc;
@@ -296,7 +296,7 @@ static int check_state_file(const Optimizer *o, const ParamView *m, const StFile
             snprintf(name, sizeof name, "%s%s", prefixes[fi], p->name);
             const StTensor *t = st_find(f, name);
             if (!t) return err_set(err, "%s: missing tensor '%s'", path, name);
-            if (t->dtype != ST_F32 && t->dtype != ST_BF16 && t->dtype != ST_F16)
+            if (t->dtype != DT_F32 && t->dtype != DT_BF16 && t->dtype != DT_F16)
                 return err_set(err, "%s: tensor '%s' is not a float tensor", path, name);
             if (!same_shape(t, p)) {
                 char got[64], want[64];

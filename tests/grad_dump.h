@@ -24,7 +24,7 @@ static int dump_with_grads(const Model *m, const char *path, const StWriteTensor
                                          .fetch = m->be->download};
         w[n_extra + i].shape[0] = p->shape[0], w[n_extra + i].shape[1] = p->shape[1];
     }
-    int rc = st_write(path, w, n, ST_F32, err);
+    int rc = st_write(path, w, n, DT_F32, err);
     free(w);
     free(names);
     return rc;

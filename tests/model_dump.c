@@ -21,7 +21,7 @@ static int32_t *read_i32(const StFile *f, const char *name, int optional, int *B
         if (!optional) err_set(err, "inputs: missing tensor '%s'", name);
         return NULL;
     }
-    if (t->dtype != ST_I32 || t->ndim != 2 || (*B && (t->shape[0] != *B || t->shape[1] != *T))) {
+    if (t->dtype != DT_I32 || t->ndim != 2 || (*B && (t->shape[0] != *B || t->shape[1] != *T))) {
         err_set(err, "inputs: tensor '%s' must be int32 (B,T)", name);
         return NULL;
     }

@@ -20,7 +20,7 @@
 #include "check.h"
 #include "comm/comm.h"
 #include "engine/backend.h"
-#include "engine/dtype.h"
+#include "common/dtype.h"
 #include "worker/lib/rendezvous.h"
 #ifdef ASTRAI_HAVE_CUDA
 #include "engine/cuda/cuda_backend.h"

@@ -22,7 +22,7 @@
 
 #include "common/splitmix64.h"
 #include "engine/backend.h"
-#include "engine/dtype.h"
+#include "common/dtype.h"
 #ifdef ASTRAI_HAVE_CUDA
 #include "engine/cuda/cuda_backend.h" // cuda_attention_kernels: which kernels ran
 #endif

@@ -237,7 +237,7 @@ static size_t numel(const StWriteTensor *t) {
     return n;
 }
 
-static void check_round_trip(StDType dtype, const char *path) {
+static void check_round_trip(DType dtype, const char *path) {
     float store[64 * N_SAMPLE];
     StWriteTensor t[N_SAMPLE];
     sample_tensors(t, store);
@@ -256,7 +256,7 @@ static void check_round_trip(StDType dtype, const char *path) {
         CHECK(st && st->dtype == dtype);
         for (size_t i = 0; i < numel(&t[k]); i++) {
             float want =
-                dtype == ST_F32 ? t[k].data[i] : st_bf16_to_f32(st_f32_to_bf16(t[k].data[i]));
+                dtype == DT_F32 ? t[k].data[i] : st_bf16_to_f32(st_f32_to_bf16(t[k].data[i]));
             CHECK_MSG(bits_of(out[i]) == bits_of(want), "%s[%zu]: %g vs %g", t[k].name, i, out[i],
                       want);
         }
@@ -265,8 +265,8 @@ static void check_round_trip(StDType dtype, const char *path) {
 }
 
 static void test_round_trips(void) {
-    check_round_trip(ST_F32, "st_rt_f32.safetensors");
-    check_round_trip(ST_BF16, "st_rt_bf16.safetensors");
+    check_round_trip(DT_F32, "st_rt_f32.safetensors");
+    check_round_trip(DT_BF16, "st_rt_bf16.safetensors");
     unlink("st_rt_f32.safetensors");
     unlink("st_rt_bf16.safetensors");
 }
@@ -279,7 +279,7 @@ static void test_header_bytes(void) {
                           {.name = "a", .ndim = 2, .shape = {1, 2}, .data = a}};
     Err err = {0};
     const char *path = "st_header.safetensors";
-    CHECK_MSG(st_write(path, t, 2, ST_BF16, &err) == 0, "%s", err.msg);
+    CHECK_MSG(st_write(path, t, 2, DT_BF16, &err) == 0, "%s", err.msg);
     const char *want = "{\"a\":{\"dtype\":\"BF16\",\"shape\":[1,2],\"data_offsets\":[0,4]},"
                        "\"b\":{\"dtype\":\"BF16\",\"shape\":[3],\"data_offsets\":[4,10]}}";
     size_t padded = (strlen(want) + 7) / 8 * 8;
@@ -302,7 +302,7 @@ static void test_read_errors(void) {
     StWriteTensor t = {.name = "w", .ndim = 2, .shape = {2, 3}, .data = v};
     Err err = {0};
     const char *path = "st_read_err.safetensors";
-    CHECK(st_write(path, &t, 1, ST_F32, &err) == 0);
+    CHECK(st_write(path, &t, 1, DT_F32, &err) == 0);
     StFile f;
     if (st_open(&f, path, &err) != 0) {
         CHECK_MSG(0, "%s", err.msg);
@@ -339,11 +339,11 @@ static void test_write_errors(void) {
     StWriteTensor t[2] = {{.name = "x", .ndim = 1, .shape = {2}, .data = v},
                           {.name = "x", .ndim = 1, .shape = {2}, .data = v}};
     Err err = {0};
-    CHECK(st_write("st_dup.safetensors", t, 2, ST_F32, &err) == -1);
+    CHECK(st_write("st_dup.safetensors", t, 2, DT_F32, &err) == -1);
     CHECK_MSG(strstr(err.msg, "st_dup.safetensors: tensor 'x' given twice") != NULL, "%s", err.msg);
-    CHECK(st_write("st_dup.safetensors", t, 1, ST_I32, &err) == -1);
+    CHECK(st_write("st_dup.safetensors", t, 1, DT_I32, &err) == -1);
     CHECK_MSG(strstr(err.msg, "can only write F32 or BF16, not I32") != NULL, "%s", err.msg);
-    CHECK(st_write("no/such/dir/x.safetensors", t, 1, ST_F32, &err) == -1);
+    CHECK(st_write("no/such/dir/x.safetensors", t, 1, DT_F32, &err) == -1);
     CHECK_MSG(strstr(err.msg, "no/such/dir/x.safetensors: cannot create") != NULL, "%s", err.msg);
     CHECK(access("st_dup.safetensors", F_OK) != 0);
 }
@@ -361,8 +361,8 @@ static int write_sample(const char *dir) {
         store[i] = float_of(specials[i]);
     const struct {
         const char *file;
-        StDType dtype;
-    } outs[] = {{"sample_f32.safetensors", ST_F32}, {"sample_bf16.safetensors", ST_BF16}};
+        DType dtype;
+    } outs[] = {{"sample_f32.safetensors", DT_F32}, {"sample_bf16.safetensors", DT_BF16}};
     for (int o = 0; o < 2; o++) {
         char path[4096];
         snprintf(path, sizeof path, "%s/%s", dir, outs[o].file);

@@ -42,7 +42,7 @@ static const char USAGE[] = "usage:\n"
 
 typedef struct {
     const char *config, *out, *dir;
-    StDType dtype;
+    DType dtype;
     uint64_t seed;
     bool force, json;
 } Args;
@@ -60,9 +60,9 @@ static int parse_seed(const Flag *f, const char *s, Err *err) {
 }
 
 static int parse_dtype(const Flag *f, const char *s, Err *err) {
-    StDType *out = f->target;
-    if (strcmp(s, "bf16") == 0) return *out = ST_BF16, 0;
-    if (strcmp(s, "fp32") == 0 || strcmp(s, "f32") == 0) return *out = ST_F32, 0;
+    DType *out = f->target;
+    if (strcmp(s, "bf16") == 0) return *out = DT_BF16, 0;
+    if (strcmp(s, "fp32") == 0 || strcmp(s, "f32") == 0) return *out = DT_F32, 0;
     return err_set(err, "--dtype '%s' is not one of bf16, fp32", s);
 }
 
@@ -103,7 +103,7 @@ static int parse_info_args(Args *a, int argc, char **argv, Err *err) {
 
 // model_save to a temp name, then rename: a crash never leaves a half
 // model.safetensors.
-static int save_weights_atomic(const Model *m, const char *dir, StDType dtype, Err *err) {
+static int save_weights_atomic(const Model *m, const char *dir, DType dtype, Err *err) {
     char path[PATH_MAX], tmp[PATH_MAX + 32];
     if (path_join(path, sizeof path, dir, "model.safetensors", err)) return -1;
     snprintf(tmp, sizeof tmp, "%s.tmp.%ld", path, (long)getpid());
@@ -156,16 +156,16 @@ static int cmd_init(const Args *a) {
         fprintf(stderr, "astrai-model: %s\n", err.msg);
     else
         printf("%s: %zu parameters (%s, seed %llu)\n", a->out, m.num_floats,
-               a->dtype == ST_BF16 ? "bf16" : "fp32", (unsigned long long)a->seed);
+               a->dtype == DT_BF16 ? "bf16" : "fp32", (unsigned long long)a->seed);
     model_free(&m);
     return rc ? 1 : 0;
 }
 
 // ---------------------------------------------------------------- info
 
-static const char *st_dtype_name(StDType dt) {
-    static const char *names[] = {[ST_F32] = "F32", [ST_BF16] = "BF16", [ST_F16] = "F16",
-                                  [ST_I32] = "I32", [ST_I64] = "I64",   [ST_U8] = "U8"};
+static const char *st_dtype_name(DType dt) {
+    static const char *names[] = {[DT_F32] = "F32", [DT_BF16] = "BF16", [DT_F16] = "F16",
+                                  [DT_I32] = "I32", [DT_I64] = "I64",   [DT_U8] = "U8"};
     return names[dt];
 }
 
@@ -312,7 +312,7 @@ int main(int argc, char **argv) {
         fputs(USAGE, stdout);
         return 0;
     }
-    Args a = {.dtype = ST_BF16, .seed = DEFAULT_SEED};
+    Args a = {.dtype = DT_BF16, .seed = DEFAULT_SEED};
     Err err = {0};
     const char *cmd = argc >= 2 ? argv[1] : "";
     int rc;

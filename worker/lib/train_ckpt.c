@@ -142,7 +142,7 @@ static char *metrics_text(const Trainer *t) {
 
 static int write_files(const Trainer *t, const Optimizer *opt, const char *tmp, Err *err) {
     char path[PATH_CAP];
-    StDType dtype = !strcmp(t->spec->ckpt_dtype, "bf16") ? ST_BF16 : ST_F32;
+    DType dtype = !strcmp(t->spec->ckpt_dtype, "bf16") ? DT_BF16 : DT_F32;
     if (write_text(tmp, "meta.json", meta_text(t), err) ||
         write_text(tmp, "config.json", model_config_to_json(&t->model.cfg), err) ||
         write_text(tmp, "scheduler.json", scheduler_text(t), err) ||
