@@ -69,7 +69,7 @@ typedef struct {
     int drawn;   // lines of the last redraw
     bool done;
     char final_state[32];
-} Progress;
+} WatchView;
 
 static long job_id_of(const cJSON *job) {
     const cJSON *id = cJSON_GetObjectItemCaseSensitive(job, "id");
@@ -87,7 +87,7 @@ static int terminal_width(void) {
 
 // Moves back to the first bar and rewrites every bar (the last without a newline,
 // so a single job is redrawn with \r only).
-static void redraw_bars(Progress *p) {
+static void redraw_bars(WatchView *p) {
     char line[1024];
     int width = terminal_width() - 1;
     printf("\r");
@@ -102,7 +102,7 @@ static void redraw_bars(Progress *p) {
     fflush(stdout);
 }
 
-static void show_job(Progress *p, const cJSON *job) {
+static void show_job(WatchView *p, const cJSON *job) {
     char line[1024];
     if (!p->show) return;
     if (p->json)
@@ -116,13 +116,13 @@ static void show_job(Progress *p, const cJSON *job) {
     }
 }
 
-static void finish(Progress *p, const char *state) {
+static void finish(WatchView *p, const char *state) {
     snprintf(p->final_state, sizeof p->final_state, "%s", state);
     p->done = true;
 }
 
 // Records a JOB (replacing the older copy) and shows it.
-static void update_job(Progress *p, const cJSON *job) {
+static void update_job(WatchView *p, const cJSON *job) {
     long id = job_id_of(job);
     if (id < 0 || (p->job >= 0 && id != p->job)) return;
     cJSON *copy = cJSON_Duplicate(job, 1), *old;
@@ -143,7 +143,7 @@ static void update_job(Progress *p, const cJSON *job) {
 }
 
 static void on_progress_push(const char *method, const cJSON *params, void *ctx) {
-    Progress *p = ctx;
+    WatchView *p = ctx;
     if (!strcmp(method, "progress")) update_job(p, params);
     const cJSON *state = cJSON_GetObjectItemCaseSensitive(params, "state");
     if (!strcmp(method, "end") && p->job >= 0 && job_id_of(params) < 0 &&
@@ -152,7 +152,7 @@ static void on_progress_push(const char *method, const cJSON *params, void *ctx)
 }
 
 // watch on an open connection until the followed job ends (forever for every job).
-static int follow_progress(Client *c, Progress *p, Err *err) {
+static int follow_progress(Client *c, WatchView *p, Err *err) {
     p->jobs = cJSON_CreateArray();
     c->on_push = on_progress_push;
     c->push_ctx = p;
@@ -219,7 +219,7 @@ static int load_job_file(const char *path, cJSON **spec, Err *err) {
     return 0;
 }
 
-static const char *job_error(const Progress *p) {
+static const char *job_error(const WatchView *p) {
     const cJSON *job = cJSON_GetArrayItem(p->jobs, 0);
     const cJSON *error = cJSON_GetObjectItemCaseSensitive(job, "error");
     return cJSON_IsString(error) ? error->valuestring : "no cause recorded";
@@ -227,7 +227,7 @@ static const char *job_error(const Progress *p) {
 
 // "astraictl: job 3 failed: CAUSE" on stderr, safe for a terminal also with --json (whose
 // strings are kept as sent).
-static void print_job_failure(long id, const Progress *p) {
+static void print_job_failure(long id, const WatchView *p) {
     char line[1024];
     snprintf(line, sizeof line, "job %ld %s: %s", id, p->final_state, job_error(p));
     char *safe = text_for_terminal(line);
@@ -237,7 +237,7 @@ static void print_job_failure(long id, const Progress *p) {
 
 // submit --wait / --follow: follow the job until it ends; 0 only when completed.
 static int await_job(Client *c, long id, const Options *o, Err *err) {
-    Progress p = {.job = id, .show = o->follow, .json = o->json, .tty = !o->json && isatty(1)};
+    WatchView p = {.job = id, .show = o->follow, .json = o->json, .tty = !o->json && isatty(1)};
     int rc = follow_progress(c, &p, err);
     if (!rc && o->json && !o->follow) print_json(cJSON_GetArrayItem(p.jobs, 0));
     if (!rc && strcmp(p.final_state, "completed")) {
@@ -429,7 +429,7 @@ static int cmd_logs(const char *name, char **args, const Options *o) {
 static int cmd_watch(const char *name, char **args, const Options *o) {
     (void)name;
     Err err;
-    Progress p = {.job = -1, .show = true, .json = o->json, .tty = !o->json && isatty(1)};
+    WatchView p = {.job = -1, .show = true, .json = o->json, .tty = !o->json && isatty(1)};
     if (args[0] && parse_job_id(args[0], &p.job, &err)) return fail(EXIT_USAGE, &err);
     Client c;
     int rc = client_open(&c, o, &err);

@@ -7,7 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "comm/backend.h"
+#include "comm/comm_backend.h"
 
 #define NCCL_NOT_BUILT "nccl backend not built (CUDA/NCCL not found at configure time)"
 

@@ -19,7 +19,7 @@
 #include <string.h>
 #include <time.h>
 
-#include "comm/backend.h"
+#include "comm/comm_backend.h"
 #include "common/clock.h"
 
 #define POLL_NS 100000 // 0.1 ms between polls of a running collective

@@ -31,7 +31,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "comm/backend.h"
+#include "comm/comm_backend.h"
 
 #define SHM_MAGIC 0x3173686d69617274ull // arbitrary tag, xor-ed with the nonce
 #define POLL_NS 2000000                 // liveness / deadline checks every 2 ms

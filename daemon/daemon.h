@@ -320,16 +320,16 @@ typedef struct {
     char *checkpoint;                                // the newest, NULL: none
     int has_val;                                     // the newest validation row
     double val_loss;
-} Progress;
+} JobProgress;
 
 // Polls the running jobs' progress.db every poll-interval on the threadpool (and once that
 // of each job it has not seen, for its val_loss); changes are pushed to watchers.
 void progress_reader_start(void);
 // Reads run_dir/progress.db (blocking: off the loop). total_steps: the job's, for the ETA
 // when the database has none.
-void progress_read_dir(const char *run_dir, long total_steps, Progress *p);
+void progress_read_dir(const char *run_dir, long total_steps, JobProgress *p);
 // Sets j's progress from p (and frees p's strings); 1 if the job changed.
-int progress_apply(Job *j, Progress *p);
+int progress_apply(Job *j, JobProgress *p);
 
 // ---------------------------------------------------------------- curve.c
 // A job's training curve (the `history` method, the web page): the steps rows of

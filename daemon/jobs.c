@@ -751,7 +751,7 @@ typedef struct {
     char *cause, *started_from; // o's strings, copied
     char run_dir[PATH_MAX], *ckpt_dir;
     long total_steps;
-    Progress progress;
+    JobProgress progress;
     int found; // ckpt_find_latest: 0 found (in ckpt), 1 none, -1 error (in err)
     char ckpt[PATH_MAX];
     Err err;

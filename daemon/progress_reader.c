@@ -40,7 +40,7 @@ static int query_long(sqlite3 *db, const char *sql, long *out) {
 }
 
 // The newest rows: the latest values, and the pace (seconds per step) for the ETA.
-static void read_steps(sqlite3 *db, long total_steps, Progress *p) {
+static void read_steps(sqlite3 *db, long total_steps, JobProgress *p) {
     sqlite3_stmt *st;
     p->eta_s = -1;
     if (sqlite3_prepare_v2(db, PROGRESS_DB_LATEST_STEPS, -1, &st, NULL) != SQLITE_OK) return;
@@ -71,7 +71,7 @@ static void read_steps(sqlite3 *db, long total_steps, Progress *p) {
                    (double)(total_steps > last_step ? total_steps - last_step : 0);
 }
 
-static void read_checkpoint(sqlite3 *db, Progress *p) {
+static void read_checkpoint(sqlite3 *db, JobProgress *p) {
     sqlite3_stmt *st;
     const char *sql = PROGRESS_DB_LAST_CHECKPOINT;
     if (sqlite3_prepare_v2(db, sql, -1, &st, NULL) != SQLITE_OK) return;
@@ -84,7 +84,7 @@ static void read_checkpoint(sqlite3 *db, Progress *p) {
 
 // The newest validation row (--val_split); a database from before the validation table:
 // none.
-static void read_validation(sqlite3 *db, Progress *p) {
+static void read_validation(sqlite3 *db, JobProgress *p) {
     sqlite3_stmt *st;
     const char *sql = PROGRESS_DB_LAST_VALIDATION;
     if (sqlite3_prepare_v2(db, sql, -1, &st, NULL) != SQLITE_OK) return;
@@ -95,8 +95,8 @@ static void read_validation(sqlite3 *db, Progress *p) {
     sqlite3_finalize(st);
 }
 
-static void read_db(sqlite3 *db, long total_steps, Progress *p) {
-    *p = (Progress){.opened = 1, .eta_s = -1};
+static void read_db(sqlite3 *db, long total_steps, JobProgress *p) {
+    *p = (JobProgress){.opened = 1, .eta_s = -1};
     long total;
     if (!query_long(db, PROGRESS_DB_TOTAL_STEPS, &total)) {
         p->has_total = 1;
@@ -107,14 +107,14 @@ static void read_db(sqlite3 *db, long total_steps, Progress *p) {
     read_validation(db, p);
 }
 
-void progress_read_dir(const char *run_dir, long total_steps, Progress *p) {
+void progress_read_dir(const char *run_dir, long total_steps, JobProgress *p) {
     sqlite3 *db = open_progress(run_dir);
-    *p = (Progress){.eta_s = -1};
+    *p = (JobProgress){.eta_s = -1};
     if (db) read_db(db, total_steps, p);
     sqlite3_close(db);
 }
 
-int progress_apply(Job *j, Progress *p) {
+int progress_apply(Job *j, JobProgress *p) {
     int changed = !j->progress_seen;
     j->progress_seen = 1;
     if (!p->opened) return changed;
@@ -158,7 +158,7 @@ typedef struct {
     int running;
     long total_steps;
     char run_dir[PATH_MAX];
-    Progress p;
+    JobProgress p;
 } PollItem;
 
 typedef struct {
@@ -223,7 +223,7 @@ static void poll_work(uv_work_t *req) {
     close_stale_handles(poll);
     for (size_t k = 0; k < poll->n; k++) {
         PollItem *it = &poll->items[k];
-        it->p = (Progress){.eta_s = -1};
+        it->p = (JobProgress){.eta_s = -1};
         if (!it->running) {
             progress_read_dir(it->run_dir, it->total_steps, &it->p);
             continue;

@@ -1,4 +1,5 @@
-// backend.h: what a comm backend provides to the dispatch in comm.c (internal).
+// comm_backend.h: what a comm backend (shm.c, nccl.c) provides to the dispatch in comm.c
+// (internal).
 #pragma once
 #include "comm/comm.h"
 
