@@ -180,8 +180,10 @@ typedef struct Job {
     // rm or the retention, its rows being deleted. Neither is shown to clients.
     long version;
     int changing, unsaved, removing;
-    LogLine *log; // (JOB_LOG_LINES,) ring of the last output lines, NULL until the first
-                  // one and again once the job is final (its logs are then read from disk)
+    int launching; // its start is on its way: the row that must commit before it (scheduler.c)
+    int row_stale; // its last row did not commit: it is written again (jobs.c, resave)
+    LogLine *log;  // (JOB_LOG_LINES,) ring of the last output lines, NULL until the first
+                   // one and again once the job is final (its logs are then read from disk)
     int log_start, log_len;
     JobText *text; // its JOB object's last text (job_to_raw_json), NULL: none kept
     struct Job *next;
@@ -299,6 +301,8 @@ int state_delete_jobs(const long *ids, size_t n, StateDone done, void *arg, Err 
 // A blocking read that must see the writes queued before it: work(arg) runs on the
 // threadpool in the writes' turn, done(arg, no error) on the loop after it.
 int state_queue_work(void (*work)(void *arg), StateDone done, void *arg, Err *err);
+// Why the database is damaged (a write found it so: none is made any more), NULL while not.
+const char *state_damage(void);
 void state_event(long job_id, const char *kind, const char *detail);
 void state_run_started(const Job *j, const pid_t *pids, int n);
 void state_run_ended(const Job *j, const char *outcome);

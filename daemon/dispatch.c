@@ -400,6 +400,10 @@ static cJSON *do_info(Conn *c, const cJSON *params, int *code, Err *err) {
         cJSON_AddItemToArray(socks, cJSON_CreateString(tcp));
     }
     cJSON_AddStringToObject(r, "state_dir", astraid.cfg.state_dir);
+    const char *damage = state_damage();
+    char database[ERR_MSG_MAX + 16] = "ok";
+    if (damage) snprintf(database, sizeof database, "damaged (%s)", damage);
+    cJSON_AddStringToObject(r, "database", database);
     cJSON_AddStringToObject(r, "train_binary", astraid.cfg.train_binary);
     cJSON_AddNumberToObject(r, "connections", server_connections());
     cJSON_AddItemToObject(r, "unknown_job_dirs", jobs_unknown_dirs());

@@ -12,7 +12,9 @@
 //
 // A verb's state change (pause, resume, cancel; submit's new job) is written to the
 // database before it takes effect: when the database cannot commit, the request gets
-// the error and the job stays as it was. The writes are made off the loop (state.c), so a
+// the error and the job stays as it was; no run starts before a row of its job committed
+// (scheduler.c), and a run's own change whose row did not commit is written again until it
+// does. The writes are made off the loop (state.c), so a
 // verb completes later: planned on the job as it is, written, then made, or planned
 // again when the job changed while its row was on its way. Ids are never reused: a new id is past
 // every id of the database and every run directory (shared_dir/jobs/<id>). Output lines are kept in
@@ -426,17 +428,52 @@ static void announce_state(Job *j, JobState from) {
     }
 }
 
+static double backoff_s(long restarts);
+
+// A run's own change is made whatever the disk says; a row of it that did not commit (a full
+// disk) is written again after a backoff until one does, so that the next astraid does not
+// find the job as it was before. Not while the database is damaged (nothing is written to it
+// then), nor once astraid is stopping.
+static uv_timer_t resave_timer;
+static int resave_ready;
+static long resave_tries; // in a row since a row last committed
+
+static void resave(uv_timer_t *t) {
+    (void)t;
+    for (Job *j = astraid.jobs; j; j = j->next)
+        if (j->row_stale && !j->removing) job_save(j);
+}
+
+static void resave_later(Job *j) {
+    j->row_stale = 1;
+    if (astraid.stopping || state_damage()) return;
+    if (!resave_ready) {
+        uv_timer_init(astraid.loop, &resave_timer);
+        resave_ready = 1;
+    }
+    if (uv_is_closing((uv_handle_t *)&resave_timer) || uv_is_active((uv_handle_t *)&resave_timer))
+        return;
+    resave_tries++;
+    uv_timer_start(&resave_timer, resave, (uint64_t)(backoff_s(resave_tries) * 1000), 0);
+}
+
 // A row of a job written: clients now see its state. j is still there: it is freed only
 // by its removal's write, which comes after this one.
 typedef struct {
     Job *job;
     JobState state;
+    long version;
 } Saved;
 
 static void saved(void *arg, const Err *err) {
-    (void)err; // a run's own change is shown whatever the disk said (the failure is logged)
     Saved *s = arg;
-    s->job->shown_state = s->state;
+    s->job->shown_state = s->state; // shown whatever the disk said (the failure is logged)
+    if (err->msg[0]) {
+        resave_later(s->job);
+    } else if (s->version == s->job->version) {
+        s->job->row_stale = 0;
+        resave_tries = 0;
+    }
     shown_changed(s->job);
     free(s);
 }
@@ -444,7 +481,7 @@ static void saved(void *arg, const Err *err) {
 void job_save(Job *j) {
     j->version++;
     Saved *s = malloc(sizeof *s);
-    if (s) *s = (Saved){j, j->state};
+    if (s) *s = (Saved){j, j->state, j->version};
     if (!s || state_save_job(j, saved, s, NULL)) {
         free(s);
         j->shown_state = j->state; // not written: shown as it is
@@ -452,7 +489,8 @@ void job_save(Job *j) {
     }
 }
 
-// A run's own transitions happen whatever the database says (a failed write is logged).
+// A run's own transitions happen whatever the database says (a failed write is logged, and
+// the row written again: resave_later).
 void job_set_state(Job *j, JobState s) {
     JobState from = j->state;
     apply_state(j, s);

@@ -6,6 +6,13 @@
 // spec names); queued jobs start in order of priority, then submission (FIFO), on
 // disjoint devices. The head of the queue is never overtaken
 // by a smaller job behind it, so a large job cannot starve.
+//
+// A run starts only once a write of its job's row has committed: a start the database
+// cannot record (a full disk, an I/O error, a damaged astraid.db) would be unknown to the
+// next astraid, which could start a second run on the same ckpt_dir while the first one's
+// ranks still checkpoint. When that write fails the job stays queued, its error naming
+// astraid.db, and is tried again after a backoff (as a start that lacked a resource); while
+// the database is damaged no job is tried at all.
 #include <errno.h>
 #include <limits.h>
 #include <sched.h>
@@ -170,7 +177,7 @@ static Job *queue_head(double now, double *earliest) {
     Job *best = NULL;
     for (Job *j = astraid.jobs; j; j = j->next) {
         // unsaved: not acknowledged yet; a run: a Slurm job pending in Slurm's own queue
-        if (j->state != JOB_QUEUED || j->unsaved || job_has_run(j)) continue;
+        if (j->state != JOB_QUEUED || j->unsaved || j->launching || job_has_run(j)) continue;
         if (j->hold_until > now) {
             if (!*earliest || j->hold_until < *earliest) *earliest = j->hold_until;
             continue;
@@ -196,17 +203,57 @@ static void arm_wake(double earliest, double now) {
         uv_timer_start(&wake_timer, on_wake, (uint64_t)((earliest - now) * 1000) + 1, 0);
 }
 
+// A start whose row is on its way to the database.
+typedef struct {
+    Job *job; // launching: neither removed nor started meanwhile
+    long version;
+} Launch;
+
+// The row committed: the run starts, unless the job changed meanwhile (a verb written before
+// the row: the row as the job is now goes after it, unless the job is being removed) or
+// astraid is stopping.
+static void start_or_release(Launch *l, const Err *err) {
+    Job *j = l->job;
+    Err serr = {0};
+    if (j->state != JOB_QUEUED || j->version != l->version) {
+        devices_release(j);
+        if (!j->removing) job_save(j); // (a removed job's rows go)
+    } else if (err->msg[0]) {
+        devices_release(j);
+        job_start_failed(j, err); // queued again after a backoff
+    } else if (astraid.stopping) {
+        devices_release(j);
+    } else if (runner_start(j, &serr)) {
+        devices_release(j);
+        job_start_failed(j, &serr); // queued again after a backoff, or failed
+    }
+}
+
+static void start_written(void *arg, const Err *err) {
+    Launch *l = arg;
+    l->job->launching = 0;
+    start_or_release(l, err);
+    free(l);
+    scheduler_kick(); // the devices of a start not made, for the next job
+}
+
 void scheduler_kick(void) {
-    if (astraid.stopping) return;
+    if (astraid.stopping || state_damage()) return;
     for (;;) {
         double now = clock_mono_s(), earliest = 0;
         Job *j = queue_head(now, &earliest);
         arm_wake(earliest, now);
         if (!j || (!astraid.slurm && !devices_take(j))) return; // Slurm allocates its own
+        Launch *l = malloc(sizeof *l);
         Err err = {0};
-        if (runner_start(j, &err)) {
+        if (l) *l = (Launch){j, j->version};
+        if (!l || state_save_job(j, start_written, l, &err)) {
+            if (!err.msg[0]) err_resource(&err, "out of memory");
+            free(l);
             devices_release(j);
-            job_start_failed(j, &err); // queued again after a backoff, or failed
+            job_start_failed(j, &err);
+            continue;
         }
+        j->launching = 1;
     }
 }

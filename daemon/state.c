@@ -4,9 +4,19 @@
 // busy_timeout, and BEGIN IMMEDIATE around every write; the writes are made off the
 // loop, in order, by one writer (below), and columns are always named.
 //
-// A write that cannot commit (a full disk, a lock held past the busy timeout) is rolled
-// back and its completion gets the error: the verbs then refuse the request and leave
-// the job as it was (docs/astraid.md).
+// A write that cannot commit (a full disk, an I/O error, a lock held past the busy timeout)
+// is rolled back and its completion gets the error: the verbs then refuse the request and
+// leave the job as it was, and no run starts (scheduler.c) (docs/astraid.md).
+//
+// A damaged database is never run on. At start, PRAGMA quick_check reads every page as
+// sqlite sees it through the WAL (a WAL whose frames fail their checksums is cut there by
+// sqlite itself: the commits before them stay), so a page of the main file damaged while
+// astraid was down, and not replaced by a later WAL frame, fails the start (exit 1, naming
+// astraid.db). A write that finds the database damaged later (SQLITE_CORRUPT, SQLITE_NOTADB)
+// marks it damaged for good: no write touches it again, every one fails with that error
+// (submit, the verbs, rm are refused; no run starts), while reads are served from memory and
+// the running jobs go on until astraid is stopped (its ranks then checkpoint and exit); the
+// next start refuses the file until it is restored or moved aside.
 //
 // Recovery at startup: jobs the daemon died under (starting, running, pausing: a
 // crash or kill -9; their ranks got SIGTERM from PR_SET_PDEATHSIG, checkpoint and
@@ -33,6 +43,9 @@
 // db: the loop's connection, for the reads of startup (recovery, ids). wdb: the writer's,
 // used by one write at a time on libuv's threadpool.
 static sqlite3 *db, *wdb;
+// What found the database damaged, "" while it is not: set on the loop before the next
+// write is queued (uv_queue_work orders it before that write's read on the threadpool).
+static char damage[ERR_MSG_MAX];
 
 static const char SCHEMA[] =
     "PRAGMA journal_mode=WAL;"
@@ -80,10 +93,53 @@ static int open_db(const char *path, sqlite3 **out, Err *err) {
     return 0;
 }
 
+// What astraid says of a damaged database, at start or when a write finds it.
+#define DAMAGED_ADVICE                                                                             \
+    "restore it from a copy, or move it aside with its -wal and -shm files while astraid is "      \
+    "stopped (its jobs are then unknown to astraid; their run directories and checkpoints stay)"
+
+// An error of sqlite's that says the file itself is damaged (not the disk, not a lock).
+static int is_damage(int rc) {
+    return (rc & 0xff) == SQLITE_CORRUPT || (rc & 0xff) == SQLITE_NOTADB;
+}
+
+// quick_check's first findings ("ok" when none), or a damage that stopped it, fail the start;
+// another error (a lock held past the busy timeout, a read-only directory) is only that.
+static int check_db(const char *path, Err *err) {
+    sqlite3_stmt *st;
+    char found[512] = "";
+    size_t n = 0;
+    int rc = sqlite3_prepare_v2(db, "PRAGMA quick_check(4)", -1, &st, NULL);
+    while (rc == SQLITE_OK && (rc = sqlite3_step(st)) == SQLITE_ROW) {
+        const char *row = (const char *)sqlite3_column_text(st, 0);
+        if (row && strcmp(row, "ok") && n + 3 < sizeof found)
+            n += (size_t)snprintf(found + n, sizeof found - n, "%s%s", n ? "; " : "", row);
+        rc = SQLITE_OK;
+    }
+    if (rc != SQLITE_DONE && !n) {
+        snprintf(found, sizeof found, "%s", sqlite3_errmsg(db));
+        if (!is_damage(rc)) {
+            sqlite3_finalize(st);
+            return err_resource(err, "%s: %s", path, found);
+        }
+    }
+    sqlite3_finalize(st);
+    if (!found[0]) return 0;
+    for (char *p = found;
+         (p = strchr(p, '\n'));) // one line: "*** in database main *** Page 5: ..."
+        *p = ' ';
+    // Left as it was found, WAL included (the last close would checkpoint it into the
+    // damaged file): whoever repairs it works on what astraid saw.
+    sqlite3_db_config(db, SQLITE_DBCONFIG_NO_CKPT_ON_CLOSE, 1, NULL);
+    return err_resource(
+        err, "%s is damaged (quick_check: %.400s): astraid does not start on it; " DAMAGED_ADVICE,
+        path, found);
+}
+
 int state_open(const char *state_dir, Err *err) {
     char path[PATH_MAX];
     snprintf(path, sizeof path, "%s/astraid.db", state_dir);
-    if (open_db(path, &db, err)) return -1;
+    if (open_db(path, &db, err) || check_db(path, err)) return -1;
     char *msg = NULL;
     if (sqlite3_exec(db, SCHEMA, NULL, NULL, &msg) != SQLITE_OK) {
         err_set(err, "%s: %s", path, msg ? msg : "schema");
@@ -101,6 +157,10 @@ int state_open(const char *state_dir, Err *err) {
 }
 
 void state_close(void) {
+    if (damage[0]) { // as in check_db: the WAL stays beside it
+        sqlite3_db_config(db, SQLITE_DBCONFIG_NO_CKPT_ON_CLOSE, 1, NULL);
+        sqlite3_db_config(wdb, SQLITE_DBCONFIG_NO_CKPT_ON_CLOSE, 1, NULL);
+    }
     sqlite3_close(db);
     sqlite3_close(wdb);
     db = wdb = NULL;
@@ -140,6 +200,7 @@ typedef struct Write {
     StateDone done;
     void *arg;
     Err err;
+    char damaged[256]; // its error, when it said the database is damaged
     struct Write *next;
 } Write;
 
@@ -191,6 +252,8 @@ static void write_free(Write *w) {
 
 // A failed write (on the threadpool: logged by its completion).
 static void write_failed(Write *w, const char *step) {
+    if (is_damage(sqlite3_errcode(wdb)))
+        snprintf(w->damaged, sizeof w->damaged, "%s: %s", step, sqlite3_errmsg(wdb));
     err_resource(&w->err, "astraid.db: %s: %s", step, sqlite3_errmsg(wdb));
 }
 
@@ -229,6 +292,10 @@ static void write_work(uv_work_t *req) {
         err_resource(&w->err, "astraid.db is not open");
         return;
     }
+    if (damage[0]) { // a write to a damaged b-tree could only make it worse
+        err_resource(&w->err, "astraid.db is damaged (%.600s): nothing is written to it", damage);
+        return;
+    }
     if (sqlite3_exec(wdb, "BEGIN IMMEDIATE", NULL, NULL, NULL) != SQLITE_OK) {
         write_failed(w, "begin");
         return;
@@ -245,12 +312,22 @@ static void write_work(uv_work_t *req) {
 
 static void start_next(void);
 
+// The first write that finds the database damaged: from now on none is made.
+static void mark_damaged(const Write *w) {
+    snprintf(damage, sizeof damage, "%s, at %s", w->damaged, w->what);
+    log_error("astraid.db is damaged (%s): astraid writes nothing more to it: submit, the verbs "
+              "and rm are refused and no job is started; the running jobs go on until astraid is "
+              "stopped; then " DAMAGED_ADVICE,
+              damage);
+}
+
 static void write_done(uv_work_t *req, int status) {
     (void)status; // never cancelled
     Write *w = req->data;
     queue_head = w->next;
     if (!queue_head) queue_tail = NULL;
     busy = 0;
+    if (w->damaged[0] && !damage[0]) mark_damaged(w);
     start_next(); // the next write runs while this one's completion does
     if (w->err.msg[0]) log_error("%s (%s)", w->err.msg, w->what);
     if (w->done) w->done(w->arg, &w->err);
@@ -272,6 +349,10 @@ static void enqueue(Write *w) {
         queue_head = w;
     queue_tail = w;
     start_next();
+}
+
+const char *state_damage(void) {
+    return damage[0] ? damage : NULL;
 }
 
 int state_queue_work(void (*work)(void *arg), StateDone done, void *arg, Err *err) {

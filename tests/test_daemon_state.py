@@ -11,7 +11,15 @@ lines, then fails or sleeps until killed), so that jobs start and end in millise
   rank: same binary, another run directory; a later process: another start time) is left
   alone, while a leftover rank of the job is still killed;
 - durability: with the state dir on a full tmpfs, submit and the verbs get an error and
-  change nothing; what was acknowledged survives a restart;
+  change nothing; what was acknowledged survives a restart; a device freed meanwhile starts
+  no job (its start cannot be recorded) until there is room again; the run's own change made
+  meanwhile is in astraid.db once there is room;
+- a damaged astraid.db: a page of it overwritten while astraid was down (after a clean stop,
+  and beside a WAL after kill -9) makes the next start exit 1 naming astraid.db; a WAL frame
+  overwritten is cut by sqlite and astraid starts; a page overwritten under a running astraid
+  makes its writes refused from then on (submit gets the error, no job starts, daemon.info
+  says so, reads go on), a clean stop still stops the running job's ranks, and the next
+  start exits 1;
 - history: 2000 finished jobs: every list page stays under the 1 MiB line limit, astraictl
   list/status show them all, rm keeps the ckpt_dir, --keep-finished N and Dd."""
 
@@ -30,22 +38,27 @@ RPC_MAX_LINE = 1 << 20
 N_HISTORY = 2000
 FAKE_LINES = ["fake rank 0 start", "fake line 1", "fake line 2"]
 FAKE_TRAIN = """#!/bin/sh
-# A stand-in astrai-train: three output lines, then it fails, or waits until killed or
-# until astraid is gone (as a rank's PDEATHSIG would).
+# A stand-in astrai-train: three output lines, then it fails, or waits until killed, until
+# astraid is gone (as a rank's PDEATHSIG would) or until $FAKE_STOP.<job id> exists (exit 1).
 echo "fake rank $RANK start"
 echo "fake line 1"
 echo "fake line 2"
 [ "$FAKE_MODE" = fail ] && exit 1
-while kill -0 "$ASTRAI_LAUNCHER_PID" 2>/dev/null; do sleep 0.1; done
+while kill -0 "$ASTRAI_LAUNCHER_PID" 2>/dev/null; do
+  [ -n "$FAKE_STOP" ] && [ -e "$FAKE_STOP.${ASTRAI_RUN_DIR##*/}" ] && exit 1
+  sleep 0.1
+done
 """
 
 
-def daemon(root, fake, mode="sleep", state_dir=None, args=()):
+def daemon(root, fake, mode="sleep", state_dir=None, args=(), stop_file=None, devices="cpu:1"):
+    """stop_file: a rank of job J exits 1 once stop_file.J exists."""
     os.makedirs(root, exist_ok=True)
     extra = [f"--train-binary={fake}", "--stop-timeout=1"] + list(args)
     if state_dir:
         extra.append(f"--state-dir={state_dir}")
-    d = du.Daemon(root, args=extra, env={"FAKE_MODE": mode})
+    env = {"FAKE_MODE": mode, **({"FAKE_STOP": stop_file} if stop_file else {})}
+    d = du.Daemon(root, args=extra, env=env, devices=devices)
     if state_dir:
         d.state_dir = state_dir
     return d
@@ -277,6 +290,168 @@ def check_durable(root, fake, model, data):
         umount(mnt)
 
 
+# ---------------------------------------------------------------- writes failing under a run
+
+def start_blocked(d, c, model, data, stop_file, break_writes):
+    """Job A runs, B waits for a device; once break_writes() made astraid.db refuse writes,
+    A's rank exits (its run's own change: failed) and frees the device, and B must not start:
+    its start could not be recorded. Returns (A, B)."""
+    a = c.call("submit", du.spec(model, data, max_restarts=0))["job"]
+    du.wait_job(c, a, ["running"])
+    b = c.call("submit", du.spec(model, data))["job"]
+    a_pids = du.rank_pids(d.state_dir, a)
+    break_writes()
+    write(f"{stop_file}.{a}")
+    assert du.wait_gone(a_pids, 60), "job A's rank did not exit"
+    os.unlink(f"{stop_file}.{a}")
+    du.wait_job(c, a, ["failed"])
+    # A refused write completes after every write queued before it: a start of B when A's
+    # end freed the device would be shown by now.
+    du.expect_error(lambda: c.call("submit", du.spec(model, data)), -32603, "astraid.db")
+    st = json.loads(astraictl(d, "--json", "status", str(b)))
+    assert st["state"] == "queued", f"job {b} is {st['state']}: started, yet not recorded"
+    return a, b
+
+
+def check_full_disk_start(root, fake, model, data):
+    mnt = os.path.join(root, "mnt")
+    if not mount_tmpfs(mnt, "2m"):
+        print("full disk start: skipped (mount -t tmpfs is not permitted here)")
+        return
+    stop_file = os.path.join(root, "stop")
+    filler = os.path.join(mnt, "filler")
+    try:
+        d = daemon(root, fake, state_dir=os.path.join(mnt, "state"), stop_file=stop_file)
+        d.start()
+        with du.guarded(d):
+            c = d.client()
+            a, b = start_blocked(d, c, model, data, stop_file, lambda: fill(filler))
+            err = c.call("status", {"job": b}).get("error") or ""
+            assert "astraid.db" in err, f"job {b} waits, its error does not say why: {err!r}"
+            os.unlink(filler)  # room again: B starts, A's end is written
+            du.wait_job(c, b, ["running"], timeout=180)
+            def row_state(job):
+                return db_exec(d, "SELECT state FROM jobs WHERE id=?", job)[0][0]
+            assert row_state(b) == "running", row_state(b)
+            lu.wait_for(f"job {a}'s end in astraid.db", lambda: row_state(a) == "failed",
+                        timeout=180)
+            c.close()
+            assert d.stop() == 0
+            d.start()
+            c = d.client()
+            assert c.call("status", {"job": a})["state"] == "failed"
+            c.call("cancel", {"job": b})
+            c.close()
+            assert d.stop() == 0
+    finally:
+        umount(mnt)
+
+
+# ---------------------------------------------------------------- a damaged astraid.db
+
+def table_page(d, table):
+    """(the root page of table in astraid.db, the page size)."""
+    ((size,),) = db_exec(d, "PRAGMA page_size")
+    ((page,),) = db_exec(d, "SELECT rootpage FROM sqlite_master WHERE name=?", table)
+    return page, size
+
+
+def overwrite_page(path, page, size, data=None):
+    """Writes data (default: bytes no b-tree page starts with) over page `page` (from 1) of
+    the file; returns what was there."""
+    with open(path, "r+b") as f:
+        f.seek((page - 1) * size)
+        old = f.read(size)
+        f.seek((page - 1) * size)
+        f.write(data if data is not None else b"\xa5" * size)
+    return old
+
+
+def expect_refused_start(d, db):
+    """astraid started on a damaged astraid.db exits 1, naming it."""
+    logged = len(d.logs())
+    d.start(wait=False)
+    rc = d.wait(60)
+    said = d.logs()[logged:]
+    assert rc == 1, f"astraid exited {rc} on a damaged astraid.db:\n{said}"
+    assert f"{db} is damaged" in said, said
+
+
+def check_damaged_at_start(root, fake, model, data):
+    d = daemon(root, fake, mode="fail").start()
+    db = os.path.join(d.state_dir, "astraid.db")
+    with du.guarded(d):
+        c = d.client()
+        j = c.call("submit", du.spec(model, data, max_restarts=0))["job"]
+        du.wait_job(c, j, ["failed"])
+        c.close()
+        page, size = table_page(d, "events")  # a table astraid does not read at start
+        assert d.stop() == 0
+        assert not os.path.exists(db + "-wal"), "a clean stop left a WAL"
+
+        good = overwrite_page(db, page, size)  # while astraid was down
+        expect_refused_start(d, db)
+        overwrite_page(db, page, size, good)
+        d.start()  # the page restored: the same file is taken
+
+        # Beside a WAL (astraid killed): a page of the main file that no WAL frame replaces.
+        db_exec(d, "PRAGMA user_version=7")  # a frame of page 1 only
+        d.kill9()
+        assert os.path.getsize(db + "-wal") > 0, "no WAL after kill -9"
+        wal = read(db + "-wal")
+        overwrite_page(db, page, size)
+        expect_refused_start(d, db)
+        assert read(db + "-wal") == wal, "the refused start changed the WAL"
+        overwrite_page(db, page, size, good)
+
+        # A WAL frame overwritten: its checksum fails, sqlite cuts the WAL there (the commits
+        # before it stay) and the database is whole: astraid starts.
+        with open(db + "-wal", "r+b") as f:
+            f.seek(32 + 24 + 100)  # into the page of the first frame
+            f.write(b"\xa5" * 64)
+        d.start()
+        c = d.client()
+        assert c.call("status", {"job": j})["state"] == "failed"
+        c.close()
+        assert d.stop() == 0
+
+
+def check_damaged_while_running(root, fake, model, data):
+    stop_file = os.path.join(root, "stop")
+    d = daemon(root, fake, stop_file=stop_file, devices="cpu:2").start()
+    db = os.path.join(d.state_dir, "astraid.db")
+    with du.guarded(d):
+        c = d.client()
+        other = c.call("submit", du.spec(model, data))["job"]  # runs on through the damage
+        du.wait_job(c, other, ["running"])
+        other_pids = du.rank_pids(d.state_dir, other)
+
+        def damage():
+            page, size = table_page(d, "jobs")
+            ((busy, _, _),) = db_exec(d, "PRAGMA wal_checkpoint(TRUNCATE)")
+            assert busy == 0, "astraid.db's WAL could not be checkpointed"
+            overwrite_page(db, page, size)
+            db_exec(d, "PRAGMA user_version=7")  # a commit: astraid reads the file again
+            du.expect_error(lambda: c.call("submit", du.spec(model, data)), -32603,
+                            "astraid.db", "malformed")
+
+        a, b = start_blocked(d, c, model, data, stop_file, damage)
+        info = c.call("daemon.info")
+        assert info.get("database", "").startswith("damaged ("), info.get("database")
+        assert "malformed" in info["database"], info["database"]
+        assert "astraid.db is damaged" in d.logs()
+        # Reads go on; a state change is refused, the job left as it was.
+        assert [j["id"] for j in c.call("list")["jobs"]] == [other, a, b]
+        du.expect_error(lambda: c.call("cancel", {"job": other}), -32603,
+                        "astraid.db is damaged")
+        assert c.call("status", {"job": other})["state"] == "running"
+        assert all(du.pid_alive(p) for p in other_pids), "the running job's ranks died"
+        c.close()
+        assert d.stop() == 0  # its ranks stopped as at any stop
+        assert du.wait_gone(other_pids, 30), "ranks outlived astraid"
+        expect_refused_start(d, db)
+
+
 # ---------------------------------------------------------------- history
 
 def call_many(c, method, params_list, batch=100):
@@ -423,6 +598,9 @@ def main():
     check_ids_and_logs(os.path.join(root, "ids"), fake, model, data)
     check_rank_identity(os.path.join(root, "identity"), fake, model, data)
     check_durable(os.path.join(root, "durable"), fake, model, data)
+    check_full_disk_start(os.path.join(root, "full-start"), fake, model, data)
+    check_damaged_at_start(os.path.join(root, "damaged-start"), fake, model, data)
+    check_damaged_while_running(os.path.join(root, "damaged-run"), fake, model, data)
     check_history(os.path.join(root, "history"), fake, model, data)
     print("ok")
 
