@@ -323,12 +323,13 @@ class Trickle:
         self.t = threading.Thread(target=self.loop)
         self.t.start()
 
-    def open(self, sel, due):
+    def open(self, sel, due, reopen):
         try:
             s = connect(self.port)
             s.sendall(SLOW_REQUEST)
-        except OSError:
-            return  # closed at once (refused past a cap): tried again at the next reopen
+        except OSError:  # closed at once (refused past a cap): tried again later
+            reopen.append(time.monotonic() + TRICKLE_S)
+            return
         s.setblocking(False)
         sel.register(s, selectors.EVENT_READ)
         due[s] = time.monotonic() + TRICKLE_S
@@ -337,7 +338,7 @@ class Trickle:
     def loop(self):
         sel, due, reopen = selectors.DefaultSelector(), {}, []
         for _ in range(self.n):
-            self.open(sel, due)
+            self.open(sel, due, reopen)
         end = time.monotonic() + self.bound
         while not self.done.is_set() and time.monotonic() < end:
             for key, _ in sel.select(timeout=0.2):
@@ -355,9 +356,10 @@ class Trickle:
                 except OSError:
                     pass  # closed: seen as readable next turn
                 due[s] = now + TRICKLE_S
-            for _ in [t for t in reopen if t <= now]:
-                self.open(sel, due)
+            ready = [t for t in reopen if t <= now]
             reopen = [t for t in reopen if t > now]
+            for _ in ready:
+                self.open(sel, due, reopen)
         for s in due:
             s.close()
 
