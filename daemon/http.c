@@ -14,6 +14,23 @@
 // one. An idle listener costs the loop nothing. /api/history reads the job's progress.db
 // (curve_read) on the HTTP thread: blocking there holds no one else up.
 //
+// Slow clients (slowloris): a connection is "waiting" from its accept, or from the end of its
+// previous answer, until its whole request (line, headers, any body) is read; it must be read
+// within HTTP_REQUEST_S of that start, however steadily its bytes trickle in (the silence
+// timeout alone never fires on a line every few seconds). A watchdog thread, asleep until the
+// earliest such deadline (forever when nothing waits), shuts a late connection's socket down;
+// libmicrohttpd then reads its end and closes it. The connections are tracked in `clients`
+// under clients_mu from libmicrohttpd's STARTED notification to its CLOSED one, which 0.9.75
+// gives before it closes the fd (MHD_cleanup_connections), so a shutdown() under clients_mu
+// never reaches an fd reused by a newer connection. At most HTTP_ADMITTED connections are
+// served at once and HTTP_PEER_CONNECTIONS of one peer (an IPv4 address, an IPv6 /64): a new
+// one past either cap makes room by closing the oldest waiting connection (of that peer, or
+// of all), and is refused (closed at once) only when every one counted is being answered.
+// So a client that sends its request at once is served whatever slow clients hold: it is the
+// newest waiting one while its request arrives. That matters on loopback, where every peer,
+// a local attacker included, is 127.0.0.1 and shares one cap. The HTTP_CONNECTIONS -
+// HTTP_ADMITTED left over are for connections being closed, so accepting never waits on them.
+//
 // Access: like --tcp, a peer on loopback needs no token when its Host header names a loopback
 // host; any other one must send "Authorization: Bearer TOKEN" (--token-file, compared in
 // constant time) or gets 401. On a loopback listener a request whose Host is not a loopback
@@ -25,6 +42,7 @@
 #include <arpa/inet.h>
 #include <errno.h>
 #include <limits.h>
+#include <math.h>
 #include <netinet/in.h>
 #include <pthread.h>
 #include <stdarg.h>
@@ -33,6 +51,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <sys/socket.h>
 #include <time.h>
 
 #include <cjson/cJSON.h>
@@ -43,12 +62,17 @@
 
 #define HTTP_THREADS 2
 #define HTTP_CONNECTIONS 64u     // open at once; more wait in the kernel's backlog
-#define HTTP_TIMEOUT_S 10u       // a connection silent this long is closed
+#define HTTP_ADMITTED 48         // served at once (the others are being closed)
+#define HTTP_PEER_CONNECTIONS 16 // of one peer: a browser opens 6, Prometheus 1
+#define HTTP_REQUEST_S 10.0      // from accept or the last answer to the request read
+#define HTTP_TIMEOUT_S 10u       // a connection silent this long is closed (an answer unread)
 #define HTTP_HEADER_BYTES 32768u // of a request's line and headers (431 past it)
 // A connection's memory (libmicrohttpd touches all of it: 64 kept connections hold 64 times
 // this): the request's HTTP_HEADER_BYTES and, measured on 0.9.75, 64 bytes for each header
 // and query parameter parsed. Past HTTP_FIELDS of them the pool runs out and libmicrohttpd
 // closes the connection with no answer (~2 MiB would answer a 32 KiB "?&&&...": too dear).
+// 0.9.75 does queue a 431 then, but its request-line parser ignores that failure and goes
+// on parsing over it (parse_initial_message_line), so no hook of ours can have it sent.
 #define HTTP_FIELDS 4096u
 #define HTTP_POOL_BYTES (HTTP_HEADER_BYTES + 1024u + 64u * HTTP_FIELDS)
 #define SHOWN_BYTES 64          // of a bad value quoted in an error
@@ -65,6 +89,40 @@ static pthread_cond_t fresh;    // a new snapshot was published (CLOCK_MONOTONIC
 static Snapshot *current;       // under mu
 static int stopping;            // under mu: no more waiting for the loop
 static atomic_ulong generation; // bumped by the loop at each http_changed; read by readers
+
+// A connection libmicrohttpd holds (the top comment: its states, caps and deadline).
+typedef enum { CLIENT_FREE, CLIENT_WAITING, CLIENT_ANSWERING, CLIENT_CLOSING } ClientState;
+typedef struct {
+    ClientState state;
+    int fd;
+    unsigned char peer[16]; // peer_key
+    double since;           // CLIENT_WAITING: its request is awaited since (clock_mono_s)
+} Client;
+
+static pthread_mutex_t clients_mu = PTHREAD_MUTEX_INITIALIZER;
+static Client clients[HTTP_CONNECTIONS]; // under clients_mu, as the three below
+static pthread_cond_t deadline_near;     // a deadline before watch_until, or stop (CLOCK_MONOTONIC)
+static double watch_until = INFINITY;    // when the watchdog wakes next (INFINITY: nothing waits)
+static int watch_stop;
+static pthread_t watchdog;
+static int watchdog_running;
+
+// ---------------------------------------------------------------- time
+
+// A condition variable whose timed waits read CLOCK_MONOTONIC (clock_mono_s).
+static void cond_init_monotonic(pthread_cond_t *c) {
+    pthread_condattr_t attr;
+    pthread_condattr_init(&attr);
+    pthread_condattr_setclock(&attr, CLOCK_MONOTONIC);
+    pthread_cond_init(c, &attr);
+    pthread_condattr_destroy(&attr);
+}
+
+// t (clock_mono_s seconds) for pthread_cond_timedwait.
+static struct timespec mono_timespec(double t) {
+    double sec = floor(t);
+    return (struct timespec){.tv_sec = (time_t)sec, .tv_nsec = (long)((t - sec) * 1e9)};
+}
 
 // ---------------------------------------------------------------- snapshots
 
@@ -224,9 +282,7 @@ static Snapshot *snapshot_get(void) {
     Snapshot *seen = current;
     if (!stopping && snapshot_stale(seen)) {
         uv_async_send(&wake);
-        struct timespec until;
-        clock_gettime(CLOCK_MONOTONIC, &until);
-        until.tv_sec += (time_t)SNAPSHOT_WAIT_S;
+        struct timespec until = mono_timespec(clock_mono_s() + SNAPSHOT_WAIT_S);
         while (current == seen && !stopping)
             if (pthread_cond_timedwait(&fresh, &mu, &until) == ETIMEDOUT) break;
     }
@@ -236,10 +292,181 @@ static Snapshot *snapshot_get(void) {
     return s;
 }
 
+// ---------------------------------------------------------------- connections
+
+// Under clients_mu: c's request is awaited from now; the watchdog, if asleep past its
+// deadline, wakes to count it.
+static void client_wait(Client *c) {
+    c->state = CLIENT_WAITING;
+    c->since = clock_mono_s();
+    if (c->since + HTTP_REQUEST_S < watch_until) pthread_cond_signal(&deadline_near);
+}
+
+// Under clients_mu (c's fd is libmicrohttpd's until its CLOSED notification): libmicrohttpd
+// reads the end of c's socket and closes it.
+static void client_close(Client *c) {
+    shutdown(c->fd, SHUT_RDWR);
+    c->state = CLIENT_CLOSING;
+}
+
+// The watchdog thread: closes each connection whose request is not read HTTP_REQUEST_S
+// after it began waiting; asleep until the earliest such deadline, or until woken.
+static void *watch_deadlines(void *arg) {
+    (void)arg;
+    pthread_mutex_lock(&clients_mu);
+    while (!watch_stop) {
+        double now = clock_mono_s();
+        watch_until = INFINITY;
+        for (unsigned i = 0; i < HTTP_CONNECTIONS; i++) {
+            Client *c = &clients[i];
+            double deadline = c->since + HTTP_REQUEST_S;
+            if (c->state == CLIENT_WAITING && deadline <= now)
+                client_close(c);
+            else if (c->state == CLIENT_WAITING)
+                watch_until = fmin(watch_until, deadline);
+        }
+        struct timespec until = mono_timespec(isinf(watch_until) ? 0 : watch_until);
+        if (isinf(watch_until))
+            pthread_cond_wait(&deadline_near, &clients_mu);
+        else
+            pthread_cond_timedwait(&deadline_near, &clients_mu, &until);
+    }
+    pthread_mutex_unlock(&clients_mu);
+    return NULL;
+}
+
+// Whom a connection counts against: its IPv4 address (IPv4-mapped, as a dual-stack listener
+// sees IPv4 peers) or its IPv6 /64 (a host is commonly given a whole /64).
+static void peer_key(const struct sockaddr *a, unsigned char key[16]) {
+    memset(key, 0, 16);
+    if (a && a->sa_family == AF_INET) {
+        key[10] = key[11] = 0xff;
+        memcpy(key + 12, &((const struct sockaddr_in *)a)->sin_addr, 4);
+    } else if (a && a->sa_family == AF_INET6) {
+        const struct in6_addr *a6 = &((const struct sockaddr_in6 *)a)->sin6_addr;
+        memcpy(key, a6->s6_addr, IN6_IS_ADDR_V4MAPPED(a6) ? 16 : 8);
+    }
+}
+
+// Under clients_mu: closes the oldest connection waiting for its request (of peer; of any
+// peer when NULL). 0 when none waits.
+static int evict_oldest(const unsigned char *peer) {
+    Client *oldest = NULL;
+    for (unsigned i = 0; i < HTTP_CONNECTIONS; i++) {
+        Client *c = &clients[i];
+        if (c->state == CLIENT_WAITING && (!peer || !memcmp(c->peer, peer, sizeof c->peer)) &&
+            (!oldest || c->since < oldest->since))
+            oldest = c;
+    }
+    if (oldest) client_close(oldest);
+    return oldest != NULL;
+}
+
+// Under clients_mu: room for one more connection of peer within HTTP_PEER_CONNECTIONS and
+// HTTP_ADMITTED, made at a cap by closing the oldest waiting connection there. 0 when
+// every connection counted at that cap is being answered.
+static int make_room(const unsigned char *peer) {
+    int all = 0, of_peer = 0;
+    for (unsigned i = 0; i < HTTP_CONNECTIONS; i++) {
+        const Client *c = &clients[i];
+        int counted = c->state == CLIENT_WAITING || c->state == CLIENT_ANSWERING;
+        all += counted;
+        of_peer += counted && !memcmp(c->peer, peer, sizeof c->peer);
+    }
+    if (of_peer >= HTTP_PEER_CONNECTIONS) return evict_oldest(peer);
+    return all < HTTP_ADMITTED || evict_oldest(NULL);
+}
+
+// A new connection (its STARTED notification): its entry in clients, waiting; NULL when it
+// is refused, its socket shut down (libmicrohttpd then closes it).
+static Client *client_admit(struct MHD_Connection *conn) {
+    const union MHD_ConnectionInfo *fd =
+        MHD_get_connection_info(conn, MHD_CONNECTION_INFO_CONNECTION_FD);
+    const union MHD_ConnectionInfo *addr =
+        MHD_get_connection_info(conn, MHD_CONNECTION_INFO_CLIENT_ADDRESS);
+    unsigned char peer[16];
+    peer_key(addr ? addr->client_addr : NULL, peer);
+    Client *c = NULL;
+    pthread_mutex_lock(&clients_mu);
+    for (unsigned i = 0; !c && i < HTTP_CONNECTIONS; i++) // one for each libmicrohttpd holds
+        if (clients[i].state == CLIENT_FREE) c = &clients[i];
+    if (c && make_room(peer)) {
+        c->fd = fd->connect_fd;
+        memcpy(c->peer, peer, sizeof c->peer);
+        client_wait(c);
+    } else {
+        c = NULL;
+        shutdown(fd->connect_fd, SHUT_RDWR);
+    }
+    pthread_mutex_unlock(&clients_mu);
+    return c;
+}
+
+// libmicrohttpd's STARTED and CLOSED notifications; the entry is socket_context.
+static void on_connection(void *cls, struct MHD_Connection *conn, void **socket_context,
+                          enum MHD_ConnectionNotificationCode code) {
+    (void)cls;
+    if (code == MHD_CONNECTION_NOTIFY_STARTED) {
+        *socket_context = client_admit(conn);
+        return;
+    }
+    Client *c = *socket_context;
+    if (!c) return;
+    pthread_mutex_lock(&clients_mu);
+    c->state = CLIENT_FREE;
+    pthread_mutex_unlock(&clients_mu);
+}
+
+static Client *client_of(struct MHD_Connection *conn) {
+    const union MHD_ConnectionInfo *info =
+        MHD_get_connection_info(conn, MHD_CONNECTION_INFO_SOCKET_CONTEXT);
+    return info ? *(void *const *)(const void *)info : NULL; // a pointer to socket_context
+}
+
+// conn's request is read: it is answered, no longer held to HTTP_REQUEST_S nor evicted (a
+// connection the watchdog or an eviction closed meanwhile stays closing).
+static void client_answering(struct MHD_Connection *conn) {
+    Client *c = client_of(conn);
+    if (!c) return;
+    pthread_mutex_lock(&clients_mu);
+    if (c->state == CLIENT_WAITING) c->state = CLIENT_ANSWERING;
+    pthread_mutex_unlock(&clients_mu);
+}
+
+// A request is over (its answer sent, or given up): a kept-alive connection waits for the
+// next one from now.
+static void on_completed(void *cls, struct MHD_Connection *conn, void **con_cls,
+                         enum MHD_RequestTerminationCode toe) {
+    (void)cls, (void)con_cls, (void)toe;
+    Client *c = client_of(conn);
+    if (!c) return;
+    pthread_mutex_lock(&clients_mu);
+    if (c->state == CLIENT_ANSWERING) client_wait(c);
+    pthread_mutex_unlock(&clients_mu);
+}
+
+static int watchdog_start(Err *err) {
+    int rc = pthread_create(&watchdog, NULL, watch_deadlines, NULL);
+    if (rc) return err_errno(err, rc, "http: cannot start the request watchdog");
+    watchdog_running = 1;
+    return 0;
+}
+
+static void watchdog_stop(void) {
+    if (!watchdog_running) return;
+    pthread_mutex_lock(&clients_mu);
+    watch_stop = 1;
+    pthread_cond_signal(&deadline_near);
+    pthread_mutex_unlock(&clients_mu);
+    pthread_join(watchdog, NULL);
+    watchdog_running = 0;
+}
+
 // ---------------------------------------------------------------- responses
 
 static enum MHD_Result respond(struct MHD_Connection *conn, unsigned status, const char *type,
                                char *body, size_t len, enum MHD_ResponseMemoryMode mode) {
+    client_answering(conn); // an answer before the body (405, 401...) too
     struct MHD_Response *r = MHD_create_response_from_buffer(len, body, mode);
     if (!r) {
         if (mode == MHD_RESPMEM_MUST_FREE) free(body);
@@ -497,6 +724,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
     int metrics = !strcmp(url, "/metrics"), jobs = !strcmp(url, "/api/jobs");
     int history = !strcmp(url, "/api/history");
     if (!metrics && !jobs && !history) return respond_text(conn, MHD_HTTP_NOT_FOUND, "not found\n");
+    client_answering(conn); // not while it waits for the loop's snapshot
     Snapshot *s = snapshot_get();
     if (!s) return respond_text(conn, MHD_HTTP_SERVICE_UNAVAILABLE, "astraid is not answering\n");
     enum MHD_Result rc = metrics ? get_metrics(conn, s)
@@ -540,13 +768,11 @@ int http_start(Err *err) {
     struct sockaddr_storage ss;
     if (!astraid.cfg.http) return 0;
     if (server_parse_address("http", astraid.cfg.http, &ss, err)) return -1;
-    pthread_condattr_t attr;
-    pthread_condattr_init(&attr);
-    pthread_condattr_setclock(&attr, CLOCK_MONOTONIC);
-    pthread_cond_init(&fresh, &attr);
-    pthread_condattr_destroy(&attr);
+    cond_init_monotonic(&fresh);
+    cond_init_monotonic(&deadline_near);
     uv_async_init(astraid.loop, &wake, on_wake);
     wake_open = 1;
+    if (watchdog_start(err)) return -1;
     unsigned flags = MHD_USE_POLL_INTERNAL_THREAD | MHD_USE_ERROR_LOG;
     if (ss.ss_family == AF_INET6) flags |= MHD_USE_DUAL_STACK; // [::]: IPv4 peers too
     loopback_listener = is_loopback((struct sockaddr *)&ss);
@@ -555,7 +781,9 @@ int http_start(Err *err) {
         MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&ss, MHD_OPTION_THREAD_POOL_SIZE,
         (unsigned)HTTP_THREADS, MHD_OPTION_CONNECTION_LIMIT, HTTP_CONNECTIONS,
         MHD_OPTION_CONNECTION_TIMEOUT, HTTP_TIMEOUT_S, MHD_OPTION_CONNECTION_MEMORY_LIMIT,
-        (size_t)HTTP_POOL_BYTES, MHD_OPTION_UNESCAPE_CALLBACK, unescape, NULL, MHD_OPTION_END);
+        (size_t)HTTP_POOL_BYTES, MHD_OPTION_UNESCAPE_CALLBACK, unescape, NULL,
+        MHD_OPTION_NOTIFY_CONNECTION, on_connection, NULL, MHD_OPTION_NOTIFY_COMPLETED,
+        on_completed, NULL, MHD_OPTION_END);
     if (!mhd)
         return err_resource(err, "http: cannot listen on %s (in use, or not an address here?)",
                             astraid.cfg.http);
@@ -571,6 +799,7 @@ void http_stop(void) {
     pthread_mutex_unlock(&mu);
     if (mhd) MHD_stop_daemon(mhd); // its threads are gone: nothing reads the snapshot
     mhd = NULL;
+    watchdog_stop(); // after: every connection is closed
     if (!uv_is_closing((uv_handle_t *)&wake)) uv_close((uv_handle_t *)&wake, NULL);
     snapshot_release(current);
     current = NULL;

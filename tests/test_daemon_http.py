@@ -10,7 +10,12 @@ real training ranks (tiny models), a real socket; no mocks.
 - bad HTTP input: oversized headers (431 or a closed connection), unknown paths (404), POST
   (405), a malformed request line, 200 slow clients holding half a request; meanwhile the
   control socket answers status promptly, afterwards /metrics answers again, a lone slow
-  client is closed after the listener's timeout, and astraid's CPU time stays small;
+  client is closed at the request deadline, and astraid's CPU time stays small;
+- slowloris: while 120 connections trickle a header line every 2 s (more than the listener
+  holds), each /metrics probe is answered and the control socket too; a connection trickling
+  faster than any silence timeout is closed at the request deadline, unanswered; a peer past
+  its connection cap (one loopback address of several) loses its oldest waiting connection,
+  not another peer's, and a full table its oldest of all, so a probe gets in either way;
 - query integers ASCII digits only, %00 decoded nowhere (a path holding it is 404), error
   bodies valid UTF-8 cut between characters; HEAD as GET without the body; a 32 KiB request
   with HTTP_FIELDS parameters answered, a bigger one 431; the Bearer scheme in any case with
@@ -20,6 +25,7 @@ import json
 import math
 import os
 import re
+import selectors
 import socket
 import sqlite3
 import threading
@@ -36,7 +42,13 @@ LATENCY_BOUND = 3.0 if SANITIZED else 1.0  # seconds for status during the abuse
 CPU_BOUND = 6.0 if SANITIZED else 2.0      # astraid's CPU seconds over the whole abuse
 SLOW_CLIENTS = 200
 STATUS_CALLS = 60  # status calls measured while the slow clients are held
-HTTP_TIMEOUT_S = 10  # daemon/http.c HTTP_TIMEOUT_S
+HTTP_REQUEST_S = 10  # daemon/http.c HTTP_REQUEST_S: from accept to the request read
+HTTP_ADMITTED = 48  # daemon/http.c HTTP_ADMITTED: served at once
+HTTP_PEER_CONNECTIONS = 16  # daemon/http.c HTTP_PEER_CONNECTIONS: of one address
+TRICKLERS = 120  # > the 64 connections libmicrohttpd holds (daemon/http.c HTTP_CONNECTIONS)
+TRICKLE_S = 2.0  # a header line this often: far inside any silence timeout
+PROBES = 6
+PROBE_TIMEOUT_S = 30  # generous; before the fix no probe is answered while the trickle lasts
 HTTP_HEADER_BYTES = 32768  # daemon/http.c HTTP_HEADER_BYTES
 HTTP_FIELDS = 4096  # daemon/http.c HTTP_FIELDS: headers and query parameters answered
 API_FINISHED = 100   # finished jobs /api/jobs shows
@@ -76,10 +88,17 @@ def cpu_seconds(pid):
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def raw_exchange(port, data, timeout=10):
-    """Sends data on a new connection; what came back until the peer closed (or the
-    timeout), and whether it closed."""
-    s = socket.create_connection(("127.0.0.1", port), timeout=timeout)
+def connect(port, source="127.0.0.1", timeout=10):
+    """A connection to the loopback listener from source, an address of loopback (127.x.y.z:
+    a peer of its own for the listener)."""
+    return socket.create_connection(("127.0.0.1", port), timeout=timeout,
+                                    source_address=(source, 0))
+
+
+def raw_exchange(port, data, timeout=10, source="127.0.0.1"):
+    """Sends data on a new connection from source; what came back until the peer closed (or
+    the timeout), and whether it closed."""
+    s = connect(port, source, timeout)
     got, closed = b"", False
     try:
         s.sendall(data)
@@ -264,8 +283,8 @@ def check_abuse(d, port, job):
     assert poller.worst < LATENCY_BOUND, f"status took {poller.worst:.2f} s during the abuse"
     assert cpu < CPU_BOUND, f"astraid used {cpu:.2f} s of CPU over the abuse"
 
-    # A lone slow client is closed after the listener's timeout.
-    s = socket.create_connection(("127.0.0.1", port), timeout=HTTP_TIMEOUT_S + 20)
+    # A lone slow client is closed at the request deadline.
+    s = socket.create_connection(("127.0.0.1", port), timeout=HTTP_REQUEST_S + 20)
     s.sendall(b"GET /metrics HTTP/1.1\r\n")
     t0 = time.monotonic()
     try:
@@ -274,7 +293,208 @@ def check_abuse(d, port, job):
         rest = b""
     waited = time.monotonic() - t0
     s.close()
-    assert rest == b"" and HTTP_TIMEOUT_S - 1 <= waited <= HTTP_TIMEOUT_S + 10, (rest, waited)
+    assert rest == b"" and HTTP_REQUEST_S - 1 <= waited <= HTTP_REQUEST_S + 10, (rest, waited)
+
+
+SLOW_REQUEST = b"GET /metrics HTTP/1.1\r\nHost: 127.0.0.1\r\n"  # the blank line never follows
+
+
+def closed_by_server(s):
+    """s is readable: True when the server closed it (it never answers a request not ended)."""
+    try:
+        data = s.recv(4096)
+    except BlockingIOError:
+        return False
+    except OSError:
+        return True
+    assert not data, f"an answer to a request never ended: {data[:100]}"
+    return True
+
+
+class Trickle:
+    """A slowloris on a thread: n connections, each sending SLOW_REQUEST then one header
+    line every TRICKLE_S, never the end of its headers; one the server closes is opened again
+    TRICKLE_S later, as an attacker would. Until stop(), or `bound` seconds."""
+
+    def __init__(self, port, n, bound=300):
+        self.port, self.n, self.bound = port, n, bound
+        self.opened = self.closed = self.lines = 0
+        self.done = threading.Event()
+        self.t = threading.Thread(target=self.loop)
+        self.t.start()
+
+    def open(self, sel, due, reopen):
+        try:
+            s = connect(self.port)
+            s.sendall(SLOW_REQUEST)
+        except OSError:  # closed at once (refused past a cap): tried again later
+            reopen.append(time.monotonic() + TRICKLE_S)
+            return
+        s.setblocking(False)
+        sel.register(s, selectors.EVENT_READ)
+        due[s] = time.monotonic() + TRICKLE_S
+        self.opened += 1
+
+    def loop(self):
+        sel, due, reopen = selectors.DefaultSelector(), {}, []
+        for _ in range(self.n):
+            self.open(sel, due, reopen)
+        end = time.monotonic() + self.bound
+        while not self.done.is_set() and time.monotonic() < end:
+            for key, _ in sel.select(timeout=0.2):
+                if closed_by_server(key.fileobj):
+                    sel.unregister(key.fileobj)
+                    key.fileobj.close()
+                    del due[key.fileobj]
+                    self.closed += 1
+                    reopen.append(time.monotonic() + TRICKLE_S)
+            now = time.monotonic()
+            for s in [s for s, t in due.items() if t <= now]:
+                try:
+                    s.send(b"X-Trickle: %d\r\n" % self.lines)
+                    self.lines += 1
+                except OSError:
+                    pass  # closed: seen as readable next turn
+                due[s] = now + TRICKLE_S
+            ready = [t for t in reopen if t <= now]
+            reopen = [t for t in reopen if t > now]
+            for _ in ready:
+                self.open(sel, due, reopen)
+        for s in due:
+            s.close()
+
+    def stop(self):
+        self.done.set()
+        self.t.join()
+
+
+def check_slowloris(d, port, job):
+    """While TRICKLERS connections on loopback (one peer: 127.0.0.1) trickle their headers,
+    every /metrics probe from loopback is answered (200) and the control socket answers
+    status promptly. Before the fix they filled the listener's table for as long as they
+    trickled (a line every 2 s defeats the silence timeout) and the probes waited behind
+    them in the kernel's backlog: so the trickle goes on until the probes are done."""
+    cpu0 = cpu_seconds(d.proc.pid)
+    poller = StatusPoller(d, job)
+    trickle = Trickle(port, TRICKLERS)
+    try:
+        lu.wait_for(f"{TRICKLERS} trickling connections opened",
+                    lambda: trickle.opened >= TRICKLERS or not trickle.t.is_alive())
+        for i in range(PROBES):
+            # Each probe after a round of the trickle (lines sent, connections opened again):
+            # the probes span it.
+            done = trickle.lines + trickle.opened
+            lu.wait_for("a round of the trickle", lambda: not trickle.t.is_alive() or
+                        trickle.lines + trickle.opened >= done + TRICKLERS // 8)
+            t0 = time.monotonic()
+            try:
+                status, _, body = http_get(port, "/metrics", timeout=PROBE_TIMEOUT_S)
+            except OSError as e:
+                raise AssertionError(f"probe {i} not answered within {PROBE_TIMEOUT_S} s while "
+                                     f"{TRICKLERS} slow clients trickle: {e!r}")
+            assert status == 200 and b"astrai_job_state" in body, (i, status, body[:200])
+            print(f"probe {i}: 200 in {time.monotonic() - t0:.2f} s "
+                  f"({trickle.opened} opened, {trickle.closed} closed by the server)")
+        assert trickle.t.is_alive(), "the trickle ended before the probes did"
+    finally:
+        trickle.stop()
+        poller.stop()
+    cpu = cpu_seconds(d.proc.pid) - cpu0
+    print(f"slowloris: status worst {poller.worst * 1e3:.1f} ms over {poller.n} calls; "
+          f"astraid used {cpu:.2f} s CPU; {trickle.opened} connections opened, "
+          f"{trickle.closed} closed by the server, {trickle.lines} lines trickled")
+    assert poller.worst < LATENCY_BOUND, f"status took {poller.worst:.2f} s during the trickle"
+    assert cpu < CPU_BOUND, f"astraid used {cpu:.2f} s of CPU over the trickle"
+
+
+def check_request_deadline(port):
+    """A connection trickling a header line every second (no silence timeout fires) is
+    closed, unanswered, HTTP_REQUEST_S after it connected. Before the fix it stayed open for
+    as long as it trickled: it trickles until closed, or long past the deadline."""
+    t0 = time.monotonic()
+    s = connect(port)
+    s.sendall(SLOW_REQUEST)
+    s.setblocking(False)
+    sel = selectors.DefaultSelector()
+    sel.register(s, selectors.EVENT_READ)
+    lines, closed = 0, False
+    while not closed and time.monotonic() - t0 < 3 * HTTP_REQUEST_S + 20:
+        if sel.select(timeout=1.0):
+            closed = closed_by_server(s)
+        else:
+            s.send(b"X-Trickle: %d\r\n" % lines)
+            lines += 1
+    waited = time.monotonic() - t0
+    s.close()
+    assert closed, f"a connection trickling a line a second for {waited:.0f} s is still open"
+    assert waited >= HTTP_REQUEST_S - 0.5 and lines >= HTTP_REQUEST_S // 2, (waited, lines)
+    print(f"a trickling connection was closed after {waited:.1f} s and {lines} header lines")
+
+
+class Waiting:
+    """n connections from one loopback address, each holding a request not ended."""
+
+    def __init__(self, port, source, n):
+        self.socks = []
+        for _ in range(n):
+            s = connect(port, source)
+            s.sendall(SLOW_REQUEST)
+            self.socks.append(s)
+
+    def close(self):
+        for s in self.socks:
+            s.close()
+
+
+def next_closed(groups):
+    """The first of groups (Waiting) to lose a connection to the server: that connection
+    is dropped from it."""
+    sel = selectors.DefaultSelector()
+    for g in groups:
+        for s in g.socks:
+            sel.register(s, selectors.EVENT_READ, g)
+    try:
+        deadline = time.monotonic() + 3 * HTTP_REQUEST_S + 60
+        while time.monotonic() < deadline:
+            for key, _ in sel.select(timeout=1.0):
+                if closed_by_server(key.fileobj):
+                    key.data.socks.remove(key.fileobj)
+                    key.fileobj.close()
+                    return key.data
+        raise AssertionError("no connection closed by the server")
+    finally:
+        sel.close()
+
+
+def check_peer_cap(port):
+    """Each loopback address is a peer of its own (127.0.0.2, .3...). A peer's connection past
+    HTTP_PEER_CONNECTIONS closes that peer's oldest waiting one, not an older one of another
+    peer (the table is far from full), and a connection past HTTP_ADMITTED in all closes the
+    oldest of all; a probe gets 200 in both cases. Before the fix nothing was closed until
+    the silence timeout, oldest first. (The connections are opened well within
+    HTTP_REQUEST_S, after which the oldest would be closed anyway.)"""
+    probe = b"GET /metrics HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n"
+    groups = []
+
+    def waiting(source, n):
+        groups.append(Waiting(port, source, n))
+        return groups[-1]
+    try:
+        a = waiting("127.0.0.3", HTTP_PEER_CONNECTIONS)
+        b = waiting("127.0.0.2", HTTP_PEER_CONNECTIONS + 1)
+        assert next_closed(groups) is b, "a peer under its cap lost a connection"
+        got, _ = raw_exchange(port, probe, source="127.0.0.2")  # at its cap: room made
+        assert got.startswith(b"HTTP/1.1 200"), got[:100]
+        assert next_closed(groups) is b, "the probe took another peer's connection"
+        # a's 16 and b's 15 wait: fill the table to HTTP_ADMITTED, then one more.
+        waiting("127.0.0.4", HTTP_PEER_CONNECTIONS)
+        waiting("127.0.0.5", HTTP_ADMITTED - sum(len(g.socks) for g in groups) + 1)
+        assert next_closed(groups) is a, "a connection past the table did not close the oldest"
+        got, _ = raw_exchange(port, probe, source="127.0.0.6")
+        assert got.startswith(b"HTTP/1.1 200"), got[:100]
+    finally:
+        for g in groups:
+            g.close()
 
 
 def history_error(port, query):
@@ -416,6 +636,9 @@ def main():
         timed("request size", check_request_size, port)
         timed("api/jobs", check_api_jobs, port, c, job, model, data)
         timed("abuse", check_abuse, d, port, job)
+        timed("slowloris", check_slowloris, d, port, job)
+        timed("request deadline", check_request_deadline, port)
+        timed("peer cap", check_peer_cap, port)
         c.close()
         assert d.stop() == 0
     timed("bearer", check_bearer, root)
