@@ -471,8 +471,20 @@ def check_peer_cap(port):
     HTTP_PEER_CONNECTIONS closes that peer's oldest waiting one, not an older one of another
     peer (the table is far from full), and a connection past HTTP_ADMITTED in all closes the
     oldest of all; a probe gets 200 in both cases. Before the fix nothing was closed until
-    the silence timeout, oldest first. (The connections are opened well within
-    HTTP_REQUEST_S, after which the oldest would be closed anyway.)"""
+    the silence timeout, oldest first. The scenario must run within HTTP_REQUEST_S, after
+    which the deadline closes the oldest anyway: a failed try that took longer than half of
+    it says nothing about the caps and is run again (a slow machine), a quick one fails."""
+    for attempt in range(5):
+        began = time.monotonic()
+        try:
+            return peer_cap_scenario(port)
+        except AssertionError:
+            if attempt == 4 or time.monotonic() - began < HTTP_REQUEST_S / 2:
+                raise
+            print(f"peer cap: a try took {time.monotonic() - began:.1f} s, run again")
+
+
+def peer_cap_scenario(port):
     probe = b"GET /metrics HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n"
     groups = []
 
