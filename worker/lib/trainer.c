@@ -1,3 +1,9 @@
+// trainer.c: the training loop of one rank (worker/lib/trainer.h). As llm.c's: for each
+// micro-batch forward and backward, then per optimizer step the agreed sums and gradient norm,
+// clipping, the optimizer, the next window's zeroed gradients. What differs between the
+// parallel modes (which weights and gradients a rank holds, their collectives, the norm over
+// ranks, what evaluation and checkpoints gather) is the executor's (worker/lib/executor.h):
+// this file never asks which mode runs.
 #include "worker/lib/trainer.h"
 
 #include <cblas.h>
@@ -215,12 +221,13 @@ static void fill_batch(Trainer *t, const int64_t *ids, int64_t stride, int nb) {
 }
 
 // The forward of the batch of nb samples with the loss into the model's stats; begins the
-// executor's micro-step. training: every rank runs it (validation: not all of them).
-static int forward_batch(Trainer *t, int nb, bool sync, bool training, float loss_scale, Err *err) {
+// executor's micro-step of that kind. Training: every rank runs it (validation: not all of
+// them).
+static int forward_batch(Trainer *t, int nb, MicroStep kind, float loss_scale, Err *err) {
     if (t->pref)
-        return pref_batch_forward(&t->pb, &t->pref_loss, &t->exec, &t->model, sync, training,
-                                  loss_scale, err);
-    return executor_begin_micro(&t->exec, &t->model, sync, err) ||
+        return pref_batch_forward(&t->pb, &t->pref_loss, &t->exec, &t->model, kind, loss_scale,
+                                  err);
+    return executor_begin_micro(&t->exec, &t->model, kind, err) ||
            model_forward_accumulate(&t->model, t->inputs, t->targets, t->sft ? t->loss_mask : NULL,
                                     t->sft ? t->position_ids : NULL, nb, (int)t->window,
                                     (float)t->spec->label_smoothing, err);
@@ -243,15 +250,15 @@ typedef struct {
     double reward_sum; // GRPO: the sum of its micro-batches' mean rewards
 } StepClock;
 
-// Summed over ranks at a step boundary: the step's losses, the squared norms of the
-// gradient shards, and the requests (DESIGN §5): a request that reached any rank applies
-// to all, so they stop or checkpoint at the same step.
+// Summed over ranks at a step boundary: the step's losses, the requests (DESIGN §5): a request
+// that reached any rank applies to all, so they stop or checkpoint at the same step; and the
+// executor's slot, where it sums the squared norms of the gradients (executor_agree_step).
 // DPO/GRPO add their metrics: two from the model's stats and GRPO's mean reward.
 enum {
     AGREE_LOSS,
     AGREE_STOP,
     AGREE_CKPT,
-    AGREE_SQ,
+    AGREE_NORM,
     AGREE_PREF_A,
     AGREE_PREF_B,
     AGREE_REWARD,
@@ -284,8 +291,8 @@ static void poll_control(void) {
     }
 }
 
-// The step's agreed numbers, from the one read-back of the step (model stats) summed over
-// ranks with the stop/checkpoint requests.
+// The step's agreed numbers, from the one read-back of the step's losses (model stats) summed
+// over ranks with the stop/checkpoint requests and the gradient norm.
 typedef struct {
     float loss;  // the mean of the micro-step losses over ranks
     double norm; // the global gradient norm
@@ -293,30 +300,27 @@ typedef struct {
     double pref[3]; // DPO: reward margin, accuracy; GRPO: KL, clip fraction, mean reward
 } StepTotals;
 
-static int agree_step(Trainer *t, const ParamView *v, StepTotals *out, StepClock *c, Err *err) {
-    v->be->sum_squares(t->model.stats + MODEL_STAT_SQ_NORM, v->grads, v->num_floats);
+static int agree_step(Trainer *t, StepTotals *out, StepClock *c, Err *err) {
     double stats[MODEL_N_STATS];
     model_read_stats(&t->model, stats);
     poll_control();
     float agreed[AGREE_N] = {(float)stats[MODEL_STAT_LOSS],
                              (float)(trainer_stop_requested != 0),
                              (float)(trainer_checkpoint_requested != 0),
-                             (float)stats[MODEL_STAT_SQ_NORM],
+                             0.0f, // AGREE_NORM: the executor's
                              (float)stats[MODEL_STAT_PREF_A],
                              (float)stats[MODEL_STAT_PREF_B],
                              (float)c->reward_sum};
     trainer_checkpoint_requested = 0;
     c->reward_sum = 0;
-    if (executor_sum(&t->exec, agreed, AGREE_N, err)) return -1;
+    if (executor_agree_step(&t->exec, &t->model, agreed, AGREE_N, AGREE_NORM, &out->norm, err))
+        return -1;
     float micro_steps = (float)(t->spec->grad_accum_steps * t->world);
     out->stop = agreed[AGREE_STOP] > 0;
     out->ckpt = agreed[AGREE_CKPT] > 0;
     out->loss = agreed[AGREE_LOSS] / micro_steps;
     for (int k = 0; k < 3; k++)
         out->pref[k] = agreed[AGREE_PREF_A + k] / micro_steps;
-    // One rank: the exact double sum; sharded: the ranks' fp32 partial sums added.
-    out->norm =
-        sqrt(t->exec.mode == EXEC_NONE ? stats[MODEL_STAT_SQ_NORM] : (double)agreed[AGREE_SQ]);
     if (!isfinite(out->loss))
         return err_set(err, "loss is %f at step %ld (diverged: lower max_lr?)", (double)out->loss,
                        t->step + 1);
@@ -330,9 +334,9 @@ static int agree_step(Trainer *t, const ParamView *v, StepTotals *out, StepClock
 // windows val_ids[r], val_ids[r + world], ... in micro-batches of batch_per_device, forward
 // only. A batch's mean loss counts once per window in it (for seq, every window has the
 // same number of target tokens, so this is the mean of the windows' own losses); the sum
-// and the window count are added over ranks. Every rank runs the same number of
-// micro-batches (fsdp gathers the weights in each); a rank left without a window in one
-// evaluates val_ids[0] with weight 0.
+// and the window count are added over ranks. Where the executor's forward is collective
+// (fsdp gathers the weights in each), every rank runs the same number of micro-batches: a
+// rank left without a window in one evaluates val_ids[0] with weight 0.
 static int validate(Trainer *t, double *val_loss, Err *err) {
     const Sampler *sp = &t->sampler;
     int64_t B = t->spec->batch_per_device;
@@ -345,26 +349,19 @@ static int validate(Trainer *t, double *val_loss, Err *err) {
     for (int64_t first = 0; !rc && first < per_rank; first += B) {
         int64_t nb = mine - first < B ? mine - first : B;
         if (nb < 0) nb = 0;
-        if (nb == 0 && t->exec.mode != EXEC_FSDP) continue;
+        if (nb == 0 && !executor_forward_collective(&t->exec)) continue;
         if (nb > 0)
             fill_batch(t, sp->val_ids + first * t->world + t->rank, t->world, (int)nb);
         else
             fill_batch(t, sp->val_ids, 1, 1);
         double stats[MODEL_N_STATS];
-        rc = forward_batch(t, nb > 0 ? (int)nb : 1, false, false, 1.0f, err);
+        rc = forward_batch(t, nb > 0 ? (int)nb : 1, MICRO_EVAL, 1.0f, err);
         if (!rc) model_read_stats(&t->model, stats); // the batch's mean loss; resets the sums
-        if (!rc) rc = executor_end_micro(&t->exec, &t->model, false, err);
+        if (!rc) rc = executor_end_micro(&t->exec, &t->model, MICRO_EVAL, err);
         if (!rc) sum += stats[MODEL_STAT_LOSS] * (double)nb;
     }
     t->model.neftune_alpha = alpha;
-    if (rc) return -1;
-    // fsdp's begin_micro acquired the gradient buffer too; no backward ran, so give it back.
-    if (t->exec.mode == EXEC_FSDP) model_release(&t->model, MODEL_GRADS);
-    float agreed[2] = {(float)sum, (float)mine};
-    if (executor_sum(&t->exec, agreed, 2, err)) return -1;
-    *val_loss = t->exec.mode == EXEC_NONE && !t->exec.comm ? sum / (double)mine
-                                                           : (double)agreed[0] / (double)agreed[1];
-    return 0;
+    return rc ? -1 : executor_mean(&t->exec, sum, (double)mine, val_loss, err);
 }
 
 // Validation is due every val_step optimizer steps and at the last step (the end of the
@@ -391,14 +388,13 @@ static int optimizer_step(Trainer *t, StepClock *c, int *stop, int *ckpt, Err *e
     const TrainSpec *s = t->spec;
     ParamView view = executor_view(&t->exec, &t->model);
     StepTotals tot;
-    if (agree_step(t, &view, &tot, c, err)) return -1;
+    if (agree_step(t, &tot, c, err)) return -1;
     *stop = tot.stop;
     *ckpt = tot.ckpt;
     clip_grads(&view, tot.norm, (float)s->max_grad_norm);
     double lr = s->max_lr * schedule_factor(&t->sched, t->step);
     optim_step(&t->opt, &view, (float)lr);
     if (executor_after_step(&t->exec, &t->model, err)) return -1;
-    if (t->exec.mode != EXEC_FSDP) model_zero_grad(&t->model);
     t->step++;
     double now = clock_mono_s();
     StepRow row = {.step = t->step,
@@ -455,10 +451,10 @@ static uint64_t noise_seed(const Trainer *t) {
 static int micro_step(Trainer *t, StepClock *c, int nb, Err *err) {
     const TrainSpec *s = t->spec;
     fill_batch(t, t->sampler.order + t->epoch_pos, 1, nb);
-    bool sync = t->micro + 1 == s->grad_accum_steps;
+    MicroStep kind = t->micro + 1 == s->grad_accum_steps ? MICRO_SYNC : MICRO_ACCUMULATE;
     float loss_scale = 1.0f / (float)s->grad_accum_steps;
     t->model.noise_seed = noise_seed(t);
-    if (forward_batch(t, nb, sync, true, loss_scale, err)) return -1;
+    if (forward_batch(t, nb, kind, loss_scale, err)) return -1;
     if (t->pref) {
         model_backward_weighted(&t->model, t->pref_loss.scale);
         c->tokens += t->pb.tokens;
@@ -470,7 +466,7 @@ static int micro_step(Trainer *t, StepClock *c, int nb, Err *err) {
     t->epoch_pos += nb;
     t->consumed_samples += (long)nb * t->world;
     t->micro++;
-    return executor_end_micro(&t->exec, &t->model, sync, err);
+    return executor_end_micro(&t->exec, &t->model, kind, err);
 }
 
 // How the epochs loop ended.

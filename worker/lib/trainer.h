@@ -1,6 +1,7 @@
 // trainer.h: the training loop of one rank (DESIGN §8): micro-batches, gradient
 // accumulation, clipping, optimizer and scheduler steps, progress, checkpoints,
-// resume.
+// resume. The parallel mode is the executor's (worker/lib/executor.h); the loop is the same
+// for all of them.
 #pragma once
 #include <signal.h>
 #include <stdint.h>
