@@ -4,6 +4,9 @@
 // epochs, or --max_steps); 1 failure (while training, or for want of a resource: memory, a
 // device, I/O); 2 bad input (flags, config, weights, data); 3 (EXIT_INTERRUPTED) stopped before
 // its end by SIGTERM/SIGINT or a stop request, after the checkpoint --resume continues from.
+//
+// The environment is read here once: the launcher's variables by launch_detect (launch.h), a
+// supervisor's by supervisor_env; the trainer gets what they say as TrainerOptions.
 #include <errno.h>
 #include <signal.h>
 #include <stdbool.h>
@@ -98,21 +101,22 @@ static int setup_failed(const Err *err) {
     return err->resource ? 1 : EXIT_BAD_INPUT;
 }
 
-// One rank (or the single process) of the job. Exit codes as documented above.
-static int train_rank(LaunchInfo *li, const TrainSpec *spec) {
+// One rank (or the single process) of the job, with what the supervisor said in `env`.
+// Exit codes as documented above.
+static int train_rank(LaunchInfo *li, const TrainSpec *spec, const TrainerOptions *env) {
     Err err = {0};
-    Comm *comm = NULL;
-    const Backend *be;
+    TrainerOptions opt = *env;
+    opt.threads = launch_threads(li, spec->threads);
     // Rank 0 settles what a killed writer left in ckpt_dir before the ranks meet, so that no
     // rank looks for the checkpoint to resume from meanwhile.
-    if ((li->rank == 0 && train_ckpt_clean_dir(spec, &err)) || open_backend(li, spec, &be, &err) ||
-        connect_ranks(li, spec, be, &comm, &err)) {
+    if ((li->rank == 0 && train_ckpt_clean_dir(spec, &err)) ||
+        open_backend(li, spec, &opt.be, &err) || connect_ranks(li, spec, opt.be, &opt.comm, &err)) {
         fprintf(stderr, "astrai-train: rank %d: %s\n", li->rank, err.msg);
         return setup_failed(&err);
     }
     Trainer t;
     int rc = 0;
-    if (trainer_init(&t, spec, be, comm, launch_threads(li, spec->threads), &err)) {
+    if (trainer_init(&t, spec, &opt, &err)) {
         if (err.resource) err_prefix(&err, "rank %d", li->rank);
         fprintf(stderr, "astrai-train: %s\n", err.msg);
         rc = setup_failed(&err);
@@ -123,11 +127,11 @@ static int train_rank(LaunchInfo *li, const TrainSpec *spec) {
         rc = EXIT_INTERRUPTED;
     }
     trainer_free(&t);
-    comm_destroy(comm);
+    comm_destroy(opt.comm);
     return rc;
 }
 
-static int run(const TrainSpec *spec, char **argv) {
+static int run(const TrainSpec *spec, const TrainerOptions *env, char **argv) {
     Err err = {0};
     LaunchInfo *li = launch_info();
     if (launch_detect(li, spec->nprocs, &err)) {
@@ -137,7 +141,7 @@ static int run(const TrainSpec *spec, char **argv) {
     if (li->mode != LAUNCH_LOCAL_PARENT) {
         install_signals();
         li->stop = &trainer_stop_requested;
-        return train_rank(li, spec);
+        return train_rank(li, spec, env);
     }
     // The ranks meet where --master_addr/--master_port say when given explicitly (AstrAI
     // hands them to the rendezvous of its local spawn); else on 127.0.0.1 at a free port.
@@ -206,10 +210,10 @@ static int dry_run(const TrainSpec *spec) {
         fprintf(stderr, "astrai-train: --dry-run: cannot make a scratch directory\n");
         return 1;
     }
-    setenv("ASTRAI_RUN_DIR", scratch, 1);
+    TrainerOptions opt = {.be = be, .threads = 1, .run_dir = scratch, .control_fd = -1};
     Trainer t;
     int rc = 0;
-    if (trainer_init(&t, spec, be, NULL, 1, &err)) {
+    if (trainer_init(&t, spec, &opt, &err)) {
         fprintf(stderr, "astrai-train: %s\n", err.msg);
         rc = setup_failed(&err);
     } else {
@@ -220,6 +224,17 @@ static int dry_run(const TrainSpec *spec) {
     trainer_free(&t);
     if (fs_remove_tree(scratch, &err)) fprintf(stderr, "warning: %s\n", err.msg);
     return rc;
+}
+
+// What a supervisor (astraid) hands a rank in its environment, read here once:
+// ASTRAI_RUN_DIR (where progress.db goes), ASTRAI_MEMORY_REPORT (a directory for the ranks'
+// resident memory reports), ASTRAI_CONTROL_FD (the control pipe). Unset or empty: none.
+static TrainerOptions supervisor_env(void) {
+    const char *run_dir = getenv("ASTRAI_RUN_DIR"), *report = getenv("ASTRAI_MEMORY_REPORT");
+    const char *fd = getenv("ASTRAI_CONTROL_FD");
+    return (TrainerOptions){.run_dir = run_dir && *run_dir ? run_dir : NULL,
+                            .memory_report = report && *report ? report : NULL,
+                            .control_fd = fd && *fd ? atoi(fd) : -1};
 }
 
 int main(int argc, char **argv) {
@@ -239,7 +254,8 @@ int main(int argc, char **argv) {
         return 0;
     }
     if (first_rank()) train_spec_warn_ignored(&spec, stderr);
-    int rc = spec.dry_run ? dry_run(&spec) : run(&spec, argv);
+    TrainerOptions env = supervisor_env();
+    int rc = spec.dry_run ? dry_run(&spec) : run(&spec, &env, argv);
     train_spec_free(&spec);
     return rc;
 }

@@ -133,22 +133,21 @@ static int set_total_steps(Trainer *t, Err *err) {
                    s->batch_per_device);
 }
 
-// Where progress.db lives: the run directory a supervisor (astraid) names in
-// $ASTRAI_RUN_DIR, else ckpt_dir.
-static const char *progress_dir(const TrainSpec *spec) {
-    const char *run_dir = getenv("ASTRAI_RUN_DIR");
-    return run_dir && *run_dir ? run_dir : spec->ckpt_dir;
+// The supervisor's control pipe, read without blocking (poll_control).
+static void open_control(Trainer *t, int fd) {
+    t->control_fd = fd;
+    if (fd >= 0) fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK);
 }
 
-int trainer_init(Trainer *t, const TrainSpec *spec, const Backend *be, Comm *comm, long threads,
-                 Err *err) {
+int trainer_init(Trainer *t, const TrainSpec *spec, const TrainerOptions *opt, Err *err) {
     memset(t, 0, sizeof *t);
     t->spec = spec;
     t->sft = !strcmp(spec->train_type, "sft");
     t->pref = !strcmp(spec->train_type, "dpo") || !strcmp(spec->train_type, "grpo");
-    t->rank = comm ? comm_rank(comm) : 0;
-    t->world = comm ? comm_world_size(comm) : 1;
-    set_threads(threads);
+    t->rank = opt->comm ? comm_rank(opt->comm) : 0;
+    t->world = opt->comm ? comm_world_size(opt->comm) : 1;
+    open_control(t, opt->control_fd);
+    set_threads(opt->threads);
     // Large buffers (fsdp's transient full weights and gradients) come from mmap and go
     // back to the system when freed; a fixed threshold stops glibc from moving them to the
     // heap after the first free.
@@ -163,15 +162,14 @@ int trainer_init(Trainer *t, const TrainSpec *spec, const Backend *be, Comm *com
     if (train_ckpt_load_config(&cfg, model_dir, err) || open_data(t, &cfg, err) ||
         set_total_steps(t, err))
         return -1;
-    t->memory_report = getenv("ASTRAI_MEMORY_REPORT");
-    if (t->memory_report && !*t->memory_report) t->memory_report = NULL;
+    t->memory_report = opt->memory_report;
     if (t->memory_report) t->rss_baseline = resident_bytes();
     // DPO/GRPO: the reference's weights first, kept frozen; then the policy's when they differ.
     const char *first_dir = t->pref ? t->reference_dir : model_dir;
-    if (train_ckpt_load_model(&t->model, &cfg, be, first_dir, err)) return -1;
+    if (train_ckpt_load_model(&t->model, &cfg, opt->be, first_dir, err)) return -1;
     t->model.grad_checkpointing = spec->gradient_checkpointing;
     t->model.neftune_alpha = (float)spec->neftune_alpha;
-    if (executor_init(&t->exec, exec_mode(spec->parallel_mode), comm, &t->model,
+    if (executor_init(&t->exec, exec_mode(spec->parallel_mode), opt->comm, &t->model,
                       (size_t)(spec->bucket_mb * (1 << 20)), err))
         return -1;
     if (t->pref &&
@@ -181,7 +179,8 @@ int trainer_init(Trainer *t, const TrainSpec *spec, const Backend *be, Comm *com
     if (executor_adopt_weights(&t->exec, &t->model, err)) return -1;
     if (t->pref)
         pref_init(&t->pref_loss, t->records.kind == RECORDS_DPO ? PREF_DPO : PREF_GRPO,
-                  (float)spec->dpo_beta, (float)spec->grpo_clip_eps, (float)spec->grpo_kl_coef, be);
+                  (float)spec->dpo_beta, (float)spec->grpo_clip_eps, (float)spec->grpo_kl_coef,
+                  opt->be);
     schedule_init(&t->sched, schedule_kind(spec->schedule_type), t->total_steps, spec->warmup_ratio,
                   spec->min_rate, spec->stable_steps, spec->decay_steps, spec->cycle_length,
                   spec->t_mult);
@@ -200,8 +199,8 @@ int trainer_init(Trainer *t, const TrainSpec *spec, const Backend *be, Comm *com
     if (*resume_dir && train_ckpt_load_state(t, resume_dir, err)) return -1;
     t->last_ckpt_step = t->step;
     if (metrics_select(&t->metrics, spec->metrics, err)) return -1; // new step rows' columns
-    if (t->rank == 0 &&
-        progress_open(&t->progress, progress_dir(spec), t->total_steps, t->step, err))
+    if (t->rank == 0 && progress_open(&t->progress, opt->run_dir ? opt->run_dir : spec->ckpt_dir,
+                                      t->total_steps, t->step, err))
         return -1;
     return alloc_batch(t, err);
 }
@@ -265,28 +264,19 @@ enum {
     AGREE_N
 };
 
-// A supervisor (astraid) may give each rank a control pipe in $ASTRAI_CONTROL_FD
-// carrying lines "stop" (checkpoint and exit: pause, shutdown) and "checkpoint"
-// (checkpoint and go on). Read without blocking at step boundaries; EOF (the
-// supervisor is gone) counts as stop.
-static void poll_control(void) {
-    static int fd = -2;
-    if (fd == -2) {
-        const char *v = getenv("ASTRAI_CONTROL_FD");
-        fd = v && *v ? atoi(v) : -1;
-        if (fd >= 0) fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK);
-    }
+// The requests on the supervisor's control pipe (TrainerOptions), at a step boundary.
+static void poll_control(Trainer *t) {
     char buf[256];
     ssize_t n;
-    while (fd >= 0 && (n = read(fd, buf, sizeof buf - 1)) != 0) {
+    while (t->control_fd >= 0 && (n = read(t->control_fd, buf, sizeof buf - 1)) != 0) {
         if (n < 0) return; // EAGAIN: nothing new
         buf[n] = 0;
         if (strstr(buf, "stop")) trainer_stop_requested = 1;
         if (strstr(buf, "checkpoint")) trainer_checkpoint_requested = 1;
     }
-    if (fd >= 0) {
-        close(fd);
-        fd = -1;
+    if (t->control_fd >= 0) {
+        close(t->control_fd);
+        t->control_fd = -1;
         trainer_stop_requested = 1;
     }
 }
@@ -303,7 +293,7 @@ typedef struct {
 static int agree_step(Trainer *t, StepTotals *out, StepClock *c, Err *err) {
     double stats[MODEL_N_STATS];
     model_read_stats(&t->model, stats);
-    poll_control();
+    poll_control(t);
     float agreed[AGREE_N] = {(float)stats[MODEL_STAT_LOSS],
                              (float)(trainer_stop_requested != 0),
                              (float)(trainer_checkpoint_requested != 0),
@@ -483,8 +473,8 @@ static int after_step(Trainer *t, int stop, int ckpt, Err *err) {
     return at_max ? RUN_MAX_STEPS : stop ? RUN_STOPPED : 0;
 }
 
-// With $ASTRAI_MEMORY_REPORT=DIR, each rank writes DIR/rank<R>.json: the most resident
-// bytes it held above its pre-model baseline between optimizer steps (parameters,
+// With a memory report directory DIR (TrainerOptions), each rank writes DIR/rank<R>.json: the most
+// resident bytes it held above its pre-model baseline between optimizer steps (parameters,
 // gradients, optimizer state, activations), as measured by the kernel.
 static int write_memory_report(const Trainer *t, Err *err) {
     const char *dir = t->memory_report;
