@@ -131,23 +131,32 @@ static int train_rank(LaunchInfo *li, const TrainSpec *spec, const TrainerOption
     return rc;
 }
 
+// The flags that say where the ranks meet, when given explicitly (LaunchFlags).
+static LaunchFlags launch_flags(const TrainSpec *spec) {
+    return (LaunchFlags){
+        .nprocs = spec->nprocs,
+        .master_addr = train_spec_given(spec, "master_addr") ? spec->master_addr : NULL,
+        .master_port = train_spec_given(spec, "master_port") ? spec->master_port : NULL};
+}
+
 static int run(const TrainSpec *spec, const TrainerOptions *env, char **argv) {
     Err err = {0};
     LaunchInfo *li = launch_info();
-    if (launch_detect(li, spec->nprocs, &err)) {
+    LaunchFlags flags = launch_flags(spec);
+    if (launch_detect_flags(li, &flags, &err)) {
         fprintf(stderr, "astrai-train: %s\n", err.msg);
         return 2;
     }
+    // Once per job: rank 0's (the local parent's rank 0 prints them, not the parent).
+    if (li->mode != LAUNCH_LOCAL_PARENT && li->rank == 0) train_spec_warn_ignored(spec, stderr);
     if (li->mode != LAUNCH_LOCAL_PARENT) {
         install_signals();
         li->stop = &trainer_stop_requested;
         return train_rank(li, spec, env);
     }
     // The ranks meet where --master_addr/--master_port say when given explicitly (AstrAI
-    // hands them to the rendezvous of its local spawn); else on 127.0.0.1 at a free port.
-    if (train_spec_given(spec, "master_addr"))
-        snprintf(li->master_addr, sizeof li->master_addr, "%s", spec->master_addr);
-    if (train_spec_given(spec, "master_port")) li->master_port = atoi(spec->master_port);
+    // hands them to the rendezvous of its local spawn; launch_flags); else on 127.0.0.1 at a
+    // free port.
     int rc = launch_local(li, argv, &err);
     if (rc < 0) {
         fprintf(stderr, "astrai-train: %s\n", err.msg);
@@ -156,25 +165,12 @@ static int run(const TrainSpec *spec, const TrainerOptions *env, char **argv) {
     return rc;
 }
 
-// Whether this process prints the once-per-job lines (a rank other than 0 keeps quiet).
-static bool first_rank(void) {
-    const char *rank = getenv("RANK");
-    return !rank || !*rank || !strcmp(rank, "0");
-}
-
-// The flags that pick something outside the spec: --backend given explicitly chooses
-// device_type auto's device (gloo: our CPU collectives, nccl: GPUs); --master_addr/port
-// given explicitly become MASTER_ADDR/MASTER_PORT, which ranks started by another
-// launcher (torchrun, SLURM, by hand) read. A rank of a local launch (ASTRAI_LAUNCHED)
-// keeps the ones its supervisor set: where it listens for the ranks to meet.
-static int resolve_env(TrainSpec *spec, Err *err) {
+// --backend given explicitly chooses device_type auto's device (gloo: our CPU collectives,
+// nccl: GPUs).
+static int resolve_backend(TrainSpec *spec, Err *err) {
     if (train_spec_given(spec, "backend") && !strcmp(spec->device_type, "auto") &&
         train_spec_set(spec, "device_type", !strcmp(spec->backend, "gloo") ? "cpu" : "cuda", err))
         return -1;
-    const char *launched = getenv("ASTRAI_LAUNCHED");
-    if (launched && !strcmp(launched, "1")) return 0;
-    if (train_spec_given(spec, "master_addr")) setenv("MASTER_ADDR", spec->master_addr, 1);
-    if (train_spec_given(spec, "master_port")) setenv("MASTER_PORT", spec->master_port, 1);
     return 0;
 }
 
@@ -200,6 +196,7 @@ static int check_ckpt_dir(const char *dir, Err *err) {
 // directory, then prints the resolved configuration. 0, or 2 on bad input.
 static int dry_run(const TrainSpec *spec) {
     Err err = {0};
+    train_spec_warn_ignored(spec, stderr); // one process, not a rank of a job
     const Backend *be;
     char scratch[] = "/tmp/astrai-dry-run-XXXXXX";
     if (check_ckpt_dir(spec->ckpt_dir, &err) || backend_open(&be, "cpu", 0, DT_F32, &err)) {
@@ -243,7 +240,7 @@ int main(int argc, char **argv) {
     bool help;
     train_spec_defaults(&spec);
     if (train_spec_parse_args(&spec, argc, argv, &help, &err) ||
-        (!help && (train_spec_validate(&spec, &err) || resolve_env(&spec, &err)))) {
+        (!help && (train_spec_validate(&spec, &err) || resolve_backend(&spec, &err)))) {
         fprintf(stderr, "astrai-train: %s\n", err.msg);
         train_spec_free(&spec);
         return 2;
@@ -253,7 +250,6 @@ int main(int argc, char **argv) {
         train_spec_free(&spec);
         return 0;
     }
-    if (first_rank()) train_spec_warn_ignored(&spec, stderr);
     TrainerOptions env = supervisor_env();
     int rc = spec.dry_run ? dry_run(&spec) : run(&spec, &env, argv);
     train_spec_free(&spec);

@@ -57,8 +57,8 @@ int train_ckpt_load_model(Model *m, const ModelConfig *cfg, const Backend *be, c
     return model_create(m, cfg, be, err) || train_ckpt_load_weights(m, dir, err);
 }
 
-int train_ckpt_reference_dir(const TrainSpec *spec, const char *resume_dir, char *out, size_t cap,
-                             Err *err) {
+int train_ckpt_reference_dir(const TrainSpec *spec, const char *resume_dir, int rank, char *out,
+                             size_t cap, Err *err) {
     snprintf(out, cap, "%s", spec->param_path);
     if (strcmp(resume_dir, spec->param_path) != 0) return 0; // a fresh run, or from ckpt_dir
     char path[PATH_CAP];
@@ -71,7 +71,7 @@ int train_ckpt_reference_dir(const TrainSpec *spec, const char *resume_dir, char
         snprintf(out, cap, "%s", ref->valuestring);
     else if (ref)
         rc = err_set(err, "%s: \"reference_path\" must be a directory name", path);
-    else // written by AstrAI, whose reference is the model it resumes
+    else if (rank == 0) // written by AstrAI, whose reference is the model it resumes
         fprintf(stderr,
                 "warning: %s names no reference_path: the reference model is this "
                 "checkpoint's weights\n",

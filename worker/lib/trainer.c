@@ -156,8 +156,8 @@ int trainer_init(Trainer *t, const TrainSpec *spec, const TrainerOptions *opt, E
     if (spec->resume && train_ckpt_locate(spec, resume_dir, sizeof resume_dir, err)) return -1;
     const char *model_dir = *resume_dir ? resume_dir : spec->param_path;
     ModelConfig cfg;
-    if (t->pref &&
-        train_ckpt_reference_dir(spec, resume_dir, t->reference_dir, sizeof t->reference_dir, err))
+    if (t->pref && train_ckpt_reference_dir(spec, resume_dir, t->rank, t->reference_dir,
+                                            sizeof t->reference_dir, err))
         return -1;
     if (train_ckpt_load_config(&cfg, model_dir, err) || open_data(t, &cfg, err) ||
         set_total_steps(t, err))
