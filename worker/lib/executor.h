@@ -93,8 +93,9 @@ typedef struct {
 
 #define EXEC_AGREE_MAX 8
 
-// What a mode provides (executor.c holds one table per ExecMode). Each entry is the
-// executor_* function of the same name for that mode.
+// What a mode provides (executor.c holds one table per ExecMode). Each entry does for that
+// mode what the executor_* function of the same name does (init: the mode's part of
+// executor_init: its plan and buffers).
 struct ExecutorOps {
     // Every rank must run every forward, the same number of them: forward has collectives.
     bool forward_collective;
