@@ -479,12 +479,16 @@ int model_grad_ranges(const Model *m, int (*ranges)[2]) {
     return n;
 }
 
+void model_set_hooks(Model *m, const ModelHooks *hooks) {
+    m->hooks = hooks ? *hooks : (ModelHooks){0};
+}
+
 static void grads_ready(const Model *m, int first, int end) {
-    if (m->grads_ready) m->grads_ready(m->hook_ctx, first, end);
+    if (m->hooks.grads_ready) m->hooks.grads_ready(m->hooks.ctx, first, end);
 }
 
 static void weights_needed(const Model *m, int first, int end) {
-    if (m->weights_needed) m->weights_needed(m->hook_ctx, first, end);
+    if (m->hooks.weights_needed) m->hooks.weights_needed(m->hooks.ctx, first, end);
 }
 
 // ---------------------------------------------------------------- forward

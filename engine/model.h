@@ -9,9 +9,10 @@
 //
 // Every buffer belongs to the model's Backend (engine/backend.h), chosen at creation;
 // the model code only orchestrates its ops. Host and backend memory meet at named
-// points: the batch (one upload per forward), the loss and the squared gradient norm
-// (model_read_stats, once per optimizer step), weights one tensor at a time through a
-// host staging buffer (load, save, init).
+// points: the batch (one upload per forward), the losses (model_read_stats, once per
+// optimizer step), weights one tensor at a time through a host staging buffer (load, save,
+// init). An executor that shares the model between ranks (worker/lib/executor.h) follows
+// forward and backward through the hooks of model_set_hooks.
 #pragma once
 #include <stdbool.h>
 #include <stddef.h>
@@ -43,9 +44,22 @@ typedef struct {
 
 typedef struct ModelActs ModelActs; // activations, private to model.c
 
-// The backend accumulators of m->stats: the summed forward losses, the squared gradient norm
-// (the optimizer's sum_squares), and two metrics of the preference losses (engine/preference.h).
-enum { MODEL_STAT_LOSS, MODEL_STAT_SQ_NORM, MODEL_STAT_PREF_A, MODEL_STAT_PREF_B, MODEL_N_STATS };
+// The backend accumulators of m->stats, which forward alone adds to: the summed forward losses
+// and two metrics of the preference losses (engine/preference.h), at the slots the backend's
+// loss ops write (engine/backend.h: acc[0], acc[2], acc[3]; slot 1 is not used).
+enum { MODEL_STAT_LOSS = 0, MODEL_STAT_PREF_A = 2, MODEL_STAT_PREF_B = 3, MODEL_N_STATS = 4 };
+
+// What forward and backward tell an executor, each hook given ctx and a range [first, end) of
+// parameter indices (NULL: not called). The ranges are the head (final norm, untied lm_head),
+// each block, and the embedding; they tile the table. weights_needed: forward is about to read
+// those weights (embedding, block 0, ..., block L-1, head): lets an executor gather them just
+// in time. grads_ready: backward has finished those gradients (head, block L-1, ..., block 0,
+// embedding): lets an executor start reducing them while backward goes on.
+typedef struct {
+    void (*weights_needed)(void *ctx, int first, int end);
+    void (*grads_ready)(void *ctx, int first, int end);
+    void *ctx;
+} ModelHooks;
 
 // Flat buffers of model_acquire / model_release.
 enum { MODEL_WEIGHTS = 1, MODEL_MASTER = 2, MODEL_GRADS = 4 };
@@ -65,21 +79,16 @@ typedef struct {
     // drawn from the stream noise_seed (the caller sets both per training forward; 0: none).
     float neftune_alpha;
     uint64_t noise_seed;
-    // Executor hooks (NULL: none), both given hook_ctx and a range [first, end) of parameter
-    // indices. The ranges are the head (final norm, untied lm_head), each block, and the
-    // embedding; they tile the table. weights_needed: forward is about to read those
-    // weights (embedding, block 0, ..., block L-1, head): lets an executor gather them just
-    // in time. grads_ready: backward has finished those gradients (head, block L-1, ...,
-    // block 0, embedding): lets an executor start reducing them while backward goes on.
-    void (*weights_needed)(void *ctx, int first, int end);
-    void (*grads_ready)(void *ctx, int first, int end);
-    void *hook_ctx;
-    ModelActs *acts; // sized for the largest (B,T) seen so far
+    ModelHooks hooks; // set by model_set_hooks only
+    ModelActs *acts;  // sized for the largest (B,T) seen so far
 } Model;
 
 // The grads_ready ranges in the order model_backward completes them: ranges[k] = [first,
 // end); returns how many (num_hidden_layers + 2). ranges must hold that many.
 int model_grad_ranges(const Model *m, int (*ranges)[2]);
+
+// Installs the hooks forward and backward call from now on (NULL: none).
+void model_set_hooks(Model *m, const ModelHooks *hooks);
 
 int model_create(Model *m, const ModelConfig *cfg, const Backend *be, Err *err);
 void model_free(Model *m);

@@ -81,7 +81,7 @@ static int run(const Args *a, Err *err) {
         pref_batch_fill(&b, &rs, ids, 1, (int)rs.n_records);
         pref_init(&p, dpo ? PREF_DPO : PREF_GRPO, a->beta, a->clip_eps, a->kl_coef, m.be);
         model_zero_grad(&m);
-        rc = pref_batch_forward(&b, &p, &x, &m, true, false, 1.0f, err);
+        rc = pref_batch_forward(&b, &p, &x, &m, MICRO_SYNC, 1.0f, err);
     }
     if (!rc) {
         model_backward_weighted(&m, p.scale);

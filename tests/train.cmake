@@ -6,6 +6,8 @@ astrai_py_test(train_accum test_train_accum.py)
 astrai_py_test(train_text test_train_text.py)
 astrai_py_test(train_errors test_train_errors.py)
 astrai_py_test(train_signals test_train_signals.py)
+# Once-per-job lines from rank 0 alone, under srun's, torchrun's and our own launcher's variables.
+astrai_py_test(train_once test_train_once.py)
 astrai_py_test(train_flags test_train_flags.py)
 astrai_py_test(train_astrai_dir test_train_astrai_dir.py)
 astrai_py_test(train_devices test_train_devices.py)

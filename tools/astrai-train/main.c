@@ -4,6 +4,9 @@
 // epochs, or --max_steps); 1 failure (while training, or for want of a resource: memory, a
 // device, I/O); 2 bad input (flags, config, weights, data); 3 (EXIT_INTERRUPTED) stopped before
 // its end by SIGTERM/SIGINT or a stop request, after the checkpoint --resume continues from.
+//
+// The environment is read here once: the launcher's variables by launch_detect (launch.h), a
+// supervisor's by supervisor_env; the trainer gets what they say as TrainerOptions.
 #include <errno.h>
 #include <signal.h>
 #include <stdbool.h>
@@ -98,21 +101,22 @@ static int setup_failed(const Err *err) {
     return err->resource ? 1 : EXIT_BAD_INPUT;
 }
 
-// One rank (or the single process) of the job. Exit codes as documented above.
-static int train_rank(LaunchInfo *li, const TrainSpec *spec) {
+// One rank (or the single process) of the job, with what the supervisor said in `env`.
+// Exit codes as documented above.
+static int train_rank(LaunchInfo *li, const TrainSpec *spec, const TrainerOptions *env) {
     Err err = {0};
-    Comm *comm = NULL;
-    const Backend *be;
+    TrainerOptions opt = *env;
+    opt.threads = launch_threads(li, spec->threads);
     // Rank 0 settles what a killed writer left in ckpt_dir before the ranks meet, so that no
     // rank looks for the checkpoint to resume from meanwhile.
-    if ((li->rank == 0 && train_ckpt_clean_dir(spec, &err)) || open_backend(li, spec, &be, &err) ||
-        connect_ranks(li, spec, be, &comm, &err)) {
+    if ((li->rank == 0 && train_ckpt_clean_dir(spec, &err)) ||
+        open_backend(li, spec, &opt.be, &err) || connect_ranks(li, spec, opt.be, &opt.comm, &err)) {
         fprintf(stderr, "astrai-train: rank %d: %s\n", li->rank, err.msg);
         return setup_failed(&err);
     }
     Trainer t;
     int rc = 0;
-    if (trainer_init(&t, spec, be, comm, launch_threads(li, spec->threads), &err)) {
+    if (trainer_init(&t, spec, &opt, &err)) {
         if (err.resource) err_prefix(&err, "rank %d", li->rank);
         fprintf(stderr, "astrai-train: %s\n", err.msg);
         rc = setup_failed(&err);
@@ -123,27 +127,36 @@ static int train_rank(LaunchInfo *li, const TrainSpec *spec) {
         rc = EXIT_INTERRUPTED;
     }
     trainer_free(&t);
-    comm_destroy(comm);
+    comm_destroy(opt.comm);
     return rc;
 }
 
-static int run(const TrainSpec *spec, char **argv) {
+// The flags that say where the ranks meet, when given explicitly (LaunchFlags).
+static LaunchFlags launch_flags(const TrainSpec *spec) {
+    return (LaunchFlags){
+        .nprocs = spec->nprocs,
+        .master_addr = train_spec_given(spec, "master_addr") ? spec->master_addr : NULL,
+        .master_port = train_spec_given(spec, "master_port") ? spec->master_port : NULL};
+}
+
+static int run(const TrainSpec *spec, const TrainerOptions *env, char **argv) {
     Err err = {0};
     LaunchInfo *li = launch_info();
-    if (launch_detect(li, spec->nprocs, &err)) {
+    LaunchFlags flags = launch_flags(spec);
+    if (launch_detect_flags(li, &flags, &err)) {
         fprintf(stderr, "astrai-train: %s\n", err.msg);
         return 2;
     }
+    // Once per job: rank 0's (the local parent's rank 0 prints them, not the parent).
+    if (li->mode != LAUNCH_LOCAL_PARENT && li->rank == 0) train_spec_warn_ignored(spec, stderr);
     if (li->mode != LAUNCH_LOCAL_PARENT) {
         install_signals();
         li->stop = &trainer_stop_requested;
-        return train_rank(li, spec);
+        return train_rank(li, spec, env);
     }
     // The ranks meet where --master_addr/--master_port say when given explicitly (AstrAI
-    // hands them to the rendezvous of its local spawn); else on 127.0.0.1 at a free port.
-    if (train_spec_given(spec, "master_addr"))
-        snprintf(li->master_addr, sizeof li->master_addr, "%s", spec->master_addr);
-    if (train_spec_given(spec, "master_port")) li->master_port = atoi(spec->master_port);
+    // hands them to the rendezvous of its local spawn; launch_flags); else on 127.0.0.1 at a
+    // free port.
     int rc = launch_local(li, argv, &err);
     if (rc < 0) {
         fprintf(stderr, "astrai-train: %s\n", err.msg);
@@ -152,25 +165,12 @@ static int run(const TrainSpec *spec, char **argv) {
     return rc;
 }
 
-// Whether this process prints the once-per-job lines (a rank other than 0 keeps quiet).
-static bool first_rank(void) {
-    const char *rank = getenv("RANK");
-    return !rank || !*rank || !strcmp(rank, "0");
-}
-
-// The flags that pick something outside the spec: --backend given explicitly chooses
-// device_type auto's device (gloo: our CPU collectives, nccl: GPUs); --master_addr/port
-// given explicitly become MASTER_ADDR/MASTER_PORT, which ranks started by another
-// launcher (torchrun, SLURM, by hand) read. A rank of a local launch (ASTRAI_LAUNCHED)
-// keeps the ones its supervisor set: where it listens for the ranks to meet.
-static int resolve_env(TrainSpec *spec, Err *err) {
+// --backend given explicitly chooses device_type auto's device (gloo: our CPU collectives,
+// nccl: GPUs).
+static int resolve_backend(TrainSpec *spec, Err *err) {
     if (train_spec_given(spec, "backend") && !strcmp(spec->device_type, "auto") &&
         train_spec_set(spec, "device_type", !strcmp(spec->backend, "gloo") ? "cpu" : "cuda", err))
         return -1;
-    const char *launched = getenv("ASTRAI_LAUNCHED");
-    if (launched && !strcmp(launched, "1")) return 0;
-    if (train_spec_given(spec, "master_addr")) setenv("MASTER_ADDR", spec->master_addr, 1);
-    if (train_spec_given(spec, "master_port")) setenv("MASTER_PORT", spec->master_port, 1);
     return 0;
 }
 
@@ -196,6 +196,7 @@ static int check_ckpt_dir(const char *dir, Err *err) {
 // directory, then prints the resolved configuration. 0, or 2 on bad input.
 static int dry_run(const TrainSpec *spec) {
     Err err = {0};
+    train_spec_warn_ignored(spec, stderr); // one process, not a rank of a job
     const Backend *be;
     char scratch[] = "/tmp/astrai-dry-run-XXXXXX";
     if (check_ckpt_dir(spec->ckpt_dir, &err) || backend_open(&be, "cpu", 0, DT_F32, &err)) {
@@ -206,10 +207,10 @@ static int dry_run(const TrainSpec *spec) {
         fprintf(stderr, "astrai-train: --dry-run: cannot make a scratch directory\n");
         return 1;
     }
-    setenv("ASTRAI_RUN_DIR", scratch, 1);
+    TrainerOptions opt = {.be = be, .threads = 1, .run_dir = scratch, .control_fd = -1};
     Trainer t;
     int rc = 0;
-    if (trainer_init(&t, spec, be, NULL, 1, &err)) {
+    if (trainer_init(&t, spec, &opt, &err)) {
         fprintf(stderr, "astrai-train: %s\n", err.msg);
         rc = setup_failed(&err);
     } else {
@@ -222,13 +223,24 @@ static int dry_run(const TrainSpec *spec) {
     return rc;
 }
 
+// What a supervisor (astraid) hands a rank in its environment, read here once:
+// ASTRAI_RUN_DIR (where progress.db goes), ASTRAI_MEMORY_REPORT (a directory for the ranks'
+// resident memory reports), ASTRAI_CONTROL_FD (the control pipe). Unset or empty: none.
+static TrainerOptions supervisor_env(void) {
+    const char *run_dir = getenv("ASTRAI_RUN_DIR"), *report = getenv("ASTRAI_MEMORY_REPORT");
+    const char *fd = getenv("ASTRAI_CONTROL_FD");
+    return (TrainerOptions){.run_dir = run_dir && *run_dir ? run_dir : NULL,
+                            .memory_report = report && *report ? report : NULL,
+                            .control_fd = fd && *fd ? atoi(fd) : -1};
+}
+
 int main(int argc, char **argv) {
     TrainSpec spec;
     Err err = {0};
     bool help;
     train_spec_defaults(&spec);
     if (train_spec_parse_args(&spec, argc, argv, &help, &err) ||
-        (!help && (train_spec_validate(&spec, &err) || resolve_env(&spec, &err)))) {
+        (!help && (train_spec_validate(&spec, &err) || resolve_backend(&spec, &err)))) {
         fprintf(stderr, "astrai-train: %s\n", err.msg);
         train_spec_free(&spec);
         return 2;
@@ -238,8 +250,8 @@ int main(int argc, char **argv) {
         train_spec_free(&spec);
         return 0;
     }
-    if (first_rank()) train_spec_warn_ignored(&spec, stderr);
-    int rc = spec.dry_run ? dry_run(&spec) : run(&spec, argv);
+    TrainerOptions env = supervisor_env();
+    int rc = spec.dry_run ? dry_run(&spec) : run(&spec, &env, argv);
     train_spec_free(&spec);
     return rc;
 }

@@ -1,5 +1,7 @@
 // executor.c: the none/ddp/fsdp executors (worker/lib/executor.h): the shard plan, the
-// exchange between the model layout and the rank regions, and the collectives of a step.
+// exchange between the model layout and the rank regions, the collectives of a step, one
+// table of operations per mode, and the mode-independent half (the dispatch, the sums over
+// ranks, the global gradient norm).
 #include "worker/lib/executor.h"
 
 #include <math.h>
@@ -88,7 +90,7 @@ static int build_shard(Executor *x, const Model *m, Err *err) {
     return 0;
 }
 
-static int plan_shards(Executor *x, Model *m, size_t cap, Err *err) {
+static int plan_shards(Executor *x, const Model *m, size_t cap, Err *err) {
     x->owner = calloc((size_t)m->n_params, sizeof *x->owner);
     x->region_off = calloc((size_t)m->n_params, sizeof *x->region_off);
     size_t *load = calloc((size_t)x->world, sizeof *load);
@@ -106,51 +108,6 @@ static int plan_shards(Executor *x, Model *m, size_t cap, Err *err) {
 
 static size_t regions_bytes(const Executor *x) {
     return ((size_t)x->world * x->region + 1) * sizeof(float);
-}
-
-// Gradients reduced together by default: PyTorch DDP's 25 MiB buckets on GPUs, where the
-// reduction overlaps the rest of backward; one bucket on CPU ranks, where the collectives
-// run on the same cores as the compute and fewer, larger calls are faster.
-#define GPU_BUCKET_BYTES ((size_t)25 << 20)
-
-int executor_init(Executor *x, ExecMode mode, Comm *comm, Model *m, size_t bucket_bytes, Err *err) {
-    memset(x, 0, sizeof *x);
-    x->mode = comm && comm_world_size(comm) > 1 ? mode : EXEC_NONE; // one rank: nothing to share
-    x->comm = comm;
-    x->rank = comm ? comm_rank(comm) : 0;
-    x->world = comm ? comm_world_size(comm) : 1;
-    x->be = m->be;
-    if (comm && comm_device_memory(comm) &&
-        !(x->agree = x->be->alloc(EXEC_AGREE_MAX * sizeof(float), err)))
-        return err_prefix(err, "executor");
-    if (x->mode == EXEC_NONE) return 0;
-    if (!bucket_bytes) bucket_bytes = comm_device_memory(comm) ? GPU_BUCKET_BYTES : SIZE_MAX;
-    if (plan_shards(x, m, bucket_bytes, err)) return -1;
-    // ddp keeps its exchange buffer for the whole run; fsdp allocates it per use, so that
-    // between steps a rank holds only its shard.
-    if (x->mode == EXEC_DDP && !(x->regions = x->be->alloc(regions_bytes(x), err)))
-        return err_prefix(err, "ddp: the exchange buffer");
-    return 0;
-}
-
-void executor_free(Executor *x) {
-    if (x->be) {
-        x->be->free(x->shard.master);
-        x->be->free(x->shard.grads);
-        x->be->free(x->regions);
-        x->be->free(x->stage);
-        x->be->free(x->agree);
-        x->be->free(x->reference);
-    }
-    free(x->owner);
-    free(x->region_off);
-    free(x->owned);
-    free(x->buckets);
-    memset(x, 0, sizeof *x);
-}
-
-ParamView executor_view(const Executor *x, const Model *m) {
-    return x->mode == EXEC_NONE ? model_view(m) : x->shard;
 }
 
 // ---------------------------------------------------------------- staging <-> model layout
@@ -191,8 +148,8 @@ static void regions_release(Executor *x, void *r) {
 }
 
 // All ranks: shard (S elements of dt) of every rank -> full (model layout), bucket by bucket.
-static int gather_full(Executor *x, const Model *m, const void *shard, void *full, DType dt,
-                       Err *err) {
+static int all_gather_full(Executor *x, const Model *m, const void *shard, void *full, DType dt,
+                           Err *err) {
     void *regions = regions_acquire(x, err);
     if (!regions) return -1;
     size_t esize = dtype_size(dt);
@@ -215,7 +172,7 @@ static int gather_weights(Executor *x, Model *m, Err *err) {
         x->be->cast_from_f32(x->stage, x->shard.master, x->region);
         mine = x->stage;
     }
-    return gather_full(x, m, mine, m->weights, x->be->dtype, err);
+    return all_gather_full(x, m, mine, m->weights, x->be->dtype, err);
 }
 
 // full (model layout, fp32) -> this rank's shard (S), no communication.
@@ -279,13 +236,12 @@ static void on_grads_ready(void *ctx, int first, int end) {
         hook_failed(x, start_reduce(x, &x->async_err));
 }
 
-// Before a micro-step: the exchange buffer and the hooks. fsdp gathers its weights bucket by
-// bucket as forward reaches them (the first one starts here); a sync micro-step reduces its
-// gradients bucket by bucket as backward finishes them. The padding of the staging is
+// Before a micro-step: the exchange buffer and the hooks. gather (fsdp): forward gathers its
+// weights bucket by bucket as it reaches them (the first one starts here); sync: backward
+// reduces the gradients bucket by bucket as it finishes them. The padding of the staging is
 // never written by gradients; a bf16 weight gather through ddp's persistent buffer leaves
 // other bytes there, so it is cleared first.
-static int arm(Executor *x, Model *m, bool sync, Err *err) {
-    bool gather = x->mode == EXEC_FSDP;
+static int arm(Executor *x, Model *m, bool gather, bool sync, Err *err) {
     if (!gather && !sync) return 0;
     if (!(x->pending = regions_acquire(x, err))) return -1;
     if (sync && x->stage && x->pending == x->regions) x->be->zero(x->regions, regions_bytes(x));
@@ -293,9 +249,9 @@ static int arm(Executor *x, Model *m, bool sync, Err *err) {
     x->async_failed = 0;
     x->launched = sync ? 0 : x->n_buckets;
     x->needed = gather ? x->n_buckets - 1 : -1; // forward needs the buckets last to first
-    m->hook_ctx = x;
-    m->grads_ready = sync ? on_grads_ready : NULL;
-    m->weights_needed = gather ? on_weights_needed : NULL;
+    model_set_hooks(m, &(ModelHooks){.grads_ready = sync ? on_grads_ready : NULL,
+                                     .weights_needed = gather ? on_weights_needed : NULL,
+                                     .ctx = x});
     if (!gather) return 0;
     if (!x->gather_src) {
         if (x->stage) x->be->cast_from_f32(x->stage, x->shard.master, x->region);
@@ -308,8 +264,7 @@ static int arm(Executor *x, Model *m, bool sync, Err *err) {
 // counted tokens runs no backward), then the wait for every collective of the micro-step.
 static int disarm(Executor *x, Model *m, Err *err) {
     if (!x->pending) return 0;
-    m->grads_ready = NULL;
-    m->weights_needed = NULL;
+    model_set_hooks(m, NULL);
     while (!x->async_failed && x->launched < x->n_buckets)
         hook_failed(x, start_reduce(x, &x->async_err));
     int rc = x->async_failed ? err_set(err, "%s", x->async_err.msg) : comm_wait(x->comm, err);
@@ -322,102 +277,104 @@ static int disarm(Executor *x, Model *m, Err *err) {
     return rc;
 }
 
-// ---------------------------------------------------------------- micro-steps
+// ---------------------------------------------------------------- none
 
-int executor_begin_micro(Executor *x, Model *m, bool sync, Err *err) {
-    if (x->mode == EXEC_NONE) return 0;
-    if (x->mode == EXEC_FSDP && model_acquire(m, MODEL_WEIGHTS | MODEL_GRADS, err)) return -1;
-    return arm(x, m, sync, err);
-}
-
-int executor_end_micro(Executor *x, Model *m, bool sync, Err *err) {
-    if (x->mode == EXEC_NONE) return 0;
-    int rc = disarm(x, m, err);
-    if (x->mode == EXEC_FSDP) model_release(m, sync ? MODEL_WEIGHTS | MODEL_GRADS : MODEL_WEIGHTS);
-    return rc;
-}
-
-int executor_after_step(Executor *x, Model *m, Err *err) {
-    if (x->mode == EXEC_NONE) model_refresh_weights(m);
-    return x->mode == EXEC_DDP ? gather_weights(x, m, err) : 0;
-}
-
-int executor_sum(Executor *x, float *vals, int n, Err *err) {
-    if (!x->comm) return 0;
-    if (n > EXEC_AGREE_MAX)
-        return err_set(err, "executor_sum: %d values (at most %d)", n, EXEC_AGREE_MAX);
-    if (!x->agree) return comm_all_reduce(x->comm, vals, (size_t)n, DT_F32, COMM_SUM, err);
-    x->be->upload(x->agree, vals, (size_t)n * sizeof *vals);
-    if (comm_all_reduce(x->comm, x->agree, (size_t)n, DT_F32, COMM_SUM, err)) return -1;
-    x->be->download(vals, x->agree, (size_t)n * sizeof *vals);
+static int none_init(Executor *x, Model *m, size_t bucket_bytes, Err *err) {
+    (void)x, (void)m, (void)bucket_bytes, (void)err;
     return 0;
 }
 
-// ---------------------------------------------------------------- checkpoints
+static ParamView none_view(const Executor *x, const Model *m) {
+    (void)x;
+    return model_view(m);
+}
 
-int executor_gather_weights(Executor *x, Model *m, Err *err) {
+static int none_micro(Executor *x, Model *m, MicroStep kind, Err *err) {
+    (void)x, (void)m, (void)kind, (void)err;
+    return 0;
+}
+
+static int none_after_step(Executor *x, Model *m, Err *err) {
+    (void)x, (void)err;
+    model_refresh_weights(m);
+    model_zero_grad(m);
+    return 0;
+}
+
+static int none_gather_full(Executor *x, Model *m, const Optimizer *opt, const Optimizer **full,
+                            Err *err) {
+    (void)x, (void)m, (void)err;
+    *full = opt;
+    return 0;
+}
+
+static void none_drop_full(Executor *x, Model *m) {
+    (void)x, (void)m;
+}
+
+static int none_load_optim(Executor *x, Model *m, Optimizer *opt, const char *path, Err *err) {
+    (void)x;
+    ParamView v = model_view(m);
+    return optim_load(opt, &v, path, err);
+}
+
+static int none_adopt_weights(Executor *x, Model *m, Err *err) {
+    (void)x, (void)m, (void)err;
+    return 0;
+}
+
+// The reference weights of none and ddp: a full copy, which forward reads in place of the
+// policy's.
+static int alloc_reference(Executor *x, size_t n, Err *err) {
+    if (!(x->reference = x->be->alloc(n * dtype_size(x->be->dtype), err)))
+        return err_prefix(err, "the reference weights (%zu parameters)", n);
+    return 0;
+}
+
+static int whole_keep_reference(Executor *x, Model *m, Err *err) {
+    if (alloc_reference(x, m->num_floats, err)) return -1;
+    x->be->copy(x->reference, m->weights, m->num_floats * dtype_size(x->be->dtype));
+    return 0;
+}
+
+static int whole_begin_reference(Executor *x, Model *m, Err *err) {
+    (void)err;
+    x->policy_weights = m->weights;
+    m->weights = x->reference;
+    return 0;
+}
+
+static int whole_end_reference(Executor *x, Model *m, Err *err) {
+    (void)err;
+    m->weights = x->policy_weights;
+    x->policy_weights = NULL;
+    return 0;
+}
+
+// ---------------------------------------------------------------- ddp and fsdp
+
+// Gradients reduced together by default: PyTorch DDP's 25 MiB buckets on GPUs, where the
+// reduction overlaps the rest of backward; one bucket on CPU ranks, where the collectives
+// run on the same cores as the compute and fewer, larger calls are faster.
+#define GPU_BUCKET_BYTES ((size_t)25 << 20)
+
+static int shard_init(Executor *x, Model *m, size_t bucket_bytes, Err *err) {
+    if (!bucket_bytes) bucket_bytes = comm_device_memory(x->comm) ? GPU_BUCKET_BYTES : SIZE_MAX;
+    return plan_shards(x, m, bucket_bytes, err);
+}
+
+static ParamView shard_view(const Executor *x, const Model *m) {
+    (void)m;
+    return x->shard;
+}
+
+// The full fp32 master weights, gathered into m->master where the model does not hold them.
+static int gather_master(Executor *x, Model *m, Err *err) {
     x->transient = 0;
-    if (x->mode == EXEC_NONE || m->master) return 0; // ddp fp32: the weights are the master
+    if (m->master) return 0; // ddp fp32: the weights are the master
     if (model_acquire(m, MODEL_MASTER, err)) return -1;
     x->transient = MODEL_MASTER;
-    return gather_full(x, m, x->shard.master, m->master, DT_F32, err);
-}
-
-void executor_drop_full(Executor *x, Model *m) {
-    if (x->transient) model_release(m, x->transient);
-    x->transient = 0;
-}
-
-// ---------------------------------------------------------------- reference weights
-
-int executor_keep_reference(Executor *x, Model *m, Err *err) {
-    size_t esize = dtype_size(x->be->dtype);
-    size_t n = x->mode == EXEC_FSDP ? (x->region ? x->region : 1) : m->num_floats;
-    if (!(x->reference = x->be->alloc(n * esize, err)))
-        return err_prefix(err, "the reference weights (%zu parameters)", n);
-    if (x->mode != EXEC_FSDP) {
-        x->be->copy(x->reference, m->weights, n * esize);
-        return 0;
-    }
-    for (int i = 0; i < m->n_params; i++) // this rank's tensors, at their region offsets
-        if (x->owner[i] == x->rank)
-            x->be->copy((char *)x->reference + x->region_off[i] * esize,
-                        (const char *)m->weights + m->params[i].offset * esize,
-                        m->params[i].numel * esize);
-    return 0;
-}
-
-int executor_begin_reference(Executor *x, Model *m, Err *err) {
-    if (x->mode != EXEC_FSDP) {
-        x->policy_weights = m->weights;
-        m->weights = x->reference;
-        return 0;
-    }
-    if (model_acquire(m, MODEL_WEIGHTS, err)) return -1;
-    x->gather_src = x->reference;
-    return arm(x, m, false, err);
-}
-
-int executor_end_reference(Executor *x, Model *m, Err *err) {
-    if (x->mode != EXEC_FSDP) {
-        m->weights = x->policy_weights;
-        x->policy_weights = NULL;
-        return 0;
-    }
-    int rc = disarm(x, m, err);
-    model_release(m, MODEL_WEIGHTS);
-    return rc;
-}
-
-int executor_adopt_weights(Executor *x, Model *m, Err *err) {
-    (void)err;
-    if (x->mode == EXEC_NONE) return 0;
-    take_own(x, m, m->master, x->shard.master);
-    if (x->mode == EXEC_FSDP)
-        model_release(m, MODEL_WEIGHTS | MODEL_MASTER | MODEL_GRADS);
-    else if (m->weights != m->master)
-        model_release(m, MODEL_MASTER); // ddp keeps the compute weights, the shard the master
-    return 0;
+    return all_gather_full(x, m, x->shard.master, m->master, DT_F32, err);
 }
 
 // The optimizer's per-float state arrays, in the same order for the shard and the full one.
@@ -429,21 +386,301 @@ static int state_arrays(const Optimizer *o, float *arrays[3]) {
     return n;
 }
 
-int executor_gather_optim(Executor *x, Model *m, const Optimizer *opt, Optimizer *full, Err *err) {
+// The optimizer state as for the full model (every rank takes part in the gather): fills a
+// full Optimizer `full` created for m.
+static int gather_optim(Executor *x, Model *m, const Optimizer *opt, Optimizer *full, Err *err) {
     float *mine[3], *all[3];
     int n = state_arrays(opt, mine);
     if (state_arrays(full, all) != n) return err_set(err, "optimizer state layouts differ");
     full->step = opt->step;
     for (int k = 0; k < n; k++)
-        if (gather_full(x, m, mine[k], all[k], DT_F32, err)) return -1;
+        if (all_gather_full(x, m, mine[k], all[k], DT_F32, err)) return -1;
     return 0;
 }
 
-void executor_scatter_optim(Executor *x, Model *m, const Optimizer *full, Optimizer *opt) {
+// The inverse: takes this rank's part of a full optimizer state.
+static void scatter_optim(Executor *x, Model *m, const Optimizer *full, Optimizer *opt) {
     float *mine[3], *all[3];
     int n = state_arrays(opt, mine);
     state_arrays(full, all);
     opt->step = full->step;
     for (int k = 0; k < n; k++)
         take_own(x, m, all[k], mine[k]);
+}
+
+static int shard_gather_full(Executor *x, Model *m, const Optimizer *opt, const Optimizer **full,
+                             Err *err) {
+    ParamView v = model_view(m);
+    *full = &x->full_opt;
+    return gather_master(x, m, err) ||
+           optim_create(&x->full_opt, opt->kind, &v, opt->weight_decay, err) ||
+           gather_optim(x, m, opt, &x->full_opt, err);
+}
+
+static void shard_drop_full(Executor *x, Model *m) {
+    if (x->transient) model_release(m, x->transient);
+    x->transient = 0;
+    optim_free(&x->full_opt);
+}
+
+static int shard_load_optim(Executor *x, Model *m, Optimizer *opt, const char *path, Err *err) {
+    ParamView v = model_view(m);
+    Optimizer full;
+    if (optim_create(&full, opt->kind, &v, opt->weight_decay, err)) return -1;
+    int rc = optim_load(&full, &v, path, err);
+    if (!rc) scatter_optim(x, m, &full, opt);
+    optim_free(&full);
+    return rc;
+}
+
+// ---------------------------------------------------------------- ddp
+
+static int ddp_init(Executor *x, Model *m, size_t bucket_bytes, Err *err) {
+    if (shard_init(x, m, bucket_bytes, err)) return -1;
+    // ddp keeps its exchange buffer for the whole run; fsdp allocates it per use, so that
+    // between steps a rank holds only its shard.
+    if (!(x->regions = x->be->alloc(regions_bytes(x), err)))
+        return err_prefix(err, "ddp: the exchange buffer");
+    return 0;
+}
+
+static int ddp_begin_micro(Executor *x, Model *m, MicroStep kind, Err *err) {
+    return arm(x, m, false, kind == MICRO_SYNC, err);
+}
+
+static int ddp_end_micro(Executor *x, Model *m, MicroStep kind, Err *err) {
+    (void)kind;
+    return disarm(x, m, err);
+}
+
+static int ddp_after_step(Executor *x, Model *m, Err *err) {
+    if (gather_weights(x, m, err)) return -1;
+    model_zero_grad(m);
+    return 0;
+}
+
+static int ddp_adopt_weights(Executor *x, Model *m, Err *err) {
+    (void)err;
+    take_own(x, m, m->master, x->shard.master);
+    if (m->weights != m->master)
+        model_release(m, MODEL_MASTER); // ddp keeps the compute weights, the shard the master
+    return 0;
+}
+
+// ---------------------------------------------------------------- fsdp
+
+static int fsdp_begin_micro(Executor *x, Model *m, MicroStep kind, Err *err) {
+    int full = kind == MICRO_EVAL ? MODEL_WEIGHTS : MODEL_WEIGHTS | MODEL_GRADS;
+    if (model_acquire(m, full, err)) return -1;
+    return arm(x, m, true, kind == MICRO_SYNC, err);
+}
+
+static int fsdp_end_micro(Executor *x, Model *m, MicroStep kind, Err *err) {
+    int rc = disarm(x, m, err);
+    model_release(m, kind == MICRO_SYNC ? MODEL_WEIGHTS | MODEL_GRADS : MODEL_WEIGHTS);
+    return rc;
+}
+
+static int fsdp_after_step(Executor *x, Model *m, Err *err) {
+    (void)x, (void)m, (void)err;
+    return 0;
+}
+
+static int fsdp_keep_reference(Executor *x, Model *m, Err *err) {
+    if (alloc_reference(x, x->region ? x->region : 1, err)) return -1;
+    size_t esize = dtype_size(x->be->dtype);
+    for (int i = 0; i < m->n_params; i++) // this rank's tensors, at their region offsets
+        if (x->owner[i] == x->rank)
+            x->be->copy((char *)x->reference + x->region_off[i] * esize,
+                        (const char *)m->weights + m->params[i].offset * esize,
+                        m->params[i].numel * esize);
+    return 0;
+}
+
+static int fsdp_begin_reference(Executor *x, Model *m, Err *err) {
+    if (model_acquire(m, MODEL_WEIGHTS, err)) return -1;
+    x->gather_src = x->reference;
+    return arm(x, m, true, false, err);
+}
+
+static int fsdp_end_reference(Executor *x, Model *m, Err *err) {
+    int rc = disarm(x, m, err);
+    model_release(m, MODEL_WEIGHTS);
+    return rc;
+}
+
+static int fsdp_adopt_weights(Executor *x, Model *m, Err *err) {
+    (void)err;
+    take_own(x, m, m->master, x->shard.master);
+    model_release(m, MODEL_WEIGHTS | MODEL_MASTER | MODEL_GRADS);
+    return 0;
+}
+
+// ---------------------------------------------------------------- the modes
+
+static const ExecutorOps NONE_OPS = {.forward_collective = false,
+                                     .init = none_init,
+                                     .view = none_view,
+                                     .begin_micro = none_micro,
+                                     .end_micro = none_micro,
+                                     .after_step = none_after_step,
+                                     .gather_full = none_gather_full,
+                                     .drop_full = none_drop_full,
+                                     .load_optim = none_load_optim,
+                                     .keep_reference = whole_keep_reference,
+                                     .begin_reference = whole_begin_reference,
+                                     .end_reference = whole_end_reference,
+                                     .adopt_weights = none_adopt_weights};
+
+static const ExecutorOps DDP_OPS = {.forward_collective = false,
+                                    .init = ddp_init,
+                                    .view = shard_view,
+                                    .begin_micro = ddp_begin_micro,
+                                    .end_micro = ddp_end_micro,
+                                    .after_step = ddp_after_step,
+                                    .gather_full = shard_gather_full,
+                                    .drop_full = shard_drop_full,
+                                    .load_optim = shard_load_optim,
+                                    .keep_reference = whole_keep_reference,
+                                    .begin_reference = whole_begin_reference,
+                                    .end_reference = whole_end_reference,
+                                    .adopt_weights = ddp_adopt_weights};
+
+// Forward gathers the weights: every rank runs every forward.
+static const ExecutorOps FSDP_OPS = {.forward_collective = true,
+                                     .init = shard_init,
+                                     .view = shard_view,
+                                     .begin_micro = fsdp_begin_micro,
+                                     .end_micro = fsdp_end_micro,
+                                     .after_step = fsdp_after_step,
+                                     .gather_full = shard_gather_full,
+                                     .drop_full = shard_drop_full,
+                                     .load_optim = shard_load_optim,
+                                     .keep_reference = fsdp_keep_reference,
+                                     .begin_reference = fsdp_begin_reference,
+                                     .end_reference = fsdp_end_reference,
+                                     .adopt_weights = fsdp_adopt_weights};
+
+static const ExecutorOps *const MODES[] = {
+    [EXEC_NONE] = &NONE_OPS, [EXEC_DDP] = &DDP_OPS, [EXEC_FSDP] = &FSDP_OPS};
+
+// ---------------------------------------------------------------- every mode
+
+int executor_init(Executor *x, ExecMode mode, Comm *comm, Model *m, size_t bucket_bytes, Err *err) {
+    memset(x, 0, sizeof *x);
+    x->ops =
+        MODES[comm && comm_world_size(comm) > 1 ? mode : EXEC_NONE]; // one rank: nothing to share
+    x->comm = comm;
+    x->rank = comm ? comm_rank(comm) : 0;
+    x->world = comm ? comm_world_size(comm) : 1;
+    x->be = m->be;
+    if (!(x->sq_norm = x->be->alloc(sizeof *x->sq_norm, err)) ||
+        (comm && comm_device_memory(comm) &&
+         !(x->agree = x->be->alloc(EXEC_AGREE_MAX * sizeof(float), err))))
+        return err_prefix(err, "executor");
+    return x->ops->init(x, m, bucket_bytes, err);
+}
+
+void executor_free(Executor *x) {
+    if (x->be) {
+        x->be->free(x->shard.master);
+        x->be->free(x->shard.grads);
+        x->be->free(x->regions);
+        x->be->free(x->stage);
+        x->be->free(x->agree);
+        x->be->free(x->sq_norm);
+        x->be->free(x->reference);
+    }
+    optim_free(&x->full_opt);
+    free(x->owner);
+    free(x->region_off);
+    free(x->owned);
+    free(x->buckets);
+    memset(x, 0, sizeof *x);
+}
+
+ParamView executor_view(const Executor *x, const Model *m) {
+    return x->ops->view(x, m);
+}
+
+int executor_begin_micro(Executor *x, Model *m, MicroStep kind, Err *err) {
+    return x->ops->begin_micro(x, m, kind, err);
+}
+
+int executor_end_micro(Executor *x, Model *m, MicroStep kind, Err *err) {
+    return x->ops->end_micro(x, m, kind, err);
+}
+
+bool executor_forward_collective(const Executor *x) {
+    return x->ops->forward_collective;
+}
+
+int executor_after_step(Executor *x, Model *m, Err *err) {
+    return x->ops->after_step(x, m, err);
+}
+
+// One rank sums nothing: its values stay exact.
+static bool one_rank(const Executor *x) {
+    return !x->comm;
+}
+
+int executor_sum(Executor *x, float *vals, int n, Err *err) {
+    if (one_rank(x)) return 0;
+    if (n > EXEC_AGREE_MAX)
+        return err_set(err, "executor_sum: %d values (at most %d)", n, EXEC_AGREE_MAX);
+    if (!x->agree) return comm_all_reduce(x->comm, vals, (size_t)n, DT_F32, COMM_SUM, err);
+    x->be->upload(x->agree, vals, (size_t)n * sizeof *vals);
+    if (comm_all_reduce(x->comm, x->agree, (size_t)n, DT_F32, COMM_SUM, err)) return -1;
+    x->be->download(vals, x->agree, (size_t)n * sizeof *vals);
+    return 0;
+}
+
+int executor_agree_step(Executor *x, const Model *m, float *vals, int n, int norm_at, double *norm,
+                        Err *err) {
+    if (norm_at < 0 || norm_at >= n)
+        return err_set(err, "executor_agree_step: slot %d outside %d values", norm_at, n);
+    ParamView v = executor_view(x, m);
+    double sq;
+    x->be->sum_squares(x->sq_norm, v.grads, v.num_floats);
+    x->be->download(&sq, x->sq_norm, sizeof sq);
+    vals[norm_at] = (float)sq;
+    if (executor_sum(x, vals, n, err)) return -1;
+    *norm = sqrt(one_rank(x) ? sq : (double)vals[norm_at]);
+    return 0;
+}
+
+int executor_mean(Executor *x, double sum, double count, double *mean, Err *err) {
+    float both[2] = {(float)sum, (float)count};
+    if (executor_sum(x, both, 2, err)) return -1;
+    *mean = one_rank(x) ? sum / count : (double)both[0] / (double)both[1];
+    return 0;
+}
+
+int executor_gather_full(Executor *x, Model *m, const Optimizer *opt, const Optimizer **full,
+                         Err *err) {
+    return x->ops->gather_full(x, m, opt, full, err);
+}
+
+void executor_drop_full(Executor *x, Model *m) {
+    x->ops->drop_full(x, m);
+}
+
+int executor_load_optim(Executor *x, Model *m, Optimizer *opt, const char *path, Err *err) {
+    return x->ops->load_optim(x, m, opt, path, err);
+}
+
+int executor_keep_reference(Executor *x, Model *m, Err *err) {
+    return x->ops->keep_reference(x, m, err);
+}
+
+int executor_begin_reference(Executor *x, Model *m, Err *err) {
+    return x->ops->begin_reference(x, m, err);
+}
+
+int executor_end_reference(Executor *x, Model *m, Err *err) {
+    return x->ops->end_reference(x, m, err);
+}
+
+int executor_adopt_weights(Executor *x, Model *m, Err *err) {
+    return x->ops->adopt_weights(x, m, err);
 }

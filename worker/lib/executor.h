@@ -1,4 +1,11 @@
-// executor.h: how the ranks of a job share the work (DESIGN §9).
+// executor.h: how the ranks of a job share the work (DESIGN §9). The executor is the one owner
+// of what differs between the parallel modes: which weights and gradients a rank holds, how
+// gradients are zeroed and reduced, the global gradient norm, what evaluation and checkpoints
+// gather, and the buffers all of that needs. The trainer calls the executor_* functions below
+// at fixed points of its loop (llm.c's order: forward, backward, norm, clip, step, zero) and
+// never asks which mode runs; each mode is a table of operations (ExecutorOps, executor.c), so
+// another way of splitting the work (a pipeline dimension) is another table, not a branch in
+// the trainer.
 //
 // none: one rank, the model as is.
 // ddp:  every rank holds the whole model and its gradients; on sync micro-steps the
@@ -15,6 +22,9 @@
 //       gradients live through one accumulation window and are reduce-scattered
 //       (averaged) into the owners' regions on the sync micro-step, then freed.
 //       The optimizer steps the shard view: the owned tensors over the region buffers.
+//
+// Sums over ranks follow one rule: one rank keeps its exact double; several add fp32 partial
+// sums (one small collective).
 #pragma once
 #include <stdbool.h>
 #include <stddef.h>
@@ -26,6 +36,13 @@
 
 typedef enum { EXEC_NONE, EXEC_DDP, EXEC_FSDP } ExecMode;
 
+// The kinds of micro-step (one forward, and for training its backward).
+typedef enum {
+    MICRO_ACCUMULATE, // training: gradients added to the accumulation window's
+    MICRO_SYNC,       // training, the last of the window: gradients reduced over ranks
+    MICRO_EVAL,       // forward only (validation): no gradient buffer, no backward
+} MicroStep;
+
 // Gradient buckets (ddp, fsdp): consecutive parameters whose gradients are reduced together,
 // started as soon as backward has finished them (engine/model.h grads_ready), so that the
 // reduction overlaps the rest of backward on GPUs. Ownership is planned per bucket, and each
@@ -35,14 +52,20 @@ typedef struct {
     size_t base, size;
 } Bucket;
 
+typedef struct ExecutorOps ExecutorOps;
+
 // Buffers are the model's backend's; the collectives run on them (device memory with
 // nccl). Gradients, masters and optimizer state travel in fp32; weights for forward in
-// the compute dtype (bf16 on the GPU: half the bytes of an fp32 gather).
+// the compute dtype (bf16 on the GPU: half the bytes of an fp32 gather). Only executor.c
+// reads the fields past rank and world.
 typedef struct {
-    ExecMode mode;
-    Comm *comm; // NULL for none
+    const ExecutorOps *ops; // the mode's
+    Comm *comm;             // NULL for one rank
     int rank, world;
     const Backend *be;
+    double *sq_norm;    // (1,) backend: this rank's squared norm of the gradients it steps
+    float *agree;       // (EXEC_AGREE_MAX,) device staging of executor_sum when comm needs it
+    Optimizer full_opt; // ddp, fsdp: the whole model's optimizer state while a checkpoint needs it
     // ddp, fsdp
     int *owner;         // (n_params,) owner rank of each tensor
     size_t *region_off; // (n_params,) offset of each tensor in its owner's region
@@ -51,12 +74,11 @@ typedef struct {
     ParamView shard;    // owned tensors: master and grads are (S,) region buffers
     void *regions;      // ddp: (world*S,) fp32 exchange buffer kept for the run; fsdp: NULL
     void *stage;        // (S,) this rank's weights in the compute dtype; NULL when fp32
-    float *agree;       // (EXEC_AGREE_MAX,) device staging of executor_sum when comm needs it
     // DPO/GRPO: the frozen reference weights in the compute dtype, sharded like the policy's:
     // none/ddp the full (num_floats,) model layout, fsdp this rank's region (S,); NULL: none.
     void *reference;
     void *policy_weights; // none/ddp: m->weights while the reference stands in for it
-    int transient;        // MODEL_* buffers executor_gather_weights acquired for a checkpoint
+    int transient;        // MODEL_* buffers executor_gather_full acquired for a checkpoint
     Bucket *buckets;      // n_buckets, in the order backward completes them
     int n_buckets;
     // the micro-step in flight
@@ -71,38 +93,78 @@ typedef struct {
 
 #define EXEC_AGREE_MAX 8
 
-// bucket_bytes: gradient bytes per bucket (0: 25 MiB with nccl, one bucket with shm).
+// What a mode provides (executor.c holds one table per ExecMode). Each entry does for that
+// mode what the executor_* function of the same name does (init: the mode's part of
+// executor_init: its plan and buffers).
+struct ExecutorOps {
+    // Every rank must run every forward, the same number of them: forward has collectives.
+    bool forward_collective;
+    int (*init)(Executor *x, Model *m, size_t bucket_bytes, Err *err);
+    ParamView (*view)(const Executor *x, const Model *m);
+    int (*begin_micro)(Executor *x, Model *m, MicroStep kind, Err *err);
+    int (*end_micro)(Executor *x, Model *m, MicroStep kind, Err *err);
+    int (*after_step)(Executor *x, Model *m, Err *err);
+    int (*gather_full)(Executor *x, Model *m, const Optimizer *opt, const Optimizer **full,
+                       Err *err);
+    void (*drop_full)(Executor *x, Model *m);
+    int (*load_optim)(Executor *x, Model *m, Optimizer *opt, const char *path, Err *err);
+    int (*keep_reference)(Executor *x, Model *m, Err *err);
+    int (*begin_reference)(Executor *x, Model *m, Err *err);
+    int (*end_reference)(Executor *x, Model *m, Err *err);
+    int (*adopt_weights)(Executor *x, Model *m, Err *err);
+};
+
+// bucket_bytes: gradient bytes per bucket (0: 25 MiB with nccl, one bucket with shm). One rank
+// (comm NULL or of one rank) runs none whatever the mode.
 int executor_init(Executor *x, ExecMode mode, Comm *comm, Model *m, size_t bucket_bytes, Err *err);
+// Frees every buffer the executor allocated.
 void executor_free(Executor *x);
 
 // What the optimizer steps: the whole model (none), or this rank's shard.
 ParamView executor_view(const Executor *x, const Model *m);
 
-// Before a micro-step's forward: fsdp allocates the full weights (and the gradient buffer
-// at the start of an accumulation window) and gathers the weights bucket by bucket as
-// forward reaches them, the next bucket's gather running while one computes. On a sync
-// micro-step (the last of an accumulation window) backward starts averaging each gradient
-// bucket over ranks (reduce-scatter into the owners' regions) as soon as it is final.
-int executor_begin_micro(Executor *x, Model *m, bool sync, Err *err);
-// After a micro-step's backward: the micro-step's collectives are waited for (on a sync
-// micro-step after starting the buckets backward did not); fsdp frees the full weights
-// (and on a sync micro-step the full gradients).
-int executor_end_micro(Executor *x, Model *m, bool sync, Err *err);
+// Before a micro-step's forward: fsdp allocates the full weights (and, for training, the
+// gradient buffer at the start of an accumulation window) and gathers the weights bucket by
+// bucket as forward reaches them, the next bucket's gather running while one computes. On a
+// sync micro-step backward starts averaging each gradient bucket over ranks (reduce-scatter
+// into the owners' regions) as soon as it is final.
+int executor_begin_micro(Executor *x, Model *m, MicroStep kind, Err *err);
+// After a micro-step's backward (or an evaluation's forward): the micro-step's collectives are
+// waited for (on a sync micro-step after starting the buckets backward did not); fsdp frees
+// the full weights (and on a sync micro-step the full gradients).
+int executor_end_micro(Executor *x, Model *m, MicroStep kind, Err *err);
+// Whether every rank must run every forward (evaluation included), even one without a sample.
+bool executor_forward_collective(const Executor *x);
 
-// After the optimizer stepped the view's master weights: the compute weights follow
-// (none: refreshed from the master; ddp: the owners' shards all-gathered into every
-// rank's model; fsdp: at the next executor_begin_micro).
+// The agreement of an optimizer step, one collective: sums vals[0..n) over ranks in place as
+// executor_sum does (n <= EXEC_AGREE_MAX; vals[norm_at] is the executor's slot), and gives the
+// global L2 norm of the gradients the optimizer steps (executor_view of m) in *norm: each
+// rank's squared norm of its view's gradients, summed by the rule above.
+int executor_agree_step(Executor *x, const Model *m, float *vals, int n, int norm_at, double *norm,
+                        Err *err);
+
+// After the optimizer stepped the view's master weights: the compute weights follow (none:
+// refreshed from the master; ddp: the owners' shards all-gathered into every rank's model;
+// fsdp: at the next executor_begin_micro), and the gradients start the next accumulation window
+// at zero (fsdp: freed at the sync micro-step already; the next one allocates them zeroed).
 int executor_after_step(Executor *x, Model *m, Err *err);
 
 // Sums vals[0..n) (n <= EXEC_AGREE_MAX, host memory) over ranks in place (losses, stop
-// flags, squared norms); none: no-op. A separate small collective after the gradients'.
+// flags, counts); one rank: no-op. A separate small collective after the gradients'.
 int executor_sum(Executor *x, float *vals, int n, Err *err);
+// The mean over ranks of values of which this rank holds `count` summing to `sum` (every rank
+// calls it), by the rule above.
+int executor_mean(Executor *x, double sum, double count, double *mean, Err *err);
 
-// The full fp32 master weights on every rank (for a checkpoint), gathered into
-// m->master where the model does not hold them; executor_drop_full frees what was
-// gathered.
-int executor_gather_weights(Executor *x, Model *m, Err *err);
+// For a checkpoint (every rank calls it and takes part): the full fp32 master weights in
+// m->master and the whole model's optimizer state in *full (opt itself under none; a state
+// the executor holds under ddp/fsdp). executor_drop_full frees what was gathered.
+int executor_gather_full(Executor *x, Model *m, const Optimizer *opt, const Optimizer **full,
+                         Err *err);
 void executor_drop_full(Executor *x, Model *m);
+// Resuming: loads the whole model's optimizer state saved at path (optim_save of model_view)
+// into opt, which holds this rank's part of it.
+int executor_load_optim(Executor *x, Model *m, Optimizer *opt, const char *path, Err *err);
 
 // DPO/GRPO: keeps m's current compute weights (full, before executor_adopt_weights) as the
 // frozen reference, sharded like the policy under fsdp.
@@ -116,9 +178,3 @@ int executor_end_reference(Executor *x, Model *m, Err *err);
 // After the full model weights were loaded into m: ddp/fsdp copy the owned tensors
 // into the shard and free the full buffers the mode does not keep.
 int executor_adopt_weights(Executor *x, Model *m, Err *err);
-
-// ddp/fsdp only: the optimizer state as for the full model (every rank calls it and
-// takes part in the gather): fills a full Optimizer `full` created by the caller for m.
-int executor_gather_optim(Executor *x, Model *m, const Optimizer *opt, Optimizer *full, Err *err);
-// The inverse: takes this rank's part of a full optimizer state.
-void executor_scatter_optim(Executor *x, Model *m, const Optimizer *full, Optimizer *opt);

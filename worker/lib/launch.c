@@ -37,9 +37,9 @@ LaunchInfo *launch_info(void) {
 
 // ---------------------------------------------------------------- environment
 
-// An integer variable in [lo, hi]; *present = 0 (and *out untouched) when unset.
-static int env_int(const char *name, long lo, long hi, int *out, int *present, Err *err) {
-    const char *v = getenv(name);
+// The integer value v of `name` in [lo, hi]; *present = 0 (and *out untouched) when v is NULL.
+static int int_value(const char *name, const char *v, long lo, long hi, int *out, int *present,
+                     Err *err) {
     *present = v != NULL;
     if (!v) return 0;
     char *end;
@@ -49,6 +49,11 @@ static int env_int(const char *name, long lo, long hi, int *out, int *present, E
         return err_set(err, "%s='%s' is not an integer in [%ld, %ld]", name, v, lo, hi);
     *out = (int)x;
     return 0;
+}
+
+// An integer variable in [lo, hi]; *present = 0 (and *out untouched) when unset.
+static int env_int(const char *name, long lo, long hi, int *out, int *present, Err *err) {
+    return int_value(name, getenv(name), lo, hi, out, present, err);
 }
 
 // A number of seconds from the environment, or `fallback` when unset.
@@ -74,6 +79,13 @@ typedef struct {
 static const RankVars TORCH_VARS = {"RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"};
 static const RankVars SLURM_VARS = {"SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID",
                                     "SLURM_TASKS_PER_NODE"};
+
+// The variables of the launcher that started this process: torchrun's (also set by our local
+// parent, or by hand), else srun's; NULL: none (a single process or a local parent).
+static const RankVars *rank_vars(void) {
+    if (getenv("RANK") || getenv("WORLD_SIZE")) return &TORCH_VARS;
+    return getenv("SLURM_PROCID") ? &SLURM_VARS : NULL;
+}
 
 // SLURM_TASKS_PER_NODE ("2(x3),1": 2 tasks on each of 3 nodes, then 1 task) at
 // node `node`; -1 when it does not parse.
@@ -132,10 +144,13 @@ static int rank_from_env(LaunchInfo *li, const RankVars *vars, Err *err) {
     return 0;
 }
 
-static int master_from_env(LaunchInfo *li, Err *err) {
-    const char *addr = getenv("MASTER_ADDR");
+// Where rank 0 serves the rendezvous: MASTER_ADDR and MASTER_PORT, or the flags given in their
+// place.
+static int master_from_env(LaunchInfo *li, const LaunchFlags *flags, Err *err) {
+    const char *addr = flags->master_addr ? flags->master_addr : getenv("MASTER_ADDR");
+    const char *port_text = flags->master_port ? flags->master_port : getenv("MASTER_PORT");
     int has_port, has_override, port = 0;
-    if (env_int("MASTER_PORT", 1, 65535, &port, &has_port, err) ||
+    if (int_value("MASTER_PORT", port_text, 1, 65535, &port, &has_port, err) ||
         env_int("ASTRAI_RENDEZVOUS_PORT", 1, 65535, &li->master_port, &has_override, err))
         return -1;
     if (li->world_size == 1) return 0; // nobody to meet
@@ -180,26 +195,40 @@ static int local_rank_from_env(LaunchInfo *li, Err *err) {
     return launcher ? guard_parent(launcher, "the launcher", err) : 0;
 }
 
-int launch_detect(LaunchInfo *li, long nprocs, Err *err) {
+// No launcher: one process, or the local parent of flags->nprocs ranks, which listens where the
+// flags say.
+static int local_from_flags(LaunchInfo *li, const LaunchFlags *flags, Err *err) {
+    if (flags->nprocs < 1 || flags->nprocs > INT_MAX)
+        return err_set(err, "nprocs: %ld is not a number of ranks", flags->nprocs);
+    li->mode = flags->nprocs > 1 ? LAUNCH_LOCAL_PARENT : LAUNCH_SINGLE;
+    li->world_size = li->local_world_size = (int)flags->nprocs;
+    li->source = "--nprocs";
+    const char *addr = flags->master_addr;
+    if (addr && strlen(addr) >= sizeof li->master_addr)
+        return err_set(err, "master_addr: '%.40s...' is too long", addr);
+    if (addr) strcpy(li->master_addr, addr);
+    int given;
+    return int_value("master_port", flags->master_port, 1, 65535, &li->master_port, &given, err);
+}
+
+int launch_detect_flags(LaunchInfo *li, const LaunchFlags *flags, Err *err) {
     memset(li, 0, sizeof *li);
     li->rendezvous_fd = -1;
-    const RankVars *vars = getenv("RANK") || getenv("WORLD_SIZE") ? &TORCH_VARS
-                           : getenv("SLURM_PROCID")               ? &SLURM_VARS
-                                                                  : NULL;
-    if (!vars) {
-        if (nprocs < 1 || nprocs > INT_MAX)
-            return err_set(err, "nprocs: %ld is not a number of ranks", nprocs);
-        li->mode = nprocs > 1 ? LAUNCH_LOCAL_PARENT : LAUNCH_SINGLE;
-        li->world_size = li->local_world_size = (int)nprocs;
-        li->source = "--nprocs";
-        return 0;
-    }
+    const RankVars *vars = rank_vars();
+    if (!vars) return local_from_flags(li, flags, err);
     li->mode = LAUNCH_RANK;
-    if (rank_from_env(li, vars, err) || master_from_env(li, err)) return -1;
-    const char *ours = getenv("ASTRAI_LAUNCHED");
-    if (ours && !strcmp(ours, "1")) return local_rank_from_env(li, err);
+    const char *launched = getenv("ASTRAI_LAUNCHED");
+    int ours = launched && !strcmp(launched, "1");
+    // A rank of our own local launch meets where its parent said, whatever the flags.
+    LaunchFlags master = ours ? (LaunchFlags){0} : *flags;
+    if (rank_from_env(li, vars, err) || master_from_env(li, &master, err)) return -1;
+    if (ours) return local_rank_from_env(li, err);
     li->external = 1;
     return guard_parent(getppid(), "the parent process", err);
+}
+
+int launch_detect(LaunchInfo *li, long nprocs, Err *err) {
+    return launch_detect_flags(li, &(LaunchFlags){.nprocs = nprocs}, err);
 }
 
 long launch_threads(const LaunchInfo *li, long threads) {

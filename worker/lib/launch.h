@@ -32,9 +32,9 @@ typedef struct {
     int rank, world_size, local_rank, local_world_size;
     int external;       // launched by torchrun/SLURM/by hand, not by our local parent
     const char *source; // the variables it came from, for messages ("SLURM_PROCID", ...)
-    // Where rank 0 serves the rendezvous. A rank: from MASTER_ADDR and MASTER_PORT (see
-    // ASTRAI_RENDEZVOUS_PORT above). The local parent: --master_addr/--master_port given
-    // explicitly ("" and 0 otherwise: 127.0.0.1, a free port), set after launch_detect.
+    // Where rank 0 serves the rendezvous. A rank: from MASTER_ADDR and MASTER_PORT, or the
+    // flags in their place (see LaunchFlags and ASTRAI_RENDEZVOUS_PORT above). The local
+    // parent: the flags ("" and 0 when not given: 127.0.0.1, a free port).
     char master_addr[256];
     int master_port;
     int rendezvous_fd; // rank 0 of a local launch: the socket the parent listens on; else -1
@@ -46,14 +46,27 @@ typedef struct {
     const volatile sig_atomic_t *stop;
 } LaunchInfo;
 
-// This process's launch: astrai-train's main fills it with launch_detect(), the
-// trainer reads it (rank, world size, shm name).
+// This process's launch: astrai-train's main fills it with launch_detect_flags() and meets
+// the other ranks with it (rank, world size, shm name). Its rank is the one answer to which
+// rank this process is: what is printed once per job, rank 0 prints (a local parent leaves it
+// to its rank 0).
 LaunchInfo *launch_info(void);
 
-// Reads the environment (see above); nprocs is --nprocs. Errors name the variable
+// The command line's part in the launch: --nprocs, and --master_addr/--master_port when given
+// explicitly (NULL otherwise). Given, they say where the ranks meet: where a local parent
+// listens, and for a rank of another launcher (torchrun, srun, by hand) they stand in for
+// MASTER_ADDR/MASTER_PORT; a rank of our own local launch keeps what its parent set.
+typedef struct {
+    long nprocs;
+    const char *master_addr, *master_port; // master_port: digits (train_spec validates it)
+} LaunchFlags;
+
+// Reads the environment (see above) and the flags. Errors name the variable
 // ("RANK=2 is not below WORLD_SIZE=2", "MASTER_ADDR is not set ..."). A rank also
 // arranges to get SIGTERM when its parent (launcher, torchrun) dies, and fails if
 // that parent is already gone.
+int launch_detect_flags(LaunchInfo *li, const LaunchFlags *flags, Err *err);
+// launch_detect_flags with --nprocs alone.
 int launch_detect(LaunchInfo *li, long nprocs, Err *err);
 
 // Local parent: listens on li->master_addr:li->master_port for the rendezvous (a port

@@ -81,17 +81,17 @@ static int token_norm(const PrefBatch *b, const PrefLoss *p, Executor *x, bool a
     return 0;
 }
 
-int pref_batch_forward(const PrefBatch *b, PrefLoss *p, Executor *x, Model *m, bool sync,
-                       bool across_ranks, float loss_scale, Err *err) {
+int pref_batch_forward(const PrefBatch *b, PrefLoss *p, Executor *x, Model *m, MicroStep kind,
+                       float loss_scale, Err *err) {
     float norm;
-    if (token_norm(b, p, x, across_ranks, &norm, err)) return -1;
+    if (token_norm(b, p, x, kind != MICRO_EVAL, &norm, err)) return -1;
     float alpha = m->neftune_alpha;
     m->neftune_alpha = 0.0f;
     int rc = executor_begin_reference(x, m, err) ||
              model_forward_tokens(m, b->inputs, b->targets, b->loss_mask, b->rows, b->T, err) < 0 ||
              pref_keep_reference(p, m, b->rows, b->T, err) || executor_end_reference(x, m, err);
     m->neftune_alpha = alpha;
-    if (rc || executor_begin_micro(x, m, sync, err) ||
+    if (rc || executor_begin_micro(x, m, kind, err) ||
         model_forward_tokens(m, b->inputs, b->targets, b->loss_mask, b->rows, b->T, err) < 0)
         return -1;
     return pref_loss(p, m, b->rows, b->T, b->advantages, norm, loss_scale, err);

@@ -32,11 +32,11 @@ void pref_batch_free(PrefBatch *b);
 void pref_batch_fill(PrefBatch *b, const RecordSet *rs, const int64_t *ids, int64_t stride, int n);
 
 // The batch's forward: the frozen reference's pass (as in evaluation: no NEFTune noise), then
-// the policy's in a micro-step of the executor (executor_begin_micro(sync)), whose loss and
+// the policy's in a micro-step of the executor (executor_begin_micro(kind)), whose loss and
 // metrics pref_loss adds to the model's stats; loss_scale weighs the token weights of the
-// backward that may follow (model_backward_weighted(m, p->scale)). across_ranks (training):
-// the ranks' batches are one batch, so GRPO's token mean runs over all of their response tokens
-// (their count is summed over ranks first: every rank must call it); otherwise over this
-// rank's.
-int pref_batch_forward(const PrefBatch *b, PrefLoss *p, Executor *x, Model *m, bool sync,
-                       bool across_ranks, float loss_scale, Err *err);
+// backward that may follow (model_backward_weighted(m, p->scale)). Training (kind other than
+// MICRO_EVAL): the ranks' batches are one batch, so GRPO's token mean runs over all of their
+// response tokens (their count is summed over ranks first: every rank must call it);
+// evaluation: over this rank's.
+int pref_batch_forward(const PrefBatch *b, PrefLoss *p, Executor *x, Model *m, MicroStep kind,
+                       float loss_scale, Err *err);

@@ -1,7 +1,10 @@
+// train_ckpt.c: a run's checkpoints, written and resumed (worker/lib/train_ckpt.h). Every
+// parallel mode writes the same files: the executor gathers the full weights and optimizer
+// state on every rank (executor_gather_full) and rank 0 writes them; resuming, the executor
+// takes this rank's part of them (executor_load_optim).
 #include "worker/lib/train_ckpt.h"
 
 #include <cjson/cJSON.h>
-#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -54,8 +57,8 @@ int train_ckpt_load_model(Model *m, const ModelConfig *cfg, const Backend *be, c
     return model_create(m, cfg, be, err) || train_ckpt_load_weights(m, dir, err);
 }
 
-int train_ckpt_reference_dir(const TrainSpec *spec, const char *resume_dir, char *out, size_t cap,
-                             Err *err) {
+int train_ckpt_reference_dir(const TrainSpec *spec, const char *resume_dir, int rank, char *out,
+                             size_t cap, Err *err) {
     snprintf(out, cap, "%s", spec->param_path);
     if (strcmp(resume_dir, spec->param_path) != 0) return 0; // a fresh run, or from ckpt_dir
     char path[PATH_CAP];
@@ -68,7 +71,7 @@ int train_ckpt_reference_dir(const TrainSpec *spec, const char *resume_dir, char
         snprintf(out, cap, "%s", ref->valuestring);
     else if (ref)
         rc = err_set(err, "%s: \"reference_path\" must be a directory name", path);
-    else // written by AstrAI, whose reference is the model it resumes
+    else if (rank == 0) // written by AstrAI, whose reference is the model it resumes
         fprintf(stderr,
                 "warning: %s names no reference_path: the reference model is this "
                 "checkpoint's weights\n",
@@ -169,25 +172,15 @@ static int write_checkpoint(const Trainer *t, const Optimizer *opt, const char *
     return 0;
 }
 
-// ddp/fsdp: every rank takes part in gathering the full weights and optimizer state.
-static int gather_full_state(Trainer *t, Optimizer *full, Err *err) {
-    ParamView v = model_view(&t->model);
-    return executor_gather_weights(&t->exec, &t->model, err) ||
-           optim_create(full, t->opt.kind, &v, t->opt.weight_decay, err) ||
-           executor_gather_optim(&t->exec, &t->model, &t->opt, full, err);
-}
-
+// Every rank takes part in gathering the full weights and optimizer state (the executor's
+// concern: under none they are the rank's own); rank 0 writes them.
 int train_ckpt_save(Trainer *t, char *path_out, size_t cap, Err *err) {
     char name[128];
     snprintf(name, sizeof name, "epoch_%ld_step_%ld", t->epoch, t->step);
-    Optimizer full = {0};
-    bool sharded = t->exec.mode != EXEC_NONE;
-    int rc = sharded ? gather_full_state(t, &full, err) : 0;
-    if (!rc && t->rank == 0) rc = write_checkpoint(t, sharded ? &full : &t->opt, name, err);
-    if (sharded) {
-        executor_drop_full(&t->exec, &t->model);
-        optim_free(&full);
-    }
+    const Optimizer *full = NULL;
+    int rc = executor_gather_full(&t->exec, &t->model, &t->opt, &full, err);
+    if (!rc && t->rank == 0) rc = write_checkpoint(t, full, name, err);
+    executor_drop_full(&t->exec, &t->model);
     // Every rank learns whether rank 0 wrote it, so none trains on alone.
     float failed = rc != 0;
     if (executor_sum(&t->exec, &failed, 1, rc ? NULL : err)) return -1;
@@ -271,14 +264,7 @@ static int load_optimizer(Trainer *t, const char *dir, Err *err) {
                     dir);
         return 0;
     }
-    ParamView v = model_view(&t->model);
-    if (t->exec.mode == EXEC_NONE) return optim_load(&t->opt, &v, path, err);
-    Optimizer full;
-    if (optim_create(&full, t->opt.kind, &v, t->opt.weight_decay, err)) return -1;
-    int rc = optim_load(&full, &v, path, err);
-    if (!rc) executor_scatter_optim(&t->exec, &t->model, &full, &t->opt);
-    optim_free(&full);
-    return rc;
+    return executor_load_optim(&t->exec, &t->model, &t->opt, path, err);
 }
 
 // AstrAI's optimizer_step: consumed_samples // (batch_per_device * nprocs *

@@ -34,9 +34,9 @@ int train_ckpt_load_config(ModelConfig *cfg, const char *dir, Err *err);
 int train_ckpt_load_weights(Model *m, const char *dir, Err *err);
 // DPO/GRPO: the model directory of the frozen reference, into out: param_path, except when
 // param_path is the checkpoint resumed (resume_dir), whose meta.json names the reference_path
-// of its run (an AstrAI checkpoint names none: its own weights, as AstrAI does).
-int train_ckpt_reference_dir(const TrainSpec *spec, const char *resume_dir, char *out, size_t cap,
-                             Err *err);
+// of its run (an AstrAI checkpoint names none: its own weights, as AstrAI does; rank 0 warns).
+int train_ckpt_reference_dir(const TrainSpec *spec, const char *resume_dir, int rank, char *out,
+                             size_t cap, Err *err);
 // Creates the model for cfg and loads dir/model.safetensors.
 int train_ckpt_load_model(Model *m, const ModelConfig *cfg, const Backend *be, const char *dir,
                           Err *err);

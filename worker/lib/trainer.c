@@ -1,3 +1,9 @@
+// trainer.c: the training loop of one rank (worker/lib/trainer.h). As llm.c's: for each
+// micro-batch forward and backward, then per optimizer step the agreed sums and gradient norm,
+// clipping, the optimizer, the next window's zeroed gradients. What differs between the
+// parallel modes (which weights and gradients a rank holds, their collectives, the norm over
+// ranks, what evaluation and checkpoints gather) is the executor's (worker/lib/executor.h):
+// this file never asks which mode runs.
 #include "worker/lib/trainer.h"
 
 #include <cblas.h>
@@ -127,22 +133,21 @@ static int set_total_steps(Trainer *t, Err *err) {
                    s->batch_per_device);
 }
 
-// Where progress.db lives: the run directory a supervisor (astraid) names in
-// $ASTRAI_RUN_DIR, else ckpt_dir.
-static const char *progress_dir(const TrainSpec *spec) {
-    const char *run_dir = getenv("ASTRAI_RUN_DIR");
-    return run_dir && *run_dir ? run_dir : spec->ckpt_dir;
+// The supervisor's control pipe, read without blocking (poll_control).
+static void open_control(Trainer *t, int fd) {
+    t->control_fd = fd;
+    if (fd >= 0) fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK);
 }
 
-int trainer_init(Trainer *t, const TrainSpec *spec, const Backend *be, Comm *comm, long threads,
-                 Err *err) {
+int trainer_init(Trainer *t, const TrainSpec *spec, const TrainerOptions *opt, Err *err) {
     memset(t, 0, sizeof *t);
     t->spec = spec;
     t->sft = !strcmp(spec->train_type, "sft");
     t->pref = !strcmp(spec->train_type, "dpo") || !strcmp(spec->train_type, "grpo");
-    t->rank = comm ? comm_rank(comm) : 0;
-    t->world = comm ? comm_world_size(comm) : 1;
-    set_threads(threads);
+    t->rank = opt->comm ? comm_rank(opt->comm) : 0;
+    t->world = opt->comm ? comm_world_size(opt->comm) : 1;
+    open_control(t, opt->control_fd);
+    set_threads(opt->threads);
     // Large buffers (fsdp's transient full weights and gradients) come from mmap and go
     // back to the system when freed; a fixed threshold stops glibc from moving them to the
     // heap after the first free.
@@ -151,21 +156,20 @@ int trainer_init(Trainer *t, const TrainSpec *spec, const Backend *be, Comm *com
     if (spec->resume && train_ckpt_locate(spec, resume_dir, sizeof resume_dir, err)) return -1;
     const char *model_dir = *resume_dir ? resume_dir : spec->param_path;
     ModelConfig cfg;
-    if (t->pref &&
-        train_ckpt_reference_dir(spec, resume_dir, t->reference_dir, sizeof t->reference_dir, err))
+    if (t->pref && train_ckpt_reference_dir(spec, resume_dir, t->rank, t->reference_dir,
+                                            sizeof t->reference_dir, err))
         return -1;
     if (train_ckpt_load_config(&cfg, model_dir, err) || open_data(t, &cfg, err) ||
         set_total_steps(t, err))
         return -1;
-    t->memory_report = getenv("ASTRAI_MEMORY_REPORT");
-    if (t->memory_report && !*t->memory_report) t->memory_report = NULL;
+    t->memory_report = opt->memory_report;
     if (t->memory_report) t->rss_baseline = resident_bytes();
     // DPO/GRPO: the reference's weights first, kept frozen; then the policy's when they differ.
     const char *first_dir = t->pref ? t->reference_dir : model_dir;
-    if (train_ckpt_load_model(&t->model, &cfg, be, first_dir, err)) return -1;
+    if (train_ckpt_load_model(&t->model, &cfg, opt->be, first_dir, err)) return -1;
     t->model.grad_checkpointing = spec->gradient_checkpointing;
     t->model.neftune_alpha = (float)spec->neftune_alpha;
-    if (executor_init(&t->exec, exec_mode(spec->parallel_mode), comm, &t->model,
+    if (executor_init(&t->exec, exec_mode(spec->parallel_mode), opt->comm, &t->model,
                       (size_t)(spec->bucket_mb * (1 << 20)), err))
         return -1;
     if (t->pref &&
@@ -175,7 +179,8 @@ int trainer_init(Trainer *t, const TrainSpec *spec, const Backend *be, Comm *com
     if (executor_adopt_weights(&t->exec, &t->model, err)) return -1;
     if (t->pref)
         pref_init(&t->pref_loss, t->records.kind == RECORDS_DPO ? PREF_DPO : PREF_GRPO,
-                  (float)spec->dpo_beta, (float)spec->grpo_clip_eps, (float)spec->grpo_kl_coef, be);
+                  (float)spec->dpo_beta, (float)spec->grpo_clip_eps, (float)spec->grpo_kl_coef,
+                  opt->be);
     schedule_init(&t->sched, schedule_kind(spec->schedule_type), t->total_steps, spec->warmup_ratio,
                   spec->min_rate, spec->stable_steps, spec->decay_steps, spec->cycle_length,
                   spec->t_mult);
@@ -194,8 +199,8 @@ int trainer_init(Trainer *t, const TrainSpec *spec, const Backend *be, Comm *com
     if (*resume_dir && train_ckpt_load_state(t, resume_dir, err)) return -1;
     t->last_ckpt_step = t->step;
     if (metrics_select(&t->metrics, spec->metrics, err)) return -1; // new step rows' columns
-    if (t->rank == 0 &&
-        progress_open(&t->progress, progress_dir(spec), t->total_steps, t->step, err))
+    if (t->rank == 0 && progress_open(&t->progress, opt->run_dir ? opt->run_dir : spec->ckpt_dir,
+                                      t->total_steps, t->step, err))
         return -1;
     return alloc_batch(t, err);
 }
@@ -215,12 +220,13 @@ static void fill_batch(Trainer *t, const int64_t *ids, int64_t stride, int nb) {
 }
 
 // The forward of the batch of nb samples with the loss into the model's stats; begins the
-// executor's micro-step. training: every rank runs it (validation: not all of them).
-static int forward_batch(Trainer *t, int nb, bool sync, bool training, float loss_scale, Err *err) {
+// executor's micro-step of that kind. Training: every rank runs it (validation: not all of
+// them).
+static int forward_batch(Trainer *t, int nb, MicroStep kind, float loss_scale, Err *err) {
     if (t->pref)
-        return pref_batch_forward(&t->pb, &t->pref_loss, &t->exec, &t->model, sync, training,
-                                  loss_scale, err);
-    return executor_begin_micro(&t->exec, &t->model, sync, err) ||
+        return pref_batch_forward(&t->pb, &t->pref_loss, &t->exec, &t->model, kind, loss_scale,
+                                  err);
+    return executor_begin_micro(&t->exec, &t->model, kind, err) ||
            model_forward_accumulate(&t->model, t->inputs, t->targets, t->sft ? t->loss_mask : NULL,
                                     t->sft ? t->position_ids : NULL, nb, (int)t->window,
                                     (float)t->spec->label_smoothing, err);
@@ -243,49 +249,40 @@ typedef struct {
     double reward_sum; // GRPO: the sum of its micro-batches' mean rewards
 } StepClock;
 
-// Summed over ranks at a step boundary: the step's losses, the squared norms of the
-// gradient shards, and the requests (DESIGN §5): a request that reached any rank applies
-// to all, so they stop or checkpoint at the same step.
+// Summed over ranks at a step boundary: the step's losses, the requests (DESIGN §5): a request
+// that reached any rank applies to all, so they stop or checkpoint at the same step; and the
+// executor's slot, where it sums the squared norms of the gradients (executor_agree_step).
 // DPO/GRPO add their metrics: two from the model's stats and GRPO's mean reward.
 enum {
     AGREE_LOSS,
     AGREE_STOP,
     AGREE_CKPT,
-    AGREE_SQ,
+    AGREE_NORM,
     AGREE_PREF_A,
     AGREE_PREF_B,
     AGREE_REWARD,
     AGREE_N
 };
 
-// A supervisor (astraid) may give each rank a control pipe in $ASTRAI_CONTROL_FD
-// carrying lines "stop" (checkpoint and exit: pause, shutdown) and "checkpoint"
-// (checkpoint and go on). Read without blocking at step boundaries; EOF (the
-// supervisor is gone) counts as stop.
-static void poll_control(void) {
-    static int fd = -2;
-    if (fd == -2) {
-        const char *v = getenv("ASTRAI_CONTROL_FD");
-        fd = v && *v ? atoi(v) : -1;
-        if (fd >= 0) fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK);
-    }
+// The requests on the supervisor's control pipe (TrainerOptions), at a step boundary.
+static void poll_control(Trainer *t) {
     char buf[256];
     ssize_t n;
-    while (fd >= 0 && (n = read(fd, buf, sizeof buf - 1)) != 0) {
+    while (t->control_fd >= 0 && (n = read(t->control_fd, buf, sizeof buf - 1)) != 0) {
         if (n < 0) return; // EAGAIN: nothing new
         buf[n] = 0;
         if (strstr(buf, "stop")) trainer_stop_requested = 1;
         if (strstr(buf, "checkpoint")) trainer_checkpoint_requested = 1;
     }
-    if (fd >= 0) {
-        close(fd);
-        fd = -1;
+    if (t->control_fd >= 0) {
+        close(t->control_fd);
+        t->control_fd = -1;
         trainer_stop_requested = 1;
     }
 }
 
-// The step's agreed numbers, from the one read-back of the step (model stats) summed over
-// ranks with the stop/checkpoint requests.
+// The step's agreed numbers, from the one read-back of the step's losses (model stats) summed
+// over ranks with the stop/checkpoint requests and the gradient norm.
 typedef struct {
     float loss;  // the mean of the micro-step losses over ranks
     double norm; // the global gradient norm
@@ -293,30 +290,27 @@ typedef struct {
     double pref[3]; // DPO: reward margin, accuracy; GRPO: KL, clip fraction, mean reward
 } StepTotals;
 
-static int agree_step(Trainer *t, const ParamView *v, StepTotals *out, StepClock *c, Err *err) {
-    v->be->sum_squares(t->model.stats + MODEL_STAT_SQ_NORM, v->grads, v->num_floats);
+static int agree_step(Trainer *t, StepTotals *out, StepClock *c, Err *err) {
     double stats[MODEL_N_STATS];
     model_read_stats(&t->model, stats);
-    poll_control();
+    poll_control(t);
     float agreed[AGREE_N] = {(float)stats[MODEL_STAT_LOSS],
                              (float)(trainer_stop_requested != 0),
                              (float)(trainer_checkpoint_requested != 0),
-                             (float)stats[MODEL_STAT_SQ_NORM],
+                             0.0f, // AGREE_NORM: the executor's
                              (float)stats[MODEL_STAT_PREF_A],
                              (float)stats[MODEL_STAT_PREF_B],
                              (float)c->reward_sum};
     trainer_checkpoint_requested = 0;
     c->reward_sum = 0;
-    if (executor_sum(&t->exec, agreed, AGREE_N, err)) return -1;
+    if (executor_agree_step(&t->exec, &t->model, agreed, AGREE_N, AGREE_NORM, &out->norm, err))
+        return -1;
     float micro_steps = (float)(t->spec->grad_accum_steps * t->world);
     out->stop = agreed[AGREE_STOP] > 0;
     out->ckpt = agreed[AGREE_CKPT] > 0;
     out->loss = agreed[AGREE_LOSS] / micro_steps;
     for (int k = 0; k < 3; k++)
         out->pref[k] = agreed[AGREE_PREF_A + k] / micro_steps;
-    // One rank: the exact double sum; sharded: the ranks' fp32 partial sums added.
-    out->norm =
-        sqrt(t->exec.mode == EXEC_NONE ? stats[MODEL_STAT_SQ_NORM] : (double)agreed[AGREE_SQ]);
     if (!isfinite(out->loss))
         return err_set(err, "loss is %f at step %ld (diverged: lower max_lr?)", (double)out->loss,
                        t->step + 1);
@@ -330,9 +324,9 @@ static int agree_step(Trainer *t, const ParamView *v, StepTotals *out, StepClock
 // windows val_ids[r], val_ids[r + world], ... in micro-batches of batch_per_device, forward
 // only. A batch's mean loss counts once per window in it (for seq, every window has the
 // same number of target tokens, so this is the mean of the windows' own losses); the sum
-// and the window count are added over ranks. Every rank runs the same number of
-// micro-batches (fsdp gathers the weights in each); a rank left without a window in one
-// evaluates val_ids[0] with weight 0.
+// and the window count are added over ranks. Where the executor's forward is collective
+// (fsdp gathers the weights in each), every rank runs the same number of micro-batches: a
+// rank left without a window in one evaluates val_ids[0] with weight 0.
 static int validate(Trainer *t, double *val_loss, Err *err) {
     const Sampler *sp = &t->sampler;
     int64_t B = t->spec->batch_per_device;
@@ -345,26 +339,19 @@ static int validate(Trainer *t, double *val_loss, Err *err) {
     for (int64_t first = 0; !rc && first < per_rank; first += B) {
         int64_t nb = mine - first < B ? mine - first : B;
         if (nb < 0) nb = 0;
-        if (nb == 0 && t->exec.mode != EXEC_FSDP) continue;
+        if (nb == 0 && !executor_forward_collective(&t->exec)) continue;
         if (nb > 0)
             fill_batch(t, sp->val_ids + first * t->world + t->rank, t->world, (int)nb);
         else
             fill_batch(t, sp->val_ids, 1, 1);
         double stats[MODEL_N_STATS];
-        rc = forward_batch(t, nb > 0 ? (int)nb : 1, false, false, 1.0f, err);
+        rc = forward_batch(t, nb > 0 ? (int)nb : 1, MICRO_EVAL, 1.0f, err);
         if (!rc) model_read_stats(&t->model, stats); // the batch's mean loss; resets the sums
-        if (!rc) rc = executor_end_micro(&t->exec, &t->model, false, err);
+        if (!rc) rc = executor_end_micro(&t->exec, &t->model, MICRO_EVAL, err);
         if (!rc) sum += stats[MODEL_STAT_LOSS] * (double)nb;
     }
     t->model.neftune_alpha = alpha;
-    if (rc) return -1;
-    // fsdp's begin_micro acquired the gradient buffer too; no backward ran, so give it back.
-    if (t->exec.mode == EXEC_FSDP) model_release(&t->model, MODEL_GRADS);
-    float agreed[2] = {(float)sum, (float)mine};
-    if (executor_sum(&t->exec, agreed, 2, err)) return -1;
-    *val_loss = t->exec.mode == EXEC_NONE && !t->exec.comm ? sum / (double)mine
-                                                           : (double)agreed[0] / (double)agreed[1];
-    return 0;
+    return rc ? -1 : executor_mean(&t->exec, sum, (double)mine, val_loss, err);
 }
 
 // Validation is due every val_step optimizer steps and at the last step (the end of the
@@ -391,14 +378,13 @@ static int optimizer_step(Trainer *t, StepClock *c, int *stop, int *ckpt, Err *e
     const TrainSpec *s = t->spec;
     ParamView view = executor_view(&t->exec, &t->model);
     StepTotals tot;
-    if (agree_step(t, &view, &tot, c, err)) return -1;
+    if (agree_step(t, &tot, c, err)) return -1;
     *stop = tot.stop;
     *ckpt = tot.ckpt;
     clip_grads(&view, tot.norm, (float)s->max_grad_norm);
     double lr = s->max_lr * schedule_factor(&t->sched, t->step);
     optim_step(&t->opt, &view, (float)lr);
     if (executor_after_step(&t->exec, &t->model, err)) return -1;
-    if (t->exec.mode != EXEC_FSDP) model_zero_grad(&t->model);
     t->step++;
     double now = clock_mono_s();
     StepRow row = {.step = t->step,
@@ -455,10 +441,10 @@ static uint64_t noise_seed(const Trainer *t) {
 static int micro_step(Trainer *t, StepClock *c, int nb, Err *err) {
     const TrainSpec *s = t->spec;
     fill_batch(t, t->sampler.order + t->epoch_pos, 1, nb);
-    bool sync = t->micro + 1 == s->grad_accum_steps;
+    MicroStep kind = t->micro + 1 == s->grad_accum_steps ? MICRO_SYNC : MICRO_ACCUMULATE;
     float loss_scale = 1.0f / (float)s->grad_accum_steps;
     t->model.noise_seed = noise_seed(t);
-    if (forward_batch(t, nb, sync, true, loss_scale, err)) return -1;
+    if (forward_batch(t, nb, kind, loss_scale, err)) return -1;
     if (t->pref) {
         model_backward_weighted(&t->model, t->pref_loss.scale);
         c->tokens += t->pb.tokens;
@@ -470,7 +456,7 @@ static int micro_step(Trainer *t, StepClock *c, int nb, Err *err) {
     t->epoch_pos += nb;
     t->consumed_samples += (long)nb * t->world;
     t->micro++;
-    return executor_end_micro(&t->exec, &t->model, sync, err);
+    return executor_end_micro(&t->exec, &t->model, kind, err);
 }
 
 // How the epochs loop ended.
@@ -487,8 +473,8 @@ static int after_step(Trainer *t, int stop, int ckpt, Err *err) {
     return at_max ? RUN_MAX_STEPS : stop ? RUN_STOPPED : 0;
 }
 
-// With $ASTRAI_MEMORY_REPORT=DIR, each rank writes DIR/rank<R>.json: the most resident
-// bytes it held above its pre-model baseline between optimizer steps (parameters,
+// With a memory report directory DIR (TrainerOptions), each rank writes DIR/rank<R>.json: the most
+// resident bytes it held above its pre-model baseline between optimizer steps (parameters,
 // gradients, optimizer state, activations), as measured by the kernel.
 static int write_memory_report(const Trainer *t, Err *err) {
     const char *dir = t->memory_report;

@@ -1,6 +1,7 @@
 // trainer.h: the training loop of one rank (DESIGN §8): micro-batches, gradient
 // accumulation, clipping, optimizer and scheduler steps, progress, checkpoints,
-// resume.
+// resume. The parallel mode is the executor's (worker/lib/executor.h); the loop is the same
+// for all of them.
 #pragma once
 #include <signal.h>
 #include <stdint.h>
@@ -21,6 +22,20 @@
 // Requests from signal handlers, polled at optimizer-step boundaries.
 extern volatile sig_atomic_t trainer_stop_requested;       // SIGTERM/SIGINT: checkpoint, exit
 extern volatile sig_atomic_t trainer_checkpoint_requested; // SIGUSR1: checkpoint, continue
+
+// What the process gives its trainer besides the spec: astrai-train's main fills it, with what
+// a supervisor (astraid) says in the environment read there once.
+typedef struct {
+    const Backend *be;   // this rank's device
+    Comm *comm;          // the job's communicator; NULL for one rank
+    long threads;        // CPU threads of this rank
+    const char *run_dir; // where progress.db lives (a supervisor's run directory); NULL: ckpt_dir
+    const char *memory_report; // a directory for this rank's resident memory report; NULL: none
+    // A supervisor's control pipe carrying lines "stop" (checkpoint and exit: pause, shutdown)
+    // and "checkpoint" (checkpoint and go on), read without blocking at step boundaries; EOF
+    // (the supervisor is gone) counts as stop. -1: none.
+    int control_fd;
+} TrainerOptions;
 
 typedef struct Trainer {
     const TrainSpec *spec;
@@ -51,18 +66,17 @@ typedef struct Trainer {
     int32_t *inputs, *targets, *loss_mask, *position_ids;
     MetricLog metrics;         // rank 0 only
     ProgressDb progress;       // rank 0 only
-    const char *memory_report; // $ASTRAI_MEMORY_REPORT, NULL: resident memory not tracked
+    int control_fd;            // TrainerOptions' control pipe; -1: none (or it reached EOF)
+    const char *memory_report; // TrainerOptions', NULL: resident memory not tracked
     long rss_baseline;         // resident bytes before the model existed
     long rss_state_max;        // most resident bytes above the baseline between steps
 } Trainer;
 
 // Sets everything up from the spec: model (from param_path, or the checkpoint
-// when resuming) on backend be, data, optimizer, schedule, progress database. comm is
-// the job's communicator (NULL for one rank); threads the CPU threads of this rank.
+// when resuming) on the options' backend, data, optimizer, schedule, progress database.
 // A failure for want of a resource (memory, a device, I/O, the progress database) sets
 // err->resource; the others are bad input (flags, files, data, a spec without a step).
-int trainer_init(Trainer *t, const TrainSpec *spec, const Backend *be, Comm *comm, long threads,
-                 Err *err);
+int trainer_init(Trainer *t, const TrainSpec *spec, const TrainerOptions *opt, Err *err);
 // Runs to the end of the last epoch (or --max_steps): 0; or until a stop request agreed by
 // the ranks: 1 (stopped before its end, after the checkpoint --resume continues from); -1 on
 // error. Checkpoints on the way (every ckpt_interval steps, on request, at the end).
