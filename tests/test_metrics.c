@@ -45,7 +45,7 @@ static void check_astrai_rows(void) {
     write_file(path, sizeof path, "astrai.jsonl", ASTRAI_ROWS);
     MetricLog m = {0};
     Err err = {0};
-    CHECK_MSG(metrics_load(&m, path, 3, &err) == 0, "%s", err.msg);
+    CHECK_MSG(metric_log_load(&m, path, 3, &err) == 0, "%s", err.msg);
     CHECK(m.n == 5); // the step-4 row is past the checkpoint
     if (m.n != 5) return;
     CHECK(m.rows[0].kind == METRIC_VALIDATION && m.rows[0].has == METRIC_HAS_VAL_LOSS);
@@ -60,7 +60,7 @@ static void check_astrai_rows(void) {
 
     // Written back: AstrAI's shapes, the same rows (a row without grad_norm stays without).
     size_t len;
-    char *text = metrics_to_jsonl(&m, &len);
+    char *text = metric_log_to_jsonl(&m, &len);
     CHECK(text && strlen(text) == len);
     CHECK(strstr(text,
                  "{\"type\":\"validation\",\"timestamp\":\"2026-07-30T00:49:04\","
@@ -72,11 +72,11 @@ static void check_astrai_rows(void) {
     char back_path[4096];
     write_file(back_path, sizeof back_path, "back.jsonl", text);
     MetricLog back = {0};
-    CHECK_MSG(metrics_load(&back, back_path, 100, &err) == 0, "%s", err.msg);
+    CHECK_MSG(metric_log_load(&back, back_path, 100, &err) == 0, "%s", err.msg);
     CHECK(back.n == m.n && !memcmp(back.rows, m.rows, m.n * sizeof *m.rows));
     free(text);
-    metrics_free(&back);
-    metrics_free(&m);
+    metric_log_free(&back);
+    metric_log_free(&m);
 }
 
 // Our own rows: timestamps in AstrAI's format; an epoch row replayed at the same step is
@@ -91,25 +91,25 @@ static void check_append(void) {
                  .lr = 1e-3,
                  .grad_norm = 0.75f,
                  .wall_time = 1785372544.0};
-    CHECK(metrics_append(&m, &s, &err) == 0);
-    CHECK(metrics_append_epoch(&m, 1, 0, 4, &err) == 0);
-    CHECK(metrics_append_epoch(&m, 1, 0, 4, &err) == 0);
-    CHECK(metrics_append_validation(&m, 1, 0, 4, 2.25, &err) == 0);
+    CHECK(metric_log_append(&m, &s, &err) == 0);
+    CHECK(metric_log_append_epoch(&m, 1, 0, 4, &err) == 0);
+    CHECK(metric_log_append_epoch(&m, 1, 0, 4, &err) == 0);
+    CHECK(metric_log_append_validation(&m, 1, 0, 4, 2.25, &err) == 0);
     CHECK(m.n == 3);
     CHECK(strlen(m.rows[0].timestamp) == 19 && m.rows[0].timestamp[10] == 'T');
     snprintf(m.rows[2].timestamp, sizeof m.rows[2].timestamp, "a\"b\\c");
     size_t len;
-    char *text = metrics_to_jsonl(&m, &len);
+    char *text = metric_log_to_jsonl(&m, &len);
     CHECK(text && strstr(text, "\"timestamp\":\"a\\\"b\\\\c\""));
     char path[4096];
     write_file(path, sizeof path, "ours.jsonl", text);
     MetricLog back = {0};
-    CHECK_MSG(metrics_load(&back, path, 1, &err) == 0, "%s", err.msg);
+    CHECK_MSG(metric_log_load(&back, path, 1, &err) == 0, "%s", err.msg);
     CHECK(back.n == 3 && !strcmp(back.rows[2].timestamp, "a\"b\\c"));
     CHECK(back.n == 3 && back.rows[1].kind == METRIC_EPOCH && back.rows[2].val_loss == 2.25);
     free(text);
-    metrics_free(&back);
-    metrics_free(&m);
+    metric_log_free(&back);
+    metric_log_free(&m);
 }
 
 // --metrics: new step rows carry only the named columns (val_loss never: validation rows
@@ -133,16 +133,16 @@ static void check_select(void) {
                  {"grad_norm,loss,,loss", METRIC_HAS_LOSS | METRIC_HAS_GRAD_NORM},
                  {"val_loss", 0}};
     for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
-        CHECK_MSG(metrics_select(&m, cases[i].list, &err) == 0, "%s", err.msg);
-        CHECK(metrics_append(&m, &s, &err) == 0);
+        CHECK_MSG(metric_log_select(&m, cases[i].list, &err) == 0, "%s", err.msg);
+        CHECK(metric_log_append(&m, &s, &err) == 0);
         CHECK_MSG(m.rows[m.n - 1].has == cases[i].has, "%s: has %u", cases[i].list,
                   m.rows[m.n - 1].has);
     }
-    CHECK(metrics_append_validation(&m, 3, 0, 12, 2.25, &err) == 0);
+    CHECK(metric_log_append_validation(&m, 3, 0, 12, 2.25, &err) == 0);
     CHECK(m.rows[m.n - 1].has == METRIC_HAS_VAL_LOSS);
-    CHECK(metrics_select(&m, "loss,lrr", &err) != 0 && strstr(err.msg, "'lrr'"));
+    CHECK(metric_log_select(&m, "loss,lrr", &err) != 0 && strstr(err.msg, "'lrr'"));
     size_t len;
-    char *text = metrics_to_jsonl(&m, &len);
+    char *text = metric_log_to_jsonl(&m, &len);
     CHECK(text && strstr(text, "\"consumed_samples\":12,\"lr\":0.001}\n"));
     CHECK(text && strstr(text, "\"consumed_samples\":12,\"loss\":2.5,\"grad_norm\":0.75}\n"));
     CHECK(text && strstr(text, "\"consumed_samples\":12}\n{\"type\":\"validation\""));
@@ -150,19 +150,19 @@ static void check_select(void) {
     char path[4096];
     write_file(path, sizeof path, "selected.jsonl", text ? text : "");
     MetricLog back = {0};
-    CHECK(metrics_select(&back, "loss,lr,grad_norm", &err) == 0);
-    CHECK_MSG(metrics_load(&back, path, 3, &err) == 0, "%s", err.msg);
+    CHECK(metric_log_select(&back, "loss,lr,grad_norm", &err) == 0);
+    CHECK_MSG(metric_log_load(&back, path, 3, &err) == 0, "%s", err.msg);
     CHECK(back.n == m.n);
     for (size_t i = 0; i < back.n && back.n == m.n; i++)
         CHECK_MSG(back.rows[i].has == m.rows[i].has, "row %zu: has %u, wrote %u", i,
                   back.rows[i].has, m.rows[i].has);
     size_t back_len;
-    char *again = metrics_to_jsonl(&back, &back_len);
+    char *again = metric_log_to_jsonl(&back, &back_len);
     CHECK(text && again && back_len == len && !strcmp(again, text));
     free(again);
     free(text);
-    metrics_free(&back);
-    metrics_free(&m);
+    metric_log_free(&back);
+    metric_log_free(&m);
 }
 
 // A float or double from its bits (random finite values cover every exponent and mantissa).
@@ -212,7 +212,7 @@ static void check_round_trip(void) {
         if (r->kind == METRIC_VALIDATION) {
             r->has = METRIC_HAS_VAL_LOSS;
             r->val_loss = i < n_fixed ? doubles[i] : random_double(&state);
-            CHECK(metrics_append_row(&m, r, &err) == 0);
+            CHECK(metric_log_append_row(&m, r, &err) == 0);
             continue;
         }
         r->has = METRIC_HAS_LOSS | METRIC_HAS_LR | METRIC_HAS_GRAD_NORM;
@@ -224,23 +224,23 @@ static void check_round_trip(void) {
                 r->has |= METRIC_HAS_EXTRA << k;
                 r->extra[k] = random_double(&state);
             }
-        CHECK(metrics_append_row(&m, r, &err) == 0);
+        CHECK(metric_log_append_row(&m, r, &err) == 0);
     }
     size_t len;
-    char *text = metrics_to_jsonl(&m, &len);
+    char *text = metric_log_to_jsonl(&m, &len);
     CHECK(text && strlen(text) == len);
     char path[4096];
     write_file(path, sizeof path, "round-trip.jsonl", text ? text : "");
     MetricLog back = {0};
-    CHECK_MSG(metrics_load(&back, path, N, &err) == 0, "%s", err.msg);
+    CHECK_MSG(metric_log_load(&back, path, N, &err) == 0, "%s", err.msg);
     CHECK(back.n == N);
     size_t differ = 0;
     for (size_t i = 0; i < back.n && back.n == N; i++)
         differ += memcmp(&back.rows[i], &rows[i], sizeof rows[i]) != 0;
     CHECK_MSG(differ == 0, "%zu of %d rows read back differently", differ, N);
     free(text);
-    metrics_free(&back);
-    metrics_free(&m);
+    metric_log_free(&back);
+    metric_log_free(&m);
 
     // Key order of a DPO step row and the shortest decimals.
     StepRow s = {.step = 7,
@@ -252,15 +252,15 @@ static void check_round_trip(void) {
                  .wall_time = 1785372544.0,
                  .n_extra = 2,
                  .extra = {{"reward_margin", 0.25}, {"reward_accuracy", 0.5}}};
-    CHECK(metrics_append(&m, &s, &err) == 0);
-    text = metrics_to_jsonl(&m, &len);
+    CHECK(metric_log_append(&m, &s, &err) == 0);
+    text = metric_log_to_jsonl(&m, &len);
     CHECK_MSG(text && strstr(text, "\",\"epoch\":1,\"step\":7,\"consumed_samples\":28,"
                                    "\"loss\":0.6931472,\"lr\":0.0003,\"grad_norm\":0.1,"
                                    "\"reward_margin\":0.25,\"reward_accuracy\":0.5}\n"),
               "%s", text ? text : "(null)");
     CHECK(text && !strncmp(text, "{\"type\":\"step\",\"timestamp\":\"", 26));
     free(text);
-    metrics_free(&m);
+    metric_log_free(&m);
 }
 
 // A non-finite number (a diverged step) never reaches metric.jsonl or progress.db: the row is
@@ -275,18 +275,18 @@ static void check_non_finite(void) {
                  .lr = 1e-3,
                  .grad_norm = NAN,
                  .wall_time = 1785372544.0};
-    CHECK(metrics_append(&m, &s, &err) != 0 && m.n == 0);
+    CHECK(metric_log_append(&m, &s, &err) != 0 && m.n == 0);
     CHECK_MSG(strstr(err.msg, "step 12") && strstr(err.msg, "grad_norm is nan"), "%s", err.msg);
     s.grad_norm = 1.0f;
     s.loss = INFINITY;
-    CHECK(metrics_append(&m, &s, &err) != 0 && m.n == 0);
+    CHECK(metric_log_append(&m, &s, &err) != 0 && m.n == 0);
     CHECK_MSG(strstr(err.msg, "step 12") && strstr(err.msg, "loss is inf"), "%s", err.msg);
     s.loss = 2.5f;
     s.n_extra = 1;
     s.extra[0] = (StepExtra){"kl", -INFINITY};
-    CHECK(metrics_append(&m, &s, &err) != 0 && m.n == 0);
+    CHECK(metric_log_append(&m, &s, &err) != 0 && m.n == 0);
     CHECK_MSG(strstr(err.msg, "kl is -inf"), "%s", err.msg);
-    CHECK(metrics_append_validation(&m, 13, 0, 52, NAN, &err) != 0 && m.n == 0);
+    CHECK(metric_log_append_validation(&m, 13, 0, 52, NAN, &err) != 0 && m.n == 0);
     CHECK_MSG(strstr(err.msg, "step 13") && strstr(err.msg, "val_loss is nan"), "%s", err.msg);
 
     // A number too large for a double (or, for the loss, a float) in a file is refused too.
@@ -294,7 +294,7 @@ static void check_non_finite(void) {
     write_file(path, sizeof path, "huge.jsonl",
                "{\"type\":\"step\",\"epoch\":0,\"step\":1,\"consumed_samples\":4,"
                "\"loss\":1e39}\n");
-    CHECK(metrics_load(&m, path, 10, &err) != 0 && m.n == 0);
+    CHECK(metric_log_load(&m, path, 10, &err) != 0 && m.n == 0);
     char where[4200];
     snprintf(where, sizeof where, "%s:1", path);
     CHECK_MSG(strstr(err.msg, where) && strstr(err.msg, "loss is inf"), "%s", err.msg);
@@ -310,7 +310,7 @@ static void check_non_finite(void) {
     s.grad_norm = 1.0f;
     CHECK_MSG(progress_add_step(&p, &s, &err) == 0, "%s", err.msg);
     progress_close(&p);
-    metrics_free(&m);
+    metric_log_free(&m);
 }
 
 // A malformed line is an error naming path:line (blank lines counted) and the key.
@@ -322,11 +322,11 @@ static void check_malformed(const char *body, const char *want) {
     write_file(path, sizeof path, "bad.jsonl", text);
     MetricLog m = {0};
     Err err = {0};
-    CHECK(metrics_load(&m, path, 100, &err) != 0);
+    CHECK(metric_log_load(&m, path, 100, &err) != 0);
     char line_ref[4200];
     snprintf(line_ref, sizeof line_ref, "%s:3: not a metric row", path);
     CHECK_MSG(strstr(err.msg, line_ref) && strstr(err.msg, want), "%s", err.msg);
-    metrics_free(&m);
+    metric_log_free(&m);
 }
 
 int main(void) {

@@ -157,7 +157,7 @@ static int check_row(const MetricRow *r, Err *err) {
     return 0;
 }
 
-int metrics_append_row(MetricLog *m, const MetricRow *row, Err *err) {
+int metric_log_append_row(MetricLog *m, const MetricRow *row, Err *err) {
     if (check_row(row, err)) return err_prefix(err, "metric log");
     if (buf_reserve(&m->rows, &m->cap, m->n + 1, sizeof *m->rows))
         return err_resource(err, "metric log: out of memory");
@@ -180,7 +180,7 @@ static const unsigned METRIC_BITS[] = {METRIC_HAS_LOSS, METRIC_HAS_LR, METRIC_HA
                                        METRIC_HAS_VAL_LOSS};
 #define N_METRICS (sizeof METRIC_NAMES / sizeof *METRIC_NAMES)
 
-int metrics_select(MetricLog *m, const char *list, Err *err) {
+int metric_log_select(MetricLog *m, const char *list, Err *err) {
     unsigned named = 0;
     for (const char *p = list; *p;) {
         size_t len = strcspn(p, ",");
@@ -207,7 +207,7 @@ static int extra_index(const char *name) {
     return -1;
 }
 
-int metrics_append(MetricLog *m, const StepRow *r, Err *err) {
+int metric_log_append(MetricLog *m, const StepRow *r, Err *err) {
     MetricRow row = {.kind = METRIC_STEP,
                      .step = r->step,
                      .epoch = r->epoch,
@@ -223,10 +223,10 @@ int metrics_append(MetricLog *m, const StepRow *r, Err *err) {
         row.has |= METRIC_HAS_EXTRA << i;
     }
     stamp(row.timestamp, sizeof row.timestamp, r->wall_time);
-    return metrics_append_row(m, &row, err);
+    return metric_log_append_row(m, &row, err);
 }
 
-int metrics_append_epoch(MetricLog *m, long step, long epoch, long consumed_samples, Err *err) {
+int metric_log_append_epoch(MetricLog *m, long step, long epoch, long consumed_samples, Err *err) {
     for (size_t i = m->n; i-- > 0;) {
         const MetricRow *r = &m->rows[i];
         if (r->step < step) break;
@@ -235,11 +235,11 @@ int metrics_append_epoch(MetricLog *m, long step, long epoch, long consumed_samp
     MetricRow row = {
         .kind = METRIC_EPOCH, .step = step, .epoch = epoch, .consumed_samples = consumed_samples};
     stamp(row.timestamp, sizeof row.timestamp, clock_wall_s());
-    return metrics_append_row(m, &row, err);
+    return metric_log_append_row(m, &row, err);
 }
 
-int metrics_append_validation(MetricLog *m, long step, long epoch, long consumed_samples,
-                              double val_loss, Err *err) {
+int metric_log_append_validation(MetricLog *m, long step, long epoch, long consumed_samples,
+                                 double val_loss, Err *err) {
     MetricRow row = {.kind = METRIC_VALIDATION,
                      .step = step,
                      .epoch = epoch,
@@ -247,7 +247,7 @@ int metrics_append_validation(MetricLog *m, long step, long epoch, long consumed
                      .has = METRIC_HAS_VAL_LOSS,
                      .val_loss = val_loss};
     stamp(row.timestamp, sizeof row.timestamp, clock_wall_s());
-    return metrics_append_row(m, &row, err);
+    return metric_log_append_row(m, &row, err);
 }
 
 // A required count: a JSON number that is a non-negative integer.
@@ -316,7 +316,7 @@ static int parse_row(const cJSON *obj, MetricRow *row, const char **why, const c
     return 0;
 }
 
-int metrics_load(MetricLog *m, const char *path, long up_to_step, Err *err) {
+int metric_log_load(MetricLog *m, const char *path, long up_to_step, Err *err) {
     char *text;
     size_t len;
     if (fs_read_file(path, &text, &len, err)) return -1;
@@ -336,7 +336,7 @@ int metrics_load(MetricLog *m, const char *path, long up_to_step, Err *err) {
         if (!obj || parse_row(obj, &row, &why, &what))
             rc = err_set(err, "%s:%ld: not a metric row: %s%s%s%s", path, lineno, *what ? "\"" : "",
                          what, *what ? "\" " : "", why);
-        else if (row.step <= up_to_step && metrics_append_row(m, &row, err))
+        else if (row.step <= up_to_step && metric_log_append_row(m, &row, err))
             rc = err_prefix(err, "%s:%ld", path, lineno);
         cJSON_Delete(obj);
     }
@@ -349,7 +349,7 @@ static const char *kind_name(MetricKind k) {
 }
 
 // Adds key: the shortest decimal that reads back as v exactly (as a float when is_float: the
-// loss and norm are floats). Finite numbers only (metrics_append_row refuses the others).
+// loss and norm are floats). Finite numbers only (metric_log_append_row refuses the others).
 static int add_number(cJSON *obj, const char *key, double v, bool is_float) {
     char text[32];
     for (int digits = 1; digits <= (is_float ? 9 : 17); digits++) {
@@ -388,7 +388,7 @@ static cJSON *row_json(const MetricRow *r) {
     return o;
 }
 
-char *metrics_to_jsonl(const MetricLog *m, size_t *len) {
+char *metric_log_to_jsonl(const MetricLog *m, size_t *len) {
     Buf out = {0};
     int rc = buf_append(&out, "", 0);
     for (size_t i = 0; i < m->n && !rc; i++) {
@@ -406,7 +406,7 @@ char *metrics_to_jsonl(const MetricLog *m, size_t *len) {
     return buf_take(&out);
 }
 
-void metrics_free(MetricLog *m) {
+void metric_log_free(MetricLog *m) {
     free(m->rows);
     memset(m, 0, sizeof *m);
 }

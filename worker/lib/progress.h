@@ -102,28 +102,28 @@ typedef struct {
 // rows carry only the named ones of loss, lr and grad_norm. val_loss never enters a step row
 // (validation rows carry it whatever the list says); rows already in the log keep their keys.
 // An unknown name is an error naming it.
-int metrics_select(MetricLog *m, const char *list, Err *err);
-// A "step" row with the selected metrics (all three unless metrics_select said otherwise),
+int metric_log_select(MetricLog *m, const char *list, Err *err);
+// A "step" row with the selected metrics (all three unless metric_log_select said otherwise),
 // stamped with row->wall_time.
-int metrics_append(MetricLog *m, const StepRow *row, Err *err);
+int metric_log_append(MetricLog *m, const StepRow *row, Err *err);
 // An "epoch" row (the end of an epoch), stamped now. A second row for the same epoch and
 // step (the end of an epoch replayed by a resumed run) is not added.
-int metrics_append_epoch(MetricLog *m, long step, long epoch, long consumed_samples, Err *err);
+int metric_log_append_epoch(MetricLog *m, long step, long epoch, long consumed_samples, Err *err);
 // A "validation" row with val_loss, stamped now.
-int metrics_append_validation(MetricLog *m, long step, long epoch, long consumed_samples,
-                              double val_loss, Err *err);
+int metric_log_append_validation(MetricLog *m, long step, long epoch, long consumed_samples,
+                                 double val_loss, Err *err);
 // Every append refuses a row with a non-finite number (JSON has none; it would poison the
 // file for every later resume) with an error naming the step and the key.
-int metrics_append_row(MetricLog *m, const MetricRow *row, Err *err);
+int metric_log_append_row(MetricLog *m, const MetricRow *row, Err *err);
 // Loads metric.jsonl rows with step <= up_to_step (a checkpoint's own history): ours and
 // AstrAI's as they are (a step row without grad_norm or loss, epoch and validation rows,
 // unknown keys ignored). A line that is not such a row is an error naming path:line.
-int metrics_load(MetricLog *m, const char *path, long up_to_step, Err *err);
+int metric_log_load(MetricLog *m, const char *path, long up_to_step, Err *err);
 // Serialises all rows as JSON lines (malloc'd text, *len bytes), each number the shortest
 // decimal that reads back as the same float (loss, grad_norm) or double; NULL when out of
 // memory.
-char *metrics_to_jsonl(const MetricLog *m, size_t *len);
-void metrics_free(MetricLog *m);
+char *metric_log_to_jsonl(const MetricLog *m, size_t *len);
+void metric_log_free(MetricLog *m);
 
 // "step 10/200 (5.0%) | epoch 0 | loss 5.4321 | lr 3.00e-04 | grad_norm 1.23 | 12345 tok/s | ETA
 // 1m23s"

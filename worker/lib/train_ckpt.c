@@ -138,9 +138,9 @@ static char *sampler_text(const Trainer *t) {
     return json_text(o);
 }
 
-static char *metrics_text(const Trainer *t) {
+static char *metric_jsonl_text(const Trainer *t) {
     size_t len;
-    return metrics_to_jsonl(&t->metrics, &len);
+    return metric_log_to_jsonl(&t->metrics, &len);
 }
 
 static int write_files(const Trainer *t, const Optimizer *opt, const char *tmp, Err *err) {
@@ -150,7 +150,7 @@ static int write_files(const Trainer *t, const Optimizer *opt, const char *tmp, 
         write_text(tmp, "config.json", model_config_to_json(&t->model.cfg), err) ||
         write_text(tmp, "scheduler.json", scheduler_text(t), err) ||
         write_text(tmp, "sampler.json", sampler_text(t), err) ||
-        write_text(tmp, "metric.jsonl", metrics_text(t), err))
+        write_text(tmp, "metric.jsonl", metric_jsonl_text(t), err))
         return -1;
     if (path_join(path, sizeof path, tmp, "model.safetensors", err) ||
         model_save(&t->model, path, dtype, err) ||
@@ -313,7 +313,7 @@ int train_ckpt_load_state(Trainer *t, const char *dir, Err *err) {
     meta_free(&meta);
     if (rc || load_sampler_position(t, dir, err) || load_optimizer(t, dir, err)) return -1;
     if (path_join(path, sizeof path, dir, "metric.jsonl", err)) return -1;
-    if (fs_is_file(path) && metrics_load(&t->metrics, path, t->step, err)) return -1;
+    if (fs_is_file(path) && metric_log_load(&t->metrics, path, t->step, err)) return -1;
     fprintf(stderr, "resuming from %s: step %ld (from %s), epoch %ld, %ld samples consumed\n", dir,
             t->step, step_from, t->epoch, t->consumed_samples);
     return 0;

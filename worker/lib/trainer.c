@@ -198,7 +198,7 @@ int trainer_init(Trainer *t, const TrainSpec *spec, const TrainerOptions *opt, E
     }
     if (*resume_dir && train_ckpt_load_state(t, resume_dir, err)) return -1;
     t->last_ckpt_step = t->step;
-    if (metrics_select(&t->metrics, spec->metrics, err)) return -1; // new step rows' columns
+    if (metric_log_select(&t->metrics, spec->metrics, err)) return -1; // new step rows' columns
     if (t->rank == 0 && progress_open(&t->progress, opt->run_dir ? opt->run_dir : spec->ckpt_dir,
                                       t->total_steps, t->step, err))
         return -1;
@@ -406,15 +406,15 @@ static int optimizer_step(Trainer *t, StepClock *c, int *stop, int *ckpt, Err *e
     double val_loss;
     if (validation_due(t)) {
         if (validate(t, &val_loss, err)) return -1;
-        if (t->rank == 0 && (metrics_append_validation(&t->metrics, t->step, t->epoch,
-                                                       t->consumed_samples, val_loss, err) ||
+        if (t->rank == 0 && (metric_log_append_validation(&t->metrics, t->step, t->epoch,
+                                                          t->consumed_samples, val_loss, err) ||
                              progress_add_validation(&t->progress, t->step, t->epoch,
                                                      t->consumed_samples, val_loss, err)))
             return -1;
         if (t->rank == 0) fprintf(stderr, "step %ld | val_loss %.4f\n", t->step, val_loss);
     }
     if (t->rank == 0 &&
-        (metrics_append(&t->metrics, &row, err) || progress_add_step(&t->progress, &row, err)))
+        (metric_log_append(&t->metrics, &row, err) || progress_add_step(&t->progress, &row, err)))
         return -1;
     if (t->rank == 0 &&
         (t->step % s->log_interval == 0 || t->step == 1 || t->step == t->total_steps)) {
@@ -433,7 +433,7 @@ static int optimizer_step(Trainer *t, StepClock *c, int *stop, int *ckpt, Err *e
 // seed, the samples consumed and the rank, so that a resumed run draws what it would have.
 static uint64_t noise_seed(const Trainer *t) {
     return splitmix64_mix(splitmix64_mix((uint64_t)t->spec->random_seed) ^
-                         ((uint64_t)t->consumed_samples << 16 | (uint64_t)t->rank));
+                          ((uint64_t)t->consumed_samples << 16 | (uint64_t)t->rank));
 }
 
 // One micro-step: forward, backward (scaled by 1/grad_accum_steps), bookkeeping,
@@ -507,7 +507,7 @@ static int run_epochs(Trainer *t, Err *err) {
         }
         // AstrAI's on_epoch_end row: the epoch is complete.
         if (t->rank == 0 &&
-            metrics_append_epoch(&t->metrics, t->step, t->epoch, t->consumed_samples, err))
+            metric_log_append_epoch(&t->metrics, t->step, t->epoch, t->consumed_samples, err))
             return -1;
     }
     return 0;
@@ -529,7 +529,7 @@ int trainer_run(Trainer *t, Err *err) {
 
 void trainer_free(Trainer *t) {
     progress_close(&t->progress);
-    metrics_free(&t->metrics);
+    metric_log_free(&t->metrics);
     free(t->inputs);
     free(t->targets);
     free(t->loss_mask);
