@@ -96,6 +96,6 @@ void comm_shm_new_name(char *out, size_t cap);
 void comm_shm_remove(const char *name);
 
 // nccl rendezvous, rank 0's side: a fresh ncclUniqueId to hand to every rank
-// (by astraid, or worker/lib/rendezvous.h). Fails with a clear error when the nccl
+// (by astraid, or train/rendezvous.h). Fails with a clear error when the nccl
 // backend is not built or NCCL cannot be loaded.
 int comm_nccl_unique_id(uint8_t id[COMM_NCCL_ID_BYTES], Err *err);

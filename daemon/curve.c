@@ -1,5 +1,5 @@
 // curve.c: a job's training curve, read from the progress database its rank 0 writes
-// (run_dir/progress.db, worker/lib/progress.h) for the `history` method and the web page.
+// (run_dir/progress.db, train/progress.h) for the `history` method and the web page.
 // Each read opens its own read-only connection: it may run on any thread (the threadpool,
 // an HTTP thread), shares no handle with progress_reader.c, and in WAL mode never blocks
 // the writer. Its numbers are raw items, exact (print the tree: valuedouble is not set). A

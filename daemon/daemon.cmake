@@ -1,8 +1,9 @@
 # astraid: the training service (daemon/*.c) and its systemd units (systemd/).
 pkg_check_modules(LIBUV REQUIRED IMPORTED_TARGET libuv)
 pkg_check_modules(MHD REQUIRED IMPORTED_TARGET libmicrohttpd) # the HTTP listener (http.c)
+# Its main() is tools/astraid/main.c, as every binary's is tools/<binary>/main.c.
 file(GLOB ASTRAID_SOURCES CONFIGURE_DEPENDS ${CMAKE_SOURCE_DIR}/daemon/*.c)
-add_executable(astraid ${ASTRAID_SOURCES})
+add_executable(astraid ${ASTRAID_SOURCES} ${CMAKE_SOURCE_DIR}/tools/astraid/main.c)
 target_link_libraries(astraid PRIVATE astrai_core astrai_web PkgConfig::LIBUV PkgConfig::MHD
   ${CMAKE_DL_LIBS})
 install(TARGETS astraid RUNTIME DESTINATION bin)

@@ -1,7 +1,7 @@
 // daemon.h: astraid, the training service (DESIGN §1, §3, §5, §6). One file per
 // subsystem, sharing the one daemon state `astraid` (as Redis shares `server`):
 //
-//   main.c            flags, startup, shutdown
+//   tools/astraid/main.c  main(): flags, startup, shutdown
 //   config.c          the options (flags and config file keys), the config file's parser
 //   log.c             leveled logging to stderr
 //   server.c          unix/tcp listeners, connections, line framing, output queues
@@ -9,6 +9,7 @@
 //   http.c            the HTTP listener (--http): the web page, /metrics, /api, off the loop
 //   metrics.c         the Prometheus text of /metrics, the request counters
 //   jobs.c            jobs and their state machine (DESIGN §5), ids, log rings
+//   job_paths.c       a job's directories: resolved, checked, never two live jobs' the same
 //   history.c         finished jobs: rm, retention (--keep-finished)
 //   scheduler.c       devices (CPU slots or GPUs) and the queue
 //   gpu.c             NVML (dlopen): the GPUs, their memory and use, sampled on a timer

@@ -1,5 +1,5 @@
 // progress_reader.c: fills each running job's progress fields from the progress
-// database its rank 0 writes (run_dir/progress.db, worker/lib/progress.h), read
+// database its rank 0 writes (run_dir/progress.db, train/progress.h), read
 // only, on a timer. The reads run on libuv's threadpool (a slow disk never stalls the
 // loop) and their results are applied on the loop; one poll at a time, so the open
 // handles it keeps are only ever used by one thread. WAL lets us read while rank 0

@@ -11,7 +11,7 @@
 // the model code only orchestrates its ops. Host and backend memory meet at named
 // points: the batch (one upload per forward), the losses (model_read_stats, once per
 // optimizer step), weights one tensor at a time through a host staging buffer (load, save,
-// init). An executor that shares the model between ranks (worker/lib/executor.h) follows
+// init). An executor that shares the model between ranks (train/executor.h) follows
 // forward and backward through the hooks of model_set_hooks.
 #pragma once
 #include <stdbool.h>

@@ -1,5 +1,5 @@
 // progress_db.h: progress.db, the contract between astrai-train's rank 0 (its only writer,
-// worker/lib/progress.c) and its readers (astraid's daemon/progress_reader.c and
+// train/progress.c) and its readers (astraid's daemon/progress_reader.c and
 // daemon/curve.c). Its file name, its schema and every statement either side runs are here
 // and nowhere else (docs/design.md §6). Readers open it read-only under WAL and never block
 // the writer. A table added later must be optional to readers: a database written by an older

@@ -1,6 +1,6 @@
 // ranks.h: running the N ranks of one job on this host and supervising them (DESIGN §5).
 //
-// Two supervisors start ranks: astrai-train's local launcher (worker/lib/launch.c: fork and
+// Two supervisors start ranks: astrai-train's local launcher (train/launch.c: fork and
 // exec, blocking on sigtimedwait) and astraid's runner (daemon/runner.c: uv_spawn, pipes, the
 // libuv loop). Each keeps only its process mechanics; what they decide alike is here: the
 // group's bookkeeping and exit policy, the grace before SIGKILL, the environment of a rank

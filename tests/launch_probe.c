@@ -22,7 +22,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "worker/lib/launch.h"
+#include "train/launch.h"
 
 typedef struct {
     const char *out;

@@ -6,7 +6,7 @@
 //             --out OUT.safetensors
 //
 // Every record of PATH (a .jsonl file or record shards), in order, is one micro-batch
-// (worker/lib/pref_batch.h's rows); the reference forward reads --reference's weights, the
+// (train/pref_batch.h's rows); the reference forward reads --reference's weights, the
 // policy's --model's. OUT holds `loss` (1), `metrics` (2: DPO reward margin and accuracy,
 // GRPO KL and clip fraction) and `grad.<param>` for every parameter.
 #include <stdio.h>
@@ -15,8 +15,8 @@
 
 #include "engine/preference.h"
 #include "tests/grad_dump.h"
-#include "worker/lib/pref_batch.h"
-#include "worker/lib/train_ckpt.h"
+#include "train/pref_batch.h"
+#include "train/train_ckpt.h"
 
 typedef struct {
     const char *model, *reference, *data, *train_type, *out;

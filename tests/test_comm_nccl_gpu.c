@@ -21,7 +21,7 @@
 #include "comm/comm.h"
 #include "engine/backend.h"
 #include "common/dtype.h"
-#include "worker/lib/rendezvous.h"
+#include "train/rendezvous.h"
 #ifdef ASTRAI_HAVE_CUDA
 #include "engine/cuda/cuda_backend.h"
 #endif

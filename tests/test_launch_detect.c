@@ -5,7 +5,7 @@
 #include <unistd.h>
 
 #include "check.h"
-#include "worker/lib/launch.h"
+#include "train/launch.h"
 
 static const char *const VARS[] = {"RANK",
                                    "WORLD_SIZE",

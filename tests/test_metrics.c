@@ -1,4 +1,4 @@
-// test_metrics.c: metric.jsonl rows (worker/lib/progress.c) in AstrAI's shapes: reading
+// test_metrics.c: metric.jsonl rows (train/progress.c) in AstrAI's shapes: reading
 // AstrAI's rows as they are (validation and epoch rows, a step row without grad_norm,
 // unknown keys), reading our older rows, writing and reading back, the --metrics selection
 // of step rows, errors naming file:line; rows written with the shortest decimal that reads back
@@ -13,7 +13,7 @@
 
 #include "check.h"
 #include "common/fsutil.h"
-#include "worker/lib/progress.h"
+#include "train/progress.h"
 
 static char dir[] = "/tmp/astrai-test-metrics-XXXXXX";
 

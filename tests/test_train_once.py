@@ -1,5 +1,5 @@
 """The lines meant once per job come from rank 0 alone, whichever launcher started the ranks
-(the rank of launch_detect, worker/lib/launch.h: RANK, else SLURM_PROCID):
+(the rank of launch_detect, train/launch.h: RANK, else SLURM_PROCID):
 - two ranks under srun's variables (SLURM_PROCID without RANK), two under torchrun's (RANK)
   and two of the local launcher (whose parent leaves them to its rank 0), all given an AstrAI
   flag astrai ignores (--num_workers): its warning is printed once in the job, by rank 0;

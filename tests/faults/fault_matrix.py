@@ -791,7 +791,7 @@ class Case:
                 self.fail(f"launcher exit {rc} after a SIGTERM, expected 3 (interrupted)")
         elif target == "rank" and not ended and rc != 128 + signal.SIGKILL:
             # The launcher exits with its first failing rank's code, 128+signal for a signal
-            # (worker/lib/launch.h), as a shell reports a killed child.
+            # (train/launch.h), as a shell reports a killed child.
             self.fail(f"launcher exit {rc} after kill -9 of a rank, expected {128 + signal.SIGKILL}")
         if not ended:
             again = self.launch(self.config, ckpt, resume=bool(complete))

@@ -1,4 +1,4 @@
-"""Reference of NEFTune's noise in astrai (engine/counter_rng.h, worker/lib/trainer.c),
+"""Reference of NEFTune's noise in astrai (engine/counter_rng.h, train/trainer.c),
 independent of the C code: the counter-based normals and the seed of a micro-step.
 
 AstrAI draws its noise with torch.randn_like, which cannot be reproduced outside torch;

@@ -19,9 +19,9 @@
 #include "common/fsutil.h"
 #include "engine/backend.h"
 #include "proto/train_spec.h"
-#include "worker/lib/launch.h"
-#include "worker/lib/train_ckpt.h"
-#include "worker/lib/trainer.h"
+#include "train/launch.h"
+#include "train/train_ckpt.h"
+#include "train/trainer.h"
 
 static void on_stop(int sig) {
     (void)sig;

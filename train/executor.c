@@ -1,8 +1,8 @@
-// executor.c: the none/ddp/fsdp executors (worker/lib/executor.h): the shard plan, the
+// executor.c: the none/ddp/fsdp executors (train/executor.h): the shard plan, the
 // exchange between the model layout and the rank regions, the collectives of a step, one
 // table of operations per mode, and the mode-independent half (the dispatch, the sums over
 // ranks, the global gradient norm).
-#include "worker/lib/executor.h"
+#include "train/executor.h"
 
 #include <math.h>
 #include <stdlib.h>

@@ -9,7 +9,7 @@
 #include "common/error.h"
 #include "data/records.h"
 #include "engine/preference.h"
-#include "worker/lib/executor.h"
+#include "train/executor.h"
 
 typedef struct {
     int rows, T;         // the batch in flight: rows of T tokens

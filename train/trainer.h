@@ -1,6 +1,6 @@
 // trainer.h: the training loop of one rank (DESIGN §8): micro-batches, gradient
 // accumulation, clipping, optimizer and scheduler steps, progress, checkpoints,
-// resume. The parallel mode is the executor's (worker/lib/executor.h); the loop is the same
+// resume. The parallel mode is the executor's (train/executor.h); the loop is the same
 // for all of them.
 #pragma once
 #include <signal.h>
@@ -15,9 +15,9 @@
 #include "engine/preference.h"
 #include "engine/schedule.h"
 #include "proto/train_spec.h"
-#include "worker/lib/executor.h"
-#include "worker/lib/pref_batch.h"
-#include "worker/lib/progress.h"
+#include "train/executor.h"
+#include "train/pref_batch.h"
+#include "train/progress.h"
 
 // Requests from signal handlers, polled at optimizer-step boundaries.
 extern volatile sig_atomic_t trainer_stop_requested;       // SIGTERM/SIGINT: checkpoint, exit

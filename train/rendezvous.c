@@ -5,7 +5,7 @@
 //   hello (rank r → rank 0): magic, version, rank, world_size, payload length
 //   reply (rank 0 → rank r): magic, status (0 ok, 1 error), n, then n bytes
 //                            (the payload, or the error message)
-#include "worker/lib/rendezvous.h"
+#include "train/rendezvous.h"
 #include "common/clock.h"
 #include "ranks/ranks.h"
 

@@ -1,4 +1,4 @@
-#include "worker/lib/progress.h"
+#include "train/progress.h"
 
 #include <cjson/cJSON.h>
 #include <math.h>

@@ -1,10 +1,10 @@
-// trainer.c: the training loop of one rank (worker/lib/trainer.h). As llm.c's: for each
+// trainer.c: the training loop of one rank (train/trainer.h). As llm.c's: for each
 // micro-batch forward and backward, then per optimizer step the agreed sums and gradient norm,
 // clipping, the optimizer, the next window's zeroed gradients. What differs between the
 // parallel modes (which weights and gradients a rank holds, their collectives, the norm over
-// ranks, what evaluation and checkpoints gather) is the executor's (worker/lib/executor.h):
+// ranks, what evaluation and checkpoints gather) is the executor's (train/executor.h):
 // this file never asks which mode runs.
-#include "worker/lib/trainer.h"
+#include "train/trainer.h"
 
 #include <cblas.h>
 #include <cjson/cJSON.h>
@@ -22,7 +22,7 @@
 #include "common/fsutil.h"
 #include "common/path.h"
 #include "engine/counter_rng.h"
-#include "worker/lib/train_ckpt.h"
+#include "train/train_ckpt.h"
 
 volatile sig_atomic_t trainer_stop_requested = 0;
 volatile sig_atomic_t trainer_checkpoint_requested = 0;

@@ -1,5 +1,5 @@
-// pref_batch.c: records -> model rows (worker/lib/pref_batch.h).
-#include "worker/lib/pref_batch.h"
+// pref_batch.c: records -> model rows (train/pref_batch.h).
+#include "train/pref_batch.h"
 
 #include <stdlib.h>
 #include <string.h>

@@ -1,8 +1,8 @@
-// train_ckpt.c: a run's checkpoints, written and resumed (worker/lib/train_ckpt.h). Every
+// train_ckpt.c: a run's checkpoints, written and resumed (train/train_ckpt.h). Every
 // parallel mode writes the same files: the executor gathers the full weights and optimizer
 // state on every rank (executor_gather_full) and rank 0 writes them; resuming, the executor
 // takes this rank's part of them (executor_load_optim).
-#include "worker/lib/train_ckpt.h"
+#include "train/train_ckpt.h"
 
 #include <cjson/cJSON.h>
 #include <stdio.h>
@@ -13,7 +13,7 @@
 #include "ckpt/meta.h"
 #include "common/fsutil.h"
 #include "common/path.h"
-#include "worker/lib/trainer.h"
+#include "train/trainer.h"
 
 #define PATH_CAP 4096
 

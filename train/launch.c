@@ -4,7 +4,7 @@
 // in a bad state (CUDA, NCCL, OpenMP pools in use): it forks and immediately
 // execs /proc/self/exe, and between fork and exec the child makes only
 // async-signal-safe calls (its environment is built before the fork).
-#include "worker/lib/launch.h"
+#include "train/launch.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -23,7 +23,7 @@
 #include "comm/comm.h"
 #include "common/clock.h"
 #include "ranks/ranks.h"
-#include "worker/lib/rendezvous.h"
+#include "train/rendezvous.h"
 
 #define DEFAULT_RENDEZVOUS_TIMEOUT_S 300.0
 #define KILL_WAIT_MS 5000    // after SIGKILL, how long to wait for a rank stuck in the kernel

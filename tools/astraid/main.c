@@ -1,4 +1,5 @@
-// main.c: astraid's flags and config file, startup and shutdown.
+// main.c: astraid's main(): flags and config file, startup and shutdown (the daemon's
+// subsystems are daemon/*.c, daemon/daemon.h).
 //
 // Every flag is also a key of the JSON config file (`--config FILE`, default
 // /etc/astraid/astraid.json when it exists): {"socket": "/run/astraid/astraid.sock",
