@@ -19,7 +19,6 @@ import argparse
 import json
 import math
 import os
-import shutil
 import statistics
 import sys
 
@@ -207,9 +206,8 @@ def main(argv):
     args = parse_args(argv)
     if args.peer_worker:
         return peer_main(args)
-    root = bt.setup(args, "bench_pref", ("astrai-model", "astrai-train"))
     cfg = MODELS[args.model]
-    try:
+    with bt.work_dir(args, "bench_pref", ("astrai-model", "astrai-train")) as root:
         model_dir = bt.make_model(args.build, root, cfg)
         records = make_records((args.warmup + args.steps) * args.records, args.window,
                                cfg["vocab_size"])
@@ -224,9 +222,6 @@ def main(argv):
         peer = run_peer(args, root, model_dir, jsonl)
         load["after_pytorch"] = os.getloadavg()[0]
         report(args, cfg, params, seq, dpo, peer, load)
-    finally:
-        if not args.workdir:
-            shutil.rmtree(root, ignore_errors=True)
     return 0
 
 

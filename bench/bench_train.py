@@ -10,6 +10,7 @@ and prints one JSON object and a one-line summary. See bench/README.md for the f
 
     /usr/bin/python3 bench/bench_train.py --build build --steps 20 --threads 2
 """
+import contextlib
 import argparse
 import json
 import math
@@ -91,8 +92,10 @@ def run_child(cmd, log_path, threads, extra_env=None):
 # ------------------------------------------------------------------ inputs
 
 
-def setup(args, prog, binaries):
-    """The checks before a run (the binaries built, --workdir empty); returns the work dir."""
+@contextlib.contextmanager
+def work_dir(args, prog, binaries):
+    """The checks before a run (the binaries built, --workdir empty), then the work dir: a
+    temporary one is removed at the end, --workdir's is kept."""
     args.build = os.path.abspath(args.build)
     for name in binaries:
         if not os.access(os.path.join(args.build, name), os.X_OK):
@@ -101,7 +104,11 @@ def setup(args, prog, binaries):
         sys.exit(f"{prog}: --workdir {args.workdir} is not empty")
     root = args.workdir or tempfile.mkdtemp(prefix="astrai-bench-")
     os.makedirs(root, exist_ok=True)
-    return root
+    try:
+        yield root
+    finally:
+        if not args.workdir:
+            shutil.rmtree(root, ignore_errors=True)
 
 
 def make_model(build, root, cfg=CONFIG):
@@ -340,8 +347,7 @@ def main(argv):
     args = parse_args(argv)
     if args.peer_worker:
         return peer_main(args)
-    root = setup(args, "bench_train", ("astrai-model", "astrai-train", "bench_sgemm_peak"))
-    try:
+    with work_dir(args, "bench_train", ("astrai-model", "astrai-train", "bench_sgemm_peak")) as root:
         model_dir = make_model(args.build, root)
         data_dir = make_dataset(root, (args.warmup + args.steps) * args.batch, args.window)
         params = count_params(os.path.join(model_dir, "model.safetensors"))
@@ -356,9 +362,6 @@ def main(argv):
         sgemm["after"] = sgemm_peak(args, root, "after")
         sgemm["peak_gflops"] = max(sgemm["before"]["peak_gflops"], sgemm["after"]["peak_gflops"])
         report(args, sgemm, flops_per_token(params, args.window), astrai, peer, load)
-    finally:
-        if not args.workdir:
-            shutil.rmtree(root, ignore_errors=True)
     return 0
 
 

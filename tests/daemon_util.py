@@ -285,6 +285,17 @@ def dump_on_failure(daemon):
 
 
 @contextlib.contextmanager
+def started_with_setup(**daemon_options):
+    """A fresh root with make_setup's model and data, and a daemon started there, guarded:
+    yields (daemon, its client, model, data)."""
+    root = tu.tmpdir()
+    model, data = make_setup(root)
+    d = Daemon(root, **daemon_options).start()
+    with guarded(d):
+        yield d, d.client(), model, data
+
+
+@contextlib.contextmanager
 def guarded(daemon):
     """The body of a daemon test: on failure, prints the daemon's log and kills it."""
     try:

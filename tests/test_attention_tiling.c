@@ -182,6 +182,14 @@ static void emu_key_tiles(const int32_t *ds, int i0, int T, int BQ, int BK, int 
     *y = last / BK + 1;
 }
 
+// The key tiles a query tile walks, counted in res against all its causal bound allows.
+static void walk_key_tiles(const int32_t *ds, int i0, int T, int BQ, int BK, Result *res, int *x,
+                           int *y) {
+    emu_key_tiles(ds, i0, T, BQ, BK, x, y);
+    res->tiles_run += *y - *x;
+    res->tiles_all += ((i0 + BQ < T ? i0 + BQ : T) - 1) / BK + 1;
+}
+
 // q_tile_sees: some row i of [i0, i0+BQ) with i >= j0, ds[i] < j_end, ds[i] <= i.
 static int emu_q_tile_sees(const int32_t *ds, int i0, int T, int BQ, int j0, int j_end) {
     int sees = 0;
@@ -230,9 +238,7 @@ static void emu_fwd_block(const Config *c, const Problem *p, Result *res, int bx
         row_ds[r] = i0 + r < T ? ds[i0 + r] : INT_MAX;
     }
     int kx, ky;
-    emu_key_tiles(ds, i0, T, BQ, BK, &kx, &ky);
-    res->tiles_run += ky - kx;
-    res->tiles_all += ((i0 + BQ < T ? i0 + BQ : T) - 1) / BK + 1;
+    walk_key_tiles(ds, i0, T, BQ, BK, res, &kx, &ky);
     for (int kt = kx; kt < ky; kt++) {
         const int j0 = kt * BK;
         for (int r = 0; r < BQ; r++)
@@ -390,9 +396,7 @@ static void emu_dq_block(const Config *c, const Problem *p, Result *res, const f
     float *dq = calloc((size_t)BQ * D, sizeof(float)),
           *dst = xmalloc((size_t)BQ * BK * sizeof(float));
     int kx, ky;
-    emu_key_tiles(ds, i0, T, BQ, BK, &kx, &ky);
-    res->tiles_run += ky - kx;
-    res->tiles_all += ((i0 + BQ < T ? i0 + BQ : T) - 1) / BK + 1;
+    walk_key_tiles(ds, i0, T, BQ, BK, res, &kx, &ky);
     for (int kt = kx; kt < ky; kt++) {
         const int j0 = kt * BK;
         for (int r = 0; r < BQ; r++)

@@ -103,11 +103,7 @@ def check_queue_on_one_device(d, c, model, data):
 
 
 def main():
-    root = tu.tmpdir()
-    model, data = du.make_setup(root)
-    d = du.Daemon(root).start()
-    with du.guarded(d):
-        c = d.client()
+    with du.started_with_setup() as (d, c, model, data):
         check_submit_to_completed(d, c, model, data)
         check_checkpoint_and_cancel(d, c, model, data)
         check_queue_on_one_device(d, c, model, data)

@@ -16,11 +16,7 @@ def curve(status):
 
 
 def main():
-    root = tu.tmpdir()
-    model, data = du.make_setup(root)
-    d = du.Daemon(root).start()
-    with du.guarded(d):
-        c = d.client()
+    with du.started_with_setup() as (d, c, model, data):
         straight = c.call("submit", du.spec(model, data, n_epoch=EPOCHS))["job"]
         reference = du.wait_job(c, straight, ["completed"])
         jid = c.call("submit", du.spec(model, data, n_epoch=EPOCHS))["job"]

@@ -53,16 +53,12 @@ def stop_mid_job(d, c, model, data, how):
 
 
 def main():
-    root = tu.tmpdir()
-    model, data = du.make_setup(root)
-    d = du.Daemon(root).start()
-    with du.guarded(d):
-        c = d.client()
+    with du.started_with_setup() as (d, c, model, data):
         reference = du.wait_job(c, c.call("submit", du.spec(model, data, n_epoch=EPOCHS))["job"],
                                 ["completed"])
         for how in ("sigterm", "kill9"):
             jid = stop_mid_job(d, c, model, data, how)
-            d = du.Daemon(root).start()
+            d = du.Daemon(d.root).start()
             c = d.client()
             back = c.call("status", {"job": jid})
             assert back["state"] in ("queued", "starting", "running"), back

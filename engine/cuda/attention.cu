@@ -390,6 +390,14 @@ __global__ void __launch_bounds__(kSimtThreads)
 // padded to LD = D+8: a row pitch of 16 bytes mod 128, so the 8 rows of one matrix hit 8
 // distinct 16-byte bank groups (no conflicts), and each row start stays 16-byte aligned.
 
+// Whether accumulator element e of n-tile nt of a key tile at j0 is a key its row sees (in
+// the row's document, not after the row): row x = e/2, key j0 + 8nt + 2tq + e%2.
+__device__ __forceinline__ bool mma_sees(const int row_ds[2], const int row_i[2], int j0, int nt,
+                                         int tq, int e) {
+    int x = e >> 1, j = j0 + nt * 8 + 2 * tq + (e & 1);
+    return row_ds[x] <= j && j <= row_i[x];
+}
+
 __device__ __forceinline__ uint32_t smem_addr(const void *p) {
     return (uint32_t)__cvta_generic_to_shared(p);
 }
@@ -641,9 +649,8 @@ __global__ void __launch_bounds__(kMmaThreads)
         for (int nt = 0; nt < BK / 8; nt++)
 #pragma unroll
             for (int e = 0; e < 4; e++) {
-                int x = e >> 1, j = j0 + nt * 8 + 2 * tq + (e & 1);
-                bool vis = row_ds[x] <= j && j <= row_i[x];
-                s[nt][e] = vis ? s[nt][e] * c2 : -INFINITY;
+                int x = e >> 1;
+                s[nt][e] = mma_sees(row_ds, row_i, j0, nt, tq, e) ? s[nt][e] * c2 : -INFINITY;
                 mx[x] = fmaxf(mx[x], s[nt][e]);
             }
         float base[2], alpha[2];
@@ -758,8 +765,8 @@ __global__ void __launch_bounds__(kMmaThreads)
         for (int nt = 0; nt < BK / 8; nt++)
 #pragma unroll
             for (int e = 0; e < 4; e++) {
-                int x = e >> 1, j = j0 + nt * 8 + 2 * tq + (e & 1);
-                bool vis = row_ds[x] <= j && j <= row_i[x];
+                int x = e >> 1;
+                bool vis = mma_sees(row_ds, row_i, j0, nt, tq, e);
                 float p = vis ? exp2f(s[nt][e] * c2 - row_lse2[x]) : 0.0f;
                 s[nt][e] = vis ? p * (dp[nt][e] - row_delta[x]) * scale : 0.0f; // dS
             }
