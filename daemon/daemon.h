@@ -127,6 +127,7 @@ typedef enum {
     JOB_FAILED,
     JOB_CANCELLED,
     JOB_INTERRUPTED,
+    JOB_CANCELLING, // slurm: cancelled, its Slurm job not yet ended (it holds its ckpt_dir)
     JOB_NSTATES
 } JobState;
 
@@ -171,6 +172,7 @@ typedef struct Job {
     long runs;                                  // runs started so far (run<N>-rank<R>.log)
     double hold_until;  // restart backoff: not started before this clock_mono_s()
     long start_retries; // runs in a row that could not start for want of a resource (fds, memory)
+    int unsubmitted;    // slurm: its last run's sbatch failed, so the next try takes its number
     Run *run;           // the ranks of its run under the local executor, while they live
     SlurmRun *slurm;    // its Slurm job under the slurm executor, until it ended
     long slurm_id;      // the Slurm job id of its last run (slurm executor), 0: none
@@ -240,6 +242,7 @@ typedef struct {
     int bad_input;     // ... with exit code 2: restarting cannot help
     int transient;     // ... could not be started for want of a resource (EMFILE, ENOMEM, ...)
     int interrupted;   // a rank exited 3 (EXIT_INTERRUPTED) though astraid did not stop it
+    int exited_ok;     // every rank exited 0 (also after a stop of astraid's): it ran to its end
     const char *cause; // the root cause when failed or interrupted
     const char *started_from; // the job's last checkpoint when the run started, NULL: none
 } RunOutcome;
@@ -247,6 +250,9 @@ void job_run_ended(Job *j, const RunOutcome *o);
 // runner_start failed before any rank ran: retried after a backoff when err->resource says
 // it lacked a resource, else the job fails.
 void job_start_failed(Job *j, const Err *err);
+// The wait before the next of `tries` tries in a row (restarts, starts, Slurm commands):
+// 1 s, doubling, at most 60 s.
+double job_backoff_s(long tries);
 
 // ---------------------------------------------------------------- job_paths.c
 // The paths of a new job, checked as astraid's user (docs/astraid.md "Paths"): param_path
@@ -308,7 +314,9 @@ void state_event(long job_id, const char *kind, const char *detail);
 void state_run_started(const Job *j, const pid_t *pids, int n);
 void state_run_ended(const Job *j, const char *outcome);
 // Loads every job; running/starting/pausing ones (the daemon died under them) and
-// interrupted ones go back to the queue, resuming when they have a checkpoint.
+// interrupted ones go back to the queue, resuming when they have a checkpoint; under slurm
+// those whose Slurm job lives on are tracked again (slurm_attach); a cancelling one without
+// one is cancelled.
 // Waits (bounded by stop_timeout) for ranks of a killed daemon still finishing.
 int state_recover(Err *err);
 long state_max_job_id(void);
@@ -364,11 +372,12 @@ int slurm_check_submit(const Job *j, ChangeDone done, void *arg, Err *err);
 // job is `starting` until Slurm answers, then as squeue says (PENDING: queued, RUNNING:
 // running). Ends through job_run_ended like a local run.
 int slurm_start(Job *j, Err *err);
-// pause/shutdown: scancel --signal=TERM (every rank checkpoints at one step and exits 3);
-// a pending job is just cancelled; shutdown leaves the Slurm job running (astraid finds
-// it again at its next start). cancel: scancel.
+// pause: scancel --signal=TERM (every rank checkpoints at one step and exits 3); a pending
+// job is just cancelled; shutdown leaves the Slurm job running (astraid finds it again at
+// its next start). cancel: scancel. What Slurm did not confirm (scancel failed: slurmctld
+// or munge down) is tried again with a backoff until it does or the Slurm job ended.
 void slurm_stop(Job *j, StopKind why);
-void slurm_checkpoint(Job *j); // scancel --signal=USR1
+void slurm_checkpoint(Job *j); // scancel --signal=USR1, tried again like a stop
 // At start, for a job whose last run was still open: its Slurm job (slurm_id, or when astraid
 // died before sbatch answered, the job squeue lists with that run's script) is tracked
 // again. -1 when it has none (the run is over: the job is recovered as a local one).

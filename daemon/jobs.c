@@ -2,13 +2,17 @@
 //
 //   queued → starting → running → (pausing → paused) → completed | failed | cancelled
 //   interrupted: astraid stopped under the job; it is queued again at the next start.
+//   cancelling (slurm): cancelled while its Slurm job lives; cancelled once Slurm says that
+//   job ended (until then it keeps its ckpt_dir: its ranks may still write there).
 //
 // A run that fails, or ends before its end without astraid asking (a rank exits 3 after
 // a stop from outside), is restarted from the last checkpoint after a backoff while
 // restarts < max_restarts; a run that saved new progress forgives earlier restarts. Bad
 // input (exit 2) and an unwritable ckpt_dir are not retried; a run that could not start
-// for want of a resource is retried until it starts. A job is completed only when its
-// ranks exited 0 and its progress reached total_steps (or max_steps).
+// for want of a resource is retried until it starts (it never counts as progress). A job is
+// completed only when its ranks exited 0 and its progress reached total_steps (or
+// max_steps); such a run is completed whatever was asked meanwhile (a pause, a Slurm job's
+// cancel that came too late).
 //
 // A verb's state change (pause, resume, cancel; submit's new job) is written to the
 // database before it takes effect: when the database cannot commit, the request gets
@@ -51,9 +55,9 @@ struct JobText {
     Buf key;    // the values it was printed from
 };
 
-static const char *const STATE_NAMES[JOB_NSTATES] = {"queued",  "starting",  "running",
-                                                     "pausing", "paused",    "completed",
-                                                     "failed",  "cancelled", "interrupted"};
+static const char *const STATE_NAMES[JOB_NSTATES] = {
+    "queued",    "starting", "running",   "pausing",     "paused",
+    "completed", "failed",   "cancelled", "interrupted", "cancelling"};
 
 const char *job_state_name(JobState s) {
     return s < JOB_NSTATES ? STATE_NAMES[s] : "unknown";
@@ -657,14 +661,16 @@ static int cancel_check(const Job *j, int *code, Err *err) {
     return job_is_final(j->state) ? refuse(j, "cancel", code, err) : 0;
 }
 
+// A Slurm job is cancelled once Slurm says it ended (slurmctld may be down meanwhile);
+// local ranks get SIGKILL: the job is cancelled at once.
 static void cancel_change(Job *j, int real) {
     (void)real;
-    apply_state(j, JOB_CANCELLED);
+    apply_state(j, j->slurm ? JOB_CANCELLING : JOB_CANCELLED);
 }
 
 static void cancel_after(Job *j, JobState from) {
     (void)from;
-    if (job_has_run(j)) runner_stop(j, STOP_CANCEL); // SIGKILL now; the run ends a moment later
+    if (job_has_run(j)) runner_stop(j, STOP_CANCEL); // the run ends a moment later
 }
 
 static const Verb CANCEL = {"cancel", cancel_check, cancel_change, cancel_after};
@@ -673,8 +679,8 @@ int job_cancel(Job *j, ChangeDone done, void *arg, int *code, Err *err) {
     return change_job(j, &CANCEL, done, arg, code, err);
 }
 
-static double backoff_s(long restarts) {
-    return fmin(BACKOFF_MAX_S, BACKOFF_BASE_S * pow(2.0, (double)(restarts - 1)));
+double job_backoff_s(long tries) {
+    return fmin(BACKOFF_MAX_S, BACKOFF_BASE_S * pow(2.0, (double)(tries - 1)));
 }
 
 // A message of two parts, "a; b" (NULL when out of memory).
@@ -722,9 +728,9 @@ static void on_failure(Job *j, const char *cause, int permanent, const char *sta
     j->error = strdup(cause);
     j->restarts++;
     j->restarts_total++;
-    j->hold_until = clock_mono_s() + backoff_s(j->restarts);
+    j->hold_until = clock_mono_s() + job_backoff_s(j->restarts);
     log_warn("job %ld: run ended early (%s); restart %ld/%ld in %.0f s", j->id, cause, j->restarts,
-             j->max_restarts, backoff_s(j->restarts));
+             j->max_restarts, job_backoff_s(j->restarts));
     state_event(j->id, "restart", cause);
     job_set_state(j, JOB_QUEUED);
 }
@@ -735,9 +741,9 @@ static void start_later(Job *j, const char *cause) {
     free(j->error);
     j->error = strdup(cause);
     j->start_retries++;
-    j->hold_until = clock_mono_s() + backoff_s(j->start_retries);
+    j->hold_until = clock_mono_s() + job_backoff_s(j->start_retries);
     log_warn("job %ld: could not start (%s); trying again in %.0f s", j->id, cause,
-             backoff_s(j->start_retries));
+             job_backoff_s(j->start_retries));
     state_event(j->id, "retry", cause);
     job_set_state(j, JOB_QUEUED);
 }
@@ -810,10 +816,14 @@ static void run_end_free(RunEnd *e) {
 
 // What the run's end decides, on the job as it is now, and what follows (the next job, or
 // the daemon's exit). A cancel or a pause that was written as the run ended (its ranks
-// already gone) still counts as the daemon's stop.
+// already gone) still counts as the daemon's stop; a run that ran to its end is completed
+// whatever was asked meanwhile (unless the job is final already: a local cancel).
 static void run_end_decide(Job *j, RunOutcome o) {
-    if (o.stop == STOP_NONE && j->state == JOB_CANCELLED) o.stop = STOP_CANCEL;
-    if (o.stop == STOP_NONE && j->state == JOB_PAUSING && (o.failed || !reached_end(j)))
+    if (o.exited_ok && reached_end(j) && !job_is_final(j->state))
+        o.stop = STOP_NONE;
+    else if (o.stop == STOP_NONE && (j->state == JOB_CANCELLED || j->state == JOB_CANCELLING))
+        o.stop = STOP_CANCEL;
+    else if (o.stop == STOP_NONE && j->state == JOB_PAUSING && (o.failed || !reached_end(j)))
         o.stop = STOP_PAUSE;
     j->eta_s = -1; // until a run measures it again
     if (!o.transient) j->start_retries = 0;

@@ -142,6 +142,13 @@ static char *root_cause(const Rank *r) {
     return out;
 }
 
+// Every rank was started and exited 0: the run got to its end (whatever astraid asked).
+static int all_exited_ok(const RankGroup *g) {
+    for (int i = 0; i < g->n; i++)
+        if (!g->rank[i].pid || g->rank[i].term_signal || g->rank[i].exit_code) return 0;
+    return 1;
+}
+
 static void run_end(Run *run) {
     run->ended = 1;
     runs_alive--;
@@ -163,6 +170,7 @@ static void run_end(Run *run) {
     // than a resource (no binary to run).
     const RankExit *f = g->failed >= 0 ? &g->rank[g->failed] : NULL;
     RunOutcome o = {.stop = run->stop,
+                    .exited_ok = all_exited_ok(g),
                     .failed = f != NULL,
                     .bad_input = f && (f->pid ? !f->term_signal && f->exit_code == EXIT_BAD_INPUT
                                               : !run->transient),

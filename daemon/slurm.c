@@ -16,6 +16,15 @@
 // else the failure Slurm names (CANCELLED, TIMEOUT, NODE_FAIL, PREEMPTED, ...) with its
 // reason. Slurm's own requeue is off (--no-requeue): astraid alone restarts a run, from its
 // checkpoint, up to max_restarts.
+//
+// What astraid asks of a Slurm job (cancel, pause, checkpoint: an scancel) holds until Slurm
+// confirms it (scancel exits 0): a try that fails (slurmctld or munge down, a timeout, any
+// non-zero exit) is made again after a backoff (job_backoff_s), at once when squeue answers
+// again, until it is confirmed or the Slurm job ended. One scancel at a time, like the poll.
+// The job's state records the ask (cancelling, pausing): a restarted astraid asks again.
+// A failed sbatch is no run: when Slurm could not be reached it is tried again with a
+// growing backoff under the same run number (one runs row, one script), spending no
+// restart; a refusal Slurm answered (a partition removed) fails the job with its message.
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
@@ -44,6 +53,10 @@ extern char **environ;
 #define LOG_CHUNK (256 * 1024)   // bytes of a rank's log read per poll
 #define MAX_RANK_LOGS 4096
 
+// What astraid asks of a Slurm job, weakest first: a stronger ask replaces a weaker one.
+typedef enum { ASK_NONE, ASK_CHECKPOINT, ASK_PAUSE, ASK_CANCEL } Ask;
+static const char *const ASK_NAMES[] = {"", "checkpoint", "pause", "cancel"};
+
 struct SlurmRun {
     Job *job;
     long run_no;   // the job's run this is (run<N>.sbatch)
@@ -51,12 +64,18 @@ struct SlurmRun {
     int n_ranks;
     long long *log_off; // (n_ranks,) bytes of run<N>-rank<R>.log taken into the job's log
     char *state;        // Slurm's state as last seen ("PENDING", "RUNNING", ...), NULL: none yet
+    char *started_from; // the job's last checkpoint when the run started (NULL: none)
+    Ask ask;            // what Slurm has not confirmed yet
+    long ask_tries;     // its tries that failed
+    double ask_at;      // clock_mono_s() of its next try
 };
 
 static uv_timer_t poll_timer;
 static int poll_busy;
-static int squeue_failing; // the last poll's squeue failed (read and set on the threadpool,
-                           // by one poll at a time)
+static int poll_answered = 1; // the last poll's squeue answered (loop side)
+static int scancel_busy;      // an scancel is under way
+static int squeue_failing;    // the last poll's squeue failed (read and set on the threadpool,
+                              // by one poll at a time)
 
 // ---------------------------------------------------------------- commands
 
@@ -111,14 +130,28 @@ static int run_command(char *const argv[], char **out, int *status, Err *err) {
     return 0;
 }
 
-// Whether a Slurm command's output says the controller could not be reached: a failure
-// another try may not have (err->resource), unlike a refusal.
-static int controller_unreachable(const char *text) {
-    return strstr(text, "Unable to contact slurm controller") || strstr(text, "timed out") ||
-           strstr(text, "Connection refused");
+// Whether a Slurm command's output says it got no answer from Slurm (slurmctld down or
+// busy, munge down or its credential refused): a failure another try may not have
+// (err->resource), unlike a refusal Slurm answered (an invalid partition, ...).
+static int slurm_unreachable(const char *text) {
+    static const char *const NO_ANSWER[] = {"Unable to contact slurm controller",
+                                            "timed out",
+                                            "Connection refused",
+                                            "Zero Bytes were transmitted",
+                                            "Communication connection failure",
+                                            "authentication error",
+                                            "Munge",
+                                            "munge",
+                                            "temporarily",
+                                            "standby mode",
+                                            NULL};
+    for (const char *const *p = NO_ANSWER; *p; p++)
+        if (strstr(text, *p)) return 1;
+    return 0;
 }
 
-// Runs argv; 0 when it exited 0, else -1 with err = "NAME: its output".
+// Runs argv; 0 when it exited 0, else -1 with err = "NAME: its output" (the name once:
+// Slurm's own lines start with it).
 static int run_slurm(char *const argv[], char **out, Err *err) {
     int status = 0;
     char *text = NULL;
@@ -127,8 +160,10 @@ static int run_slurm(char *const argv[], char **out, Err *err) {
         return -1;
     }
     if (!WIFEXITED(status) || WEXITSTATUS(status)) {
-        err_set(err, "%s: %s", argv[0], *text ? text : "failed");
-        err->resource = controller_unreachable(text);
+        size_t n = strlen(argv[0]);
+        int named = !strncmp(text, argv[0], n) && text[n] == ':';
+        err_set(err, "%s%s%s", named ? "" : argv[0], named ? "" : ": ", *text ? text : "failed");
+        err->resource = !WIFEXITED(status) || slurm_unreachable(text);
         free(text);
         return -1;
     }
@@ -390,7 +425,9 @@ static SlurmRun *run_new(Job *j) {
     r->run_no = j->runs;
     r->n_ranks = j->n_devices > MAX_RANK_LOGS ? MAX_RANK_LOGS : (int)j->n_devices;
     r->log_off = calloc((size_t)r->n_ranks, sizeof *r->log_off);
-    if (!r->log_off) {
+    r->started_from = j->last_checkpoint ? strdup(j->last_checkpoint) : NULL;
+    if (!r->log_off || (j->last_checkpoint && !r->started_from)) {
+        free(r->log_off);
         free(r);
         return NULL;
     }
@@ -400,8 +437,11 @@ static SlurmRun *run_new(Job *j) {
 static void run_free(SlurmRun *r) {
     free(r->log_off);
     free(r->state);
+    free(r->started_from);
     free(r);
 }
+
+static void send_asks(void);
 
 // The run is over for astraid: the job decides what comes next.
 static void run_over(SlurmRun *r, const RunOutcome *o) {
@@ -410,32 +450,44 @@ static void run_over(SlurmRun *r, const RunOutcome *o) {
     run_free(r);
 }
 
+// A start Slurm did not take is no run: Slurm out of reach (or the run directory's disk
+// full) and the job waits and tries again (job_run_ended: start_later, no restart spent, no
+// progress); a refusal Slurm answered (a partition since removed, ...) fails the job.
+static void start_failed(Job *j, SlurmRun *r, Err *err) {
+    if (!err->resource) err_prefix(err, "slurm refuses the job");
+    RunOutcome o = {.stop = r->stop,
+                    .failed = 1,
+                    .transient = err->resource,
+                    .bad_input = !err->resource,
+                    .cause = err->msg,
+                    .started_from = r->started_from};
+    j->unsubmitted = 1;
+    run_over(r, &o);
+}
+
 static void start_done(uv_work_t *req, int status) {
     (void)status;
     Sbatch *s = req->data;
     Job *j = job_find(s->job);
     SlurmRun *r = j ? j->slurm : NULL;
     if (r && s->err.msg[0]) {
-        log_warn("job %ld: %s", j->id, s->err.msg);
-        // Slurm out of reach (or the run directory's disk full): the job waits and tries
-        // again; a refusal (a partition since removed, ...) fails the run.
-        RunOutcome o = {
-            .stop = r->stop, .failed = 1, .transient = s->err.resource, .cause = s->err.msg};
-        run_over(r, &o);
+        start_failed(j, r, &s->err);
     } else if (r) {
         j->slurm_id = s->slurm_id;
+        j->unsubmitted = 0;
         log_info("job %ld: run %ld is Slurm job %ld", j->id, r->run_no, j->slurm_id);
         state_event(j->id, "slurm", s->path);
         job_save(j); // its Slurm id, before anything is asked of that job
-        if (r->stop == STOP_CANCEL || r->stop == STOP_PAUSE)
-            slurm_stop(j, r->stop); // asked while sbatch ran
+        send_asks(); // what was asked while sbatch ran
     }
     sbatch_free(s);
 }
 
 int slurm_start(Job *j, Err *err) {
+    // A run whose sbatch failed never was a Slurm job: its next try takes its number again.
+    long run_no = j->unsubmitted ? j->runs : j->runs + 1;
     SlurmRun *r = run_new(j);
-    Sbatch *s = r ? sbatch_new(j, j->runs + 1, 0, err) : NULL;
+    Sbatch *s = r ? sbatch_new(j, run_no, 0, err) : NULL;
     if (!s) {
         if (r)
             run_free(r);
@@ -443,13 +495,14 @@ int slurm_start(Job *j, Err *err) {
             err_resource(err, "out of memory");
         return -1;
     }
-    j->runs++;
+    j->runs = run_no;
     r->run_no = j->runs;
     j->slurm = r;
     j->slurm_id = 0;
     state_run_started(j, NULL, 0); // open until the run ends: at a restart, astraid looks for it
     if (uv_queue_work(astraid.loop, &s->req, sbatch_work, start_done)) {
         j->slurm = NULL;
+        j->unsubmitted = 1;
         run_free(r);
         sbatch_free(s);
         return err_resource(err, "cannot queue sbatch");
@@ -462,8 +515,10 @@ int slurm_start(Job *j, Err *err) {
 
 typedef struct {
     uv_work_t req;
-    long job, slurm_id;
+    long job, slurm_id, run_no;
+    Ask ask;
     char signal[16]; // "" : a plain scancel
+    Err err;
 } Scancel;
 
 static void scancel_work(uv_work_t *req) {
@@ -472,27 +527,85 @@ static void scancel_work(uv_work_t *req) {
     snprintf(id, sizeof id, "%ld", c->slurm_id);
     snprintf(sig, sizeof sig, "--signal=%s", c->signal);
     char *argv[] = {"scancel", c->signal[0] ? sig : id, c->signal[0] ? id : NULL, NULL};
-    Err err = {0};
-    if (run_slurm(argv, NULL, &err)) log_warn("job %ld: %s", c->job, err.msg);
-}
-
-static void scancel_done(uv_work_t *req, int status) {
-    (void)status;
-    free(req->data);
-}
-
-static void scancel(const Job *j, const char *signal) {
-    Scancel *c = calloc(1, sizeof *c);
-    if (!c) return;
-    c->job = j->id;
-    c->slurm_id = j->slurm_id;
-    snprintf(c->signal, sizeof c->signal, "%s", signal);
-    c->req.data = c;
-    if (uv_queue_work(astraid.loop, &c->req, scancel_work, scancel_done)) free(c);
+    run_slurm(argv, NULL, &c->err);
 }
 
 static int is_pending(const SlurmRun *r) {
     return !r->state || !strcmp(r->state, "PENDING") || !strcmp(r->state, "CONFIGURING");
+}
+
+// The scancel signal of r's ask ("": a plain scancel), NULL while it must wait for what
+// Slurm says of the job: a pause withdraws a pending job but signals a running one (its
+// ranks checkpoint); a checkpoint needs running ranks.
+static const char *ask_signal(const SlurmRun *r) {
+    if (r->ask == ASK_CANCEL) return "";
+    if (r->ask == ASK_PAUSE && r->state) return is_pending(r) ? "" : "TERM";
+    if (r->ask == ASK_CHECKPOINT && r->state && !strcmp(r->state, "RUNNING")) return "USR1";
+    return NULL;
+}
+
+// The ask due first that can be sent now, NULL: none.
+static Job *next_ask(void) {
+    double now = clock_mono_s();
+    Job *pick = NULL;
+    for (Job *j = astraid.jobs; j; j = j->next) {
+        const SlurmRun *r = j->slurm;
+        if (r && j->slurm_id && r->ask && r->ask_at <= now && ask_signal(r) &&
+            (!pick || r->ask_at < pick->slurm->ask_at))
+            pick = j;
+    }
+    return pick;
+}
+
+static void scancel_done(uv_work_t *req, int status) {
+    (void)status;
+    Scancel *c = req->data;
+    Job *j = job_find(c->job);
+    SlurmRun *r = j ? j->slurm : NULL;
+    scancel_busy = 0;
+    // Of the run it was sent to, and not replaced meanwhile by a stronger ask.
+    if (r && r->run_no == c->run_no && j->slurm_id == c->slurm_id && r->ask == c->ask) {
+        if (!c->err.msg[0]) {
+            if (r->ask_tries)
+                log_info("job %ld: Slurm job %ld took the %s (after %ld failed tr%s)", j->id,
+                         c->slurm_id, ASK_NAMES[c->ask], r->ask_tries,
+                         r->ask_tries == 1 ? "y" : "ies");
+            r->ask = ASK_NONE;
+            r->ask_tries = 0;
+        } else {
+            double wait = job_backoff_s(++r->ask_tries);
+            r->ask_at = clock_mono_s() + wait;
+            log_warn("job %ld: %s (the %s is asked again in %.0f s)", j->id, c->err.msg,
+                     ASK_NAMES[c->ask], wait);
+        }
+    }
+    free(c);
+    send_asks();
+}
+
+// Sends the next ask due (one scancel at a time: a dead slurmctld holds one thread of the
+// threadpool, not one per job). None while astraid stops: the job's state keeps it.
+static void send_asks(void) {
+    Job *j = scancel_busy || astraid.stopping ? NULL : next_ask();
+    Scancel *c = j ? calloc(1, sizeof *c) : NULL;
+    if (!c) return; // none due, or no memory: the next poll tries again
+    const SlurmRun *r = j->slurm;
+    *c = (Scancel){.job = j->id, .slurm_id = j->slurm_id, .run_no = r->run_no, .ask = r->ask};
+    snprintf(c->signal, sizeof c->signal, "%s", ask_signal(r));
+    c->req.data = c;
+    if (uv_queue_work(astraid.loop, &c->req, scancel_work, scancel_done)) {
+        free(c);
+        return;
+    }
+    scancel_busy = 1;
+}
+
+// r is to get `ask` (unless a stronger one is under way), at once.
+static void ask(SlurmRun *r, Ask a) {
+    if (a < r->ask) return;
+    r->ask = a;
+    r->ask_at = 0;
+    send_asks();
 }
 
 void slurm_stop(Job *j, StopKind why) {
@@ -500,13 +613,11 @@ void slurm_stop(Job *j, StopKind why) {
     if (!r) return;
     if (why == STOP_SHUTDOWN) return; // the cluster keeps it; astraid tracks it again at start
     if (r->stop == STOP_NONE || why == STOP_CANCEL) r->stop = why;
-    if (!j->slurm_id) return; // sbatch has not answered: start_done stops it
-    // A pending job has no rank to checkpoint: it is just withdrawn.
-    scancel(j, why == STOP_CANCEL || is_pending(r) ? "" : "TERM");
+    ask(r, why == STOP_CANCEL ? ASK_CANCEL : ASK_PAUSE); // before sbatch answered: start_done
 }
 
 void slurm_checkpoint(Job *j) {
-    if (j->slurm && j->slurm_id) scancel(j, "USR1");
+    if (j->slurm) ask(j->slurm, ASK_CHECKPOINT);
 }
 
 // ---------------------------------------------------------------- the poll
@@ -690,7 +801,8 @@ static void apply_end(SlurmRun *r, const Watch *w) {
     o.failed = code != 0 && code != EXIT_INTERRUPTED;
     o.bad_input = code == EXIT_BAD_INPUT;
     o.interrupted = code == EXIT_INTERRUPTED;
-    o.started_from = r->job->last_checkpoint;
+    o.exited_ok = code == 0;
+    o.started_from = r->started_from;
     char *cause = o.failed || o.interrupted ? slurm_cause(w, state) : NULL;
     o.cause = cause;
     log_info("job %ld: Slurm job %ld ended: %s, exit %d", r->job->id, w->slurm_id, state, code);
@@ -737,18 +849,28 @@ static void poll_free(Poll *p) {
     free(p);
 }
 
+// squeue answers again: what waited for Slurm is asked now, not after its backoff.
+static void asks_due_now(void) {
+    for (Job *j = astraid.jobs; j; j = j->next)
+        if (j->slurm) j->slurm->ask_at = 0;
+}
+
 static void poll_done(uv_work_t *req, int status) {
     (void)status;
     Poll *p = req->data;
     poll_busy = 0;
+    if (p->listed && !poll_answered) asks_due_now();
+    poll_answered = p->listed;
     // A job squeue could not be asked about stays as it is: slurmctld may be back soon.
     for (int i = 0; i < p->n; i++)
         if (p->listed || p->w[i].exit_code >= 0) apply_watch(&p->w[i]);
     poll_free(p);
+    send_asks(); // a pause waits for the job's state
 }
 
 static void on_poll(uv_timer_t *t) {
     (void)t;
+    send_asks(); // those whose backoff ended
     int n = 0;
     for (Job *j = astraid.jobs; j; j = j->next)
         n += j->slurm && j->slurm_id;
@@ -857,8 +979,15 @@ int slurm_attach(Job *j) {
         snprintf(path, sizeof path, "%s/run%ld-rank%d.log", run_dir, r->run_no, rank);
         if (!stat(path, &st)) r->log_off[rank] = (long long)st.st_size;
     }
-    if (j->state == JOB_PAUSING) r->stop = STOP_PAUSE;
-    log_info("job %ld: tracking Slurm job %ld again", j->id, j->slurm_id);
+    // A pause or a cancel astraid asked before it stopped is asked again (Slurm may not have
+    // confirmed it; again, it changes nothing: the ranks stop once).
+    if (j->state == JOB_PAUSING || j->state == JOB_CANCELLING) {
+        int cancel = j->state == JOB_CANCELLING;
+        r->stop = cancel ? STOP_CANCEL : STOP_PAUSE;
+        r->ask = cancel ? ASK_CANCEL : ASK_PAUSE;
+    }
+    log_info("job %ld: tracking Slurm job %ld again%s%s", j->id, j->slurm_id,
+             r->ask ? ", asking again for its " : "", ASK_NAMES[r->ask]);
     return 0;
 }
 

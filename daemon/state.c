@@ -27,6 +27,7 @@
 // alone (a pid reused by another astraid's rank is not ours). The temporary
 // directories of checkpoint writes that never finished are removed from every job's
 // ckpt_dir before any run starts.
+// Under slurm, a cancelling job whose Slurm job is gone is cancelled.
 #include <limits.h>
 #include <signal.h>
 #include <stdio.h>
@@ -680,6 +681,13 @@ static int last_run_open(const Job *j) {
 static void recover_job(Job *j) {
     if (astraid.slurm && !job_is_final(j->state) && last_run_open(j) && !slurm_attach(j))
         return; // its Slurm job (its ranks) ran on without astraid: squeue says how it is now
+    if (j->state == JOB_CANCELLING) { // and no Slurm job is left of it
+        if (last_run_open(j)) state_run_ended(j, "cancelled");
+        j->state = JOB_CANCELLED;
+        j->finished_at = clock_wall_s();
+        job_save(j);
+        return;
+    }
     int died_under = j->state == JOB_STARTING || j->state == JOB_RUNNING || j->state == JOB_PAUSING;
     if (!died_under && j->state != JOB_INTERRUPTED) return;
     if (died_under) {

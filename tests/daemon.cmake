@@ -24,3 +24,6 @@ target_compile_definitions(fake_nvml_v1 PRIVATE FAKE_NVML_NO_V3)
 # (skipped, with the reason) where it cannot start.
 astrai_py_test(daemon_slurm test_daemon_slurm.py)
 set_tests_properties(daemon_slurm PROPERTIES TIMEOUT 600 LABELS daemon SKIP_RETURN_CODE 77)
+# The same cluster with slurmctld and munged stopped and started by the test (issue 17: 1-3).
+astrai_py_test(daemon_slurm_outage test_daemon_slurm_outage.py)
+set_tests_properties(daemon_slurm_outage PROPERTIES TIMEOUT 900 LABELS daemon SKIP_RETURN_CODE 77)

@@ -100,12 +100,7 @@ PartitionName={self.partition} Nodes=ALL Default=YES MaxTime=INFINITE State=UP
         with open(key, "wb") as f:
             f.write(os.urandom(1024))
         os.chmod(key, 0o600)
-        self._daemon([find("munged"), "--foreground", f"--key-file={key}",
-                      f"--socket={self._path('munge', 'munge.sock')}",
-                      f"--pid-file={self._path('munge', 'munged.pid')}",
-                      f"--log-file={self._path('munge', 'munged.log')}",
-                      f"--seed-file={self._path('munge', 'seed')}", "--force"], "munged")
-        self._wait(lambda: os.path.exists(self._path("munge", "munge.sock")), "munged")
+        self._start_munged()
         self._write_conf(tu.free_port(), tu.free_port())
         self._daemon([find("slurmctld"), "-D", "-i", "-f", self.conf], "slurmctld")
         self._daemon([find("slurmd"), "-D", "-f", self.conf, "-N", self.node], "slurmd")
@@ -153,18 +148,60 @@ PartitionName={self.partition} Nodes=ALL Default=YES MaxTime=INFINITE State=UP
         out = self.run("squeue", "--noheader", "--format=%i")
         return [int(x) for x in out.stdout.split()]
 
-    def stop_ctld(self):
-        """Stops slurmctld alone (tests of 'slurmctld down'); its state stays on disk."""
-        for name, p in self.procs:
-            if name == "slurmctld":
+    def _stop_one(self, name):
+        for n, p in self.procs:
+            if n == name:
                 p.send_signal(signal.SIGTERM)
                 p.wait(30)
-        self.procs = [(n, p) for n, p in self.procs if n != "slurmctld"]
+        self.procs = [(n, p) for n, p in self.procs if n != name]
+
+    def stop_ctld(self):
+        """Stops slurmctld alone (tests of 'slurmctld down'); its state stays on disk."""
+        self._stop_one("slurmctld")
 
     def start_ctld(self):
         """Starts slurmctld again (it reads back its jobs from its state directory)."""
         self._daemon([find("slurmctld"), "-D", "-i", "-f", self.conf], "slurmctld")
         self._wait(lambda: self.run("sinfo", check=False).returncode == 0, "slurmctld")
+
+    def stop_munge(self):
+        """Stops munged alone: every Slurm command then fails to authenticate; the daemons
+        and the jobs they run go on."""
+        self._stop_one("munged")
+
+    def start_munge(self):
+        """Starts munged again; returns once Slurm commands answer."""
+        self._start_munged()
+        self._wait(lambda: self.run("sinfo", check=False).returncode == 0, "munge")
+
+    def _start_munged(self):
+        """munged with the cluster's key, on the cluster's socket."""
+        sock = self._path("munge", "munge.sock")
+        if os.path.exists(sock):
+            os.unlink(sock)
+        self._daemon([find("munged"), "--foreground",
+                      f"--key-file={self._path('munge', 'munge.key')}", f"--socket={sock}",
+                      f"--pid-file={self._path('munge', 'munged.pid')}",
+                      f"--log-file={self._path('munge', 'munged.log')}",
+                      f"--seed-file={self._path('munge', 'seed')}", "--force"], "munged")
+        self._wait(lambda: os.path.exists(sock), "munged")
+
+    def create_partition(self, name):
+        """A partition of every node (up), next to the default one."""
+        self.run("scontrol", "create", f"PartitionName={name}", "Nodes=ALL", "State=UP")
+
+    def delete_partition(self, name, timeout=60):
+        """Deletes a partition once no job is in it any more (Slurm refuses while one is,
+        also while a finished one is still completing)."""
+        deadline = time.time() + timeout
+        while True:
+            out = self.run("scontrol", "delete", f"PartitionName={name}", check=False)
+            if out.returncode == 0:
+                return
+            if "in use" not in out.stdout + out.stderr or time.time() > deadline:
+                raise AssertionError(f"scontrol delete PartitionName={name}: "
+                                     f"{out.stdout}{out.stderr}")
+            time.sleep(0.2)
 
     def stop(self):
         if self.procs and find("scancel"):
@@ -180,3 +217,20 @@ PartitionName={self.partition} Nodes=ALL Default=YES MaxTime=INFINITE State=UP
                     p.wait()
         self.procs = []
         shutil.rmtree(self._path("spool"), ignore_errors=True)
+
+
+def main(run):
+    """A test's main: run(root, cluster) on a new cluster in a new directory; 77 (skipped, with
+    the reason) where Slurm cannot run here."""
+    root = tu.tmpdir()
+    try:
+        cluster = Cluster(root).__enter__()
+    except Unavailable as e:
+        print(f"skipped: Slurm cannot run here: {e}")
+        return 77
+    try:
+        run(root, cluster)
+    finally:
+        cluster.stop()
+    print("ok")
+    return 0

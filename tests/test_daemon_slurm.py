@@ -54,6 +54,13 @@ def wait_no_slurm_job(cluster, timeout=60):
     raise AssertionError(f"Slurm still lists {cluster.jobs()}")
 
 
+def cancel(c, cluster, jid):
+    """The job cancelled: once its Slurm job ended, which Slurm then no longer lists."""
+    c.call("cancel", {"job": jid})
+    du.wait_job(c, jid, ["cancelled"], timeout=120)
+    wait_no_slurm_job(cluster)
+
+
 def kill9_and_restart(d, c, jid, while_down=None):
     """astraid killed -9 (its client closed first), while_down() run, astraid started again;
     returns the new client and the job's status once running."""
@@ -146,21 +153,6 @@ def quoted_sbatch_args(root, cluster, model, data):
     rc = bad.proc.wait(30)
     bad.log.close()
     assert rc == 2 and 'slurm-sbatch-args: unbalanced "' in bad.logs(), (rc, bad.logs())
-
-
-def main():
-    root = tu.tmpdir()
-    try:
-        cluster = slurm_util.Cluster(root).__enter__()
-    except slurm_util.Unavailable as e:
-        print(f"skipped: Slurm cannot run here: {e}")
-        return 77
-    try:
-        run(root, cluster)
-    finally:
-        cluster.stop()
-    print("ok")
-    return 0
 
 
 def run(root, cluster):
@@ -272,9 +264,7 @@ def run(root, cluster):
         assert st["restarts"] == 2, st
 
         # cancel: no Slurm job, no rank left.
-        c.call("cancel", {"job": jid})
-        du.wait_job(c, jid, ["cancelled"], timeout=60)
-        wait_no_slurm_job(cluster)
+        cancel(c, cluster, jid)
         deadline = time.time() + 30
         while train_binary_pids(run_dir) and time.time() < deadline:
             time.sleep(0.2)
@@ -324,4 +314,4 @@ def run(root, cluster):
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(slurm_util.main(run))
