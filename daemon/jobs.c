@@ -432,8 +432,6 @@ static void announce_state(Job *j, JobState from) {
     }
 }
 
-static double backoff_s(long restarts);
-
 // A run's own change is made whatever the disk says; a row of it that did not commit (a full
 // disk) is written again after a backoff until one does, so that the next astraid does not
 // find the job as it was before. Not while the database is damaged (nothing is written to it
@@ -458,7 +456,7 @@ static void resave_later(Job *j) {
     if (uv_is_closing((uv_handle_t *)&resave_timer) || uv_is_active((uv_handle_t *)&resave_timer))
         return;
     resave_tries++;
-    uv_timer_start(&resave_timer, resave, (uint64_t)(backoff_s(resave_tries) * 1000), 0);
+    uv_timer_start(&resave_timer, resave, (uint64_t)(job_backoff_s(resave_tries) * 1000), 0);
 }
 
 // A row of a job written: clients now see its state. j is still there: it is freed only
