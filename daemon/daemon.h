@@ -197,7 +197,7 @@ typedef struct Job {
 typedef void (*ChangeDone)(void *arg, int code, const Err *err);
 
 int job_visible(const Job *j); // shown to clients: neither unsaved nor removing
-int job_has_run(const Job *j); // a run of it is alive (local ranks or a Slurm job)
+int job_has_run(const Job *j); // a run of it is alive (the executor's has_run)
 Job *job_find(long id);        // a visible job, NULL for any other id
 // Sets astraid.next_id past the database's ids and every state_dir/jobs/<id> directory;
 // a directory the database does not know is logged and listed by jobs_unknown_dirs.
@@ -247,7 +247,7 @@ typedef struct {
     const char *started_from; // the job's last checkpoint when the run started, NULL: none
 } RunOutcome;
 void job_run_ended(Job *j, const RunOutcome *o);
-// runner_start failed before any rank ran: retried after a backoff when err->resource says
+// The executor's start failed before any rank ran: retried after a backoff when err->resource says
 // it lacked a resource, else the job fails.
 void job_start_failed(Job *j, const Err *err);
 // The wait before the next of `tries` tries in a row (restarts, starts, Slurm commands):
@@ -285,10 +285,36 @@ void retention_schedule(void);
 void scheduler_kick(void);
 void devices_release(Job *j);
 
+// ---------------------------------------------------------------- executors
+// What runs the ranks of a job: the local executor (runner.c: child processes on this machine)
+// or the slurm executor (slurm.c: Slurm batch jobs), chosen at start by --executor. Whatever
+// differs between the two is an operation here (docs/design.md §12), as engine/ and comm/
+// choose their backends: the rest of astraid never asks which one runs.
+typedef struct {
+    const char *name;     // --executor's value
+    int takes_devices;    // runs take this machine's devices (the scheduler's); else the
+                          // executor's resource manager allocates them
+    int cancel_confirmed; // a cancel is final only once the run is seen ended (cancelling)
+    void (*init)(void);   // once the loop and the state are up (NULL: nothing)
+    // A new job's check before it is written: done(arg, 0, NULL) when it may run, else
+    // done(arg, code, err); -1 when it could not even be asked. NULL: nothing to check.
+    int (*check_submit)(const Job *j, ChangeDone done, void *arg, Err *err);
+    // A run: ends through job_run_ended; -1 (err->resource: retried) when none started.
+    int (*start)(Job *j, Err *err);
+    void (*stop)(Job *j, StopKind why); // of the live run, if any
+    void (*checkpoint)(Job *j);         // asked of the live run, if any
+    int (*has_run)(const Job *j);       // a run of it is alive
+    // At start, a job whose last run was still open: tracked again when it lives on, else -1.
+    // NULL: a run never outlives its astraid.
+    int (*attach)(Job *j);
+    // Its word for a job's live run (JOB's slurm_job and slurm_state); NULL: no such fields.
+    const char *(*run_state)(const Job *j);
+} Executor;
+extern const Executor LOCAL_EXECUTOR; // runner.c
+extern const Executor SLURM_EXECUTOR; // slurm.c
+
 // ---------------------------------------------------------------- runner.c
-int runner_start(Job *j, Err *err);
-void runner_stop(Job *j, StopKind why);
-void runner_checkpoint(Job *j);
+// The local executor (LOCAL_EXECUTOR), and what astraid asks of its runs:
 int runner_alive(void);                     // runs not yet ended
 int runner_ranks(const Job *j);             // ranks of j's run, 0 without one
 pid_t runner_rank_pid(const Job *j, int r); // 0 when rank r is not alive
@@ -315,9 +341,9 @@ void state_run_started(const Job *j, const pid_t *pids, int n);
 void state_run_ended(const Job *j, const char *outcome);
 // Loads every job; running/starting/pausing ones (the daemon died under them) and
 // interrupted ones go back to the queue, resuming when they have a checkpoint; under slurm
-// those whose Slurm job lives on are tracked again (slurm_attach); a cancelling one without
-// one is cancelled.
-// Waits (bounded by stop_timeout) for ranks of a killed daemon still finishing.
+// those whose Slurm job lives on are tracked again (the executor's attach); a cancelling one
+// without one is cancelled. Waits (bounded by stop_timeout) for ranks of a killed daemon still
+// finishing.
 int state_recover(Err *err);
 long state_max_job_id(void);
 
@@ -356,33 +382,10 @@ int curve_read(const char *run_dir, long since_step, long limit, cJSON **steps, 
 #define HISTORY_LIMIT 2000      // steps of a history page (method, /api/history) unless asked
 #define HISTORY_LIMIT_MAX 10000 // the largest page asked for
 // ---------------------------------------------------------------- slurm.c
-// --executor slurm (docs/slurm.md): asks slurmctld (sinfo, off the loop; a failure is logged:
-// astraid serves, and submits say why they cannot run), and starts the poll of the Slurm jobs
-// (squeue/scontrol and the ranks' log files, every poll-interval, off the loop). Needs
-// astraid.loop.
-void slurm_init(void);
 // At start: --slurm-sbatch-args splits into words (its quotes balanced).
 int slurm_check_config(const Config *c, Err *err);
 void slurm_free(void); // after uv_run returned
-// A new job's sbatch --test-only (off the loop): done(arg, 0, NULL) when Slurm would take
-// it, else done(arg, RPC_INVALID_PARAMS, err) with Slurm's message. -1 when it could not
-// even be queued.
-int slurm_check_submit(const Job *j, ChangeDone done, void *arg, Err *err);
-// A run as a Slurm job: the batch script into the run directory, sbatch off the loop; the
-// job is `starting` until Slurm answers, then as squeue says (PENDING: queued, RUNNING:
-// running). Ends through job_run_ended like a local run.
-int slurm_start(Job *j, Err *err);
-// pause: scancel --signal=TERM (every rank checkpoints at one step and exits 3); a pending
-// job is just cancelled; shutdown leaves the Slurm job running (astraid finds it again at
-// its next start). cancel: scancel. What Slurm did not confirm (scancel failed: slurmctld
-// or munge down) is tried again with a backoff until it does or the Slurm job ended.
-void slurm_stop(Job *j, StopKind why);
-void slurm_checkpoint(Job *j); // scancel --signal=USR1, tried again like a stop
-// At start, for a job whose last run was still open: its Slurm job (slurm_id, or when astraid
-// died before sbatch answered, the job squeue lists with that run's script) is tracked
-// again. -1 when it has none (the run is over: the job is recovered as a local one).
-int slurm_attach(Job *j);
-const char *slurm_state(const Job *j); // Slurm's word for its live run ("RUNNING"), or NULL
+// The slurm executor's operations (SLURM_EXECUTOR) are slurm.c's; their rules are there.
 
 // ---------------------------------------------------------------- sdnotify.c
 void sd_init(void); // takes NOTIFY_SOCKET / LISTEN_* out of the environment
@@ -510,9 +513,9 @@ typedef struct {
     Devices devices;
     Job *jobs; // by id, ascending
     long next_id;
-    double started_at; // clock_mono_s() at start (uptime)
-    int stopping;      // SIGTERM/SIGINT taken: no new runs, the running ones are stopped
-    int slurm;         // --executor slurm
+    double started_at;        // clock_mono_s() at start (uptime)
+    int stopping;             // SIGTERM/SIGINT taken: no new runs, the running ones are stopped
+    const Executor *executor; // --executor's: local or slurm
 } Astraid;
 
 extern Astraid astraid;

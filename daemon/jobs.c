@@ -126,7 +126,7 @@ Job *job_find(long id) {
 }
 
 int job_has_run(const Job *j) {
-    return j->run || j->slurm;
+    return astraid.executor->has_run(j);
 }
 
 int job_run_dir(const Job *j, char *out, size_t cap) {
@@ -249,7 +249,7 @@ static int check_absolute(const cJSON *spec, Err *err) {
 // Slurm decides, sbatch --test-only at submit).
 static int check_devices(const JobSpec *js, const cJSON *spec, Err *err) {
     const Devices *d = &astraid.devices;
-    if (astraid.slurm) return 0;
+    if (!astraid.executor->takes_devices) return 0;
     if (js->nodes > 1)
         return err_set(err,
                        "nodes: %ld nodes, but astraid runs jobs on this machine only "
@@ -388,8 +388,8 @@ int jobs_submit(const cJSON *spec, long uid, ChangeDone done, void *arg, long *i
     Submit *s = NULL;
     if (!j->name || !j->spec || set_ckpt_dir(j, err) || !j->ckpt_dir || job_paths_check(j, err) ||
         !(s = malloc(sizeof *s)) || make_run_dir(j, err) ||
-        (astraid.slurm ? slurm_check_submit(j, submit_checked, s, err)
-                       : state_save_job(j, submit_written, s, err))) {
+        (astraid.executor->check_submit ? astraid.executor->check_submit(j, submit_checked, s, err)
+                                        : state_save_job(j, submit_written, s, err))) {
         if (!*err->msg) err_resource(err, "out of memory");
         drop_run_dir(j);
         job_free(j);
@@ -606,7 +606,7 @@ static void pause_change(Job *j, int real) {
 
 // A queued job may have a run: a Slurm job still pending.
 static void pause_after(Job *j, JobState from) {
-    if (from != JOB_QUEUED || job_has_run(j)) runner_stop(j, STOP_PAUSE);
+    if (from != JOB_QUEUED || job_has_run(j)) astraid.executor->stop(j, STOP_PAUSE);
 }
 
 static const Verb PAUSE = {"pause", pause_check, pause_change, pause_after};
@@ -650,7 +650,7 @@ int job_resume(Job *j, ChangeDone done, void *arg, int *code, Err *err) {
 
 int job_checkpoint(Job *j, int *code, Err *err) {
     if (j->state != JOB_RUNNING) return refuse(j, "checkpoint", code, err);
-    runner_checkpoint(j);
+    astraid.executor->checkpoint(j);
     state_event(j->id, "checkpoint", "requested");
     return 0;
 }
@@ -663,12 +663,13 @@ static int cancel_check(const Job *j, int *code, Err *err) {
 // local ranks get SIGKILL: the job is cancelled at once.
 static void cancel_change(Job *j, int real) {
     (void)real;
-    apply_state(j, j->slurm ? JOB_CANCELLING : JOB_CANCELLED);
+    apply_state(j, astraid.executor->cancel_confirmed && job_has_run(j) ? JOB_CANCELLING
+                                                                        : JOB_CANCELLED);
 }
 
 static void cancel_after(Job *j, JobState from) {
     (void)from;
-    if (job_has_run(j)) runner_stop(j, STOP_CANCEL); // the run ends a moment later
+    if (job_has_run(j)) astraid.executor->stop(j, STOP_CANCEL); // the run ends a moment later
 }
 
 static const Verb CANCEL = {"cancel", cancel_check, cancel_change, cancel_after};
@@ -1105,9 +1106,9 @@ static void describe(const Job *j, Out *o, cJSON *obj) {
     out_metric(o, obj, "eta_s", j->eta_s, j->has_progress && j->eta_s >= 0);
     out_metric(o, obj, "val_loss", j->val_loss, j->has_val_loss);
     out_number(o, obj, "restarts", (double)j->restarts, 1);
-    if (astraid.slurm) {
+    if (astraid.executor->run_state) {
         out_number(o, obj, "slurm_job", (double)j->slurm_id, j->slurm_id > 0);
-        out_string(o, obj, "slurm_state", slurm_state(j));
+        out_string(o, obj, "slurm_state", astraid.executor->run_state(j));
     }
     long n_devices = j->devices ? j->n_devices : 0;
     cJSON *devs = out_open(o, obj, "devices", 1, (size_t)n_devices);

@@ -445,8 +445,7 @@ static void spawn_failed(Run *run, int r, const Err *err) {
     ranks_signal(&run->g, SIGKILL);
 }
 
-int runner_start(Job *j, Err *err) {
-    if (astraid.slurm) return slurm_start(j, err);
+static int local_start(Job *j, Err *err) {
     Launch l = {.listen_fd = -1};
     if (launch_prepare(&l, j, err)) {
         job_spec_free_argv(l.argv);
@@ -485,11 +484,7 @@ int runner_start(Job *j, Err *err) {
 
 // ---------------------------------------------------------------- control
 
-void runner_stop(Job *j, StopKind why) {
-    if (j->slurm) {
-        slurm_stop(j, why);
-        return;
-    }
+static void local_stop(Job *j, StopKind why) {
     Run *run = j->run;
     if (!run || run->ended) return;
     ranks_stop_asked(&run->g); // their exits from now on are expected
@@ -504,7 +499,17 @@ void runner_stop(Job *j, StopKind why) {
     arm_kill(run);
 }
 
-void runner_checkpoint(Job *j) {
-    if (j->slurm) slurm_checkpoint(j);
+static void local_checkpoint(Job *j) {
     if (j->run) send_control(j->run, "checkpoint\n");
 }
+
+static int local_has_run(const Job *j) {
+    return j->run != NULL;
+}
+
+const Executor LOCAL_EXECUTOR = {.name = "local",
+                                 .takes_devices = 1,
+                                 .start = local_start,
+                                 .stop = local_stop,
+                                 .checkpoint = local_checkpoint,
+                                 .has_run = local_has_run};

@@ -223,7 +223,7 @@ static void start_or_release(Launch *l, const Err *err) {
         job_start_failed(j, err); // queued again after a backoff
     } else if (astraid.stopping) {
         devices_release(j);
-    } else if (runner_start(j, &serr)) {
+    } else if (astraid.executor->start(j, &serr)) {
         devices_release(j);
         job_start_failed(j, &serr); // queued again after a backoff, or failed
     }
@@ -243,7 +243,8 @@ void scheduler_kick(void) {
         double now = clock_mono_s(), earliest = 0;
         Job *j = queue_head(now, &earliest);
         arm_wake(earliest, now);
-        if (!j || (!astraid.slurm && !devices_take(j))) return; // Slurm allocates its own
+        if (!j || (astraid.executor->takes_devices && !devices_take(j)))
+            return; // Slurm allocates its own
         Launch *l = malloc(sizeof *l);
         Err err = {0};
         if (l) *l = (Launch){j, j->version};

@@ -406,7 +406,10 @@ static void check_done(uv_work_t *req, int status) {
     sbatch_free(s);
 }
 
-int slurm_check_submit(const Job *j, ChangeDone done, void *arg, Err *err) {
+// A new job's sbatch --test-only (off the loop): done(arg, 0, NULL) when Slurm would take
+// it, else done(arg, RPC_INVALID_PARAMS, err) with Slurm's message. -1 when it could not
+// even be queued.
+static int slurm_check_submit(const Job *j, ChangeDone done, void *arg, Err *err) {
     Sbatch *s = sbatch_new(j, 0, 1, err);
     if (!s) return -1;
     s->done = done;
@@ -483,7 +486,10 @@ static void start_done(uv_work_t *req, int status) {
     sbatch_free(s);
 }
 
-int slurm_start(Job *j, Err *err) {
+// A run as a Slurm job: the batch script into the run directory, sbatch off the loop; the
+// job is `starting` until Slurm answers, then as squeue says (PENDING: queued, RUNNING:
+// running). Ends through job_run_ended like a local run.
+static int slurm_start(Job *j, Err *err) {
     // A run whose sbatch failed never was a Slurm job: its next try takes its number again.
     long run_no = j->unsubmitted ? j->runs : j->runs + 1;
     SlurmRun *r = run_new(j);
@@ -608,7 +614,11 @@ static void ask(SlurmRun *r, Ask a) {
     send_asks();
 }
 
-void slurm_stop(Job *j, StopKind why) {
+// pause: scancel --signal=TERM (every rank checkpoints at one step and exits 3); a pending
+// job is just cancelled; shutdown leaves the Slurm job running (astraid finds it again at
+// its next start). cancel: scancel. What Slurm did not confirm (scancel failed: slurmctld
+// or munge down) is tried again with a backoff until it does or the Slurm job ended.
+static void slurm_stop(Job *j, StopKind why) {
     SlurmRun *r = j->slurm;
     if (!r) return;
     if (why == STOP_SHUTDOWN) return; // the cluster keeps it; astraid tracks it again at start
@@ -616,7 +626,8 @@ void slurm_stop(Job *j, StopKind why) {
     ask(r, why == STOP_CANCEL ? ASK_CANCEL : ASK_PAUSE); // before sbatch answered: start_done
 }
 
-void slurm_checkpoint(Job *j) {
+// scancel --signal=USR1, tried again like a stop.
+static void slurm_checkpoint(Job *j) {
     if (j->slurm) ask(j->slurm, ASK_CHECKPOINT);
 }
 
@@ -928,7 +939,11 @@ static void probe_done(uv_work_t *req, int status) {
     (void)req, (void)status;
 }
 
-void slurm_init(void) {
+// --executor slurm (docs/slurm.md): asks slurmctld (sinfo, off the loop; a failure is logged:
+// astraid serves, and submits say why they cannot run), and starts the poll of the Slurm jobs
+// (squeue/scontrol and the ranks' log files, every poll-interval, off the loop). Needs
+// astraid.loop.
+static void slurm_init(void) {
     static uv_work_t probe;
     uv_timer_init(astraid.loop, &poll_timer);
     uint64_t ms = (uint64_t)(astraid.cfg.poll_interval * 1000);
@@ -967,7 +982,10 @@ static long find_submitted(const Job *j, long run_no) {
     return id;
 }
 
-int slurm_attach(Job *j) {
+// At start, for a job whose last run was still open: its Slurm job (slurm_id, or when astraid
+// died before sbatch answered, the job squeue lists with that run's script) is tracked
+// again. -1 when it has none (the run is over: the job is recovered as a local one).
+static int slurm_attach(Job *j) {
     if (!j->slurm_id && !(j->slurm_id = find_submitted(j, j->runs))) return -1;
     SlurmRun *r = run_new(j);
     if (!r) return -1;
@@ -991,6 +1009,23 @@ int slurm_attach(Job *j) {
     return 0;
 }
 
-const char *slurm_state(const Job *j) {
+// Slurm's word for its live run ("RUNNING"), or NULL.
+static const char *slurm_state(const Job *j) {
     return j->slurm ? j->slurm->state : NULL;
 }
+
+static int slurm_has_run(const Job *j) {
+    return j->slurm != NULL;
+}
+
+const Executor SLURM_EXECUTOR = {.name = "slurm",
+                                 .takes_devices = 0, // Slurm allocates the nodes and GPUs
+                                 .cancel_confirmed = 1,
+                                 .init = slurm_init,
+                                 .check_submit = slurm_check_submit,
+                                 .start = slurm_start,
+                                 .stop = slurm_stop,
+                                 .checkpoint = slurm_checkpoint,
+                                 .has_run = slurm_has_run,
+                                 .attach = slurm_attach,
+                                 .run_state = slurm_state};

@@ -171,7 +171,7 @@ static int load_config(Config *c, int argc, char **argv, Err *err) {
     free(flag_table.flags);
     if (rc) return -1;
     if (fill_defaults(c, err) || check_config(c, err)) return -1;
-    astraid.slurm = !strcmp(c->executor, "slurm");
+    astraid.executor = !strcmp(c->executor, "slurm") ? &SLURM_EXECUTOR : &LOCAL_EXECUTOR;
     return 0;
 }
 
@@ -207,7 +207,7 @@ static void on_stop_signal(uv_signal_t *h, int signum) {
         server_close_listeners();
     }
     for (Job *j = astraid.jobs; j; j = j->next)
-        if (j->run) runner_stop(j, STOP_SHUTDOWN);
+        if (job_has_run(j)) astraid.executor->stop(j, STOP_SHUTDOWN); // slurm: kept running
     daemon_maybe_finish();
 }
 
@@ -261,7 +261,7 @@ static int start(Err *err) {
     uv_signal_start(&sig_term, on_stop_signal, SIGTERM);
     uv_signal_start(&sig_int, on_stop_signal, SIGINT);
     progress_reader_start();
-    if (astraid.slurm) slurm_init();
+    if (astraid.executor->init) astraid.executor->init();
     scheduler_kick();
     return 0;
 }
