@@ -8,7 +8,9 @@
 //   dispatch.c        the JSON-RPC methods
 //   http.c            the HTTP listener (--http): the web page, /metrics, /api, off the loop
 //   metrics.c         the Prometheus text of /metrics, the request counters
-//   jobs.c            jobs and their state machine (DESIGN §5), ids, log rings
+//   jobs.c            jobs and their state machine (DESIGN §5), ids
+//   job_log.c         a job's output lines: the ring of a live job, a final one's files
+//   job_json.c        the JOB object, its text kept until a value it shows changes
 //   job_paths.c       a job's directories: resolved, checked, never two live jobs' the same
 //   history.c         finished jobs: rm, retention (--keep-finished)
 //   scheduler.c       devices (CPU slots or GPUs) and the queue
@@ -218,13 +220,20 @@ void job_set_state(Job *j, JobState s);
 // state, and watchers hear of it, once written. Verbs planned on j before are planned again.
 void job_save(Job *j);
 int job_is_final(JobState s); // completed, failed, cancelled
+// ---- job_log.c
 void job_add_log(Job *j, int rank, const char *text, size_t len);
+void job_drop_log(Job *j); // its ring (a final job's lines are in its files)
 // The last `tail` output lines of `rank` (a JSON array of strings): from the ring while
 // the job has one, else read back from its run<N>-rank<R>.log files.
 cJSON *job_log_tail(const Job *j, int rank, long tail);
+// ---- job_json.c
 // The JOB object as a raw node (its text): printed again only when a value it shows changed;
 // what replies, pushes and the HTTP snapshot send.
 cJSON *job_to_raw_json(const Job *j);
+JobText *job_text_new(void);    // NULL when out of memory (the text is then printed each time)
+void job_text_free(JobText *t); // NULL: nothing
+void job_text_cache_free(void); // at exit
+// ---- jobs.c
 int job_run_dir(const Job *j, char *out, size_t cap);
 // out = run_dir/run<run>-rank<rank>.log, the output of one rank of one run; -1 when it does
 // not fit in cap bytes.
