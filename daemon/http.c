@@ -51,6 +51,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <sys/ioctl.h>
 #include <sys/socket.h>
 #include <time.h>
 
@@ -348,14 +349,22 @@ static void peer_key(const struct sockaddr *a, unsigned char key[16]) {
     }
 }
 
+// Whether bytes c sent are in its socket, not yet read: it waits on astraid, not on its
+// client (a request sent at once, while a loaded machine has not run our thread yet).
+static int has_unread(const Client *c) {
+    int n = 0;
+    return ioctl(c->fd, FIONREAD, &n) == 0 && n > 0;
+}
+
 // Under clients_mu: closes the oldest connection waiting for its request (of peer; of any
-// peer when NULL). 0 when none waits.
+// peer when NULL), one whose bytes we have not read being no candidate (else a flood of new
+// connections would close a probe whose request sits unread). 0 when none waits.
 static int evict_oldest(const unsigned char *peer) {
     Client *oldest = NULL;
     for (unsigned i = 0; i < HTTP_CONNECTIONS; i++) {
         Client *c = &clients[i];
         if (c->state == CLIENT_WAITING && (!peer || !memcmp(c->peer, peer, sizeof c->peer)) &&
-            (!oldest || c->since < oldest->since))
+            (!oldest || c->since < oldest->since) && !has_unread(c))
             oldest = c;
     }
     if (oldest) client_close(oldest);
