@@ -227,7 +227,7 @@ def log_tail(path, n=3000):
 
 
 def param_shapes(cfg):
-    """{AstrAI name: shape} (DESIGN §7 keys; no qk-norm, no gate, as CONFIGS)."""
+    """{AstrAI name: shape} (docs/design.md §7 keys; no qk-norm, no gate, as CONFIGS)."""
     C, V, FF = cfg["hidden_size"], cfg["vocab_size"], cfg["intermediate_size"]
     KV = cfg["num_key_value_heads"] * (C // cfg["num_attention_heads"])
     shapes = {"embed_tokens.weight": (V, C), "norm.weight": (C,)}
@@ -438,7 +438,7 @@ def torch_worker(args):
     def ones(n):
         return torch.ones(n, device=dev, requires_grad=True)
 
-    out_std = 0.02 / math.sqrt(2 * L)  # DESIGN §7 init
+    out_std = 0.02 / math.sqrt(2 * L)  # docs/design.md §7 init
     embed, norm, head = weight(V, C), ones(C), weight(V, C)
     layers = [(ones(C), weight(C, C), weight(KVH * D, C), weight(KVH * D, C),
                weight(C, C, std=out_std), ones(C), weight(FF, C), weight(FF, C),

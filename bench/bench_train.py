@@ -218,7 +218,8 @@ def run_peer(args, root, model_dir, data_dir):
 
 
 def cosine_lr(step, total):
-    """astrai-train's default schedule (DESIGN §8: cosine with warmup), so the steps match."""
+    """astrai-train's default schedule (docs/design.md §8: cosine with warmup), so the steps
+    match."""
     w = int(WARMUP_RATIO * total)
     if step < w:
         return MAX_LR * max(MIN_RATE, step / max(w, 1))

@@ -1,4 +1,4 @@
-// checkpoint.h: atomic checkpoint directories (DESIGN §6).
+// checkpoint.h: atomic checkpoint directories (docs/design.md §6).
 //
 //   ckpt_dir/epoch_E_step_S/{meta.json, config.json, model.safetensors, ...}
 //

@@ -1,4 +1,4 @@
-// meta.h: meta.json of a checkpoint directory (DESIGN §6).
+// meta.h: meta.json of a checkpoint directory (docs/design.md §6).
 //
 // AstrAI writes {"epoch", "consumed_samples", "timestamp", ...the training
 // config keys...} (astrai/serialization/checkpoint.py). We add "step", the

@@ -1,4 +1,4 @@
-// comm.h: collectives between the ranks of one job (DESIGN §9).
+// comm.h: collectives between the ranks of one job (docs/design.md §9).
 //
 // One interface, two backends: `shm` (CPU ranks on one host, process-shared
 // memory: each rank reduces its slice of the buffer, then every rank gathers
@@ -15,8 +15,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "common/error.h"
 #include "common/dtype.h"
+#include "common/error.h"
 
 typedef enum { COMM_SUM, COMM_AVG } CommOp;
 

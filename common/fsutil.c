@@ -1,4 +1,4 @@
-// fsutil.c: file helpers with the crash-safety rules of DESIGN §6 (write,
+// fsutil.c: file helpers with the crash-safety rules of docs/design.md §6 (write,
 // fsync, rename, fsync the directory).
 #include "common/fsutil.h"
 

@@ -1,4 +1,4 @@
-// fsutil.h: file helpers with the crash-safety rules of DESIGN §6.
+// fsutil.h: file helpers with the crash-safety rules of docs/design.md §6.
 #pragma once
 #include <stddef.h>
 #include <sys/stat.h>

@@ -1,4 +1,4 @@
-// daemon.h: astraid, the training service (DESIGN §1, §3, §5, §6). One file per
+// daemon.h: astraid, the training service (docs/design.md §1, §3, §5, §6). One file per
 // subsystem, sharing the one daemon state `astraid` (as Redis shares `server`):
 //
 //   tools/astraid/main.c  main(): flags, startup, shutdown
@@ -8,7 +8,7 @@
 //   dispatch.c        the JSON-RPC methods
 //   http.c            the HTTP listener (--http): the web page, /metrics, /api, off the loop
 //   metrics.c         the Prometheus text of /metrics, the request counters
-//   jobs.c            jobs and their state machine (DESIGN §5), ids
+//   jobs.c            jobs and their state machine (docs/design.md §5), ids
 //   job_log.c         a job's output lines: the ring of a live job, a final one's files
 //   job_json.c        the JOB object, its text kept until a value it shows changes
 //   job_paths.c       a job's directories: resolved, checked, never two live jobs' the same
@@ -209,7 +209,7 @@ cJSON *jobs_unknown_dirs(void); // daemon.info "unknown_job_dirs"
 // the bad key; err->resource when the daemon failed: its state directory), else 0 with its
 // id in *id, and done once its row committed (then it is queued) or could not be.
 int jobs_submit(const cJSON *spec, long uid, ChangeDone done, void *arg, long *id, Err *err);
-// The verbs of DESIGN §5: -1 with *code (RPC_BAD_STATE, ...) and err on refusal; else 0,
+// The verbs of docs/design.md §5: -1 with *code (RPC_BAD_STATE, ...) and err on refusal; else 0,
 // and done once the change is written and made (a reply waits for it).
 int job_pause(Job *j, ChangeDone done, void *arg, int *code, Err *err);
 int job_resume(Job *j, ChangeDone done, void *arg, int *code, Err *err);

@@ -1,4 +1,4 @@
-// dispatch.c: the methods of the control protocol (DESIGN §3, docs/protocol.md).
+// dispatch.c: the methods of the control protocol (docs/design.md §3, docs/protocol.md).
 // Each handler returns a result (a cJSON tree) or fills code and err; the reply is
 // written by dispatch_line. Requests without an id (notifications) get no reply.
 // A request that changes state (submit, pause, resume, cancel, rm) is answered once its

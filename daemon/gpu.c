@@ -1,4 +1,4 @@
-// gpu.c: the GPUs as NVML sees them (DESIGN §1): how many, their names, memory and
+// gpu.c: the GPUs as NVML sees them (docs/design.md §1): how many, their names, memory and
 // utilisation, and the memory each process uses on each.
 //
 // NVML is loaded with dlopen("libnvidia-ml.so.1"), so astraid starts on machines

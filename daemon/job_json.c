@@ -112,7 +112,7 @@ static void out_metric(Out *o, cJSON *obj, const char *key, double v, int known)
     out_number(o, obj, key, v, known && isfinite(v));
 }
 
-// The JOB object of DESIGN §3 / docs/protocol.md.
+// The JOB object of docs/design.md §3 / docs/protocol.md.
 static void describe(const Job *j, Out *o, cJSON *obj) {
     out_number(o, obj, "id", (double)j->id, 1);
     out_string(o, obj, "name", j->name);

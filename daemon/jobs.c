@@ -1,4 +1,4 @@
-// jobs.c: jobs and their state machine (DESIGN §5).
+// jobs.c: jobs and their state machine (docs/design.md §5).
 //
 //   queued → starting → running → (pausing → paused) → completed | failed | cancelled
 //   interrupted: astraid stopped under the job; it is queued again at the next start.

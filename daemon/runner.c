@@ -1,4 +1,4 @@
-// runner.c: the ranks of one run of a job (DESIGN §5).
+// runner.c: the ranks of one run of a job (docs/design.md §5).
 //
 // Each rank is astrai-train started with uv_spawn in its own session and process
 // group (UV_PROCESS_DETACHED), with the environment of a local launch

@@ -1,7 +1,7 @@
 // scheduler.c: the devices astraid hands out and the queue of jobs waiting for them.
 //
 // Devices are CPU slots (one per core unless --devices says otherwise) or GPUs, by
-// default the ones NVML finds (gpu.c; astraid never initialises CUDA itself, DESIGN
+// default the ones NVML finds (gpu.c; astraid never initialises CUDA itself, docs/design.md
 // §1). A GPU's id is its NVML index. A job needs n_devices of them (or the ones its
 // spec names); queued jobs start in order of priority, then submission (FIFO), on
 // disjoint devices. The head of the queue is never overtaken

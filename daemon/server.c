@@ -1,4 +1,4 @@
-// server.c: the control sockets of astraid (DESIGN §3, docs/protocol.md).
+// server.c: the control sockets of astraid (docs/design.md §3, docs/protocol.md).
 //
 // A unix stream socket (bound here, or passed by systemd socket activation) and
 // optionally TCP. Each connection splits its bytes into lines (proto/rpc.h
@@ -109,7 +109,7 @@ int conn_set_authed(Conn *c) {
     return 0;
 }
 
-// Constant time in the token's content (DESIGN §3).
+// Constant time in the token's content (docs/design.md §3).
 int server_check_token(const char *given) {
     size_t n = strlen(given);
     unsigned char diff = (unsigned char)(n != token_len);

@@ -1,4 +1,4 @@
-// slurm.c: the slurm executor (--executor slurm, DESIGN §12, docs/slurm.md).
+// slurm.c: the slurm executor (--executor slurm, docs/design.md §12, docs/slurm.md).
 //
 // A run of a job is one Slurm batch job: run_dir/run<N>.sbatch, a script that sruns
 // astrai-train (one task per rank; the ranks start from SLURM_* variables and meet at

@@ -1,4 +1,4 @@
-// state.c: the daemon database, state_dir/astraid.db (DESIGN §6), written only by
+// state.c: the daemon database, state_dir/astraid.db (docs/design.md §6), written only by
 // astraid: jobs (one row each, rewritten on every change), runs (one row per
 // attempt, with the pids of its ranks) and events (an append-only history). WAL,
 // busy_timeout, and BEGIN IMMEDIATE around every write; the writes are made off the

@@ -1,4 +1,4 @@
-// dataset.c: AstrAI "bin" datasets (DESIGN §8): find root/**/meta.json,
+// dataset.c: AstrAI "bin" datasets (docs/design.md §8): find root/**/meta.json,
 // validate every shard, concatenate each key in sorted shard-path order, and
 // cut the token stream into (window, stride) windows exactly as AstrAI's
 // Store.sample_window does.

@@ -1,4 +1,4 @@
-// dataset.h: AstrAI "bin" datasets and their windows (DESIGN §8).
+// dataset.h: AstrAI "bin" datasets and their windows (docs/design.md §8).
 //
 // root/**/meta.json describe shards; each key (sequence, loss_mask,
 // position_ids) is a little-endian int32 array file <key>.bin with meta.json

@@ -1,4 +1,4 @@
-// sampler.c: the resumable distributed sampler (AstrAI RDSampler, DESIGN §8).
+// sampler.c: the resumable distributed sampler (AstrAI RDSampler, docs/design.md §8).
 // torch.randperm cannot be reproduced outside torch, so the permutation is our
 // own, specified in docs/sampler.md and re-implemented in tests/ref/sampler.py:
 // Fisher-Yates driven by splitmix64, with an unbiased bounded draw.

@@ -1,4 +1,4 @@
-// sampler.h: the resumable distributed sampler (AstrAI RDSampler, DESIGN §8).
+// sampler.h: the resumable distributed sampler (AstrAI RDSampler, docs/design.md §8).
 //
 // Epoch e's order is a permutation of 0..n-1 seeded with seed+e (shuffle) or the
 // identity, padded by repeating its head to a multiple of world_size, and

@@ -1,4 +1,4 @@
-// shard_writer.h: writes one shard directory (DESIGN §8, docs/data.md): dir/meta.json
+// shard_writer.h: writes one shard directory (docs/design.md §8, docs/data.md): dir/meta.json
 // {"<key>": {"shape": [n], "dtype": "int32"|"float32"}, ...} and one little-endian file
 // dir/<key>.bin per key. AstrAI's token shards have int32 keys all of one length; record shards
 // (data/records.h) have keys of their own lengths, a float32 key and header members.

@@ -1,4 +1,4 @@
-// backend.h: the numerics of the model and the optimizer (DESIGN §7, §8, §10) behind
+// backend.h: the numerics of the model and the optimizer (docs/design.md §7, §8, §10) behind
 // function pointers, and the memory they work on.
 //
 // engine/model.c and engine/optim.c orchestrate and call only these ops, so the CPU
@@ -27,8 +27,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "common/error.h"
 #include "common/dtype.h"
+#include "common/error.h"
 
 // The scalars of one AdamW update, computed on the host (torch.optim.AdamW, single tensor):
 // w = w*decay; m = m*beta1 + g*one_minus_beta1; v = v*beta2 + g*g*one_minus_beta2;
@@ -153,10 +153,10 @@ struct Backend {
     void (*loss_mean_add)(double *acc, const float *loss, int N, int counted);
 
     // ---------------------------------------------------------------- preference losses
-    // DESIGN §8, AstrAI's DPOStrategy and GRPOStrategy, over per-token negative log-likelihoods
-    // (cross_entropy_fwd's loss without smoothing: nll[n] = -log p(target n), 0 on tokens not
-    // counted). Each adds its loss to acc[0] and two metrics to acc[2], acc[3], and writes
-    // scale: (rows*T) = loss_scale * d loss / d nll[n], the row_scale of cross_entropy_bwd.
+    // docs/design.md §8, AstrAI's DPOStrategy and GRPOStrategy, over per-token negative
+    // log-likelihoods (cross_entropy_fwd's loss without smoothing: nll[n] = -log p(target n), 0 on
+    // tokens not counted). Each adds its loss to acc[0] and two metrics to acc[2], acc[3], and
+    // writes scale: (rows*T) = loss_scale * d loss / d nll[n], the row_scale of cross_entropy_bwd.
     //
     // DPO over P pairs, rows of T tokens: [0,P) chosen, [P,2P) rejected. A row's log-prob is
     // minus the sum of its nll; Δ_p = (π_c - π_r) - (ref_c - ref_r) (ref: from ref_nll);

@@ -1,4 +1,4 @@
-// config.c: config.json of an AstrAI autoregressive_lm (DESIGN §7) <-> ModelConfig.
+// config.c: config.json of an AstrAI autoregressive_lm (docs/design.md §7) <-> ModelConfig.
 #include "engine/config.h"
 
 #include <cjson/cJSON.h>

@@ -1,4 +1,4 @@
-// config.h: the model config (config.json of an AstrAI `autoregressive_lm`), DESIGN §7.
+// config.h: the model config (config.json of an AstrAI `autoregressive_lm`), docs/design.md §7.
 #pragma once
 #include <stdbool.h>
 

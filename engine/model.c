@@ -1,4 +1,4 @@
-// model.c: the AstrAI autoregressive LM (DESIGN §7): parameter table, init, load/save,
+// model.c: the AstrAI autoregressive LM (docs/design.md §7): parameter table, init, load/save,
 // forward with loss and backward, orchestrated over the ops of engine/backend.h.
 //
 // Layout tricks that keep the big matmuls big (one GEMM over all B*T rows):

@@ -1,4 +1,4 @@
-// model.h: the AstrAI autoregressive LM (DESIGN §7): parameters, forward, backward.
+// model.h: the AstrAI autoregressive LM (docs/design.md §7): parameters, forward, backward.
 //
 // Parameters live in flat buffers described by a table of named tensors in AstrAI key
 // order: fp32 master weights (what the optimizer updates and checkpoints hold), the
@@ -154,4 +154,3 @@ void model_zero_grad(Model *m);
 // (zeroed). With an fp32 compute dtype MODEL_WEIGHTS and MODEL_MASTER are one buffer.
 int model_acquire(Model *m, int which, Err *err);
 void model_release(Model *m, int which);
-

@@ -1,5 +1,5 @@
 // optim.c: AdamW and AstrAI's MuonMix over a parameter view, gradient clipping, and the
-// optimizer state as safetensors (DESIGN §8). The arithmetic is the backend's (adamw,
+// optimizer state as safetensors (docs/design.md §8). The arithmetic is the backend's (adamw,
 // muon, scale ops: engine/cpu/optim.c, engine/cuda/optim.cu); this file owns which
 // tensor gets which update with which scalars, and the state files.
 //

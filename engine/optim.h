@@ -1,5 +1,5 @@
 // optim.h: optimizers over a parameter view (engine/model.h ParamView: a table of
-// tensors over flat fp32 master/gradient buffers of a backend) (DESIGN §8).
+// tensors over flat fp32 master/gradient buffers of a backend) (docs/design.md §8).
 //
 // adamw: torch.optim.AdamW on every parameter (betas 0.9/0.95, eps 1e-8, bias
 //        correction, decoupled weight decay `weight_decay`).

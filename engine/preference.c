@@ -63,7 +63,7 @@ int pref_loss(PrefLoss *p, Model *m, int rows, int T, const float *advantages, f
     }
     if (!(token_norm > 0)) return err_set(err, "grpo: the batch has no response token");
     be->upload(p->adv, advantages, (size_t)rows * sizeof(float));
-    // Offline: the behaviour policy is the frozen reference (DESIGN §8).
+    // Offline: the behaviour policy is the frozen reference (docs/design.md §8).
     be->grpo_loss(m->stats, p->scale, nll, p->ref_nll, p->ref_nll, p->adv, model_token_mask(m),
                   rows, T, token_norm, p->clip_eps, p->kl_coef, loss_scale);
     return 0;

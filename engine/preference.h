@@ -1,4 +1,4 @@
-// preference.h: offline DPO and GRPO (DESIGN §8; AstrAI's DPOStrategy and GRPOStrategy) on
+// preference.h: offline DPO and GRPO (docs/design.md §8; AstrAI's DPOStrategy and GRPOStrategy) on
 // top of the model's per-token losses.
 //
 // A micro-step runs the batch twice: first with the frozen reference weights (forward only;

@@ -1,4 +1,4 @@
-// schedule.h: learning-rate schedules of AstrAI (DESIGN §8), as a factor of max_lr.
+// schedule.h: learning-rate schedules of AstrAI (docs/design.md §8), as a factor of max_lr.
 #pragma once
 #include "common/error.h"
 

@@ -1,4 +1,4 @@
-// job_spec.h: the job spec of astraid (DESIGN §4): the astrai-train keys of
+// job_spec.h: the job spec of astraid (docs/design.md §4): the astrai-train keys of
 // proto/train_spec.h plus the job keys below. One validator for astraictl (client
 // side), astraid (on submit) and astrai-train.
 //
@@ -24,8 +24,8 @@ typedef struct {
     char *name;        // NULL when not given
     long max_restarts; // -1 when not given
     long priority;
-    long n_devices;   // devices asked for (= train.nprocs unless given)
-    long *device_ids; // the n_devices ids when devices is a list, else NULL
+    long n_devices;     // devices asked for (= train.nprocs unless given)
+    long *device_ids;   // the n_devices ids when devices is a list, else NULL
     long nodes;         // 0 when not given
     long gpus_per_node; // 0 when not given
 } JobSpec;

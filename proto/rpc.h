@@ -1,4 +1,4 @@
-// rpc.h: the wire protocol of astraid (DESIGN §3): newline-delimited JSON-RPC 2.0
+// rpc.h: the wire protocol of astraid (docs/design.md §3): newline-delimited JSON-RPC 2.0
 // over a Unix stream socket (and optionally TCP).
 //
 //   request:  {"jsonrpc":"2.0","id":7,"method":"submit","params":{...}}\n

@@ -1,5 +1,5 @@
 // train_spec.h: the training spec — every astrai-train flag, which is also a key of
-// a job's JSON spec (DESIGN §4). One table describes each key's type, default and
+// a job's JSON spec (docs/design.md §4). One table describes each key's type, default and
 // valid range; the same validator serves command lines (astrai-train) and JSON
 // objects (astraictl, astraid).
 #pragma once

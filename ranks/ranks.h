@@ -1,4 +1,4 @@
-// ranks.h: running the N ranks of one job on this host and supervising them (DESIGN §5).
+// ranks.h: running the N ranks of one job on this host and supervising them (docs/design.md §5).
 //
 // Two supervisors start ranks: astrai-train's local launcher (train/launch.c: fork and
 // exec, blocking on sigtimedwait) and astraid's runner (daemon/runner.c: uv_spawn, pipes, the

@@ -1,5 +1,5 @@
 // test_dataset.c: bin shards (written by shard_writer and by hand), their
-// validation errors, vocabulary checks and the windows of DESIGN §8.
+// validation errors, vocabulary checks and the windows of docs/design.md §8.
 #include <dirent.h>
 #include <inttypes.h>
 #include <stdio.h>

@@ -1,4 +1,4 @@
-// test_sampler.c: the RDSampler semantics (DESIGN §8, docs/sampler.md).
+// test_sampler.c: the RDSampler semantics (docs/design.md §8, docs/sampler.md).
 // With arguments it prints orders for tests/test_astrai_data.py, which checks
 // them against tests/ref/sampler.py:
 //   test_sampler perm N SEED SHUFFLE                  -> the epoch permutation

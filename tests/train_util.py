@@ -102,7 +102,7 @@ def latest_checkpoint(ckpt_dir):
 
 
 def windows(tokens, window, stride):
-    """DESIGN §8 windowing: (inputs, targets) per sample index."""
+    """docs/design.md §8 windowing: (inputs, targets) per sample index."""
     T = len(tokens)
     n = (T - 1 - window) // stride + 1 if T > window else 0
     out = []
@@ -114,7 +114,7 @@ def windows(tokens, window, stride):
 
 
 def cosine_factor(t, total, warmup_ratio, min_rate):
-    """DESIGN §8 cosine schedule, written from the formula."""
+    """docs/design.md §8 cosine schedule, written from the formula."""
     W = int(warmup_ratio * total)
     if t < W:
         return max(min_rate, t / max(W, 1))

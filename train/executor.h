@@ -1,5 +1,5 @@
-// executor.h: how the ranks of a job share the work (DESIGN §9). The executor is the one owner
-// of what differs between the parallel modes: which weights and gradients a rank holds, how
+// executor.h: how the ranks of a job share the work (docs/design.md §9). The executor is the one
+// owner of what differs between the parallel modes: which weights and gradients a rank holds, how
 // gradients are zeroed and reduced, the global gradient norm, what evaluation and checkpoints
 // gather, and the buffers all of that needs. The trainer calls the executor_* functions below
 // at fixed points of its loop (llm.c's order: forward, backward, norm, clip, step, zero) and

@@ -168,7 +168,7 @@ static int master_from_env(LaunchInfo *li, const LaunchFlags *flags, Err *err) {
     return 0;
 }
 
-// A rank must not outlive its parent (DESIGN §5): SIGTERM when it dies, and an
+// A rank must not outlive its parent (docs/design.md §5): SIGTERM when it dies, and an
 // error now if it died before PDEATHSIG was armed.
 static int guard_parent(pid_t expected, const char *who, Err *err) {
     prctl(PR_SET_PDEATHSIG, SIGTERM);

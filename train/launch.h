@@ -1,5 +1,5 @@
 // launch.h: how this astrai-train process came to be, and the launcher of local
-// ranks (DESIGN §1, §5, §9).
+// ranks (docs/design.md §1, §5, §9).
 //
 // Three ways to run:
 //  - single:       no rank variables and nprocs == 1: one process is the whole job.

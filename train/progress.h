@@ -1,4 +1,4 @@
-// progress.h: what a run reports while it trains (DESIGN §6).
+// progress.h: what a run reports while it trains (docs/design.md §6).
 //
 // - The progress database `progress.db` (sqlite, WAL, one per job, written only
 //   by rank 0): one row per optimizer step and one per checkpoint. Readers

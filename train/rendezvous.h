@@ -1,5 +1,5 @@
 // rendezvous.h: the meeting of the ranks of one job before the collectives exist
-// (DESIGN §9). Rank 0 listens on a TCP port; every other rank connects (retrying
+// (docs/design.md §9). Rank 0 listens on a TCP port; every other rank connects (retrying
 // while nobody listens yet) and says who it is: protocol version, rank, world size,
 // payload size. Rank 0 checks that they agree (same WORLD_SIZE, distinct ranks) and
 // hands every rank the same payload (the shm segment name, the ncclUniqueId). Every

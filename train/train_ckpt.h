@@ -1,4 +1,4 @@
-// train_ckpt.h: a run's checkpoint (DESIGN §6) — everything --resume needs to
+// train_ckpt.h: a run's checkpoint (docs/design.md §6) — everything --resume needs to
 // continue bit-for-bit:
 //   meta.json              epoch, consumed_samples, step, timestamp, the training spec
 //   config.json            model config

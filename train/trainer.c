@@ -249,9 +249,9 @@ typedef struct {
     double reward_sum; // GRPO: the sum of its micro-batches' mean rewards
 } StepClock;
 
-// Summed over ranks at a step boundary: the step's losses, the requests (DESIGN §5): a request
-// that reached any rank applies to all, so they stop or checkpoint at the same step; and the
-// executor's slot, where it sums the squared norms of the gradients (executor_agree_step).
+// Summed over ranks at a step boundary: the step's losses, the requests (docs/design.md §5): a
+// request that reached any rank applies to all, so they stop or checkpoint at the same step; and
+// the executor's slot, where it sums the squared norms of the gradients (executor_agree_step).
 // DPO/GRPO add their metrics: two from the model's stats and GRPO's mean reward.
 enum {
     AGREE_LOSS,

@@ -1,4 +1,4 @@
-// trainer.h: the training loop of one rank (DESIGN §8): micro-batches, gradient
+// trainer.h: the training loop of one rank (docs/design.md §8): micro-batches, gradient
 // accumulation, clipping, optimizer and scheduler steps, progress, checkpoints,
 // resume. The parallel mode is the executor's (train/executor.h); the loop is the same
 // for all of them.

@@ -1,4 +1,4 @@
-"""model.py: an independent fp32 PyTorch implementation of the AstrAI LM (DESIGN §7).
+"""model.py: an independent fp32 PyTorch implementation of the AstrAI LM (docs/design.md §7).
 
 Straightforward on purpose (explicit (T,T) masks, no fusion): it is the reference the C
 engine is checked against.

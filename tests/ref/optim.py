@@ -1,4 +1,5 @@
-"""PyTorch reference of astrai's optimizers and gradient clipping (engine/optim.c, DESIGN §8).
+"""PyTorch reference of astrai's optimizers and gradient clipping (engine/optim.c,
+docs/design.md §8).
 
 - adamw: torch.optim.AdamW itself (betas 0.9/0.95, eps 1e-8, decoupled weight decay on every
   parameter).

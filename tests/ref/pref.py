@@ -1,4 +1,4 @@
-"""pref.py: PyTorch reference of astrai's offline DPO and GRPO (DESIGN §8), written in the
+"""pref.py: PyTorch reference of astrai's offline DPO and GRPO (docs/design.md §8), written in the
 structure of AstrAI's DPOStrategy, GRPOStrategy and get_logprobs (astrai/trainer/strategy.py).
 
 Records are token lists: DPO (prompt, chosen, rejected); GRPO (prompt, [responses], [rewards]).

@@ -371,7 +371,7 @@ typedef struct {
 } Stats;
 
 // A document starts at t = 0 and wherever position_ids[t] <= position_ids[t-1]
-// (the SFT packing rule of DESIGN §7).
+// (the SFT packing rule of docs/design.md §7).
 static Stats dataset_stats(const Dataset *d, int64_t window, int64_t stride) {
     Stats st = {.documents = -1, .loss_tokens = -1, .window = window, .stride = stride};
     for (int64_t t = 0; t < d->n_tokens; t++) {

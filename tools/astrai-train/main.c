@@ -1,4 +1,4 @@
-// astrai-train: one training run with AstrAI's train.py flags (DESIGN §1, §8).
+// astrai-train: one training run with AstrAI's train.py flags (docs/design.md §1, §8).
 //
 // Exit codes (every rank, and the launcher of --nprocs ranks): 0 the run reached its end (all
 // epochs, or --max_steps); 1 failure (while training, or for want of a resource: memory, a
