@@ -25,7 +25,8 @@
 // never reaches an fd reused by a newer connection. At most HTTP_ADMITTED connections are
 // served at once and HTTP_PEER_CONNECTIONS of one peer (an IPv4 address, an IPv6 /64): a new
 // one past either cap makes room by closing the oldest waiting connection (of that peer, or
-// of all), and is refused (closed at once) only when every one counted is being answered.
+// of all) whose socket holds no unread bytes, and is refused (closed at once) only when none
+// counted can be closed so.
 // So a client that sends its request at once is served whatever slow clients hold: it is the
 // newest waiting one while its request arrives. That matters on loopback, where every peer,
 // a local attacker included, is 127.0.0.1 and shares one cap. The HTTP_CONNECTIONS -
