@@ -34,6 +34,7 @@
 #include "ckpt/checkpoint.h"
 #include "common/buf.h"
 #include "common/fsutil.h"
+#include "common/json.h"
 #include "common/path.h"
 #include "daemon/daemon.h"
 #include "proto/job_spec.h"
@@ -296,7 +297,8 @@ static int set_ckpt_dir(Job *j, Err *err) {
     }
     snprintf(dir, sizeof dir, "%s/checkpoints", run_dir);
     j->ckpt_dir = strdup(dir);
-    cJSON_AddStringToObject(j->spec, "ckpt_dir", dir);
+    if (!cJSON_AddStringToObject(j->spec, "ckpt_dir", dir))
+        return err_resource(err, "ckpt_dir: out of memory");
     return 0;
 }
 
@@ -375,16 +377,17 @@ int jobs_submit(const cJSON *spec, long uid, ChangeDone done, void *arg, long *i
     Job *j = NULL;
     if (!check_absolute(spec, err) && !check_devices(&js, spec, err)) {
         j = job_new(&js, spec, uid);
-        if (!j) err_set(err, "out of memory");
+        if (!j) err_resource(err, "out of memory for a new job");
     }
+    int lost_ids = j && js.device_ids && !j->want_ids;
     job_spec_free(&js);
     if (!j) return -1;
     Submit *s = NULL;
-    if (!j->name || !j->spec || set_ckpt_dir(j, err) || !j->ckpt_dir || job_paths_check(j, err) ||
-        !(s = malloc(sizeof *s)) || make_run_dir(j, err) ||
+    if (!j->name || !j->spec || lost_ids || set_ckpt_dir(j, err) || !j->ckpt_dir ||
+        job_paths_check(j, err) || !(s = malloc(sizeof *s)) || make_run_dir(j, err) ||
         (astraid.slurm ? slurm_check_submit(j, submit_checked, s, err)
                        : state_save_job(j, submit_written, s, err))) {
-        if (!*err->msg) err_resource(err, "out of memory");
+        if (!*err->msg) err_resource(err, "out of memory for job %ld", j->id);
         drop_run_dir(j);
         job_free(j);
         free(s);
@@ -1099,8 +1102,10 @@ cJSON *job_to_raw_json(const Job *j) {
     if (t && !o.failed && t->json && t->key.len == key->len &&
         !memcmp(t->key.data, key->data, key->len))
         return cJSON_CreateRaw(t->json);
+    unsigned long failures = json_failures();
     cJSON *tree = job_to_json(j);
-    char *json = tree ? cJSON_PrintUnformatted(tree) : NULL;
+    // A tree that lost a member for want of memory is no JOB: neither answered nor kept.
+    char *json = tree && json_failures() == failures ? cJSON_PrintUnformatted(tree) : NULL;
     cJSON_Delete(tree);
     cJSON *raw = json ? cJSON_CreateRaw(json) : NULL;
     if (t) { // kept with its key when there is memory for both, else printed again next time

@@ -126,10 +126,11 @@ static int device_index(int id) {
 }
 
 // Takes j's devices if they are free: the ones its spec names, else the first free ones.
-static int devices_take(Job *j) {
+// 1 taken, 0 busy, -1 out of memory (err).
+static int devices_take(Job *j, Err *err) {
     Devices *d = &astraid.devices;
     int *pick = calloc((size_t)j->n_devices, sizeof *pick), found = 0;
-    if (!pick) return 0;
+    if (!pick) return err_resource(err, "out of memory for the %ld device(s)", j->n_devices);
     for (int k = 0; k < j->n_devices && j->want_ids; k++) {
         int i = device_index(j->want_ids[k]);
         if (i >= 0 && !d->used[i]) pick[found++] = i;
@@ -202,9 +203,10 @@ void scheduler_kick(void) {
         double now = clock_mono_s(), earliest = 0;
         Job *j = queue_head(now, &earliest);
         arm_wake(earliest, now);
-        if (!j || (!astraid.slurm && !devices_take(j))) return; // Slurm allocates its own
         Err err = {0};
-        if (runner_start(j, &err)) {
+        int taken = !j ? 0 : astraid.slurm ? 1 : devices_take(j, &err); // Slurm allocates its own
+        if (!taken) return;
+        if (taken < 0 || runner_start(j, &err)) {
             devices_release(j);
             job_start_failed(j, &err); // queued again after a backoff, or failed
         }

@@ -14,6 +14,7 @@
 
 #include "comm/comm.h"
 #include "common/fsutil.h"
+#include "common/json.h"
 #include "engine/backend.h"
 #include "proto/train_spec.h"
 #include "worker/lib/launch.h"
@@ -95,7 +96,7 @@ static int connect_ranks(LaunchInfo *li, const TrainSpec *spec, const Backend *b
 // else 2.
 static int setup_failed(const Err *err) {
     if (trainer_stop_requested) return EXIT_INTERRUPTED;
-    return err->resource ? 1 : EXIT_BAD_INPUT;
+    return err_exit_status(err);
 }
 
 // One rank (or the single process) of the job. Exit codes as documented above.
@@ -132,7 +133,7 @@ static int run(const TrainSpec *spec, char **argv) {
     LaunchInfo *li = launch_info();
     if (launch_detect(li, spec->nprocs, &err)) {
         fprintf(stderr, "astrai-train: %s\n", err.msg);
-        return 2;
+        return err_exit_status(&err);
     }
     if (li->mode != LAUNCH_LOCAL_PARENT) {
         install_signals();
@@ -226,12 +227,12 @@ int main(int argc, char **argv) {
     TrainSpec spec;
     Err err = {0};
     bool help;
-    train_spec_defaults(&spec);
-    if (train_spec_parse_args(&spec, argc, argv, &help, &err) ||
+    json_init();
+    if (train_spec_defaults(&spec, &err) || train_spec_parse_args(&spec, argc, argv, &help, &err) ||
         (!help && (train_spec_validate(&spec, &err) || resolve_env(&spec, &err)))) {
         fprintf(stderr, "astrai-train: %s\n", err.msg);
         train_spec_free(&spec);
-        return 2;
+        return err_exit_status(&err);
     }
     if (help) {
         train_spec_print_help("astrai-train");
