@@ -120,7 +120,7 @@ static int time_shape(Shape s, double seconds, ShapeResult *r, Err *err) {
     float *a = malloc(na * sizeof *a), *w = malloc(nw * sizeof *w), *c = malloc(nc * sizeof *c);
     if (!a || !w || !c) {
         free(a), free(w), free(c);
-        return err_set(err, "out of memory for shape %d,%d,%d", s.m, s.n, s.k);
+        return err_resource(err, "out of memory for shape %d,%d,%d", s.m, s.n, s.k);
     }
     unsigned seed = 12345;
     fill_uniform(a, na, &seed);

@@ -8,6 +8,7 @@
 #include <time.h>
 
 #include "common/fsutil.h"
+#include "common/json.h"
 
 // Integers in JSON arrive as doubles: beyond 2^53 they are no longer exact.
 #define META_MAX_INT 9007199254740992.0
@@ -81,6 +82,7 @@ int meta_parse(CkptMeta *m, const char *json, const char *source, Err *err) {
     memset(m, 0, sizeof *m);
     const char *end = NULL;
     cJSON *root = cJSON_ParseWithOpts(json, &end, 1);
+    if (!root && json_out_of_memory()) return err_resource(err, "%s: out of memory", source);
     if (!root)
         return err_set(err, "%s: not valid JSON (near byte %zu)", source,
                        end ? (size_t)(end - json) : 0);

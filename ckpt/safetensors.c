@@ -16,6 +16,7 @@
 
 #include "common/buf.h"
 #include "common/fsutil.h"
+#include "common/json.h"
 
 // The Python implementation refuses headers above 100 MB; so do we.
 #define ST_MAX_HEADER_LEN 100000000ull
@@ -178,7 +179,7 @@ static int check_duplicates(const StFile *f, Err *err) {
 // No byte of the data area may belong to two tensors (empty tensors own no bytes).
 static int check_overlaps(const StFile *f, Err *err) {
     const StTensor **by_begin = malloc((size_t)f->n_tensors * sizeof *by_begin + 1);
-    if (!by_begin) return err_resource(err, "out of memory");
+    if (!by_begin) return err_resource(err, "out of memory sorting %d tensors", f->n_tensors);
     for (int i = 0; i < f->n_tensors; i++)
         by_begin[i] = &f->tensors[i];
     qsort(by_begin, (size_t)f->n_tensors, sizeof *by_begin, cmp_by_begin);
@@ -207,7 +208,7 @@ static int parse_tensors(StFile *f, const cJSON *root, Err *err) {
         if (strcmp(entry->string, "__metadata__") == 0) continue; // free-form strings: unused
         StTensor *t = &f->tensors[f->n_tensors];
         t->name = strdup(entry->string);
-        if (!t->name) return err_resource(err, "out of memory");
+        if (!t->name) return err_resource(err, "tensor '%s': out of memory", entry->string);
         f->n_tensors++;
         if (parse_entry(t, entry, f->data_len, err) != 0) return -1;
     }
@@ -235,6 +236,8 @@ static int check_prefix(const uint8_t *buf, size_t len, uint64_t *hlen, Err *err
 static int parse_header_json(const char *json, size_t n, cJSON **root, Err *err) {
     const char *end = NULL;
     *root = cJSON_ParseWithLengthOpts(json, n, &end, 0);
+    if (!*root && json_out_of_memory())
+        return err_resource(err, "out of memory parsing the %zu-byte header", n);
     if (!*root) {
         size_t at = end ? (size_t)(end - json) : 0;
         return err_set(err, "header is not valid JSON (near byte %zu of %zu)", at, n);

@@ -16,6 +16,7 @@
 #include "client/text.h"
 #include "common/buf.h"
 #include "common/fsutil.h"
+#include "common/json.h"
 #include "proto/job_spec.h"
 
 static int fail(int code, const Err *err) {
@@ -181,7 +182,7 @@ static int absolutize_paths(cJSON *spec, Err *err) {
         if (!cJSON_IsString(v) || v->valuestring[0] == '/') continue;
         size_t n = strlen(cwd) + strlen(v->valuestring) + 2;
         char *path = malloc(n);
-        if (!path) return err_set(err, "out of memory");
+        if (!path) return err_resource(err, "%s: out of memory", v->string);
         snprintf(path, n, "%s/%s", cwd, v->valuestring);
         cJSON_ReplaceItemInObjectCaseSensitive(spec, keys[i], cJSON_CreateString(path));
         free(path);
@@ -209,6 +210,7 @@ static int load_job_file(const char *path, cJSON **spec, Err *err) {
     }
     *spec = cJSON_ParseWithLength(text.data, text.len);
     buf_free(&text);
+    if (!*spec && json_out_of_memory()) return err_resource(err, "%s: out of memory", path);
     if (!*spec) return err_set(err, "%s: not valid JSON", path);
     JobSpec job;
     if (job_spec_parse(&job, *spec, err) || absolutize_paths(*spec, err)) {
@@ -487,7 +489,7 @@ static int fetch_history(Client *c, PlotData *p, size_t *got, Err *err) {
             if (v && buf_reserve(&p->points, &p->cap, p->n + 1, sizeof *p->points)) {
                 cJSON_Delete(row);
                 cJSON_Delete(result);
-                return err_set(err, "out of memory"), EXIT_DAEMON_ERROR;
+                return err_resource(err, "out of memory for the plot's points"), EXIT_DAEMON_ERROR;
             }
             if (v)
                 p->points[p->n++] =
@@ -536,7 +538,7 @@ typedef struct {
 // The chart on stdout: on a terminal over the one drawn before (cursor up, clear below).
 static int draw_text(const PlotSeries *s, PlotOut *out, Err *err) {
     char *text = plot_text(s, out->width, out->height, out->utf8);
-    if (!text) return err_set(err, "out of memory"), EXIT_DAEMON_ERROR;
+    if (!text) return err_resource(err, "out of memory drawing the plot"), EXIT_DAEMON_ERROR;
     if (out->tty && out->drawn) printf("\033[%dA\r\033[J", out->drawn);
     fputs(text, stdout);
     fflush(stdout);
@@ -549,7 +551,7 @@ static int draw_text(const PlotSeries *s, PlotOut *out, Err *err) {
 
 static int write_svg(const PlotSeries *s, const char *path, Err *err) {
     char *svg = plot_svg(s, SVG_WIDTH, SVG_HEIGHT);
-    if (!svg) return err_set(err, "out of memory"), EXIT_DAEMON_ERROR;
+    if (!svg) return err_resource(err, "%s: out of memory drawing the plot", path), EXIT_DAEMON_ERROR;
     int rc = fs_write_file_atomic(path, svg, strlen(svg), err);
     free(svg);
     return rc ? EXIT_DAEMON_ERROR : EXIT_OK;
@@ -621,7 +623,7 @@ static int cmd_plot(const char *name, char **args, const Options *o) {
     setlocale(LC_CTYPE, ""); // braille where the locale speaks UTF-8
     out.utf8 = !strcmp(nl_langinfo(CODESET), "UTF-8");
     if (o->json && !(p.rows = cJSON_CreateArray()))
-        return err_set(&err, "out of memory"), fail(EXIT_DAEMON_ERROR, &err);
+        return err_resource(&err, "out of memory for the plot's rows"), fail(EXIT_DAEMON_ERROR, &err);
     Client c;
     int rc = client_open(&c, o, &err);
     if (!rc) rc = plot_loop(&c, &p, &out, o, &err);

@@ -15,6 +15,7 @@
 #include "client/client.h"
 #include "client/text.h"
 #include "common/clock.h"
+#include "common/json.h"
 #include "common/socket_path.h"
 
 int client_socket_path(const Options *o, char *buf, size_t cap, Err *err) {
@@ -169,7 +170,8 @@ static int make_tree_safe(cJSON *v) {
 // message, printed as text, made safe), else all of it safe for a terminal.
 static int make_message_safe(const Client *c, cJSON *msg, Err *err) {
     cJSON *shown = c->raw ? cJSON_GetObjectItemCaseSensitive(msg, "error") : msg;
-    if (shown && make_tree_safe(shown)) return err_set(err, "out of memory"), EXIT_CONNECT;
+    if (shown && make_tree_safe(shown))
+        return err_resource(err, "out of memory reading astraid's reply"), EXIT_CONNECT;
     return EXIT_OK;
 }
 
@@ -195,6 +197,8 @@ static int read_message(Client *c, int timeout_ms, cJSON **msg, Err *err) {
                    EXIT_CONNECT;
         if (got == RPC_LINE_OK) {
             *msg = cJSON_ParseWithLength(line, len);
+            if (!*msg && json_out_of_memory())
+                return err_resource(err, "out of memory reading astraid's reply"), EXIT_CONNECT;
             if (!cJSON_IsObject(*msg)) {
                 cJSON_Delete(*msg);
                 return malformed(line, err);
@@ -218,7 +222,7 @@ static int read_message(Client *c, int timeout_ms, cJSON **msg, Err *err) {
             return err_set(err, "connection to astraid %s", r ? strerror(errno) : "closed"),
                    EXIT_CONNECT;
         if (rpc_reader_feed(&c->reader, buf, (size_t)r))
-            return err_set(err, "out of memory"), EXIT_CONNECT;
+            return err_resource(err, "out of memory reading astraid's reply"), EXIT_CONNECT;
     }
 }
 
@@ -246,7 +250,7 @@ static int take_result(cJSON *reply, cJSON **result, Err *err) {
 int client_call(Client *c, const char *method, cJSON *params, cJSON **result, Err *err) {
     *result = NULL;
     char *line = rpc_request(c->next_id++, method, params);
-    if (!line) return err_set(err, "out of memory"), EXIT_CONNECT;
+    if (!line) return err_resource(err, "%s: out of memory for the request", method), EXIT_CONNECT;
     int rc = send_all(c, line, err);
     free(line);
     while (!rc) {

@@ -45,7 +45,7 @@ int comm_create(Comm **out, const CommConfig *cfg, Err *err) {
     *out = NULL;
     if (check_config(cfg, err)) return -1;
     Comm *c = calloc(1, sizeof *c);
-    if (!c) return err_set(err, "comm: out of memory");
+    if (!c) return err_resource(err, "comm: out of memory");
     c->rank = cfg->rank;
     c->world = cfg->world_size;
     c->timeout_ms = cfg->timeout_ms;

@@ -355,7 +355,7 @@ int nccl_comm_init(Comm *c, const CommConfig *cfg, Err *err) {
                        "via the rendezvous)",
                        COMM_NCCL_ID_BYTES);
     Nccl *x = calloc(1, sizeof *x);
-    if (!x) return err_set(err, "out of memory");
+    if (!x) return err_resource(err, "nccl: out of memory");
     if (load_api(&x->api, err)) {
         unload_api(&x->api);
         free(x);

@@ -581,7 +581,7 @@ int shm_comm_init(Comm *c, const CommConfig *cfg, Err *err) {
     size_t chunk = cfg->shm_chunk_bytes ? cfg->shm_chunk_bytes : COMM_SHM_DEFAULT_CHUNK;
     if (check_shm_config(cfg, chunk, err)) return -1;
     Shm *s = calloc(1, sizeof *s);
-    if (!s) return err_set(err, "out of memory");
+    if (!s) return err_resource(err, "shm: out of memory");
     snprintf(s->name, sizeof s->name, "%s", cfg->shm_name);
     s->fd = -1;
     s->chunk_floats = chunk / sizeof(float);

@@ -30,10 +30,12 @@ int err_resource(Err *err, const char *fmt, ...) {
     return -1;
 }
 
-// The errnos that blame the name or value given, not the system.
+// The errnos that blame the name or value given, not the system: the one classification of
+// astrai (astraid's runner too: a rank that could not start for one of these fails its job,
+// for any other errno, EACCES included, the job tries again later).
 static int input_errno(int e) {
     return e == ENOENT || e == ENOTDIR || e == EISDIR || e == ENAMETOOLONG || e == ELOOP ||
-           e == EINVAL || e == EEXIST || e == ENXIO || e == ENODEV;
+           e == EINVAL || e == EEXIST || e == ENXIO || e == ENODEV || e == ENOEXEC || e == E2BIG;
 }
 
 int err_errno(Err *err, int errnum, const char *fmt, ...) {
@@ -47,6 +49,10 @@ int err_errno(Err *err, int errnum, const char *fmt, ...) {
         err->resource = !input_errno(errnum);
     }
     return -1;
+}
+
+int err_exit_status(const Err *err) {
+    return err->resource ? 1 : EXIT_BAD_INPUT;
 }
 
 int err_prefix(Err *err, const char *fmt, ...) {

@@ -5,6 +5,17 @@
 // that names the file, key or value at fault ("model.safetensors: tensor
 // 'norm.weight' ends at byte 900 past the data size 512"). Callers add context
 // with err_prefix() and never print-and-continue.
+//
+// Two kinds of failure, two exit codes: bad input (a flag, a file, a value the user gave:
+// err_set, exit 2, EXIT_BAD_INPUT) and everything else (err_resource, err->resource = 1, exit
+// 1). Out of memory, on the host or a device, is always the second: err_resource with a
+// message naming what was being allocated ("model: 1048576 master weights: out of memory
+// allocating 4.0 MiB"); astraid tries a run that failed so again later, as any resource
+// failure. A library must not turn a failed allocation into bad input either: cJSON's
+// allocations go through common/json.h's hooks (json_out_of_memory tells a parse that ran
+// out of memory from malformed text), SQLITE_NOMEM and libyaml's YAML_MEMORY_ERROR are
+// resource failures. Nothing aborts for want of memory. tests/test_out_of_memory.py makes
+// each allocation of astrai-train's and astraid's start paths fail in turn and checks this.
 #pragma once
 #include <stddef.h>
 
@@ -26,8 +37,11 @@ int err_resource(Err *err, const char *fmt, ...) __attribute__((format(printf, 2
 // the system (no memory or space, an I/O error, no permission, a read-only file system, too
 // many open files, ...) sets err->resource, so that binaries exit 1; the errors that say the
 // input names the wrong thing (no such file, not a directory, a directory, a name too long or
-// looping, an invalid argument) stay bad input.
+// looping, an invalid argument, not an executable, arguments too long) stay bad input.
 int err_errno(Err *err, int errnum, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+
+// The exit status of a binary that failed with err: 1 for a resource, else EXIT_BAD_INPUT.
+int err_exit_status(const Err *err);
 
 // Prepends "prefix: " to an existing message (e.g. the file name); returns -1.
 int err_prefix(Err *err, const char *fmt, ...) __attribute__((format(printf, 2, 3)));

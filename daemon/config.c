@@ -10,6 +10,7 @@
 #include <cjson/cJSON.h>
 
 #include "common/fsutil.h"
+#include "common/json.h"
 #include "daemon/daemon.h"
 
 const ConfigOption CONFIG_OPTIONS[] = {
@@ -65,9 +66,10 @@ const ConfigOption *config_option(const char *name) {
 int config_set(Config *c, const ConfigOption *o, const char *value, Err *err) {
     void *field = (char *)c + o->offset;
     if (o->type == OPT_STR) {
-        char **s = field;
+        char **s = field, *copy = strdup(value);
+        if (!copy) return err_resource(err, "%s: out of memory", o->name);
         free(*s);
-        *s = strdup(value);
+        *s = copy;
         return 0;
     }
     char *end;
@@ -86,6 +88,7 @@ int config_set(Config *c, const ConfigOption *o, const char *value, Err *err) {
 
 int config_apply_json(Config *c, const char *text, size_t len, const char *path, Err *err) {
     cJSON *root = cJSON_ParseWithLength(text, len);
+    if (!root && json_out_of_memory()) return err_resource(err, "%s: out of memory", path);
     if (!cJSON_IsObject(root)) {
         cJSON_Delete(root);
         return err_set(err, "%s: not a JSON object", path);

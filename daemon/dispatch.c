@@ -1,6 +1,7 @@
 // dispatch.c: the methods of the control protocol (docs/design.md §3, docs/protocol.md).
 // Each handler returns a result (a cJSON tree) or fills code and err; the reply is
-// written by dispatch_line. Requests without an id (notifications) get no reply.
+// written by dispatch_line. Requests without an id (notifications) get no reply. A reply
+// that cJSON could not build whole for want of memory is an internal error instead.
 // A request that changes state (submit, pause, resume, cancel, rm) is answered once its
 // change is written (state.c's writer, off the loop): its handler returns ANSWER_LATER,
 // and its connection is served no further line until then, so replies stay in order.
@@ -15,6 +16,7 @@
 #include <cjson/cJSON.h>
 
 #include "common/buf.h"
+#include "common/json.h"
 #include "daemon/daemon.h"
 
 #define LIST_LIMIT 100                    // jobs in a list page unless "limit" says
@@ -43,6 +45,22 @@ typedef struct {
     const char *method;
     double t0; // clock_mono_s() when the request came
 } Later;
+
+// The reply line for id: line, unless cJSON could not print it or built the result short
+// (a member dropped) for want of memory: then an internal error, which says so. The request
+// itself may have been carried out. NULL only when even that error cannot be made.
+static char *whole_reply(char *line, const cJSON *id, bool built_short) {
+    if (line && !built_short) return line;
+    free(line);
+    return rpc_error(id, RPC_INTERNAL_ERROR, "out of memory for the reply", NULL);
+}
+
+// The reply line of a result (taken), checked against the cJSON failures counted since
+// `failures`: the request's own, and those of the line.
+static char *result_reply(const cJSON *id, cJSON *result, unsigned long failures) {
+    char *line = rpc_result(id, result);
+    return whole_reply(line, id, json_failures() != failures);
+}
 
 // Takes result; NULL when out of memory.
 static Later *later_new(Conn *c, LaterKind kind, long job, cJSON *result) {
@@ -73,6 +91,7 @@ static cJSON *state_data(long id) {
 
 // ChangeDone of the state changes: the reply, then the connection's next lines.
 static void later_done(void *arg, int code, const Err *err) {
+    unsigned long failures = json_failures();
     Later *l = arg;
     Job *j = l->kind != LATER_RESULT ? job_find(l->job) : NULL;
     cJSON *result = NULL;
@@ -87,10 +106,13 @@ static void later_done(void *arg, int code, const Err *err) {
         l->result = NULL;
     }
     char *msg = !l->id   ? NULL
-                : result ? rpc_result(l->id, result)
-                         : rpc_error(l->id, code ? code : RPC_INTERNAL_ERROR,
-                                     code ? err->msg : "the job is gone",
-                                     code == RPC_BAD_STATE ? state_data(l->job) : NULL);
+                : result ? result_reply(l->id, result, failures)
+                         : whole_reply(rpc_error(l->id, code ? code : RPC_INTERNAL_ERROR,
+                                                 code                           ? err->msg
+                                                 : j || l->kind == LATER_RESULT ? "out of memory"
+                                                                                : "the job is gone",
+                                                 code == RPC_BAD_STATE ? state_data(l->job) : NULL),
+                                       l->id, false);
     metrics_request(l->method, 1,
                     result ? 0
                     : code ? code
@@ -210,7 +232,8 @@ static cJSON *do_list(Conn *c, const cJSON *params, int *code, Err *err) {
 static cJSON *do_status(Conn *c, const cJSON *params, int *code, Err *err) {
     (void)c;
     Job *j = param_job(params, code, err);
-    return j ? job_to_raw_json(j) : NULL;
+    cJSON *status = j ? job_to_raw_json(j) : NULL;
+    return status || !j ? status : out_of_memory(code, err);
 }
 
 typedef int (*Verb)(Job *j, ChangeDone done, void *arg, int *code, Err *err);
@@ -235,7 +258,9 @@ static cJSON *do_resume(Conn *c, const cJSON *p, int *code, Err *err) {
 static cJSON *do_checkpoint(Conn *c, const cJSON *p, int *code, Err *err) {
     (void)c;
     Job *j = param_job(p, code, err);
-    return j && !job_checkpoint(j, code, err) ? job_to_raw_json(j) : NULL;
+    if (!j || job_checkpoint(j, code, err)) return NULL;
+    cJSON *status = job_to_raw_json(j);
+    return status ? status : out_of_memory(code, err);
 }
 
 static cJSON *do_cancel(Conn *c, const cJSON *p, int *code, Err *err) {
@@ -454,6 +479,7 @@ static cJSON *bad_state_data(const cJSON *params) {
 
 static void call(Conn *c, const RpcRequest *req) {
     double t0 = clock_mono_s();
+    unsigned long failures = json_failures();
     const Method *m = find_method(req->method);
     Handler fn = m ? m->fn : NULL;
     int code = RPC_INTERNAL_ERROR, hang_up = 0;
@@ -472,15 +498,19 @@ static void call(Conn *c, const RpcRequest *req) {
         request_t0 = t0;
         result = fn(c, req->params, &code, &err);
         request_id = NULL;
+        // No result and no reason: cJSON had no memory for the result's first node.
+        if (!result && code != ANSWER_LATER && !*err.msg) out_of_memory(&code, &err);
         hang_up = !result && code == RPC_UNAUTHORIZED;
     }
     if (!result && code == ANSWER_LATER) return; // counted when it is answered (later_done)
     metrics_request(req->method, fn != NULL, result ? 0 : code, clock_mono_s() - t0);
     if (req->id && result)
-        conn_send(c, rpc_result(req->id, result));
+        conn_send(c, result_reply(req->id, result, failures));
     else if (req->id)
-        conn_send(c, rpc_error(req->id, code, err.msg,
-                               code == RPC_BAD_STATE ? bad_state_data(req->params) : NULL));
+        conn_send(c,
+                  whole_reply(rpc_error(req->id, code, err.msg,
+                                        code == RPC_BAD_STATE ? bad_state_data(req->params) : NULL),
+                              req->id, false));
     else
         cJSON_Delete(result);
     if (result && (fn == do_logs || fn == do_watch)) conn_end_if_final(c); // after the reply
@@ -492,7 +522,7 @@ void dispatch_line(Conn *c, const char *line, size_t len) {
     int code;
     Err err = {0};
     if (rpc_parse_request(&req, line, len, &code, &err))
-        conn_send(c, rpc_error(req.id, code, err.msg, NULL));
+        conn_send(c, whole_reply(rpc_error(req.id, code, err.msg, NULL), req.id, false));
     else
         call(c, &req);
     rpc_request_free(&req);

@@ -12,6 +12,7 @@
 #include <cjson/cJSON.h>
 
 #include "common/buf.h"
+#include "common/json.h"
 #include "daemon/daemon.h"
 
 // A JOB object's text and the key of the values it was printed from (job_to_raw_json).
@@ -171,8 +172,10 @@ cJSON *job_to_raw_json(const Job *j) {
     if (t && !o.failed && t->json && t->key.len == key->len &&
         !memcmp(t->key.data, key->data, key->len))
         return cJSON_CreateRaw(t->json);
+    unsigned long failures = json_failures();
     cJSON *tree = job_to_json(j);
-    char *json = tree ? cJSON_PrintUnformatted(tree) : NULL;
+    // A tree that lost a member for want of memory is no JOB: neither answered nor kept.
+    char *json = tree && json_failures() == failures ? cJSON_PrintUnformatted(tree) : NULL;
     cJSON_Delete(tree);
     cJSON *raw = json ? cJSON_CreateRaw(json) : NULL;
     if (t) { // kept with its key when there is memory for both, else printed again next time

@@ -295,7 +295,8 @@ static int set_ckpt_dir(Job *j, Err *err) {
     }
     snprintf(dir, sizeof dir, "%s/checkpoints", run_dir);
     j->ckpt_dir = strdup(dir);
-    cJSON_AddStringToObject(j->spec, "ckpt_dir", dir);
+    if (!cJSON_AddStringToObject(j->spec, "ckpt_dir", dir))
+        return err_resource(err, "ckpt_dir: out of memory");
     return 0;
 }
 
@@ -374,16 +375,17 @@ int jobs_submit(const cJSON *spec, long uid, ChangeDone done, void *arg, long *i
     Job *j = NULL;
     if (!check_absolute(spec, err) && !check_devices(&js, spec, err)) {
         j = job_new(&js, spec, uid);
-        if (!j) err_set(err, "out of memory");
+        if (!j) err_resource(err, "out of memory for a new job");
     }
+    int lost_ids = j && js.device_ids && !j->want_ids;
     job_spec_free(&js);
     if (!j) return -1;
     Submit *s = NULL;
-    if (!j->name || !j->spec || set_ckpt_dir(j, err) || !j->ckpt_dir || job_paths_check(j, err) ||
-        !(s = malloc(sizeof *s)) || make_run_dir(j, err) ||
+    if (!j->name || !j->spec || lost_ids || set_ckpt_dir(j, err) || !j->ckpt_dir ||
+        job_paths_check(j, err) || !(s = malloc(sizeof *s)) || make_run_dir(j, err) ||
         (astraid.executor->check_submit ? astraid.executor->check_submit(j, submit_checked, s, err)
                                         : state_save_job(j, submit_written, s, err))) {
-        if (!*err->msg) err_resource(err, "out of memory");
+        if (!*err->msg) err_resource(err, "out of memory for job %ld", j->id);
         drop_run_dir(j);
         job_free(j);
         free(s);

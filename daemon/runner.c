@@ -23,8 +23,9 @@
 // the run is interrupted, not failed (a later real failure still wins). After astraid's own
 // stop (pause, shutdown, cancel) no exit is a failure. A run ends when every rank has exited and
 // its output is drained; the job then decides what comes next. A rank that cannot be started for
-// want of a resource (EMFILE, ENFILE, EAGAIN, ENOMEM, ENOBUFS) makes the run transient: the job
-// tries again later.
+// want of a resource (out of memory; an errno that err_errno, common/error.c, counts as the
+// system's: EMFILE, EAGAIN, ENOMEM, EACCES, EIO, ...) makes the run transient: the job tries
+// again later; one whose errno blames the name given (ENOENT: no binary to run) fails it.
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
@@ -312,7 +313,7 @@ static int launch_prepare(Launch *l, Job *j, Err *err) {
     if (j->resume) js.train.resume = true;
     l->argv = job_spec_argv(&js, astraid.cfg.train_binary);
     job_spec_free(&js);
-    if (!l->argv) return err_set(err, "out of memory building the argv");
+    if (!l->argv) return err_resource(err, "out of memory building the argv");
     comm_shm_new_name(l->shm_name, sizeof l->shm_name);
     snprintf(l->control, sizeof l->control, "ASTRAI_CONTROL_FD=%d", CONTROL_FD);
     if (job_run_dir(j, l->run_dir, sizeof l->run_dir) ||
@@ -335,28 +336,12 @@ static int launch_prepare(Launch *l, Job *j, Err *err) {
     return 0;
 }
 
-// What a start that failed with errno e lacked: a resource another try may find (1), or not.
-static int transient_errno(int e) {
-    return e == EMFILE || e == ENFILE || e == EAGAIN || e == ENOMEM || e == ENOBUFS;
-}
-
-// err = "what: strerror(e)", marked a resource (try again later) when e says one was short.
-static int start_error(Err *err, int e, const char *what) {
-    err_errno(err, e, "%s", what);
-    err->resource = transient_errno(e);
-    return -1;
-}
-
 static int open_rank_log(const Launch *l, long run_no, int rank, Err *err) {
-    char path[PATH_MAX + 64], what[PATH_MAX + 80];
+    char path[PATH_MAX + 64];
     if (job_log_path(l->run_dir, run_no, rank, path, sizeof path))
         return err_set(err, "%s: the path of rank %d's log is too long", l->run_dir, rank);
     int fd = open(path, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
-    if (fd < 0) {
-        int e = errno;
-        snprintf(what, sizeof what, "%s: cannot open", path);
-        start_error(err, e, what);
-    }
+    if (fd < 0) err_errno(err, errno, "%s: cannot open", path);
     return fd;
 }
 
@@ -372,7 +357,7 @@ static int spawn_rank(Run *run, Launch *l, int r, Err *err) {
         err_resource(err, "rank %d: out of memory", r);
     else if ((rk->log_fd = open_rank_log(l, run->job->runs, r, err)) >= 0 &&
              ((rc = uv_pipe(out, UV_NONBLOCK_PIPE, 0)) || (rc = uv_pipe(ctl, 0, UV_NONBLOCK_PIPE))))
-        start_error(err, -rc, what);
+        err_errno(err, -rc, "%s", what);
     if (!rk->line || rk->log_fd < 0 || rc) {
         for (int k = 0; k < 2; k++) {
             if (out[k] >= 0) close(out[k]);
@@ -396,17 +381,18 @@ static int spawn_rank(Run *run, Launch *l, int r, Err *err) {
                                 .stdio_count = r == 0 ? 5 : 4,
                                 .stdio = stdio};
     rk->proc.data = rk;
-    rc = env ? uv_spawn(astraid.loop, &rk->proc, &opt) : UV_ENOMEM;
+    int spawned = env != NULL; // uv_spawn initialises the handle even when it fails
+    rc = spawned ? uv_spawn(astraid.loop, &rk->proc, &opt) : UV_ENOMEM;
     ranks_free_env(env);
     close(out[1]);
     close(ctl[0]);
-    run->handles++; // the process handle is initialised even when the spawn failed
+    run->handles += spawned;
     if (rc) {
-        close_handle(run, (uv_handle_t *)&rk->proc);
+        if (spawned) close_handle(run, (uv_handle_t *)&rk->proc);
         close(out[0]);
         close(ctl[1]);
         snprintf(what, sizeof what, "cannot start rank %d (%s)", r, l->argv[0]);
-        return start_error(err, -rc, what);
+        return err_errno(err, -rc, "%s", what);
     }
     ranks_started(&run->g, r, rk->proc.pid);
     rk->control_fd = ctl[1];
@@ -455,7 +441,7 @@ static int local_start(Job *j, Err *err) {
     if (!run) {
         close(l.listen_fd);
         job_spec_free_argv(l.argv);
-        return err_set(err, "out of memory");
+        return err_resource(err, "out of memory for a run of %ld rank(s)", j->n_devices);
     }
     memcpy(run->shm_name, l.shm_name, sizeof run->shm_name);
     run->n = (int)j->n_devices;

@@ -133,10 +133,11 @@ static int device_index(int id) {
 }
 
 // Takes j's devices if they are free: the ones its spec names, else the first free ones.
-static int devices_take(Job *j) {
+// 1 taken, 0 busy, -1 out of memory (err).
+static int devices_take(Job *j, Err *err) {
     Devices *d = &astraid.devices;
     int *pick = calloc((size_t)j->n_devices, sizeof *pick), found = 0;
-    if (!pick) return 0;
+    if (!pick) return err_resource(err, "out of memory for the %ld device(s)", j->n_devices);
     for (int k = 0; k < j->n_devices && j->want_ids; k++) {
         int i = device_index(j->want_ids[k]);
         if (i >= 0 && !d->used[i]) pick[found++] = i;
@@ -243,13 +244,14 @@ void scheduler_kick(void) {
         double now = clock_mono_s(), earliest = 0;
         Job *j = queue_head(now, &earliest);
         arm_wake(earliest, now);
-        if (!j || (astraid.executor->takes_devices && !devices_take(j)))
-            return; // Slurm allocates its own
-        Launch *l = malloc(sizeof *l);
         Err err = {0};
+        // 1 taken, 0 none free, -1 failed (out of memory); Slurm allocates its own.
+        int taken = !j ? 0 : !astraid.executor->takes_devices ? 1 : devices_take(j, &err);
+        if (!taken) return;
+        Launch *l = taken > 0 ? malloc(sizeof *l) : NULL;
         if (l) *l = (Launch){j, j->version};
         if (!l || state_save_job(j, start_written, l, &err)) {
-            if (!err.msg[0]) err_resource(&err, "out of memory");
+            if (!err.msg[0]) err_resource(&err, "out of memory starting job %ld", j->id);
             free(l);
             devices_release(j);
             job_start_failed(j, &err);

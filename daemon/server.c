@@ -18,6 +18,8 @@
 // max-connections; TCP peers that have not authenticated yet have their own limit,
 // max-unauthenticated, and auth-timeout seconds to authenticate, so that they can
 // never lock unix users out. Over a limit a client gets one -32004 reply and is closed.
+// Out of memory: a connection there is no memory for is accepted and closed at once; a client
+// whose bytes there is no memory to keep gets one -32603 reply and is hung up on.
 #include <errno.h>
 #include <libgen.h>
 #include <limits.h>
@@ -46,13 +48,23 @@
 #define BACKLOG 128
 #define TOKEN_MAX 4096
 
+// The handle of a peer: a unix or a tcp stream.
+typedef union {
+    uv_handle_t handle;
+    uv_stream_t stream;
+    uv_pipe_t pipe;
+    uv_tcp_t tcp;
+} PeerHandle;
+
+static void peer_init(PeerHandle *h, int tcp) {
+    if (tcp)
+        uv_tcp_init(astraid.loop, &h->tcp);
+    else
+        uv_pipe_init(astraid.loop, &h->pipe, 0);
+}
+
 struct Conn {
-    union {
-        uv_handle_t handle;
-        uv_stream_t stream;
-        uv_pipe_t pipe;
-        uv_tcp_t tcp;
-    } h;
+    PeerHandle h;
     int tcp, closing, reading;
     int preauth; // a TCP peer that has not authenticated (counted in n_preauth)
     uint64_t accepted_ms, progress_ms; // progress: the last write to it that completed
@@ -365,8 +377,11 @@ static void on_read(uv_stream_t *s, ssize_t n, const uv_buf_t *buf) {
         return;
     }
     if (n == 0) return;
-    if (rpc_reader_feed(&c->reader, buf->base, (size_t)n)) {
-        conn_close(c);
+    if (rpc_reader_feed(&c->reader, buf->base, (size_t)n)) { // no memory: those bytes are lost
+        log_error("out of memory for a client's request: hanging up");
+        conn_send(c, rpc_error(NULL, RPC_INTERNAL_ERROR,
+                               "out of memory reading the request; closing the connection", NULL));
+        conn_hang_up(c);
         return;
     }
     serve_lines(c);
@@ -384,18 +399,54 @@ static long peer_uid(Conn *c) {
     return (long)cred.uid;
 }
 
+// A connection there is no memory for is accepted into a handle of the listener's own and
+// closed at once: libuv accepts nothing more on a listener until its pending one is taken.
+// One that comes while the handle is still closing is taken once it is closed.
+typedef struct {
+    PeerHandle h;
+    int closing;
+    uv_stream_t *waiting; // its listener, when a connection waits
+} Refusal;
+
+static Refusal refusals[2]; // the unix listener's, the tcp one's
+
+static void on_connection(uv_stream_t *listener, int status);
+
+static void on_refused_closed(uv_handle_t *h) {
+    Refusal *r = h->data;
+    uv_stream_t *listener = r->waiting;
+    r->closing = 0;
+    r->waiting = NULL;
+    if (listener) on_connection(listener, 0); // memory may be back
+}
+
+static void refuse(uv_stream_t *listener) {
+    int tcp = listener == (uv_stream_t *)&tcp_listener;
+    Refusal *r = &refusals[tcp];
+    log_error("out of memory for a new connection: refused");
+    if (r->closing) {
+        r->waiting = listener;
+        return;
+    }
+    peer_init(&r->h, tcp);
+    r->h.handle.data = r;
+    r->closing = 1;
+    uv_accept(listener, &r->h.stream);
+    uv_close(&r->h.handle, on_refused_closed);
+}
+
 static void on_connection(uv_stream_t *listener, int status) {
     if (status < 0) {
         log_warn("accept: %s", uv_strerror(status));
         return;
     }
     Conn *c = calloc(1, sizeof *c);
-    if (!c) return;
+    if (!c) {
+        refuse(listener);
+        return;
+    }
     c->tcp = listener == (uv_stream_t *)&tcp_listener;
-    if (c->tcp)
-        uv_tcp_init(astraid.loop, &c->h.tcp);
-    else
-        uv_pipe_init(astraid.loop, &c->h.pipe, 0);
+    peer_init(&c->h, c->tcp);
     c->h.handle.data = c;
     rpc_reader_init(&c->reader);
     c->preauth = c->tcp;

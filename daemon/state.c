@@ -79,8 +79,9 @@ static int add_column(const char *path, const char *table, const char *column, c
              column);
     if (sqlite3_prepare_v2(db, sql, -1, &st, NULL) != SQLITE_OK)
         return err_set(err, "%s: %s", path, sqlite3_errmsg(db));
-    int has = sqlite3_step(st) == SQLITE_ROW;
+    int step = sqlite3_step(st), has = step == SQLITE_ROW;
     sqlite3_finalize(st);
+    if (!has && step != SQLITE_DONE) return err_set(err, "%s: %s", path, sqlite3_errstr(step));
     snprintf(sql, sizeof sql, "ALTER TABLE %s ADD COLUMN %s %s", table, column, type);
     if (!has && sqlite3_exec(db, sql, NULL, NULL, NULL))
         return err_set(err, "%s: adding %s.%s: %s", path, table, column, sqlite3_errmsg(db));
@@ -89,7 +90,8 @@ static int add_column(const char *path, const char *table, const char *column, c
 
 static int open_db(const char *path, sqlite3 **out, Err *err) {
     if (sqlite3_open_v2(path, out, SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE, NULL) != SQLITE_OK)
-        return err_set(err, "%s: %s", path, *out ? sqlite3_errmsg(*out) : "cannot open");
+        return *out ? err_set(err, "%s: %s", path, sqlite3_errmsg(*out))
+                    : err_resource(err, "%s: out of memory", path); // no handle allocated
     sqlite3_busy_timeout(*out, 5000);
     return 0;
 }

@@ -17,6 +17,7 @@
 #include "common/buf.h"
 #include "common/dtype.h"
 #include "common/fsutil.h"
+#include "common/json.h"
 #include "common/path.h"
 
 enum { KEY_SEQUENCE, KEY_LOSS_MASK, KEY_POSITION_IDS, N_KEYS };
@@ -111,7 +112,7 @@ static int check_bin_size(const char *meta_path, const char *key, int64_t n, DTy
                           Err *err) {
     const DTypeInfo *t = dtype_info(dtype);
     char *bin = bin_path_for(meta_path, key);
-    if (!bin) return err_resource(err, "out of memory");
+    if (!bin) return err_resource(err, "%s: out of memory", meta_path);
     struct stat st;
     int rc = 0;
     if (stat(bin, &st) != 0)
@@ -160,6 +161,7 @@ static int parse_meta_json(const char *meta_path, cJSON **json, Err *err) {
     // garbage wants; an embedded NUL would hide the rest, so it is malformed.
     *json = strlen(text) == len ? cJSON_ParseWithLengthOpts(text, len + 1, NULL, 1) : NULL;
     free(text);
+    if (!*json && json_out_of_memory()) return err_resource(err, "%s: out of memory", meta_path);
     if (!*json) return err_set(err, "%s: malformed JSON", meta_path);
     if (!cJSON_IsObject(*json)) {
         cJSON_Delete(*json);
@@ -215,7 +217,7 @@ static int64_t read_element(const unsigned char *p, DType dtype) {
 // Decodes <key>.bin of shard s into dst[0..s->n), widening to int32.
 static int load_key(const Shard *s, int k, int32_t *dst, Err *err) {
     char *bin = bin_path_for(s->meta_path, KEY_NAMES[k]);
-    if (!bin) return err_resource(err, "out of memory");
+    if (!bin) return err_resource(err, "%s: out of memory", s->meta_path);
     char *raw = NULL;
     size_t len = 0;
     int rc = fs_read_file(bin, &raw, &len, err);

@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "common/fsutil.h"
+#include "common/json.h"
 
 static int is_blank(const char *p, const char *end) {
     for (; p < end; p++)
@@ -18,7 +19,9 @@ static int is_blank(const char *p, const char *end) {
 static int jsonl_line(const char *p, const char *eol, JsonlRecordFn fn, void *ctx, Err *err) {
     const char *end = NULL;
     cJSON *rec = cJSON_ParseWithLengthOpts(p, (size_t)(eol - p), &end, 0);
-    int rc = !rec || !is_blank(end, eol) ? err_set(err, "malformed JSON") : fn(rec, ctx, err);
+    int rc = !rec && json_out_of_memory()  ? err_resource(err, "out of memory parsing the line")
+             : !rec || !is_blank(end, eol) ? err_set(err, "malformed JSON")
+                                           : fn(rec, ctx, err);
     cJSON_Delete(rec);
     return rc;
 }

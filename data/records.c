@@ -11,6 +11,7 @@
 #include <string.h>
 
 #include "common/fsutil.h"
+#include "common/json.h"
 #include "common/path.h"
 #include "data/dataset.h"
 #include "data/jsonl.h"
@@ -310,6 +311,7 @@ static int read_meta(const char *meta_path, cJSON **meta, Err *err) {
     if (fs_read_file(meta_path, &text, &len, err) != 0) return -1;
     *meta = cJSON_ParseWithOpts(text, NULL, 1);
     free(text);
+    if (!*meta && json_out_of_memory()) return err_resource(err, "%s: out of memory", meta_path);
     if (cJSON_IsObject(*meta)) return 0;
     cJSON_Delete(*meta);
     return err_set(err, "%s: malformed JSON or not an object", meta_path);

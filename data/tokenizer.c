@@ -14,7 +14,8 @@ int tokenizer_lookup(const char *name, Tokenizer *tok, Err *err) {
 int tokenizer_encode(const Tokenizer *tok, const char *text, size_t len, int32_t **ids,
                      int64_t *n_ids, Err *err) {
     *ids = malloc((len ? len : 1) * sizeof **ids);
-    if (!*ids) return err_set(err, "tokenizer %s: out of memory for %zu bytes", tok->name, len);
+    if (!*ids)
+        return err_resource(err, "tokenizer %s: out of memory for %zu bytes", tok->name, len);
     for (size_t i = 0; i < len; i++)
         (*ids)[i] = (unsigned char)text[i];
     *n_ids = (int64_t)len;

@@ -15,7 +15,8 @@
 //
 // Ordering: ops run in issue order (the CUDA backend enqueues them on one stream and
 // returns at once; download waits for what came before). Ops do not fail: shapes are
-// checked by the caller, and memory comes from alloc, the one op that can fail.
+// checked by the caller, and memory comes from alloc and attention_reserve, the only ops
+// that can fail (for want of memory: err_resource).
 //
 // Determinism: every op gives the same bits for the same inputs, run after run (no
 // floating-point atomics whose order varies); reductions add in a fixed order.
@@ -119,6 +120,10 @@ struct Backend {
     void (*attention_fwd)(void *out, float *lse, const void *q, const void *k, const void *v,
                           const int32_t *doc_start, int B, int T, int H, int KVH, int D,
                           int qkv_stride);
+    // Reserves the scratch the two attention ops need for up to T tokens of head dimension
+    // D (kept for later calls): before them, since they cannot fail. NULL where they need
+    // none (CUDA).
+    int (*attention_reserve)(int T, int D, Err *err);
     // dq, dk, dv: same layout as q, k, v (overwritten); recomputes the probabilities.
     void (*attention_bwd)(void *dq, void *dk, void *dv, const void *dout, const void *out,
                           const float *lse, const void *q, const void *k, const void *v,

@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "common/fsutil.h"
+#include "common/json.h"
 
 static const cJSON *config_key(const cJSON *root, const char *key) {
     const cJSON *item = cJSON_GetObjectItemCaseSensitive(root, key);
@@ -124,6 +125,7 @@ static int config_from_json(ModelConfig *cfg, const cJSON *root, const char *sou
 
 int model_config_parse(ModelConfig *cfg, const char *json, const char *source, Err *err) {
     cJSON *root = cJSON_Parse(json);
+    if (!root && json_out_of_memory()) return err_resource(err, "%s: out of memory", source);
     if (!root)
         return err_set(err, "%s: malformed JSON near byte %td", source,
                        cJSON_GetErrorPtr() ? cJSON_GetErrorPtr() - json : (ptrdiff_t)0);

@@ -124,7 +124,8 @@ static int build_param_table(Model *m, Err *err) {
     int cap = 3 + 13 * c->num_hidden_layers;
     m->params = calloc((size_t)cap, sizeof *m->params);
     m->acts->layer = calloc((size_t)c->num_hidden_layers, sizeof *m->acts->layer);
-    if (!m->params || !m->acts->layer) return err_resource(err, "model: out of memory");
+    if (!m->params || !m->acts->layer)
+        return err_resource(err, "model: out of memory for the table of %d parameters", cap);
     ModelActs *a = m->acts;
     a->embed = add_param(m, cap, "embed_tokens.weight", c->vocab_size, c->hidden_size);
     for (int l = 0; l < c->num_hidden_layers; l++)
@@ -199,24 +200,25 @@ int model_create(Model *m, const ModelConfig *cfg, const Backend *be, Err *err) 
     m->cfg = *cfg;
     m->be = be;
     m->acts = calloc(1, sizeof *m->acts);
-    if (!m->acts) return err_resource(err, "model: out of memory");
+    if (!m->acts) return err_resource(err, "model: out of memory for the activations' table");
     ModelActs *a = m->acts;
     size_t rope_floats = (size_t)cfg->max_position_embeddings * cfg->head_dim;
     float *rope = malloc(rope_floats * sizeof *rope);
     a->host_counts = malloc(((size_t)cfg->vocab_size + 1) * sizeof *a->host_counts);
-    if (!rope || !a->host_counts || build_param_table(m, err)) {
+    int rc = !rope || !a->host_counts
+                 ? err_resource(err, "model: out of memory for the rope table and token counts")
+                 : build_param_table(m, err);
+    size_t n_params = m->num_floats; // model_free zeroes m
+    if (!rc && (model_acquire(m, MODEL_WEIGHTS | MODEL_MASTER | MODEL_GRADS, err) ||
+                !(a->rope = be->alloc(rope_floats * sizeof(float), err)) ||
+                !(m->stats = be->alloc(MODEL_N_STATS * sizeof(double), err))))
+        rc = err_prefix(err, "model of %zu parameters", n_params);
+    if (rc) {
         free(rope);
         model_free(m);
-        return err_resource(err, "model: out of memory");
+        return -1;
     }
     fill_rope_table(rope, cfg);
-    if (model_acquire(m, MODEL_WEIGHTS | MODEL_MASTER | MODEL_GRADS, err) ||
-        !(a->rope = be->alloc(rope_floats * sizeof(float), err)) ||
-        !(m->stats = be->alloc(MODEL_N_STATS * sizeof(double), err))) {
-        free(rope);
-        model_free(m);
-        return err_prefix(err, "model of %zu parameters", m->num_floats);
-    }
     be->upload(a->rope, rope, rope_floats * sizeof(float));
     free(rope);
     return 0;
@@ -662,7 +664,9 @@ static int forward(Model *m, const int32_t *inputs, const int32_t *targets,
     a->has_loss = 0;
     if (check_forward_args(B, T, label_smoothing, err)) return -1;
     int N = B * T, C = c->hidden_size, V = c->vocab_size, L = c->num_hidden_layers;
-    if (ensure_activations(m, (size_t)N, err)) return -1;
+    if (ensure_activations(m, (size_t)N, err) ||
+        (be->attention_reserve && be->attention_reserve(T, c->head_dim, err)))
+        return -1;
     int counted = prepare_inputs(m, inputs, targets, loss_mask, position_ids, B, T, err);
     if (counted < 0) return -1;
     a->B = B;

@@ -78,7 +78,7 @@ static int alloc_state(Optimizer *o, const ParamView *v, Err *err) {
     const Backend *be = v->be;
     size_t bytes = (v->num_floats > 0 ? v->num_floats : 1) * sizeof(float);
     o->is_muon = calloc(v->n_params > 0 ? (size_t)v->n_params : 1, 1);
-    if (!o->is_muon) return err_resource(err, "out of memory");
+    if (!o->is_muon) return err_resource(err, "optimizer: out of memory for %d parameters", v->n_params);
     for (int i = 0; o->kind == OPT_MUON && i < v->n_params; i++)
         o->is_muon[i] = muon_owns(&v->params[i]);
     if (!(o->exp_avg = be->alloc(bytes, err)) || !(o->exp_avg_sq = be->alloc(bytes, err)))

@@ -77,7 +77,7 @@ static int parse_name(JobSpec *spec, const cJSON *v, Err *err) {
             return err_set(err, "name: control characters are not allowed");
     free(spec->name);
     spec->name = strdup(v->valuestring);
-    return spec->name ? 0 : err_set(err, "name: out of memory");
+    return spec->name ? 0 : err_resource(err, "name: out of memory");
 }
 
 // Takes the n ids (malloc'd) as the job's devices after checking they are distinct.
@@ -100,7 +100,7 @@ static int parse_device_list(JobSpec *spec, const cJSON *v, Err *err) {
     if (n < 1 || n > MAX_DEVICES)
         return err_set(err, "devices: a list needs 1 to %d device ids, got %d", MAX_DEVICES, n);
     long *ids = calloc((size_t)n, sizeof *ids);
-    if (!ids) return err_set(err, "devices: out of memory");
+    if (!ids) return err_resource(err, "devices: out of memory");
     for (int i = 0; i < n; i++) {
         char key[48];
         snprintf(key, sizeof key, "devices[%d]", i);
@@ -128,7 +128,7 @@ static int parse_cuda_string(JobSpec *spec, const char *s, Err *err) {
     if (n > MAX_DEVICES)
         return err_set(err, "devices: a list needs 1 to %d device ids, got %d", MAX_DEVICES, n);
     long *ids = calloc((size_t)n, sizeof *ids);
-    if (!ids) return err_set(err, "devices: out of memory");
+    if (!ids) return err_resource(err, "devices: out of memory");
     const char *p = s + 5;
     for (int i = 0; i < n; i++) {
         char *end;
@@ -169,7 +169,7 @@ static int parse_train_key(JobSpec *spec, const cJSON *item, Err *err) {
     cJSON *one = cJSON_CreateObject();
     if (!one || !cJSON_AddItemReferenceToObject(one, item->string, (cJSON *)item)) {
         cJSON_Delete(one);
-        return err_set(err, "%s: out of memory", item->string);
+        return err_resource(err, "%s: out of memory", item->string);
     }
     int rc = train_spec_apply_json(&spec->train, one, NULL, err);
     cJSON_Delete(one);
@@ -208,7 +208,7 @@ static int reconcile_devices(JobSpec *spec, const cJSON *obj, Err *err) {
 
 int job_spec_parse(JobSpec *spec, const cJSON *obj, Err *err) {
     memset(spec, 0, sizeof *spec);
-    train_spec_defaults(&spec->train);
+    if (train_spec_defaults(&spec->train, err)) return -1;
     spec->max_restarts = -1;
     if (!cJSON_IsObject(obj)) {
         job_spec_free(spec);

@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "common/buf.h"
+#include "common/json.h"
 
 // ---------------------------------------------------------------- line reader
 
@@ -168,9 +169,10 @@ static int valid_id(const cJSON *id) {
     return cJSON_IsNumber(id) || cJSON_IsString(id) || cJSON_IsNull(id);
 }
 
+// An internal error is the daemon's (out of memory), any other the request's.
 static int fail(int *code, int value, Err *err, const char *msg) {
     *code = value;
-    return err_set(err, "%s", msg);
+    return value == RPC_INTERNAL_ERROR ? err_resource(err, "%s", msg) : err_set(err, "%s", msg);
 }
 
 static int parse_json(RpcRequest *req, const char *line, size_t len, int *code, Err *err) {
@@ -180,6 +182,8 @@ static int parse_json(RpcRequest *req, const char *line, size_t len, int *code, 
     }
     const char *end = NULL;
     req->root = cJSON_ParseWithLengthOpts(line, len, &end, 0);
+    if (!req->root && json_out_of_memory())
+        return fail(code, RPC_INTERNAL_ERROR, err, "out of memory parsing the request");
     while (req->root && end < line + len && strchr(" \t\r\n", *end) && *end)
         end++;
     if (!req->root || end != line + len) {

@@ -14,6 +14,7 @@
 #include <yaml.h>
 
 #include "common/flags.h"
+#include "common/json.h"
 
 typedef enum { KEY_STR, KEY_INT, KEY_FLOAT, KEY_BOOL } KeyType;
 
@@ -172,7 +173,7 @@ static int set_str(const KeyDef *k, char **dst, const char *value, Err *err) {
     if (k->choices && !(!*value && !*k->def) && !choice_ok(k->choices, value))
         return err_set(err, "%s: '%s' is not one of %s", k->name, value, k->choices);
     char *copy = strdup(value);
-    if (!copy) return err_set(err, "%s: out of memory", k->name);
+    if (!copy) return err_resource(err, "%s: out of memory", k->name);
     free(*dst);
     *dst = copy;
     return 0;
@@ -193,16 +194,14 @@ static int set_key(TrainSpec *s, const KeyDef *k, const char *value, Err *err) {
     return err_set(err, "%s: unknown key type", k->name);
 }
 
-void train_spec_defaults(TrainSpec *s) {
+int train_spec_defaults(TrainSpec *s, Err *err) {
     memset(s, 0, sizeof *s);
-    for (size_t i = 0; i < N_KEYS; i++) {
-        Err err;
-        // Required keys default to "" (unset), which is not one of their choices.
-        if (!*KEYS[i].def)
-            *(char **)((char *)s + KEYS[i].offset) = strdup("");
-        else if (set_key(s, &KEYS[i], KEYS[i].def, &err))
-            abort(); // a bad default is a bug
-    }
+    for (size_t i = 0; i < N_KEYS; i++)
+        if (set_key(s, &KEYS[i], KEYS[i].def, err)) {
+            train_spec_free(s);
+            return -1;
+        }
+    return 0;
 }
 
 void train_spec_free(TrainSpec *s) {
@@ -244,7 +243,7 @@ int train_spec_set(TrainSpec *s, const char *key, const char *value, Err *err) {
 static int append_metric(TrainSpec *s, const KeyDef *k, const char *value, Err *err) {
     size_t n = strlen(s->metrics) + strlen(value) + 2;
     char *joined = malloc(n);
-    if (!joined) return err_set(err, "metrics: out of memory");
+    if (!joined) return err_resource(err, "metrics: out of memory");
     snprintf(joined, n, "%s,%s", s->metrics, value);
     int rc = set_given(s, k, joined, err);
     free(joined);
@@ -410,11 +409,13 @@ int train_spec_apply_yaml(TrainSpec *s, const char *path, Err *err) {
     yaml_document_t doc;
     if (!yaml_parser_initialize(&parser)) {
         fclose(f);
-        return err_set(err, "--config %s: out of memory", path);
+        return err_resource(err, "--config %s: out of memory", path);
     }
     yaml_parser_set_input_file(&parser, f);
-    int rc = 0;
-    if (!yaml_parser_load(&parser, &doc)) {
+    int rc = 0, loaded = yaml_parser_load(&parser, &doc);
+    if (!loaded && parser.error == YAML_MEMORY_ERROR) {
+        rc = err_resource(err, "--config %s: out of memory", path);
+    } else if (!loaded) {
         rc = err_set(err, "%s:%zu:%zu: YAML: %s", path, parser.problem_mark.line + 1,
                      parser.problem_mark.column + 1,
                      parser.problem ? parser.problem : "parse error");
@@ -476,17 +477,24 @@ int train_spec_apply_json(TrainSpec *s, const cJSON *obj, const char *const *ign
     return 0;
 }
 
-// Whether key k of s holds its default value.
+// Whether key k of s holds its default value (read from the table: no allocation).
 static bool at_default(const TrainSpec *s, const KeyDef *k) {
-    TrainSpec d;
-    train_spec_defaults(&d);
-    const char *a = (const char *)s + k->offset, *b = (const char *)&d + k->offset;
-    bool same = k->type == KEY_STR     ? !strcmp(*(char *const *)a, *(char *const *)b)
-                : k->type == KEY_INT   ? *(const long *)a == *(const long *)b
-                : k->type == KEY_FLOAT ? *(const double *)a == *(const double *)b
-                                       : *(const bool *)a == *(const bool *)b;
-    train_spec_free(&d);
-    return same;
+    const char *field = (const char *)s + k->offset;
+    Err ignored;
+    bool b;
+    long i;
+    double f;
+    switch (k->type) {
+    case KEY_BOOL:
+        return !set_bool(k, &b, k->def, &ignored) && *(const bool *)field == b;
+    case KEY_INT:
+        return !set_int(k, &i, k->def, &ignored) && *(const long *)field == i;
+    case KEY_FLOAT:
+        return !set_float(k, &f, k->def, &ignored) && *(const double *)field == f;
+    case KEY_STR:
+        return !strcmp(*(char *const *)field, k->def);
+    }
+    return false;
 }
 
 static int check_metrics(const char *list, Err *err) {
@@ -583,6 +591,7 @@ void train_spec_print(const TrainSpec *s, FILE *out) {
 }
 
 cJSON *train_spec_to_json(const TrainSpec *s) {
+    unsigned long failures = json_failures();
     cJSON *obj = cJSON_CreateObject();
     for (size_t i = 0; obj && i < N_KEYS; i++) {
         const KeyDef *k = &KEYS[i];
@@ -602,7 +611,9 @@ cJSON *train_spec_to_json(const TrainSpec *s) {
             break;
         }
     }
-    return obj;
+    if (json_failures() == failures) return obj;
+    cJSON_Delete(obj); // a key lost for want of memory: no spec
+    return NULL;
 }
 
 void train_spec_print_help(const char *prog) {

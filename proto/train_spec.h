@@ -87,8 +87,8 @@ typedef struct {
     unsigned char given[128 / 8]; // bit i: key i of the table was set (flag, YAML or JSON)
 } TrainSpec;
 
-// Fills every field with its default.
-void train_spec_defaults(TrainSpec *s);
+// Fills every field with its default; fails only for want of memory (s is then freed).
+int train_spec_defaults(TrainSpec *s, Err *err);
 void train_spec_free(TrainSpec *s);
 
 // Sets one key from its text value ("--max_lr=3e-4" gives key "max_lr", value "3e-4").
@@ -123,7 +123,8 @@ void train_spec_warn_ignored(const TrainSpec *s, FILE *out);
 // Writes every key as "key = value" lines (the resolved configuration of --dry-run).
 void train_spec_print(const TrainSpec *s, FILE *out);
 
-// The spec as a JSON object (every key), for meta.json.
+// The spec as a JSON object (every key), for meta.json; NULL when out of memory (never a
+// spec short of a key).
 cJSON *train_spec_to_json(const TrainSpec *s);
 
 // Writes the --help text.

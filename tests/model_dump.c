@@ -34,7 +34,7 @@ static int32_t *read_i32(const StFile *f, const char *name, int optional, int *B
 
 static int dump_grads(const Model *m, const char *path, float loss, int B, int T, Err *err) {
     float *logits = malloc((size_t)B * T * m->cfg.vocab_size * sizeof *logits);
-    if (!logits) return err_set(err, "out of memory");
+    if (!logits) return err_resource(err, "%s: out of memory for the logits", path);
     model_logits(m, logits);
     StWriteTensor w[2] = {{.name = "logits", .ndim = 3, .data = logits},
                           {.name = "loss", .ndim = 1, .shape = {1}, .data = &loss}};

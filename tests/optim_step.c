@@ -41,7 +41,7 @@ static int read_spec(ParamView *m, const char *dir, Err *err) {
     m->params = params;
     m->master = calloc(m->num_floats, sizeof(float));
     m->grads = calloc(m->num_floats, sizeof(float));
-    if (!m->master || !m->grads) return err_set(err, "%s: out of memory", path);
+    if (!m->master || !m->grads) return err_resource(err, "%s: out of memory", path);
     return 0;
 }
 

@@ -74,7 +74,7 @@ static int run(const Args *a, Err *err) {
              executor_keep_reference(&x, &m, err) || train_ckpt_load_weights(&m, a->model, err) ||
              pref_batch_init(&b, &rs, (int)rs.n_records, a->window, err);
     int64_t *ids = rc ? NULL : malloc((size_t)rs.n_records * sizeof *ids);
-    if (!rc && !ids) rc = err_set(err, "out of memory");
+    if (!rc && !ids) rc = err_resource(err, "out of memory for %d record ids", (int)rs.n_records);
     if (!rc) {
         for (int64_t r = 0; r < rs.n_records; r++)
             ids[r] = r;

@@ -20,9 +20,9 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/dtype.h"
 #include "common/splitmix64.h"
 #include "engine/backend.h"
-#include "common/dtype.h"
 #ifdef ASTRAI_HAVE_CUDA
 #include "engine/cuda/cuda_backend.h" // cuda_attention_kernels: which kernels ran
 #endif
@@ -524,6 +524,11 @@ static void test_attention(Ctx *c, int B, int T, int H, int KVH, int D, int docs
     Pair pds = pair_i32(c, ds, N), pq = pair_act(c, qkv, total), po = pair_act(c, out0, nout);
     Pair pl = pair_f32(c, lse0, nlse);
     size_t ko = (size_t)H * D, vo = (size_t)(H + KVH) * D;
+    Err err = {0};
+    if (c->cpu->attention_reserve(T, D, &err)) {
+        fprintf(stderr, "test_gpu_ops: %s\n", err.msg);
+        exit(1);
+    }
     c->cpu->attention_fwd(po.cpu, pl.cpu, pq.cpu, at(c->cpu, pq.cpu, ko), at(c->cpu, pq.cpu, vo),
                           pds.cpu, B, T, H, KVH, D, stride);
     c->gpu->attention_fwd(po.gpu, pl.gpu, pq.gpu, at(c->gpu, pq.gpu, ko), at(c->gpu, pq.gpu, vo),

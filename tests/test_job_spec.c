@@ -117,7 +117,7 @@ static void test_argv_round_trip(void) {
     CHECK(argc > 30 && !strcmp(argv[1], "--train_type=seq"));
     TrainSpec back;
     bool help;
-    train_spec_defaults(&back);
+    CHECK(train_spec_defaults(&back, &err) == 0);
     CHECK_MSG(train_spec_parse_args(&back, argc, argv, &help, &err) == 0, "%s", err.msg);
     cJSON *a = train_spec_to_json(&spec.train), *b = train_spec_to_json(&back);
     char *ta = cJSON_PrintUnformatted(a), *tb = cJSON_PrintUnformatted(b);

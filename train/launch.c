@@ -312,7 +312,7 @@ static void exec_rank(char **argv, char **env, int keep_fd, pid_t parent) {
 
 static int spawn_rank(Supervisor *s, const RanksLaunch *l, int rank, char **argv, Err *err) {
     char **env = ranks_env(l, rank);
-    if (!env) return err_set(err, "cannot start rank %d: out of memory", rank);
+    if (!env) return err_resource(err, "cannot start rank %d: out of memory", rank);
     pid_t parent = getpid();
     pid_t pid = fork();
     if (pid == 0) exec_rank(argv, env, rank == 0 ? l->listen_fd : -1, parent);

@@ -12,12 +12,15 @@
 #include "common/buf.h"
 #include "common/clock.h"
 #include "common/fsutil.h"
+#include "common/json.h"
 #include "proto/progress_db.h"
 
 // A database that cannot be opened or written is the system's failure (disk full, read-only,
-// I/O error, no permission), not bad input.
+// I/O error, no permission, no memory), not bad input. Without a handle sqlite3_open could not
+// allocate one.
 static int db_fail(ProgressDb *p, const char *what, Err *err) {
-    return err_resource(err, "%s: %s: %s", p->path, what, p->db ? sqlite3_errmsg(p->db) : "no db");
+    return err_resource(err, "%s: %s: %s", p->path, what,
+                        p->db ? sqlite3_errmsg(p->db) : "out of memory");
 }
 
 static int exec_sql(ProgressDb *p, const char *sql, Err *err) {
@@ -111,7 +114,8 @@ int progress_add_checkpoint(ProgressDb *p, long step, long epoch, const char *pa
     sqlite3_stmt *st = p->insert_ckpt;
     sqlite3_bind_int64(st, 1, step);
     sqlite3_bind_int64(st, 2, epoch);
-    sqlite3_bind_text(st, 3, path, -1, SQLITE_TRANSIENT);
+    if (sqlite3_bind_text(st, 3, path, -1, SQLITE_TRANSIENT) != SQLITE_OK) // its copy: memory
+        return db_fail(p, "checkpoint path", err);
     sqlite3_bind_double(st, 4, clock_wall_s());
     return run_insert(p, st, err);
 }
@@ -333,7 +337,9 @@ int metric_log_load(MetricLog *m, const char *path, long up_to_step, Err *err) {
         cJSON *obj = cJSON_Parse(line);
         MetricRow row;
         const char *why = "not valid JSON", *what = "";
-        if (!obj || parse_row(obj, &row, &why, &what))
+        if (!obj && json_out_of_memory())
+            rc = err_resource(err, "%s:%ld: out of memory", path, lineno);
+        else if (!obj || parse_row(obj, &row, &why, &what))
             rc = err_set(err, "%s:%ld: not a metric row: %s%s%s%s", path, lineno, *what ? "\"" : "",
                          what, *what ? "\" " : "", why);
         else if (row.step <= up_to_step && metric_log_append_row(m, &row, err))

@@ -283,7 +283,7 @@ static int run_root(const RendezvousConfig *cfg, const uint8_t *payload, size_t 
     r.by_rank = malloc(sizeof(int) * (size_t)cfg->world_size);
     if (!r.by_rank) {
         if (cfg->listen_fd < 0) close(lfd);
-        return err_set(err, "rendezvous: out of memory for %d ranks", cfg->world_size);
+        return err_resource(err, "rendezvous: out of memory for %d ranks", cfg->world_size);
     }
     for (int i = 0; i < cfg->world_size; i++)
         r.by_rank[i] = -1;

@@ -12,6 +12,7 @@
 #include "ckpt/checkpoint.h"
 #include "ckpt/meta.h"
 #include "common/fsutil.h"
+#include "common/json.h"
 #include "common/path.h"
 #include "train/trainer.h"
 
@@ -229,10 +230,11 @@ static int load_sampler_position(Trainer *t, const char *dir, Err *err) {
     cJSON *o = cJSON_Parse(text);
     free(text);
     long epoch = 0, samples = 0, n = 0;
-    int rc = !o ? err_set(err, "%s: not valid JSON", path)
-                : (json_long(o, "epoch", &epoch, path, err) ||
-                   json_long(o, "epoch_samples", &samples, path, err) ||
-                   json_long(o, "n_samples", &n, path, err));
+    int rc = !o && json_out_of_memory() ? err_resource(err, "%s: out of memory", path)
+             : !o                       ? err_set(err, "%s: not valid JSON", path)
+                                        : (json_long(o, "epoch", &epoch, path, err) ||
+                     json_long(o, "epoch_samples", &samples, path, err) ||
+                     json_long(o, "n_samples", &n, path, err));
     cJSON_Delete(o);
     if (rc) return -1;
     if (n != t->n_samples)

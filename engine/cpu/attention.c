@@ -6,7 +6,12 @@
 // the value rows. Only each row's logsumexp is kept; no (T,T) score matrix exists. Backward
 // works on the same tiles: it recomputes the probabilities p = exp(s - lse) from that
 // logsumexp and adds the whole tile's dk and dv to each key row in one pass.
+//
+// The ops cannot fail (engine/backend.h): each thread's scratch is a slice of one block that
+// cpu_attention_reserve allocated ahead (the model reserves before each forward), and the
+// parallel regions run no more threads than it has slices.
 #include <math.h>
+#include <omp.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -34,14 +39,62 @@ static inline int first_key(const int32_t *doc_start, int b, int T, int i) {
     return doc_start ? doc_start[(size_t)b * T + i] : 0;
 }
 
-// Aborts: these kernels have no error path, and without scratch there is no way to go on.
-static void *scratch_alloc(size_t floats, const char *what, int T) {
-    float *p = malloc(floats * sizeof *p);
-    if (!p) {
-        fprintf(stderr, "%s: out of memory for %d tokens\n", what, T);
+// ---------------------------------------------------------------- scratch
+
+// Per-thread backward scratch. (D, Tp): keys and values transposed; (T, Dp): keys padded,
+// the dk and dv accumulators; (QBLOCK, Tp): one tile's p and ds; (QBLOCK, Dp): its q and
+// dout rows padded, its dq. The forward's (below) is smaller.
+typedef struct {
+    int Tp, Dp;
+    float *kt, *vt, *kp, *dkp, *dvp, *p, *ds, *xq, *xdo, *dqt;
+} BwdScratch;
+
+enum { BWD_PARTS = 10 };
+
+// The floats of each part of BwdScratch for T tokens of dimension D; returns their sum.
+static size_t bwd_parts(int T, int D, size_t sizes[BWD_PARTS]) {
+    size_t Tp = (size_t)round_up(T, LANES), Dp = (size_t)round_up(D, LANES);
+    size_t dt = (size_t)D * Tp, td = (size_t)T * Dp, qt = QBLOCK * Tp, qd = QBLOCK * Dp;
+    size_t parts[BWD_PARTS] = {dt, dt, td, td, td, qt, qt, qd, qd, qd}, total = 0;
+    for (int i = 0; i < BWD_PARTS; i++)
+        total += sizes[i] = parts[i];
+    return total;
+}
+
+// threads slices of per_thread floats, for up to T tokens of head dimension D.
+static struct {
+    float *at;
+    size_t per_thread;
+    int threads, T, D;
+} scratch;
+
+int cpu_attention_reserve(int T, int D, Err *err) {
+    int threads = omp_get_max_threads();
+    if (T <= scratch.T && D <= scratch.D && threads == scratch.threads) return 0;
+    T = T > scratch.T ? T : scratch.T;
+    D = D > scratch.D ? D : scratch.D;
+    size_t sizes[BWD_PARTS], per_thread = bwd_parts(T, D, sizes);
+    float *at = malloc(per_thread * (size_t)threads * sizeof *at);
+    if (!at)
+        return err_resource(
+            err, "attention: out of memory for the scratch of %d threads (%d tokens)", threads, T);
+    free(scratch.at);
+    scratch.at = at;
+    scratch.per_thread = per_thread;
+    scratch.threads = threads;
+    scratch.T = T;
+    scratch.D = D;
+    return 0;
+}
+
+// This thread's slice, for a call of T tokens of dimension D.
+static float *thread_scratch(int T, int D) {
+    if (T > scratch.T || D > scratch.D) { // the caller's bug: nothing to compute with
+        fprintf(stderr, "attention: %d tokens of dimension %d, %d x %d reserved\n", T, D, scratch.T,
+                scratch.D);
         abort();
     }
-    return p;
+    return scratch.at + (size_t)omp_get_thread_num() * scratch.per_thread;
 }
 
 // dst: (D, ld) = the T rows of src (token stride `stride`) transposed, zero-padded from T to
@@ -171,11 +224,11 @@ void cpu_attention_fwd(void *out_, float *lse, const void *q_, const void *k_, c
     const float *q = q_;
     const float *k = k_;
     const float *v = v_;
-#pragma omp parallel
+#pragma omp parallel num_threads(scratch.threads ? scratch.threads : 1)
     {
         FwdScratch w = {.Tp = round_up(T, LANES), .Dp = round_up(D, LANES)};
         size_t kt = (size_t)D * w.Tp, vp = (size_t)T * w.Dp, p = (size_t)QBLOCK * w.Tp;
-        w.kt = scratch_alloc(kt + vp + p + (size_t)QBLOCK * w.Dp, "attention_fwd", T);
+        w.kt = thread_scratch(T, D);
         w.vp = w.kt + kt;
         w.p = w.vp + vp;
         w.o = w.p + p;
@@ -184,7 +237,6 @@ void cpu_attention_fwd(void *out_, float *lse, const void *q_, const void *k_, c
             for (int h = 0; h < H; h++)
                 attention_fwd_head(out, lse, q, k, v, doc_start, b, h, T, H, H / KVH, D, qkv_stride,
                                    &w);
-        free(w.kt);
     }
 }
 
@@ -208,24 +260,16 @@ static void tile_accumulate_keys(float *dst, int ld, const float *coef, int ld_c
     }
 }
 
-// Per-thread backward scratch. (D, Tp): keys and values transposed; (T, Dp): keys padded,
-// the dk and dv accumulators; (QBLOCK, Tp): one tile's p and ds; (QBLOCK, Dp): its q and
-// dout rows padded, its dq.
-typedef struct {
-    int Tp, Dp;
-    float *kt, *vt, *kp, *dkp, *dvp, *p, *ds, *xq, *xdo, *dqt;
-} BwdScratch;
-
-static void bwd_scratch_alloc(BwdScratch *w, int T, int D) {
+// w's parts, carved from this thread's scratch.
+static void bwd_scratch_carve(BwdScratch *w, int T, int D) {
     w->Tp = round_up(T, LANES);
     w->Dp = round_up(D, LANES);
-    size_t dt = (size_t)D * w->Tp, td = (size_t)T * w->Dp, qt = (size_t)QBLOCK * w->Tp,
-           qd = (size_t)QBLOCK * w->Dp;
-    float **parts[] = {&w->kt, &w->vt, &w->kp, &w->dkp, &w->dvp,
-                       &w->p,  &w->ds, &w->xq, &w->xdo, &w->dqt};
-    size_t sizes[] = {dt, dt, td, td, td, qt, qt, qd, qd, qd};
-    float *at = scratch_alloc(2 * dt + 3 * td + 2 * qt + 3 * qd, "attention_bwd", T);
-    for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++) {
+    float **parts[BWD_PARTS] = {&w->kt, &w->vt, &w->kp, &w->dkp, &w->dvp,
+                                &w->p,  &w->ds, &w->xq, &w->xdo, &w->dqt};
+    size_t sizes[BWD_PARTS];
+    bwd_parts(T, D, sizes);
+    float *at = thread_scratch(T, D);
+    for (int i = 0; i < BWD_PARTS; i++) {
         *parts[i] = at;
         at += sizes[i];
     }
@@ -330,10 +374,10 @@ void cpu_attention_bwd(void *dq_, void *dk_, void *dv_, const void *dout_, const
     const float *q = q_;
     const float *k = k_;
     const float *v = v_;
-#pragma omp parallel
+#pragma omp parallel num_threads(scratch.threads ? scratch.threads : 1)
     {
         BwdScratch w;
-        bwd_scratch_alloc(&w, T, D);
+        bwd_scratch_carve(&w, T, D);
 #pragma omp for collapse(2) schedule(dynamic, 1)
         for (int b = 0; b < B; b++)
             for (int kvh = 0; kvh < KVH; kvh++) {
@@ -347,6 +391,5 @@ void cpu_attention_bwd(void *dq_, void *dk_, void *dv_, const void *dout_, const
                              .doc_start = doc_start};
                 attention_bwd_kv_head(dq, dk, dv, dout, out, lse, q, k, v, &t, &w);
             }
-        free(w.kt);
     }
 }

@@ -92,6 +92,7 @@ static const Backend cpu_backend = {
     .rmsnorm_bwd = cpu_rmsnorm_bwd,
     .rope_fwd = cpu_rope_fwd,
     .rope_bwd = cpu_rope_bwd,
+    .attention_reserve = cpu_attention_reserve,
     .attention_fwd = cpu_attention_fwd,
     .attention_bwd = cpu_attention_bwd,
     .swiglu_fwd = cpu_swiglu_fwd,

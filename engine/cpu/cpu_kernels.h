@@ -59,6 +59,7 @@ void cpu_rope_fwd(void *x, const int32_t *pos, const float *cos_sin, int N, int 
 void cpu_rope_bwd(void *dx, const int32_t *pos, const float *cos_sin, int N, int G, int D,
                   int stride);
 
+int cpu_attention_reserve(int T, int D, Err *err);
 void cpu_attention_fwd(void *out, float *lse, const void *q, const void *k, const void *v,
                        const int32_t *doc_start, int B, int T, int H, int KVH, int D,
                        int qkv_stride);

@@ -37,11 +37,10 @@ static void check_argv(const JobSpec *spec) {
     while (argv[argc])
         argc++;
     TrainSpec ts;
-    train_spec_defaults(&ts);
     bool help;
     Err err = {0};
-    if (train_spec_parse_args(&ts, argc, argv, &help, &err) || help ||
-        train_spec_validate(&ts, &err))
+    if (train_spec_defaults(&ts, &err) || train_spec_parse_args(&ts, argc, argv, &help, &err) ||
+        help || train_spec_validate(&ts, &err))
         abort(); // err.msg says why astrai-train would refuse the queued job
     cJSON *want = train_spec_to_json(&spec->train), *got = train_spec_to_json(&ts);
     if (!want || !got || !cJSON_Compare(want, got, 1)) abort();

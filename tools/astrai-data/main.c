@@ -12,6 +12,7 @@
 #include "common/error.h"
 #include "common/flags.h"
 #include "common/fsutil.h"
+#include "common/json.h"
 #include "data/dataset.h"
 #include "data/jsonl.h"
 #include "data/records.h"
@@ -73,7 +74,7 @@ static int stream_reserve(Stream *s, int64_t extra, Err *err) {
     int32_t **arrays[3] = {&s->seq, &s->loss_mask, &s->position_ids};
     for (int k = 0; k < (s->sft ? 3 : 1); k++) {
         int32_t *a = realloc(*arrays[k], (size_t)cap * sizeof *a);
-        if (!a) return err_set(err, "out of memory for %" PRId64 " tokens", cap);
+        if (!a) return err_resource(err, "out of memory for %" PRId64 " tokens", cap);
         *arrays[k] = a;
     }
     s->cap = cap;
@@ -272,7 +273,7 @@ static int parse_format(PrepArgs *a, Err *err) {
 static int parse_prep_args(int argc, char **argv, PrepArgs *a, Err *err) {
     *a = (PrepArgs){.format = "text", .tokenizer = "bytes", .group_size = 4};
     a->files = calloc((size_t)argc + 1, sizeof *a->files);
-    if (!a->files) return err_set(err, "out of memory");
+    if (!a->files) return err_resource(err, "prep: out of memory for %d arguments", argc);
     const char *given[4] = {NULL}; // shard_tokens, shard_records, group_size, vocab_size
     bool skip_bad = false;
     const Flag flags[] = {{.name = "out", .kind = FLAG_STRING, .target = &a->out},
@@ -310,7 +311,7 @@ static int prep_tokens(const PrepArgs *a, const Tokenizer *tok, Err *err) {
         rc = s.sft ? prep_sft_file(a->files[i], tok, &s, err)
                    : prep_text_file(a->files[i], tok, &s, err);
     if (rc == 0 && s.n == 0) rc = err_set(err, "prep: the input files hold no tokens");
-    int status = rc == 0 ? 0 : EXIT_BAD_INPUT;
+    int status = rc == 0 ? 0 : err_exit_status(err);
     int64_t n_shards = 0;
     if (rc == 0 &&
         write_shards(a->out, s.n, a->shard_tokens, write_stream_part, &s, &n_shards, err) != 0)
@@ -331,7 +332,7 @@ static int prep_records(const PrepArgs *a, const Tokenizer *tok, Err *err) {
     if (rc == 0 && rs.n_records == 0)
         rc = err_set(err, "prep: the input files hold no records (%" PRId64 " bad ones skipped)",
                      rs.skipped);
-    int status = rc == 0 ? 0 : err->resource ? 1 : EXIT_BAD_INPUT;
+    int status = rc == 0 ? 0 : err_exit_status(err);
     int64_t n_shards = 0;
     if (rc == 0 && write_shards(a->out, rs.n_records, a->shard_records, write_records_part, &rs,
                                 &n_shards, err) != 0)
@@ -353,7 +354,7 @@ static int cmd_prep(int argc, char **argv) {
     int rc = parse_prep_args(argc, argv, &a, &err);
     if (rc == 0) rc = tokenizer_lookup(a.tokenizer, &tok, &err);
     if (rc == 0) rc = check_out_dir(a.out, &err);
-    int status = rc != 0        ? EXIT_BAD_INPUT
+    int status = rc != 0        ? err_exit_status(&err)
                  : a.is_records ? prep_records(&a, &tok, &err)
                                 : prep_tokens(&a, &tok, &err);
     if (status != 0) fprintf(stderr, "astrai-data: %s\n", err.msg);
@@ -583,10 +584,11 @@ static int cmd_inspect(int argc, char **argv) {
                         : inspect_tokens(root, window, stride, as_json, &err);
     if (rc == 0) return 0;
     fprintf(stderr, "astrai-data: %s\n", err.msg);
-    return err.resource ? 1 : EXIT_BAD_INPUT;
+    return err_exit_status(&err);
 }
 
 int main(int argc, char **argv) {
+    json_init();
     for (int i = 1; i < argc; i++) {
         if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0 ||
             (i == 1 && strcmp(argv[i], "help") == 0)) {

@@ -17,6 +17,7 @@
 #include "common/error.h"
 #include "common/flags.h"
 #include "common/fsutil.h"
+#include "common/json.h"
 #include "common/path.h"
 #include "engine/config.h"
 #include "engine/model.h"
@@ -123,7 +124,7 @@ static int write_config(const ModelConfig *cfg, const char *dir, Err *err) {
     char path[PATH_MAX];
     if (path_join(path, sizeof path, dir, "config.json", err)) return -1;
     char *text = model_config_to_json(cfg);
-    if (!text) return err_set(err, "%s: out of memory", path);
+    if (!text) return err_resource(err, "%s: out of memory", path);
     int rc = fs_write_file_atomic(path, text, strlen(text), err);
     free(text);
     return rc;
@@ -134,7 +135,7 @@ static int cmd_init(const Args *a) {
     ModelConfig cfg;
     if (model_config_load(&cfg, a->config, &err)) {
         fprintf(stderr, "astrai-model: %s\n", err.msg);
-        return EXIT_BAD_INPUT;
+        return err_exit_status(&err);
     }
     char existing[PATH_MAX];
     if (path_join(existing, sizeof existing, a->out, "model.safetensors", &err)) {
@@ -148,7 +149,7 @@ static int cmd_init(const Args *a) {
     Model m;
     if (model_create(&m, &cfg, backend_cpu(), &err)) {
         fprintf(stderr, "astrai-model: %s: %s\n", a->config, err.msg);
-        return EXIT_BAD_INPUT;
+        return err_exit_status(&err);
     }
     int rc = model_init_random(&m, a->seed, &err) || fs_mkdir_p(a->out, &err) ||
              save_weights_atomic(&m, a->out, a->dtype, &err) || write_config(&cfg, a->out, &err);
@@ -288,10 +289,11 @@ static int cmd_info(const Args *a) {
     if (open_model_dir(&d, a->dir, &err)) {
         fprintf(stderr, "astrai-model: %s\n", err.msg);
         close_model_dir(&d);
-        return EXIT_BAD_INPUT;
+        return err_exit_status(&err);
     }
     const StTensor **order = tensors_in_file_order(&d.st);
     int rc = 1;
+    if (!order) fprintf(stderr, "astrai-model: %s: out of memory\n", a->dir);
     if (order && a->json) rc = print_info_json(&d, a->dir, order);
     if (order && !a->json) rc = (print_info_text(&d, a->dir, order), 0);
     free(order);
@@ -308,6 +310,7 @@ static int wants_help(int argc, char **argv) {
 }
 
 int main(int argc, char **argv) {
+    json_init();
     if (wants_help(argc, argv)) {
         fputs(USAGE, stdout);
         return 0;
@@ -326,7 +329,7 @@ int main(int argc, char **argv) {
         rc = err_set(&err, "unknown command '%s'", cmd);
     if (rc) {
         fprintf(stderr, "astrai-model: %s\n%s", err.msg, USAGE);
-        return EXIT_BAD_INPUT;
+        return err_exit_status(&err);
     }
     return strcmp(cmd, "init") == 0 ? cmd_init(&a) : cmd_info(&a);
 }

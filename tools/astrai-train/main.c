@@ -17,6 +17,7 @@
 
 #include "comm/comm.h"
 #include "common/fsutil.h"
+#include "common/json.h"
 #include "engine/backend.h"
 #include "proto/train_spec.h"
 #include "train/launch.h"
@@ -98,7 +99,7 @@ static int connect_ranks(LaunchInfo *li, const TrainSpec *spec, const Backend *b
 // else 2.
 static int setup_failed(const Err *err) {
     if (trainer_stop_requested) return EXIT_INTERRUPTED;
-    return err->resource ? 1 : EXIT_BAD_INPUT;
+    return err_exit_status(err);
 }
 
 // One rank (or the single process) of the job, with what the supervisor said in `env`.
@@ -145,7 +146,7 @@ static int run(const TrainSpec *spec, const TrainerOptions *env, char **argv) {
     LaunchFlags flags = launch_flags(spec);
     if (launch_detect_flags(li, &flags, &err)) {
         fprintf(stderr, "astrai-train: %s\n", err.msg);
-        return 2;
+        return err_exit_status(&err);
     }
     // Once per job: rank 0's (the local parent's rank 0 prints them, not the parent).
     if (li->mode != LAUNCH_LOCAL_PARENT && li->rank == 0) train_spec_warn_ignored(spec, stderr);
@@ -238,12 +239,12 @@ int main(int argc, char **argv) {
     TrainSpec spec;
     Err err = {0};
     bool help;
-    train_spec_defaults(&spec);
-    if (train_spec_parse_args(&spec, argc, argv, &help, &err) ||
+    json_init();
+    if (train_spec_defaults(&spec, &err) || train_spec_parse_args(&spec, argc, argv, &help, &err) ||
         (!help && (train_spec_validate(&spec, &err) || resolve_backend(&spec, &err)))) {
         fprintf(stderr, "astrai-train: %s\n", err.msg);
         train_spec_free(&spec);
-        return 2;
+        return err_exit_status(&err);
     }
     if (help) {
         train_spec_print_help("astrai-train");

@@ -6,6 +6,7 @@
 
 #include "client/client.h"
 #include "common/flags.h"
+#include "common/json.h"
 
 static int parse_count(const Flag *f, const char *text, Err *err) {
     char *end;
@@ -86,6 +87,7 @@ static unsigned given_options(const Options *o) {
 }
 
 int main(int argc, char **argv) {
+    json_init();
     signal(SIGPIPE, SIG_IGN);
     Options o = {.timeout_s = 30, .rank = -1, .tail = -1, .width = -1, .height = -1};
     bool help = false;

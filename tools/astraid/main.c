@@ -19,6 +19,7 @@
 #include "common/clock.h"
 #include "common/flags.h"
 #include "common/fsutil.h"
+#include "common/json.h"
 #include "common/path.h"
 #include "common/socket_path.h"
 #include "daemon/daemon.h"
@@ -50,7 +51,7 @@ static int make_flag_table(Config *c, Err *err) {
     static bool ignored; // --version and --help are handled before the config
     flag_table.n = CONFIG_N_OPTIONS + 3;
     Flag *f = flag_table.flags = calloc(flag_table.n, sizeof *f);
-    if (!f) return err_resource(err, "out of memory");
+    if (!f) return err_resource(err, "out of memory for the flag table");
     for (size_t i = 0; i < CONFIG_N_OPTIONS; i++)
         f[i] = (Flag){.name = CONFIG_OPTIONS[i].name,
                       .kind = FLAG_PARSED,
@@ -127,7 +128,10 @@ static int fill_defaults(Config *c, Err *err) {
     if (!c->train_binary) c->train_binary = default_train_binary();
     if (!c->log_level) c->log_level = strdup("info");
     if (!c->executor) c->executor = strdup("local");
-    if (!c->shared_dir) c->shared_dir = strdup(c->state_dir);
+    if (!c->shared_dir && c->state_dir) c->shared_dir = strdup(c->state_dir);
+    if (!c->socket_path || !c->state_dir || !c->train_binary || !c->log_level || !c->executor ||
+        !c->shared_dir)
+        return err_resource(err, "out of memory for the configuration's defaults");
     return 0;
 }
 
@@ -267,6 +271,7 @@ static int start(Err *err) {
 }
 
 int main(int argc, char **argv) {
+    json_init();
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
             usage();
@@ -281,9 +286,13 @@ int main(int argc, char **argv) {
     sd_init();
     Err err = {0};
     astraid.loop = uv_default_loop();
+    if (!astraid.loop) { // libuv could not allocate it
+        fprintf(stderr, "astraid: out of memory for the event loop\n");
+        return 1;
+    }
     astraid.started_at = clock_mono_s();
-    int rc = load_config(&astraid.cfg, argc, argv, &err) ? EXIT_BAD_INPUT
-             : open_devices(&err)                        ? (err.resource ? 1 : EXIT_BAD_INPUT)
+    int rc = load_config(&astraid.cfg, argc, argv, &err) ? err_exit_status(&err)
+             : open_devices(&err)                        ? err_exit_status(&err)
              : start(&err)                               ? 1
                                                          : 0;
     if (rc) {
