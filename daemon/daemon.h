@@ -318,9 +318,9 @@ typedef struct {
     int (*attach)(Job *j);
     // Its word for a job's live run (JOB's slurm_job and slurm_state); NULL: no such fields.
     const char *(*run_state)(const Job *j);
-} Executor;
-extern const Executor LOCAL_EXECUTOR; // runner.c
-extern const Executor SLURM_EXECUTOR; // slurm.c
+} JobExecutor;
+extern const JobExecutor LOCAL_EXECUTOR; // runner.c
+extern const JobExecutor SLURM_EXECUTOR; // slurm.c
 
 // ---------------------------------------------------------------- runner.c
 // The local executor (LOCAL_EXECUTOR), and what astraid asks of its runs:
@@ -522,9 +522,9 @@ typedef struct {
     Devices devices;
     Job *jobs; // by id, ascending
     long next_id;
-    double started_at;        // clock_mono_s() at start (uptime)
-    int stopping;             // SIGTERM/SIGINT taken: no new runs, the running ones are stopped
-    const Executor *executor; // --executor's: local or slurm
+    double started_at;           // clock_mono_s() at start (uptime)
+    int stopping;                // SIGTERM/SIGINT taken: no new runs, the running ones are stopped
+    const JobExecutor *executor; // --executor's: local or slurm
 } Astraid;
 
 extern Astraid astraid;

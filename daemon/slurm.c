@@ -1018,14 +1018,18 @@ static int slurm_has_run(const Job *j) {
     return j->slurm != NULL;
 }
 
-const Executor SLURM_EXECUTOR = {.name = "slurm",
-                                 .takes_devices = 0, // Slurm allocates the nodes and GPUs
-                                 .cancel_confirmed = 1,
-                                 .init = slurm_init,
-                                 .check_submit = slurm_check_submit,
-                                 .start = slurm_start,
-                                 .stop = slurm_stop,
-                                 .checkpoint = slurm_checkpoint,
-                                 .has_run = slurm_has_run,
-                                 .attach = slurm_attach,
-                                 .run_state = slurm_state};
+const JobExecutor SLURM_EXECUTOR = {
+    .name = "slurm",
+    .takes_devices = 0,    // Slurm allocates the nodes and GPUs
+    .cancel_confirmed = 1, // a cancel is Slurm's to confirm (slurmctld may be down)
+    .init = slurm_init,
+    // sbatch --test-only before the job is written
+    .check_submit = slurm_check_submit,
+    .start = slurm_start,
+    .stop = slurm_stop,
+    .checkpoint = slurm_checkpoint,
+    // its Slurm job lives on
+    .has_run = slurm_has_run,
+    .attach = slurm_attach,
+    .run_state = slurm_state,
+};
