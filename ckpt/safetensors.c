@@ -236,7 +236,7 @@ static int check_prefix(const uint8_t *buf, size_t len, uint64_t *hlen, Err *err
 static int parse_header_json(const char *json, size_t n, cJSON **root, Err *err) {
     const char *end = NULL;
     *root = cJSON_ParseWithLengthOpts(json, n, &end, 0);
-    if (!*root && json_out_of_memory())
+    if (!*root && n && json_out_of_memory())
         return err_resource(err, "out of memory parsing the %zu-byte header", n);
     if (!*root) {
         size_t at = end ? (size_t)(end - json) : 0;

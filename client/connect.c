@@ -197,7 +197,7 @@ static int read_message(Client *c, int timeout_ms, cJSON **msg, Err *err) {
                    EXIT_CONNECT;
         if (got == RPC_LINE_OK) {
             *msg = cJSON_ParseWithLength(line, len);
-            if (!*msg && json_out_of_memory())
+            if (!*msg && len && json_out_of_memory())
                 return err_resource(err, "out of memory reading astraid's reply"), EXIT_CONNECT;
             if (!cJSON_IsObject(*msg)) {
                 cJSON_Delete(*msg);

@@ -12,9 +12,10 @@
 void json_init(void);
 
 // Whether the latest cJSON allocation of this thread failed; clears the note. Asked right
-// after a cJSON_Parse* that returned NULL: a parse of a non-empty buffer allocates its root
-// item before it reads, so one that met malformed text leaves a successful allocation last,
-// and one that ran out of memory makes none after the failed one.
+// after a cJSON_Parse* of a non-empty buffer that returned NULL: such a parse allocates its
+// root item before it reads, so one that met malformed text leaves a successful allocation
+// last, and one that ran out of memory makes none after the failed one. (An empty buffer
+// allocates nothing: the note would be an older one's.)
 bool json_out_of_memory(void);
 
 // How many cJSON allocations of this thread failed so far. A tree built with cJSON_Add*

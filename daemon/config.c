@@ -88,7 +88,7 @@ int config_set(Config *c, const ConfigOption *o, const char *value, Err *err) {
 
 int config_apply_json(Config *c, const char *text, size_t len, const char *path, Err *err) {
     cJSON *root = cJSON_ParseWithLength(text, len);
-    if (!root && json_out_of_memory()) return err_resource(err, "%s: out of memory", path);
+    if (!root && len && json_out_of_memory()) return err_resource(err, "%s: out of memory", path);
     if (!cJSON_IsObject(root)) {
         cJSON_Delete(root);
         return err_set(err, "%s: not a JSON object", path);

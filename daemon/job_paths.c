@@ -207,14 +207,20 @@ static int check_ckpt_place(const Job *j, const char *path, Err *err) {
     return 0;
 }
 
+// A path of the spec that the job cannot use is bad input, even for EACCES or EROFS.
+static int spec_path_refused(Err *err) {
+    err->resource = 0;
+    return -1;
+}
+
 int job_ckpt_dir_resolve(Job *j, Err *err) {
     char path[PATH_MAX];
     size_t existing;
     free(j->ckpt_real);
     j->ckpt_real = NULL;
-    if (canonical("ckpt_dir", j->ckpt_dir, path, &existing, err)) return -1;
+    if (canonical("ckpt_dir", j->ckpt_dir, path, &existing, err)) return spec_path_refused(err);
     j->ckpt_real = strdup(path);
-    return j->ckpt_real ? 0 : err_resource(err, "out of memory");
+    return j->ckpt_real ? 0 : err_resource(err, "ckpt_dir: out of memory");
 }
 
 int job_ckpt_dir_free(const Job *j, Err *err) {
@@ -246,11 +252,11 @@ int job_paths_check(Job *j, Err *err) {
     const char *train_type = spec_string(j, "train_type");
     if (!param || !data || !train_type)
         return err_set(err, "param_path, data_root_path and train_type are required");
-    if (check_param_path(param, err) || check_data_root(data, train_type, err) ||
-        job_ckpt_dir_resolve(j, err) || check_ckpt_place(j, j->ckpt_real, err) ||
-        job_ckpt_dir_usable(j, err) || job_ckpt_dir_free(j, err)) {
-        err->resource = 0; // even EACCES or EROFS: the spec names a path the job cannot use
-        return -1;
-    }
+    if (check_param_path(param, err) || check_data_root(data, train_type, err))
+        return spec_path_refused(err);
+    if (job_ckpt_dir_resolve(j, err)) return -1; // refused, or out of memory
+    if (check_ckpt_place(j, j->ckpt_real, err) || job_ckpt_dir_usable(j, err) ||
+        job_ckpt_dir_free(j, err))
+        return spec_path_refused(err);
     return 0;
 }

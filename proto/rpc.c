@@ -182,7 +182,7 @@ static int parse_json(RpcRequest *req, const char *line, size_t len, int *code, 
     }
     const char *end = NULL;
     req->root = cJSON_ParseWithLengthOpts(line, len, &end, 0);
-    if (!req->root && json_out_of_memory())
+    if (!req->root && len && json_out_of_memory())
         return fail(code, RPC_INTERNAL_ERROR, err, "out of memory parsing the request");
     while (req->root && end < line + len && strchr(" \t\r\n", *end) && *end)
         end++;
