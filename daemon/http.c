@@ -25,8 +25,8 @@
 // never reaches an fd reused by a newer connection. At most HTTP_ADMITTED connections are
 // served at once and HTTP_PEER_CONNECTIONS of one peer (an IPv4 address, an IPv6 /64): a new
 // one past either cap makes room by closing the oldest waiting connection (of that peer, or
-// of all) whose socket holds no unread bytes, and is refused (closed at once) only when none
-// counted can be closed so.
+// of all), one whose socket holds no unread bytes first, and is refused (closed at once) only
+// when every one counted is being answered.
 // So a client that sends its request at once is served whatever slow clients hold: it is the
 // newest waiting one while its request arrives. That matters on loopback, where every peer,
 // a local attacker included, is 127.0.0.1 and shares one cap. The HTTP_CONNECTIONS -
@@ -358,16 +358,17 @@ static int has_unread(const Client *c) {
 }
 
 // Under clients_mu: closes the oldest connection waiting for its request (of peer; of any
-// peer when NULL), one whose bytes we have not read being no candidate (else a flood of new
+// peer when NULL), preferring one whose bytes have all been read (else a flood of new
 // connections would close a probe whose request sits unread). 0 when none waits.
 static int evict_oldest(const unsigned char *peer) {
-    Client *oldest = NULL;
+    Client *oldest = NULL, *oldest_read = NULL;
     for (unsigned i = 0; i < HTTP_CONNECTIONS; i++) {
         Client *c = &clients[i];
-        if (c->state == CLIENT_WAITING && (!peer || !memcmp(c->peer, peer, sizeof c->peer)) &&
-            (!oldest || c->since < oldest->since) && !has_unread(c))
-            oldest = c;
+        if (c->state != CLIENT_WAITING || (peer && memcmp(c->peer, peer, sizeof c->peer))) continue;
+        if (!oldest || c->since < oldest->since) oldest = c;
+        if ((!oldest_read || c->since < oldest_read->since) && !has_unread(c)) oldest_read = c;
     }
+    if (oldest_read) oldest = oldest_read;
     if (oldest) client_close(oldest);
     return oldest != NULL;
 }
