@@ -37,22 +37,28 @@ enum {
     BATCH_FIELDS
 };
 
-// Tensors of the compute dtype are `void *` (bytes through act()); fp32 ones `float *`.
-struct ModelActs {
-    float *rope; // (max_position_embeddings, head_dim/2, 2) cos, sin
-    LayerParams *layer;
-    int embed, norm, lm_head; // parameter indices (lm_head = embed when tied)
+// What every activation set shares.
+struct ModelPlan {
+    float *rope;              // (max_position_embeddings, head_dim/2, 2) cos, sin
+    LayerParams *layer;       // (num_hidden_layers), filled for the blocks the model holds
+    int embed, norm, lm_head; // parameter indices, -1 where the stage has none (lm_head = embed
+                              // when tied and the model holds the embedding)
+    int32_t *host_counts;     // (vocab_size + 1) counting sort of ids (by_id)
+};
 
+// One micro-batch's activations. Tensors of the compute dtype are `void *` (bytes through at());
+// fp32 ones `float *`. Block l's tensors are at index l - first_block.
+struct ModelActs {
     size_t capacity; // token rows the buffers below hold
     int B, T;
     int has_loss;
     float label_smoothing, counted;
-    int32_t *host_batch;  // (BATCH_FIELDS, N) host staging of the batch
-    int32_t *host_counts; // (vocab_size + 1) counting sort of ids (by_id)
-    int32_t *batch;       // (BATCH_FIELDS, N) on the backend
+    int32_t *host_batch; // (BATCH_FIELDS, N) host staging of the batch
+    int32_t *batch;      // (BATCH_FIELDS, N) on the backend
     int32_t *inputs, *targets, *mask, *pos, *doc_start, *by_id; // (N) views into batch
     // per slot S (L slots, or 1 with gradient checkpointing): what backward needs
-    void *res;            // (L+1, N, C) block inputs: res[L] is the last block's output
+    void *res;            // (L+1, N, C) block inputs: res[L] is the last block's output (L: the
+                          // stage's blocks)
     void *ln1;            // (S,N,C)
     float *rstd1;         // (S,N)
     void *qkv;            // (S,N,QKV) after rope
@@ -77,26 +83,34 @@ static void *at(const Model *m, const void *base, size_t i) {
 
 // ---------------------------------------------------------------- parameter table
 
-static int add_param(Model *m, int cap, const char *name, int64_t rows, int64_t cols) {
-    if (m->n_params == cap) return -1;
-    ParamSpec *p = &m->params[m->n_params];
+// A table being built: the tensors of blocks [first, end) of cfg and the ends the stage holds.
+typedef struct {
+    const ModelConfig *cfg;
+    ParamSpec *params;
+    int n, cap;
+    size_t num_floats;
+} Table;
+
+static int add_param(Table *t, const char *name, int64_t rows, int64_t cols) {
+    if (t->n == t->cap) return -1;
+    ParamSpec *p = &t->params[t->n];
     snprintf(p->name, sizeof p->name, "%s", name);
     p->ndim = cols ? 2 : 1;
     p->shape[0] = rows;
     p->shape[1] = cols;
     p->numel = (size_t)rows * (size_t)(cols ? cols : 1);
-    p->offset = m->num_floats;
-    m->num_floats += p->numel;
-    return m->n_params++;
+    p->offset = t->num_floats;
+    t->num_floats += p->numel;
+    return t->n++;
 }
 
-static int add_layer_params(Model *m, int cap, int l, LayerParams *lp) {
-    const ModelConfig *c = &m->cfg;
+static int add_layer_params(Table *t, int l, LayerParams *lp) {
+    const ModelConfig *c = t->cfg;
     int C = c->hidden_size, D = c->head_dim, KV = c->num_key_value_heads * D;
     char name[96];
 #define LAYER_PARAM(field, key, rows, cols)                                                        \
     snprintf(name, sizeof name, "layers.%d.%s.weight", l, key);                                    \
-    field = add_param(m, cap, name, rows, cols)
+    field = add_param(t, name, rows, cols)
     int k_proj, v_proj, mlp_gate;
     LAYER_PARAM(lp->q_proj, "attention.q_proj", C, C);
     LAYER_PARAM(k_proj, "attention.k_proj", KV, C);
@@ -119,22 +133,69 @@ static int add_layer_params(Model *m, int cap, int l, LayerParams *lp) {
     return lp->mlp_down < 0 || k_proj < 0 || v_proj < 0 || mlp_gate < 0 ? -1 : 0;
 }
 
-static int build_param_table(Model *m, Err *err) {
-    const ModelConfig *c = &m->cfg;
-    int cap = 3 + 13 * c->num_hidden_layers;
-    m->params = calloc((size_t)cap, sizeof *m->params);
-    m->acts->layer = calloc((size_t)c->num_hidden_layers, sizeof *m->acts->layer);
-    if (!m->params || !m->acts->layer)
-        return err_resource(err, "model: out of memory for the table of %d parameters", cap);
-    ModelActs *a = m->acts;
-    a->embed = add_param(m, cap, "embed_tokens.weight", c->vocab_size, c->hidden_size);
-    for (int l = 0; l < c->num_hidden_layers; l++)
-        if (add_layer_params(m, cap, l, &a->layer[l])) return err_set(err, "model: table full");
-    a->norm = add_param(m, cap, "norm.weight", c->hidden_size, 0);
-    a->lm_head = c->tie_word_embeddings
-                     ? a->embed
-                     : add_param(m, cap, "lm_head.weight", c->vocab_size, c->hidden_size);
+// The tensors of blocks [first, end), in AstrAI key order: the embedding when first is 0, the
+// final norm and head when end is the last block (a tied head without the embedding: its copy,
+// under the embedding's name). layer (num_hidden_layers) and the ends' indices are filled.
+static int fill_table(Table *t, int first, int end, LayerParams *layer, int ends[3], Err *err) {
+    const ModelConfig *c = t->cfg;
+    int V = c->vocab_size, C = c->hidden_size;
+    t->cap = 3 + 13 * (end - first);
+    if (!(t->params = calloc((size_t)t->cap, sizeof *t->params)))
+        return err_resource(err, "model: out of memory for the table of %d parameters", t->cap);
+    ends[0] = ends[1] = ends[2] = -1;
+    if (first == 0) ends[0] = add_param(t, "embed_tokens.weight", V, C);
+    for (int l = first; l < end; l++)
+        if (add_layer_params(t, l, &layer[l])) return err_set(err, "model: table full");
+    if (end < c->num_hidden_layers) return 0;
+    ends[1] = add_param(t, "norm.weight", C, 0);
+    ends[2] =
+        c->tie_word_embeddings && first == 0
+            ? ends[0]
+            : add_param(t, c->tie_word_embeddings ? "embed_tokens.weight" : "lm_head.weight", V, C);
     return 0;
+}
+
+static int check_stage(const ModelConfig *c, int first, int end, Err *err) {
+    if (first < 0 || end <= first || end > c->num_hidden_layers)
+        return err_set(err, "model: stage of blocks [%d, %d) outside the %d blocks", first, end,
+                       c->num_hidden_layers);
+    return 0;
+}
+
+int model_stage_table(const ModelConfig *cfg, int first_block, int end_block, ParamSpec **params,
+                      int *n, size_t *num_floats, Err *err) {
+    *params = NULL;
+    if (check_stage(cfg, first_block, end_block, err)) return -1;
+    LayerParams *layer = calloc((size_t)cfg->num_hidden_layers, sizeof *layer);
+    Table t = {.cfg = cfg};
+    int ends[3];
+    int rc = !layer ? err_resource(err, "model: out of memory for the layer table")
+                    : fill_table(&t, first_block, end_block, layer, ends, err);
+    free(layer);
+    if (rc) {
+        free(t.params);
+        return -1;
+    }
+    *params = t.params;
+    *n = t.n;
+    *num_floats = t.num_floats;
+    return 0;
+}
+
+static int build_param_table(Model *m, Err *err) {
+    ModelPlan *pl = m->plan;
+    if (!(pl->layer = calloc((size_t)m->cfg.num_hidden_layers, sizeof *pl->layer)))
+        return err_resource(err, "model: out of memory for the layer table");
+    Table t = {.cfg = &m->cfg};
+    int ends[3];
+    int rc = fill_table(&t, m->first_block, m->end_block, pl->layer, ends, err);
+    m->params = t.params;
+    m->n_params = t.n;
+    m->num_floats = t.num_floats;
+    pl->embed = ends[0];
+    pl->norm = ends[1];
+    pl->lm_head = ends[2];
+    return rc;
 }
 
 // cos/sin of position * base^(-2i/D) as AstrAI computes them (angle in fp64, then fp32).
@@ -195,22 +256,30 @@ void model_release(Model *m, int which) {
     }
 }
 
-int model_create(Model *m, const ModelConfig *cfg, const Backend *be, Err *err) {
+int model_create_stage(Model *m, const ModelConfig *cfg, int first_block, int end_block,
+                       const Backend *be, Err *err) {
     memset(m, 0, sizeof *m);
+    if (check_stage(cfg, first_block, end_block, err)) return -1;
     m->cfg = *cfg;
     m->be = be;
-    m->acts = calloc(1, sizeof *m->acts);
-    if (!m->acts) return err_resource(err, "model: out of memory for the activations' table");
-    ModelActs *a = m->acts;
+    m->first_block = first_block;
+    m->end_block = end_block;
+    m->has_embed = first_block == 0;
+    m->has_head = end_block == cfg->num_hidden_layers;
+    if (!(m->plan = calloc(1, sizeof *m->plan)) || model_select_acts(m, 0, err)) {
+        model_free(m);
+        return err_resource(err, "model: out of memory for the activations' table");
+    }
+    ModelPlan *pl = m->plan;
     size_t rope_floats = (size_t)cfg->max_position_embeddings * cfg->head_dim;
     float *rope = malloc(rope_floats * sizeof *rope);
-    a->host_counts = malloc(((size_t)cfg->vocab_size + 1) * sizeof *a->host_counts);
-    int rc = !rope || !a->host_counts
+    pl->host_counts = malloc(((size_t)cfg->vocab_size + 1) * sizeof *pl->host_counts);
+    int rc = !rope || !pl->host_counts
                  ? err_resource(err, "model: out of memory for the rope table and token counts")
                  : build_param_table(m, err);
     size_t n_params = m->num_floats; // model_free zeroes m
     if (!rc && (model_acquire(m, MODEL_WEIGHTS | MODEL_MASTER | MODEL_GRADS, err) ||
-                !(a->rope = be->alloc(rope_floats * sizeof(float), err)) ||
+                !(pl->rope = be->alloc(rope_floats * sizeof(float), err)) ||
                 !(m->stats = be->alloc(MODEL_N_STATS * sizeof(double), err))))
         rc = err_prefix(err, "model of %zu parameters", n_params);
     if (rc) {
@@ -219,9 +288,17 @@ int model_create(Model *m, const ModelConfig *cfg, const Backend *be, Err *err) 
         return -1;
     }
     fill_rope_table(rope, cfg);
-    be->upload(a->rope, rope, rope_floats * sizeof(float));
+    be->upload(pl->rope, rope, rope_floats * sizeof(float));
     free(rope);
     return 0;
+}
+
+int model_create(Model *m, const ModelConfig *cfg, const Backend *be, Err *err) {
+    return model_create_stage(m, cfg, 0, cfg->num_hidden_layers, be, err);
+}
+
+bool model_is_stage(const Model *m) {
+    return !m->has_embed || !m->has_head;
 }
 
 const ParamSpec *model_param(const Model *m, const char *name) {
@@ -259,32 +336,63 @@ void model_refresh_weights(Model *m) {
     if (m->weights != m->master) m->be->cast_from_f32(m->weights, m->master, m->num_floats);
 }
 
+// The whole model's table (a stage draws and checks names over all of it).
+static int whole_table(const Model *m, ParamSpec **params, int *n, Err *err) {
+    size_t num_floats;
+    return model_stage_table(&m->cfg, 0, m->cfg.num_hidden_layers, params, n, &num_floats, err);
+}
+
+// The draws run over the whole model's tensors in order, so that a stage gets the values the
+// whole model would.
 int model_init_random(Model *m, uint64_t seed, Err *err) {
-    float *host = malloc(largest_param(m) * sizeof *host);
-    if (!host) return err_resource(err, "model: out of memory for the init staging buffer");
+    ParamSpec *all;
+    int n_all;
+    if (whole_table(m, &all, &n_all, err)) return -1;
+    size_t largest = 1;
+    for (int i = 0; i < n_all; i++)
+        if (all[i].numel > largest) largest = all[i].numel;
+    float *host = malloc(largest * sizeof *host);
+    if (!host) {
+        free(all);
+        return err_resource(err, "model: out of memory for the init staging buffer");
+    }
     Rng rng;
     rng_seed(&rng, seed);
     float std_out = 0.02f / sqrtf(2.0f * m->cfg.num_hidden_layers);
-    for (int i = 0; i < m->n_params; i++) {
-        const ParamSpec *p = &m->params[i];
+    for (int i = 0; i < n_all; i++) {
+        const ParamSpec *p = &all[i];
         int scaled = strstr(p->name, "o_proj") || strstr(p->name, "mlp.down");
         for (size_t j = 0; j < p->numel; j++)
             host[j] = p->ndim == 1 ? 1.0f : rng_normal(&rng, 0.0f, scaled ? std_out : 0.02f);
-        m->be->upload(m->master + p->offset, host, p->numel * sizeof *host);
+        for (int k = 0; k < m->n_params; k++) // a tied head's copy shares the embedding's name
+            if (!strcmp(m->params[k].name, p->name))
+                m->be->upload(m->master + m->params[k].offset, host, p->numel * sizeof *host);
     }
     free(host);
+    free(all);
     model_refresh_weights(m);
     return 0;
 }
 
+static bool table_has(const ParamSpec *params, int n, const char *name) {
+    for (int i = 0; i < n; i++)
+        if (!strcmp(params[i].name, name)) return true;
+    return false;
+}
+
+// Every tensor of the file belongs to the whole model of this config.
 static int check_no_unexpected(const Model *m, const StFile *f, const char *path, Err *err) {
-    for (int i = 0; i < f->n_tensors; i++) {
+    ParamSpec *all;
+    int n_all, rc = 0;
+    if (whole_table(m, &all, &n_all, err)) return -1;
+    for (int i = 0; i < f->n_tensors && !rc; i++) {
         const char *name = f->tensors[i].name;
         int tied_head = m->cfg.tie_word_embeddings && strcmp(name, "lm_head.weight") == 0;
-        if (!tied_head && !model_param(m, name))
-            return err_set(err, "%s: unexpected tensor '%s' for this config", path, name);
+        if (!tied_head && !table_has(all, n_all, name))
+            rc = err_set(err, "%s: unexpected tensor '%s' for this config", path, name);
     }
-    return 0;
+    free(all);
+    return rc;
 }
 
 // Each tensor: file -> host staging (fp32) -> master.
@@ -294,12 +402,15 @@ static int load_tensors(Model *m, const StFile *f, const char *path, float *host
         const ParamSpec *p = &m->params[i];
         float *dst = m->master + p->offset;
         // AstrAI: an untied model without lm_head.weight starts from a copy of the embedding.
-        if (strcmp(p->name, "lm_head.weight") == 0 && !st_find(f, p->name)) {
-            be->copy(dst, m->master + m->params[m->acts->embed].offset, p->numel * sizeof *dst);
-            continue;
+        const char *name = p->name;
+        if (strcmp(name, "lm_head.weight") == 0 && !st_find(f, name)) {
+            name = "embed_tokens.weight";
+            if (m->has_embed) {
+                be->copy(dst, m->master + m->params[m->plan->embed].offset, p->numel * sizeof *dst);
+                continue;
+            }
         }
-        if (st_read_f32(f, p->name, p->ndim, p->shape, host, err))
-            return err_prefix(err, "%s", path);
+        if (st_read_f32(f, name, p->ndim, p->shape, host, err)) return err_prefix(err, "%s", path);
         be->upload(dst, host, p->numel * sizeof *host);
     }
     return 0;
@@ -318,21 +429,33 @@ int model_load(Model *m, const char *path, Err *err) {
     return rc;
 }
 
-int model_save(const Model *m, const char *path, DType dtype, Err *err) {
-    StWriteTensor *t = calloc((size_t)m->n_params, sizeof *t);
+int model_save_views(const ParamView *views, int n_views, const char *path, DType dtype, Err *err) {
+    int cap = 0, n = 0;
+    for (int v = 0; v < n_views; v++)
+        cap += views[v].n_params;
+    StWriteTensor *t = calloc(cap > 0 ? (size_t)cap : 1, sizeof *t);
     if (!t) return err_resource(err, "%s: out of memory", path);
-    for (int i = 0; i < m->n_params; i++) {
-        const ParamSpec *p = &m->params[i];
-        t[i] = (StWriteTensor){.name = p->name,
-                               .ndim = p->ndim,
-                               .data = m->master + p->offset,
-                               .fetch = m->be->download};
-        t[i].shape[0] = p->shape[0];
-        t[i].shape[1] = p->shape[1];
-    }
-    int rc = st_write(path, t, m->n_params, dtype, err);
+    for (int v = 0; v < n_views; v++)
+        for (int i = 0; i < views[v].n_params; i++) {
+            const ParamSpec *p = &views[v].params[i];
+            bool written = false;
+            for (int k = 0; k < n && !written; k++)
+                written = !strcmp(t[k].name, p->name);
+            if (written) continue;
+            t[n++] = (StWriteTensor){.name = p->name,
+                                     .ndim = p->ndim,
+                                     .shape = {p->shape[0], p->shape[1]},
+                                     .data = views[v].master + p->offset,
+                                     .fetch = views[v].be->download};
+        }
+    int rc = st_write(path, t, n, dtype, err);
     free(t);
     return rc;
+}
+
+int model_save(const Model *m, const char *path, DType dtype, Err *err) {
+    ParamView v = model_view(m);
+    return model_save_views(&v, 1, path, dtype, err);
 }
 
 // ---------------------------------------------------------------- activation buffers
@@ -342,8 +465,13 @@ typedef struct {
     size_t bytes;
 } Buffer;
 
+// The decoder blocks the model holds.
+static int n_blocks(const Model *m) {
+    return m->end_block - m->first_block;
+}
+
 static int activation_slots(const Model *m) {
-    return m->grad_checkpointing ? 1 : m->cfg.num_hidden_layers;
+    return m->grad_checkpointing ? 1 : n_blocks(m);
 }
 
 // Every backend activation buffer with its size for N token rows; one table for alloc
@@ -351,10 +479,10 @@ static int activation_slots(const Model *m) {
 static int activation_buffers(const Model *m, size_t N, Buffer *out) {
     ModelActs *a = m->acts;
     const ModelConfig *c = &m->cfg;
-    size_t L = c->num_hidden_layers, S = (size_t)activation_slots(m), C = c->hidden_size,
+    size_t L = (size_t)n_blocks(m), S = (size_t)activation_slots(m), C = c->hidden_size,
            V = c->vocab_size, FF = c->intermediate_size, H = c->num_attention_heads,
            KVH = c->num_key_value_heads, QKV = (H + 2 * KVH) * c->head_dim, qk = c->use_qk_norm,
-           gated = c->use_gated_attention;
+           gated = c->use_gated_attention, head = m->has_head;
     const size_t A = dtype_size(m->be->dtype), f = sizeof(float), i32 = sizeof(int32_t);
     Buffer table[] = {
         {(void **)&a->batch, BATCH_FIELDS * N * i32},
@@ -374,11 +502,11 @@ static int activation_buffers(const Model *m, size_t N, Buffer *out) {
         {(void **)&a->rstd2, S * N * f},
         {(void **)&a->h, S * N * 2 * FF * A},
         {(void **)&a->act, S * N * FF * A},
-        {(void **)&a->lnf, N * C * A},
-        {(void **)&a->rstdf, N * f},
-        {(void **)&a->logits, N * V * A},
-        {(void **)&a->lse_ce, N * f},
-        {(void **)&a->loss_rows, N * f},
+        {(void **)&a->lnf, head * N * C * A},
+        {(void **)&a->rstdf, head * N * f},
+        {(void **)&a->logits, head * N * V * A},
+        {(void **)&a->lse_ce, head * N * f},
+        {(void **)&a->loss_rows, head * N * f},
         {(void **)&a->dres, N * C * A},
         {(void **)&a->dln, N * C * A},
         {(void **)&a->dqkv, N * QKV * A},
@@ -388,7 +516,7 @@ static int activation_buffers(const Model *m, size_t N, Buffer *out) {
         {(void **)&a->dgate, gated * N * C * A},
         {(void **)&a->dh, N * 2 * FF * A},
         {(void **)&a->dact, N * FF * A},
-        {(void **)&a->dlogits, N * V * A},
+        {(void **)&a->dlogits, head * N * V * A},
     };
     size_t n = sizeof table / sizeof table[0];
     if (out) memcpy(out, table, sizeof table);
@@ -429,18 +557,58 @@ static int ensure_activations(Model *m, size_t N, Err *err) {
     return 0;
 }
 
+int model_select_acts(Model *m, int k, Err *err) {
+    if (k >= m->n_act_sets) {
+        ModelActs **sets = realloc(m->act_sets, (size_t)(k + 1) * sizeof *sets);
+        if (!sets) return err_resource(err, "model: out of memory for %d activation sets", k + 1);
+        m->act_sets = sets;
+        for (; m->n_act_sets <= k; m->n_act_sets++)
+            if (!(sets[m->n_act_sets] = calloc(1, sizeof **sets)))
+                return err_resource(err, "model: out of memory for activation set %d", k);
+    }
+    m->acts = m->act_sets[k];
+    return 0;
+}
+
+size_t model_activation_bytes(const Model *m) {
+    Buffer table[MAX_BUFFERS];
+    size_t bytes = 0;
+    for (int k = 0; k < m->n_act_sets; k++) {
+        int n = activation_buffers(m, m->act_sets[k]->capacity, table);
+        for (int i = 0; i < n; i++)
+            bytes += table[i].bytes;
+    }
+    return bytes;
+}
+
 void model_free(Model *m) {
-    if (m->acts) {
-        free_activations(m);
-        m->be->free(m->acts->rope);
+    if (m->be) {
+        for (int k = 0; k < m->n_act_sets; k++) {
+            m->acts = m->act_sets[k];
+            free_activations(m);
+            free(m->acts);
+        }
         m->be->free(m->stats);
         model_release(m, MODEL_WEIGHTS | MODEL_MASTER | MODEL_GRADS);
-        free(m->acts->host_counts);
-        free(m->acts->layer);
-        free(m->acts);
     }
+    if (m->plan) {
+        if (m->be) m->be->free(m->plan->rope);
+        free(m->plan->host_counts);
+        free(m->plan->layer);
+        free(m->plan);
+    }
+    free(m->act_sets);
     free(m->params);
     memset(m, 0, sizeof *m);
+}
+
+const void *model_stage_output(const Model *m) {
+    const ModelActs *a = m->acts;
+    return at(m, a->res, (size_t)n_blocks(m) * a->B * a->T * m->cfg.hidden_size);
+}
+
+const void *model_stage_dinput(const Model *m) {
+    return m->acts->dres;
 }
 
 void model_zero_grad(Model *m) {
@@ -467,17 +635,18 @@ const int32_t *model_token_mask(const Model *m) {
 
 // One past block l's last parameter index (block parameters are contiguous).
 static int layer_params_end(const Model *m, int l) {
-    const ModelActs *a = m->acts;
-    return l + 1 < m->cfg.num_hidden_layers ? a->layer[l + 1].q_proj : a->norm;
+    const ModelPlan *pl = m->plan;
+    if (l + 1 < m->end_block) return pl->layer[l + 1].q_proj;
+    return m->has_head ? pl->norm : m->n_params;
 }
 
 int model_grad_ranges(const Model *m, int (*ranges)[2]) {
-    const ModelActs *a = m->acts;
+    const ModelPlan *pl = m->plan;
     int n = 0;
-    ranges[n][0] = a->norm, ranges[n++][1] = m->n_params;
-    for (int l = m->cfg.num_hidden_layers - 1; l >= 0; l--)
-        ranges[n][0] = a->layer[l].q_proj, ranges[n++][1] = layer_params_end(m, l);
-    ranges[n][0] = a->embed, ranges[n++][1] = a->embed + 1;
+    if (m->has_head) ranges[n][0] = pl->norm, ranges[n++][1] = m->n_params;
+    for (int l = m->end_block - 1; l >= m->first_block; l--)
+        ranges[n][0] = pl->layer[l].q_proj, ranges[n++][1] = layer_params_end(m, l);
+    if (m->has_embed) ranges[n][0] = pl->embed, ranges[n++][1] = pl->embed + 1;
     return n;
 }
 
@@ -544,7 +713,7 @@ static int prepare_inputs(Model *m, const int32_t *inputs, const int32_t *target
             mask[n] = counted;
             counted_total += counted;
         }
-    sort_by_id(in, (int)N, c->vocab_size, a->host_counts, hb + BATCH_BY_ID * N);
+    sort_by_id(in, (int)N, c->vocab_size, m->plan->host_counts, hb + BATCH_BY_ID * N);
     int32_t *db = a->batch;
     a->inputs = db + BATCH_INPUTS * N;
     a->targets = db + BATCH_TARGETS * N;
@@ -590,7 +759,7 @@ static Slot slot_at(const Model *m, int s) {
 }
 
 static int slot_of_layer(const Model *m, int l) {
-    return m->grad_checkpointing ? 0 : l;
+    return m->grad_checkpointing ? 0 : l - m->first_block;
 }
 
 // res[l+1] = res[l] + attn(input_norm(res[l])) + mlp(post_attention_norm(.)), layer l,
@@ -599,18 +768,19 @@ static void layer_forward(Model *m, int l, int s) {
     ModelActs *a = m->acts;
     const Backend *be = m->be;
     const ModelConfig *c = &m->cfg;
-    const LayerParams *p = &a->layer[l];
+    const LayerParams *p = &m->plan->layer[l];
+    const float *rope = m->plan->rope;
     int B = a->B, T = a->T, N = B * T, C = c->hidden_size, H = c->num_attention_heads,
         KVH = c->num_key_value_heads, D = c->head_dim, FF = c->intermediate_size,
         QKV = (int)qkv_width(c);
-    size_t nc = (size_t)N * C;
+    size_t nc = (size_t)N * C, r = (size_t)(l - m->first_block);
     Slot x = slot_at(m, s);
-    void *res = at(m, a->res, l * nc), *res_next = at(m, a->res, (l + 1) * nc);
+    void *res = at(m, a->res, r * nc), *res_next = at(m, a->res, (r + 1) * nc);
 
     be->rmsnorm_fwd(x.ln1, x.rstd1, res, weight(m, p->input_norm), N, 1, C, C, c->rms_norm_eps);
     be->matmul_fwd(x.qkv, x.ln1, weight(m, p->q_proj), N, C, QKV, 0);
-    be->rope_fwd(x.qkv, a->pos, a->rope, N, H, D, QKV);
-    be->rope_fwd(at(m, x.qkv, (size_t)H * D), a->pos, a->rope, N, KVH, D, QKV);
+    be->rope_fwd(x.qkv, a->pos, rope, N, H, D, QKV);
+    be->rope_fwd(at(m, x.qkv, (size_t)H * D), a->pos, rope, N, KVH, D, QKV);
     void *qk = x.qkv; // q and k as attention sees them
     if (c->use_qk_norm) {
         qk = x.qkn;
@@ -663,7 +833,10 @@ static int forward(Model *m, const int32_t *inputs, const int32_t *targets,
     const ModelConfig *c = &m->cfg;
     a->has_loss = 0;
     if (check_forward_args(B, T, label_smoothing, err)) return -1;
-    int N = B * T, C = c->hidden_size, V = c->vocab_size, L = c->num_hidden_layers;
+    const ModelPlan *pl = m->plan;
+    int N = B * T, C = c->hidden_size, V = c->vocab_size, L = n_blocks(m);
+    if (!m->has_embed && !m->stage_input)
+        return err_set(err, "model: a stage without the embedding needs its input activations");
     if (ensure_activations(m, (size_t)N, err) ||
         (be->attention_reserve && be->attention_reserve(T, c->head_dim, err)))
         return -1;
@@ -671,17 +844,22 @@ static int forward(Model *m, const int32_t *inputs, const int32_t *targets,
     if (counted < 0) return -1;
     a->B = B;
     a->T = T;
-    weights_needed(m, a->embed, a->embed + 1);
-    be->embedding_fwd(a->res, a->inputs, weight(m, a->embed), N, C);
-    add_embedding_noise(m, T);
-    for (int l = 0; l < L; l++) {
-        weights_needed(m, a->layer[l].q_proj, layer_params_end(m, l));
+    if (m->has_embed) {
+        weights_needed(m, pl->embed, pl->embed + 1);
+        be->embedding_fwd(a->res, a->inputs, weight(m, pl->embed), N, C);
+        add_embedding_noise(m, T);
+    } else {
+        be->copy(a->res, m->stage_input, (size_t)N * C * dtype_size(be->dtype));
+    }
+    for (int l = m->first_block; l < m->end_block; l++) {
+        weights_needed(m, pl->layer[l].q_proj, layer_params_end(m, l));
         layer_forward(m, l, slot_of_layer(m, l));
     }
-    weights_needed(m, a->norm, m->n_params);
-    be->rmsnorm_fwd(a->lnf, a->rstdf, at(m, a->res, (size_t)L * N * C), weight(m, a->norm), N, 1, C,
-                    C, c->rms_norm_eps);
-    be->matmul_fwd(a->logits, a->lnf, weight(m, a->lm_head), N, C, V, 0);
+    if (!m->has_head) return 0;
+    weights_needed(m, pl->norm, m->n_params);
+    be->rmsnorm_fwd(a->lnf, a->rstdf, at(m, a->res, (size_t)L * N * C), weight(m, pl->norm), N, 1,
+                    C, C, c->rms_norm_eps);
+    be->matmul_fwd(a->logits, a->lnf, weight(m, pl->lm_head), N, C, V, 0);
     if (!targets) return 0;
 
     be->cross_entropy_fwd(a->loss_rows, a->lse_ce, a->logits, a->targets, a->mask, N, V,
@@ -726,13 +904,14 @@ static void layer_backward(Model *m, int l, int s) {
     ModelActs *a = m->acts;
     const Backend *be = m->be;
     const ModelConfig *c = &m->cfg;
-    const LayerParams *p = &a->layer[l];
+    const LayerParams *p = &m->plan->layer[l];
+    const float *rope = m->plan->rope;
     int B = a->B, T = a->T, N = B * T, C = c->hidden_size, H = c->num_attention_heads,
         KVH = c->num_key_value_heads, D = c->head_dim, FF = c->intermediate_size,
         QKV = (int)qkv_width(c);
     size_t nc = (size_t)N * C, hd = (size_t)H * D, kvd = (size_t)(H + KVH) * D;
     Slot x = slot_at(m, s);
-    void *res = at(m, a->res, l * nc);
+    void *res = at(m, a->res, (size_t)(l - m->first_block) * nc);
 
     // mlp branch: res[l+1] = mid + down(swiglu(up|gate(ln2)))
     be->matmul_bwd(a->dact, grad(m, p->mlp_down), a->dres, x.act, weight(m, p->mlp_down), N, FF, C,
@@ -760,8 +939,8 @@ static void layer_backward(Model *m, int l, int s) {
         be->rmsnorm_bwd(at(m, a->dqkv, hd), grad(m, p->k_norm), at(m, dqk, hd), at(m, x.qkv, hd),
                         weight(m, p->k_norm), x.rstdk, N, KVH, D, QKV, 0);
     }
-    be->rope_bwd(a->dqkv, a->pos, a->rope, N, H, D, QKV);
-    be->rope_bwd(at(m, a->dqkv, hd), a->pos, a->rope, N, KVH, D, QKV);
+    be->rope_bwd(a->dqkv, a->pos, rope, N, H, D, QKV);
+    be->rope_bwd(at(m, a->dqkv, hd), a->pos, rope, N, KVH, D, QKV);
     int have_dln = 0;
     if (c->use_gated_attention) {
         be->matmul_bwd(a->dln, grad(m, p->gate), a->dgate, x.ln1, weight(m, p->gate), N, C, C, 0);
@@ -773,32 +952,53 @@ static void layer_backward(Model *m, int l, int s) {
                     N, 1, C, C, 1);
 }
 
-// Backward from dlogits = dloss * row_scale[n] * d CE_n / d logits (row_scale NULL: 1).
-static void backward(Model *m, const float *row_scale, float dloss) {
+// The head's backward from dlogits = dloss * row_scale[n] * d CE_n / d logits (row_scale NULL:
+// 1) into dres; false when the loss is constant (no counted token: nothing to do).
+static bool head_backward(Model *m, const float *row_scale, float dloss) {
     ModelActs *a = m->acts;
-    if (!a->has_loss || a->counted == 0) return; // no counted token: the loss is constant 0
+    const ModelPlan *pl = m->plan;
     const Backend *be = m->be;
     const ModelConfig *c = &m->cfg;
-    int N = a->B * a->T, C = c->hidden_size, V = c->vocab_size, L = c->num_hidden_layers;
+    int N = a->B * a->T, C = c->hidden_size, V = c->vocab_size;
+    if (!a->has_loss || a->counted == 0) return false;
     be->cross_entropy_bwd(a->dlogits, a->logits, a->lse_ce, a->targets, a->mask, row_scale, N, V,
                           a->label_smoothing, dloss);
-    be->matmul_bwd(a->dln, grad(m, a->lm_head), a->dlogits, a->lnf, weight(m, a->lm_head), N, C, V,
-                   0);
-    be->rmsnorm_bwd(a->dres, grad(m, a->norm), a->dln, at(m, a->res, (size_t)L * N * C),
-                    weight(m, a->norm), a->rstdf, N, 1, C, C, 0);
-    grads_ready(m, a->norm, m->n_params);
-    for (int l = L - 1; l >= 0; l--) {
-        // Checkpointing: slot 0 holds the last block after forward; recompute the others.
-        if (m->grad_checkpointing && l != L - 1) layer_forward(m, l, 0);
-        layer_backward(m, l, slot_of_layer(m, l));
-        grads_ready(m, a->layer[l].q_proj, layer_params_end(m, l));
+    be->matmul_bwd(a->dln, grad(m, pl->lm_head), a->dlogits, a->lnf, weight(m, pl->lm_head), N, C,
+                   V, 0);
+    be->rmsnorm_bwd(a->dres, grad(m, pl->norm), a->dln, model_stage_output(m), weight(m, pl->norm),
+                    a->rstdf, N, 1, C, C, 0);
+    grads_ready(m, pl->norm, m->n_params);
+    return true;
+}
+
+// Backward of the stage: from the loss (the head), or from stage_dout (the next stage's
+// gradient). A last stage whose loss is constant leaves the gradients as they are; its dres is
+// then zero, which is what the previous stage receives.
+static void backward(Model *m, const float *row_scale, float dloss) {
+    ModelActs *a = m->acts;
+    const ModelPlan *pl = m->plan;
+    const Backend *be = m->be;
+    int N = a->B * a->T, C = m->cfg.hidden_size, last = m->end_block - 1;
+    size_t dres_bytes = (size_t)N * C * dtype_size(be->dtype);
+    if (!m->has_head) {
+        be->copy(a->dres, m->stage_dout, dres_bytes);
+    } else if (!head_backward(m, row_scale, dloss)) {
+        if (!m->has_embed) be->zero(a->dres, dres_bytes);
+        return;
     }
-    be->embedding_bwd(grad(m, a->embed), a->dres, a->inputs, a->by_id, N, C);
-    grads_ready(m, a->embed, a->embed + 1);
+    for (int l = last; l >= m->first_block; l--) {
+        // Checkpointing: slot 0 holds the last block after forward; recompute the others.
+        if (m->grad_checkpointing && l != last) layer_forward(m, l, 0);
+        layer_backward(m, l, slot_of_layer(m, l));
+        grads_ready(m, pl->layer[l].q_proj, layer_params_end(m, l));
+    }
+    if (!m->has_embed) return;
+    be->embedding_bwd(grad(m, pl->embed), a->dres, a->inputs, a->by_id, N, C);
+    grads_ready(m, pl->embed, pl->embed + 1);
 }
 
 void model_backward(Model *m, float loss_scale) {
-    float counted = m->acts->counted;
+    float counted = m->has_head ? m->acts->counted : 1.0f;
     backward(m, NULL, counted > 0 ? loss_scale / counted : 0.0f);
 }
 

@@ -42,7 +42,8 @@ typedef struct {
     float *grads;      // (num_floats,) fp32 gradients
 } ParamView;
 
-typedef struct ModelActs ModelActs; // activations, private to model.c
+typedef struct ModelActs ModelActs; // one micro-batch's activations, private to model.c
+typedef struct ModelPlan ModelPlan; // what every micro-batch shares (rope table, indices), private
 
 // The backend accumulators of m->stats, which forward alone adds to: the summed forward losses
 // and two metrics of the preference losses (engine/preference.h), at the slots the backend's
@@ -80,7 +81,21 @@ typedef struct {
     float neftune_alpha;
     uint64_t noise_seed;
     ModelHooks hooks; // set by model_set_hooks only
-    ModelActs *acts;  // sized for the largest (B,T) seen so far
+    // A pipeline stage (docs/design.md §13) holds the decoder blocks [first_block, end_block)
+    // of cfg, the embedding when first_block is 0 and the final norm and head when end_block is
+    // cfg.num_hidden_layers (a whole model holds all of them). With tied embeddings a last stage
+    // without the embedding holds its own copy of embed_tokens.weight as the head, which the
+    // pipeline keeps equal to the first stage's.
+    int first_block, end_block;
+    bool has_embed, has_head;
+    // A stage without the embedding starts forward from stage_input: (B*T, C) compute dtype,
+    // the previous stage's output; a stage without the head starts backward from stage_dout:
+    // (B*T, C), d loss / d its output. Backend memory the caller sets before each call.
+    const void *stage_input, *stage_dout;
+    ModelPlan *plan;
+    ModelActs *acts;      // the activation set forward and backward use (model_select_acts)
+    ModelActs **act_sets; // n_act_sets, each sized for the largest (B,T) it has seen
+    int n_act_sets;
 } Model;
 
 // The grads_ready ranges in the order model_backward completes them: ranges[k] = [first,
@@ -91,6 +106,26 @@ int model_grad_ranges(const Model *m, int (*ranges)[2]);
 void model_set_hooks(Model *m, const ModelHooks *hooks);
 
 int model_create(Model *m, const ModelConfig *cfg, const Backend *be, Err *err);
+// The pipeline stage of the blocks [first_block, end_block) (0 <= first < end <= layers).
+int model_create_stage(Model *m, const ModelConfig *cfg, int first_block, int end_block,
+                       const Backend *be, Err *err);
+// The parameter table of that stage without a model: *params (malloc'ed, *n entries, offsets
+// into a flat buffer of *num_floats) as model_create_stage lays it out.
+int model_stage_table(const ModelConfig *cfg, int first_block, int end_block, ParamSpec **params,
+                      int *n, size_t *num_floats, Err *err);
+// Whether m is a part of the model (a pipeline stage) rather than all of it.
+bool model_is_stage(const Model *m);
+
+// Pipelines keep several micro-batches' activations at once: forward and backward use set k
+// from now on (created empty on first use; a backward uses the set of its forward).
+int model_select_acts(Model *m, int k, Err *err);
+// Of the current set: the last forward's output of the stage's last block, (B*T, C) compute
+// dtype (what the next stage receives), and after a backward d loss / d the stage's input,
+// (B*T, C) (what the previous stage receives).
+const void *model_stage_output(const Model *m);
+const void *model_stage_dinput(const Model *m);
+// Backend bytes of every activation set (the pipeline's held micro-batches).
+size_t model_activation_bytes(const Model *m);
 void model_free(Model *m);
 
 const ParamSpec *model_param(const Model *m, const char *name);
@@ -102,10 +137,15 @@ int model_init_random(Model *m, uint64_t seed, Err *err);
 
 // Loads the master weights from a safetensors file (bf16/f16/f32) and refreshes the
 // compute weights. A missing tensor, an unexpected tensor or a wrong shape is an error
-// naming it. With tied embeddings a present lm_head.weight is ignored.
+// naming it. With tied embeddings a present lm_head.weight is ignored. A stage reads its own
+// tensors of a whole model's file (the others' are expected there, not read).
 int model_load(Model *m, const char *safetensors_path, Err *err);
 // Writes the master weights, one tensor at a time through host memory.
 int model_save(const Model *m, const char *safetensors_path, DType dtype, Err *err);
+// Writes the tensors of several parameter views (the stages of a pipeline, in order) as one
+// file; a name already written (a tied head's copy) is written once.
+int model_save_views(const ParamView *views, int n_views, const char *safetensors_path, DType dtype,
+                     Err *err);
 // weights = master in the compute dtype (after the optimizer stepped the master); no-op in fp32.
 void model_refresh_weights(Model *m);
 
