@@ -19,3 +19,5 @@ astrai_py_test(train_val test_train_val.py)
 astrai_py_test(pref_ref test_pref_ref.py)
 astrai_py_test(train_pref test_train_pref.py)
 astrai_py_test(train_neftune test_train_neftune.py)
+# The pipeline schedules (1F1B, GPipe) as a unit: orders, no deadlock, held activations (issue 19).
+astrai_c_test(test_pp_schedule tests/test_pp_schedule.c)
