@@ -14,3 +14,6 @@ target_link_libraries(test_attention_tiling PRIVATE m)
 # pref_dump: one DPO/GRPO micro-batch through the engine, driven by test_pref_ref.py.
 add_executable(pref_dump tests/pref_dump.c)
 target_link_libraries(pref_dump PRIVATE astrai_core)
+
+# A model cut into pipeline stages computes the whole model's loss and gradients.
+astrai_c_test(test_model_stage tests/test_model_stage.c)
