@@ -24,14 +24,8 @@ static int check_config(const CommConfig *cfg, Err *err) {
 }
 
 static int init_backend(Comm *c, const CommConfig *cfg, Err *err) {
-    if (!strcmp(cfg->backend, "shm")) {
-        snprintf(c->label, sizeof c->label, "shm %s rank %d/%d",
-                 cfg->shm_name ? cfg->shm_name : "?", c->rank, c->world);
-        return shm_comm_init(c, cfg, err);
-    }
+    if (!strcmp(cfg->backend, "shm")) return shm_comm_init(c, cfg, err);
     if (!strcmp(cfg->backend, "nccl")) {
-        snprintf(c->label, sizeof c->label, "nccl rank %d/%d (cuda device %d)", c->rank, c->world,
-                 cfg->cuda_device);
 #ifdef ASTRAI_HAVE_NCCL
         return nccl_comm_init(c, cfg, err);
 #else
@@ -205,4 +199,62 @@ int comm_broadcast(Comm *c, void *buf, size_t bytes, int root, Err *err) {
 int comm_barrier(Comm *c, Err *err) {
     if (usable(c, err)) return -1;
     return finish(c, c->ops->barrier(c, err), err);
+}
+
+// Bad transfers fail this rank only, as bad collective arguments do.
+static int check_p2p(Comm *c, const CommP2p *ops, int n, Err *err) {
+    if (n <= 0 || !ops) {
+        err_set(err, "p2p: %d transfers%s (want at least 1)", n, ops ? "" : " at NULL");
+        return finish(c, -1, err);
+    }
+    for (int i = 0; i < n; i++) {
+        const CommP2p *o = &ops[i];
+        if (!o->buf && o->bytes) {
+            err_set(err, "p2p: transfer %d's buf (%s rank %d) is NULL for %zu bytes", i,
+                    o->send ? "to" : "from", o->peer, o->bytes);
+            return finish(c, -1, err);
+        }
+        if (o->peer < 0 || o->peer >= c->world || o->peer == c->rank) {
+            err_set(err, "p2p: transfer %d's peer %d is not another rank of 0..%d (this is %d)", i,
+                    o->peer, c->world - 1, c->rank);
+            return finish(c, -1, err);
+        }
+    }
+    return 0;
+}
+
+int comm_p2p(Comm *c, const CommP2p *ops, int n, Err *err) {
+    if (usable(c, err) || check_p2p(c, ops, n, err)) return -1;
+    return finish(c, c->ops->p2p(c, ops, n, err), err);
+}
+
+int comm_send(Comm *c, const void *buf, size_t bytes, int peer, Err *err) {
+    CommP2p op = {.peer = peer, .send = 1, .buf = (void *)buf, .bytes = bytes};
+    return comm_p2p(c, &op, 1, err);
+}
+
+int comm_recv(Comm *c, void *buf, size_t bytes, int peer, Err *err) {
+    CommP2p op = {.peer = peer, .send = 0, .buf = buf, .bytes = bytes};
+    return comm_p2p(c, &op, 1, err);
+}
+
+int comm_split(Comm *c, int color, int key, Comm **out, Err *err) {
+    *out = NULL;
+    if (usable(c, err)) return -1;
+    if (color < 0) {
+        err_set(err, "comm_split: color %d must be >= 0", color);
+        return finish(c, -1, err);
+    }
+    Comm *sub = calloc(1, sizeof *sub);
+    if (!sub) {
+        err_resource(err, "comm_split: out of memory");
+        return finish(c, -1, err);
+    }
+    sub->timeout_ms = c->timeout_ms;
+    if (c->ops->split(c, color, key, sub, err)) {
+        free(sub);
+        return finish(c, -1, err);
+    }
+    *out = sub;
+    return 0;
 }

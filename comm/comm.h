@@ -88,6 +88,36 @@ int comm_wait(Comm *c, Err *err);
 int comm_broadcast(Comm *c, void *buf, size_t bytes, int root, Err *err);
 int comm_barrier(Comm *c, Err *err);
 
+// Point-to-point (pipeline stages, docs/design.md §13). One transfer of a group:
+typedef struct {
+    int peer;  // the other rank of this communicator
+    int send;  // 1: buf goes to peer; 0: buf is filled with what peer sends
+    void *buf; // (bytes) host memory (shm) or device memory (nccl)
+    size_t bytes;
+} CommP2p;
+
+// Runs the transfers ops[0..n) together and returns when all are done (nccl: ncclSend/ncclRecv
+// between ncclGroupStart/End on the communicator's stream, ordered after the compute as the
+// collectives are). Per ordered pair of ranks, the k-th send of a to b is the k-th receive of b
+// from a: their sizes must be equal (an error on both ranks naming both sizes otherwise; shm checks
+// this, as it checks the collectives; nccl trusts it as NCCL does). 0 bytes is a transfer too: it
+// matches a receive of 0 bytes and moves nothing. Transfers of one group progress together, so two
+// neighbours that each send to the other in one group (1F1B's send-forward / receive-backward)
+// never deadlock, whatever the sizes. A peer that died or never posts its side: an error after the
+// timeout naming the peer, and the Comm is broken as after a failed collective. Point-to-point
+// calls are not collectives: ranks not involved call nothing, and they do not count in the "same
+// collectives in the same order" check.
+int comm_p2p(Comm *c, const CommP2p *ops, int n, Err *err);
+int comm_send(Comm *c, const void *buf, size_t bytes, int peer, Err *err); // comm_p2p of one
+int comm_recv(Comm *c, void *buf, size_t bytes, int peer, Err *err);
+
+// A sub-communicator (collective over c: every rank of c calls it): the ranks that give the same
+// color (>= 0) form one group, ranked by key (ties by their rank in c). shm: a segment of its own
+// named after c's ("<name>-g<color>", so comm_shm_remove of the run's name removes it too); nccl:
+// ncclCommSplit (loaded with dlsym like the rest; a clear error when the NCCL library lacks it).
+// The new Comm has c's timeout, stream and device; comm_destroy it before c.
+int comm_split(Comm *c, int color, int key, Comm **out, Err *err);
+
 // shm segment names: "/astrai-<pid>-<random>", unique per run, so a crashed run's segment
 // is never reused. The supervisor of the ranks (or rank 0 when there is none) picks it.
 void comm_shm_new_name(char *out, size_t cap);

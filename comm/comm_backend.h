@@ -18,6 +18,10 @@ typedef struct {
     int (*wait)(Comm *c, Err *err);
     int (*broadcast)(Comm *c, void *buf, size_t bytes, int root, Err *err);
     int (*barrier)(Comm *c, Err *err);
+    // ops: checked (n > 0, peers in range and not this rank); buf is NULL only for 0 bytes.
+    int (*p2p)(Comm *c, const CommP2p *ops, int n, Err *err);
+    // Fills out (calloc'ed, timeout_ms set) as the *_comm_init below do.
+    int (*split)(Comm *c, int color, int key, Comm *out, Err *err);
     void (*destroy)(Comm *c);
 } CommBackend;
 
@@ -31,7 +35,7 @@ struct Comm {
     void *state; // the backend's own
 };
 
-// Each fills c->ops and c->state (c->rank, world, timeout_ms are set); on
+// Each fills c->ops, c->state and c->label (c->rank, world, timeout_ms are set); on
 // failure it frees what it allocated and leaves c->state NULL.
 int shm_comm_init(Comm *c, const CommConfig *cfg, Err *err);
 #ifdef ASTRAI_HAVE_NCCL

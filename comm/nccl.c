@@ -12,6 +12,10 @@
 // on our own stream and then polled (stream done? NCCL async error?) until the
 // deadline; past it the communicator is aborted (ncclCommAbort), which is what
 // unblocks the GPU when a peer died, and the Comm stays broken.
+//
+// Point-to-point transfers are one ncclGroupStart/End of ncclSend/ncclRecv, run and waited
+// for as a collective. Sub-communicators come from ncclCommSplit (NCCL 2.18 or later; loaded
+// only when present, so an older library still runs everything else).
 #include <dlfcn.h>
 #include <nccl.h>
 #include <stdio.h>
@@ -47,6 +51,13 @@ typedef struct {
     API_FN(ncclReduceScatter);
     API_FN(ncclAllGather);
     API_FN(ncclBroadcast);
+    API_FN(ncclSend);
+    API_FN(ncclRecv);
+    API_FN(ncclGroupStart);
+    API_FN(ncclGroupEnd);
+    API_FN(ncclCommCount);
+    API_FN(ncclCommUserRank);
+    API_FN(ncclCommSplit); // NULL when the library predates it
     API_FN(cudaGetDeviceCount);
     API_FN(cudaSetDevice);
     API_FN(cudaStreamCreateWithFlags);
@@ -69,6 +80,7 @@ typedef struct {
     cudaEvent_t ready;    // recorded on `compute` before each collective
     cudaEvent_t done;     // recorded on `stream` for comm_join
     float *scratch;       // one float on the device, for the barrier
+    int device;
 } Nccl;
 
 // ---------------------------------------------------------------- loading
@@ -97,13 +109,16 @@ static int load_api(Api *a, Err *err) {
         LOAD(nccl, ncclCommFinalize) || LOAD(nccl, ncclCommDestroy) ||
         LOAD(nccl, ncclGetErrorString) || LOAD(nccl, ncclGetLastError) ||
         LOAD(nccl, ncclAllReduce) || LOAD(nccl, ncclReduceScatter) || LOAD(nccl, ncclAllGather) ||
-        LOAD(nccl, ncclBroadcast) || LOAD(cudart, cudaGetDeviceCount) ||
+        LOAD(nccl, ncclBroadcast) || LOAD(nccl, ncclSend) || LOAD(nccl, ncclRecv) ||
+        LOAD(nccl, ncclGroupStart) || LOAD(nccl, ncclGroupEnd) || LOAD(nccl, ncclCommCount) ||
+        LOAD(nccl, ncclCommUserRank) || LOAD(cudart, cudaGetDeviceCount) ||
         LOAD(cudart, cudaSetDevice) || LOAD(cudart, cudaStreamCreateWithFlags) ||
         LOAD(cudart, cudaStreamQuery) || LOAD(cudart, cudaStreamDestroy) ||
         LOAD(cudart, cudaEventCreateWithFlags) || LOAD(cudart, cudaEventRecord) ||
         LOAD(cudart, cudaEventDestroy) || LOAD(cudart, cudaStreamWaitEvent) ||
         LOAD(cudart, cudaMalloc) || LOAD(cudart, cudaFree) || LOAD(cudart, cudaGetErrorString))
         return -1;
+    a->ncclCommSplit = (__typeof__(a->ncclCommSplit))dlsym(a->nccl, "ncclCommSplit");
     return 0;
 }
 
@@ -277,6 +292,34 @@ static int nccl_barrier(Comm *c, Err *err) {
     return nccl_all_reduce(c, ((Nccl *)c->state)->scratch, 1, DT_F32, COMM_SUM, err);
 }
 
+// One group of sends and receives; the group is closed even after a failed call in it.
+static ncclResult_t enqueue_p2p(Nccl *x, const CommP2p *ops, int n) {
+    ncclResult_t r = x->api.ncclGroupStart();
+    if (r != ncclSuccess) return r;
+    for (int i = 0; i < n && (r == ncclSuccess || r == ncclInProgress); i++)
+        r = ops[i].send ? x->api.ncclSend(ops[i].buf, ops[i].bytes, ncclUint8, ops[i].peer, x->comm,
+                                          x->stream)
+                        : x->api.ncclRecv(ops[i].buf, ops[i].bytes, ncclUint8, ops[i].peer, x->comm,
+                                          x->stream);
+    ncclResult_t end = x->api.ncclGroupEnd();
+    return r == ncclSuccess || r == ncclInProgress ? end : r;
+}
+
+// "ncclSend/ncclRecv with rank 1, 3": the peers a timeout names.
+static void describe_p2p(const CommP2p *ops, int n, char *out, size_t size) {
+    size_t len = (size_t)snprintf(out, size, "ncclSend/ncclRecv with rank");
+    for (int i = 0; i < n && len < size; i++)
+        len += (size_t)snprintf(out + len, size - len, "%s %d", i ? "," : "", ops[i].peer);
+}
+
+static int nccl_p2p(Comm *c, const CommP2p *ops, int n, Err *err) {
+    Nccl *x = c->state;
+    char what[160];
+    describe_p2p(ops, n, what, sizeof what);
+    if (aborted(c, err) || after_compute(c, what, err)) return -1;
+    return run(c, enqueue_p2p(x, ops, n), what, err);
+}
+
 // ---------------------------------------------------------------- create / destroy
 
 static void nccl_destroy(Comm *c) {
@@ -301,6 +344,8 @@ static void nccl_destroy(Comm *c) {
     free(x);
 }
 
+static int nccl_split(Comm *c, int color, int key, Comm *out, Err *err);
+
 static const CommBackend NCCL_OPS = {.device_memory = 1,
                                      .all_reduce = nccl_all_reduce,
                                      .reduce_scatter = nccl_reduce_scatter,
@@ -311,6 +356,8 @@ static const CommBackend NCCL_OPS = {.device_memory = 1,
                                      .wait = nccl_wait,
                                      .broadcast = nccl_broadcast,
                                      .barrier = nccl_barrier,
+                                     .p2p = nccl_p2p,
+                                     .split = nccl_split,
                                      .destroy = nccl_destroy};
 
 static int open_device(Nccl *x, int device, void *compute_stream, Err *err) {
@@ -327,6 +374,7 @@ static int open_device(Nccl *x, int device, void *compute_stream, Err *err) {
         (e = a->cudaEventCreateWithFlags(&x->done, cudaEventDisableTiming)))
         return cuda_fail(a, e, "cudaEventCreateWithFlags", err);
     x->compute = (cudaStream_t)compute_stream;
+    x->device = device;
     if ((e = a->cudaMalloc((void **)&x->scratch, sizeof(float))))
         return cuda_fail(a, e, "cudaMalloc", err);
     return 0;
@@ -347,7 +395,21 @@ static int init_comm(Comm *c, const CommConfig *cfg, Err *err) {
                            err);
 }
 
+static void set_label(Comm *c, int device) {
+    snprintf(c->label, sizeof c->label, "nccl rank %d/%d (cuda device %d)", c->rank, c->world,
+             device);
+}
+
+// After a failed init: abort, not finalize, a communicator that failed to come up.
+static int init_failed(Comm *c, Err *err) {
+    c->broken = 1;
+    nccl_destroy(c);
+    c->state = NULL;
+    return err_prefix(err, "%s", c->label);
+}
+
 int nccl_comm_init(Comm *c, const CommConfig *cfg, Err *err) {
+    set_label(c, cfg->cuda_device);
     _Static_assert(sizeof(ncclUniqueId) == COMM_NCCL_ID_BYTES, "ncclUniqueId size");
     if (!cfg->nccl_id)
         return err_set(err,
@@ -363,12 +425,45 @@ int nccl_comm_init(Comm *c, const CommConfig *cfg, Err *err) {
     }
     c->state = x;
     c->ops = &NCCL_OPS;
-    if (open_device(x, cfg->cuda_device, cfg->cuda_stream, err) || init_comm(c, cfg, err)) {
-        c->broken = 1; // abort, not finalize, a communicator that failed to come up
-        nccl_destroy(c);
-        c->state = NULL;
-        return err_prefix(err, "%s", c->label);
+    if (open_device(x, cfg->cuda_device, cfg->cuda_stream, err) || init_comm(c, cfg, err))
+        return init_failed(c, err);
+    return 0;
+}
+
+// ncclCommSplit of the parent's communicator (non-blocking as it is), then its rank and size.
+static int split_comm(Comm *out, const Nccl *parent, int color, int key, Err *err) {
+    Nccl *x = out->state;
+    ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+    config.blocking = 0;
+    ncclResult_t r = x->api.ncclCommSplit(parent->comm, color, key, &x->comm, &config);
+    if (r != ncclSuccess && r != ncclInProgress) {
+        x->comm = NULL;
+        return nccl_fail(x, r, "ncclCommSplit", err);
     }
+    if (wait_comm_ready(out, (double)clock_mono_ms() + out->timeout_ms, "ncclCommSplit", err))
+        return -1;
+    if ((r = x->api.ncclCommUserRank(x->comm, &out->rank)) ||
+        (r = x->api.ncclCommCount(x->comm, &out->world)))
+        return nccl_fail(x, r, "ncclCommUserRank/ncclCommCount", err);
+    set_label(out, x->device);
+    return 0;
+}
+
+static int nccl_split(Comm *c, int color, int key, Comm *out, Err *err) {
+    Nccl *parent = c->state;
+    if (aborted(c, err)) return -1;
+    if (!parent->api.ncclCommSplit)
+        return err_set(err, "comm_split: %s has no ncclCommSplit (NCCL 2.18 or later needed)",
+                       ASTRAI_NCCL_LIB);
+    Nccl *x = calloc(1, sizeof *x);
+    if (!x) return err_resource(err, "comm_split: out of memory");
+    x->api = parent->api;
+    out->state = x;
+    out->ops = &NCCL_OPS;
+    snprintf(out->label, sizeof out->label, "nccl comm_split(color %d, key %d)", color, key);
+    if (open_device(x, parent->device, parent->compute, err) ||
+        split_comm(out, parent, color, key, err))
+        return init_failed(out, err);
     return 0;
 }
 

@@ -13,6 +13,13 @@
 // means the rank died (a child forked without exec keeps the lock alive: then
 // only the deadline catches it). Waits poll that, a group-wide abort word and the
 // deadline every few milliseconds, and sleep on a futex in between.
+//
+// Point-to-point: a segment per pair of ranks that exchange ("<name>-p<lo>-<hi>"), made at
+// their first transfer (the lower rank creates it, the other attaches and unlinks the name),
+// holding one byte ring per direction of `chunk` bytes. A message is its 8-byte size, then its
+// data, streamed through the ring; the receiver posts the size it expects, so that both sides
+// see a mismatch. comm_p2p moves whatever fits of every transfer in turn, and sleeps on its
+// rank's bell, which a peer rings whenever it moved something of ours.
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -41,10 +48,24 @@
 #define ALIGN_FLOATS 16                 // slice boundaries on 64-byte lines
 #define SHM_MAX_WORLD 1024              // one host
 
+#define PAGE_BYTES 4096
+#define PAIR_MAGIC 0x7032706d69617274ull // arbitrary tag, xor-ed with the group's nonce
+
 enum { SLOT_EMPTY, SLOT_ATTACHED, SLOT_LEFT };
-enum { OP_BARRIER, OP_ALL_REDUCE, OP_REDUCE_SCATTER, OP_ALL_GATHER, OP_BROADCAST, OP_CREATE };
-static const char *const OP_NAMES[] = {"barrier",    "all_reduce", "reduce_scatter",
-                                       "all_gather", "broadcast",  "comm_create"};
+enum {
+    OP_BARRIER,
+    OP_ALL_REDUCE,
+    OP_REDUCE_SCATTER,
+    OP_ALL_GATHER,
+    OP_BROADCAST,
+    OP_CREATE,
+    OP_SPLIT,
+    OP_P2P,
+    OP_COUNT
+};
+static const char *const OP_NAMES[OP_COUNT] = {"barrier",    "all_reduce", "reduce_scatter",
+                                               "all_gather", "broadcast",  "comm_create",
+                                               "comm_split", "p2p"};
 
 // What a rank is doing in its current collective, compared across ranks.
 typedef struct {
@@ -58,6 +79,8 @@ typedef struct {
     _Atomic uint32_t arrived; // barriers passed; the futex word peers sleep on
     _Atomic uint32_t waiters; // peers sleeping on `arrived` (wake only if any)
     CallDesc desc[2];         // by call parity: a peer is at most one call ahead
+    _Atomic uint32_t bell;    // rung by a peer that moved a transfer of this rank's
+    _Atomic uint32_t bell_waiters;
 } RankSlot;
 
 typedef struct {
@@ -70,6 +93,33 @@ typedef struct {
     RankSlot slots[];
 } ShmHeader;
 
+// One direction of a pair: the byte ring's counters (they only grow; one writer each) and
+// the sizes the receiver posted, by parity: the sender checks message k before its receiver
+// can post k + 2 (that needs message k + 1, which the sender starts after k).
+typedef struct {
+    _Alignas(64) _Atomic uint64_t head;   // bytes the sender wrote
+    _Alignas(64) _Atomic uint64_t tail;   // bytes the receiver consumed
+    _Alignas(64) _Atomic uint64_t posted; // receives the receiver started
+    _Atomic uint64_t posted_bytes[2];
+} Ring;
+
+typedef struct {
+    _Atomic uint64_t ready;    // PAIR_MAGIC ^ the group's nonce once the creator set it up
+    _Atomic uint32_t attached; // the other rank mapped it (and unlinked the name)
+    Ring ring[2];              // [0]: lower rank to higher, [1]: higher to lower
+} PairHeader;                  // then the two rings' bytes, from PAGE_BYTES on
+_Static_assert(sizeof(PairHeader) <= PAGE_BYTES, "pair header fits its page");
+
+// This rank's side of a pair segment, and its message counts by direction (0 receive,
+// 1 send): numbered so far, finished.
+typedef struct {
+    PairHeader *hdr; // NULL until created or attached
+    Ring *out, *in;
+    char *out_data, *in_data;
+    uint64_t next[2], done[2];
+    int creator;
+} Peer;
+
 typedef struct {
     char name[256];
     int fd;
@@ -81,7 +131,8 @@ typedef struct {
     int parity;     // the set the next step stages into
     int unlinked;   // rank 0: the name is gone
     struct timespec deadline;
-    int op; // the collective in progress (for messages)
+    int op;      // the collective in progress (for messages)
+    Peer *peers; // [world], at the first comm_p2p
 } Shm;
 
 // ---------------------------------------------------------------- small helpers
@@ -122,8 +173,7 @@ static void cpu_relax(void) {
 
 static size_t segment_size(int world, size_t chunk) {
     size_t header = sizeof(ShmHeader) + (size_t)world * sizeof(RankSlot);
-    size_t page = 4096;
-    return (header + page - 1) / page * page + 2 * ((size_t)world + 1) * chunk;
+    return (header + PAGE_BYTES - 1) / PAGE_BYTES * PAGE_BYTES + 2 * ((size_t)world + 1) * chunk;
 }
 
 // Rank r's staging slot in set `parity`; r == world is the set's result slot.
@@ -162,30 +212,44 @@ static void abort_group(Comm *c, const Err *err) {
     atomic_store(&h->abort_by, c->rank);
 }
 
-// The slow-path check while waiting: a peer that died or left, an abort by
-// another rank, the deadline. `peer` is the rank being waited for.
-static int check_group(Comm *c, int peer, Err *err) {
+// The slow-path checks while waiting: an abort by another rank, a peer that died or left,
+// the deadline (naming `peer`, the rank being waited for).
+static int check_abort(Comm *c, Err *err) {
+    ShmHeader *h = shm_of(c)->hdr;
+    int32_t by = atomic_load(&h->abort_by);
+    return by >= 0 ? err_set(err, "rank %d failed the group: %s", by, h->abort_msg) : 0;
+}
+
+static int check_alive(Comm *c, int r, Err *err) {
+    Shm *s = shm_of(c);
+    RankSlot *slot = &s->hdr->slots[r];
+    uint32_t state = atomic_load(&slot->state);
+    int pid = atomic_load(&slot->pid);
+    if (state == SLOT_LEFT)
+        return err_set(err, "rank %d (pid %d) left the group (comm_destroy) during %s", r, pid,
+                       OP_NAMES[s->op]);
+    if (state == SLOT_ATTACHED && !lock_held(s->fd, r))
+        return err_set(err, "rank %d (pid %d) died during %s", r, pid, OP_NAMES[s->op]);
+    return 0;
+}
+
+static int check_deadline(Comm *c, int peer, Err *err) {
     Shm *s = shm_of(c);
     const char *what = OP_NAMES[s->op];
-    int32_t by = atomic_load(&s->hdr->abort_by);
-    if (by >= 0) return err_set(err, "rank %d failed the group: %s", by, s->hdr->abort_msg);
-    for (int r = 0; r < c->world; r++) {
-        if (r == c->rank) continue;
-        RankSlot *slot = &s->hdr->slots[r];
-        uint32_t state = atomic_load(&slot->state);
-        int pid = atomic_load(&slot->pid);
-        if (state == SLOT_LEFT)
-            return err_set(err, "rank %d (pid %d) left the group (comm_destroy) during %s", r, pid,
-                           what);
-        if (state == SLOT_ATTACHED && !lock_held(s->fd, r))
-            return err_set(err, "rank %d (pid %d) died during %s", r, pid, what);
-    }
     if (!past(s->deadline)) return 0;
     if (atomic_load(&s->hdr->slots[peer].state) == SLOT_EMPTY)
         return err_set(err, "timed out after %d ms waiting for rank %d to join (%s)", c->timeout_ms,
                        peer, what);
     return err_set(err, "timed out after %d ms waiting for rank %d (pid %d) in %s", c->timeout_ms,
                    peer, (int)atomic_load(&s->hdr->slots[peer].pid), what);
+}
+
+// A collective's check: every other rank takes part. ctx: the int rank waited for.
+static int check_group(Comm *c, const void *ctx, Err *err) {
+    if (check_abort(c, err)) return -1;
+    for (int r = 0; r < c->world; r++)
+        if (r != c->rank && check_alive(c, r, err)) return -1;
+    return check_deadline(c, *(const int *)ctx, err);
 }
 
 // ---------------------------------------------------------------- barrier
@@ -203,29 +267,50 @@ static void futex_wake_all(_Atomic uint32_t *word) {
     syscall(SYS_futex, (uint32_t *)word, FUTEX_WAKE, INT_MAX, NULL, NULL, 0);
 }
 
+// What a wait is for: the futex word `word` (`waiters` counts its sleepers) to pass
+// `target` (a barrier counter), or with `changed` to differ from it (a bell).
+typedef struct {
+    _Atomic uint32_t *word, *waiters;
+    uint32_t target;
+    int changed;
+} Waitee;
+
+static int reached(const Waitee *w, uint32_t now) {
+    return w->changed ? now != w->target : passed(now, w->target);
+}
+
+// The slow-path check of a wait (check_group, check_p2p): -1 when it must end.
+typedef int (*WaitCheck)(Comm *c, const void *ctx, Err *err);
+
 // Spins briefly (the peer is usually microseconds behind), then yields, then
-// sleeps on the peer's counter, checking liveness and the deadline each round.
-static int wait_for(Comm *c, int peer, uint32_t target, Err *err) {
-    RankSlot *slot = &shm_of(c)->hdr->slots[peer];
+// sleeps on the word, running the check (liveness, abort, deadline) each round.
+static int wait_on(Comm *c, const Waitee *w, WaitCheck check, const void *ctx, Err *err) {
     for (int i = 0; i < SPIN_ITERS; i++) {
-        if (passed(atomic_load_explicit(&slot->arrived, memory_order_acquire), target)) return 0;
+        if (reached(w, atomic_load_explicit(w->word, memory_order_acquire))) return 0;
         cpu_relax();
     }
     for (int i = 0;; i++) {
-        uint32_t now = atomic_load(&slot->arrived);
-        if (passed(now, target)) return 0;
-        // A peer that left or exited may have done so legitimately, after this
-        // barrier completed: only a failure if `peer` has still not arrived.
-        if (check_group(c, peer, err)) return passed(atomic_load(&slot->arrived), target) ? 0 : -1;
+        uint32_t now = atomic_load(w->word);
+        if (reached(w, now)) return 0;
+        // A peer that left or exited may have done so legitimately, after it did what we
+        // wait for: only a failure if the word has still not moved.
+        if (check(c, ctx, err)) return reached(w, atomic_load(w->word)) ? 0 : -1;
         if (i < YIELD_ITERS) {
             sched_yield();
             continue;
         }
-        // Dekker pair with arrive(): either it sees our `waiters` or we see its count.
-        atomic_fetch_add(&slot->waiters, 1);
-        futex_wait(&slot->arrived, now, POLL_NS);
-        atomic_fetch_sub(&slot->waiters, 1);
+        // Dekker pair with arrive() / ring_bell(): either it sees our `waiters` or we see
+        // its count.
+        atomic_fetch_add(w->waiters, 1);
+        futex_wait(w->word, now, POLL_NS);
+        atomic_fetch_sub(w->waiters, 1);
     }
+}
+
+static int wait_for(Comm *c, int peer, uint32_t target, Err *err) {
+    RankSlot *slot = &shm_of(c)->hdr->slots[peer];
+    Waitee w = {&slot->arrived, &slot->waiters, target, 0};
+    return wait_on(c, &w, check_group, &peer, err);
 }
 
 static void arrive(Comm *c) {
@@ -257,7 +342,7 @@ static void begin_call(Comm *c, int op, uint32_t arg, size_t n) {
 }
 
 static void describe(char *out, size_t size, const CallDesc *d) {
-    snprintf(out, size, "%s(n=%llu, %s=%u)", d->op <= OP_CREATE ? OP_NAMES[d->op] : "?",
+    snprintf(out, size, "%s(n=%llu, %s=%u)", d->op < OP_COUNT ? OP_NAMES[d->op] : "?",
              (unsigned long long)d->n, d->op == OP_BROADCAST ? "root" : "op", d->arg);
 }
 
@@ -409,14 +494,11 @@ static int shm_reduce_scatter(Comm *c, const void *send_, void *recv_, size_t n,
 }
 
 // Per step: stage my chunk, barrier, copy every other rank's chunk. A copy: any dtype,
-// in bytes.
-static int shm_all_gather(Comm *c, const void *send_, void *recv_, size_t n, DType dt, Err *err) {
+// in bytes. The caller began the call.
+static int gather_bytes(Comm *c, const char *send, char *recv, size_t bytes, Err *err) {
     Shm *s = shm_of(c);
     int W = c->world, me = c->rank;
-    const char *send = send_;
-    char *recv = recv_;
-    size_t bytes = n * dtype_size(dt), chunk = s->chunk_floats * sizeof(float);
-    begin_call(c, OP_ALL_GATHER, (uint32_t)dt, n);
+    size_t chunk = s->chunk_floats * sizeof(float);
     memcpy(recv + me * bytes, send, bytes);
     size_t off = 0;
     do {
@@ -429,6 +511,11 @@ static int shm_all_gather(Comm *c, const void *send_, void *recv_, size_t n, DTy
         off += m;
     } while (off < bytes);
     return 0;
+}
+
+static int shm_all_gather(Comm *c, const void *send, void *recv, size_t n, DType dt, Err *err) {
+    begin_call(c, OP_ALL_GATHER, (uint32_t)dt, n);
+    return gather_bytes(c, send, recv, n * dtype_size(dt), err);
 }
 
 // Per step: the root stages up to a whole set, barrier, the others copy it.
@@ -458,36 +545,31 @@ static void release(Shm *s, size_t mapped) {
     free(s);
 }
 
-static void shm_destroy(Comm *c) {
-    Shm *s = shm_of(c);
-    // LEFT before the lock goes, so peers report "left", not "died".
-    atomic_store(&s->hdr->slots[c->rank].state, SLOT_LEFT);
-    if (c->rank == 0 && !s->unlinked) shm_unlink(s->name);
-    release(s, s->size);
+static void *map_shared(int fd, size_t size, Err *err) {
+    void *p = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (p != MAP_FAILED) return p;
+    err_set(err, "mmap of %zu bytes: %s", size, strerror(errno));
+    return NULL;
 }
-
-static const CommBackend SHM_OPS = {.device_memory = 0,
-                                    .all_reduce = shm_all_reduce,
-                                    .reduce_scatter = shm_reduce_scatter,
-                                    .all_gather = shm_all_gather,
-                                    .broadcast = shm_broadcast,
-                                    .barrier = shm_barrier,
-                                    .destroy = shm_destroy};
 
 static int map_segment(Shm *s, Err *err) {
-    void *p = mmap(NULL, s->size, PROT_READ | PROT_WRITE, MAP_SHARED, s->fd, 0);
-    if (p == MAP_FAILED) return err_set(err, "mmap of %zu bytes: %s", s->size, strerror(errno));
-    s->hdr = p;
-    return 0;
+    return (s->hdr = map_shared(s->fd, s->size, err)) ? 0 : -1;
 }
 
-// Rank 0: a fresh segment under the name, replacing a stale one from a crashed run.
-static int create_segment(Shm *s, int world, Err *err) {
-    for (int tries = 0; (s->fd = shm_open(s->name, O_CREAT | O_EXCL | O_RDWR, 0600)) < 0; tries++) {
+// A fresh segment under the name, replacing a stale one from a crashed run: its fd.
+static int open_fresh(const char *name, Err *err) {
+    int fd;
+    for (int tries = 0; (fd = shm_open(name, O_CREAT | O_EXCL | O_RDWR, 0600)) < 0; tries++) {
         if (errno != EEXIST || tries == 8)
-            return err_set(err, "shm_open(O_CREAT|O_EXCL): %s", strerror(errno));
-        shm_unlink(s->name); // stale: its ranks are gone (names are unique per job)
+            return err_set(err, "shm_open(%s, O_CREAT|O_EXCL): %s", name, strerror(errno));
+        shm_unlink(name); // stale: its ranks are gone (names are unique per job)
     }
+    return fd;
+}
+
+// Rank 0: the group's segment.
+static int create_segment(Shm *s, int world, Err *err) {
+    if ((s->fd = open_fresh(s->name, err)) < 0) return -1;
     if (lock_byte(s->fd, 0, F_WRLCK, F_OFD_SETLK))
         return err_set(err, "locking rank 0's liveness byte: %s", strerror(errno));
     if (ftruncate(s->fd, (off_t)s->size))
@@ -577,7 +659,333 @@ static int check_shm_config(const CommConfig *cfg, size_t chunk, Err *err) {
     return 0;
 }
 
+// ---------------------------------------------------------------- point-to-point: pair segments
+
+static size_t ring_bytes(Shm *s) {
+    return s->chunk_floats * sizeof(float);
+}
+
+static void pair_name(Comm *c, int peer, char *out, size_t size) {
+    int lo = c->rank < peer ? c->rank : peer, hi = c->rank ^ peer ^ lo;
+    snprintf(out, size, "%s-p%d-%d", shm_of(c)->name, lo, hi);
+}
+
+// Wakes a rank waiting in comm_p2p: one of its transfers moved.
+static void ring_bell(Comm *c, int peer) {
+    RankSlot *slot = &shm_of(c)->hdr->slots[peer];
+    atomic_fetch_add(&slot->bell, 1);
+    if (atomic_load(&slot->bell_waiters)) futex_wake_all(&slot->bell);
+}
+
+static void use_pair(Comm *c, int peer, PairHeader *h, int creator) {
+    Peer *p = &shm_of(c)->peers[peer];
+    char *data = (char *)h + PAGE_BYTES;
+    int up = c->rank < peer; // ring 0 carries lower to higher
+    p->hdr = h;
+    p->creator = creator;
+    p->out = &h->ring[!up];
+    p->in = &h->ring[up];
+    p->out_data = data + (size_t)!up * ring_bytes(shm_of(c));
+    p->in_data = data + (size_t)up * ring_bytes(shm_of(c));
+}
+
+// The lower rank of a pair, at its first transfer with peer: never waits.
+static int create_pair(Comm *c, int peer, Err *err) {
+    Shm *s = shm_of(c);
+    char name[sizeof s->name + 32];
+    pair_name(c, peer, name, sizeof name);
+    size_t size = PAGE_BYTES + 2 * ring_bytes(s);
+    int fd = open_fresh(name, err);
+    if (fd < 0) return -1;
+    PairHeader *h = NULL;
+    if (ftruncate(fd, (off_t)size))
+        err_errno(err, errno, "ftruncate of %s to %zu bytes", name, size);
+    else
+        h = map_shared(fd, size, err);
+    close(fd);
+    if (!h) {
+        shm_unlink(name);
+        return -1;
+    }
+    atomic_store(&h->ready, PAIR_MAGIC ^ s->hdr->nonce);
+    use_pair(c, peer, h, 1);
+    ring_bell(c, peer); // it may be waiting to attach
+    return 1;
+}
+
+// The higher rank: one try. 1 attached, 0 not yet (absent, being set up, or stale: another
+// group's), -1 an error.
+static int attach_pair(Comm *c, int peer, Err *err) {
+    Shm *s = shm_of(c);
+    char name[sizeof s->name + 32];
+    pair_name(c, peer, name, sizeof name);
+    size_t size = PAGE_BYTES + 2 * ring_bytes(s);
+    int fd = shm_open(name, O_RDWR, 0);
+    if (fd < 0)
+        return errno == ENOENT ? 0 : err_errno(err, errno, "shm_open(%s) of rank %d", name, peer);
+    struct stat st = {0};
+    PairHeader *h = NULL;
+    if (!fstat(fd, &st) && (size_t)st.st_size == size && !(h = map_shared(fd, size, err))) {
+        close(fd);
+        return -1;
+    }
+    close(fd);
+    if (h && atomic_load(&h->ready) != (PAIR_MAGIC ^ s->hdr->nonce)) {
+        munmap(h, size);
+        h = NULL;
+    }
+    if (!h) return 0;
+    atomic_store(&h->attached, 1);
+    shm_unlink(name); // both have it mapped: the name has done its job
+    use_pair(c, peer, h, 0);
+    return 1;
+}
+
+// Unmaps the pair segments; a creator whose peer never came unlinks the name itself.
+static void release_pairs(Comm *c) {
+    Shm *s = shm_of(c);
+    if (!s->peers) return;
+    for (int r = 0; r < c->world; r++) {
+        Peer *p = &s->peers[r];
+        if (!p->hdr) continue;
+        if (p->creator && !atomic_load(&p->hdr->attached)) {
+            char name[sizeof s->name + 32];
+            pair_name(c, r, name, sizeof name);
+            shm_unlink(name);
+        }
+        munmap(p->hdr, PAGE_BYTES + 2 * ring_bytes(s));
+    }
+    free(s->peers);
+    s->peers = NULL;
+}
+
+// ---------------------------------------------------------------- point-to-point: transfers
+
+static size_t min_size(size_t a, size_t b) {
+    return a < b ? a : b;
+}
+
+// n bytes at stream position pos of a ring of cap bytes (wrapping).
+static void ring_put(char *ring, size_t cap, uint64_t pos, const void *src, size_t n) {
+    size_t at = (size_t)(pos % cap), first = min_size(n, cap - at);
+    memcpy(ring + at, src, first);
+    memcpy(ring, (const char *)src + first, n - first);
+}
+
+static void ring_get(const char *ring, size_t cap, uint64_t pos, void *dst, size_t n) {
+    size_t at = (size_t)(pos % cap), first = min_size(n, cap - at);
+    memcpy(dst, ring + at, first);
+    memcpy((char *)dst + first, ring, n - first);
+}
+
+// This call's progress on one transfer.
+typedef struct {
+    uint64_t index; // the message's number in its direction
+    int header;     // sender: the size written; receiver: the size read and checked
+    int agreed;     // sender: the receiver's posted size checked; receiver: posted
+    size_t moved;   // data bytes
+    int done;
+} Transfer;
+
+static int sizes_differ(Comm *c, const CommP2p *o, const Transfer *t, uint64_t theirs, Err *err) {
+    return err_set(err,
+                   "p2p: rank %d %s %zu bytes %s rank %d, which %s %llu (message %llu from "
+                   "rank %d to rank %d)",
+                   c->rank, o->send ? "sends" : "receives", o->bytes, o->send ? "to" : "from",
+                   o->peer, o->send ? "receives" : "sends", (unsigned long long)theirs,
+                   (unsigned long long)t->index, o->send ? c->rank : o->peer,
+                   o->send ? o->peer : c->rank);
+}
+
+// The sender: the size, then as much data as the ring has room for. Returns whether
+// anything moved.
+static int send_step(Comm *c, const CommP2p *o, Transfer *t, Peer *p, Err *err) {
+    size_t cap = ring_bytes(shm_of(c));
+    int moved = 0;
+    if (!t->agreed && atomic_load_explicit(&p->out->posted, memory_order_acquire) > t->index) {
+        uint64_t theirs = atomic_load(&p->out->posted_bytes[t->index & 1]);
+        if (theirs != o->bytes) return sizes_differ(c, o, t, theirs, err);
+        t->agreed = moved = 1;
+    }
+    uint64_t head = atomic_load_explicit(&p->out->head, memory_order_relaxed);
+    size_t room = cap - (size_t)(head - atomic_load_explicit(&p->out->tail, memory_order_acquire));
+    if (!t->header && room >= sizeof(uint64_t)) {
+        uint64_t size = o->bytes;
+        ring_put(p->out_data, cap, head, &size, sizeof size);
+        head += sizeof size;
+        room -= sizeof size;
+        t->header = moved = 1;
+    }
+    size_t m = t->header ? min_size(o->bytes - t->moved, room) : 0;
+    if (m) ring_put(p->out_data, cap, head, (const char *)o->buf + t->moved, m); // buf: NULL for 0
+    t->moved += m;
+    atomic_store_explicit(&p->out->head, head + m, memory_order_release);
+    t->done = t->header && t->agreed && t->moved == o->bytes;
+    return moved || m;
+}
+
+// The receiver: posts its size, checks the sender's, copies what arrived.
+static int recv_step(Comm *c, const CommP2p *o, Transfer *t, Peer *p, Err *err) {
+    size_t cap = ring_bytes(shm_of(c));
+    int moved = 0;
+    if (!t->agreed) {
+        atomic_store(&p->in->posted_bytes[t->index & 1], o->bytes);
+        atomic_store_explicit(&p->in->posted, t->index + 1, memory_order_release);
+        t->agreed = moved = 1;
+    }
+    uint64_t tail = atomic_load_explicit(&p->in->tail, memory_order_relaxed);
+    size_t avail = (size_t)(atomic_load_explicit(&p->in->head, memory_order_acquire) - tail);
+    if (!t->header && avail >= sizeof(uint64_t)) {
+        uint64_t theirs;
+        ring_get(p->in_data, cap, tail, &theirs, sizeof theirs);
+        if (theirs != o->bytes) return sizes_differ(c, o, t, theirs, err);
+        tail += sizeof theirs;
+        avail -= sizeof theirs;
+        t->header = moved = 1;
+    }
+    size_t m = t->header ? min_size(o->bytes - t->moved, avail) : 0;
+    if (m) ring_get(p->in_data, cap, tail, (char *)o->buf + t->moved, m); // buf: NULL for 0
+    t->moved += m;
+    atomic_store_explicit(&p->in->tail, tail + m, memory_order_release);
+    t->done = t->header && t->moved == o->bytes;
+    return moved || m;
+}
+
+// One transfer's turn: its pair segment first, then its message once the earlier ones of
+// its direction are done. 1: something moved, 0: it waits, -1: an error.
+static int step(Comm *c, const CommP2p *o, Transfer *t, Err *err) {
+    Peer *p = &shm_of(c)->peers[o->peer];
+    if (!p->hdr) {
+        int rc = c->rank < o->peer ? create_pair(c, o->peer, err) : attach_pair(c, o->peer, err);
+        if (rc <= 0) return rc;
+    }
+    if (t->index != p->done[o->send]) return 0;
+    int moved = o->send ? send_step(c, o, t, p, err) : recv_step(c, o, t, p, err);
+    if (moved < 0) return -1;
+    if (moved) ring_bell(c, o->peer);
+    if (t->done) p->done[o->send]++;
+    return moved;
+}
+
+typedef struct {
+    const CommP2p *ops;
+    const Transfer *t;
+    int n;
+} P2pCall;
+
+// A p2p wait's check: only the peers of unfinished transfers matter (the other ranks may be
+// anywhere, even gone).
+static int check_p2p(Comm *c, const void *ctx, Err *err) {
+    const P2pCall *call = ctx;
+    if (check_abort(c, err)) return -1;
+    int waited = -1;
+    for (int i = 0; i < call->n; i++) {
+        if (call->t[i].done) continue;
+        if (waited < 0) waited = call->ops[i].peer;
+        if (check_alive(c, call->ops[i].peer, err)) return -1;
+    }
+    return check_deadline(c, waited, err);
+}
+
+// Passes over every unfinished transfer until all are done, sleeping on this rank's bell
+// when a pass moved nothing (read before the pass, so a ring during it is not missed).
+static int run_transfers(Comm *c, const CommP2p *ops, Transfer *t, int n, Err *err) {
+    RankSlot *me = &shm_of(c)->hdr->slots[c->rank];
+    P2pCall call = {ops, t, n};
+    for (;;) {
+        Waitee bell = {&me->bell, &me->bell_waiters, atomic_load(&me->bell), 1};
+        int moved = 0, left = 0;
+        for (int i = 0; i < n; i++) {
+            int rc = t[i].done ? 0 : step(c, &ops[i], &t[i], err);
+            if (rc < 0) return -1;
+            moved |= rc;
+            left += !t[i].done;
+        }
+        if (!left) return 0;
+        if (!moved && wait_on(c, &bell, check_p2p, &call, err)) return -1;
+    }
+}
+
+// Numbers each transfer's message in its direction: per ordered pair, FIFO.
+static int number_transfers(Comm *c, const CommP2p *ops, Transfer *t, int n, Err *err) {
+    Shm *s = shm_of(c);
+    if (!s->peers && !(s->peers = calloc((size_t)c->world, sizeof *s->peers)))
+        return err_resource(err, "p2p: out of memory for %d peers", c->world);
+    for (int i = 0; i < n; i++)
+        t[i].index = s->peers[ops[i].peer].next[ops[i].send]++;
+    return 0;
+}
+
+static int shm_p2p(Comm *c, const CommP2p *ops, int n, Err *err) {
+    Shm *s = shm_of(c);
+    s->op = OP_P2P; // not a collective: no call description, no barrier
+    s->deadline = deadline_after(c->timeout_ms);
+    Transfer *t = calloc((size_t)n, sizeof *t);
+    int rc = t ? number_transfers(c, ops, t, n, err)
+               : err_resource(err, "p2p: out of memory for %d transfers", n);
+    if (rc == 0) rc = run_transfers(c, ops, t, n, err);
+    free(t);
+    if (rc) abort_group(c, err); // broken as after a collective: the others need not wait
+    return rc;
+}
+
+// ---------------------------------------------------------------- sub-communicators
+
+// This rank's place in its color's group, from every rank's (color, key).
+static void place_in_group(const int32_t (*all)[2], int world, int me, int *rank, int *size) {
+    *rank = *size = 0;
+    for (int r = 0; r < world; r++) {
+        if (all[r][0] != all[me][0]) continue;
+        (*size)++;
+        *rank += all[r][1] < all[me][1] || (all[r][1] == all[me][1] && r < me);
+    }
+}
+
+static int shm_split(Comm *c, int color, int key, Comm *out, Err *err) {
+    Shm *s = shm_of(c);
+    int32_t mine[2] = {color, key}, (*all)[2] = malloc((size_t)c->world * sizeof *all);
+    if (!all) return err_resource(err, "comm_split: out of memory for %d ranks", c->world);
+    begin_call(c, OP_SPLIT, 0, 0);
+    int rc = gather_bytes(c, (const char *)mine, (char *)all, sizeof mine, err);
+    if (rc == 0)
+        place_in_group((const int32_t(*)[2])all, c->world, c->rank, &out->rank, &out->world);
+    free(all);
+    if (rc) return -1;
+    char name[sizeof s->name + 16];
+    snprintf(name, sizeof name, "%s-g%d", s->name, color);
+    CommConfig cfg = {.backend = "shm",
+                      .rank = out->rank,
+                      .world_size = out->world,
+                      .timeout_ms = c->timeout_ms,
+                      .shm_name = name,
+                      .shm_chunk_bytes = ring_bytes(s)};
+    return shm_comm_init(out, &cfg, err);
+}
+
+// ---------------------------------------------------------------- destroy and init
+
+static void shm_destroy(Comm *c) {
+    Shm *s = shm_of(c);
+    release_pairs(c);
+    // LEFT before the lock goes, so peers report "left", not "died".
+    atomic_store(&s->hdr->slots[c->rank].state, SLOT_LEFT);
+    if (c->rank == 0 && !s->unlinked) shm_unlink(s->name);
+    release(s, s->size);
+}
+
+static const CommBackend SHM_OPS = {.device_memory = 0,
+                                    .all_reduce = shm_all_reduce,
+                                    .reduce_scatter = shm_reduce_scatter,
+                                    .all_gather = shm_all_gather,
+                                    .broadcast = shm_broadcast,
+                                    .barrier = shm_barrier,
+                                    .p2p = shm_p2p,
+                                    .split = shm_split,
+                                    .destroy = shm_destroy};
+
 int shm_comm_init(Comm *c, const CommConfig *cfg, Err *err) {
+    snprintf(c->label, sizeof c->label, "shm %s rank %d/%d", cfg->shm_name ? cfg->shm_name : "?",
+             c->rank, c->world);
     size_t chunk = cfg->shm_chunk_bytes ? cfg->shm_chunk_bytes : COMM_SHM_DEFAULT_CHUNK;
     if (check_shm_config(cfg, chunk, err)) return -1;
     Shm *s = calloc(1, sizeof *s);

@@ -6,7 +6,9 @@
 // results are checked exactly (with one rank every collective is a copy, so the expected
 // values are the inputs; outputs start as 0xff bytes so a short copy shows). Then the abort
 // path: comm_create for world size 2 with only this rank must fail within its 2 s timeout
-// with an error that says so, never hang (an alarm fails the test after 60 s).
+// with an error that says so, never hang (an alarm fails the test after 60 s). Pipeline
+// parallelism's parts that one GPU can run: comm_split of the 1-rank communicator (ncclCommSplit)
+// gives a working communicator, and comm_p2p with this rank as its peer is refused clearly.
 // The communicator is given the CUDA backend's compute stream, as astrai-train does: no
 // explicit sync anywhere, so a collective that does not wait for the upload before it, or
 // returns before it finished, shows as wrong values.
@@ -19,8 +21,8 @@
 
 #include "check.h"
 #include "comm/comm.h"
-#include "engine/backend.h"
 #include "common/dtype.h"
+#include "engine/backend.h"
 #include "train/rendezvous.h"
 #ifdef ASTRAI_HAVE_CUDA
 #include "engine/cuda/cuda_backend.h"
@@ -171,6 +173,35 @@ static void test_broadcast_barrier(Comm *c) {
     free(h);
 }
 
+// comm_split of a 1-rank communicator: a communicator of 1 whose all_reduce works; then
+// comm_p2p with peer == this rank is refused (which leaves c unusable: call it last).
+static void test_split_and_p2p(Comm *c) {
+    Err err = {0};
+    Comm *sub = NULL;
+    if (comm_split(c, 0, 0, &sub, &err)) {
+        CHECK_MSG(0, "comm_split(nccl, world 1): %s", err.msg);
+        return;
+    }
+    CHECK(comm_rank(sub) == 0 && comm_world_size(sub) == 1 && comm_device_memory(sub) == 1);
+    const size_t n = 4099;
+    float *f = malloc(n * 4);
+    uint16_t *b = malloc(n * 2);
+    if (!f || !b) exit(1);
+    fill_values(f, b, n);
+    void *buf = dev_with(f, n * 4);
+    CHECK_MSG(comm_all_reduce(sub, buf, n, DT_F32, COMM_SUM, &err) == 0, "%s", err.msg);
+    CHECK(same_as(buf, f, n * 4, "all_reduce on a comm_split communicator", "fp32"));
+    comm_destroy(sub);
+    CHECK_MSG(comm_send(c, buf, 16, 0, &err) == -1 &&
+                  strstr(err.msg, "p2p: transfer 0's peer 0 is not another rank of 0..0"),
+              "comm_send to itself: %s", err.msg);
+    printf("%s p2p to itself refused: %s\n",
+           strstr(err.msg, "is not another rank") ? "PASS" : "FAIL", err.msg);
+    gpu->free(buf);
+    free(f);
+    free(b);
+}
+
 // World size 1: the id from comm_nccl_unique_id through the rendezvous, every collective.
 static void test_world1(void) {
     Err err = {0};
@@ -208,6 +239,7 @@ static void test_world1(void) {
     test_collectives(c, DT_F32);
     test_collectives(c, DT_BF16);
     test_broadcast_barrier(c);
+    test_split_and_p2p(c);
     comm_destroy(c);
 }
 

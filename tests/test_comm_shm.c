@@ -1,12 +1,15 @@
 // test_comm_shm.c: the shm collectives with real processes (forked ranks):
 // results against sums computed here, bitwise equal on every rank; a peer
 // killed mid-collective, a rank that never arrives, a stale segment, calls
-// that do not match, bad configs and arguments.
+// that do not match, bad configs and arguments. Point-to-point transfers (rings of
+// ranks, both ways at once, FIFO order, sizes that differ, a peer killed or silent) and
+// sub-communicators.
 #include <errno.h>
 #include <fcntl.h>
 #include <signal.h>
 #include <stdint.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
@@ -516,6 +519,261 @@ static void test_mismatched_calls(void) {
     }
 }
 
+// ---------------------------------------------------------------- point-to-point
+
+// Byte i of message `seed` from rank `from`: every message's bytes differ.
+static unsigned char byte_of(uint32_t seed, int from, size_t i) {
+    uint32_t h = seed * 2654435761u ^ (uint32_t)from * 40503u ^ (uint32_t)i * 2246822519u;
+    return (unsigned char)(h ^ h >> 13 ^ h >> 24);
+}
+
+static unsigned char *message(uint32_t seed, int from, size_t bytes) {
+    unsigned char *m = malloc(bytes + 1);
+    for (size_t i = 0; m && i < bytes; i++)
+        m[i] = byte_of(seed, from, i);
+    return m;
+}
+
+// 0 when got holds message (seed, from) exactly; prints the first difference.
+static int check_message(Comm *c, const unsigned char *got, uint32_t seed, int from, size_t bytes) {
+    for (size_t i = 0; i < bytes; i++)
+        if (got[i] != byte_of(seed, from, i)) {
+            fprintf(stderr, "rank %d: message %u of %zu bytes from rank %d: byte %zu differs\n",
+                    comm_rank(c), seed, bytes, from, i);
+            return 1;
+        }
+    return 0;
+}
+
+// One group: `bytes` to the next rank, the same from the previous one.
+static int ring_exchange(Comm *c, size_t bytes, uint32_t seed) {
+    int me = comm_rank(c), W = comm_world_size(c), next = (me + 1) % W, prev = (me + W - 1) % W;
+    unsigned char *out = message(seed, me, bytes), *in = malloc(bytes + 1);
+    Err err;
+    CommP2p ops[2] = {{.peer = next, .send = 1, .buf = out, .bytes = bytes},
+                      {.peer = prev, .send = 0, .buf = in, .bytes = bytes}};
+    int bad =
+        comm_p2p(c, ops, 2, &err) ? fail_call(c, &err) : check_message(c, in, seed, prev, bytes);
+    free(out);
+    free(in);
+    return bad;
+}
+
+static int body_ring(Comm *c, void *ctx) {
+    const SizesCtx *sz = ctx;
+    for (int k = 0; k < sz->nsizes; k++)
+        if (ring_exchange(c, sz->sizes[k], 100 + k)) return 1;
+    return 0;
+}
+
+static void test_p2p_ring(int world) {
+    char name[96];
+    unique_name(name, sizeof name, "p2pring");
+    // A 4 KiB ring: 0 bytes (a transfer all the same), 1, odd sizes, 3 MiB through it.
+    SizesCtx sizes = {{0, 1, 37, 4096 * 3 + 5, (3 << 20) + 1}, 5};
+    int bad = run_group(name, world, 20000, 4096, body_ring, &sizes);
+    CHECK_MSG(bad == 0, "p2p ring of %d ranks: %d rank(s) failed", world, bad);
+    char pair[128];
+    snprintf(pair, sizeof pair, "%s-p0-1", name);
+    CHECK_MSG(!segment_exists(name) && !segment_exists(pair), "%s's segments left behind", name);
+}
+
+// Both ranks send 4 rings' worth to each other in one group, the send first: only transfers
+// that progress together complete.
+static int body_both_ways(Comm *c, void *ctx) {
+    (void)ctx;
+    return ring_exchange(c, 4 * 4096 + 3, 7);
+}
+
+static void test_p2p_both_ways(void) {
+    char name[96];
+    unique_name(name, sizeof name, "p2pboth");
+    int bad = run_group(name, 2, 20000, 4096, body_both_ways, NULL);
+    CHECK_MSG(bad == 0, "two ranks sending each other 4 rings: %d rank(s) failed", bad);
+}
+
+// 20 messages alternating in direction, of varying sizes, then three in one group of rank
+// 0's taken by three separate receives: they arrive in order.
+static const size_t FIFO_SIZES[20] = {5,    0,    4096, 1,  9001, 63, 4095, 17, 0,   12345,
+                                      4097, 8192, 2,    77, 0,    3,  5000, 1,  640, 20000};
+
+static int fifo_one(Comm *c, int k, size_t bytes, int sending) {
+    int me = comm_rank(c), peer = 1 - me;
+    // 0 bytes from and into NULL: a transfer all the same.
+    unsigned char *buf = !bytes ? NULL : sending ? message(200 + k, me, bytes) : malloc(bytes);
+    Err err;
+    int rc = sending ? comm_send(c, buf, bytes, peer, &err) : comm_recv(c, buf, bytes, peer, &err);
+    int bad = rc ? fail_call(c, &err) : !sending && check_message(c, buf, 200 + k, peer, bytes);
+    free(buf);
+    return bad;
+}
+
+static int body_fifo(Comm *c, void *ctx) {
+    (void)ctx;
+    int me = comm_rank(c);
+    for (int k = 0; k < 20; k++)
+        if (fifo_one(c, k, FIFO_SIZES[k], (k % 2) == me)) return 1;
+    if (me == 1) {
+        for (int k = 20; k < 23; k++)
+            if (fifo_one(c, k, FIFO_SIZES[k - 20] * 3, 0)) return 1;
+        return 0;
+    }
+    unsigned char *m[3];
+    CommP2p ops[3];
+    for (int k = 0; k < 3; k++) {
+        m[k] = message(220 + k, 0, FIFO_SIZES[k] * 3);
+        ops[k] = (CommP2p){.peer = 1, .send = 1, .buf = m[k], .bytes = FIFO_SIZES[k] * 3};
+    }
+    Err err;
+    int bad = comm_p2p(c, ops, 3, &err) ? fail_call(c, &err) : 0;
+    for (int k = 0; k < 3; k++)
+        free(m[k]);
+    return bad;
+}
+
+static void test_p2p_fifo(void) {
+    char name[96];
+    unique_name(name, sizeof name, "p2pfifo");
+    int bad = run_group(name, 2, 20000, 4096, body_fifo, NULL);
+    CHECK_MSG(bad == 0, "FIFO sequence: %d rank(s) failed", bad);
+}
+
+// Rank 0 sends 100 bytes, rank 1 expects 99: both fail, naming both sizes.
+static int body_size_mismatch(Comm *c, void *ctx) {
+    (void)ctx;
+    unsigned char buf[100] = {0};
+    Err err;
+    int rc = comm_rank(c) == 0 ? comm_send(c, buf, 100, 1, &err) : comm_recv(c, buf, 99, 0, &err);
+    if (rc == 0) return 1;
+    report_failure(comm_rank(c), &err);
+    return 0;
+}
+
+static void test_p2p_size_mismatch(void) {
+    char name[96];
+    unique_name(name, sizeof name, "p2psize");
+    int bad = run_group(name, 2, 5000, 0, body_size_mismatch, NULL);
+    CHECK_MSG(bad == 0, "size mismatch: %d rank(s) did not fail", bad);
+    for (int r = 0; r < 2; r++)
+        CHECK_MSG(strstr(reports[r].msg, "sends 100") && strstr(reports[r].msg, "receives 99"),
+                  "rank %d: %s", r, reports[r].msg);
+}
+
+// Rank 1 gets one message from rank 0, then waits for a second that never comes: rank 0
+// sleeps until it is killed (mid-wait) or, silent, until rank 1 has failed.
+static int body_second_message(Comm *c, void *ctx) {
+    const int *killed = ctx;
+    unsigned char buf[64];
+    Err err;
+    if (comm_rank(c) == 0) {
+        if (comm_send(c, buf, sizeof buf, 1, &err)) return fail_call(c, &err);
+        double until = now_ms() + 30000;
+        while ((*killed || !__atomic_load_n(&reports[1].failed, __ATOMIC_ACQUIRE)) &&
+               now_ms() < until)
+            sleep_ms(1);
+        return *killed;
+    }
+    if (comm_recv(c, buf, sizeof buf, 0, &err)) return fail_call(c, &err);
+    reports[1].started = 2; // in the second receive
+    if (comm_recv(c, buf, sizeof buf, 0, &err) == 0) return 1;
+    report_failure(1, &err);
+    return 0;
+}
+
+static void test_p2p_peer_killed(void) {
+    char name[96];
+    unique_name(name, sizeof name, "p2pkill");
+    int timeout_ms = 4000, killed = 1;
+    reset_reports();
+    pid_t pids[2];
+    for (int r = 0; r < 2; r++) {
+        CommConfig cfg = group_config(name, 2, r, timeout_ms, 0);
+        pids[r] = spawn(&cfg, body_second_message, &killed);
+    }
+    double until = now_ms() + 10000;
+    while (reports[1].started != 2 && now_ms() < until)
+        sleep_ms(1);
+    sleep_ms(50); // well into the wait
+    double killed_at = now_ms();
+    kill(pids[0], SIGKILL);
+    CHECK_MSG(wait_child(pids[1], 3 * timeout_ms) == 0, "rank 1 did not fail cleanly: %s",
+              reports[1].msg);
+    char want[64];
+    snprintf(want, sizeof want, "rank 0 (pid %d) died during p2p", (int)pids[0]);
+    CHECK_MSG(strstr(reports[1].msg, want), "rank 1's error does not say \"%s\": %s", want,
+              reports[1].msg);
+    double took = reports[1].fail_ms - killed_at;
+    CHECK_MSG(took < timeout_ms / 2, "rank 1 noticed the death after %.0f ms", took);
+    waitpid(pids[0], NULL, 0);
+    char pair[128];
+    snprintf(pair, sizeof pair, "%s-p0-1", name);
+    CHECK_MSG(!segment_exists(name) && !segment_exists(pair), "%s's segments left behind", name);
+}
+
+static void test_p2p_never_sends(void) {
+    char name[96];
+    unique_name(name, sizeof name, "p2psilent");
+    int killed = 0;
+    double t0 = now_ms();
+    int bad = run_group(name, 2, 500, 0, body_second_message, &killed);
+    CHECK_MSG(bad == 0, "silent peer: %d rank(s) did not end cleanly", bad);
+    CHECK_MSG(strstr(reports[1].msg, "timed out after 500 ms waiting for rank 0 (pid ") &&
+                  strstr(reports[1].msg, "in p2p"),
+              "rank 1: %s", reports[1].msg);
+    double took = reports[1].fail_ms - t0;
+    CHECK_MSG(took >= 500 && took < 5000, "rank 1 failed after %.0f ms", took);
+}
+
+// ---------------------------------------------------------------- sub-communicators
+
+// 4 ranks, colors rank % 2, keys reversed: {0, 2} and {1, 3}, each in descending rank order.
+static int body_split(Comm *c, void *ctx) {
+    (void)ctx;
+    int me = comm_rank(c), W = comm_world_size(c);
+    Comm *sub;
+    Err err;
+    if (comm_split(c, me % 2, W - me, &sub, &err)) return fail_call(c, &err);
+    int want_rank = me < 2 ? 1 : 0, bad = comm_rank(sub) != want_rank || comm_world_size(sub) != 2;
+    float x = (float)(me + 1), ranks[2], mine = (float)me;
+    if (!bad && (comm_all_reduce(sub, &x, 1, DT_F32, COMM_SUM, &err) ||
+                 comm_all_gather(sub, &mine, ranks, 1, DT_F32, &err)))
+        bad = fail_call(sub, &err);
+    else if (!bad)
+        bad = x != (me % 2 ? 2 + 4 : 1 + 3) || ranks[0] != (float)(me % 2 + 2) ||
+              ranks[1] != (float)(me % 2);
+    if (bad)
+        fprintf(stderr, "rank %d: sub rank %d/%d, sum %g\n", me, comm_rank(sub),
+                comm_world_size(sub), (double)x);
+    bad = bad || ring_exchange(sub, 5000, 300 + me % 2) || ring_exchange(c, 333, 400);
+    comm_destroy(sub);
+    return bad;
+}
+
+static void test_split(void) {
+    char name[96];
+    unique_name(name, sizeof name, "split");
+    int bad = run_group(name, 4, 10000, 1024, body_split, NULL);
+    CHECK_MSG(bad == 0, "split: %d rank(s) failed", bad);
+    const char *left[] = {"-g0", "-g1", "-g0-p0-1", "-g1-p0-1", "-p0-1"};
+    for (int k = 0; k < 5; k++) {
+        char seg[128];
+        snprintf(seg, sizeof seg, "%s%s", name, left[k]);
+        CHECK_MSG(!segment_exists(seg), "%s left behind", seg);
+    }
+    // A rank killed before its cleanup leaves them: the run's comm_shm_remove takes them too.
+    for (int k = 0; k < 5; k++) {
+        char seg[128];
+        snprintf(seg, sizeof seg, "%s%s", name, left[k]);
+        write_garbage_segment(seg, 4096);
+    }
+    comm_shm_remove(name);
+    for (int k = 0; k < 5; k++) {
+        char seg[128];
+        snprintf(seg, sizeof seg, "%s%s", name, left[k]);
+        CHECK_MSG(!segment_exists(seg), "%s survived comm_shm_remove", seg);
+    }
+}
+
 // ---------------------------------------------------------------- bad configs and arguments
 
 static void expect_create_error(CommConfig cfg, const char *want) {
@@ -542,6 +800,20 @@ static void test_bad_configs(void) {
     expect_create_error(cfg, "shm_name \"(null)\"");
     cfg = ok, cfg.shm_chunk_bytes = 100;
     expect_create_error(cfg, "shm_chunk_bytes 100 must be a multiple of 64");
+}
+
+// A fresh world-1 Comm refuses comm_p2p(&op, n) with `want`, and is unusable after.
+static void expect_p2p_error(const CommConfig *cfg, CommP2p op, int n, const char *want) {
+    Comm *c;
+    Err err = {0};
+    if (comm_create(&c, cfg, &err)) {
+        CHECK_MSG(0, "%s", err.msg);
+        return;
+    }
+    CHECK_MSG(comm_p2p(c, &op, n, &err) == -1 && strstr(err.msg, want), "got \"%s\", want \"%s\"",
+              err.msg, want);
+    CHECK(comm_barrier(c, &err) == -1);
+    comm_destroy(c);
 }
 
 // World 1 runs in this process: argument errors, and a Comm unusable after one.
@@ -591,7 +863,30 @@ static void test_bad_arguments(void) {
     CHECK_MSG(strstr(err.msg, "all_reduce: the shm backend reduces fp32 only, not bf16"), "%s",
               err.msg);
     comm_destroy(c);
+
+    // Point-to-point needs another rank; a split of one rank is a Comm of one.
+    Comm *sub = NULL;
+    CHECK(comm_create(&c, &cfg, &err) == 0);
+    CHECK_MSG(comm_split(c, 3, 0, &sub, &err) == 0 && comm_world_size(sub) == 1, "%s", err.msg);
+    CHECK(sub && comm_all_reduce(sub, x, 4, DT_F32, COMM_SUM, &err) == 0);
+    comm_destroy(sub);
+    CHECK(comm_split(c, -1, 0, &sub, &err) == -1 && sub == NULL);
+    CHECK_MSG(strstr(err.msg, "comm_split: color -1 must be >= 0"), "%s", err.msg);
+    comm_destroy(c);
+    expect_p2p_error(&cfg, (CommP2p){.peer = 0, .send = 1, .buf = x, .bytes = 4}, 1,
+                     "p2p: transfer 0's peer 0 is not another rank of 0..0 (this is 0)");
+    expect_p2p_error(&cfg, (CommP2p){.peer = 5, .send = 0, .buf = x, .bytes = 4}, 1,
+                     "transfer 0's peer 5 is not another rank");
+    expect_p2p_error(&cfg, (CommP2p){.peer = -1, .send = 0, .buf = x, .bytes = 4}, 1,
+                     "transfer 0's peer -1 is not another rank");
+    expect_p2p_error(&cfg, (CommP2p){.peer = 0, .send = 0, .buf = NULL, .bytes = 5}, 1,
+                     "p2p: transfer 0's buf (from rank 0) is NULL for 5 bytes");
+    expect_p2p_error(&cfg, (CommP2p){0}, -1, "p2p: -1 transfers (want at least 1)");
+    expect_p2p_error(&cfg, (CommP2p){0}, 0, "p2p: 0 transfers (want at least 1)");
     CHECK_MSG(!segment_exists(name), "%s left behind", name);
+    char sub_name[128];
+    snprintf(sub_name, sizeof sub_name, "%s-g3", name);
+    CHECK_MSG(!segment_exists(sub_name), "%s left behind", sub_name);
 }
 
 int main(void) {
@@ -613,6 +908,14 @@ int main(void) {
     test_stale_garbage();
     test_stale_crashed_run();
     test_mismatched_calls();
+    for (int world = 2; world <= 4; world++)
+        test_p2p_ring(world);
+    test_p2p_both_ways();
+    test_p2p_fifo();
+    test_p2p_size_mismatch();
+    test_p2p_peer_killed();
+    test_p2p_never_sends();
+    test_split();
     test_bad_configs();
     test_bad_arguments();
     CHECK_DONE();
