@@ -78,7 +78,8 @@ static int alloc_state(Optimizer *o, const ParamView *v, Err *err) {
     const Backend *be = v->be;
     size_t bytes = (v->num_floats > 0 ? v->num_floats : 1) * sizeof(float);
     o->is_muon = calloc(v->n_params > 0 ? (size_t)v->n_params : 1, 1);
-    if (!o->is_muon) return err_resource(err, "optimizer: out of memory for %d parameters", v->n_params);
+    if (!o->is_muon)
+        return err_resource(err, "optimizer: out of memory for %d parameters", v->n_params);
     for (int i = 0; o->kind == OPT_MUON && i < v->n_params; i++)
         o->is_muon[i] = muon_owns(&v->params[i]);
     if (!(o->exp_avg = be->alloc(bytes, err)) || !(o->exp_avg_sq = be->alloc(bytes, err)))
@@ -109,6 +110,14 @@ int optim_create(Optimizer *o, OptimizerKind kind, const ParamView *v, float wei
         return err_prefix(err, "optimizer: the state of %zu parameters", v->num_floats);
     }
     return 0;
+}
+
+int optim_state_arrays(const Optimizer *o, float *arrays[3]) {
+    int n = 0;
+    if (o->exp_avg) arrays[n++] = o->exp_avg;
+    if (o->exp_avg_sq) arrays[n++] = o->exp_avg_sq;
+    if (o->momentum_buf) arrays[n++] = o->momentum_buf;
+    return n;
 }
 
 void optim_free(Optimizer *o) {
@@ -215,11 +224,15 @@ static int state_tensor_count(const Optimizer *o, const ParamView *m) {
     return count;
 }
 
-int optim_save(const Optimizer *o, const ParamView *m, const char *path, Err *err) {
-    if (o->step > STEP_MAX_EXACT)
-        return err_set(err, "%s: step %ld exceeds 2^24, the largest exact fp32 'step'", path,
-                       o->step);
-    int n = state_tensor_count(o, m);
+int optim_save_parts(const Optimizer *const *opts, const ParamView *views, int n_parts,
+                     const char *path, Err *err) {
+    int n = 1; // step
+    for (int v = 0; v < n_parts; v++) {
+        if (opts[v]->step > STEP_MAX_EXACT)
+            return err_set(err, "%s: step %ld exceeds 2^24, the largest exact fp32 'step'", path,
+                           opts[v]->step);
+        n += state_tensor_count(opts[v], &views[v]) - 1;
+    }
     StWriteTensor *tensors = calloc((size_t)n, sizeof *tensors);
     char *names = calloc((size_t)n, STATE_NAME_MAX);
     if (!tensors || !names) {
@@ -227,27 +240,37 @@ int optim_save(const Optimizer *o, const ParamView *m, const char *path, Err *er
         free(names);
         return err_resource(err, "%s: out of memory for %d state tensors", path, n);
     }
-    float step = (float)o->step;
+    float step = (float)opts[0]->step;
     int t = 0;
-    for (int i = 0; i < m->n_params; i++) {
-        const ParamSpec *p = &m->params[i];
-        const char *prefixes[2];
-        int k = state_fields(o, i, prefixes);
-        for (int f = 0; f < k; f++, t++) {
-            char *name = names + (size_t)t * STATE_NAME_MAX;
-            snprintf(name, STATE_NAME_MAX, "%s%s", prefixes[f], p->name);
-            tensors[t] = (StWriteTensor){.name = name,
-                                         .ndim = p->ndim,
-                                         .shape = {p->shape[0], p->shape[1]},
-                                         .data = state_buffer(o, prefixes[f]) + p->offset,
-                                         .fetch = o->be->download};
+    for (int v = 0; v < n_parts; v++)
+        for (int i = 0; i < views[v].n_params; i++) {
+            const Optimizer *o = opts[v];
+            const ParamSpec *p = &views[v].params[i];
+            const char *prefixes[2];
+            int k = state_fields(o, i, prefixes);
+            for (int f = 0; f < k; f++) {
+                char *name = names + (size_t)t * STATE_NAME_MAX;
+                snprintf(name, STATE_NAME_MAX, "%s%s", prefixes[f], p->name);
+                bool written = false; // a tied head's copy: the embedding's state, once
+                for (int j = 0; j < t && !written; j++)
+                    written = !strcmp(tensors[j].name, name);
+                if (written) continue;
+                tensors[t++] = (StWriteTensor){.name = name,
+                                               .ndim = p->ndim,
+                                               .shape = {p->shape[0], p->shape[1]},
+                                               .data = state_buffer(o, prefixes[f]) + p->offset,
+                                               .fetch = o->be->download};
+            }
         }
-    }
-    tensors[t] = (StWriteTensor){.name = "step", .ndim = 1, .shape = {1}, .data = &step};
-    int rc = st_write(path, tensors, n, DT_F32, err);
+    tensors[t++] = (StWriteTensor){.name = "step", .ndim = 1, .shape = {1}, .data = &step};
+    int rc = st_write(path, tensors, t, DT_F32, err);
     free(tensors);
     free(names);
     return rc;
+}
+
+int optim_save(const Optimizer *o, const ParamView *m, const char *path, Err *err) {
+    return optim_save_parts(&o, m, 1, path, err);
 }
 
 static bool same_shape(const StTensor *t, const ParamSpec *p) {
@@ -276,9 +299,10 @@ static const char *foreign_state(const Optimizer *o, const StFile *f, const Para
     return t ? t->name : NULL;
 }
 
-// Checks that f holds exactly the state tensors of o for m, with matching shapes.
+// Checks that f holds the state tensors of o for m, with matching shapes; exactly those unless
+// `part` (m is a part of the model the file holds: a pipeline stage's).
 static int check_state_file(const Optimizer *o, const ParamView *m, const StFile *f,
-                            const char *path, Err *err) {
+                            const char *path, bool part, Err *err) {
     for (int i = 0; i < m->n_params; i++) {
         const ParamSpec *p = &m->params[i];
         const char *foreign = foreign_state(o, f, p, i);
@@ -311,7 +335,7 @@ static int check_state_file(const Optimizer *o, const ParamView *m, const StFile
     if (!step) return err_set(err, "%s: missing tensor 'step'", path);
     if (step->ndim != 1 || step->shape[0] != 1)
         return err_set(err, "%s: tensor 'step' must have shape [1]", path);
-    if (f->n_tensors != state_tensor_count(o, m)) {
+    if (!part && f->n_tensors != state_tensor_count(o, m)) {
         // Name one tensor that is not ours: it comes from another model or optimizer.
         for (int j = 0; j < f->n_tensors; j++) {
             const char *name = f->tensors[j].name, *dot = strchr(name, '.');
@@ -355,7 +379,7 @@ static int read_state(Optimizer *o, const ParamView *m, const StFile *f, const c
     return 0;
 }
 
-int optim_load(Optimizer *o, const ParamView *m, const char *path, Err *err) {
+int optim_load(Optimizer *o, const ParamView *m, const char *path, bool part, Err *err) {
     StFile f;
     if (st_open(&f, path, err)) return -1;
     // Validate everything before touching the state, so a bad file leaves it intact.
@@ -363,7 +387,7 @@ int optim_load(Optimizer *o, const ParamView *m, const char *path, Err *err) {
     for (int i = 0; i < m->n_params; i++)
         if (m->params[i].numel > largest) largest = m->params[i].numel;
     float *host = malloc(largest * sizeof *host);
-    int rc = host ? check_state_file(o, m, &f, path, err)
+    int rc = host ? check_state_file(o, m, &f, path, part, err)
                   : err_resource(err, "%s: out of memory for the staging buffer", path);
     if (!rc) rc = read_state(o, m, &f, path, host, err);
     free(host);

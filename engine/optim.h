@@ -37,6 +37,10 @@ typedef struct {
 
 int optim_create(Optimizer *o, OptimizerKind kind, const ParamView *v, float weight_decay,
                  Err *err);
+// The per-float state arrays (exp_avg, exp_avg_sq, momentum_buf: those the kind has), in that
+// order, into arrays; returns how many. The same order for any two optimizers of one kind (a
+// shard's and the whole model's, a stage's sent and received).
+int optim_state_arrays(const Optimizer *o, float *arrays[3]);
 void optim_free(Optimizer *o);
 
 // One step with learning rate lr on v->master using v->grads.
@@ -51,5 +55,12 @@ void clip_grads(const ParamView *v, double norm, float max_norm);
 // State as safetensors ("optimizer.safetensors": exp_avg.<param>, exp_avg_sq.<param>,
 // momentum_buffer.<param>, and a 1-element "step") — no pickle. Tensors travel one at a
 // time through host memory.
+// part: v is a part of the model the file holds (a pipeline stage): the file's other tensors are
+// not read (else a tensor that is not v's is an error).
 int optim_save(const Optimizer *o, const ParamView *v, const char *path, Err *err);
-int optim_load(Optimizer *o, const ParamView *v, const char *path, Err *err);
+int optim_load(Optimizer *o, const ParamView *v, const char *path, bool part, Err *err);
+// One file of the state of several optimizers over parts of one model (the stages of a
+// pipeline, in order; every step count the same): a tensor already written (a tied head's
+// copy) is written once.
+int optim_save_parts(const Optimizer *const *opts, const ParamView *views, int n_parts,
+                     const char *path, Err *err);

@@ -100,6 +100,8 @@ static const KeyDef KEYS[] = {
     {"start_method", KEY_STR, F(start_method), "spawn", 0, 0, "spawn|fork|forkserver", "multiprocessing start method (accepted; no effect: ranks are fork+exec'd)", "parallel"},
     {"compile", KEY_STR, F(compile), "", 0, 0, "default|reduce-overhead|max-autotune", "torch.compile mode (accepted; no effect: the kernels are compiled C)", "model"},
     {"tp_size", KEY_INT, F(tp_size), "0", 0, 4096, NULL, "tensor parallelism (0: None; > 1 refused)", "parallel"},
+    {"pp_size", KEY_INT, F(pp_size), "1", 1, 4096, NULL, "pipeline stages: nprocs = pp_size x data-parallel replicas, parallel_mode spans each stage's replicas", "parallel"},
+    {"pp_schedule", KEY_STR, F(pp_schedule), "1f1b", 0, 0, "1f1b|gpipe", "pipeline schedule of an optimizer step's grad_accum_steps micro-batches", "parallel"},
 };
 // clang-format on
 #define N_KEYS (sizeof KEYS / sizeof KEYS[0])
@@ -529,8 +531,16 @@ int train_spec_validate(const TrainSpec *s, Err *err) {
     if (!*s->ckpt_dir) return err_set(err, "ckpt_dir: must not be empty");
     if (!strcmp(s->device_type, "cpu") && !strcmp(s->dtype, "bf16"))
         return err_set(err, "dtype: bf16 needs device_type cuda (the CPU computes in fp32)");
-    if (s->nprocs > 1 && !strcmp(s->parallel_mode, "none"))
-        return err_set(err, "nprocs: %ld ranks need parallel_mode ddp or fsdp", s->nprocs);
+    // (under torchrun or srun the ranks come from the environment: the trainer checks those)
+    if (train_spec_given(s, "nprocs") && s->nprocs % s->pp_size)
+        return err_set(err, "pp_size: %ld does not divide nprocs %ld", s->pp_size, s->nprocs);
+    if (s->nprocs / s->pp_size > 1 && !strcmp(s->parallel_mode, "none"))
+        return s->pp_size == 1
+                   ? err_set(err, "nprocs: %ld ranks need parallel_mode ddp or fsdp", s->nprocs)
+                   : err_set(err,
+                             "nprocs: %ld ranks are %ld replicas of a pipeline of pp_size %ld: "
+                             "they need parallel_mode ddp or fsdp",
+                             s->nprocs, s->nprocs / s->pp_size, s->pp_size);
     if (s->tp_size > 1)
         return err_set(err,
                        "tp_size: %ld is refused: tensor parallelism is not implemented "

@@ -101,7 +101,7 @@ static int save_and_reload(Optimizer *o, const ParamView *m, OptimizerKind kind,
     optim_free(o);
     if (optim_create(o, kind, m, wd, err)) return -1;
     set_muon_knobs(o);
-    return optim_load(o, m, path, err);
+    return optim_load(o, m, path, false, err);
 }
 
 static int run(const char *dir, OptimizerKind kind, float wd, float max_norm, long resume_at,
@@ -163,7 +163,7 @@ static int load(const char *dir, OptimizerKind kind, const char *file, Err *err)
     Optimizer o = {0};
     int rc = read_spec(&m, dir, err);
     if (!rc) rc = optim_create(&o, kind, &m, 0.1f, err);
-    if (!rc) rc = optim_load(&o, &m, file, err);
+    if (!rc) rc = optim_load(&o, &m, file, false, err);
     optim_free(&o);
     free_model(&m);
     return rc;

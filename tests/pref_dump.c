@@ -69,8 +69,9 @@ static int run(const Args *a, Err *err) {
     int rc = train_ckpt_load_config(&cfg, a->model, err) ||
              records_open(&rs, a->data, dpo ? RECORDS_DPO : RECORDS_GRPO, (int)a->group_size,
                           cfg.vocab_size, 0, err) ||
-             train_ckpt_load_model(&m, &cfg, backend_cpu(), a->reference, err) ||
-             executor_init(&x, EXEC_NONE, NULL, &m, 0, err) ||
+             train_ckpt_load_model(&m, &cfg, 0, cfg.num_hidden_layers, backend_cpu(), a->reference,
+                                   err) ||
+             executor_init(&x, EXEC_NONE, NULL, NULL, &m, 0, err) ||
              executor_keep_reference(&x, &m, err) || train_ckpt_load_weights(&m, a->model, err) ||
              pref_batch_init(&b, &rs, (int)rs.n_records, a->window, err);
     int64_t *ids = rc ? NULL : malloc((size_t)rs.n_records * sizeof *ids);

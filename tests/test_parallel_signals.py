@@ -3,6 +3,8 @@
   exit 3 (interrupted), and --resume continues the very same curve;
 - kill -9 of one rank: the other exits with a clear error naming the dead rank well within the
   timeout, the launcher fails, and no rank process or shm segment is left behind;
+- the same two under a pipeline of 3 stages (kill -9 of the middle stage: the error names the
+  stage and the dead peer);
 - external launch (RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT set by hand, and SLURM variables):
   two processes train together like one rank with the global batch; a wrong WORLD_SIZE or an
   unreachable master is a clear error after the rendezvous timeout."""
@@ -48,11 +50,11 @@ def shm_segments():
     return {n for n in os.listdir("/dev/shm") if n.startswith("astrai")}
 
 
-def check_sigterm(root, model, data, failures):
-    extra = {"n_epoch": 6}
-    straight = os.path.join(root, "straight")
+def check_sigterm(root, model, data, failures, name="sigterm", **extra):
+    extra = dict({"n_epoch": 6}, **extra)
+    straight = os.path.join(root, name + "-straight")
     tu.run(args(model, data, straight, **extra))
-    ck = os.path.join(root, "sigterm")
+    ck = os.path.join(root, name)
     proc = subprocess.Popen(args(model, data, ck, **extra), stderr=subprocess.PIPE, text=True)
     if not signal_at_step(proc, ck, 4, signal.SIGTERM):
         failures.append("sigterm: the run did not reach step 4")
@@ -67,33 +69,35 @@ def check_sigterm(root, model, data, failures):
     a, b = tu.latest_checkpoint(straight), tu.latest_checkpoint(ck)
     if tu.metric_rows(a) != tu.metric_rows(b):
         failures.append(f"sigterm at step {step} + resume differs from the straight run")
-    print(f"SIGTERM: both ranks stopped at step {step}; resumed to {os.path.basename(b)}")
+    print(f"SIGTERM ({name}): every rank stopped at step {step}; resumed to "
+          f"{os.path.basename(b)}")
 
 
-def check_kill9(root, model, data, failures):
+def check_kill9(root, model, data, failures, name="kill9", victim=1, named=("rank 1",), **extra):
     before = shm_segments()
-    ck = os.path.join(root, "kill9")
-    proc = subprocess.Popen(args(model, data, ck, n_epoch=50, comm_timeout=30),
+    ck = os.path.join(root, name)
+    proc = subprocess.Popen(args(model, data, ck, **dict({"n_epoch": 50, "comm_timeout": 30},
+                                                          **extra)),
                             stderr=subprocess.PIPE, text=True)
     if not wait_for_step(ck, 2, proc):
         failures.append("kill -9: the run did not reach step 2")
     ranks = {rank_of(p): p for p in children(proc.pid)}
-    os.kill(ranks[1], signal.SIGKILL)
+    os.kill(ranks[victim], signal.SIGKILL)
     t0 = time.time()
     _, err = proc.communicate(timeout=120)
     took = time.time() - t0
     if proc.returncode == 0:
         failures.append("kill -9: the launcher exited 0")
-    if "rank 1" not in err or took > 30:
-        failures.append(f"kill -9: no clear error naming rank 1 within the timeout "
+    if any(n not in err for n in named) or took > 30:
+        failures.append(f"kill -9 ({name}): no clear error naming {named} within the timeout "
                         f"({took:.1f} s): {err[-600:]}")
     left = [p for p in ranks.values() if alive(p)]
     if left:
         failures.append(f"kill -9: rank processes left: {left}")
     if shm_segments() - before:
         failures.append(f"kill -9: shm segments left: {shm_segments() - before}")
-    print(f"kill -9 of rank 1: launcher exit {proc.returncode} after {took:.1f} s: "
-          f"{[l for l in err.splitlines() if 'rank' in l][:3]}")
+    print(f"kill -9 of rank {victim} ({name}): launcher exit {proc.returncode} after "
+          f"{took:.1f} s: {[l for l in err.splitlines() if 'rank' in l][:4]}")
 
 
 def external(cmd, env_list, timeout=300):
@@ -161,6 +165,12 @@ def main():
     data, _ = tu.make_text_data(root, N_BYTES)
     check_sigterm(root, model, data, failures)
     check_kill9(root, model, data, failures)
+    # Pipelines (docs/design.md §13): 3 stages of a 4-block model; rank 1 is the middle stage.
+    deep = tu.make_model(os.path.join(root, "deep"), dict(tu.SMALL_CONFIG, num_hidden_layers=4))
+    check_sigterm(root, deep, data, failures, "sigterm-pp", mode="none", nprocs=3, pp_size=3,
+                  grad_accum_steps=4, batch=1)
+    check_kill9(root, deep, data, failures, "kill9-pp", victim=1, named=("rank 1", "stage"),
+                mode="none", nprocs=3, pp_size=3, grad_accum_steps=4, batch=1)
     check_external(root, model, data, failures)
     check_external_errors(root, model, data, failures)
     return tu.finish(failures)

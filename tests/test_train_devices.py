@@ -29,24 +29,6 @@ def weights(ckpt_dir):
         return f.read()
 
 
-def make_sft_data(root):
-    """Packed documents: position ids restart inside windows, half the tokens masked."""
-    rng = np.random.default_rng(7)
-    n = N_BYTES
-    seq = rng.integers(0, 256, n, dtype=np.int32)
-    pos = np.concatenate([np.arange(k) for k in rng.integers(5, 20, n)])[:n].astype(np.int32)
-    mask = (rng.random(n) < 0.5).astype(np.int32)
-    out = os.path.join(root, "sft")
-    os.makedirs(out)
-    for key, arr in (("sequence", seq), ("loss_mask", mask), ("position_ids", pos)):
-        arr.tofile(os.path.join(out, key + ".bin"))
-    with open(os.path.join(out, "meta.json"), "w") as f:
-        f.write('{"sequence": {"shape": [%d], "dtype": "int32"}, '
-                '"loss_mask": {"shape": [%d], "dtype": "int32"}, '
-                '"position_ids": {"shape": [%d], "dtype": "int32"}}' % (n, n, n))
-    return out
-
-
 def check_checkpointing(root, model, data, name, failures, **extra):
     plain = os.path.join(root, name + "-plain")
     ckpt = os.path.join(root, name + "-ckpt")
@@ -106,7 +88,7 @@ def main():
     root = tu.tmpdir()
     model = tu.make_model(root)
     data, _ = tu.make_text_data(root, N_BYTES)
-    sft = make_sft_data(root)
+    sft = tu.make_sft_data(root, N_BYTES)
     failures = []
     check_checkpointing(root, model, data, "seq-muon", failures)
     check_checkpointing(root, model, sft, "sft-adamw", failures, train_type="sft",

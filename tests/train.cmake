@@ -21,3 +21,5 @@ astrai_py_test(train_pref test_train_pref.py)
 astrai_py_test(train_neftune test_train_neftune.py)
 # The pipeline schedules (1F1B, GPipe) as a unit: orders, no deadlock, held activations (issue 19).
 astrai_c_test(test_pp_schedule tests/test_pp_schedule.c)
+# The pipeline's split of the blocks into stages against every split there is.
+astrai_c_test(test_pipeline_partition tests/test_pipeline_partition.c)

@@ -78,6 +78,23 @@ def make_text_data(root, n_bytes, name="data"):
     return out, np.frombuffer(text, dtype=np.uint8).astype(np.int64)
 
 
+def make_sft_data(root, n):
+    """Packed documents: position ids restart inside windows, half the tokens masked."""
+    rng = np.random.default_rng(7)
+    seq = rng.integers(0, 256, n, dtype=np.int32)
+    pos = np.concatenate([np.arange(k) for k in rng.integers(5, 20, n)])[:n].astype(np.int32)
+    mask = (rng.random(n) < 0.5).astype(np.int32)
+    out = os.path.join(root, "sft")
+    os.makedirs(out)
+    for key, arr in (("sequence", seq), ("loss_mask", mask), ("position_ids", pos)):
+        arr.tofile(os.path.join(out, key + ".bin"))
+    with open(os.path.join(out, "meta.json"), "w") as f:
+        f.write('{"sequence": {"shape": [%d], "dtype": "int32"}, '
+                '"loss_mask": {"shape": [%d], "dtype": "int32"}, '
+                '"position_ids": {"shape": [%d], "dtype": "int32"}}' % (n, n, n))
+    return out
+
+
 def train(args, expect=0):
     return run([binary("astrai-train")] + [f"--{k}={v}" for k, v in args.items()], expect)
 

@@ -294,6 +294,11 @@ static int none_micro(Executor *x, Model *m, MicroStep kind, Err *err) {
     return 0;
 }
 
+static int none_sync_grads(Executor *x, Model *m, Err *err) {
+    (void)x, (void)m, (void)err;
+    return 0;
+}
+
 static int none_after_step(Executor *x, Model *m, Err *err) {
     (void)x, (void)err;
     model_refresh_weights(m);
@@ -315,7 +320,7 @@ static void none_drop_full(Executor *x, Model *m) {
 static int none_load_optim(Executor *x, Model *m, Optimizer *opt, const char *path, Err *err) {
     (void)x;
     ParamView v = model_view(m);
-    return optim_load(opt, &v, path, err);
+    return optim_load(opt, &v, path, model_is_stage(m), err);
 }
 
 static int none_adopt_weights(Executor *x, Model *m, Err *err) {
@@ -377,21 +382,12 @@ static int gather_master(Executor *x, Model *m, Err *err) {
     return all_gather_full(x, m, x->shard.master, m->master, DT_F32, err);
 }
 
-// The optimizer's per-float state arrays, in the same order for the shard and the full one.
-static int state_arrays(const Optimizer *o, float *arrays[3]) {
-    int n = 0;
-    if (o->exp_avg) arrays[n++] = o->exp_avg;
-    if (o->exp_avg_sq) arrays[n++] = o->exp_avg_sq;
-    if (o->momentum_buf) arrays[n++] = o->momentum_buf;
-    return n;
-}
-
 // The optimizer state as for the full model (every rank takes part in the gather): fills a
 // full Optimizer `full` created for m.
 static int gather_optim(Executor *x, Model *m, const Optimizer *opt, Optimizer *full, Err *err) {
     float *mine[3], *all[3];
-    int n = state_arrays(opt, mine);
-    if (state_arrays(full, all) != n) return err_set(err, "optimizer state layouts differ");
+    int n = optim_state_arrays(opt, mine);
+    if (optim_state_arrays(full, all) != n) return err_set(err, "optimizer state layouts differ");
     full->step = opt->step;
     for (int k = 0; k < n; k++)
         if (all_gather_full(x, m, mine[k], all[k], DT_F32, err)) return -1;
@@ -401,8 +397,8 @@ static int gather_optim(Executor *x, Model *m, const Optimizer *opt, Optimizer *
 // The inverse: takes this rank's part of a full optimizer state.
 static void scatter_optim(Executor *x, Model *m, const Optimizer *full, Optimizer *opt) {
     float *mine[3], *all[3];
-    int n = state_arrays(opt, mine);
-    state_arrays(full, all);
+    int n = optim_state_arrays(opt, mine);
+    optim_state_arrays(full, all);
     opt->step = full->step;
     for (int k = 0; k < n; k++)
         take_own(x, m, all[k], mine[k]);
@@ -427,7 +423,7 @@ static int shard_load_optim(Executor *x, Model *m, Optimizer *opt, const char *p
     ParamView v = model_view(m);
     Optimizer full;
     if (optim_create(&full, opt->kind, &v, opt->weight_decay, err)) return -1;
-    int rc = optim_load(&full, &v, path, err);
+    int rc = optim_load(&full, &v, path, model_is_stage(m), err);
     if (!rc) scatter_optim(x, m, &full, opt);
     optim_free(&full);
     return rc;
@@ -451,6 +447,11 @@ static int ddp_begin_micro(Executor *x, Model *m, MicroStep kind, Err *err) {
 static int ddp_end_micro(Executor *x, Model *m, MicroStep kind, Err *err) {
     (void)kind;
     return disarm(x, m, err);
+}
+
+// Every bucket reduced now, after the last backward (arm's hooks never fire).
+static int shard_sync_grads(Executor *x, Model *m, Err *err) {
+    return arm(x, m, false, true, err) || disarm(x, m, err);
 }
 
 static int ddp_after_step(Executor *x, Model *m, Err *err) {
@@ -478,6 +479,12 @@ static int fsdp_begin_micro(Executor *x, Model *m, MicroStep kind, Err *err) {
 static int fsdp_end_micro(Executor *x, Model *m, MicroStep kind, Err *err) {
     int rc = disarm(x, m, err);
     model_release(m, kind == MICRO_SYNC ? MODEL_WEIGHTS | MODEL_GRADS : MODEL_WEIGHTS);
+    return rc;
+}
+
+static int fsdp_sync_grads(Executor *x, Model *m, Err *err) {
+    int rc = shard_sync_grads(x, m, err);
+    model_release(m, MODEL_GRADS);
     return rc;
 }
 
@@ -523,6 +530,7 @@ static const ExecutorOps NONE_OPS = {.forward_collective = false,
                                      .view = none_view,
                                      .begin_micro = none_micro,
                                      .end_micro = none_micro,
+                                     .sync_grads = none_sync_grads,
                                      .after_step = none_after_step,
                                      .gather_full = none_gather_full,
                                      .drop_full = none_drop_full,
@@ -537,6 +545,7 @@ static const ExecutorOps DDP_OPS = {.forward_collective = false,
                                     .view = shard_view,
                                     .begin_micro = ddp_begin_micro,
                                     .end_micro = ddp_end_micro,
+                                    .sync_grads = shard_sync_grads,
                                     .after_step = ddp_after_step,
                                     .gather_full = shard_gather_full,
                                     .drop_full = shard_drop_full,
@@ -552,6 +561,7 @@ static const ExecutorOps FSDP_OPS = {.forward_collective = true,
                                      .view = shard_view,
                                      .begin_micro = fsdp_begin_micro,
                                      .end_micro = fsdp_end_micro,
+                                     .sync_grads = fsdp_sync_grads,
                                      .after_step = fsdp_after_step,
                                      .gather_full = shard_gather_full,
                                      .drop_full = shard_drop_full,
@@ -566,16 +576,19 @@ static const ExecutorOps *const MODES[] = {
 
 // ---------------------------------------------------------------- every mode
 
-int executor_init(Executor *x, ExecMode mode, Comm *comm, Model *m, size_t bucket_bytes, Err *err) {
+int executor_init(Executor *x, ExecMode mode, Comm *group, Comm *world, Model *m,
+                  size_t bucket_bytes, Err *err) {
     memset(x, 0, sizeof *x);
-    x->ops =
-        MODES[comm && comm_world_size(comm) > 1 ? mode : EXEC_NONE]; // one rank: nothing to share
-    x->comm = comm;
-    x->rank = comm ? comm_rank(comm) : 0;
-    x->world = comm ? comm_world_size(comm) : 1;
+    bool shared = group && comm_world_size(group) > 1;
+    x->ops = MODES[shared ? mode : EXEC_NONE]; // one rank: nothing to share
+    x->comm = shared ? group : NULL;
+    x->world_comm = world && comm_world_size(world) > 1 ? world : NULL;
+    x->rank = shared ? comm_rank(group) : 0;
+    x->world = shared ? comm_world_size(group) : 1;
+    x->norm_skip = -1;
     x->be = m->be;
     if (!(x->sq_norm = x->be->alloc(sizeof *x->sq_norm, err)) ||
-        (comm && comm_device_memory(comm) &&
+        (x->world_comm && comm_device_memory(x->world_comm) &&
          !(x->agree = x->be->alloc(EXEC_AGREE_MAX * sizeof(float), err))))
         return err_prefix(err, "executor");
     return x->ops->init(x, m, bucket_bytes, err);
@@ -611,6 +624,10 @@ int executor_end_micro(Executor *x, Model *m, MicroStep kind, Err *err) {
     return x->ops->end_micro(x, m, kind, err);
 }
 
+int executor_sync_grads(Executor *x, Model *m, Err *err) {
+    return x->ops->sync_grads(x, m, err);
+}
+
 bool executor_forward_collective(const Executor *x) {
     return x->ops->forward_collective;
 }
@@ -621,28 +638,45 @@ int executor_after_step(Executor *x, Model *m, Err *err) {
 
 // One rank sums nothing: its values stay exact.
 static bool one_rank(const Executor *x) {
-    return !x->comm;
+    return !x->world_comm;
 }
 
 int executor_sum(Executor *x, float *vals, int n, Err *err) {
     if (one_rank(x)) return 0;
     if (n > EXEC_AGREE_MAX)
         return err_set(err, "executor_sum: %d values (at most %d)", n, EXEC_AGREE_MAX);
-    if (!x->agree) return comm_all_reduce(x->comm, vals, (size_t)n, DT_F32, COMM_SUM, err);
+    if (!x->agree) return comm_all_reduce(x->world_comm, vals, (size_t)n, DT_F32, COMM_SUM, err);
     x->be->upload(x->agree, vals, (size_t)n * sizeof *vals);
-    if (comm_all_reduce(x->comm, x->agree, (size_t)n, DT_F32, COMM_SUM, err)) return -1;
+    if (comm_all_reduce(x->world_comm, x->agree, (size_t)n, DT_F32, COMM_SUM, err)) return -1;
     x->be->download(vals, x->agree, (size_t)n * sizeof *vals);
     return 0;
+}
+
+// The squares of the gradients of [from, to) of the view, in double.
+static double sum_squares(const Executor *x, const float *grads, size_t from, size_t to) {
+    double sq = 0;
+    if (to <= from) return 0;
+    x->be->sum_squares(x->sq_norm, grads + from, to - from);
+    x->be->download(&sq, x->sq_norm, sizeof sq);
+    return sq;
+}
+
+// This rank's squared norm of the gradients of its view, without the norm_skip tensor.
+static double view_sq_norm(const Executor *x, const Model *m) {
+    ParamView v = executor_view(x, m);
+    int skip = x->norm_skip;
+    if (skip < 0 || (x->owner && x->owner[skip] != x->rank))
+        return sum_squares(x, v.grads, 0, v.num_floats);
+    size_t at = x->owner ? x->region_off[skip] : m->params[skip].offset;
+    return sum_squares(x, v.grads, 0, at) +
+           sum_squares(x, v.grads, at + m->params[skip].numel, v.num_floats);
 }
 
 int executor_agree_step(Executor *x, const Model *m, float *vals, int n, int norm_at, double *norm,
                         Err *err) {
     if (norm_at < 0 || norm_at >= n)
         return err_set(err, "executor_agree_step: slot %d outside %d values", norm_at, n);
-    ParamView v = executor_view(x, m);
-    double sq;
-    x->be->sum_squares(x->sq_norm, v.grads, v.num_floats);
-    x->be->download(&sq, x->sq_norm, sizeof sq);
+    double sq = view_sq_norm(x, m);
     vals[norm_at] = (float)sq;
     if (executor_sum(x, vals, n, err)) return -1;
     *norm = sqrt(one_rank(x) ? sq : (double)vals[norm_at]);

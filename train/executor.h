@@ -60,8 +60,11 @@ typedef struct ExecutorOps ExecutorOps;
 // reads the fields past rank and world.
 typedef struct {
     const ExecutorOps *ops; // the mode's
-    Comm *comm;             // NULL for one rank
-    int rank, world;
+    Comm *comm;             // the ranks that share this model's tensors; NULL for one rank
+    Comm *world_comm;       // every rank of the job, which the sums span; NULL for one rank
+    int rank, world;        // in comm
+    int norm_skip;          // a tensor of m the global norm leaves out (a pipeline's copy of a tied
+                            // embedding, counted where the embedding is); -1: none
     const Backend *be;
     double *sq_norm;    // (1,) backend: this rank's squared norm of the gradients it steps
     float *agree;       // (EXEC_AGREE_MAX,) device staging of executor_sum when comm needs it
@@ -103,6 +106,7 @@ struct ExecutorOps {
     ParamView (*view)(const Executor *x, const Model *m);
     int (*begin_micro)(Executor *x, Model *m, MicroStep kind, Err *err);
     int (*end_micro)(Executor *x, Model *m, MicroStep kind, Err *err);
+    int (*sync_grads)(Executor *x, Model *m, Err *err);
     int (*after_step)(Executor *x, Model *m, Err *err);
     int (*gather_full)(Executor *x, Model *m, const Optimizer *opt, const Optimizer **full,
                        Err *err);
@@ -114,9 +118,13 @@ struct ExecutorOps {
     int (*adopt_weights)(Executor *x, Model *m, Err *err);
 };
 
-// bucket_bytes: gradient bytes per bucket (0: 25 MiB with nccl, one bucket with shm). One rank
-// (comm NULL or of one rank) runs none whatever the mode.
-int executor_init(Executor *x, ExecMode mode, Comm *comm, Model *m, size_t bucket_bytes, Err *err);
+// group: the ranks that hold this model (a pipeline stage's replicas; every rank without a
+// pipeline); world: every rank of the job, over which the sums, the agreement and the global norm
+// run (== group without a pipeline). bucket_bytes: gradient bytes per bucket (0: 25 MiB with
+// nccl, one bucket with shm). A group of one rank (NULL or of one rank) runs none whatever the
+// mode.
+int executor_init(Executor *x, ExecMode mode, Comm *group, Comm *world, Model *m,
+                  size_t bucket_bytes, Err *err);
 // Frees every buffer the executor allocated.
 void executor_free(Executor *x);
 
@@ -135,6 +143,12 @@ int executor_begin_micro(Executor *x, Model *m, MicroStep kind, Err *err);
 int executor_end_micro(Executor *x, Model *m, MicroStep kind, Err *err);
 // Whether every rank must run every forward (evaluation included), even one without a sample.
 bool executor_forward_collective(const Executor *x);
+
+// A pipeline stage's accumulation window spans many forwards and backwards in the schedule's
+// order (train/pipeline.h): it is one MICRO_ACCUMULATE micro-step from before its first forward
+// to after its last backward, then this: the window's gradients averaged over the group into
+// the owners' shards, as a sync micro-step does (ddp, fsdp; fsdp frees the full gradients).
+int executor_sync_grads(Executor *x, Model *m, Err *err);
 
 // The agreement of an optimizer step, one collective: sums vals[0..n) over ranks in place as
 // executor_sum does (n <= EXEC_AGREE_MAX; vals[norm_at] is the executor's slot), and gives the

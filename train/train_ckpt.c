@@ -53,9 +53,10 @@ int train_ckpt_load_weights(Model *m, const char *dir, Err *err) {
     return path_join(path, sizeof path, dir, "model.safetensors", err) || model_load(m, path, err);
 }
 
-int train_ckpt_load_model(Model *m, const ModelConfig *cfg, const Backend *be, const char *dir,
-                          Err *err) {
-    return model_create(m, cfg, be, err) || train_ckpt_load_weights(m, dir, err);
+int train_ckpt_load_model(Model *m, const ModelConfig *cfg, int first_block, int end_block,
+                          const Backend *be, const char *dir, Err *err) {
+    return model_create_stage(m, cfg, first_block, end_block, be, err) ||
+           train_ckpt_load_weights(m, dir, err);
 }
 
 int train_ckpt_reference_dir(const TrainSpec *spec, const char *resume_dir, int rank, char *out,
@@ -132,7 +133,7 @@ static char *scheduler_text(const Trainer *t) {
 static char *sampler_text(const Trainer *t) {
     cJSON *o = cJSON_CreateObject();
     cJSON_AddNumberToObject(o, "epoch", (double)t->epoch);
-    cJSON_AddNumberToObject(o, "epoch_samples", (double)(t->epoch_pos * t->world));
+    cJSON_AddNumberToObject(o, "epoch_samples", (double)(t->epoch_pos * t->replicas));
     cJSON_AddNumberToObject(o, "n_samples", (double)t->n_samples);
     cJSON_AddNumberToObject(o, "seed", (double)t->spec->random_seed);
     cJSON_AddBoolToObject(o, "shuffle", t->spec->shuffle);
@@ -144,7 +145,8 @@ static char *metric_jsonl_text(const Trainer *t) {
     return metric_log_to_jsonl(&t->metrics, &len);
 }
 
-static int write_files(const Trainer *t, const Optimizer *opt, const char *tmp, Err *err) {
+// The model as parts (train/pipeline.h): its stages gathered on rank 0, or the model itself.
+static int write_files(const Trainer *t, const PipelineParts *parts, const char *tmp, Err *err) {
     char path[PATH_CAP];
     DType dtype = !strcmp(t->spec->ckpt_dtype, "bf16") ? DT_BF16 : DT_F32;
     if (write_text(tmp, "meta.json", meta_text(t), err) ||
@@ -153,19 +155,18 @@ static int write_files(const Trainer *t, const Optimizer *opt, const char *tmp, 
         write_text(tmp, "sampler.json", sampler_text(t), err) ||
         write_text(tmp, "metric.jsonl", metric_jsonl_text(t), err))
         return -1;
-    if (path_join(path, sizeof path, tmp, "model.safetensors", err) ||
-        model_save(&t->model, path, dtype, err) ||
-        path_join(path, sizeof path, tmp, "optimizer.safetensors", err))
-        return -1;
-    ParamView full = model_view(&t->model);
-    return optim_save(opt, &full, path, err);
+    return path_join(path, sizeof path, tmp, "model.safetensors", err) ||
+           model_save_views(parts->views, parts->n, path, dtype, err) ||
+           path_join(path, sizeof path, tmp, "optimizer.safetensors", err) ||
+           optim_save_parts(parts->opts, parts->views, parts->n, path, err);
 }
 
 // Rank 0 writes the checkpoint directory.
-static int write_checkpoint(const Trainer *t, const Optimizer *opt, const char *name, Err *err) {
+static int write_checkpoint(const Trainer *t, const PipelineParts *parts, const char *name,
+                            Err *err) {
     char tmp[PATH_CAP];
     if (ckpt_begin(t->spec->ckpt_dir, name, tmp, sizeof tmp, err)) return -1;
-    if (write_files(t, opt, tmp, err) || ckpt_commit(t->spec->ckpt_dir, tmp, name, err)) {
+    if (write_files(t, parts, tmp, err) || ckpt_commit(t->spec->ckpt_dir, tmp, name, err)) {
         Err ignored;
         ckpt_abort(tmp, &ignored);
         return err_prefix(err, "checkpoint %s/%s", t->spec->ckpt_dir, name);
@@ -174,13 +175,23 @@ static int write_checkpoint(const Trainer *t, const Optimizer *opt, const char *
 }
 
 // Every rank takes part in gathering the full weights and optimizer state (the executor's
-// concern: under none they are the rank's own); rank 0 writes them.
+// concern: under none they are the rank's own; a pipeline's stages then go to rank 0); rank 0
+// writes them.
 int train_ckpt_save(Trainer *t, char *path_out, size_t cap, Err *err) {
     char name[128];
     snprintf(name, sizeof name, "epoch_%ld_step_%ld", t->epoch, t->step);
     const Optimizer *full = NULL;
+    ParamView whole;
+    PipelineParts parts = {0};
     int rc = executor_gather_full(&t->exec, &t->model, &t->opt, &full, err);
-    if (!rc && t->rank == 0) rc = write_checkpoint(t, full, name, err);
+    if (!rc && t->pipelined) {
+        rc = pipeline_collect(&t->pipe, &t->model, full, &parts, err);
+    } else if (!rc) {
+        whole = model_view(&t->model);
+        parts = (PipelineParts){.n = 1, .views = &whole, .opts = &full};
+    }
+    if (!rc && t->rank == 0) rc = write_checkpoint(t, &parts, name, err);
+    if (t->pipelined) pipeline_parts_free(&parts);
     executor_drop_full(&t->exec, &t->model);
     // Every rank learns whether rank 0 wrote it, so none trains on alone.
     float failed = rc != 0;
@@ -204,9 +215,9 @@ static int json_long(const cJSON *o, const char *key, long *out, const char *pat
 // and the position inside it = (consumed / world) % per_replica (RDSampler's start_iter).
 static void astrai_position(Trainer *t) {
     const TrainSpec *s = t->spec;
-    long per_step = s->batch_per_device * t->world * s->grad_accum_steps;
+    long per_step = s->batch_per_device * t->replicas * s->grad_accum_steps;
     t->consumed_samples = t->consumed_samples / per_step * per_step;
-    int64_t offset = t->consumed_samples / t->world;
+    int64_t offset = t->consumed_samples / t->replicas;
     t->epoch_pos = 0;
     if (offset > 0 && t->sampler.per_replica > 0) {
         t->epoch = (long)(offset / t->sampler.per_replica);
@@ -219,7 +230,7 @@ static void astrai_position(Trainer *t) {
 static int load_sampler_position(Trainer *t, const char *dir, Err *err) {
     char path[PATH_CAP];
     if (path_join(path, sizeof path, dir, "sampler.json", err)) return -1;
-    long world = t->world;
+    long world = t->replicas;
     if (!fs_is_file(path)) {
         astrai_position(t);
         return 0;

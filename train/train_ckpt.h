@@ -37,9 +37,10 @@ int train_ckpt_load_weights(Model *m, const char *dir, Err *err);
 // of its run (an AstrAI checkpoint names none: its own weights, as AstrAI does; rank 0 warns).
 int train_ckpt_reference_dir(const TrainSpec *spec, const char *resume_dir, int rank, char *out,
                              size_t cap, Err *err);
-// Creates the model for cfg and loads dir/model.safetensors.
-int train_ckpt_load_model(Model *m, const ModelConfig *cfg, const Backend *be, const char *dir,
-                          Err *err);
+// Creates the model (the pipeline stage of blocks [first_block, end_block); all of them without
+// a pipeline) for cfg and loads its tensors of dir/model.safetensors.
+int train_ckpt_load_model(Model *m, const ModelConfig *cfg, int first_block, int end_block,
+                          const Backend *be, const char *dir, Err *err);
 
 // Writes checkpoint epoch_E_step_S of the trainer's current position into
 // spec->ckpt_dir (atomically); its path goes to path_out.

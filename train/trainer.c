@@ -66,15 +66,20 @@ static int open_records(Trainer *t, const ModelConfig *cfg, Err *err) {
     return 0;
 }
 
+// Tokens per sample window: window_size, or the model's context.
+static int64_t window_of(const TrainSpec *s, const ModelConfig *cfg) {
+    return s->window_size ? s->window_size : cfg->max_position_embeddings;
+}
+
 static int open_data(Trainer *t, const ModelConfig *cfg, Err *err) {
     const TrainSpec *s = t->spec;
-    t->window = s->window_size ? s->window_size : cfg->max_position_embeddings;
+    t->window = window_of(s, cfg);
     if (t->window > cfg->max_position_embeddings)
         return err_set(err, "window_size: %ld is larger than max_position_embeddings %d",
                        (long)t->window, cfg->max_position_embeddings);
     t->stride = s->stride ? s->stride : t->window;
     if (t->pref ? open_records(t, cfg, err) : open_windows(t, cfg, err)) return -1;
-    return sampler_init_split(&t->sampler, t->n_samples, s->val_split, t->world, t->rank,
+    return sampler_init_split(&t->sampler, t->n_samples, s->val_split, t->replicas, t->replica,
                               (uint64_t)s->random_seed, s->shuffle, err);
 }
 
@@ -121,7 +126,7 @@ static long resident_bytes(void) {
 // without one optimizer step is bad input: it would end at once having learned nothing.
 static int set_total_steps(Trainer *t, Err *err) {
     const TrainSpec *s = t->spec;
-    t->total_steps = trainer_total_steps(t->sampler.n, t->world, s->batch_per_device,
+    t->total_steps = trainer_total_steps(t->sampler.n, t->replicas, s->batch_per_device,
                                          s->grad_accum_steps, s->n_epoch);
     if (t->total_steps > 0) return 0;
     int64_t batches = (t->sampler.per_replica + s->batch_per_device - 1) / s->batch_per_device;
@@ -129,8 +134,34 @@ static int set_total_steps(Trainer *t, Err *err) {
                    "grad_accum_steps: %ld is more than the %lld micro-batch(es) of an epoch "
                    "(%lld training samples over %d rank(s) in batches of batch_per_device %ld): "
                    "no optimizer step would run",
-                   s->grad_accum_steps, (long long)batches, (long long)t->sampler.n, t->world,
+                   s->grad_accum_steps, (long long)batches, (long long)t->sampler.n, t->replicas,
                    s->batch_per_device);
+}
+
+// pp_size > 1: this rank's stage and replica (train/pipeline.h) and the staging of a step's
+// micro-batches. Options that do not work under a pipeline are refused here, naming them.
+static int setup_pipeline(Trainer *t, const ModelConfig *cfg, const TrainerOptions *opt, Err *err) {
+    const TrainSpec *s = t->spec;
+    if (s->pp_size <= 1) return 0;
+    if (pipeline_init(&t->pipe, opt->comm, (int)s->pp_size, pp_schedule_kind(s->pp_schedule), cfg,
+                      (long)window_of(s, cfg), opt->be, err))
+        return -1;
+    t->pipelined = true;
+    t->replica = t->pipe.replica;
+    t->replicas = t->pipe.replicas;
+    if (!(t->staged = calloc((size_t)s->grad_accum_steps, sizeof *t->staged)))
+        return err_resource(err, "pipeline: out of memory");
+    for (long k = 0; k < s->grad_accum_steps; k++)
+        if (!(t->staged[k].ids = malloc((size_t)s->batch_per_device * sizeof(int64_t))))
+            return err_resource(err, "pipeline: out of memory");
+    if (s->grad_accum_steps < s->pp_size && t->rank == 0)
+        fprintf(stderr,
+                "warning: grad_accum_steps %ld < pp_size %ld: each optimizer step's %ld "
+                "micro-batch(es) fill the %ld stages only in part; the stages idle %.0f%% of a "
+                "step ((P-1)/(M+P-1))\n",
+                s->grad_accum_steps, s->pp_size, s->grad_accum_steps, s->pp_size,
+                100 * pp_bubble_fraction((int)s->pp_size, (int)s->grad_accum_steps));
+    return 0;
 }
 
 // The supervisor's control pipe, read without blocking (poll_control).
@@ -146,6 +177,8 @@ int trainer_init(Trainer *t, const TrainSpec *spec, const TrainerOptions *opt, E
     t->pref = !strcmp(spec->train_type, "dpo") || !strcmp(spec->train_type, "grpo");
     t->rank = opt->comm ? comm_rank(opt->comm) : 0;
     t->world = opt->comm ? comm_world_size(opt->comm) : 1;
+    t->replica = t->rank;
+    t->replicas = t->world;
     open_control(t, opt->control_fd);
     set_threads(opt->threads);
     // Large buffers (fsdp's transient full weights and gradients) come from mmap and go
@@ -159,19 +192,23 @@ int trainer_init(Trainer *t, const TrainSpec *spec, const TrainerOptions *opt, E
     if (t->pref && train_ckpt_reference_dir(spec, resume_dir, t->rank, t->reference_dir,
                                             sizeof t->reference_dir, err))
         return -1;
-    if (train_ckpt_load_config(&cfg, model_dir, err) || open_data(t, &cfg, err) ||
-        set_total_steps(t, err))
+    if (train_ckpt_load_config(&cfg, model_dir, err) || setup_pipeline(t, &cfg, opt, err) ||
+        open_data(t, &cfg, err) || set_total_steps(t, err))
         return -1;
     t->memory_report = opt->memory_report;
     if (t->memory_report) t->rss_baseline = resident_bytes();
     // DPO/GRPO: the reference's weights first, kept frozen; then the policy's when they differ.
     const char *first_dir = t->pref ? t->reference_dir : model_dir;
-    if (train_ckpt_load_model(&t->model, &cfg, opt->be, first_dir, err)) return -1;
+    int first = t->pipelined ? t->pipe.first_block : 0,
+        end = t->pipelined ? t->pipe.end_block : cfg.num_hidden_layers;
+    if (train_ckpt_load_model(&t->model, &cfg, first, end, opt->be, first_dir, err)) return -1;
     t->model.grad_checkpointing = spec->gradient_checkpointing;
     t->model.neftune_alpha = (float)spec->neftune_alpha;
-    if (executor_init(&t->exec, exec_mode(spec->parallel_mode), opt->comm, &t->model,
+    if (executor_init(&t->exec, exec_mode(spec->parallel_mode),
+                      t->pipelined ? t->pipe.group : opt->comm, opt->comm, &t->model,
                       (size_t)(spec->bucket_mb * (1 << 20)), err))
         return -1;
+    if (t->pipelined) t->exec.norm_skip = pipeline_norm_skip(&t->pipe, &t->model);
     if (t->pref &&
         (executor_keep_reference(&t->exec, &t->model, err) ||
          (strcmp(first_dir, model_dir) && train_ckpt_load_weights(&t->model, model_dir, err))))
@@ -193,7 +230,7 @@ int trainer_init(Trainer *t, const TrainSpec *spec, const TrainerOptions *opt, E
     t->opt.adjust_lr_original = !strcmp(spec->muon_adjust_lr, "original");
     if (!*resume_dir) { // a fresh run starts where --start_epoch/--start_samples say (AstrAI)
         t->epoch = spec->start_epoch;
-        t->consumed_samples = spec->start_samples * t->world;
+        t->consumed_samples = spec->start_samples * t->replicas;
         t->epoch_pos = spec->start_samples % t->sampler.per_replica;
     }
     if (*resume_dir && train_ckpt_load_state(t, resume_dir, err)) return -1;
@@ -305,7 +342,7 @@ static int agree_step(Trainer *t, StepTotals *out, StepClock *c, Err *err) {
     c->reward_sum = 0;
     if (executor_agree_step(&t->exec, &t->model, agreed, AGREE_N, AGREE_NORM, &out->norm, err))
         return -1;
-    float micro_steps = (float)(t->spec->grad_accum_steps * t->world);
+    float micro_steps = (float)(t->spec->grad_accum_steps * t->replicas);
     out->stop = agreed[AGREE_STOP] > 0;
     out->ckpt = agreed[AGREE_CKPT] > 0;
     out->loss = agreed[AGREE_LOSS] / micro_steps;
@@ -320,38 +357,210 @@ static int agree_step(Trainer *t, StepTotals *out, StepClock *c, Err *err) {
     return 0;
 }
 
-// The held-out windows' mean loss (--val_split), the same on every rank: rank r evaluates
-// windows val_ids[r], val_ids[r + world], ... in micro-batches of batch_per_device, forward
+// A validation micro-batch: the nb samples ids[0], ids[stride], ...; nb 0: a forward of one
+// sample that counts nothing (where every rank must run every forward).
+typedef struct {
+    const int64_t *ids;
+    int64_t stride;
+    int nb;
+} EvalBatch;
+
+static int eval_batches(Trainer *t, const EvalBatch *list, int n, double *sum, Err *err) {
+    int rc = 0;
+    for (int k = 0; !rc && k < n; k++) {
+        double stats[MODEL_N_STATS];
+        fill_batch(t, list[k].ids, list[k].stride, list[k].nb ? list[k].nb : 1);
+        rc = forward_batch(t, list[k].nb ? list[k].nb : 1, MICRO_EVAL, 1.0f, err);
+        if (!rc) model_read_stats(&t->model, stats); // the batch's mean loss; resets the sums
+        if (!rc) rc = executor_end_micro(&t->exec, &t->model, MICRO_EVAL, err);
+        if (!rc) *sum += stats[MODEL_STAT_LOSS] * (double)list[k].nb;
+    }
+    return rc;
+}
+
+// ---------------------------------------------------------------- pipelined runs
+
+// The passes of micro-batches through a pipeline (train/pipeline.h): a training step's forwards
+// and backwards, validation's forwards, and (dpo, grpo) the frozen reference's forwards that
+// come first, whose per-token NLL the last stage keeps for each micro-batch.
+typedef enum { PASS_TRAIN, PASS_EVAL, PASS_REFERENCE } PassKind;
+
+typedef struct {
+    Trainer *t;
+    PassKind pass;
+    const EvalBatch *list; // the run's micro-batches
+    const float *norms;    // grpo training: each micro-batch's token norm (over the replicas)
+    double *sum;           // eval: the losses, each weighted by its batch's samples
+} PipeRun;
+
+// The last stage's per-micro-batch state of the preference losses: the reference's NLL (from
+// the reference pass to the policy's forward) and the token weights (from the forward to its
+// backward, which 1F1B and GPipe run later).
+typedef struct PipePref PipePref;
+struct PipePref {
+    float *ref, *scale; // (cap) backend
+    size_t cap;
+};
+
+static int pipe_pref_reserve(Trainer *t, int k, size_t n, Err *err) {
+    if (k >= t->n_pipe_pref) {
+        PipePref *more = realloc(t->pipe_pref, (size_t)(k + 1) * sizeof *more);
+        if (!more) return err_resource(err, "pipeline: out of memory");
+        memset(more + t->n_pipe_pref, 0, (size_t)(k + 1 - t->n_pipe_pref) * sizeof *more);
+        t->pipe_pref = more;
+        t->n_pipe_pref = k + 1;
+    }
+    PipePref *pp = &t->pipe_pref[k];
+    if (n <= pp->cap) return 0;
+    const Backend *be = t->model.be;
+    be->free(pp->ref);
+    be->free(pp->scale);
+    pp->cap = 0;
+    if (!(pp->ref = be->alloc(n * sizeof(float), err)) ||
+        !(pp->scale = be->alloc(n * sizeof(float), err)))
+        return err_prefix(err, "pipeline: the preference state of micro-batch %d", k);
+    pp->cap = n;
+    return 0;
+}
+
+static void pipe_pref_free(Trainer *t) {
+    for (int k = 0; k < t->n_pipe_pref; k++) {
+        t->model.be->free(t->pipe_pref[k].ref);
+        t->model.be->free(t->pipe_pref[k].scale);
+    }
+    free(t->pipe_pref);
+}
+
+static int eval_nb(const EvalBatch *b) {
+    return b->nb ? b->nb : 1;
+}
+
+// Fills the batch of micro-batch k (every stage reads the samples itself).
+static void fill_micro(const PipeRun *r, int k) {
+    fill_batch(r->t, r->list[k].ids, r->list[k].stride, eval_nb(&r->list[k]));
+}
+
+static long pipe_rows(void *ctx, int k) {
+    const PipeRun *r = ctx;
+    fill_micro(r, k);
+    return r->t->pref ? (long)r->t->pb.rows * r->t->pb.T
+                      : (long)eval_nb(&r->list[k]) * (long)r->t->window;
+}
+
+// The last stage's preference loss of micro-batch k after its policy forward (or the reference's
+// NLL after the reference's).
+static int pipe_pref_loss(PipeRun *r, int k, Err *err) {
+    Trainer *t = r->t;
+    const PrefBatch *b = &t->pb;
+    size_t n = (size_t)b->rows * b->T;
+    if (pipe_pref_reserve(t, k, n, err)) return -1;
+    PipePref *pp = &t->pipe_pref[k];
+    const Backend *be = t->model.be;
+    if (r->pass == PASS_REFERENCE) {
+        if (pref_keep_reference(&t->pref_loss, &t->model, b->rows, b->T, err)) return -1;
+        be->copy(pp->ref, t->pref_loss.ref_nll, n * sizeof(float));
+        return 0;
+    }
+    be->copy(t->pref_loss.ref_nll, pp->ref, n * sizeof(float));
+    bool train = r->pass == PASS_TRAIN;
+    float norm = train && r->norms ? r->norms[k] : (float)b->counted;
+    float scale = train ? 1.0f / (float)t->spec->grad_accum_steps : 1.0f;
+    if (pref_loss(&t->pref_loss, &t->model, b->rows, b->T, b->advantages, norm, scale, err))
+        return -1;
+    if (train) be->copy(pp->scale, t->pref_loss.scale, n * sizeof(float));
+    return 0;
+}
+
+static int pipe_forward(void *ctx, int k, Err *err) {
+    PipeRun *r = ctx;
+    Trainer *t = r->t;
+    Model *m = &t->model;
+    int nb = eval_nb(&r->list[k]);
+    fill_micro(r, k);
+    if (r->pass == PASS_TRAIN) m->noise_seed = t->staged[k].noise_seed;
+    int rc = t->pref
+                 ? model_forward_tokens(m, t->pb.inputs, t->pb.targets, t->pb.loss_mask, t->pb.rows,
+                                        t->pb.T, err) < 0
+                 : model_forward_accumulate(m, t->inputs, t->targets, t->sft ? t->loss_mask : NULL,
+                                            t->sft ? t->position_ids : NULL, nb, (int)t->window,
+                                            (float)t->spec->label_smoothing, err);
+    if (rc || !m->has_head) return rc ? -1 : 0;
+    if (t->pref && pipe_pref_loss(r, k, err)) return -1;
+    if (r->pass == PASS_EVAL) {
+        double stats[MODEL_N_STATS];
+        model_read_stats(m, stats);
+        *r->sum += stats[MODEL_STAT_LOSS] * (double)r->list[k].nb;
+    }
+    return 0;
+}
+
+static void pipe_backward(void *ctx, int k) {
+    PipeRun *r = ctx;
+    Model *m = &r->t->model;
+    if (r->t->pref)
+        model_backward_weighted(m, m->has_head ? r->t->pipe_pref[k].scale : NULL);
+    else
+        model_backward(m, 1.0f / (float)r->t->spec->grad_accum_steps);
+}
+
+// A forward-only pass of the frozen reference (dpo, grpo) over the micro-batches, as in
+// evaluation: no NEFTune noise.
+static int reference_pass(Trainer *t, const EvalBatch *list, int n, Err *err) {
+    if (!t->pref) return 0;
+    PipeRun r = {.t = t, .pass = PASS_REFERENCE, .list = list};
+    PipelineWork w = {.rows = pipe_rows, .forward = pipe_forward, .ctx = &r};
+    float alpha = t->model.neftune_alpha;
+    t->model.neftune_alpha = 0.0f;
+    int rc = executor_begin_reference(&t->exec, &t->model, err) ||
+             pipeline_run(&t->pipe, &t->model, &w, n, false, err);
+    int end = executor_end_reference(&t->exec, &t->model, rc ? NULL : err);
+    t->model.neftune_alpha = alpha;
+    return rc || end ? -1 : 0;
+}
+
+static int eval_pipelined(Trainer *t, const EvalBatch *list, int n, double *sum, Err *err) {
+    PipeRun r = {.t = t, .pass = PASS_EVAL, .list = list, .sum = sum};
+    PipelineWork w = {.rows = pipe_rows, .forward = pipe_forward, .ctx = &r};
+    if (reference_pass(t, list, n, err) ||
+        executor_begin_micro(&t->exec, &t->model, MICRO_EVAL, err))
+        return -1;
+    int rc = pipeline_run(&t->pipe, &t->model, &w, n, false, err);
+    int end = executor_end_micro(&t->exec, &t->model, MICRO_EVAL, rc ? NULL : err);
+    return rc || end ? -1 : 0;
+}
+
+// The held-out windows' mean loss (--val_split), the same on every rank: replica r evaluates
+// windows val_ids[r], val_ids[r + replicas], ... in micro-batches of batch_per_device, forward
 // only. A batch's mean loss counts once per window in it (for seq, every window has the
 // same number of target tokens, so this is the mean of the windows' own losses); the sum
-// and the window count are added over ranks. Where the executor's forward is collective
-// (fsdp gathers the weights in each), every rank runs the same number of micro-batches: a
-// rank left without a window in one evaluates val_ids[0] with weight 0.
+// and the window count are added over ranks (in a pipeline, the last stage's). Where the
+// executor's forward is collective (fsdp gathers the weights in each), every replica runs the
+// same number of micro-batches: one left without a window in one evaluates val_ids[0] with
+// weight 0.
 static int validate(Trainer *t, double *val_loss, Err *err) {
     const Sampler *sp = &t->sampler;
-    int64_t B = t->spec->batch_per_device;
-    int64_t per_rank = (sp->n_val + t->world - 1) / t->world;
-    int64_t mine = sp->n_val > t->rank ? (sp->n_val - t->rank + t->world - 1) / t->world : 0;
-    double sum = 0;
-    float alpha = t->model.neftune_alpha; // evaluation: no NEFTune noise
-    t->model.neftune_alpha = 0.0f;
-    int rc = 0;
-    for (int64_t first = 0; !rc && first < per_rank; first += B) {
+    int64_t B = t->spec->batch_per_device, R = t->replicas, r = t->replica;
+    int64_t per_rank = (sp->n_val + R - 1) / R;
+    int64_t mine = sp->n_val > r ? (sp->n_val - r + R - 1) / R : 0;
+    EvalBatch *list = malloc((size_t)((per_rank + B - 1) / B + 1) * sizeof *list);
+    if (!list) return err_resource(err, "validation: out of memory");
+    int n = 0;
+    for (int64_t first = 0; first < per_rank; first += B) {
         int64_t nb = mine - first < B ? mine - first : B;
         if (nb < 0) nb = 0;
         if (nb == 0 && !executor_forward_collective(&t->exec)) continue;
-        if (nb > 0)
-            fill_batch(t, sp->val_ids + first * t->world + t->rank, t->world, (int)nb);
-        else
-            fill_batch(t, sp->val_ids, 1, 1);
-        double stats[MODEL_N_STATS];
-        rc = forward_batch(t, nb > 0 ? (int)nb : 1, MICRO_EVAL, 1.0f, err);
-        if (!rc) model_read_stats(&t->model, stats); // the batch's mean loss; resets the sums
-        if (!rc) rc = executor_end_micro(&t->exec, &t->model, MICRO_EVAL, err);
-        if (!rc) sum += stats[MODEL_STAT_LOSS] * (double)nb;
+        list[n++] = nb ? (EvalBatch){sp->val_ids + first * R + r, R, (int)nb}
+                       : (EvalBatch){sp->val_ids, 1, 0};
     }
+    double sum = 0;
+    float alpha = t->model.neftune_alpha; // evaluation: no NEFTune noise
+    t->model.neftune_alpha = 0.0f;
+    int rc =
+        t->pipelined ? eval_pipelined(t, list, n, &sum, err) : eval_batches(t, list, n, &sum, err);
     t->model.neftune_alpha = alpha;
-    return rc ? -1 : executor_mean(&t->exec, sum, (double)mine, val_loss, err);
+    free(list);
+    double counted = t->model.has_head ? (double)mine : 0; // a pipeline: the last stage's
+    return rc ? -1 : executor_mean(&t->exec, sum, counted, val_loss, err);
 }
 
 // Validation is due every val_step optimizer steps and at the last step (the end of the
@@ -393,7 +602,8 @@ static int optimizer_step(Trainer *t, StepClock *c, int *stop, int *ckpt, Err *e
                    .loss = tot.loss,
                    .lr = lr,
                    .grad_norm = (float)tot.norm,
-                   .tokens_per_s = (double)c->tokens * t->world / fmax(now - c->step_start, 1e-9),
+                   .tokens_per_s =
+                       (double)c->tokens * t->replicas / fmax(now - c->step_start, 1e-9),
                    .wall_time = clock_wall_s()};
     add_pref_metrics(t, &row, tot.pref);
     c->steps_run++;
@@ -433,13 +643,81 @@ static int optimizer_step(Trainer *t, StepClock *c, int *stop, int *ckpt, Err *e
 // seed, the samples consumed and the rank, so that a resumed run draws what it would have.
 static uint64_t noise_seed(const Trainer *t) {
     return splitmix64_mix(splitmix64_mix((uint64_t)t->spec->random_seed) ^
-                          ((uint64_t)t->consumed_samples << 16 | (uint64_t)t->rank));
+                          ((uint64_t)t->consumed_samples << 16 | (uint64_t)t->replica));
+}
+
+// GRPO: each staged micro-batch's token norm, its response tokens summed over the replicas
+// (every rank adds its count; each replica's P stages count the same) and divided by them, as
+// pref_batch_forward does without a pipeline.
+static int grpo_norms(Trainer *t, const EvalBatch *list, int n, float *norms, Err *err) {
+    for (int k = 0; k < n; k++) {
+        fill_batch(t, list[k].ids, list[k].stride, list[k].nb);
+        norms[k] = (float)t->pb.counted;
+    }
+    for (int k = 0; k < n; k += EXEC_AGREE_MAX)
+        if (executor_sum(&t->exec, norms + k, n - k < EXEC_AGREE_MAX ? n - k : EXEC_AGREE_MAX, err))
+            return -1;
+    for (int k = 0; k < n; k++)
+        norms[k] /= (float)t->world;
+    return 0;
+}
+
+// The window of a pipelined optimizer step: (dpo, grpo: the reference's pass first) one
+// accumulation window of the executor over the schedule's forwards and backwards, the tied
+// embedding's gradient summed between its two stages, then the gradients reduced over the
+// stage's replicas.
+static int run_pipelined_step(Trainer *t, Err *err) {
+    int M = (int)t->spec->grad_accum_steps;
+    EvalBatch *list = malloc((size_t)M * sizeof *list);
+    float *norms = malloc((size_t)M * sizeof *norms);
+    if (!list || !norms) {
+        free(list);
+        free(norms);
+        return err_resource(err, "pipeline: out of memory for %d micro-batches", M);
+    }
+    for (int k = 0; k < M; k++)
+        list[k] = (EvalBatch){t->staged[k].ids, 1, t->staged[k].nb};
+    bool grpo = t->pref && t->records.kind == RECORDS_GRPO;
+    PipeRun r = {.t = t, .pass = PASS_TRAIN, .list = list, .norms = grpo ? norms : NULL};
+    PipelineWork w = {
+        .rows = pipe_rows, .forward = pipe_forward, .backward = pipe_backward, .ctx = &r};
+    Model *m = &t->model;
+    int rc = (grpo && grpo_norms(t, list, M, norms, err)) || reference_pass(t, list, M, err) ||
+             executor_begin_micro(&t->exec, m, MICRO_ACCUMULATE, err) ||
+             pipeline_run(&t->pipe, m, &w, M, true, err) ||
+             executor_end_micro(&t->exec, m, MICRO_ACCUMULATE, err) ||
+             pipeline_sum_tied(&t->pipe, m, err) || executor_sync_grads(&t->exec, m, err);
+    free(list);
+    free(norms);
+    return rc ? -1 : 0;
+}
+
+// Pipelined: the micro-batch is staged (its samples, its noise stream) with the bookkeeping a
+// micro-step does; the step's last one runs them all through the pipeline. The rewards of GRPO
+// count once per replica: on its last stage.
+static int stage_micro(Trainer *t, StepClock *c, int nb, Err *err) {
+    StagedMicro *s = &t->staged[t->micro];
+    memcpy(s->ids, t->sampler.order + t->epoch_pos, (size_t)nb * sizeof *s->ids);
+    s->nb = nb;
+    s->noise_seed = noise_seed(t);
+    if (t->pref) {
+        fill_batch(t, s->ids, 1, nb);
+        c->tokens += t->pb.tokens;
+        if (t->model.has_head) c->reward_sum += t->pb.reward_sum / t->pb.rows;
+    } else {
+        c->tokens += (long)nb * (long)t->window;
+    }
+    t->epoch_pos += nb;
+    t->consumed_samples += (long)nb * t->replicas;
+    t->micro++;
+    return t->micro == t->spec->grad_accum_steps ? run_pipelined_step(t, err) : 0;
 }
 
 // One micro-step: forward, backward (scaled by 1/grad_accum_steps), bookkeeping,
 // and on a sync micro-step the gradient exchange between ranks.
 static int micro_step(Trainer *t, StepClock *c, int nb, Err *err) {
     const TrainSpec *s = t->spec;
+    if (t->pipelined) return stage_micro(t, c, nb, err);
     fill_batch(t, t->sampler.order + t->epoch_pos, 1, nb);
     MicroStep kind = t->micro + 1 == s->grad_accum_steps ? MICRO_SYNC : MICRO_ACCUMULATE;
     float loss_scale = 1.0f / (float)s->grad_accum_steps;
@@ -454,7 +732,7 @@ static int micro_step(Trainer *t, StepClock *c, int nb, Err *err) {
         c->tokens += (long)nb * (long)t->window;
     }
     t->epoch_pos += nb;
-    t->consumed_samples += (long)nb * t->world;
+    t->consumed_samples += (long)nb * t->replicas;
     t->micro++;
     return executor_end_micro(&t->exec, &t->model, kind, err);
 }
@@ -475,14 +753,19 @@ static int after_step(Trainer *t, int stop, int ckpt, Err *err) {
 
 // With a memory report directory DIR (TrainerOptions), each rank writes DIR/rank<R>.json: the most
 // resident bytes it held above its pre-model baseline between optimizer steps (parameters,
-// gradients, optimizer state, activations), as measured by the kernel.
+// gradients, optimizer state, activations), as measured by the kernel; the bytes of its
+// activation sets (a pipeline stage holds one per micro-batch in flight); and, in a pipeline,
+// its stage and the seconds its training steps spent computing and in transfers.
 static int write_memory_report(const Trainer *t, Err *err) {
     const char *dir = t->memory_report;
     if (!dir) return 0;
-    char name[64], path[4096], text[128];
+    char name[64], path[4096], text[320];
     snprintf(name, sizeof name, "rank%d.json", t->rank);
-    int n = snprintf(text, sizeof text, "{\"rank\": %d, \"state_bytes\": %ld}\n", t->rank,
-                     t->rss_state_max);
+    int n = snprintf(text, sizeof text,
+                     "{\"rank\": %d, \"state_bytes\": %ld, \"activation_bytes\": %zu, "
+                     "\"stage\": %d, \"compute_s\": %.6f, \"transfer_s\": %.6f}\n",
+                     t->rank, t->rss_state_max, model_activation_bytes(&t->model),
+                     t->pipelined ? t->pipe.stage : 0, t->pipe.compute_s, t->pipe.transfer_s);
     return path_join(path, sizeof path, dir, name, err) ||
            fs_write_file_atomic(path, text, (size_t)n, err);
 }
@@ -539,6 +822,11 @@ void trainer_free(Trainer *t) {
     records_free(&t->records);
     optim_free(&t->opt);
     executor_free(&t->exec);
+    for (long k = 0; t->staged && k < t->spec->grad_accum_steps; k++)
+        free(t->staged[k].ids);
+    free(t->staged);
+    pipe_pref_free(t);
+    if (t->pipelined) pipeline_free(&t->pipe);
     sampler_free(&t->sampler);
     dataset_close(&t->data);
     model_free(&t->model);

@@ -16,6 +16,7 @@
 #include "engine/schedule.h"
 #include "proto/train_spec.h"
 #include "train/executor.h"
+#include "train/pipeline.h"
 #include "train/pref_batch.h"
 #include "train/progress.h"
 
@@ -37,10 +38,23 @@ typedef struct {
     int control_fd;
 } TrainerOptions;
 
+// A micro-batch of a pipelined optimizer step, staged until the step's last one arrives.
+typedef struct {
+    int64_t *ids; // (batch_per_device) its samples
+    int nb;
+    uint64_t noise_seed;
+} StagedMicro;
+
 typedef struct Trainer {
     const TrainSpec *spec;
-    Executor exec; // none / ddp / fsdp over the job's communicator
-    int rank, world;
+    Executor exec;         // none / ddp / fsdp over the ranks that hold this model
+    int rank, world;       // in the job
+    int replica, replicas; // the data-parallel replicas (of the pipeline; the ranks without one)
+    bool pipelined;        // pp_size > 1
+    Pipeline pipe;
+    StagedMicro *staged;        // (grad_accum_steps) pipelined: the current step's micro-batches
+    struct PipePref *pipe_pref; // (n_pipe_pref) pipelined dpo/grpo, the last stage: per micro-batch
+    int n_pipe_pref;
     Model model;
     Optimizer opt;
     Schedule sched;

@@ -59,13 +59,16 @@ CKPT_FILES = ("meta.json", "config.json", "model.safetensors", "optimizer.safete
 CKPT_NAME = re.compile(r"epoch_(\d+)_step_(\d+)")
 FINAL = ("completed", "failed", "cancelled")
 
-# Configurations of the deterministic job: (parallel_mode, nprocs).
-CONFIGS = {"none": ("none", 1), "ddp": ("ddp", 2), "fsdp": ("fsdp", 2)}
+# Configurations of the deterministic job: (parallel_mode, nprocs, pp_size); pp: a pipeline of
+# two stages (docs/design.md §13).
+CONFIGS = {"none": ("none", 1, 1), "ddp": ("ddp", 2, 1), "fsdp": ("fsdp", 2, 1),
+           "pp": ("none", 2, 2)}
 DAEMON_KINDS = ("kill9_astraid", "kill9_rank", "sigterm_rank", "enospc_ckpt", "readonly_ckpt",
                 "enospc_state", "readonly_state", "db_deleted", "db_emptied", "db_corrupt")
 LOCAL_KINDS = ("kill9_launcher", "kill9_rank_local", "sigterm_rank_local", "sigterm_launcher")
 MOUNT_KINDS = ("enospc_ckpt", "readonly_ckpt", "enospc_state", "readonly_state")
-SHORT = [("kill9_astraid", "ddp"), ("kill9_rank", "ddp"), ("sigterm_rank", "none"),
+SHORT = [("kill9_astraid", "ddp"), ("kill9_rank", "ddp"), ("kill9_rank", "pp"),
+         ("sigterm_rank", "none"),
          ("kill9_launcher", "ddp"), ("enospc_ckpt", "none"), ("db_deleted", "none")]
 
 
@@ -288,9 +291,9 @@ class Setup:
         self.refs = {}
 
     def flags(self, config, seed=7):
-        mode, nprocs = CONFIGS[config]
+        mode, nprocs, pp = CONFIGS[config]
         return du.spec(self.model, self.data, ckpt_interval=1, parallel_mode=mode,
-                       nprocs=nprocs, random_seed=seed)
+                       nprocs=nprocs, pp_size=pp, random_seed=seed)
 
     def reference(self, config, seed=7):
         """(final checkpoint name, sha256 of its model.safetensors, seconds it trained)."""
@@ -822,7 +825,7 @@ def draw_cases(seed, count, short):
     out = []
     for i in range(count):
         kind = rng.choice(DAEMON_KINDS + LOCAL_KINDS)
-        configs = ["ddp", "fsdp"] if kind in LOCAL_KINDS else list(CONFIGS)
+        configs = ["ddp", "fsdp", "pp"] if kind in LOCAL_KINDS else list(CONFIGS)
         out.append((i, rng.randrange(1 << 32), kind, rng.choice(configs)))
     return out
 

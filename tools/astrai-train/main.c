@@ -70,9 +70,11 @@ static int connect_ranks(LaunchInfo *li, const TrainSpec *spec, const Backend *b
                          Err *err) {
     *comm = NULL;
     if (li->world_size == 1) return 0;
-    if (!strcmp(spec->parallel_mode, "none"))
-        return err_set(err, "parallel_mode: 'none' cannot run %d ranks (%s); use ddp or fsdp",
-                       li->world_size, li->source);
+    if (!strcmp(spec->parallel_mode, "none") && li->world_size > spec->pp_size)
+        return err_set(err,
+                       "parallel_mode: 'none' cannot run %d ranks (%s) in pipelines of pp_size "
+                       "%ld; use ddp or fsdp",
+                       li->world_size, li->source, spec->pp_size);
     bool gpu = be->device >= 0;
     uint8_t nccl_id[COMM_NCCL_ID_BYTES] = {0};
     // shm_name and nccl_id are filled by the rendezvous.
