@@ -531,8 +531,9 @@ int train_spec_validate(const TrainSpec *s, Err *err) {
     if (!*s->ckpt_dir) return err_set(err, "ckpt_dir: must not be empty");
     if (!strcmp(s->device_type, "cpu") && !strcmp(s->dtype, "bf16"))
         return err_set(err, "dtype: bf16 needs device_type cuda (the CPU computes in fp32)");
-    // (under torchrun or srun the ranks come from the environment: the trainer checks those)
-    if (train_spec_given(s, "nprocs") && s->nprocs % s->pp_size)
+    // (nprocs 1: one process, or ranks from torchrun's or srun's environment, which the
+    // trainer checks)
+    if (s->nprocs > 1 && s->nprocs % s->pp_size)
         return err_set(err, "pp_size: %ld does not divide nprocs %ld", s->pp_size, s->nprocs);
     if (s->nprocs / s->pp_size > 1 && !strcmp(s->parallel_mode, "none"))
         return s->pp_size == 1

@@ -37,6 +37,14 @@ static void test_invalid_specs(void) {
     expect_spec("{" BASE ",\"muon_adjust_lr\":\"fast\"}",
                 "muon_adjust_lr: 'fast' is not one of original|match_rms_adamw");
     expect_spec("{" BASE ",\"tp_size\":2}", "tp_size: 2 is refused");
+    // pipelines (docs/design.md §13): devices = nprocs = pp_size x replicas
+    expect_spec("{" BASE ",\"nprocs\":3,\"pp_size\":2}", "pp_size: 2 does not divide nprocs 3");
+    expect_spec("{" BASE ",\"pp_schedule\":\"zigzag\"}",
+                "pp_schedule: 'zigzag' is not one of 1f1b|gpipe");
+    expect_spec("{" BASE ",\"nprocs\":4,\"pp_size\":2,\"parallel_mode\":\"none\"}",
+                "4 ranks are 2 replicas of a pipeline of pp_size 2");
+    expect_spec("{" BASE ",\"devices\":3,\"pp_size\":2}", "pp_size: 2 does not divide nprocs 3");
+    expect_spec("{" BASE ",\"devices\":2,\"pp_size\":2,\"parallel_mode\":\"none\"}", NULL);
     expect_spec("{" BASE ",\"shuffle\":1}", "shuffle: expected true or false");
     expect_spec("{" BASE ",\"name\":5}", "name: expected a string");
     expect_spec("{" BASE ",\"priority\":\"high\"}", "priority: expected an integer");

@@ -106,13 +106,17 @@ def external(cmd, env_list, timeout=300):
     return [(p.wait(timeout=timeout), p.stderr.read()) for p in procs]
 
 
-def check_external(root, model, data, failures):
+def check_external(root, model, data, failures, name="ext", **job):
+    """Two processes launched by hand (torchrun's and srun's variables) train like the local
+    launch: the job (fsdp over 2 ranks by default) gives none's curve for the same batch."""
+    job = job or {"mode": "fsdp"}
     none = os.path.join(root, "ext-none")
-    tu.run(args(model, data, none, mode="none", nprocs=1, batch=4))
+    if not os.path.isdir(none):
+        tu.run(args(model, data, none, mode="none", nprocs=1, batch=4))
     base = tu.metric_rows(tu.latest_checkpoint(none))
     for style in ("torchrun", "slurm"):
         port = tu.free_port()
-        ck = os.path.join(root, f"ext-{style}")
+        ck = os.path.join(root, f"{name}-{style}")
         envs = []
         for r in range(2):
             e = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
@@ -121,16 +125,17 @@ def check_external(root, model, data, failures):
             else:
                 e.update(SLURM_PROCID=str(r), SLURM_NTASKS="2", SLURM_LOCALID=str(r))
             envs.append(e)
-        results = external(args(model, data, ck, mode="fsdp"), envs)
+        results = external(args(model, data, ck, **job), envs)
         if any(rc != 0 for rc, _ in results):
-            failures.append(f"external {style}: exits {[rc for rc, _ in results]}: "
+            failures.append(f"external {style} {job}: exits {[rc for rc, _ in results]}: "
                             f"{results[0][1][-300:]} {results[1][1][-300:]}")
             continue
         rows = tu.metric_rows(tu.latest_checkpoint(ck))
         worst = max(tu.rel_err(a["loss"], b["loss"]) for a, b in zip(rows, base))
         if len(rows) != len(base) or worst > 1e-5:
-            failures.append(f"external {style}: curve differs from none ({worst:.2e})")
-        print(f"external launch ({style}): {len(rows)} steps, worst difference {worst:.2e}")
+            failures.append(f"external {style} {job}: curve differs from none ({worst:.2e})")
+        print(f"external launch ({style}, {job}): {len(rows)} steps, worst difference "
+              f"{worst:.2e}")
 
 
 def check_external_errors(root, model, data, failures):
@@ -169,9 +174,10 @@ def main():
     deep = tu.make_model(os.path.join(root, "deep"), dict(tu.SMALL_CONFIG, num_hidden_layers=4))
     check_sigterm(root, deep, data, failures, "sigterm-pp", mode="none", nprocs=3, pp_size=3,
                   grad_accum_steps=4, batch=1)
-    check_kill9(root, deep, data, failures, "kill9-pp", victim=1, named=("rank 1", "stage"),
+    check_kill9(root, deep, data, failures, "kill9-pp", victim=1, named=("stage 1 (rank 1)",),
                 mode="none", nprocs=3, pp_size=3, grad_accum_steps=4, batch=1)
     check_external(root, model, data, failures)
+    check_external(root, model, data, failures, "ext-pp", mode="none", pp_size=2, batch=4)
     check_external_errors(root, model, data, failures)
     return tu.finish(failures)
 

@@ -1,8 +1,9 @@
 """Pipeline parallelism (docs/design.md §13) on CPU ranks over shm: the same job gives the same
 loss curve for any pp_size (10 optimizer steps against pp_size 1): seq and sft with packed
 documents, dpo and grpo, pp 2 and pp 2 x ddp 2 / fsdp 2 (4 ranks), gpipe = 1f1b bit for bit, tied
-and untied embeddings (pp 2 and 4), gradient checkpointing, validation; a pp run stopped at step 5 resumes under pp 1 (and
-a pp-1 checkpoint under pp 2) on the uninterrupted curve; the checkpoint is the same AstrAI files
+and untied embeddings (pp 2 and 4), adamw and muon, NEFTune, gradient checkpointing, validation;
+a pp run stopped at step 5 resumes under pp 1 (and a pp-1 checkpoint under pp 2, and a pp 2 x
+fsdp 2 one under ddp 2) on the uninterrupted curve; the checkpoint is the same AstrAI files
 whatever pp_size wrote it; bad pipeline settings exit 2 naming the key."""
 
 import json
@@ -70,6 +71,12 @@ def curves(root, model, data, sft, failures):
     sft1 = rows(run(root, model, sft, "sft-pp1", train_type="sft"))
     compare(rows(run(root, model, sft, "sft-pp2", 2, 2, train_type="sft")), sft1,
             "sft (packed documents) pp 2 vs pp 1", failures)
+    for name, knobs in (("muon", {"optimizer": "muon"}), ("neftune", {"neftune_alpha": 5})):
+        one = rows(run(root, model, data, f"{name}-pp1", **knobs))
+        if [r["loss"] for r in one] == [r["loss"] for r in base]:
+            failures.append(f"{name}: the same losses as without it (not applied?)")
+        compare(rows(run(root, model, data, f"{name}-pp2", 2, 2, **knobs)), one,
+                f"{name} pp 2 vs pp 1", failures)
     ck1 = rows(run(root, model, data, "ckpt-pp1", gradient_checkpointing="true"))
     compare(rows(run(root, model, data, "ckpt-pp2", 2, 2, gradient_checkpointing="true")), ck1,
             "gradient checkpointing pp 2 vs pp 1", failures)
@@ -139,6 +146,11 @@ def resume(root, model, data, failures):
         run(root, model, data, name, *then, resume="true")
         compare(rows(ck), straight, f"stopped at 5 under pp {first[1]}, resumed under pp "
                 f"{then[1]}", failures)
+    # Another world size and parallel mode too: 4 ranks of pp 2 x fsdp 2, then ddp on 2.
+    ck = run(root, model, data, "pp2xfsdp2-then-ddp2", 4, 2, "fsdp", batch=1, max_steps=5)
+    run(root, model, data, "pp2xfsdp2-then-ddp2", 2, 1, "ddp", batch=1, resume="true")
+    compare(rows(ck), rows(os.path.join(root, "ddp2")),
+            "stopped at 5 under pp 2 x fsdp 2, resumed under ddp 2", failures)
 
 
 def bad_input(root, model, data, failures):

@@ -201,8 +201,20 @@ static int transfer_group(Run *r, const PpOp *ops, int n, Err *err) {
     for (int i = 0; i < n; i++)
         if (transfer(r, &ops[i], &group[i], err)) return -1;
     if (!comm_p2p(r->p->world, group, n, err)) return 0;
-    return err_prefix(err, "pipeline stage %d of %d (replica %d), micro-batch %d", r->p->stage,
-                      r->p->stages, r->p->replica, ops[0].micro);
+    // Name the neighbours: the peers of the group's transfers, by stage and rank.
+    char peers[96] = "";
+    for (int i = 0, len = 0; i < n && len < (int)sizeof peers; i++) {
+        int peer = group[i].peer, stage = r->p->stage + (peer == r->p->next ? 1 : -1);
+        bool named = false;
+        for (int k = 0; k < i; k++)
+            named |= group[k].peer == peer;
+        if (!named)
+            len += snprintf(peers + len, sizeof peers - (size_t)len, "%sstage %d (rank %d)",
+                            len ? " and " : "", stage, peer);
+    }
+    return err_prefix(err,
+                      "pipeline stage %d of %d (replica %d), micro-batch %d, transfers with %s",
+                      r->p->stage, r->p->stages, r->p->replica, ops[0].micro, peers);
 }
 
 static int compute(Run *r, const PpOp *op, Err *err) {
