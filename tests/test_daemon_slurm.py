@@ -196,6 +196,17 @@ def run(root, cluster):
         assert any("step" in line.lower() or "epoch" in line.lower() for line in logs), logs
         wait_no_slurm_job(cluster)
 
+        # A pipeline of 2 stages (docs/design.md §13) as one Slurm job of two tasks: the same
+        # global batch in one replica gives the ddp curve, to rounding.
+        pp = ddp_spec(model, data, parallel_mode="none", pp_size=2,
+                      batch_per_device=2 * du.BATCH, grad_accum_steps=1)
+        jid = c.call("submit", pp)["job"]
+        du.wait_job(c, jid, ["completed"], timeout=300)
+        got = curve(d.shared, jid)
+        assert len(got) == len(reference) and all(
+            abs(a[1] - b[1]) <= 1e-5 * abs(b[1]) for a, b in zip(got, reference)), (got, reference)
+        wait_no_slurm_job(cluster)
+
         # pause -> paused (every rank checkpointed at one step) -> resume: the same curve.
         jid = c.call("submit", ddp_spec(model, data))["job"]
         run_dir = os.path.join(d.shared, "jobs", str(jid))

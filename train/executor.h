@@ -4,8 +4,10 @@
 // gather, and the buffers all of that needs. The trainer calls the executor_* functions below
 // at fixed points of its loop (llm.c's order: forward, backward, norm, clip, step, zero) and
 // never asks which mode runs; each mode is a table of operations (ExecutorOps, executor.c), so
-// another way of splitting the work (a pipeline dimension) is another table, not a branch in
-// the trainer.
+// another way of sharing a model's tensors is another table, not a branch in the trainer. A
+// pipeline (train/pipeline.h) splits the model itself: each stage is a model of its own, shared
+// by the stage's replicas through an executor over their group, while the sums below span every
+// rank of the job.
 //
 // none: one rank, the model as is.
 // ddp:  every rank holds the whole model and its gradients; on sync micro-steps the
