@@ -205,6 +205,8 @@ def run(root, cluster):
         got = curve(d.shared, jid)
         assert len(got) == len(reference) and all(
             abs(a[1] - b[1]) <= 1e-5 * abs(b[1]) for a, b in zip(got, reference)), (got, reference)
+        print(f"slurm: a pipeline of 2 stages, {len(got)} steps: the ddp curve (worst "
+              f"{max(abs(a[1] - b[1]) / abs(b[1]) for a, b in zip(got, reference)):.1e})")
         wait_no_slurm_job(cluster)
 
         # pause -> paused (every rank checkpointed at one step) -> resume: the same curve.
