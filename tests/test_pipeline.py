@@ -161,6 +161,19 @@ def bad_input(root, model, data, failures):
         _, err = train(root, model, data, f"bad{i}", expect=2, **kw)
         if key not in err:
             failures.append(f"{kw}: exit 2 but the message does not name {key}: {err}")
+    # --dry-run checks a pipeline job in one process.
+    def dry_run(nprocs, expect):
+        flags = {"train_type": "seq", "param_path": model, "data_root_path": data,
+                 "nprocs": nprocs, "pp_size": nprocs, "parallel_mode": "none",
+                 "ckpt_dir": os.path.join(root, "dry")}
+        return tu.run([tu.binary("astrai-train"), "--dry-run"] +
+                      [f"--{k}={v}" for k, v in flags.items()], expect)
+    out, _ = dry_run(2, 0)
+    if "pp_size = 2" not in out:
+        failures.append(f"--dry-run of a pipeline: {out}")
+    _, err = dry_run(8, 2)
+    if "pp_size: 8 stages but the model has 4 decoder blocks" not in err:
+        failures.append(f"--dry-run of 8 stages of 4 blocks: {err}")
     _, err = train(root, model, data, "bubble", 2, 2, accum=1, max_steps=1)
     if "bubble" not in err and "idle" not in err:
         failures.append(f"grad_accum_steps 1 < pp_size 2 gave no bubble warning: {err}")

@@ -67,15 +67,20 @@ static int split_tied(Pipeline *p, const ModelConfig *cfg, int rank, Err *err) {
     return comm_split(p->world, color, rank, &p->tied, err);
 }
 
+int pipeline_check(const ModelConfig *cfg, int stages, Err *err) {
+    if (stages > cfg->num_hidden_layers)
+        return err_set(err, "pp_size: %d stages but the model has %d decoder blocks", stages,
+                       cfg->num_hidden_layers);
+    return 0;
+}
+
 int pipeline_init(Pipeline *p, Comm *world, int stages, PpScheduleKind kind, const ModelConfig *cfg,
                   long window, const Backend *be, Err *err) {
     memset(p, 0, sizeof *p);
     int size = world ? comm_world_size(world) : 1, rank = world ? comm_rank(world) : 0;
     if (stages < 1 || size % stages)
         return err_set(err, "pp_size: %d does not divide the %d rank(s) of the job", stages, size);
-    if (stages > cfg->num_hidden_layers)
-        return err_set(err, "pp_size: %d stages but the model has %d decoder blocks", stages,
-                       cfg->num_hidden_layers);
+    if (pipeline_check(cfg, stages, err)) return -1;
     *p = (Pipeline){.stages = stages,
                     .stage = rank % stages,
                     .replicas = size / stages,

@@ -51,6 +51,9 @@ typedef struct {
 // 1 <= stages <= num_hidden_layers.
 int pipeline_partition(const ModelConfig *cfg, int stages, long window, int *blocks, Err *err);
 
+// Whether cfg's model can be cut into `stages` stages (one block at least each).
+int pipeline_check(const ModelConfig *cfg, int stages, Err *err);
+
 // This rank's place (world: every rank, NULL for one; stages divides its size) and the group of
 // its stage's replicas (collective over world). kind: the schedule of training windows.
 int pipeline_init(Pipeline *p, Comm *world, int stages, PpScheduleKind kind, const ModelConfig *cfg,

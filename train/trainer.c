@@ -143,6 +143,7 @@ static int set_total_steps(Trainer *t, Err *err) {
 static int setup_pipeline(Trainer *t, const ModelConfig *cfg, const TrainerOptions *opt, Err *err) {
     const TrainSpec *s = t->spec;
     if (s->pp_size <= 1) return 0;
+    if (opt->dry_run) return pipeline_check(cfg, (int)s->pp_size, err);
     if (pipeline_init(&t->pipe, opt->comm, (int)s->pp_size, pp_schedule_kind(s->pp_schedule), cfg,
                       (long)window_of(s, cfg), opt->be, err))
         return -1;

@@ -36,6 +36,9 @@ typedef struct {
     // and "checkpoint" (checkpoint and go on), read without blocking at step boundaries; EOF
     // (the supervisor is gone) counts as stop. -1: none.
     int control_fd;
+    // --dry-run: one process checks a job of any number of ranks (a pipeline's settings are
+    // checked against the model, its stages not built).
+    bool dry_run;
 } TrainerOptions;
 
 // A micro-batch of a pipelined optimizer step, staged until the step's last one arrives.

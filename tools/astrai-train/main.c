@@ -210,7 +210,8 @@ static int dry_run(const TrainSpec *spec) {
         fprintf(stderr, "astrai-train: --dry-run: cannot make a scratch directory\n");
         return 1;
     }
-    TrainerOptions opt = {.be = be, .threads = 1, .run_dir = scratch, .control_fd = -1};
+    TrainerOptions opt = {
+        .be = be, .threads = 1, .run_dir = scratch, .control_fd = -1, .dry_run = true};
     Trainer t;
     int rc = 0;
     if (trainer_init(&t, spec, &opt, &err)) {
