@@ -3,7 +3,8 @@
 // backward from the next stage's input gradient, gives the whole model's loss and gradients
 // bit for bit (a tied embedding: the sum of the two stages' parts, to rounding), with packed
 // documents, qk-norm, gated attention and gradient checkpointing; and activation sets keep
-// several micro-batches apart.
+// several micro-batches apart. On the CPU backend, and where a GPU is visible on the CUDA
+// backend too, in bf16 and fp32 (tests/gpu/run.sh runs it there).
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -52,9 +53,13 @@ static float forward(Model *m, const Batch *b) {
     return loss;
 }
 
-static const float *grad_of(const Model *m, const char *name) {
+// The gradients of tensor `name` of m in host memory (malloc'ed), or NULL when m has none.
+static float *grad_of(const Model *m, const char *name) {
     const ParamSpec *p = model_param(m, name);
-    return p ? m->grads + p->offset : NULL;
+    if (!p) return NULL;
+    float *host = malloc(p->numel * sizeof *host);
+    if (host) m->be->download(host, m->grads + p->offset, p->numel * sizeof *host);
+    return host;
 }
 
 // Every tensor of stage st has the whole model's gradient (bitwise, or to rounding for the
@@ -62,13 +67,15 @@ static const float *grad_of(const Model *m, const char *name) {
 static void check_grads(const Model *whole, Model *const *st, int n_st) {
     for (int i = 0; i < whole->n_params; i++) {
         const ParamSpec *p = &whole->params[i];
-        const float *want = whole->grads + p->offset;
-        const float *parts[2];
+        float *want = grad_of(whole, p->name), *parts[2];
         int n_parts = 0;
-        for (int s = 0; s < n_st; s++)
-            if (grad_of(st[s], p->name) && n_parts < 2) parts[n_parts++] = grad_of(st[s], p->name);
+        for (int s = 0; s < n_st && n_parts < 2; s++)
+            if ((parts[n_parts] = grad_of(st[s], p->name))) n_parts++;
         CHECK_MSG(n_parts >= 1, "%s: no stage holds it", p->name);
-        if (n_parts == 0) continue;
+        if (n_parts == 0) {
+            free(want);
+            continue;
+        }
         size_t bad = 0;
         for (size_t j = 0; j < p->numel; j++) {
             float got = n_parts == 1 ? parts[0][j] : parts[0][j] + parts[1][j];
@@ -76,22 +83,24 @@ static void check_grads(const Model *whole, Model *const *st, int n_st) {
             bad += fabs((double)got - want[j]) > tol;
         }
         CHECK_MSG(bad == 0, "%s: %zu of %zu gradients differ", p->name, bad, p->numel);
+        free(want);
+        for (int k = 0; k < n_parts; k++)
+            free(parts[k]);
     }
 }
 
 // The whole model against stages cut at `cuts` (first blocks of stages 1..n-1).
-static void test_chain(bool tied, bool ckpt, const int *cuts, int n_st) {
+static void test_chain(const Backend *be, bool tied, bool ckpt, const int *cuts, int n_st) {
     Err err = {0};
     ModelConfig c = config(tied);
     Model whole, *st[4], stages[4];
-    CHECK(model_create(&whole, &c, backend_cpu(), &err) == 0);
+    CHECK(model_create(&whole, &c, be, &err) == 0);
     CHECK(model_init_random(&whole, 7, &err) == 0);
     whole.grad_checkpointing = ckpt;
     for (int s = 0; s < n_st; s++) {
         int first = s ? cuts[s - 1] : 0, end = s + 1 < n_st ? cuts[s] : c.num_hidden_layers;
         st[s] = &stages[s];
-        CHECK_MSG(model_create_stage(st[s], &c, first, end, backend_cpu(), &err) == 0, "%s",
-                  err.msg);
+        CHECK_MSG(model_create_stage(st[s], &c, first, end, be, &err) == 0, "%s", err.msg);
         CHECK(model_init_random(st[s], 7, &err) == 0);
         st[s]->grad_checkpointing = ckpt;
         CHECK(model_is_stage(st[s]));
@@ -155,12 +164,26 @@ static void test_bad_stage(void) {
     model_free(&m);
 }
 
-int main(void) {
+static void test_backend(const Backend *be) {
     const int two[] = {2}, three[] = {1, 3}, four[] = {1, 2, 3};
-    test_chain(false, false, two, 2);
-    test_chain(true, false, two, 2);
-    test_chain(false, true, three, 3);
-    test_chain(true, true, four, 4);
+    int before = check_failures;
+    test_chain(be, false, false, two, 2);
+    test_chain(be, true, false, two, 2);
+    test_chain(be, false, true, three, 3);
+    test_chain(be, true, true, four, 4);
+    printf("test_model_stage: %s %s: %s\n", be->name, dtype_name(be->dtype),
+           check_failures == before ? "ok" : "FAILED");
+}
+
+int main(void) {
+    test_backend(backend_cpu());
     test_bad_stage();
+    const DType cuda_dtypes[] = {DT_BF16, DT_F32};
+    for (int k = 0; k < 2 && backend_cuda_available(); k++) {
+        const Backend *be;
+        Err err = {0};
+        CHECK_MSG(backend_open(&be, "cuda", 0, cuda_dtypes[k], &err) == 0, "%s", err.msg);
+        if (!err.msg[0]) test_backend(be);
+    }
     CHECK_DONE();
 }

@@ -6,7 +6,9 @@
 #      machine) with dpkg -x into .gpu-prefix/, and builds with CUDA into build-gpu/;
 #   2. test_gpu_ops        per-op conformance, CUDA against the CPU backend, + determinism;
 #   3. test_comm_nccl_gpu  NCCL at world size 1 through the rendezvous, every collective,
-#                          the abort path;
+#                          the abort path, comm_split;
+#      test_model_stage    pipeline stages chained on the GPU give the whole model's loss and
+#                          gradients (bf16 and fp32);
 #   4. tests/gpu/train_checks.py  loss curves vs the CPU, determinism, GPU->CPU->GPU
 #                          checkpoints, exact --resume, SIGTERM, --gradient_checkpointing;
 #   5. bench/bench_gpu.py  tokens/s, MFU, peak memory, side by side with PyTorch.
@@ -178,7 +180,7 @@ build() {
         -DCBLAS_OPENMP_INCLUDE_DIR="$PREFIX/usr/include/x86_64-linux-gnu/openblas-openmp" \
         -DASTRAI_PYTHON="$(command -v python3)" "${NCCL_ARGS[@]}"
     cmake --build "$BUILD" -j "$(nproc)" --target astrai-train astrai-model astrai-data \
-        test_gpu_ops test_comm_nccl_gpu
+        test_gpu_ops test_comm_nccl_gpu test_model_stage
 }
 
 # run.sh --build-step: step 1 alone (run.sh runs itself so that `timeout` can bound it).
@@ -225,6 +227,8 @@ if ((BUILT)); then
         "${RUNENV[@]}" ASTRAI_GPU_REPORT_DIR="$REPORT" "$BUILD/test_gpu_ops" || true
     part test_comm_nccl_gpu "$(limit 45 210)" "$REPORT/tests.log" \
         "${RUNENV[@]}" "$BUILD/test_comm_nccl_gpu" || true
+    part test_model_stage "$(limit 30 210)" "$REPORT/tests.log" \
+        "${RUNENV[@]}" "$BUILD/test_model_stage" || true
     # The Python parts get a time limit 15 s inside their timeout, to stop cleanly and
     # still write their JSON.
     t=$(limit 180 120)
@@ -237,7 +241,7 @@ if ((BUILT)); then
         --build "$BUILD" --json "$REPORT/bench.json" --time-limit $((t > 30 ? t - 15 : t / 2)) \
         ${ASTRAI_GPU_BENCH_ARGS:-} || true
 else
-    for name in test_gpu_ops test_comm_nccl_gpu train_checks bench_gpu; do
+    for name in test_gpu_ops test_comm_nccl_gpu test_model_stage train_checks bench_gpu; do
         say "FAIL $name: not run (the build failed; see build.log)"
         FAILED=$((FAILED + 1))
     done
@@ -248,7 +252,7 @@ fi
 {
     echo
     echo "---- details"
-    grep -hE '^test_gpu_ops:|^test_comm_nccl_gpu:|FAIL' "$REPORT/tests.log" 2>/dev/null |
+    grep -hE '^test_gpu_ops:|^test_comm_nccl_gpu:|^test_model_stage:|FAIL' "$REPORT/tests.log" 2>/dev/null |
         head -n 60 || true
     grep -hE '^(PASS|FAIL) ' "$REPORT/train.log" 2>/dev/null | head -n 40 || true
     grep -hE '^bench_gpu' "$REPORT/bench.log" 2>/dev/null | tail -n 6 || true
