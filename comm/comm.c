@@ -228,6 +228,13 @@ int comm_p2p(Comm *c, const CommP2p *ops, int n, Err *err) {
     return finish(c, c->ops->p2p(c, ops, n, err), err);
 }
 
+int comm_p2p_start(Comm *c, const CommP2p *ops, int n, Err *err) {
+    if (usable(c, err) || check_p2p(c, ops, n, err)) return -1;
+    int (*start)(Comm *, const CommP2p *, int, Err *) =
+        c->ops->p2p_start ? c->ops->p2p_start : c->ops->p2p;
+    return finish(c, start(c, ops, n, err), err);
+}
+
 int comm_send(Comm *c, const void *buf, size_t bytes, int peer, Err *err) {
     CommP2p op = {.peer = peer, .send = 1, .buf = (void *)buf, .bytes = bytes};
     return comm_p2p(c, &op, 1, err);

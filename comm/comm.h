@@ -108,6 +108,10 @@ typedef struct {
 // calls are not collectives: ranks not involved call nothing, and they do not count in the "same
 // collectives in the same order" check.
 int comm_p2p(Comm *c, const CommP2p *ops, int n, Err *err);
+// comm_p2p without waiting for it, as comm_reduce_scatter_start: enqueued behind the compute
+// issued so far (nccl), the buffers untouched until comm_wait; the compute that reads what it
+// receives comes after comm_join. Backends without asynchrony (shm) complete it before returning.
+int comm_p2p_start(Comm *c, const CommP2p *ops, int n, Err *err);
 int comm_send(Comm *c, const void *buf, size_t bytes, int peer, Err *err); // comm_p2p of one
 int comm_recv(Comm *c, void *buf, size_t bytes, int peer, Err *err);
 

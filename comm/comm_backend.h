@@ -20,6 +20,7 @@ typedef struct {
     int (*barrier)(Comm *c, Err *err);
     // ops: checked (n > 0, peers in range and not this rank); buf is NULL only for 0 bytes.
     int (*p2p)(Comm *c, const CommP2p *ops, int n, Err *err);
+    int (*p2p_start)(Comm *c, const CommP2p *ops, int n, Err *err); // NULL: p2p
     // Fills out (calloc'ed, timeout_ms set) as the *_comm_init below do.
     int (*split)(Comm *c, int color, int key, Comm *out, Err *err);
     void (*destroy)(Comm *c);

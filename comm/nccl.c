@@ -320,6 +320,17 @@ static int nccl_p2p(Comm *c, const CommP2p *ops, int n, Err *err) {
     return run(c, enqueue_p2p(x, ops, n), what, err);
 }
 
+// Enqueued on the comm stream behind the compute; comm_join / comm_wait follow it.
+static int nccl_p2p_start(Comm *c, const CommP2p *ops, int n, Err *err) {
+    Nccl *x = c->state;
+    char what[176];
+    describe_p2p(ops, n, what, sizeof what);
+    if (aborted(c, err) || after_compute(c, what, err)) return -1;
+    ncclResult_t r = enqueue_p2p(x, ops, n);
+    if (r != ncclSuccess && r != ncclInProgress) return nccl_fail(x, r, what, err);
+    return wait_comm_ready(c, (double)clock_mono_ms() + c->timeout_ms, what, err);
+}
+
 // ---------------------------------------------------------------- create / destroy
 
 static void nccl_destroy(Comm *c) {
@@ -357,6 +368,7 @@ static const CommBackend NCCL_OPS = {.device_memory = 1,
                                      .broadcast = nccl_broadcast,
                                      .barrier = nccl_barrier,
                                      .p2p = nccl_p2p,
+                                     .p2p_start = nccl_p2p_start,
                                      .split = nccl_split,
                                      .destroy = nccl_destroy};
 

@@ -161,7 +161,9 @@ typedef struct {
     Pipeline *p;
     Model *m;
     const PipelineWork *w;
-    int sets; // activation sets in turn: micro-batch k uses set k % sets
+    int sets;         // activation sets in turn: micro-batch k uses set k % sets
+    bool received;    // a transfer started since the last join receives: compute must wait
+    unsigned sending; // bit k: set k's activations or gradients are being sent
 } Run;
 
 static size_t act_bytes(const Run *r, int k) {
@@ -200,12 +202,16 @@ static bool is_transfer(PpOpKind kind) {
     return kind != PP_FORWARD && kind != PP_BACKWARD;
 }
 
-// The transfers ops[0..n) as one group.
+// The transfers ops[0..n) as one group, started: on GPUs it runs on the comm stream while the
+// host goes on (the compute that needs it waits on the device, comm_join); shm finishes it here.
 static int transfer_group(Run *r, const PpOp *ops, int n, Err *err) {
     CommP2p group[4];
-    for (int i = 0; i < n; i++)
+    for (int i = 0; i < n; i++) {
         if (transfer(r, &ops[i], &group[i], err)) return -1;
-    if (!comm_p2p(r->p->world, group, n, err)) return 0;
+        if (group[i].send) r->sending |= 1u << (ops[i].micro % r->sets % 32);
+        r->received |= !group[i].send;
+    }
+    if (!comm_p2p_start(r->p->world, group, n, err)) return 0;
     // Name the neighbours: the peers of the group's transfers, by stage and rank.
     char peers[96] = "";
     for (int i = 0, len = 0; i < n && len < (int)sizeof peers; i++) {
@@ -222,9 +228,19 @@ static int transfer_group(Run *r, const PpOp *ops, int n, Err *err) {
                       r->p->stage, r->p->stages, r->p->replica, ops[0].micro, peers);
 }
 
+// Before a computation: it waits (on the device) for the transfers so far when one of them
+// receives (into what it reads) or sends from the activation set it writes; a send from another
+// set goes on beside it.
+static int join(Run *r, const PpOp *op, Err *err) {
+    if (!r->received && !(r->sending & (1u << (op->micro % r->sets % 32)))) return 0;
+    r->received = false;
+    r->sending = 0;
+    return comm_join(r->p->world, err);
+}
+
 static int compute(Run *r, const PpOp *op, Err *err) {
     Model *m = r->m;
-    if (model_select_acts(m, op->micro % r->sets, err)) return -1;
+    if (join(r, op, err) || model_select_acts(m, op->micro % r->sets, err)) return -1;
     if (op->kind == PP_BACKWARD) {
         m->stage_dout = r->p->grad_in;
         r->w->backward(r->w->ctx, op->micro);
@@ -250,6 +266,9 @@ int pipeline_run(Pipeline *p, Model *m, const PipelineWork *w, int n, bool train
         i = j > i ? j : i + 1;
     }
     m->stage_input = m->stage_dout = NULL;
+    if (!rc && comm_wait(p->world, err))
+        rc = err_prefix(err, "pipeline stage %d of %d (replica %d): the run's transfers", p->stage,
+                        p->stages, p->replica);
     if (!rc) rc = model_select_acts(m, 0, err);
     return rc;
 }
