@@ -2,7 +2,9 @@
 // hand-written reference orders compared op by op; for P = 1..4 and M = 1..8, both kinds and
 // the forward-only pass, every stage's order rules; no deadlock, by simulating all P stages with
 // rendezvous transfers; the k-th send and the k-th receive of every link naming the same
-// micro-batch; the peak of held activations; the simulated bubble against pp_bubble_fraction.
+// micro-batch; the peak of held activations; the simulated bubble against pp_bubble_fraction;
+// the device waits of pp_schedule_waits (no read before its receive, no write of a set being
+// sent, and sends that do overlap computations).
 #include <stdio.h>
 #include <string.h>
 
@@ -201,7 +203,7 @@ typedef struct {
 } SimStage;
 
 static int is_transfer(PpOpKind kind) {
-    return kind != PP_FORWARD && kind != PP_BACKWARD;
+    return pp_is_transfer(kind);
 }
 
 static int peer_of(PpOpKind kind, int stage) {
@@ -340,14 +342,54 @@ static void check_peak(int kind, const Pipe *p) {
     }
 }
 
+// The device's view of pp_schedule_waits (transfers run beside the compute until a computation
+// waits for them): no computation reads its input activation or output gradient before the
+// receive finished, none uses an activation set still being sent from. Returns how many
+// computations ran beside a send (the overlap the waits allow).
+static int check_waits(int kind, int stage, const Pipe *p) {
+    const PpOp *ops = p->ops[stage];
+    int n = p->n[stage], sets = kind == FORWARD_ONLY ? 1 : pp_schedule_peak_held(ops, n);
+    bool wait[MAX_OPS];
+    pp_schedule_waits(ops, n, sets, wait);
+    int pending[MAX_OPS], n_pending = 0, beside = 0;
+    for (int i = 0; i < n; i++) {
+        if (is_transfer(ops[i].kind)) {
+            CHECK(!wait[i]);
+            pending[n_pending++] = i;
+            continue;
+        }
+        if (wait[i]) n_pending = 0;
+        PpOpKind needs = ops[i].kind == PP_FORWARD ? PP_RECV_ACT : PP_RECV_GRAD;
+        for (int k = 0; k < n_pending; k++) {
+            const PpOp *t = &ops[pending[k]];
+            bool send = t->kind == PP_SEND_ACT || t->kind == PP_SEND_GRAD;
+            CHECK_MSG(!(t->kind == needs && t->micro == ops[i].micro),
+                      "%s P=%d M=%d stage %d op %d: reads micro-batch %d before its receive",
+                      kind_name(kind), p->stages, p->micro, stage, i, ops[i].micro);
+            CHECK_MSG(!(send && t->micro % sets == ops[i].micro % sets),
+                      "%s P=%d M=%d stage %d op %d: writes set %d while it is being sent",
+                      kind_name(kind), p->stages, p->micro, stage, i, ops[i].micro % sets);
+            beside += send;
+        }
+    }
+    return beside;
+}
+
 static void test_all_schedules(void) {
     static Pipe p;
     for (int kind = PP_1F1B; kind <= FORWARD_ONLY; kind++)
         for (int stages = 1; stages <= MAX_P; stages++)
             for (int micro = 1; micro <= MAX_M; micro++) {
                 build_pipe(&p, kind, stages, micro);
-                for (int s = 0; s < stages; s++)
+                int beside = 0;
+                for (int s = 0; s < stages; s++) {
                     check_rules(kind, s, &p);
+                    beside += check_waits(kind, s, &p);
+                }
+                // 1F1B's first stage forwards micro-batch 1 while micro-batch 0 is being sent.
+                if (kind == PP_1F1B && stages > 1 && micro > 1)
+                    CHECK_MSG(beside > 0, "1f1b P=%d M=%d: no computation beside a send", stages,
+                              micro);
                 check_links(kind, &p);
                 check_peak(kind, &p);
                 if (kind == FORWARD_ONLY)

@@ -110,6 +110,7 @@ void pipeline_free(Pipeline *p) {
     free(p->act_in);
     free(p->act_bytes);
     free(p->ops);
+    free(p->waits);
     free(p->blocks);
     comm_destroy(p->tied);
     comm_destroy(p->group);
@@ -145,8 +146,10 @@ static int reserve_sets(Pipeline *p, int n, Err *err) {
 static int build_ops(Pipeline *p, int n, bool train, Err *err) {
     if (PP_MAX_OPS(n) > p->cap_ops) {
         free(p->ops);
+        free(p->waits);
         p->cap_ops = 0;
-        if (!(p->ops = malloc((size_t)PP_MAX_OPS(n) * sizeof *p->ops)))
+        p->waits = malloc((size_t)PP_MAX_OPS(n) * sizeof *p->waits);
+        if (!(p->ops = malloc((size_t)PP_MAX_OPS(n) * sizeof *p->ops)) || !p->waits)
             return err_resource(err, "pipeline: out of memory for the schedule of %d micro-batches",
                                 n);
         p->cap_ops = PP_MAX_OPS(n);
@@ -161,9 +164,7 @@ typedef struct {
     Pipeline *p;
     Model *m;
     const PipelineWork *w;
-    int sets;         // activation sets in turn: micro-batch k uses set k % sets
-    bool received;    // a transfer started since the last join receives: compute must wait
-    unsigned sending; // bit k: set k's activations or gradients are being sent
+    int sets; // activation sets in turn: micro-batch k uses set k % sets
 } Run;
 
 static size_t act_bytes(const Run *r, int k) {
@@ -198,19 +199,12 @@ static int transfer(Run *r, const PpOp *op, CommP2p *out, Err *err) {
     }
 }
 
-static bool is_transfer(PpOpKind kind) {
-    return kind != PP_FORWARD && kind != PP_BACKWARD;
-}
-
 // The transfers ops[0..n) as one group, started: on GPUs it runs on the comm stream while the
 // host goes on (the compute that needs it waits on the device, comm_join); shm finishes it here.
 static int transfer_group(Run *r, const PpOp *ops, int n, Err *err) {
     CommP2p group[4];
-    for (int i = 0; i < n; i++) {
+    for (int i = 0; i < n; i++)
         if (transfer(r, &ops[i], &group[i], err)) return -1;
-        if (group[i].send) r->sending |= 1u << (ops[i].micro % r->sets % 32);
-        r->received |= !group[i].send;
-    }
     if (!comm_p2p_start(r->p->world, group, n, err)) return 0;
     // Name the neighbours: the peers of the group's transfers, by stage and rank.
     char peers[96] = "";
@@ -228,19 +222,11 @@ static int transfer_group(Run *r, const PpOp *ops, int n, Err *err) {
                       r->p->stage, r->p->stages, r->p->replica, ops[0].micro, peers);
 }
 
-// Before a computation: it waits (on the device) for the transfers so far when one of them
-// receives (into what it reads) or sends from the activation set it writes; a send from another
-// set goes on beside it.
-static int join(Run *r, const PpOp *op, Err *err) {
-    if (!r->received && !(r->sending & (1u << (op->micro % r->sets % 32)))) return 0;
-    r->received = false;
-    r->sending = 0;
-    return comm_join(r->p->world, err);
-}
-
-static int compute(Run *r, const PpOp *op, Err *err) {
+// Computation ops[i], after waiting (on the device) for the transfers before it if it must.
+static int compute(Run *r, const PpOp *op, bool wait, Err *err) {
     Model *m = r->m;
-    if (join(r, op, err) || model_select_acts(m, op->micro % r->sets, err)) return -1;
+    if ((wait && comm_join(r->p->world, err)) || model_select_acts(m, op->micro % r->sets, err))
+        return -1;
     if (op->kind == PP_BACKWARD) {
         m->stage_dout = r->p->grad_in;
         r->w->backward(r->w->ctx, op->micro);
@@ -255,13 +241,15 @@ int pipeline_run(Pipeline *p, Model *m, const PipelineWork *w, int n, bool train
     if (n_ops < 0) return -1;
     Run r = {.p = p, .m = m, .w = w, .sets = train ? pp_schedule_peak_held(p->ops, n_ops) : 1};
     if (reserve_sets(p, r.sets, err)) return -1;
+    pp_schedule_waits(p->ops, n_ops, r.sets, p->waits);
     int rc = 0;
     for (int i = 0; i < n_ops && !rc;) {
         int j = i;
-        while (j < n_ops && is_transfer(p->ops[j].kind) && j - i < 4)
+        while (j < n_ops && pp_is_transfer(p->ops[j].kind) && j - i < 4)
             j++;
         double start = clock_mono_s();
-        rc = j > i ? transfer_group(&r, &p->ops[i], j - i, err) : compute(&r, &p->ops[i], err);
+        rc = j > i ? transfer_group(&r, &p->ops[i], j - i, err)
+                   : compute(&r, &p->ops[i], p->waits[i], err);
         if (train) *(j > i ? &p->transfer_s : &p->compute_s) += clock_mono_s() - start;
         i = j > i ? j : i + 1;
     }

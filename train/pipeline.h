@@ -33,7 +33,8 @@ typedef struct {
     int tied_peer; // tied embeddings, on the first and the last stage: the other one, -1: none
     Comm *tied;    // tied embeddings with P > 1: the replica's first and last stage (owned)
     const Backend *be;
-    PpOp *ops; // the schedule being run
+    PpOp *ops;   // the schedule being run
+    bool *waits; // its computations that wait for the transfers before them (pp_schedule_waits)
     int cap_ops;
     void **act_in;     // (n_sets) the received input activations of each activation set
     size_t *act_bytes; // (n_sets) their capacities

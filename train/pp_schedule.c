@@ -90,6 +90,27 @@ int pp_schedule_peak_held(const PpOp *ops, int n) {
     return peak;
 }
 
+bool pp_is_transfer(PpOpKind kind) {
+    return kind != PP_FORWARD && kind != PP_BACKWARD;
+}
+
+void pp_schedule_waits(const PpOp *ops, int n, int sets, bool *wait) {
+    bool received = false;
+    unsigned long long sending = 0; // bit k % 64: set k is being sent from
+    for (int i = 0; i < n; i++) {
+        int set = ops[i].micro % sets % 64;
+        wait[i] = false;
+        if (pp_is_transfer(ops[i].kind)) {
+            bool send = ops[i].kind == PP_SEND_ACT || ops[i].kind == PP_SEND_GRAD;
+            if (send) sending |= 1ull << set;
+            received |= !send;
+            continue;
+        }
+        wait[i] = received || (sending >> set & 1);
+        if (wait[i]) received = false, sending = 0;
+    }
+}
+
 double pp_bubble_fraction(int stages, int micro) {
     return (double)(stages - 1) / (double)(micro + stages - 1);
 }

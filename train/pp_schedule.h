@@ -10,6 +10,7 @@
 // - GPipe: all M forwards, then all M backwards; a stage holds all M.
 // Both run the backwards in micro-batch order, so the gradients are the same bits.
 #pragma once
+#include <stdbool.h>
 
 typedef enum { PP_1F1B, PP_GPIPE } PpScheduleKind;
 typedef enum {
@@ -47,6 +48,16 @@ int pp_schedule_build(PpScheduleKind kind, int stage, int stages, int micro, PpO
 int pp_schedule_forward_only(int stage, int stages, int micro, PpOp *ops);
 // The most micro-batches whose activations are held at once (forwarded, not yet backwarded).
 int pp_schedule_peak_held(const PpOp *ops, int n);
+// Whether an op is a transfer (else a computation).
+bool pp_is_transfer(PpOpKind kind);
+
+// On GPUs a group of transfers runs on the comm stream while the host goes on; wait[i] says
+// whether computation ops[i] must first wait (on the device) for every transfer started so far:
+// when one of those since the last wait receives (what it may read), or sends from the
+// activation set it uses (micro-batch k uses set k % sets; what it may overwrite). A send from
+// another set goes on beside it. Entries of transfers are false.
+void pp_schedule_waits(const PpOp *ops, int n, int sets, bool *wait);
+
 // The idle share of a step in theory, (P-1)/(M+P-1).
 double pp_bubble_fraction(int stages, int micro);
 // "1f1b" / "gpipe" -> kind; -1 for anything else.
