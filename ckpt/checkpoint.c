@@ -5,6 +5,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -138,27 +139,75 @@ static int is_checkpoint(const char *ckpt_dir, const char *name, long *epoch, lo
     return fs_is_file(meta);
 }
 
-int ckpt_find_latest(const char *ckpt_dir, char *out, size_t cap, Err *err) {
+// Newest first: the larger step, then the larger epoch.
+static int newer_first(const void *a, const void *b) {
+    const CkptEntry *x = a, *y = b;
+    if (x->step != y->step) return x->step > y->step ? -1 : 1;
+    return x->epoch > y->epoch ? -1 : x->epoch < y->epoch;
+}
+
+// astrai writes a sampler.json into each checkpoint; AstrAI's own do not have one.
+static bool written_here(const char *ckpt_dir, const char *name) {
+    char path[PATH_MAX];
+    if ((size_t)snprintf(path, sizeof path, "%s/%s/sampler.json", ckpt_dir, name) >= sizeof path)
+        return false;
+    return fs_is_file(path);
+}
+
+int ckpt_list(const char *ckpt_dir, CkptEntry **out, int *n, Err *err) {
+    *out = NULL;
+    *n = 0;
     DIR *d = opendir(ckpt_dir);
-    if (!d) {
-        if (errno == ENOENT) return 1;
-        return err_errno(err, errno, "%s: cannot list", ckpt_dir);
-    }
-    char best[NAME_MAX + 1] = "";
-    long best_epoch = -1, best_step = -1;
+    if (!d) return errno == ENOENT ? 0 : err_errno(err, errno, "%s: cannot list", ckpt_dir);
+    int cap = 0, rc = 0;
     struct dirent *ent;
-    while ((ent = readdir(d)) != NULL) {
+    while (!rc && (ent = readdir(d)) != NULL) {
         long epoch, step;
         if (!is_checkpoint(ckpt_dir, ent->d_name, &epoch, &step)) continue;
-        if (step > best_step || (step == best_step && epoch > best_epoch)) {
-            best_step = step;
-            best_epoch = epoch;
-            snprintf(best, sizeof best, "%s", ent->d_name);
+        if (*n == cap) {
+            CkptEntry *more = realloc(*out, (size_t)(cap = cap ? 2 * cap : 16) * sizeof *more);
+            if (!more) {
+                rc = err_resource(err, "%s: out of memory listing checkpoints", ckpt_dir);
+                break;
+            }
+            *out = more;
         }
+        CkptEntry *e = &(*out)[(*n)++];
+        snprintf(e->name, sizeof e->name, "%s", ent->d_name);
+        e->epoch = epoch;
+        e->step = step;
+        e->ours = written_here(ckpt_dir, ent->d_name);
     }
     closedir(d);
-    if (best_step < 0) return 1;
-    return path_join(out, cap, ckpt_dir, best, err);
+    if (rc) {
+        free(*out);
+        *out = NULL;
+        *n = 0;
+        return -1;
+    }
+    if (*n > 1) qsort(*out, (size_t)*n, sizeof **out, newer_first);
+    return 0;
+}
+
+int ckpt_find_latest(const char *ckpt_dir, char *out, size_t cap, Err *err) {
+    CkptEntry *all;
+    int n;
+    if (ckpt_list(ckpt_dir, &all, &n, err)) return -1;
+    int rc = n == 0 ? 1 : path_join(out, cap, ckpt_dir, all[0].name, err);
+    free(all);
+    return rc;
+}
+
+int ckpt_remove(const char *ckpt_dir, const char *name, Err *err) {
+    char path[PATH_MAX], base[NAME_MAX + 1], doomed[PATH_MAX];
+    if ((size_t)snprintf(base, sizeof base, TMP_PREFIX "%s-%ld", name, (long)getpid()) >=
+        sizeof base)
+        return err_set(err, "%s/%s: name too long", ckpt_dir, name);
+    if (path_join(path, sizeof path, ckpt_dir, name, err) ||
+        path_join(doomed, sizeof doomed, ckpt_dir, base, err))
+        return -1;
+    if (rename(path, doomed) != 0) return err_errno(err, errno, "rename %s to %s", path, doomed);
+    return fs_remove_tree(doomed, err);
 }
 
 // ".old-<name>-<pid>" → <name> into out; -1 when the entry does not have that form.

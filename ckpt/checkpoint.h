@@ -8,6 +8,7 @@
 // directory under a checkpoint name; `.tmp-*` leftovers are ignored by
 // ckpt_find_latest and removed by ckpt_remove_stale.
 #pragma once
+#include <stdbool.h>
 #include <stddef.h>
 
 #include "common/error.h"
@@ -29,6 +30,21 @@ int ckpt_abort(const char *tmp_path, Err *err);
 // meta.json; writes its full path to out. Returns 0 when found, 1 when ckpt_dir
 // has none (or does not exist), -1 on error.
 int ckpt_find_latest(const char *ckpt_dir, char *out, size_t cap, Err *err);
+
+// A checkpoint of a ckpt_dir.
+typedef struct {
+    char name[256]; // epoch_E_step_S
+    long epoch, step;
+    bool ours; // written by astrai (it holds a sampler.json), not brought in from elsewhere
+} CkptEntry;
+
+// The checkpoints of ckpt_dir (epoch_E_step_S directories with a meta.json), newest first (the
+// largest step, then epoch): *out (malloc'ed, *n entries; none when ckpt_dir does not exist).
+int ckpt_list(const char *ckpt_dir, CkptEntry **out, int *n, Err *err);
+
+// Deletes checkpoint `name` of ckpt_dir: renamed to a `.tmp-` name first and removed from there,
+// so that a crash leaves what ckpt_remove_stale removes, never a half checkpoint under its name.
+int ckpt_remove(const char *ckpt_dir, const char *name, Err *err);
 
 // Parses a directory name "epoch_E_step_S"; 0 on success, -1 if it is not one.
 int ckpt_parse_name(const char *name, long *epoch, long *step);

@@ -77,13 +77,15 @@ typedef struct {
     long rollout_top_k;
     double rollout_top_p;
     long rollout_max_tokens;
-    long num_workers;   // accepted, no effect (warning)
-    bool pin_memory;    // accepted, no effect (warning)
-    char *start_method; // accepted, no effect (warning)
-    char *compile;      // accepted, no effect (warning); "" = off
-    long tp_size;       // 0 (None) or 1; > 1 refused
-    long pp_size;       // pipeline stages (1: none), docs/design.md §13
-    char *pp_schedule;  // 1f1b | gpipe
+    long num_workers;          // accepted, no effect (warning)
+    bool pin_memory;           // accepted, no effect (warning)
+    char *start_method;        // accepted, no effect (warning)
+    char *compile;             // accepted, no effect (warning); "" = off
+    long tp_size;              // 0 (None) or 1; > 1 refused
+    long pp_size;              // pipeline stages (1: none), docs/design.md §13
+    long checkpoint_keep_last; // retention: the newest N checkpoints (0: all)
+    long checkpoint_keep_best; // and the N of lowest val_loss
+    char *pp_schedule;         // 1f1b | gpipe
     // command line only (not keys of the table)
     bool dry_run;                 // --dry-run: validate and print, do not train
     unsigned char given[128 / 8]; // bit i: key i of the table was set (flag, YAML or JSON)

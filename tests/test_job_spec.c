@@ -37,6 +37,8 @@ static void test_invalid_specs(void) {
     expect_spec("{" BASE ",\"muon_adjust_lr\":\"fast\"}",
                 "muon_adjust_lr: 'fast' is not one of original|match_rms_adamw");
     expect_spec("{" BASE ",\"tp_size\":2}", "tp_size: 2 is refused");
+    expect_spec("{" BASE ",\"checkpoint_keep_last\":-1}", "checkpoint_keep_last");
+    expect_spec("{" BASE ",\"checkpoint_keep_last\":3,\"checkpoint_keep_best\":1}", NULL);
     // pipelines (docs/design.md §13): devices = nprocs = pp_size x replicas
     expect_spec("{" BASE ",\"nprocs\":3,\"pp_size\":2}", "pp_size: 2 does not divide nprocs 3");
     expect_spec("{" BASE ",\"pp_schedule\":\"zigzag\"}",

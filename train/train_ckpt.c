@@ -201,6 +201,56 @@ int train_ckpt_save(Trainer *t, char *path_out, size_t cap, Err *err) {
     return path_join(path_out, cap, t->spec->ckpt_dir, name, err);
 }
 
+// The val_loss of the validation at `step` in the run's metric rows; false when there is none.
+static bool val_loss_at(const Trainer *t, long step, double *out) {
+    for (size_t i = t->metrics.n; i-- > 0;) {
+        const MetricRow *r = &t->metrics.rows[i];
+        if (r->kind == METRIC_VALIDATION && r->step == step) {
+            *out = r->val_loss;
+            return true;
+        }
+    }
+    return false;
+}
+
+// Whether the retention keeps all[i] (the list newest first; rank_in_ours: how many checkpoints
+// astrai wrote are newer than it).
+static bool kept(const Trainer *t, const CkptEntry *all, int n, int i, int rank_in_ours) {
+    const TrainSpec *s = t->spec;
+    const char *resumed = strrchr(t->resumed_from, '/');
+    resumed = resumed ? resumed + 1 : t->resumed_from;
+    if (!all[i].ours || rank_in_ours < s->checkpoint_keep_last || !strcmp(all[i].name, resumed))
+        return true;
+    double mine;
+    if (s->checkpoint_keep_best <= 0 || !val_loss_at(t, all[i].step, &mine)) return false;
+    long better = 0; // astrai's checkpoints validated lower (ties: the newer one first)
+    for (int j = 0; j < n; j++) {
+        double other;
+        if (j != i && all[j].ours && val_loss_at(t, all[j].step, &other) &&
+            (other < mine || (other == mine && j < i)))
+            better++;
+    }
+    return better < s->checkpoint_keep_best;
+}
+
+int train_ckpt_prune(Trainer *t, Err *err) {
+    const TrainSpec *s = t->spec;
+    if (s->checkpoint_keep_last <= 0) return 0;
+    CkptEntry *all;
+    int n, rc = 0;
+    if (ckpt_list(s->ckpt_dir, &all, &n, err)) return err_prefix(err, "checkpoint retention");
+    for (int i = 0, ours = 0; i < n && !rc; i++) {
+        if (!kept(t, all, n, i, ours)) {
+            rc = ckpt_remove(s->ckpt_dir, all[i].name, err);
+            if (!rc)
+                fprintf(stderr, "checkpoint retention: removed %s/%s\n", s->ckpt_dir, all[i].name);
+        }
+        ours += all[i].ours;
+    }
+    free(all);
+    return rc ? err_prefix(err, "checkpoint retention") : 0;
+}
+
 static int json_long(const cJSON *o, const char *key, long *out, const char *path, Err *err) {
     const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, key);
     if (!cJSON_IsNumber(v) || v->valuedouble < 0)

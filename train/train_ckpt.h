@@ -46,6 +46,12 @@ int train_ckpt_load_model(Model *m, const ModelConfig *cfg, int first_block, int
 // spec->ckpt_dir (atomically); its path goes to path_out.
 int train_ckpt_save(struct Trainer *t, char *path_out, size_t cap, Err *err);
 
+// Retention (--checkpoint_keep_last N, --checkpoint_keep_best K), rank 0 after a checkpoint
+// committed: of the checkpoints astrai wrote into ckpt_dir, those beyond the newest N and the K of
+// lowest val_loss (the validation at their step, from the run's metric rows) are deleted; never
+// the one this run resumed from, never one astrai did not write. N 0: nothing is deleted.
+int train_ckpt_prune(struct Trainer *t, Err *err);
+
 // Restores position, optimizer state and metric rows from checkpoint dir (the
 // model weights come from train_ckpt_load_model).
 int train_ckpt_load_state(struct Trainer *t, const char *dir, Err *err);

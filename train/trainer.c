@@ -186,8 +186,8 @@ int trainer_init(Trainer *t, const TrainSpec *spec, const TrainerOptions *opt, E
     // back to the system when freed; a fixed threshold stops glibc from moving them to the
     // heap after the first free.
     mallopt(M_MMAP_THRESHOLD, 1 << 20);
-    char resume_dir[4096] = "";
-    if (spec->resume && train_ckpt_locate(spec, resume_dir, sizeof resume_dir, err)) return -1;
+    char *resume_dir = t->resumed_from;
+    if (spec->resume && train_ckpt_locate(spec, resume_dir, sizeof t->resumed_from, err)) return -1;
     const char *model_dir = *resume_dir ? resume_dir : spec->param_path;
     ModelConfig cfg;
     if (t->pref && train_ckpt_reference_dir(spec, resume_dir, t->rank, t->reference_dir,
@@ -276,7 +276,8 @@ static int save_checkpoint(Trainer *t, Err *err) {
     t->last_ckpt_step = t->step;
     if (t->rank != 0) return 0;
     fprintf(stderr, "checkpoint %s\n", path);
-    return progress_add_checkpoint(&t->progress, t->step, t->epoch, path, err);
+    return progress_add_checkpoint(&t->progress, t->step, t->epoch, path, err) ||
+           train_ckpt_prune(t, err);
 }
 
 typedef struct {

@@ -71,6 +71,7 @@ typedef struct Trainer {
     PrefBatch pb;      // dpo, grpo: the micro-batch as model rows
     PrefLoss pref_loss;
     char reference_dir[4096]; // dpo, grpo: the frozen reference's model directory
+    char resumed_from[4096];  // the checkpoint this run resumed from ("": a fresh run)
     long total_steps;
     // position in the run (what a checkpoint records)
     long epoch;
