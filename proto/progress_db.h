@@ -39,6 +39,8 @@
     " tokens_per_s, wall_time) VALUES(?1,?2,?3,?4,?5,?6,?7,?8)"
 #define PROGRESS_DB_INSERT_CHECKPOINT                                                              \
     "INSERT OR REPLACE INTO checkpoints(step, epoch, path, wall_time) VALUES(?1,?2,?3,?4)"
+// A checkpoint the retention deleted (--checkpoint_keep_last).
+#define PROGRESS_DB_DELETE_CHECKPOINT "DELETE FROM checkpoints WHERE step = ?1"
 #define PROGRESS_DB_INSERT_VALIDATION                                                              \
     "INSERT OR REPLACE INTO validation(step, epoch, consumed_samples, val_loss, wall_time)"        \
     " VALUES(?1,?2,?3,?4,?5)"

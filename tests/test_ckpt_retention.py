@@ -1,11 +1,13 @@
 """Checkpoint retention (--checkpoint_keep_last N, --checkpoint_keep_best K): after each
 checkpoint exactly the newest N that astrai wrote are left, plus the K of lowest val_loss; the
-checkpoint a run resumed from stays; checkpoints astrai did not write (an AstrAI one, without
-sampler.json) and other files in ckpt_dir stay; 0 keeps everything; both are job keys."""
+checkpoint a run resumed from stays; progress.db lists the checkpoints left; checkpoints astrai
+did not write (an AstrAI one, without sampler.json) and other files in ckpt_dir stay; 0 keeps
+everything; both are job keys."""
 
 import json
 import os
 import shutil
+import sqlite3
 import sys
 
 import train_util as tu
@@ -59,6 +61,9 @@ def main():
         failures.append(f"keep_last 3: notes.txt gone or not 9 removals: {err[-600:]}")
     if [n for n in os.listdir(ckpt) if n.startswith(".tmp-")]:
         failures.append(f"keep_last 3: leftovers {os.listdir(ckpt)}")
+    with sqlite3.connect(os.path.join(ckpt, "progress.db")) as db:
+        rows = [r[0] for r in db.execute("SELECT step FROM checkpoints ORDER BY step")]
+    check("keep_last 3: progress.db checkpoints", rows, [10, 11, 12], failures)
     # 0 keeps all.
     ckpt, _ = run(root, model, data, "all")
     check("keep_last 0", ours(ckpt), list(range(1, 13)), failures)

@@ -55,6 +55,8 @@ int progress_open(ProgressDb *p, const char *dir, long total_steps, long resume_
             SQLITE_OK ||
         sqlite3_prepare_v2(p->db, PROGRESS_DB_INSERT_CHECKPOINT, -1, &p->insert_ckpt, NULL) !=
             SQLITE_OK ||
+        sqlite3_prepare_v2(p->db, PROGRESS_DB_DELETE_CHECKPOINT, -1, &p->delete_ckpt, NULL) !=
+            SQLITE_OK ||
         sqlite3_prepare_v2(p->db, PROGRESS_DB_INSERT_VALIDATION, -1, &p->insert_val, NULL) !=
             SQLITE_OK ||
         sqlite3_prepare_v2(p->db, PROGRESS_DB_INSERT_METRIC, -1, &p->insert_extra, NULL) !=
@@ -120,6 +122,11 @@ int progress_add_checkpoint(ProgressDb *p, long step, long epoch, const char *pa
     return run_insert(p, st, err);
 }
 
+int progress_remove_checkpoint(ProgressDb *p, long step, Err *err) {
+    sqlite3_bind_int64(p->delete_ckpt, 1, step);
+    return run_insert(p, p->delete_ckpt, err);
+}
+
 int progress_add_validation(ProgressDb *p, long step, long epoch, long consumed_samples,
                             double val_loss, Err *err) {
     if (check_finite("val_loss", step, val_loss, err)) return err_prefix(err, "%s", p->path);
@@ -137,6 +144,7 @@ void progress_close(ProgressDb *p) {
     sqlite3_finalize(p->insert_extra);
     sqlite3_finalize(p->insert_step);
     sqlite3_finalize(p->insert_ckpt);
+    sqlite3_finalize(p->delete_ckpt);
     if (p->db) sqlite3_close(p->db);
     memset(p, 0, sizeof *p);
 }

@@ -38,6 +38,7 @@ typedef struct {
     sqlite3 *db;
     sqlite3_stmt *insert_step;
     sqlite3_stmt *insert_ckpt;
+    sqlite3_stmt *delete_ckpt;
     sqlite3_stmt *insert_val;
     sqlite3_stmt *insert_extra; // step_metrics(step, name, value): DPO/GRPO numbers
     char path[4096];
@@ -50,6 +51,8 @@ typedef struct {
 int progress_open(ProgressDb *p, const char *dir, long total_steps, long resume_step, Err *err);
 int progress_add_step(ProgressDb *p, const StepRow *row, Err *err);
 int progress_add_checkpoint(ProgressDb *p, long step, long epoch, const char *path, Err *err);
+// The checkpoint of `step` is gone (deleted by the retention): its row goes too.
+int progress_remove_checkpoint(ProgressDb *p, long step, Err *err);
 // A validation run (--val_split) at `step`: table validation(step, epoch,
 // consumed_samples, val_loss, wall_time). Databases written before it existed gain the
 // (empty) table when opened; readers treat a missing table as no validation yet.

@@ -241,7 +241,8 @@ int train_ckpt_prune(Trainer *t, Err *err) {
     if (ckpt_list(s->ckpt_dir, &all, &n, err)) return err_prefix(err, "checkpoint retention");
     for (int i = 0, ours = 0; i < n && !rc; i++) {
         if (!kept(t, all, n, i, ours)) {
-            rc = ckpt_remove(s->ckpt_dir, all[i].name, err);
+            rc = ckpt_remove(s->ckpt_dir, all[i].name, err) ||
+                 progress_remove_checkpoint(&t->progress, all[i].step, err);
             if (!rc)
                 fprintf(stderr, "checkpoint retention: removed %s/%s\n", s->ckpt_dir, all[i].name);
         }
