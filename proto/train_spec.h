@@ -83,6 +83,7 @@ typedef struct {
     char *compile;             // accepted, no effect (warning); "" = off
     long tp_size;              // 0 (None) or 1; > 1 refused
     long pp_size;              // pipeline stages (1: none), docs/design.md §13
+    bool async_checkpoint;     // rank 0 writes checkpoints on a background thread
     long checkpoint_keep_last; // retention: the newest N checkpoints (0: all)
     long checkpoint_keep_best; // and the N of lowest val_loss
     char *pp_schedule;         // 1f1b | gpipe

@@ -14,6 +14,7 @@
 #include "common/fsutil.h"
 #include "common/json.h"
 #include "common/path.h"
+#include "train/ckpt_writer.h"
 #include "train/trainer.h"
 
 #define PATH_CAP 4096
@@ -82,16 +83,6 @@ int train_ckpt_reference_dir(const TrainSpec *spec, const char *resume_dir, int 
     return rc;
 }
 
-// Writes text into dir/name, fsynced (dir is the checkpoint's temporary directory).
-static int write_text(const char *dir, const char *name, char *text, Err *err) {
-    if (!text) return err_resource(err, "%s/%s: out of memory", dir, name);
-    char path[PATH_CAP];
-    int rc = path_join(path, sizeof path, dir, name, err) ||
-             fs_write_file_synced(path, text, strlen(text), err);
-    free(text);
-    return rc;
-}
-
 static char *json_text(cJSON *obj) {
     char *text = obj ? cJSON_Print(obj) : NULL;
     cJSON_Delete(obj);
@@ -145,44 +136,16 @@ static char *metric_jsonl_text(const Trainer *t) {
     return metric_log_to_jsonl(&t->metrics, &len);
 }
 
-// The model as parts (train/pipeline.h): its stages gathered on rank 0, or the model itself.
-static int write_files(const Trainer *t, const PipelineParts *parts, const char *tmp, Err *err) {
-    char path[PATH_CAP];
-    DType dtype = !strcmp(t->spec->ckpt_dtype, "bf16") ? DT_BF16 : DT_F32;
-    if (write_text(tmp, "meta.json", meta_text(t), err) ||
-        write_text(tmp, "config.json", model_config_to_json(&t->model.cfg), err) ||
-        write_text(tmp, "scheduler.json", scheduler_text(t), err) ||
-        write_text(tmp, "sampler.json", sampler_text(t), err) ||
-        write_text(tmp, "metric.jsonl", metric_jsonl_text(t), err))
-        return -1;
-    return path_join(path, sizeof path, tmp, "model.safetensors", err) ||
-           model_save_views(parts->views, parts->n, path, dtype, err) ||
-           path_join(path, sizeof path, tmp, "optimizer.safetensors", err) ||
-           optim_save_parts(parts->opts, parts->views, parts->n, path, err);
-}
-
-// Rank 0 writes the checkpoint directory.
-static int write_checkpoint(const Trainer *t, const PipelineParts *parts, const char *name,
-                            Err *err) {
-    char tmp[PATH_CAP];
-    if (ckpt_begin(t->spec->ckpt_dir, name, tmp, sizeof tmp, err)) return -1;
-    if (write_files(t, parts, tmp, err) || ckpt_commit(t->spec->ckpt_dir, tmp, name, err)) {
-        Err ignored;
-        ckpt_abort(tmp, &ignored);
-        return err_prefix(err, "checkpoint %s/%s", t->spec->ckpt_dir, name);
-    }
-    return 0;
-}
-
 // Every rank takes part in gathering the full weights and optimizer state (the executor's
 // concern: under none they are the rank's own; a pipeline's stages then go to rank 0); rank 0
-// writes them.
-int train_ckpt_save(Trainer *t, char *path_out, size_t cap, Err *err) {
+// writes them, or (--async_checkpoint) copies them to host memory for its writer thread.
+int train_ckpt_save(Trainer *t, bool *background, Err *err) {
     char name[128];
     snprintf(name, sizeof name, "epoch_%ld_step_%ld", t->epoch, t->step);
     const Optimizer *full = NULL;
     ParamView whole;
     PipelineParts parts = {0};
+    *background = t->spec->async_checkpoint && t->rank == 0;
     int rc = executor_gather_full(&t->exec, &t->model, &t->opt, &full, err);
     if (!rc && t->pipelined) {
         rc = pipeline_collect(&t->pipe, &t->model, full, &parts, err);
@@ -190,15 +153,31 @@ int train_ckpt_save(Trainer *t, char *path_out, size_t cap, Err *err) {
         whole = model_view(&t->model);
         parts = (PipelineParts){.n = 1, .views = &whole, .opts = &full};
     }
-    if (!rc && t->rank == 0) rc = write_checkpoint(t, &parts, name, err);
+    if (!rc && t->rank == 0) {
+        char *texts[CKPT_N_TEXTS] = {[CKPT_META] = meta_text(t),
+                                     [CKPT_CONFIG] = model_config_to_json(&t->model.cfg),
+                                     [CKPT_SCHEDULER] = scheduler_text(t),
+                                     [CKPT_SAMPLER] = sampler_text(t),
+                                     [CKPT_METRIC] = metric_jsonl_text(t)};
+        CkptContent c = {.ckpt_dir = t->spec->ckpt_dir,
+                         .name = name,
+                         .dtype = !strcmp(t->spec->ckpt_dtype, "bf16") ? DT_BF16 : DT_F32,
+                         .texts = texts,
+                         .n_parts = parts.n,
+                         .views = parts.views,
+                         .opts = parts.opts};
+        rc = *background ? ckpt_writer_start(&t->writer, &c, t->step, t->epoch, err)
+                         : ckpt_write(&c, err);
+        for (int k = 0; k < CKPT_N_TEXTS; k++)
+            free(texts[k]);
+    }
     if (t->pipelined) pipeline_parts_free(&parts);
     executor_drop_full(&t->exec, &t->model);
-    // Every rank learns whether rank 0 wrote it, so none trains on alone.
+    // Every rank learns whether rank 0 wrote it (or took its copy), so none trains on alone.
     float failed = rc != 0;
     if (executor_sum(&t->exec, &failed, 1, rc ? NULL : err)) return -1;
     if (failed > 0 && !rc) return err_set(err, "rank 0 failed to write checkpoint %s", name);
-    if (rc) return -1;
-    return path_join(path_out, cap, t->spec->ckpt_dir, name, err);
+    return rc ? -1 : 0;
 }
 
 // The val_loss of the validation at `step` in the run's metric rows; false when there is none.

@@ -197,6 +197,7 @@ int trainer_init(Trainer *t, const TrainSpec *spec, const TrainerOptions *opt, E
         open_data(t, &cfg, err) || set_total_steps(t, err))
         return -1;
     t->memory_report = opt->memory_report;
+    t->writer.hold_path = opt->ckpt_hold;
     if (t->memory_report) t->rss_baseline = resident_bytes();
     // DPO/GRPO: the reference's weights first, kept frozen; then the policy's when they differ.
     const char *first_dir = t->pref ? t->reference_dir : model_dir;
@@ -270,14 +271,40 @@ static int forward_batch(Trainer *t, int nb, MicroStep kind, float loss_scale, E
                                     (float)t->spec->label_smoothing, err);
 }
 
-static int save_checkpoint(Trainer *t, Err *err) {
-    char path[4096];
-    if (train_ckpt_save(t, path, sizeof path, err)) return -1;
-    t->last_ckpt_step = t->step;
-    if (t->rank != 0) return 0;
+// Rank 0, a checkpoint committed: it counts from now on (progress.db, the line, retention).
+static int checkpoint_committed(Trainer *t, const char *path, long step, long epoch, Err *err) {
     fprintf(stderr, "checkpoint %s\n", path);
-    return progress_add_checkpoint(&t->progress, t->step, t->epoch, path, err) ||
+    return progress_add_checkpoint(&t->progress, step, epoch, path, err) ||
            train_ckpt_prune(t, err);
+}
+
+// Rank 0: waits for the background write in flight (none: nothing to do) and records it.
+static int collect_checkpoint(Trainer *t, Err *err) {
+    if (!t->writer.running) return 0;
+    long step = t->writer.step, epoch = t->writer.epoch;
+    if (ckpt_writer_collect(&t->writer, err)) return -1;
+    return checkpoint_committed(t, t->writer.dir, step, epoch, err);
+}
+
+// At a step boundary, without blocking: a background write that has finished is recorded, or
+// (failed) kept in t->ckpt_failure for the agreement, which stops every rank.
+static void poll_checkpoint(Trainer *t) {
+    if (ckpt_writer_done(&t->writer) && !t->ckpt_failed && collect_checkpoint(t, &t->ckpt_failure))
+        t->ckpt_failed = true;
+}
+
+static int save_checkpoint(Trainer *t, Err *err) {
+    bool background;
+    char path[4096];
+    // One write in flight at most: the next checkpoint waits for the one before.
+    if (t->rank == 0 && collect_checkpoint(t, err)) return -1;
+    if (train_ckpt_save(t, &background, err)) return -1;
+    t->last_ckpt_step = t->step;
+    if (t->rank != 0 || background) return 0;
+    char name[128];
+    snprintf(name, sizeof name, "epoch_%ld_step_%ld", t->epoch, t->step);
+    return path_join(path, sizeof path, t->spec->ckpt_dir, name, err) ||
+           checkpoint_committed(t, path, t->step, t->epoch, err);
 }
 
 typedef struct {
@@ -300,6 +327,7 @@ enum {
     AGREE_PREF_A,
     AGREE_PREF_B,
     AGREE_REWARD,
+    AGREE_CKPT_FAILED, // rank 0's background checkpoint write failed: every rank stops
     AGREE_N
 };
 
@@ -333,18 +361,25 @@ static int agree_step(Trainer *t, StepTotals *out, StepClock *c, Err *err) {
     double stats[MODEL_N_STATS];
     model_read_stats(&t->model, stats);
     poll_control(t);
+    if (t->rank == 0) poll_checkpoint(t);
     float agreed[AGREE_N] = {(float)stats[MODEL_STAT_LOSS],
                              (float)(trainer_stop_requested != 0),
                              (float)(trainer_checkpoint_requested != 0),
                              0.0f, // AGREE_NORM: the executor's
                              (float)stats[MODEL_STAT_PREF_A],
                              (float)stats[MODEL_STAT_PREF_B],
-                             (float)c->reward_sum};
+                             (float)c->reward_sum,
+                             (float)t->ckpt_failed};
     trainer_checkpoint_requested = 0;
     c->reward_sum = 0;
     if (executor_agree_step(&t->exec, &t->model, agreed, AGREE_N, AGREE_NORM, &out->norm, err))
         return -1;
     float micro_steps = (float)(t->spec->grad_accum_steps * t->replicas);
+    if (agreed[AGREE_CKPT_FAILED] > 0) {
+        if (t->rank == 0) *err = t->ckpt_failure;
+        return t->rank == 0 ? -1
+                            : err_set(err, "rank 0 failed to write a checkpoint in the background");
+    }
     out->stop = agreed[AGREE_STOP] > 0;
     out->ckpt = agreed[AGREE_CKPT] > 0;
     out->loss = agreed[AGREE_LOSS] / micro_steps;
@@ -800,12 +835,16 @@ static int run_epochs(Trainer *t, Err *err) {
 
 int trainer_run(Trainer *t, Err *err) {
     int rc = run_epochs(t, err);
+    // The end waits for the background write in flight: it is committed before the exit.
+    if (rc >= 0 && t->rank == 0 && collect_checkpoint(t, err)) rc = -1;
     if (rc < 0) return -1;
     if (rc == RUN_DONE) {
         // The last epoch is complete.
         t->epoch = t->spec->n_epoch - 1;
         t->epoch_pos = t->sampler.per_replica;
-        if (t->step != t->last_ckpt_step && save_checkpoint(t, err)) return -1;
+        if (t->step != t->last_ckpt_step &&
+            (save_checkpoint(t, err) || (t->rank == 0 && collect_checkpoint(t, err))))
+            return -1;
         if (t->rank == 0) fprintf(stderr, "done: %ld optimizer steps\n", t->step);
     }
     if (write_memory_report(t, err)) return -1;
@@ -813,6 +852,7 @@ int trainer_run(Trainer *t, Err *err) {
 }
 
 void trainer_free(Trainer *t) {
+    ckpt_writer_free(&t->writer);
     progress_close(&t->progress);
     metric_log_free(&t->metrics);
     free(t->inputs);

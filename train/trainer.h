@@ -15,6 +15,7 @@
 #include "engine/preference.h"
 #include "engine/schedule.h"
 #include "proto/train_spec.h"
+#include "train/ckpt_writer.h"
 #include "train/executor.h"
 #include "train/pipeline.h"
 #include "train/pref_batch.h"
@@ -39,6 +40,9 @@ typedef struct {
     // --dry-run: one process checks a job of any number of ranks (a pipeline's settings are
     // checked against the model, its stages not built).
     bool dry_run;
+    // Tests (ASTRAI_TEST_CKPT_HOLD): a background checkpoint write waits until this file exists,
+    // so a test sees training go on while a write is in flight. NULL: none.
+    const char *ckpt_hold;
 } TrainerOptions;
 
 // A micro-batch of a pipelined optimizer step, staged until the step's last one arrives.
@@ -72,6 +76,9 @@ typedef struct Trainer {
     PrefLoss pref_loss;
     char reference_dir[4096]; // dpo, grpo: the frozen reference's model directory
     char resumed_from[4096];  // the checkpoint this run resumed from ("": a fresh run)
+    CkptWriter writer;        // rank 0, --async_checkpoint: the write in flight
+    bool ckpt_failed;         // rank 0: that write failed (ckpt_failure says why)
+    Err ckpt_failure;
     long total_steps;
     // position in the run (what a checkpoint records)
     long epoch;

@@ -229,13 +229,15 @@ static int dry_run(const TrainSpec *spec) {
 
 // What a supervisor (astraid) hands a rank in its environment, read here once:
 // ASTRAI_RUN_DIR (where progress.db goes), ASTRAI_MEMORY_REPORT (a directory for the ranks'
-// resident memory reports), ASTRAI_CONTROL_FD (the control pipe). Unset or empty: none.
+// resident memory reports), ASTRAI_CONTROL_FD (the control pipe); and a test's
+// ASTRAI_TEST_CKPT_HOLD (TrainerOptions.ckpt_hold). Unset or empty: none.
 static TrainerOptions supervisor_env(void) {
     const char *run_dir = getenv("ASTRAI_RUN_DIR"), *report = getenv("ASTRAI_MEMORY_REPORT");
-    const char *fd = getenv("ASTRAI_CONTROL_FD");
+    const char *fd = getenv("ASTRAI_CONTROL_FD"), *hold = getenv("ASTRAI_TEST_CKPT_HOLD");
     return (TrainerOptions){.run_dir = run_dir && *run_dir ? run_dir : NULL,
                             .memory_report = report && *report ? report : NULL,
-                            .control_fd = fd && *fd ? atoi(fd) : -1};
+                            .control_fd = fd && *fd ? atoi(fd) : -1,
+                            .ckpt_hold = hold && *hold ? hold : NULL};
 }
 
 int main(int argc, char **argv) {

@@ -1,0 +1,61 @@
+// ckpt_writer.h: rank 0's asynchronous checkpoint writes (--async_checkpoint, docs/training.md
+// "Checkpoints"). Training blocks only while the state is copied to host memory; a background
+// thread writes the files and commits the directory (train_ckpt's atomic layout) while training
+// goes on. One write at most is in flight: a writer holds one checkpoint.
+#pragma once
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+
+#include "common/dtype.h"
+#include "common/error.h"
+#include "engine/model.h"
+#include "engine/optim.h"
+
+// The text files of a checkpoint, rendered when it was taken (the trainer goes on changing).
+enum { CKPT_META, CKPT_CONFIG, CKPT_SCHEDULER, CKPT_SAMPLER, CKPT_METRIC, CKPT_N_TEXTS };
+extern const char *const CKPT_TEXT_NAMES[CKPT_N_TEXTS];
+
+// What a checkpoint writes: the texts and the model as parts (the stages of a pipeline, or the
+// model itself), each a view of fp32 master weights with its optimizer state.
+typedef struct {
+    const char *ckpt_dir;
+    const char *name; // epoch_E_step_S
+    DType dtype;      // of model.safetensors
+    char *const *texts;
+    int n_parts;
+    const ParamView *views;
+    const Optimizer *const *opts;
+} CkptContent;
+
+// Writes and commits checkpoint c synchronously (the same files whatever the mode).
+int ckpt_write(const CkptContent *c, Err *err);
+
+typedef struct {
+    pthread_t thread;
+    bool running;          // a write was started and not yet collected (ckpt_writer_collect)
+    atomic_bool finished;  // the thread is done with it
+    long step, epoch;      // of the checkpoint in flight
+    char dir[4096];        // its path, once committed
+    const char *hold_path; // a test's: the write waits until this file exists (NULL: none)
+    int rc;
+    Err err;
+    // the host copy the thread writes from
+    char ckpt_dir[4096], name[128];
+    DType dtype;
+    char *texts[CKPT_N_TEXTS];
+    int n_parts;
+    ParamView *views;
+    Optimizer *opts;
+    const Optimizer **opt_ptrs;
+} CkptWriter;
+
+// Copies c (texts, weights and optimizer state, from the backend to host memory) and starts
+// writing it in the background. The writer must be idle (collected). On failure nothing runs.
+int ckpt_writer_start(CkptWriter *w, const CkptContent *c, long step, long epoch, Err *err);
+// Whether a write was started and is done (collect it); never blocks.
+bool ckpt_writer_done(const CkptWriter *w);
+// Waits for the write in flight (none: returns 0 at once) and frees its copy: 0 and its
+// directory in w->dir when committed, -1 with err (naming the step and path) when it failed.
+int ckpt_writer_collect(CkptWriter *w, Err *err);
+void ckpt_writer_free(CkptWriter *w);
