@@ -196,6 +196,10 @@ struct Backend {
     void (*muon)(float *w, const float *g, float *buf, float *scratch, const MuonArgs *a);
 };
 
+// A growable buffer of be: *buf holds at least `bytes` afterwards, grown (its contents not kept)
+// when *cap, its size, is smaller. On failure *buf is NULL and *cap 0, with err.
+int backend_reserve(const Backend *be, void **buf, size_t *cap, size_t bytes, Err *err);
+
 // fp32 floats of Muon scratch for a (rows, cols) weight: X and the next X as (r, c), the
 // Gram matrix and the polynomial as (r, r), r = min(rows, cols), and 2 doubles of norms.
 size_t muon_scratch_floats(int rows, int cols);

@@ -7,6 +7,15 @@
 #include "engine/cuda/cuda_backend.h"
 #endif
 
+int backend_reserve(const Backend *be, void **buf, size_t *cap, size_t bytes, Err *err) {
+    if (bytes <= *cap) return 0;
+    be->free(*buf);
+    *cap = 0;
+    if (!(*buf = be->alloc(bytes, err))) return err_prefix(err, "a %zu-byte buffer", bytes);
+    *cap = bytes;
+    return 0;
+}
+
 size_t muon_scratch_floats(int rows, int cols) {
     size_t r = (size_t)(rows < cols ? rows : cols);
     return 2 * (size_t)rows * (size_t)cols + 2 * r * r + 4; // + 2 doubles of norms

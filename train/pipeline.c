@@ -119,17 +119,6 @@ void pipeline_free(Pipeline *p) {
 
 // ---------------------------------------------------------------- a run of micro-batches
 
-// *buf holds at least `bytes` (grown as batches do; its old contents are not kept).
-static int reserve(const Backend *be, void **buf, size_t *cap, size_t bytes, Err *err) {
-    if (bytes <= *cap) return 0;
-    be->free(*buf);
-    *cap = 0;
-    if (!(*buf = be->alloc(bytes, err)))
-        return err_prefix(err, "pipeline: a %zu-byte buffer", bytes);
-    *cap = bytes;
-    return 0;
-}
-
 static int reserve_sets(Pipeline *p, int n, Err *err) {
     if (n <= p->n_sets) return 0;
     void **in = realloc(p->act_in, (size_t)n * sizeof *in);
@@ -181,7 +170,8 @@ static int transfer(Run *r, const PpOp *op, CommP2p *out, Err *err) {
     switch (op->kind) {
     case PP_RECV_ACT:
         *out = (CommP2p){.peer = p->prev, .send = 0, .bytes = bytes};
-        if (reserve(p->be, &p->act_in[set], &p->act_bytes[set], bytes, err)) return -1;
+        if (backend_reserve(p->be, &p->act_in[set], &p->act_bytes[set], bytes, err))
+            return err_prefix(err, "pipeline: micro-batch %d's input", op->micro);
         out->buf = p->act_in[set];
         return 0;
     case PP_SEND_ACT:
@@ -189,7 +179,8 @@ static int transfer(Run *r, const PpOp *op, CommP2p *out, Err *err) {
             .peer = p->next, .send = 1, .buf = (void *)model_stage_output(m), .bytes = bytes};
         return 0;
     case PP_RECV_GRAD:
-        if (reserve(p->be, &p->grad_in, &p->grad_bytes, bytes, err)) return -1;
+        if (backend_reserve(p->be, &p->grad_in, &p->grad_bytes, bytes, err))
+            return err_prefix(err, "pipeline: micro-batch %d's output gradient", op->micro);
         *out = (CommP2p){.peer = p->next, .send = 0, .buf = p->grad_in, .bytes = bytes};
         return 0;
     default: // PP_SEND_GRAD
@@ -232,7 +223,7 @@ static int compute(Run *r, const PpOp *op, bool wait, Err *err) {
         r->w->backward(r->w->ctx, op->micro);
         return 0;
     }
-    m->stage_input = r->p->act_in ? r->p->act_in[op->micro % r->sets] : NULL;
+    m->stage_input = r->p->act_in[op->micro % r->sets];
     return r->w->forward(r->w->ctx, op->micro, err);
 }
 

@@ -139,7 +139,7 @@ static char *metric_jsonl_text(const Trainer *t) {
 // Every rank takes part in gathering the full weights and optimizer state (the executor's
 // concern: under none they are the rank's own; a pipeline's stages then go to rank 0); rank 0
 // writes them, or (--async_checkpoint) copies them to host memory for its writer thread.
-int train_ckpt_save(Trainer *t, bool *background, Err *err) {
+int train_ckpt_save(Trainer *t, char *path_out, size_t cap, bool *background, Err *err) {
     char name[128];
     snprintf(name, sizeof name, "epoch_%ld_step_%ld", t->epoch, t->step);
     const Optimizer *full = NULL;
@@ -177,7 +177,8 @@ int train_ckpt_save(Trainer *t, bool *background, Err *err) {
     float failed = rc != 0;
     if (executor_sum(&t->exec, &failed, 1, rc ? NULL : err)) return -1;
     if (failed > 0 && !rc) return err_set(err, "rank 0 failed to write checkpoint %s", name);
-    return rc ? -1 : 0;
+    if (rc) return -1;
+    return path_join(path_out, cap, t->spec->ckpt_dir, name, err);
 }
 
 // The val_loss of the validation at `step` in the run's metric rows; false when there is none.

@@ -43,9 +43,10 @@ int train_ckpt_load_model(Model *m, const ModelConfig *cfg, int first_block, int
                           const Backend *be, const char *dir, Err *err);
 
 // Writes checkpoint epoch_E_step_S of the trainer's current position into spec->ckpt_dir
-// (atomically), every rank taking part. *background: rank 0 only started it on its writer
-// (--async_checkpoint; t->writer must be idle), which commits it later; else it is committed.
-int train_ckpt_save(struct Trainer *t, bool *background, Err *err);
+// (atomically), every rank taking part; its path goes to path_out. *background: rank 0 only
+// started it on its writer (--async_checkpoint; t->writer must be idle), which commits it later;
+// else it is committed.
+int train_ckpt_save(struct Trainer *t, char *path_out, size_t cap, bool *background, Err *err);
 
 // Retention (--checkpoint_keep_last N, --checkpoint_keep_best K), rank 0 after a checkpoint
 // committed: of the checkpoints astrai wrote into ckpt_dir, those beyond the newest N and the K of

@@ -139,7 +139,7 @@ static int set_total_steps(Trainer *t, Err *err) {
 }
 
 // pp_size > 1: this rank's stage and replica (train/pipeline.h) and the staging of a step's
-// micro-batches. Options that do not work under a pipeline are refused here, naming them.
+// micro-batches (--dry-run: only the check of pp_size against the model).
 static int setup_pipeline(Trainer *t, const ModelConfig *cfg, const TrainerOptions *opt, Err *err) {
     const TrainSpec *s = t->spec;
     if (s->pp_size <= 1) return 0;
@@ -298,13 +298,10 @@ static int save_checkpoint(Trainer *t, Err *err) {
     char path[4096];
     // One write in flight at most: the next checkpoint waits for the one before.
     if (t->rank == 0 && collect_checkpoint(t, err)) return -1;
-    if (train_ckpt_save(t, &background, err)) return -1;
+    if (train_ckpt_save(t, path, sizeof path, &background, err)) return -1;
     t->last_ckpt_step = t->step;
     if (t->rank != 0 || background) return 0;
-    char name[128];
-    snprintf(name, sizeof name, "epoch_%ld_step_%ld", t->epoch, t->step);
-    return path_join(path, sizeof path, t->spec->ckpt_dir, name, err) ||
-           checkpoint_committed(t, path, t->step, t->epoch, err);
+    return checkpoint_committed(t, path, t->step, t->epoch, err);
 }
 
 typedef struct {
@@ -402,12 +399,17 @@ typedef struct {
     int nb;
 } EvalBatch;
 
+// The samples a batch's forward runs on.
+static int eval_nb(const EvalBatch *b) {
+    return b->nb ? b->nb : 1;
+}
+
 static int eval_batches(Trainer *t, const EvalBatch *list, int n, double *sum, Err *err) {
     int rc = 0;
     for (int k = 0; !rc && k < n; k++) {
         double stats[MODEL_N_STATS];
-        fill_batch(t, list[k].ids, list[k].stride, list[k].nb ? list[k].nb : 1);
-        rc = forward_batch(t, list[k].nb ? list[k].nb : 1, MICRO_EVAL, 1.0f, err);
+        fill_batch(t, list[k].ids, list[k].stride, eval_nb(&list[k]));
+        rc = forward_batch(t, eval_nb(&list[k]), MICRO_EVAL, 1.0f, err);
         if (!rc) model_read_stats(&t->model, stats); // the batch's mean loss; resets the sums
         if (!rc) rc = executor_end_micro(&t->exec, &t->model, MICRO_EVAL, err);
         if (!rc) *sum += stats[MODEL_STAT_LOSS] * (double)list[k].nb;
@@ -435,8 +437,8 @@ typedef struct {
 // backward, which 1F1B and GPipe run later).
 typedef struct PipePref PipePref;
 struct PipePref {
-    float *ref, *scale; // (cap) backend
-    size_t cap;
+    float *ref, *scale;            // backend
+    size_t ref_bytes, scale_bytes; // their capacities
 };
 
 static int pipe_pref_reserve(Trainer *t, int k, size_t n, Err *err) {
@@ -448,15 +450,10 @@ static int pipe_pref_reserve(Trainer *t, int k, size_t n, Err *err) {
         t->n_pipe_pref = k + 1;
     }
     PipePref *pp = &t->pipe_pref[k];
-    if (n <= pp->cap) return 0;
     const Backend *be = t->model.be;
-    be->free(pp->ref);
-    be->free(pp->scale);
-    pp->cap = 0;
-    if (!(pp->ref = be->alloc(n * sizeof(float), err)) ||
-        !(pp->scale = be->alloc(n * sizeof(float), err)))
+    if (backend_reserve(be, (void **)&pp->ref, &pp->ref_bytes, n * sizeof(float), err) ||
+        backend_reserve(be, (void **)&pp->scale, &pp->scale_bytes, n * sizeof(float), err))
         return err_prefix(err, "pipeline: the preference state of micro-batch %d", k);
-    pp->cap = n;
     return 0;
 }
 
@@ -468,20 +465,18 @@ static void pipe_pref_free(Trainer *t) {
     free(t->pipe_pref);
 }
 
-static int eval_nb(const EvalBatch *b) {
-    return b->nb ? b->nb : 1;
-}
-
 // Fills the batch of micro-batch k (every stage reads the samples itself).
 static void fill_micro(const PipeRun *r, int k) {
     fill_batch(r->t, r->list[k].ids, r->list[k].stride, eval_nb(&r->list[k]));
 }
 
+// Token rows of micro-batch k: windows of the run's length, or (dpo, grpo) the rows of its
+// records at their longest length, which filling the batch tells.
 static long pipe_rows(void *ctx, int k) {
     const PipeRun *r = ctx;
+    if (!r->t->pref) return (long)eval_nb(&r->list[k]) * (long)r->t->window;
     fill_micro(r, k);
-    return r->t->pref ? (long)r->t->pb.rows * r->t->pb.T
-                      : (long)eval_nb(&r->list[k]) * (long)r->t->window;
+    return (long)r->t->pb.rows * r->t->pb.T;
 }
 
 // The last stage's preference loss of micro-batch k after its policy forward (or the reference's
@@ -683,14 +678,12 @@ static uint64_t noise_seed(const Trainer *t) {
                           ((uint64_t)t->consumed_samples << 16 | (uint64_t)t->replica));
 }
 
-// GRPO: each staged micro-batch's token norm, its response tokens summed over the replicas
-// (every rank adds its count; each replica's P stages count the same) and divided by them, as
-// pref_batch_forward does without a pipeline.
-static int grpo_norms(Trainer *t, const EvalBatch *list, int n, float *norms, Err *err) {
-    for (int k = 0; k < n; k++) {
-        fill_batch(t, list[k].ids, list[k].stride, list[k].nb);
-        norms[k] = (float)t->pb.counted;
-    }
+// GRPO: each staged micro-batch's token norm, its response tokens (counted when it was staged)
+// summed over the replicas (every rank adds its count; each replica's P stages count the same)
+// and divided by them, as pref_batch_forward does without a pipeline.
+static int grpo_norms(Trainer *t, int n, float *norms, Err *err) {
+    for (int k = 0; k < n; k++)
+        norms[k] = (float)t->staged[k].counted;
     for (int k = 0; k < n; k += EXEC_AGREE_MAX)
         if (executor_sum(&t->exec, norms + k, n - k < EXEC_AGREE_MAX ? n - k : EXEC_AGREE_MAX, err))
             return -1;
@@ -719,7 +712,7 @@ static int run_pipelined_step(Trainer *t, Err *err) {
     PipelineWork w = {
         .rows = pipe_rows, .forward = pipe_forward, .backward = pipe_backward, .ctx = &r};
     Model *m = &t->model;
-    int rc = (grpo && grpo_norms(t, list, M, norms, err)) || reference_pass(t, list, M, err) ||
+    int rc = (grpo && grpo_norms(t, M, norms, err)) || reference_pass(t, list, M, err) ||
              executor_begin_micro(&t->exec, m, MICRO_ACCUMULATE, err) ||
              pipeline_run(&t->pipe, m, &w, M, true, err) ||
              executor_end_micro(&t->exec, m, MICRO_ACCUMULATE, err) ||
@@ -739,6 +732,7 @@ static int stage_micro(Trainer *t, StepClock *c, int nb, Err *err) {
     s->noise_seed = noise_seed(t);
     if (t->pref) {
         fill_batch(t, s->ids, 1, nb);
+        s->counted = t->pb.counted;
         c->tokens += t->pb.tokens;
         if (t->model.has_head) c->reward_sum += t->pb.reward_sum / t->pb.rows;
     } else {
@@ -868,7 +862,7 @@ void trainer_free(Trainer *t) {
         free(t->staged[k].ids);
     free(t->staged);
     pipe_pref_free(t);
-    if (t->pipelined) pipeline_free(&t->pipe);
+    pipeline_free(&t->pipe); // also what a pipeline_init that failed half-way made
     sampler_free(&t->sampler);
     dataset_close(&t->data);
     model_free(&t->model);

@@ -49,6 +49,7 @@ typedef struct {
 typedef struct {
     int64_t *ids; // (batch_per_device) its samples
     int nb;
+    int counted; // dpo, grpo: its response tokens
     uint64_t noise_seed;
 } StagedMicro;
 
