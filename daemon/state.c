@@ -120,7 +120,10 @@ static int check_db(const char *path, Err *err) {
         rc = SQLITE_OK;
     }
     if (rc != SQLITE_DONE && !n) {
-        snprintf(found, sizeof found, "%s", sqlite3_errmsg(db));
+        // A failed allocation where quick_check opens its temporary tables reads "unable to
+        // open a temporary database file"; its code says what it was.
+        snprintf(found, sizeof found, "%s",
+                 (rc & 0xff) == SQLITE_NOMEM ? "out of memory" : sqlite3_errmsg(db));
         if (!is_damage(rc)) {
             sqlite3_finalize(st);
             return err_resource(err, "%s: %s", path, found);
