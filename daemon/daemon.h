@@ -259,6 +259,8 @@ void job_run_ended(Job *j, const RunOutcome *o);
 // The executor's start failed before any rank ran: retried after a backoff when err->resource says
 // it lacked a resource, else the job fails.
 void job_start_failed(Job *j, const Err *err);
+// The spec's number at key ("pp_size", "max_steps"), or 0 when absent or not a number.
+double job_spec_number(const Job *j, const char *key);
 // The wait before the next of `tries` tries in a row (restarts, starts, Slurm commands):
 // 1 s, doubling, at most 60 s.
 double job_backoff_s(long tries);

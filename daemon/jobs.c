@@ -747,7 +747,7 @@ void job_start_failed(Job *j, const Err *err) {
         fail(j, strdup(err->msg));
 }
 
-static double spec_number(const Job *j, const char *key) {
+double job_spec_number(const Job *j, const char *key) {
     const cJSON *v = cJSON_GetObjectItemCaseSensitive(j->spec, key);
     return cJSON_IsNumber(v) ? v->valuedouble : 0;
 }
@@ -756,8 +756,8 @@ static double spec_number(const Job *j, const char *key) {
 // starts part-way (start_epoch, start_samples) ends short of total_steps by design: there
 // the ranks' exit status alone tells.
 static int reached_end(const Job *j) {
-    if (spec_number(j, "start_epoch") > 0 || spec_number(j, "start_samples") > 0) return 1;
-    long end = j->total_steps, max_steps = (long)spec_number(j, "max_steps");
+    if (job_spec_number(j, "start_epoch") > 0 || job_spec_number(j, "start_samples") > 0) return 1;
+    long end = j->total_steps, max_steps = (long)job_spec_number(j, "max_steps");
     if (max_steps > 0 && max_steps < end) end = max_steps;
     return j->has_progress && end > 0 && j->step >= end;
 }

@@ -409,7 +409,8 @@ static int spawn_rank(Run *run, Launch *l, int r, Err *err) {
 static Run *run_new(Job *j) {
     Run *run = calloc(1, sizeof *run);
     if (run) run->ranks = calloc((size_t)j->n_devices, sizeof *run->ranks);
-    if (!run || !run->ranks || ranks_group_init(&run->g, (int)j->n_devices, NULL)) {
+    if (!run || !run->ranks ||
+        ranks_group_init(&run->g, (int)j->n_devices, (int)job_spec_number(j, "pp_size"), NULL)) {
         if (run) free(run->ranks);
         free(run);
         return NULL;

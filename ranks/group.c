@@ -6,8 +6,8 @@
 
 #include "ranks/ranks.h"
 
-int ranks_group_init(RankGroup *g, int n, Err *err) {
-    *g = (RankGroup){.n = n, .failed = -1, .interrupted = -1};
+int ranks_group_init(RankGroup *g, int n, int stages, Err *err) {
+    *g = (RankGroup){.n = n, .stages = stages > 1 ? stages : 1, .failed = -1, .interrupted = -1};
     g->rank = calloc(n > 0 ? (size_t)n : 1, sizeof *g->rank);
     if (!g->rank) return err_resource(err, "out of memory for %d ranks", n);
     return 0;
@@ -69,11 +69,18 @@ int ranks_exit_code(const RankGroup *g) {
 
 void ranks_describe(const RankGroup *g, int rank, char *out, size_t cap) {
     const RankExit *r = &g->rank[rank];
+    // Under a pipeline the stage is what the user needs: the others' errors name it too.
+    char who[96];
+    if (g->stages > 1)
+        snprintf(who, sizeof who, "rank %d (pipeline stage %d of %d, pid %d)", rank,
+                 rank % g->stages, g->stages, (int)r->pid);
+    else
+        snprintf(who, sizeof who, "rank %d (pid %d)", rank, (int)r->pid);
     if (!r->pid)
         snprintf(out, cap, "rank %d could not be started", rank);
     else if (r->term_signal)
-        snprintf(out, cap, "rank %d (pid %d) was killed by signal %d (%s)", rank, (int)r->pid,
-                 r->term_signal, strsignal(r->term_signal));
+        snprintf(out, cap, "%s was killed by signal %d (%s)", who, r->term_signal,
+                 strsignal(r->term_signal));
     else
-        snprintf(out, cap, "rank %d (pid %d) exited with code %d", rank, (int)r->pid, r->exit_code);
+        snprintf(out, cap, "%s exited with code %d", who, r->exit_code);
 }

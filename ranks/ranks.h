@@ -39,6 +39,7 @@ typedef struct {
 typedef struct {
     RankExit *rank;  // (n,)
     int n;           // ranks of the group
+    int stages;      // pipeline stages of a replica (--pp_size; rank = replica * stages + stage)
     int alive;       // ranks started and not yet exited
     int failed;      // the root cause: the first rank that failed, -1 when none
     int interrupted; // the first rank that exited EXIT_INTERRUPTED, -1 when none
@@ -52,7 +53,8 @@ typedef enum {
     RANKS_STOP_OTHERS, // report this rank (ranks_describe) and stop the others
 } RanksAction;
 
-int ranks_group_init(RankGroup *g, int n, Err *err);
+// stages: --pp_size (1: no pipeline), for ranks_describe.
+int ranks_group_init(RankGroup *g, int n, int stages, Err *err);
 void ranks_group_free(RankGroup *g);
 
 void ranks_started(RankGroup *g, int rank, pid_t pid);
@@ -71,7 +73,8 @@ void ranks_signal(const RankGroup *g, int sig);
 // The group's exit code (see above).
 int ranks_exit_code(const RankGroup *g);
 // "rank R (pid P) was killed by signal S (name)", "rank R (pid P) exited with code C", or
-// "rank R could not be started" for an exited rank.
+// "rank R could not be started" for an exited rank; under a pipeline "rank R (pipeline stage
+// S of N, pid P) ...".
 void ranks_describe(const RankGroup *g, int rank, char *out, size_t cap);
 
 // ---------------------------------------------------------------- a rank's environment

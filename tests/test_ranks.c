@@ -16,7 +16,7 @@
 
 static void start(RankGroup *g, int n) {
     Err err = {0};
-    CHECK(ranks_group_init(g, n, &err) == 0);
+    CHECK(ranks_group_init(g, n, 1, &err) == 0);
     for (int r = 0; r < n; r++)
         ranks_started(g, r, 1000 + r);
     CHECK(g->alive == n && g->failed < 0 && g->interrupted < 0 && !g->stopping);
@@ -48,6 +48,22 @@ static void test_first_failure_is_root_cause(void) {
               text);
     ranks_describe(&g, 0, text, sizeof text);
     CHECK_MSG(!strcmp(text, "rank 0 (pid 1000) exited with code 1"), "%s", text);
+    ranks_group_free(&g);
+}
+
+// Under a pipeline the text names the stage (rank = replica * stages + stage), whichever
+// collective the others were in when they found the rank gone.
+static void test_describe_names_the_stage(void) {
+    RankGroup g;
+    Err err = {0};
+    CHECK(ranks_group_init(&g, 6, 3, &err) == 0);
+    ranks_started(&g, 4, 1004);
+    CHECK(ranks_exited(&g, 4, 0, SIGKILL) == RANKS_STOP_OTHERS);
+    char text[128];
+    ranks_describe(&g, 4, text, sizeof text);
+    CHECK_MSG(!strcmp(text, "rank 4 (pipeline stage 1 of 3, pid 1004) was killed by signal 9 "
+                            "(Killed)"),
+              "%s", text);
     ranks_group_free(&g);
 }
 
@@ -94,7 +110,7 @@ static void test_stops(void) {
 static void test_start_failed(void) {
     RankGroup g;
     Err err = {0};
-    CHECK(ranks_group_init(&g, 3, &err) == 0);
+    CHECK(ranks_group_init(&g, 3, 1, &err) == 0);
     ranks_started(&g, 0, 77);
     ranks_start_failed(&g, 1);
     CHECK(g.failed == 1 && g.stopping && g.alive == 1);
@@ -124,7 +140,7 @@ static int usr1_pending(pid_t pid) {
 static void test_signal(void) {
     RankGroup g;
     Err err = {0};
-    CHECK(ranks_group_init(&g, 2, &err) == 0);
+    CHECK(ranks_group_init(&g, 2, 1, &err) == 0);
     pid_t kids[2], grandkid[2];
     int p[2];
     CHECK(pipe(p) == 0);
@@ -245,6 +261,7 @@ static void test_shm_names(void) {
 int main(void) {
     test_success();
     test_first_failure_is_root_cause();
+    test_describe_names_the_stage();
     test_interrupted();
     test_stops();
     test_start_failed();

@@ -214,6 +214,7 @@ static int local_from_flags(LaunchInfo *li, const LaunchFlags *flags, Err *err) 
 int launch_detect_flags(LaunchInfo *li, const LaunchFlags *flags, Err *err) {
     memset(li, 0, sizeof *li);
     li->rendezvous_fd = -1;
+    li->stages = flags->pp_size > 1 && flags->pp_size <= INT_MAX ? (int)flags->pp_size : 1;
     const RankVars *vars = rank_vars();
     if (!vars) return local_from_flags(li, flags, err);
     li->mode = LAUNCH_RANK;
@@ -425,7 +426,7 @@ static int spawn_all(Supervisor *s, const LaunchInfo *li, char **argv, Err *err)
 int launch_local(const LaunchInfo *li, char **argv, Err *err) {
     Supervisor s = {0};
     if (env_seconds("ASTRAI_STOP_GRACE_S", RANKS_STOP_GRACE_S, &s.grace_s, err) ||
-        ranks_group_init(&s.g, li->world_size, err))
+        ranks_group_init(&s.g, li->world_size, li->stages, err))
         return -1;
     LaunchInfo job = *li;
     comm_shm_new_name(job.shm_name, sizeof job.shm_name);

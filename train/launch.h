@@ -41,6 +41,7 @@ typedef struct {
     // The shm segment of the collectives: set by the local parent (ASTRAI_SHM_NAME),
     // or chosen by rank 0 and handed out by launch_rendezvous().
     char shm_name[64];
+    int stages; // --pp_size: the pipeline stages of a replica (1 without), for messages
     // The rank's stop flag (set by its SIGTERM/SIGINT handler), or NULL: a rendezvous still
     // waiting for ranks gives up when it is set.
     const volatile sig_atomic_t *stop;
@@ -58,6 +59,7 @@ LaunchInfo *launch_info(void);
 // MASTER_ADDR/MASTER_PORT; a rank of our own local launch keeps what its parent set.
 typedef struct {
     long nprocs;
+    long pp_size;                          // 0 or 1: no pipeline
     const char *master_addr, *master_port; // master_port: digits (train_spec validates it)
 } LaunchFlags;
 

@@ -138,6 +138,7 @@ static int train_rank(LaunchInfo *li, const TrainSpec *spec, const TrainerOption
 static LaunchFlags launch_flags(const TrainSpec *spec) {
     return (LaunchFlags){
         .nprocs = spec->nprocs,
+        .pp_size = spec->pp_size,
         .master_addr = train_spec_given(spec, "master_addr") ? spec->master_addr : NULL,
         .master_port = train_spec_given(spec, "master_port") ? spec->master_port : NULL};
 }
