@@ -28,13 +28,19 @@ static int check_name(const char *name, Err *err) {
     return 0;
 }
 
-int ckpt_begin(const char *ckpt_dir, const char *name, char *tmp_path_out, size_t cap, Err *err) {
-    if (check_name(name, err) != 0 || fs_mkdir_p(ckpt_dir, err) != 0) return -1;
+int ckpt_tmp_path(const char *ckpt_dir, const char *name, long writer, char *out, size_t cap,
+                  Err *err) {
     char base[NAME_MAX + 1];
-    if ((size_t)snprintf(base, sizeof base, TMP_PREFIX "%s-%ld", name, (long)getpid()) >=
-        sizeof base)
+    if (check_name(name, err)) return -1;
+    if ((size_t)snprintf(base, sizeof base, TMP_PREFIX "%s-%ld", name, writer) >= sizeof base)
         return err_set(err, "checkpoint name '%s' too long", name);
-    if (path_join(tmp_path_out, cap, ckpt_dir, base, err) != 0) return -1;
+    return path_join(out, cap, ckpt_dir, base, err);
+}
+
+int ckpt_begin(const char *ckpt_dir, const char *name, char *tmp_path_out, size_t cap, Err *err) {
+    if (check_name(name, err) != 0 || fs_mkdir_p(ckpt_dir, err) != 0 ||
+        ckpt_tmp_path(ckpt_dir, name, (long)getpid(), tmp_path_out, cap, err))
+        return -1;
     // A leftover of an earlier attempt by a process with our pid is garbage.
     if (fs_remove_tree(tmp_path_out, err) != 0) return -1;
     if (mkdir(tmp_path_out, 0755) != 0)

@@ -17,6 +17,10 @@
 // `name`; its path goes to tmp_path_out. Write the files into it (with
 // fs_write_file_synced / st_write), then ckpt_commit or ckpt_abort.
 int ckpt_begin(const char *ckpt_dir, const char *name, char *tmp_path_out, size_t cap, Err *err);
+// The temporary directory ckpt_begin makes for checkpoint `name` in the process of pid `writer`
+// (the ranks of a sharded checkpoint write into rank 0's).
+int ckpt_tmp_path(const char *ckpt_dir, const char *name, long writer, char *out, size_t cap,
+                  Err *err);
 
 // Fsyncs the files of tmp_path and the directory itself, renames it to
 // ckpt_dir/<name> (an existing <name> is moved aside first and removed once

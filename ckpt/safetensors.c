@@ -213,6 +213,8 @@ static int parse_tensors(StFile *f, const cJSON *root, Err *err) {
         if (parse_entry(t, entry, f->data_len, err) != 0) return -1;
     }
     qsort(f->tensors, (size_t)f->n_tensors, sizeof *f->tensors, cmp_by_name);
+    for (int i = 0; i < f->n_tensors; i++)
+        f->tensors[i].bytes = f->data + f->tensors[i].begin;
     if (check_duplicates(f, err) != 0) return -1;
     return check_overlaps(f, err);
 }
@@ -295,6 +297,9 @@ void st_close(StFile *f) {
         free(f->tensors[i].name);
     free(f->tensors);
     if (f->map) munmap(f->map, f->map_len);
+    for (int i = 0; i < f->n_files; i++)
+        st_close(&f->files[i]);
+    free(f->files);
     memset(f, 0, sizeof *f);
 }
 
@@ -330,7 +335,7 @@ int st_read_f32(const StFile *f, const char *name, int ndim, const int64_t *shap
         format_shape(want, sizeof want, ndim, shape);
         return err_set(err, "tensor '%s' has shape %s, expected %s", name, got, want);
     }
-    const uint8_t *src = f->data + t->begin;
+    const uint8_t *src = t->bytes;
     size_t n = (size_t)(t->end - t->begin) / dtype_size(t->dtype);
     switch (t->dtype) {
     case DT_F32:

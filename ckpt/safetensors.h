@@ -19,16 +19,20 @@ typedef struct {
     DType dtype;
     int ndim;
     int64_t shape[ST_MAX_DIMS];
-    uint64_t begin, end; // byte offsets into the data area
+    uint64_t begin, end;  // byte offsets into the data area of its file
+    const uint8_t *bytes; // its data (begin..end of its file's data area)
 } StTensor;
 
-typedef struct {
-    StTensor *tensors;
+typedef struct StFile {
+    StTensor *tensors; // sorted by name
     int n_tensors;
-    const uint8_t *data; // start of the data area
+    const uint8_t *data; // start of the data area (one file)
     size_t data_len;
     void *map; // mmap of the whole file (or NULL for st_parse on a caller buffer)
     size_t map_len;
+    // A sharded set (ckpt/shards.h): the files whose tensors `tensors` lists, owned; else NULL.
+    struct StFile *files;
+    int n_files;
 } StFile;
 
 // Opens and validates path (mmap). Errors are prefixed with the path.
@@ -36,6 +40,7 @@ int st_open(StFile *f, const char *path, Err *err);
 // Validates a buffer already in memory (used by st_open and the fuzz harness).
 // The buffer must outlive f.
 int st_parse(StFile *f, const uint8_t *buf, size_t len, Err *err);
+// Closes a file or a set (its files too).
 void st_close(StFile *f);
 
 const StTensor *st_find(const StFile *f, const char *name);

@@ -416,16 +416,21 @@ static int load_tensors(Model *m, const StFile *f, const char *path, float *host
     return 0;
 }
 
+int model_load_st(Model *m, const StFile *f, const char *path, Err *err) {
+    float *host = malloc(largest_param(m) * sizeof *host);
+    int rc = !host ? err_resource(err, "%s: out of memory for the staging buffer", path)
+                   : check_no_unexpected(m, f, path, err);
+    if (!rc) rc = load_tensors(m, f, path, host, err);
+    free(host);
+    if (!rc) model_refresh_weights(m);
+    return rc;
+}
+
 int model_load(Model *m, const char *path, Err *err) {
     StFile f;
     if (st_open(&f, path, err)) return -1;
-    float *host = malloc(largest_param(m) * sizeof *host);
-    int rc = !host ? err_resource(err, "%s: out of memory for the staging buffer", path)
-                   : check_no_unexpected(m, &f, path, err);
-    if (!rc) rc = load_tensors(m, &f, path, host, err);
-    free(host);
+    int rc = model_load_st(m, &f, path, err);
     st_close(&f);
-    if (!rc) model_refresh_weights(m);
     return rc;
 }
 

@@ -140,6 +140,8 @@ int model_init_random(Model *m, uint64_t seed, Err *err);
 // naming it. With tied embeddings a present lm_head.weight is ignored. A stage reads its own
 // tensors of a whole model's file (the others' are expected there, not read).
 int model_load(Model *m, const char *safetensors_path, Err *err);
+// model_load from an open file or sharded set (ckpt/shards.h); path names it in errors.
+int model_load_st(Model *m, const StFile *f, const char *path, Err *err);
 // Writes the master weights, one tensor at a time through host memory.
 int model_save(const Model *m, const char *safetensors_path, DType dtype, Err *err);
 // Writes the tensors of several parameter views (the stages of a pipeline, in order) as one

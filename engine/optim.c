@@ -379,18 +379,24 @@ static int read_state(Optimizer *o, const ParamView *m, const StFile *f, const c
     return 0;
 }
 
-int optim_load(Optimizer *o, const ParamView *m, const char *path, bool part, Err *err) {
-    StFile f;
-    if (st_open(&f, path, err)) return -1;
+int optim_load_st(Optimizer *o, const ParamView *m, const StFile *f, const char *path, bool part,
+                  Err *err) {
     // Validate everything before touching the state, so a bad file leaves it intact.
     size_t largest = 1;
     for (int i = 0; i < m->n_params; i++)
         if (m->params[i].numel > largest) largest = m->params[i].numel;
     float *host = malloc(largest * sizeof *host);
-    int rc = host ? check_state_file(o, m, &f, path, part, err)
+    int rc = host ? check_state_file(o, m, f, path, part, err)
                   : err_resource(err, "%s: out of memory for the staging buffer", path);
-    if (!rc) rc = read_state(o, m, &f, path, host, err);
+    if (!rc) rc = read_state(o, m, f, path, host, err);
     free(host);
+    return rc;
+}
+
+int optim_load(Optimizer *o, const ParamView *m, const char *path, bool part, Err *err) {
+    StFile f;
+    if (st_open(&f, path, err)) return -1;
+    int rc = optim_load_st(o, m, &f, path, part, err);
     st_close(&f);
     return rc;
 }

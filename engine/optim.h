@@ -59,6 +59,9 @@ void clip_grads(const ParamView *v, double norm, float max_norm);
 // not read (else a tensor that is not v's is an error).
 int optim_save(const Optimizer *o, const ParamView *v, const char *path, Err *err);
 int optim_load(Optimizer *o, const ParamView *v, const char *path, bool part, Err *err);
+// optim_load from an open file or sharded set (ckpt/shards.h); path names it in errors.
+int optim_load_st(Optimizer *o, const ParamView *v, const StFile *f, const char *path, bool part,
+                  Err *err);
 // One file of the state of several optimizers over parts of one model (the stages of a
 // pipeline, in order; every step count the same): a tensor already written (a tied head's
 // copy) is written once.

@@ -63,6 +63,7 @@ static const KeyDef KEYS[] = {
     {"ckpt_interval", KEY_INT, F(ckpt_interval), "5000", 1, 1e12, NULL, "optimizer steps between checkpoints", "ckpt"},
     {"ckpt_dir", KEY_STR, F(ckpt_dir), "checkpoint", 0, 0, NULL, "checkpoint directory (also holds progress.db)", "ckpt"},
     {"ckpt_dtype", KEY_STR, F(ckpt_dtype), "fp32", 0, 0, "fp32|bf16", "dtype of model.safetensors in checkpoints", "ckpt"},
+    {"ckpt_format", KEY_STR, F(ckpt_format), "full", 0, 0, "full|sharded", "checkpoint layout: full (AstrAI's files, gathered on rank 0) or sharded (each rank writes the tensors it owns: model-RRRRR-of-NNNNN.safetensors + index, no gather)", "ckpt"},
     {"async_checkpoint", KEY_BOOL, F(async_checkpoint), "false", 0, 0, NULL, "rank 0 writes checkpoints in the background: training blocks only for the copy to host memory (one write in flight; a checkpoint counts once committed)", "ckpt"},
     {"checkpoint_keep_last", KEY_INT, F(checkpoint_keep_last), "0", 0, 1e9, NULL, "after each checkpoint delete this run's older ones beyond the newest N (0: keep all); never the one resumed from, never one astrai did not write", "ckpt"},
     {"checkpoint_keep_best", KEY_INT, F(checkpoint_keep_best), "0", 0, 1e9, NULL, "with checkpoint_keep_last: also keep the N of lowest val_loss (validated at their step)", "ckpt"},

@@ -42,6 +42,7 @@ typedef struct {
     long ckpt_interval;
     char *ckpt_dir;
     char *ckpt_dtype; // fp32 | bf16 (model.safetensors in checkpoints)
+    char *ckpt_format; // full | sharded (docs/design.md §14)
     long log_interval;
     long max_steps; // 0: run every epoch; else stop (with a checkpoint) after this many steps
     // parallelism

@@ -28,7 +28,7 @@ static int32_t *read_i32(const StFile *f, const char *name, int optional, int *B
     *B = (int)t->shape[0];
     *T = (int)t->shape[1];
     int32_t *out = malloc(t->end - t->begin);
-    if (out) memcpy(out, f->data + t->begin, t->end - t->begin);
+    if (out) memcpy(out, t->bytes, t->end - t->begin);
     return out;
 }
 

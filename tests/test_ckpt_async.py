@@ -1,11 +1,13 @@
-"""--async_checkpoint: rank 0 writes checkpoints on a background thread.
+"""--async_checkpoint: rank 0 writes checkpoints on a background thread (with --ckpt_format
+sharded every rank its own files, which rank 0 commits once all are written).
 - the files equal the synchronous run's, byte for byte (weights and optimizer state of every
-  checkpoint), on 1 rank and under fsdp on 2;
+  checkpoint), on 1 rank and under fsdp on 2, in both formats;
 - training goes on while a write is in flight (the writer held by ASTRAI_TEST_CKPT_HOLD until the
   test releases it): later steps are recorded while the checkpoint is not yet committed, and it
   counts (progress.db) only once committed; SIGTERM during the write ends with that checkpoint and
   the stop checkpoint committed, exit 3;
-- a write that fails stops every rank with exit 1, naming the step and the path."""
+- a write that fails stops every rank with exit 1, naming the step and the path.
+The last two in both formats (sharded: fsdp over 2 ranks)."""
 
 import os
 import signal
@@ -33,7 +35,9 @@ def files(ckpt):
     out = {}
     for name in sorted(os.listdir(ckpt)):
         if name.startswith("epoch_"):
-            for f in ("model.safetensors", "optimizer.safetensors"):
+            for f in sorted(os.listdir(os.path.join(ckpt, name))):
+                if not f.endswith((".safetensors", ".index.json")):
+                    continue
                 with open(os.path.join(ckpt, name, f), "rb") as fh:
                     out[f"{name}/{f}"] = fh.read()
     return out
@@ -45,8 +49,7 @@ def committed(ckpt):
 
 
 def same_files(root, model, data, failures):
-    for what, extra in (("1 rank", {}), ("fsdp 2", {"nprocs": 2, "parallel_mode": "fsdp",
-                                                     "batch_per_device": 2})):
+    for what, extra in (("1 rank", {}), ("fsdp 2", FSDP2), ("fsdp 2 sharded", SHARDED)):
         sync, asyn = (os.path.join(root, f"{k}-{what.replace(' ', '')}") for k in ("sync", "async"))
         tu.run(args(model, data, sync, **extra))
         tu.run(args(model, data, asyn, async_checkpoint="true", **extra))
@@ -58,6 +61,10 @@ def same_files(root, model, data, failures):
         print(f"{what}: {len(a)} checkpoint files, async = sync byte for byte")
 
 
+FSDP2 = {"nprocs": 2, "parallel_mode": "fsdp", "batch_per_device": 2}
+SHARDED = dict(FSDP2, ckpt_format="sharded")
+
+
 def held(root, model, data, name, **extra):
     ckpt = os.path.join(root, name)
     hold = os.path.join(root, name + ".hold")
@@ -67,8 +74,8 @@ def held(root, model, data, name, **extra):
     return ckpt, hold, proc
 
 
-def in_flight_and_sigterm(root, model, data, failures):
-    ckpt, hold, proc = held(root, model, data, "held")
+def in_flight_and_sigterm(root, model, data, failures, name="held", **extra):
+    ckpt, hold, proc = held(root, model, data, name, **extra)
     # The checkpoint of step 3 is held; step 4 is recorded while it is in flight.
     if not wait_for_step(ckpt, 4, proc):
         failures.append("held write: training did not go on past the checkpoint of step 3")
@@ -83,12 +90,15 @@ def in_flight_and_sigterm(root, model, data, failures):
             f"epoch_0_step_{s}" not in os.listdir(ckpt) for s in steps):
         failures.append(f"SIGTERM during a write: exit {proc.returncode}, committed {steps}, "
                         f"{os.listdir(ckpt)}: {err[-500:]}")
-    print(f"held write: step 4 trained while step 3's checkpoint was in flight; SIGTERM: exit "
-          f"{proc.returncode}, committed {steps}")
+    leftovers = [n for n in os.listdir(ckpt) if n.startswith(".tmp-")]
+    if leftovers:
+        failures.append(f"SIGTERM during a write ({name}): left {leftovers}")
+    print(f"held write ({name}): step 4 trained while step 3's checkpoint was in flight; "
+          f"SIGTERM: exit {proc.returncode}, committed {steps}")
 
 
-def failed_write(root, model, data, failures):
-    ckpt, hold, proc = held(root, model, data, "fails")
+def failed_write(root, model, data, failures, name="fails", **extra):
+    ckpt, hold, proc = held(root, model, data, name, **extra)
     if not wait_for_step(ckpt, 4, proc):
         failures.append("failing write: the run did not reach step 4")
     os.rename(ckpt, ckpt + ".moved")  # the writer finds a file where ckpt_dir was
@@ -97,7 +107,7 @@ def failed_write(root, model, data, failures):
     _, err = proc.communicate(timeout=120)
     if proc.returncode != 1 or "step 3" not in err or ckpt not in err:
         failures.append(f"failed write: exit {proc.returncode}: {err[-500:]}")
-    print(f"failed write: exit {proc.returncode}: {err.strip().splitlines()[-1]}")
+    print(f"failed write ({name}): exit {proc.returncode}: {err.strip().splitlines()[-1]}")
 
 
 def main():
@@ -107,7 +117,9 @@ def main():
     data, _ = tu.make_text_data(root, N_BYTES)
     same_files(root, model, data, failures)
     in_flight_and_sigterm(root, model, data, failures)
+    in_flight_and_sigterm(root, model, data, failures, "held-sharded", **SHARDED)
     failed_write(root, model, data, failures)
+    failed_write(root, model, data, failures, "fails-sharded", **SHARDED)
     return tu.finish(failures)
 
 

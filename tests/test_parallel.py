@@ -63,11 +63,6 @@ def resume_across_modes(root, model, data, failures):
                 f"fsdp checkpoint at step 10 resumed under {mode}", failures)
 
 
-MEM_CONFIG = dict(tu.SMALL_CONFIG, hidden_size=256, num_hidden_layers=4, intermediate_size=704,
-                  num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=16,
-                  use_qk_norm=False, use_gated_attention=False)
-
-
 def state_memory(root, model, data, mode, nprocs):
     """Most resident bytes above the pre-model baseline between steps, per rank."""
     report = os.path.join(root, f"mem-{mode}")
@@ -87,7 +82,7 @@ def state_memory(root, model, data, mode, nprocs):
 
 
 def fsdp_memory(root, failures):
-    model = tu.make_model(os.path.join(root, "mem"), MEM_CONFIG)
+    model = tu.make_model(os.path.join(root, "mem"), tu.MEM_CONFIG)
     data, _ = tu.make_text_data(os.path.join(root, "mem"), 2000)
     none = state_memory(root, model, data, "none", 1)[0]
     fsdp = state_memory(root, model, data, "fsdp", 2)

@@ -51,6 +51,10 @@ SMALL_CONFIG = {
     "rope_theta": 10000.0, "max_position_embeddings": 32, "tie_word_embeddings": False,
     "attn_type": "gqa", "ffn_type": "mlp", "use_qk_norm": True, "use_gated_attention": True,
 }
+# Large enough (~1.5M parameters) for its state to stand out of a process's resident memory.
+MEM_CONFIG = dict(SMALL_CONFIG, hidden_size=256, num_hidden_layers=4, intermediate_size=704,
+                  num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=16,
+                  use_qk_norm=False, use_gated_attention=False)
 
 
 def make_model(root, config=None, seed=3407):

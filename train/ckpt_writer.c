@@ -33,7 +33,16 @@ static int write_files(const CkptContent *c, const char *tmp, Err *err) {
            optim_save_parts(c->opts, c->views, c->n_parts, path, err);
 }
 
+static int write_shard(const CkptContent *c, Err *err) {
+    char path[4096];
+    return path_join(path, sizeof path, c->shard_tmp, c->model_file, err) ||
+           model_save_views(c->views, 1, path, c->dtype, err) ||
+           path_join(path, sizeof path, c->shard_tmp, c->optim_file, err) ||
+           optim_save_parts(c->opts, c->views, 1, path, err);
+}
+
 int ckpt_write(const CkptContent *c, Err *err) {
+    if (c->shard_tmp) return write_shard(c, err);
     char tmp[4096];
     if (ckpt_begin(c->ckpt_dir, c->name, tmp, sizeof tmp, err)) return -1;
     if (write_files(c, tmp, err) || ckpt_commit(c->ckpt_dir, tmp, c->name, err)) {
@@ -107,8 +116,11 @@ static int copy_part(CkptWriter *w, const CkptContent *c, int v, Err *err) {
 static int copy_content(CkptWriter *w, const CkptContent *c, Err *err) {
     snprintf(w->ckpt_dir, sizeof w->ckpt_dir, "%s", c->ckpt_dir);
     snprintf(w->name, sizeof w->name, "%s", c->name);
+    snprintf(w->shard_tmp, sizeof w->shard_tmp, "%s", c->shard_tmp ? c->shard_tmp : "");
+    snprintf(w->model_file, sizeof w->model_file, "%s", c->shard_tmp ? c->model_file : "");
+    snprintf(w->optim_file, sizeof w->optim_file, "%s", c->shard_tmp ? c->optim_file : "");
     w->dtype = c->dtype;
-    for (int k = 0; k < CKPT_N_TEXTS; k++)
+    for (int k = 0; k < CKPT_N_TEXTS && c->texts; k++)
         if (c->texts[k] && !(w->texts[k] = strdup(c->texts[k])))
             return err_resource(err, "checkpoint: out of memory");
     w->views = calloc((size_t)c->n_parts, sizeof *w->views);
@@ -143,11 +155,14 @@ static void *write_in_background(void *arg) {
                      .texts = texts,
                      .n_parts = w->n_parts,
                      .views = w->views,
-                     .opts = w->opt_ptrs};
+                     .opts = w->opt_ptrs,
+                     .shard_tmp = w->shard_tmp[0] ? w->shard_tmp : NULL,
+                     .model_file = w->model_file,
+                     .optim_file = w->optim_file};
     wait_hold(w->hold_path);
     w->rc = ckpt_write(&c, &w->err);
     if (!w->rc) w->rc = path_join(w->dir, sizeof w->dir, w->ckpt_dir, w->name, &w->err);
-    atomic_store(&w->finished, true);
+    atomic_store(&w->finished, true); // after rc: a reader that sees it finished sees rc
     return NULL;
 }
 
@@ -172,8 +187,10 @@ int ckpt_writer_start(CkptWriter *w, const CkptContent *c, long step, long epoch
     return 0;
 }
 
-bool ckpt_writer_done(const CkptWriter *w) {
-    return w->running && atomic_load(&w->finished);
+bool ckpt_writer_done(const CkptWriter *w, bool *failed) {
+    bool done = w->running && atomic_load(&w->finished);
+    *failed = done && w->rc != 0;
+    return done;
 }
 
 int ckpt_writer_collect(CkptWriter *w, Err *err) {

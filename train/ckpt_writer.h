@@ -1,7 +1,9 @@
-// ckpt_writer.h: rank 0's asynchronous checkpoint writes (--async_checkpoint, docs/training.md
-// "Checkpoints"). Training blocks only while the state is copied to host memory; a background
-// thread writes the files and commits the directory (train_ckpt's atomic layout) while training
-// goes on. One write at most is in flight: a writer holds one checkpoint.
+// ckpt_writer.h: a checkpoint's files, written at once or in the background (--async_checkpoint,
+// docs/training.md "Checkpoints"). In the background training blocks only while the state is
+// copied to host memory; a thread writes the files while training goes on: rank 0's whole
+// checkpoint, committed by the thread (train_ckpt's atomic layout), or under --ckpt_format
+// sharded every rank's own files, which rank 0 commits once every rank's are written. One write
+// at most is in flight: a writer holds one checkpoint.
 #pragma once
 #include <pthread.h>
 #include <stdatomic.h>
@@ -17,18 +19,22 @@ enum { CKPT_META, CKPT_CONFIG, CKPT_SCHEDULER, CKPT_SAMPLER, CKPT_METRIC, CKPT_N
 extern const char *const CKPT_TEXT_NAMES[CKPT_N_TEXTS];
 
 // What a checkpoint writes: the texts and the model as parts (the stages of a pipeline, or the
-// model itself), each a view of fp32 master weights with its optimizer state.
+// model itself), each a view of fp32 master weights with its optimizer state. A rank's shard of
+// a sharded checkpoint (shard_tmp set): its one part as the files model_file and optim_file of
+// the temporary directory shard_tmp, and no texts (NULL).
 typedef struct {
     const char *ckpt_dir;
     const char *name; // epoch_E_step_S
-    DType dtype;      // of model.safetensors
+    DType dtype;      // of the model's file
     char *const *texts;
     int n_parts;
     const ParamView *views;
     const Optimizer *const *opts;
+    const char *shard_tmp, *model_file, *optim_file;
 } CkptContent;
 
-// Writes and commits checkpoint c synchronously (the same files whatever the mode).
+// Writes checkpoint c synchronously: a whole one committed, or a shard's files written and
+// fsynced (the same files whatever the mode).
 int ckpt_write(const CkptContent *c, Err *err);
 
 typedef struct {
@@ -42,6 +48,7 @@ typedef struct {
     Err err;
     // the host copy the thread writes from
     char ckpt_dir[4096], name[128];
+    char shard_tmp[4096], model_file[128], optim_file[128]; // a shard's ("": a whole checkpoint)
     DType dtype;
     char *texts[CKPT_N_TEXTS];
     int n_parts;
@@ -53,9 +60,11 @@ typedef struct {
 // Copies c (texts, weights and optimizer state, from the backend to host memory) and starts
 // writing it in the background. The writer must be idle (collected). On failure nothing runs.
 int ckpt_writer_start(CkptWriter *w, const CkptContent *c, long step, long epoch, Err *err);
-// Whether a write was started and is done (collect it); never blocks.
-bool ckpt_writer_done(const CkptWriter *w);
+// Whether a write was started and is done (collect it); never blocks. *failed: whether it
+// failed (collect says why).
+bool ckpt_writer_done(const CkptWriter *w, bool *failed);
 // Waits for the write in flight (none: returns 0 at once) and frees its copy: 0 and its
-// directory in w->dir when committed, -1 with err (naming the step and path) when it failed.
+// directory in w->dir when committed (a shard: written), -1 with err (naming the step and path)
+// when it failed.
 int ckpt_writer_collect(CkptWriter *w, Err *err);
 void ckpt_writer_free(CkptWriter *w);

@@ -317,10 +317,11 @@ static void none_drop_full(Executor *x, Model *m) {
     (void)x, (void)m;
 }
 
-static int none_load_optim(Executor *x, Model *m, Optimizer *opt, const char *path, Err *err) {
+static int none_load_optim(Executor *x, Model *m, Optimizer *opt, const StFile *f, const char *path,
+                           Err *err) {
     (void)x;
     ParamView v = model_view(m);
-    return optim_load(opt, &v, path, model_is_stage(m), err);
+    return optim_load_st(opt, &v, f, path, model_is_stage(m), err);
 }
 
 static int none_adopt_weights(Executor *x, Model *m, Err *err) {
@@ -419,11 +420,12 @@ static void shard_drop_full(Executor *x, Model *m) {
     optim_free(&x->full_opt);
 }
 
-static int shard_load_optim(Executor *x, Model *m, Optimizer *opt, const char *path, Err *err) {
+static int shard_load_optim(Executor *x, Model *m, Optimizer *opt, const StFile *f,
+                            const char *path, Err *err) {
     ParamView v = model_view(m);
     Optimizer full;
     if (optim_create(&full, opt->kind, &v, opt->weight_decay, err)) return -1;
-    int rc = optim_load(&full, &v, path, model_is_stage(m), err);
+    int rc = optim_load_st(&full, &v, f, path, model_is_stage(m), err);
     if (!rc) scatter_optim(x, m, &full, opt);
     optim_free(&full);
     return rc;
@@ -699,8 +701,9 @@ void executor_drop_full(Executor *x, Model *m) {
     x->ops->drop_full(x, m);
 }
 
-int executor_load_optim(Executor *x, Model *m, Optimizer *opt, const char *path, Err *err) {
-    return x->ops->load_optim(x, m, opt, path, err);
+int executor_load_optim(Executor *x, Model *m, Optimizer *opt, const StFile *f, const char *path,
+                        Err *err) {
+    return x->ops->load_optim(x, m, opt, f, path, err);
 }
 
 int executor_keep_reference(Executor *x, Model *m, Err *err) {

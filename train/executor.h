@@ -96,7 +96,7 @@ typedef struct {
     Err async_err;
 } Executor;
 
-#define EXEC_AGREE_MAX 8
+#define EXEC_AGREE_MAX 12
 
 // What a mode provides (executor.c holds one table per ExecMode). Each entry does for that
 // mode what the executor_* function of the same name does (init: the mode's part of
@@ -113,7 +113,8 @@ struct ExecutorOps {
     int (*gather_full)(Executor *x, Model *m, const Optimizer *opt, const Optimizer **full,
                        Err *err);
     void (*drop_full)(Executor *x, Model *m);
-    int (*load_optim)(Executor *x, Model *m, Optimizer *opt, const char *path, Err *err);
+    int (*load_optim)(Executor *x, Model *m, Optimizer *opt, const StFile *f, const char *path,
+                      Err *err);
     int (*keep_reference)(Executor *x, Model *m, Err *err);
     int (*begin_reference)(Executor *x, Model *m, Err *err);
     int (*end_reference)(Executor *x, Model *m, Err *err);
@@ -178,9 +179,10 @@ int executor_mean(Executor *x, double sum, double count, double *mean, Err *err)
 int executor_gather_full(Executor *x, Model *m, const Optimizer *opt, const Optimizer **full,
                          Err *err);
 void executor_drop_full(Executor *x, Model *m);
-// Resuming: loads the whole model's optimizer state saved at path (optim_save of model_view)
-// into opt, which holds this rank's part of it.
-int executor_load_optim(Executor *x, Model *m, Optimizer *opt, const char *path, Err *err);
+// Resuming: loads the whole model's optimizer state (optim_save of model_view), open as f (a
+// file or a sharded set; path names it in errors), into opt, which holds this rank's part of it.
+int executor_load_optim(Executor *x, Model *m, Optimizer *opt, const StFile *f, const char *path,
+                        Err *err);
 
 // DPO/GRPO: keeps m's current compute weights (full, before executor_adopt_weights) as the
 // frozen reference, sharded like the policy under fsdp.

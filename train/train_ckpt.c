@@ -8,9 +8,11 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "ckpt/checkpoint.h"
 #include "ckpt/meta.h"
+#include "ckpt/shards.h"
 #include "common/fsutil.h"
 #include "common/json.h"
 #include "common/path.h"
@@ -49,9 +51,23 @@ int train_ckpt_load_config(ModelConfig *cfg, const char *dir, Err *err) {
            model_config_load(cfg, path, err);
 }
 
+// A checkpoint's model or optimizer state in either layout (ckpt/shards.h), as one StFile; what
+// names it in errors: the file, or the index of a sharded set.
+static int open_tensors(StFile *f, const char *dir, const char *stem, char *what, Err *err) {
+    char name[64];
+    snprintf(name, sizeof name, "%s.safetensors", stem);
+    if (path_join(what, PATH_CAP, dir, name, err)) return -1;
+    if (!fs_is_file(what)) snprintf(what + strlen(what), PATH_CAP - strlen(what), ".index.json");
+    return shards_open(f, dir, stem, err);
+}
+
 int train_ckpt_load_weights(Model *m, const char *dir, Err *err) {
-    char path[PATH_CAP];
-    return path_join(path, sizeof path, dir, "model.safetensors", err) || model_load(m, path, err);
+    char what[PATH_CAP];
+    StFile f;
+    if (open_tensors(&f, dir, "model", what, err)) return -1;
+    int rc = model_load_st(m, &f, what, err);
+    st_close(&f);
+    return rc;
 }
 
 int train_ckpt_load_model(Model *m, const ModelConfig *cfg, int first_block, int end_block,
@@ -136,12 +152,28 @@ static char *metric_jsonl_text(const Trainer *t) {
     return metric_log_to_jsonl(&t->metrics, &len);
 }
 
-// Every rank takes part in gathering the full weights and optimizer state (the executor's
-// concern: under none they are the rank's own; a pipeline's stages then go to rank 0); rank 0
-// writes them, or (--async_checkpoint) copies them to host memory for its writer thread.
-int train_ckpt_save(Trainer *t, char *path_out, size_t cap, bool *background, Err *err) {
-    char name[128];
-    snprintf(name, sizeof name, "epoch_%ld_step_%ld", t->epoch, t->step);
+static void render_texts(const Trainer *t, char *texts[CKPT_N_TEXTS]) {
+    texts[CKPT_META] = meta_text(t);
+    texts[CKPT_CONFIG] = model_config_to_json(&t->model.cfg);
+    texts[CKPT_SCHEDULER] = scheduler_text(t);
+    texts[CKPT_SAMPLER] = sampler_text(t);
+    texts[CKPT_METRIC] = metric_jsonl_text(t);
+}
+
+static void free_texts(char *texts[CKPT_N_TEXTS]) {
+    for (int k = 0; k < CKPT_N_TEXTS; k++)
+        free(texts[k]);
+}
+
+static DType ckpt_dtype(const Trainer *t) {
+    return !strcmp(t->spec->ckpt_dtype, "bf16") ? DT_BF16 : DT_F32;
+}
+
+// --ckpt_format full: every rank takes part in gathering the full weights and optimizer state
+// (the executor's concern: under none they are the rank's own; a pipeline's stages then go to
+// rank 0); rank 0 writes them, or (--async_checkpoint) copies them to host memory for its writer
+// thread.
+static int save_full(Trainer *t, const char *name, bool *background, Err *err) {
     const Optimizer *full = NULL;
     ParamView whole;
     PipelineParts parts = {0};
@@ -154,25 +186,139 @@ int train_ckpt_save(Trainer *t, char *path_out, size_t cap, bool *background, Er
         parts = (PipelineParts){.n = 1, .views = &whole, .opts = &full};
     }
     if (!rc && t->rank == 0) {
-        char *texts[CKPT_N_TEXTS] = {[CKPT_META] = meta_text(t),
-                                     [CKPT_CONFIG] = model_config_to_json(&t->model.cfg),
-                                     [CKPT_SCHEDULER] = scheduler_text(t),
-                                     [CKPT_SAMPLER] = sampler_text(t),
-                                     [CKPT_METRIC] = metric_jsonl_text(t)};
+        char *texts[CKPT_N_TEXTS];
+        render_texts(t, texts);
         CkptContent c = {.ckpt_dir = t->spec->ckpt_dir,
                          .name = name,
-                         .dtype = !strcmp(t->spec->ckpt_dtype, "bf16") ? DT_BF16 : DT_F32,
+                         .dtype = ckpt_dtype(t),
                          .texts = texts,
                          .n_parts = parts.n,
                          .views = parts.views,
                          .opts = parts.opts};
         rc = *background ? ckpt_writer_start(&t->writer, &c, t->step, t->epoch, err)
                          : ckpt_write(&c, err);
-        for (int k = 0; k < CKPT_N_TEXTS; k++)
-            free(texts[k]);
+        free_texts(texts);
     }
     if (t->pipelined) pipeline_parts_free(&parts);
     executor_drop_full(&t->exec, &t->model);
+    return rc;
+}
+
+// Rank 0 makes the temporary directory of a sharded checkpoint; every rank learns whether it
+// could and its path (named by rank 0's pid, which travels as two floats exact below 2^24).
+static int sharded_begin(Trainer *t, const char *name, char *tmp, Err *err) {
+    const char *dir = t->spec->ckpt_dir;
+    float v[3] = {0, 0, 0};
+    int rc = 0;
+    if (t->rank == 0) {
+        long pid = (long)getpid();
+        rc = ckpt_begin(dir, name, tmp, PATH_CAP, err);
+        v[0] = rc != 0;
+        v[1] = (float)(pid & 0xFFF);
+        v[2] = (float)(pid >> 12);
+    }
+    if (executor_sum(&t->exec, v, 3, rc ? NULL : err)) return -1;
+    if (rc) return -1;
+    if (v[0] > 0)
+        return err_set(err, "rank 0 could not create the directory of checkpoint %s", name);
+    return t->rank == 0
+               ? 0
+               : ckpt_tmp_path(dir, name, (long)v[1] + ((long)v[2] << 12), tmp, PATH_CAP, err);
+}
+
+// Rank 0, once every rank's files are durable: the texts, both indexes, the commit.
+static int sharded_commit(Trainer *t, const CkptPending *p, Err *err) {
+    char path[PATH_CAP];
+    int rc = 0;
+    for (int k = 0; k < CKPT_N_TEXTS && !rc; k++)
+        rc = !p->texts[k] ? err_resource(err, "%s/%s: out of memory", p->tmp, CKPT_TEXT_NAMES[k])
+                          : path_join(path, sizeof path, p->tmp, CKPT_TEXT_NAMES[k], err) ||
+                                fs_write_file_synced(path, p->texts[k], strlen(p->texts[k]), err);
+    return rc || shards_write_index(p->tmp, "model", t->world, err) ||
+           shards_write_index(p->tmp, "optimizer", t->world, err) ||
+           ckpt_commit(t->spec->ckpt_dir, p->tmp, p->name, err);
+}
+
+void train_ckpt_pending_free(CkptPending *p) {
+    free_texts(p->texts);
+    *p = (CkptPending){0};
+}
+
+// Every rank, once every rank's files are written (a failure on any rank: none is committed):
+// rank 0 commits the checkpoint, and every rank learns whether it did.
+static int sharded_finish(Trainer *t, int rc, Err *err) {
+    CkptPending *p = &t->pending;
+    float failed = rc != 0;
+    if (executor_sum(&t->exec, &failed, 1, rc ? NULL : err))
+        rc = -1;
+    else if (failed > 0 && !rc)
+        rc = err_set(err, "another rank failed to write its files");
+    if (!rc && t->rank == 0) rc = sharded_commit(t, p, err);
+    if (rc && t->rank == 0) {
+        Err ignored;
+        ckpt_abort(p->tmp, &ignored);
+    }
+    if (rc) err_prefix(err, "checkpoint %s/%s", t->spec->ckpt_dir, p->name);
+    train_ckpt_pending_free(p);
+    return rc;
+}
+
+// --ckpt_format sharded (docs/design.md §14): no gather; every rank writes the tensors its
+// optimizer steps (the executor's view: its fsdp/ddp shard, its pipeline stage) and their state
+// into rank 0's temporary directory, at once or (--async_checkpoint) from a host copy in the
+// background; rank 0 commits it only after every rank reported its files written and fsynced.
+// A pipeline's two copies of a tied embedding are both written; the index maps the name to
+// stage 0's file.
+static int save_sharded(Trainer *t, const char *name, bool *background, Err *err) {
+    CkptPending *p = &t->pending;
+    *p = (CkptPending){.step = t->step, .epoch = t->epoch};
+    snprintf(p->name, sizeof p->name, "%s", name);
+    if (sharded_begin(t, name, p->tmp, err)) return -1;
+    if (t->rank == 0) render_texts(t, p->texts);
+    char model_file[128], optim_file[128];
+    shards_file_name(model_file, sizeof model_file, "model", t->rank + 1, t->world);
+    shards_file_name(optim_file, sizeof optim_file, "optimizer", t->rank + 1, t->world);
+    ParamView view = executor_view(&t->exec, &t->model);
+    const Optimizer *opt = &t->opt;
+    CkptContent c = {.ckpt_dir = t->spec->ckpt_dir,
+                     .name = name,
+                     .dtype = ckpt_dtype(t),
+                     .n_parts = 1,
+                     .views = &view,
+                     .opts = &opt,
+                     .shard_tmp = p->tmp,
+                     .model_file = model_file,
+                     .optim_file = optim_file};
+    p->active = true;
+    *background = t->spec->async_checkpoint;
+    if (!*background) return sharded_finish(t, ckpt_write(&c, err), err);
+    // A start that failed on one rank reaches the others in train_ckpt_save's agreement.
+    if (ckpt_writer_start(&t->writer, &c, t->step, t->epoch, err)) {
+        train_ckpt_pending_free(p);
+        return -1;
+    }
+    return 0;
+}
+
+int train_ckpt_finish(Trainer *t, char *path_out, size_t cap, long *step, long *epoch, Err *err) {
+    if (!t->pending.active) return 0;
+    *step = t->pending.step;
+    *epoch = t->pending.epoch;
+    int rc = path_join(path_out, cap, t->spec->ckpt_dir, t->pending.name, err);
+    Err written;
+    if (ckpt_writer_collect(&t->writer, &written) && !rc) {
+        *err = written;
+        rc = -1;
+    }
+    return sharded_finish(t, rc, err) ? -1 : 1;
+}
+
+int train_ckpt_save(Trainer *t, char *path_out, size_t cap, bool *background, Err *err) {
+    char name[128];
+    snprintf(name, sizeof name, "epoch_%ld_step_%ld", t->epoch, t->step);
+    *background = false;
+    int rc = !strcmp(t->spec->ckpt_format, "sharded") ? save_sharded(t, name, background, err)
+                                                      : save_full(t, name, background, err);
     // Every rank learns whether rank 0 wrote it (or took its copy), so none trains on alone.
     float failed = rc != 0;
     if (executor_sum(&t->exec, &failed, 1, rc ? NULL : err)) return -1;
@@ -290,9 +436,7 @@ static int load_sampler_position(Trainer *t, const char *dir, Err *err) {
 }
 
 static int load_optimizer(Trainer *t, const char *dir, Err *err) {
-    char path[PATH_CAP];
-    if (path_join(path, sizeof path, dir, "optimizer.safetensors", err)) return -1;
-    if (!fs_is_file(path)) {
+    if (!shards_present(dir, "optimizer")) {
         char pt[PATH_CAP];
         if (path_join(pt, sizeof pt, dir, "optimizer.pt", err)) return -1;
         // One warning for the job (rank 0).
@@ -308,7 +452,12 @@ static int load_optimizer(Trainer *t, const char *dir, Err *err) {
                     dir);
         return 0;
     }
-    return executor_load_optim(&t->exec, &t->model, &t->opt, path, err);
+    char what[PATH_CAP];
+    StFile f;
+    if (open_tensors(&f, dir, "optimizer", what, err)) return -1;
+    int rc = executor_load_optim(&t->exec, &t->model, &t->opt, &f, what, err);
+    st_close(&f);
+    return rc;
 }
 
 // AstrAI's optimizer_step: consumed_samples // (batch_per_device * nprocs *

@@ -16,8 +16,20 @@
 #include "common/error.h"
 #include "engine/model.h"
 #include "proto/train_spec.h"
+#include "train/ckpt_writer.h"
 
 struct Trainer;
+
+// A sharded checkpoint taken and not yet committed: its ranks' files are being written (in the
+// background with --async_checkpoint); rank 0 commits it once every rank's are.
+typedef struct {
+    bool active;
+    char name[128]; // epoch_E_step_S
+    char tmp[4096]; // rank 0's temporary directory, which every rank writes into
+    long step, epoch;
+    char *texts[CKPT_N_TEXTS]; // rank 0: rendered when it was taken
+} CkptPending;
+void train_ckpt_pending_free(CkptPending *p);
 
 // The checkpoint to resume from: param_path if it holds meta.json, else the
 // latest checkpoint in ckpt_dir.
@@ -43,10 +55,16 @@ int train_ckpt_load_model(Model *m, const ModelConfig *cfg, int first_block, int
                           const Backend *be, const char *dir, Err *err);
 
 // Writes checkpoint epoch_E_step_S of the trainer's current position into spec->ckpt_dir
-// (atomically), every rank taking part; its path goes to path_out. *background: rank 0 only
-// started it on its writer (--async_checkpoint; t->writer must be idle), which commits it later;
-// else it is committed.
+// (atomically), every rank taking part; its path goes to path_out. *background: it was only
+// started (--async_checkpoint; t->writer must be idle and nothing pending): the full format's on
+// rank 0's writer, which commits it; the sharded one on every rank's (t->pending), which
+// train_ckpt_finish commits. Else it is committed.
 int train_ckpt_save(struct Trainer *t, char *path_out, size_t cap, bool *background, Err *err);
+// The pending sharded checkpoint (none: returns 0), every rank taking part once every rank's
+// files are written or it must wait for them: waits for this rank's writer, and rank 0 commits it
+// when every rank's succeeded. 1 when committed: its path, step and epoch in the out parameters.
+int train_ckpt_finish(struct Trainer *t, char *path_out, size_t cap, long *step, long *epoch,
+                      Err *err);
 
 // Retention (--checkpoint_keep_last N, --checkpoint_keep_best K), rank 0 after a checkpoint
 // committed: of the checkpoints astrai wrote into ckpt_dir, those beyond the newest N and the K of

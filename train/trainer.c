@@ -111,15 +111,29 @@ static ExecMode exec_mode(const char *name) {
 // Private anonymous resident bytes of this process (RssAnon of /proc/self/status): the
 // heap and mmap'd buffers, without the code, mapped files and the shared collectives
 // segment. 0 if unknown.
-static long resident_bytes(void) {
+static long status_bytes(const char *field) {
     FILE *f = fopen("/proc/self/status", "r");
     if (!f) return 0;
-    char line[256];
+    char line[256], format[64];
+    snprintf(format, sizeof format, "%s: %%ld kB", field);
     long kib = 0;
     while (fgets(line, sizeof line, f))
-        if (sscanf(line, "RssAnon: %ld kB", &kib) == 1) break;
+        if (sscanf(line, format, &kib) == 1) break;
     fclose(f);
     return kib * 1024;
+}
+
+static long resident_bytes(void) {
+    return status_bytes("RssAnon");
+}
+
+// The kernel's peak resident set (VmHWM) restarts from the current one (proc(5): clear_refs 5),
+// so that it measures what one phase adds. False when the kernel refuses.
+static bool restart_peak_resident(void) {
+    FILE *f = fopen("/proc/self/clear_refs", "w");
+    bool ok = f && fputs("5", f) >= 0;
+    if (f && fclose(f)) ok = false;
+    return ok;
 }
 
 // The training windows (the dataset less the validation split) set the schedule. A run
@@ -199,6 +213,7 @@ int trainer_init(Trainer *t, const TrainSpec *spec, const TrainerOptions *opt, E
     t->memory_report = opt->memory_report;
     t->writer.hold_path = opt->ckpt_hold;
     if (t->memory_report) t->rss_baseline = resident_bytes();
+    t->rss_ckpt_max = -1;
     // DPO/GRPO: the reference's weights first, kept frozen; then the policy's when they differ.
     const char *first_dir = t->pref ? t->reference_dir : model_dir;
     int first = t->pipelined ? t->pipe.first_block : 0,
@@ -278,27 +293,44 @@ static int checkpoint_committed(Trainer *t, const char *path, long step, long ep
            train_ckpt_prune(t, err);
 }
 
-// Rank 0: waits for the background write in flight (none: nothing to do) and records it.
+// Every rank: waits for the background write in flight (none: nothing to do) and rank 0 records
+// it; a sharded checkpoint's ranks first wait for each other (train_ckpt_finish).
 static int collect_checkpoint(Trainer *t, Err *err) {
+    char path[4096];
+    long step, epoch;
+    int rc = train_ckpt_finish(t, path, sizeof path, &step, &epoch, err);
+    if (rc < 0) return -1;
+    if (rc > 0) return t->rank == 0 ? checkpoint_committed(t, path, step, epoch, err) : 0;
     if (!t->writer.running) return 0;
-    long step = t->writer.step, epoch = t->writer.epoch;
+    step = t->writer.step, epoch = t->writer.epoch;
     if (ckpt_writer_collect(&t->writer, err)) return -1;
     return checkpoint_committed(t, t->writer.dir, step, epoch, err);
 }
 
-// At a step boundary, without blocking: a background write that has finished is recorded, or
-// (failed) kept in t->ckpt_failure for the agreement, which stops every rank.
-static void poll_checkpoint(Trainer *t) {
-    if (ckpt_writer_done(&t->writer) && !t->ckpt_failed && collect_checkpoint(t, &t->ckpt_failure))
+// At a step boundary, without blocking, for the agreement: whether this rank's background write
+// has finished (*written) or failed (kept in t->ckpt_failure; the agreement stops every rank). A
+// full checkpoint that rank 0 wrote is recorded at once; a sharded one is committed once every
+// rank's files are written.
+static void poll_checkpoint(Trainer *t, bool *written) {
+    bool failed;
+    *written = ckpt_writer_done(&t->writer, &failed) && !failed;
+    if (failed && !t->ckpt_failed) {
         t->ckpt_failed = true;
+        ckpt_writer_collect(&t->writer, &t->ckpt_failure);
+    } else if (*written && !t->pending.active && collect_checkpoint(t, &t->ckpt_failure)) {
+        t->ckpt_failed = true;
+    }
 }
 
 static int save_checkpoint(Trainer *t, Err *err) {
     bool background;
     char path[4096];
     // One write in flight at most: the next checkpoint waits for the one before.
-    if (t->rank == 0 && collect_checkpoint(t, err)) return -1;
+    if (collect_checkpoint(t, err)) return -1;
+    long before = t->memory_report && restart_peak_resident() ? status_bytes("VmRSS") : -1;
     if (train_ckpt_save(t, path, sizeof path, &background, err)) return -1;
+    if (before >= 0 && status_bytes("VmHWM") - before > t->rss_ckpt_max)
+        t->rss_ckpt_max = status_bytes("VmHWM") - before;
     t->last_ckpt_step = t->step;
     if (t->rank != 0 || background) return 0;
     return checkpoint_committed(t, path, t->step, t->epoch, err);
@@ -324,7 +356,8 @@ enum {
     AGREE_PREF_A,
     AGREE_PREF_B,
     AGREE_REWARD,
-    AGREE_CKPT_FAILED, // rank 0's background checkpoint write failed: every rank stops
+    AGREE_CKPT_FAILED,  // a rank's background checkpoint write failed: every rank stops
+    AGREE_CKPT_WRITTEN, // ranks whose files of the pending sharded checkpoint are written
     AGREE_N
 };
 
@@ -358,7 +391,8 @@ static int agree_step(Trainer *t, StepTotals *out, StepClock *c, Err *err) {
     double stats[MODEL_N_STATS];
     model_read_stats(&t->model, stats);
     poll_control(t);
-    if (t->rank == 0) poll_checkpoint(t);
+    bool written;
+    poll_checkpoint(t, &written);
     float agreed[AGREE_N] = {(float)stats[MODEL_STAT_LOSS],
                              (float)(trainer_stop_requested != 0),
                              (float)(trainer_checkpoint_requested != 0),
@@ -366,17 +400,23 @@ static int agree_step(Trainer *t, StepTotals *out, StepClock *c, Err *err) {
                              (float)stats[MODEL_STAT_PREF_A],
                              (float)stats[MODEL_STAT_PREF_B],
                              (float)c->reward_sum,
-                             (float)t->ckpt_failed};
+                             (float)t->ckpt_failed,
+                             (float)written};
     trainer_checkpoint_requested = 0;
     c->reward_sum = 0;
     if (executor_agree_step(&t->exec, &t->model, agreed, AGREE_N, AGREE_NORM, &out->norm, err))
         return -1;
     float micro_steps = (float)(t->spec->grad_accum_steps * t->replicas);
     if (agreed[AGREE_CKPT_FAILED] > 0) {
-        if (t->rank == 0) *err = t->ckpt_failure;
-        return t->rank == 0 ? -1
-                            : err_set(err, "rank 0 failed to write a checkpoint in the background");
+        if (t->ckpt_failed) *err = t->ckpt_failure;
+        return t->ckpt_failed
+                   ? -1
+                   : err_set(err, "another rank failed to write a checkpoint in the background");
     }
+    // Every rank's files are written: rank 0 commits, here on every rank at the same step.
+    if (t->pending.active && agreed[AGREE_CKPT_WRITTEN] == (float)t->world &&
+        collect_checkpoint(t, err))
+        return -1;
     out->stop = agreed[AGREE_STOP] > 0;
     out->ckpt = agreed[AGREE_CKPT] > 0;
     out->loss = agreed[AGREE_LOSS] / micro_steps;
@@ -786,7 +826,9 @@ static int after_step(Trainer *t, int stop, int ckpt, Err *err) {
 // resident bytes it held above its pre-model baseline between optimizer steps (parameters,
 // gradients, optimizer state, activations), as measured by the kernel; the bytes of its
 // activation sets (a pipeline stage holds one per micro-batch in flight); and, in a pipeline,
-// its stage and the seconds its training steps spent computing and in transfers.
+// its stage and the seconds its training steps spent computing and in transfers; the most
+// resident bytes a checkpoint added while it was taken (VmHWM over it above VmRSS before it; -1:
+// the kernel would not restart the peak).
 static int write_memory_report(const Trainer *t, Err *err) {
     const char *dir = t->memory_report;
     if (!dir) return 0;
@@ -794,9 +836,11 @@ static int write_memory_report(const Trainer *t, Err *err) {
     snprintf(name, sizeof name, "rank%d.json", t->rank);
     int n = snprintf(text, sizeof text,
                      "{\"rank\": %d, \"state_bytes\": %ld, \"activation_bytes\": %zu, "
-                     "\"stage\": %d, \"compute_s\": %.6f, \"transfer_s\": %.6f}\n",
+                     "\"stage\": %d, \"compute_s\": %.6f, \"transfer_s\": %.6f, "
+                     "\"ckpt_bytes\": %ld}\n",
                      t->rank, t->rss_state_max, model_activation_bytes(&t->model),
-                     t->pipelined ? t->pipe.stage : 0, t->pipe.compute_s, t->pipe.transfer_s);
+                     t->pipelined ? t->pipe.stage : 0, t->pipe.compute_s, t->pipe.transfer_s,
+                     t->rss_ckpt_max);
     return path_join(path, sizeof path, dir, name, err) ||
            fs_write_file_atomic(path, text, (size_t)n, err);
 }
@@ -830,14 +874,13 @@ static int run_epochs(Trainer *t, Err *err) {
 int trainer_run(Trainer *t, Err *err) {
     int rc = run_epochs(t, err);
     // The end waits for the background write in flight: it is committed before the exit.
-    if (rc >= 0 && t->rank == 0 && collect_checkpoint(t, err)) rc = -1;
+    if (rc >= 0 && collect_checkpoint(t, err)) rc = -1;
     if (rc < 0) return -1;
     if (rc == RUN_DONE) {
         // The last epoch is complete.
         t->epoch = t->spec->n_epoch - 1;
         t->epoch_pos = t->sampler.per_replica;
-        if (t->step != t->last_ckpt_step &&
-            (save_checkpoint(t, err) || (t->rank == 0 && collect_checkpoint(t, err))))
+        if (t->step != t->last_ckpt_step && (save_checkpoint(t, err) || collect_checkpoint(t, err)))
             return -1;
         if (t->rank == 0) fprintf(stderr, "done: %ld optimizer steps\n", t->step);
     }
@@ -847,6 +890,7 @@ int trainer_run(Trainer *t, Err *err) {
 
 void trainer_free(Trainer *t) {
     ckpt_writer_free(&t->writer);
+    train_ckpt_pending_free(&t->pending);
     progress_close(&t->progress);
     metric_log_free(&t->metrics);
     free(t->inputs);

@@ -20,6 +20,7 @@
 #include "train/pipeline.h"
 #include "train/pref_batch.h"
 #include "train/progress.h"
+#include "train/train_ckpt.h"
 
 // Requests from signal handlers, polled at optimizer-step boundaries.
 extern volatile sig_atomic_t trainer_stop_requested;       // SIGTERM/SIGINT: checkpoint, exit
@@ -77,8 +78,9 @@ typedef struct Trainer {
     PrefLoss pref_loss;
     char reference_dir[4096]; // dpo, grpo: the frozen reference's model directory
     char resumed_from[4096];  // the checkpoint this run resumed from ("": a fresh run)
-    CkptWriter writer;        // rank 0, --async_checkpoint: the write in flight
-    bool ckpt_failed;         // rank 0: that write failed (ckpt_failure says why)
+    CkptWriter writer;        // --async_checkpoint: the write in flight (full format: rank 0's)
+    CkptPending pending;      // --ckpt_format sharded: the checkpoint rank 0 has yet to commit
+    bool ckpt_failed;         // this rank's background write failed (ckpt_failure says why)
     Err ckpt_failure;
     long total_steps;
     // position in the run (what a checkpoint records)
@@ -96,6 +98,7 @@ typedef struct Trainer {
     const char *memory_report; // TrainerOptions', NULL: resident memory not tracked
     long rss_baseline;         // resident bytes before the model existed
     long rss_state_max;        // most resident bytes above the baseline between steps
+    long rss_ckpt_max;         // most resident bytes a checkpoint added while it was taken
 } Trainer;
 
 // Sets everything up from the spec: model (from param_path, or the checkpoint
