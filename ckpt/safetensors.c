@@ -297,9 +297,12 @@ void st_close(StFile *f) {
         free(f->tensors[i].name);
     free(f->tensors);
     if (f->map) munmap(f->map, f->map_len);
-    for (int i = 0; i < f->n_files; i++)
+    for (int i = 0; i < f->n_files; i++) {
         st_close(&f->files[i]);
+        free(f->file_names[i]);
+    }
     free(f->files);
+    free(f->file_names);
     memset(f, 0, sizeof *f);
 }
 

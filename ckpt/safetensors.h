@@ -21,6 +21,7 @@ typedef struct {
     int64_t shape[ST_MAX_DIMS];
     uint64_t begin, end;  // byte offsets into the data area of its file
     const uint8_t *bytes; // its data (begin..end of its file's data area)
+    const char *file;     // a sharded set's: the name of the file holding it; else NULL
 } StTensor;
 
 typedef struct StFile {
@@ -30,8 +31,10 @@ typedef struct StFile {
     size_t data_len;
     void *map; // mmap of the whole file (or NULL for st_parse on a caller buffer)
     size_t map_len;
-    // A sharded set (ckpt/shards.h): the files whose tensors `tensors` lists, owned; else NULL.
+    // A sharded set (ckpt/shards.h): the files whose tensors `tensors` lists and their names (in
+    // the order the index first names them), owned; else NULL.
     struct StFile *files;
+    char **file_names;
     int n_files;
 } StFile;
 

@@ -90,6 +90,7 @@ static int merge(StFile *f, const cJSON *map, const char **names, const char *in
                            index, e->string, names[k]);
         StTensor *dst = &f->tensors[f->n_tensors];
         *dst = *t;
+        dst->file = f->file_names[k];
         if (!(dst->name = strdup(t->name))) return err_resource(err, "%s: out of memory", index);
         f->n_tensors++;
     }
@@ -104,12 +105,16 @@ static int merge(StFile *f, const cJSON *map, const char **names, const char *in
 static int open_files(StFile *f, const char *dir, const char *index, const char **names, int n,
                       Err *err) {
     f->files = calloc((size_t)n + 1, sizeof *f->files);
-    if (!f->files) return err_resource(err, "%s: out of memory for %d files", dir, n);
+    f->file_names = calloc((size_t)n + 1, sizeof *f->file_names);
+    if (!f->files || !f->file_names)
+        return err_resource(err, "%s: out of memory for %d files", dir, n);
     char path[PATH_CAP];
     for (int k = 0; k < n; k++) {
+        if (!(f->file_names[k] = strdup(names[k])))
+            return err_resource(err, "%s: out of memory", index);
+        f->n_files = k + 1; // st_close frees the name from here on
         if (path_join(path, sizeof path, dir, names[k], err) || st_open(&f->files[k], path, err))
             return err_prefix(err, "%s", index);
-        f->n_files = k + 1;
     }
     return 0;
 }

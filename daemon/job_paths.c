@@ -2,8 +2,8 @@
 // that cannot run is refused at once instead of failing after hours in the queue, and
 // so that two jobs never write one checkpoint directory (docs/astraid.md "Paths").
 //
-//   param_path      a directory with config.json, and model.safetensors unless it is a
-//                   checkpoint (meta.json): what a run loads
+//   param_path      a directory with config.json, and model.safetensors (or the index of a
+//                   sharded set) unless it is a checkpoint (meta.json): what a run loads
 //   data_root_path  a dataset directory; for dpo/grpo also a record file (.jsonl)
 //   ckpt_dir        can be created and written; not a system directory, not inside
 //                   astraid's state directory (but for the job's own run directory), and
@@ -130,9 +130,11 @@ static int check_param_path(const char *dir, Err *err) {
                        "param_path: %s has no readable config.json (a model directory holds "
                        "config.json and model.safetensors)",
                        dir);
-    if (!has_file(dir, "model.safetensors") && !has_file(dir, "meta.json"))
+    if (!has_file(dir, "model.safetensors") && !has_file(dir, "model.safetensors.index.json") &&
+        !has_file(dir, "meta.json"))
         return err_set(err,
-                       "param_path: %s has no readable model.safetensors (nor meta.json of a "
+                       "param_path: %s has no readable model.safetensors (nor the "
+                       "model.safetensors.index.json of sharded weights, nor meta.json of a "
                        "checkpoint)",
                        dir);
     return 0;

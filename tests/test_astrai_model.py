@@ -1,4 +1,4 @@
-"""astrai-model init / info, checked from Python.
+"""astrai-model init / info / consolidate, checked from Python.
 
 - init writes config.json and model.safetensors that Python reads: AstrAI key
   names and shapes (tests/ref/model.py), BF16 by default, AstrAI's init
@@ -7,11 +7,16 @@
 - info prints the tensors (text and --json) and refuses a directory whose
   weights do not match its config.
 - bad input exits 2 with a message naming the file / key / flag.
+- consolidate turns astrai-train's sharded checkpoint (fsdp, 2 ranks) into the full one the same
+  run writes with --ckpt_format full, byte for byte (model and optimizer, fp32 and bf16); info
+  describes the sharded checkpoint (its files, each tensor once); a broken or hostile index, a
+  truncated shard, mixed dtypes, an occupied --out are refused naming the culprit (exit 2).
 """
 
 import json
 import math
 import os
+import shutil
 import struct
 import subprocess
 import sys
@@ -20,6 +25,7 @@ import tempfile
 import numpy as np
 import torch
 
+import train_util as tu
 from ref import st_io
 from ref.model import param_shapes
 
@@ -197,7 +203,241 @@ def check_errors(tmp, good):
     print("bad input exits 2 naming the culprit")
 
 
+# ---------------------------------------------------------------- sharded checkpoints
+
+WINDOW = 16
+SHARDED_STEP = "epoch_0_step_2"
+
+
+def train_checkpoints(root, model, data, fmt, dtype):
+    """A 2-step fsdp run over 2 ranks, a checkpoint after each step; returns the last one."""
+    ckpt_dir = os.path.join(root, f"ckpt-{fmt}-{dtype}")
+    tu.train({"train_type": "seq", "param_path": model, "data_root_path": data,
+              "ckpt_dir": ckpt_dir, "parallel_mode": "fsdp", "nprocs": 2, "ckpt_format": fmt,
+              "ckpt_dtype": dtype, "max_steps": 2, "ckpt_interval": 1, "threads": 1,
+              "batch_per_device": 2, "window_size": WINDOW, "random_seed": 7})
+    return os.path.join(ckpt_dir, SHARDED_STEP)
+
+
+def read_bytes(path):
+    with open(path, "rb") as f:
+        return f.read()
+
+
+def check_consolidate(root, full, sharded, dtype, failures):
+    """The consolidated sharded checkpoint is the full one: the same tensor files, byte for byte,
+    and the text files of the checkpoint."""
+    out = os.path.join(root, f"consolidated-{dtype}")
+    run("consolidate", sharded, "--out", out)
+    for name in ("model.safetensors", "optimizer.safetensors"):
+        got, want = read_bytes(os.path.join(out, name)), read_bytes(os.path.join(full, name))
+        if got != want:
+            failures.append(f"{dtype}: consolidated {name} ({len(got)} bytes) differs from the "
+                            f"full format's ({len(want)} bytes)")
+    for name in ("meta.json", "config.json", "scheduler.json", "sampler.json", "metric.jsonl"):
+        if read_bytes(os.path.join(out, name)) != read_bytes(os.path.join(sharded, name)):
+            failures.append(f"{dtype}: {name} is not a copy of the checkpoint's")
+    if [n for n in os.listdir(out) if ".tmp." in n]:
+        failures.append(f"{dtype}: temporary files left in {out}: {os.listdir(out)}")
+    model_dtype = header_of(os.path.join(out, "model.safetensors"))["embed_tokens.weight"]["dtype"]
+    print(f"consolidate ({dtype}, model {model_dtype}): model and optimizer identical to the "
+          "full format's")
+    return out
+
+
+def check_sharded_info(full, sharded, failures):
+    """info of a sharded checkpoint: its format, files and every tensor once, the full format's
+    parameter count."""
+    with open(os.path.join(sharded, "model.safetensors.index.json")) as f:
+        index = json.load(f)
+    wmap, total = index["weight_map"], index["metadata"]["total_size"]
+    files = sorted(set(wmap.values()))
+    info = json.loads(run("info", sharded, "--json").stdout)
+    full_info = json.loads(run("info", full, "--json").stdout)
+    if info["format"] != "sharded" or full_info["format"] != "full":
+        failures.append(f"info format: {info['format']} / {full_info['format']}")
+    if info["num_parameters"] != full_info["num_parameters"]:
+        failures.append(f"info num_parameters {info['num_parameters']} != the full format's "
+                        f"{full_info['num_parameters']}")
+    if info.get("meta", {}).get("step") != 2:
+        failures.append(f"info meta: {info.get('meta')}")
+    listed = [t["name"] for t in info["tensors"]]
+    if sorted(listed) != sorted(wmap) or len(set(listed)) != len(listed):
+        failures.append(f"info --json tensors {listed} are not the weight_map's, each once")
+    for t in info["tensors"]:
+        if t["file"] != wmap.get(t["name"]):
+            failures.append(f"info --json: {t['name']} in {t['file']}, index says "
+                            f"{wmap.get(t['name'])}")
+    want_files = [{"name": f, "tensors": sum(1 for v in wmap.values() if v == f),
+                   "bytes": sum(t["bytes"] for t in info["tensors"] if t["file"] == f)}
+                  for f in files]
+    if info.get("files") != want_files or info.get("total_size") != total:
+        failures.append(f"info --json files {info.get('files')}, total_size "
+                        f"{info.get('total_size')}: want {want_files}, {total}")
+    text = run("info", sharded).stdout
+    line = (f"format: sharded, {len(files)} files ({files[0]} ... {files[-1]}), "
+            f"total_size {total} bytes")
+    if line not in text:
+        failures.append(f"info text lacks {line!r}:\n{text}")
+    rows = [ln.split() for ln in text.splitlines() if ln.split() and ln.split()[0] in wmap]
+    if sorted(r[0] for r in rows) != sorted(wmap) or any(r[-1] != wmap[r[0]] for r in rows):
+        failures.append(f"info text rows are not the weight_map's tensors, each once with its "
+                        f"file:\n{text}")
+    if "format: full" not in run("info", full).stdout:
+        failures.append("info of a full checkpoint does not say 'format: full'")
+    print(f"info of a sharded checkpoint: {len(files)} files, {len(listed)} tensors, "
+          f"{info['num_parameters']} parameters")
+
+
+def broken_copy(root, sharded, name, edit):
+    """A copy of the sharded checkpoint with edit(directory) applied to it."""
+    bad = os.path.join(root, "bad", name)
+    shutil.copytree(sharded, bad)
+    edit(bad)
+    return bad
+
+
+def edit_index(stem, change):
+    """An edit of STEM.safetensors.index.json: change(index) edits it, returns the culprit."""
+    culprit = []
+
+    def edit(bad):
+        path = os.path.join(bad, f"{stem}.safetensors.index.json")
+        with open(path) as f:
+            index = json.load(f)
+        culprit.append(change(index["weight_map"]))
+        with open(path, "w") as f:
+            json.dump(index, f)
+    return edit, culprit
+
+
+def first_in(wmap, file_prefix):
+    return next(n for n, f in sorted(wmap.items()) if f.startswith(file_prefix))
+
+
+def escape(wmap):
+    wmap[sorted(wmap)[0]] = "../x.safetensors"
+    return "../x.safetensors"
+
+
+def missing_file(wmap):
+    wmap[sorted(wmap)[0]] = "model-00009-of-00009.safetensors"
+    return "model-00009-of-00009.safetensors"
+
+
+def wrong_file(wmap):  # a tensor of file 1 mapped to file 2, which does not hold it
+    name = first_in(wmap, "model-00001")
+    wmap[name] = "model-00002-of-00002.safetensors"
+    return name
+
+
+def opt_wrong_file(wmap):
+    name = first_in(wmap, "optimizer-00001")
+    if name == "step":  # every file has its own step: pick a tensor only file 1 holds
+        name = first_in({k: v for k, v in wmap.items() if k != "step"}, "optimizer-00001")
+    wmap[name] = "optimizer-00002-of-00002.safetensors"
+    return name
+
+
+def truncate(name):
+    def edit(bad):
+        path = os.path.join(bad, name)
+        blob = read_bytes(path)
+        with open(path, "wb") as f:
+            f.write(blob[:len(blob) - 100])
+    return edit
+
+
+def write_text(name, text):
+    def edit(bad):
+        with open(os.path.join(bad, name), "w") as f:
+            f.write(text)
+    return edit
+
+
+def refused(args, needles, what, failures):
+    p = subprocess.run([BIN, *args], capture_output=True, text=True, timeout=60)
+    missing = [n for n in needles if n not in p.stderr]
+    if p.returncode != 2 or missing:
+        failures.append(f"{what}: {' '.join(args)}: exit {p.returncode} (want 2), stderr lacks "
+                        f"{missing}:\n{p.stderr}")
+    return p.stderr
+
+
+def check_sharded_errors(root, sharded, sharded_bf16, full, failures):
+    """Broken sharded checkpoints: info and consolidate refuse them naming the index / file /
+    tensor at fault, exit 2, and consolidate writes nothing."""
+    index = "model.safetensors.index.json"
+    cases = []
+    for what, change in (("escape", escape), ("missing file", missing_file),
+                         ("wrong file", wrong_file)):
+        edit, culprit = edit_index("model", change)
+        bad = broken_copy(root, sharded, what.replace(" ", "-"), edit)
+        cases.append((what, bad, [index, culprit[0]], True))
+    edit, culprit = edit_index("optimizer", opt_wrong_file)
+    bad = broken_copy(root, sharded, "optimizer-wrong-file", edit)
+    cases.append(("optimizer wrong file", bad, ["optimizer.safetensors.index.json", culprit[0]],
+                  False))
+    cases.append(("truncated shard", broken_copy(
+        root, sharded, "truncated", truncate("model-00002-of-00002.safetensors")),
+        ["model-00002-of-00002.safetensors", "past the data size"], True))
+    cases.append(("index not JSON", broken_copy(
+        root, sharded, "not-json", write_text(index, '{"weight_map": {"norm.weight": ')),
+        [index, "not valid JSON"], True))
+    cases.append(("optimizer index not JSON", broken_copy(
+        root, sharded, "opt-not-json", write_text("optimizer.safetensors.index.json", "[1, 2")),
+        ["optimizer.safetensors.index.json", "not valid JSON"], False))
+    # A bf16 set with one fp32 shard: the model loads, but no one dtype can write it back.
+    mixed = broken_copy(root, sharded_bf16, "mixed-dtype", lambda bad: shutil.copy(
+        os.path.join(sharded, "model-00002-of-00002.safetensors"), bad))
+    cases.append(("mixed dtypes", mixed, [index, "model-00002-of-00002.safetensors", "F32",
+                                          "BF16"], False))
+    for what, bad, needles, for_info in cases:
+        out = os.path.join(root, "bad-out", what.replace(" ", "-"))
+        err = refused(["consolidate", bad, "--out", out], needles, what, failures)
+        if os.path.exists(out):
+            failures.append(f"{what}: a refused consolidate left {out}: {os.listdir(out)}")
+        if for_info:
+            refused(["info", bad], needles, what, failures)
+            refused(["info", bad, "--json"], needles, what, failures)
+        print(f"{what}: refused: {err.strip().splitlines()[0]}")
+    # An occupied --out, and the checkpoint itself as --out.
+    taken = os.path.join(root, "taken")
+    shutil.copytree(full, taken)
+    before = read_bytes(os.path.join(taken, "model.safetensors"))
+    refused(["consolidate", sharded, "--out", taken], [taken, "already exists", "--force"],
+            "occupied --out", failures)
+    if read_bytes(os.path.join(taken, "model.safetensors")) != before:
+        failures.append("a refused consolidate changed the model in --out")
+    refused(["consolidate", sharded, "--out", sharded, "--force"], ["itself"], "--out = CKPT",
+            failures)
+    refused(["consolidate", sharded], ["--out"], "no --out", failures)
+    refused(["consolidate", "--out", taken], ["checkpoint directory"], "no CKPT", failures)
+    # --force replaces it: the full checkpoint again, from the sharded one.
+    run("consolidate", sharded, "--out", taken, "--force")
+    if read_bytes(os.path.join(taken, "model.safetensors")) != before:
+        failures.append("consolidate --force did not write the full format's model")
+    print("occupied --out refused without --force, replaced with it")
+
+
+def check_sharded(tmp, failures):
+    model = tu.make_model(os.path.join(tmp, "sharded"))
+    data, _ = tu.make_text_data(os.path.join(tmp, "sharded"), 12 * WINDOW + 1)
+    ckpts = {}
+    for dtype in ("fp32", "bf16"):
+        full = train_checkpoints(tmp, model, data, "full", dtype)
+        sharded = train_checkpoints(tmp, model, data, "sharded", dtype)
+        if not os.path.exists(os.path.join(sharded, "model.safetensors.index.json")):
+            failures.append(f"{sharded}: astrai-train wrote no sharded checkpoint")
+            return
+        check_consolidate(tmp, full, sharded, dtype, failures)
+        ckpts[dtype] = full, sharded
+    check_sharded_info(*ckpts["fp32"], failures)
+    check_sharded_errors(tmp, ckpts["fp32"][1], ckpts["bf16"][1], ckpts["fp32"][0], failures)
+
+
 def main():
+    failures = []
     with tempfile.TemporaryDirectory() as tmp:
         out = init(tmp, "main")
         weights = check_files(out, CONFIG, "BF16")
@@ -205,7 +445,8 @@ def main():
         check_info(out, weights)
         check_seeds_and_dtypes(tmp)
         check_errors(tmp, out)
-    return 0
+        check_sharded(tmp, failures)
+    return tu.finish(failures)
 
 
 if __name__ == "__main__":

@@ -25,7 +25,7 @@ Checked after each case: every `epoch_*_step_*` checkpoint complete (all its fil
 parses, safetensors whose header matches their size); every checkpoint seen complete before the
 injection still there; no `.tmp-*`/`.old-*` leftover once the job ended; no astrai-train
 process of the case left; no /dev/shm entry of its processes left; the JOB that astraictl
-shows agrees with the disk and the database; and the final model.safetensors byte-identical to
+shows agrees with the disk and the database; and the final model files byte-identical to
 an undisturbed run of the same deterministic job (tiny model, fixed seed, shuffle on).
 
   fault_matrix.py --short            the CI subset (one case per main kind, <= 3 minutes)
@@ -54,20 +54,21 @@ import daemon_util as du  # noqa: E402
 import train_util as tu  # noqa: E402
 
 SLOW = 4 if os.environ.get("ASTRAI_SANITIZED") in ("1", "ON", "TRUE", "true") else 1
-CKPT_FILES = ("meta.json", "config.json", "model.safetensors", "optimizer.safetensors",
-              "scheduler.json", "sampler.json", "metric.jsonl")
+CKPT_TEXTS = ("meta.json", "config.json", "scheduler.json", "sampler.json", "metric.jsonl")
 CKPT_NAME = re.compile(r"epoch_(\d+)_step_(\d+)")
 FINAL = ("completed", "failed", "cancelled")
 
-# Configurations of the deterministic job: (parallel_mode, nprocs, pp_size); pp: a pipeline of
-# two stages (docs/design.md §13).
-CONFIGS = {"none": ("none", 1, 1), "ddp": ("ddp", 2, 1), "fsdp": ("fsdp", 2, 1),
-           "pp": ("none", 2, 2)}
+# Configurations of the deterministic job: (parallel_mode, nprocs, pp_size, ckpt_format); pp: a
+# pipeline of two stages (docs/design.md §13); sharded: each rank writes its own files (§14).
+CONFIGS = {"none": ("none", 1, 1, "full"), "ddp": ("ddp", 2, 1, "full"),
+           "fsdp": ("fsdp", 2, 1, "full"), "pp": ("none", 2, 2, "full"),
+           "sharded": ("fsdp", 2, 1, "sharded")}
 DAEMON_KINDS = ("kill9_astraid", "kill9_rank", "sigterm_rank", "enospc_ckpt", "readonly_ckpt",
                 "enospc_state", "readonly_state", "db_deleted", "db_emptied", "db_corrupt")
 LOCAL_KINDS = ("kill9_launcher", "kill9_rank_local", "sigterm_rank_local", "sigterm_launcher")
 MOUNT_KINDS = ("enospc_ckpt", "readonly_ckpt", "enospc_state", "readonly_state")
 SHORT = [("kill9_astraid", "ddp"), ("kill9_rank", "ddp"), ("kill9_rank", "pp"),
+         ("kill9_rank", "sharded"), ("enospc_ckpt", "sharded"),
          ("sigterm_rank", "none"),
          ("kill9_launcher", "ddp"), ("enospc_ckpt", "none"), ("db_deleted", "none")]
 
@@ -95,9 +96,22 @@ def safetensors_problem(path):
     return None
 
 
+def tensor_files(path, stem):
+    """The files of a checkpoint that hold its model or optimizer tensors: STEM.safetensors, or
+    the shards its index names (docs/design.md §14)."""
+    if os.path.isfile(os.path.join(path, f"{stem}.safetensors")):
+        return [f"{stem}.safetensors"]
+    with open(os.path.join(path, f"{stem}.safetensors.index.json")) as f:
+        return sorted(set(json.load(f)["weight_map"].values()))
+
+
 def checkpoint_problem(path):
     """None when the checkpoint directory is complete and readable."""
-    for name in CKPT_FILES:
+    try:
+        names = tensor_files(path, "model") + tensor_files(path, "optimizer")
+    except (OSError, ValueError, KeyError) as e:
+        return f"no tensor files: {e}"
+    for name in CKPT_TEXTS + tuple(names):
         p = os.path.join(path, name)
         if not os.path.isfile(p):
             return f"{name} missing"
@@ -125,7 +139,7 @@ def checkpoint_problem(path):
 
 
 def scan_ckpt_dir(ckpt_dir):
-    """(complete: {name: sha256 of model.safetensors}, problems, leftovers)."""
+    """(complete: {name: model_digest}, problems, leftovers)."""
     complete, problems, leftovers = {}, [], []
     if not os.path.isdir(ckpt_dir):
         return complete, problems, leftovers
@@ -136,7 +150,7 @@ def scan_ckpt_dir(ckpt_dir):
             if why:
                 problems.append(f"half checkpoint {path}: {why}")
             else:
-                complete[name] = sha256(os.path.join(path, "model.safetensors"))
+                complete[name] = model_digest(path)
         elif name.startswith((".tmp-", ".old-")):
             leftovers.append(path)
     return complete, problems, leftovers
@@ -147,9 +161,13 @@ def latest(complete):
                default=None)
 
 
-def sha256(path):
-    with open(path, "rb") as f:
-        return hashlib.sha256(f.read()).hexdigest()
+def model_digest(path):
+    """sha256 of a checkpoint's model tensor files, in order."""
+    h = hashlib.sha256()
+    for name in tensor_files(path, "model"):
+        with open(os.path.join(path, name), "rb") as f:
+            h.update(f.read())
+    return h.hexdigest()
 
 
 # ---------------------------------------------------------------- processes of a case
@@ -291,12 +309,12 @@ class Setup:
         self.refs = {}
 
     def flags(self, config, seed=7):
-        mode, nprocs, pp = CONFIGS[config]
+        mode, nprocs, pp, fmt = CONFIGS[config]
         return du.spec(self.model, self.data, ckpt_interval=1, parallel_mode=mode,
-                       nprocs=nprocs, pp_size=pp, random_seed=seed)
+                       nprocs=nprocs, pp_size=pp, ckpt_format=fmt, random_seed=seed)
 
     def reference(self, config, seed=7):
-        """(final checkpoint name, sha256 of its model.safetensors, seconds it trained)."""
+        """(final checkpoint name, model_digest of it, seconds it trained)."""
         key = (config, seed)
         if key not in self.refs:
             ckpt = os.path.join(self.base, f"ref-{config}-{seed}")
@@ -505,7 +523,7 @@ class Case:
         if name != ref_name:
             self.fail(f"{what}: final checkpoint {name}, the undisturbed run ends at {ref_name}")
         elif complete[name] != ref_sha:
-            self.fail(f"{what}: {name}/model.safetensors differs from the undisturbed run's")
+            self.fail(f"{what}: {name}'s model files differ from the undisturbed run's")
         for d, names in self.before.items():
             now = scan_ckpt_dir(d)[0]
             lost = sorted(set(names) - set(now))
@@ -729,8 +747,7 @@ class Case:
             self.daemon.kill9()
         du.wait_gone(set(self.watcher.seen), 30 * SLOW)
         self.snapshot(ckpt)  # with what the ranks saved as they stopped
-        old = {n: sha256(os.path.join(ckpt, n, "model.safetensors"))
-               for n in scan_ckpt_dir(ckpt)[0]}
+        old = {n: model_digest(os.path.join(ckpt, n)) for n in scan_ckpt_dir(ckpt)[0]}
         self.damage_db()
         if not self.start_daemon(expect_ok=False):
             if self.daemon.proc.poll() is None:
@@ -825,7 +842,7 @@ def draw_cases(seed, count, short):
     out = []
     for i in range(count):
         kind = rng.choice(DAEMON_KINDS + LOCAL_KINDS)
-        configs = ["ddp", "fsdp", "pp"] if kind in LOCAL_KINDS else list(CONFIGS)
+        configs = ["ddp", "fsdp", "pp", "sharded"] if kind in LOCAL_KINDS else list(CONFIGS)
         out.append((i, rng.randrange(1 << 32), kind, rng.choice(configs)))
     return out
 
