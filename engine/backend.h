@@ -67,6 +67,10 @@ struct Backend {
     void (*copy)(void *dst, const void *src, size_t bytes);      // backend to backend
     void (*upload)(void *dst, const void *host, size_t bytes);   // host to backend
     void (*download)(void *host, const void *src, size_t bytes); // backend to host, waits
+    // Host memory that download fills fastest (CUDA: pinned, cudaMallocHost; the CPU: malloc),
+    // not zeroed; NULL with err naming the size. host_free takes NULL.
+    void *(*host_alloc)(size_t bytes, Err *err);
+    void (*host_free)(void *p);
     // dst: (n) compute dtype = src: (n) fp32 (round to nearest even); the CPU never calls it.
     void (*cast_from_f32)(void *dst, const float *src, size_t n);
     // host: (n) fp32 = src: (n) compute dtype; waits (tests, logits, checkpoints of bf16).

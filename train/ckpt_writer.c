@@ -55,13 +55,14 @@ int ckpt_write(const CkptContent *c, Err *err) {
 
 // ---------------------------------------------------------------- the host copy
 
-static float *host_copy(const Backend *be, const float *src, size_t n, Err *err) {
-    float *dst = malloc((n ? n : 1) * sizeof *dst);
+// The state's backend's host memory (pinned on GPUs), which w->host frees.
+static float *host_copy(CkptWriter *w, const float *src, size_t n, Err *err) {
+    float *dst = w->host->host_alloc(n * sizeof *dst, err);
     if (!dst) {
-        err_resource(err, "checkpoint: out of memory for a host copy of %zu floats", n);
+        err_prefix(err, "checkpoint: a host copy of %zu floats", n);
         return NULL;
     }
-    if (n) be->download(dst, src, n * sizeof *dst);
+    if (n) w->host->download(dst, src, n * sizeof *dst);
     return dst;
 }
 
@@ -69,11 +70,11 @@ static void free_copy(CkptWriter *w) {
     for (int k = 0; k < CKPT_N_TEXTS; k++)
         free(w->texts[k]), w->texts[k] = NULL;
     for (int v = 0; v < w->n_parts; v++) {
-        free(w->views[v].master);
+        w->host->host_free(w->views[v].master);
         free((void *)w->views[v].params);
-        free(w->opts[v].exp_avg);
-        free(w->opts[v].exp_avg_sq);
-        free(w->opts[v].momentum_buf);
+        w->host->host_free(w->opts[v].exp_avg);
+        w->host->host_free(w->opts[v].exp_avg_sq);
+        w->host->host_free(w->opts[v].momentum_buf);
         free(w->opts[v].is_muon);
     }
     free(w->views);
@@ -104,16 +105,17 @@ static int copy_part(CkptWriter *w, const CkptContent *c, int v, Err *err) {
     if (!params || !muon) return err_resource(err, "checkpoint: out of memory");
     memcpy(params, src->params, (size_t)src->n_params * sizeof *params);
     memcpy(muon, o->is_muon, (size_t)src->n_params);
-    if (!(dst->master = host_copy(src->be, src->master, n, err)) ||
-        (o->exp_avg && !(od->exp_avg = host_copy(o->be, o->exp_avg, n, err))) ||
-        (o->exp_avg_sq && !(od->exp_avg_sq = host_copy(o->be, o->exp_avg_sq, n, err))) ||
-        (o->momentum_buf && !(od->momentum_buf = host_copy(o->be, o->momentum_buf, n, err))))
+    if (!(dst->master = host_copy(w, src->master, n, err)) ||
+        (o->exp_avg && !(od->exp_avg = host_copy(w, o->exp_avg, n, err))) ||
+        (o->exp_avg_sq && !(od->exp_avg_sq = host_copy(w, o->exp_avg_sq, n, err))) ||
+        (o->momentum_buf && !(od->momentum_buf = host_copy(w, o->momentum_buf, n, err))))
         return -1;
     w->opt_ptrs[v] = od;
     return 0;
 }
 
 static int copy_content(CkptWriter *w, const CkptContent *c, Err *err) {
+    w->host = c->views[0].be; // every part's, which the optimizer states share
     snprintf(w->ckpt_dir, sizeof w->ckpt_dir, "%s", c->ckpt_dir);
     snprintf(w->name, sizeof w->name, "%s", c->name);
     snprintf(w->shard_tmp, sizeof w->shard_tmp, "%s", c->shard_tmp ? c->shard_tmp : "");

@@ -46,7 +46,8 @@ typedef struct {
     const char *hold_path; // a test's: the write waits until this file exists (NULL: none)
     int rc;
     Err err;
-    // the host copy the thread writes from
+    // the host copy the thread writes from, in host memory of `host` (pinned on GPUs)
+    const Backend *host;
     char ckpt_dir[4096], name[128];
     char shard_tmp[4096], model_file[128], optim_file[128]; // a shard's ("": a whole checkpoint)
     DType dtype;

@@ -36,6 +36,14 @@ static void cpu_copy(void *dst, const void *src, size_t bytes) {
 static void cpu_free(void *p) {
     free(p);
 }
+
+static void *cpu_host_alloc(size_t bytes, Err *err) {
+    void *p = malloc(bytes ? bytes : 1);
+    if (!p)
+        err_resource(err, "out of memory allocating %.1f MiB of host memory",
+                     (double)bytes / (1 << 20));
+    return p;
+}
 static void cpu_cast_from_f32(void *dst, const float *src, size_t n) {
     memcpy(dst, src, n * sizeof(float)); // the compute dtype is fp32
 }
@@ -80,6 +88,8 @@ static const Backend cpu_backend = {
     .copy = cpu_copy,
     .upload = cpu_copy,
     .download = cpu_copy,
+    .host_alloc = cpu_host_alloc,
+    .host_free = cpu_free,
     .cast_from_f32 = cpu_cast_from_f32,
     .download_f32 = cpu_download_f32,
     .sync = cpu_sync,

@@ -71,6 +71,23 @@ static void cuda_download(void *host, const void *src, size_t bytes) {
     CUDA_CHECK(cudaStreamSynchronize(stream()));
 }
 
+// Pinned: a download into it runs at the bus's speed and needs no staging copy (the host copy
+// of an asynchronous checkpoint, which training waits for).
+static void *cuda_host_alloc(size_t bytes, Err *err) {
+    void *p = NULL;
+    cudaError_t e = cudaMallocHost(&p, bytes ? bytes : 1);
+    if (e != cudaSuccess) {
+        err_resource(err, "cannot allocate %.1f MiB of pinned host memory: %s", MIB(bytes),
+                     cudaGetErrorString(e));
+        return NULL;
+    }
+    return p;
+}
+
+static void cuda_host_free(void *p) {
+    if (p) CUDA_CHECK(cudaFreeHost(p));
+}
+
 static void cuda_sync(void) {
     CUDA_CHECK(cudaStreamSynchronize(stream()));
 }
@@ -111,6 +128,8 @@ static void fill_table(Backend *b, DType dtype, int device) {
     b->copy = cuda_copy;
     b->upload = cuda_upload;
     b->download = cuda_download;
+    b->host_alloc = cuda_host_alloc;
+    b->host_free = cuda_host_free;
     b->sync = cuda_sync;
     b->stream = cuda_stream;
     if (dtype == DT_BF16)

@@ -31,6 +31,7 @@ import os
 import shutil
 import signal
 import sqlite3
+import struct
 import subprocess
 import sys
 import tempfile
@@ -106,6 +107,32 @@ def max_rel(a, b):
 def weights(ckpt):
     with open(os.path.join(ckpt, "model.safetensors"), "rb") as f:
         return f.read()
+
+
+def tensor_bytes(ckpt, stem):
+    """{tensor: raw bytes} of a checkpoint's model or optimizer state, in either layout."""
+    index = os.path.join(ckpt, f"{stem}.safetensors.index.json")
+    files = [f"{stem}.safetensors"]
+    wmap = None
+    if os.path.isfile(index):
+        with open(index) as f:
+            wmap = json.load(f)["weight_map"]
+        files = sorted(set(wmap.values()))
+    out = {}
+    for name in files:
+        with open(os.path.join(ckpt, name), "rb") as f:
+            data = f.read()
+        n = struct.unpack("<Q", data[:8])[0]
+        header = json.loads(data[8:8 + n])
+        for k, v in header.items():
+            if k != "__metadata__" and (wmap is None or wmap.get(k) == name):
+                b, e = v["data_offsets"]
+                out[k] = (v["dtype"], v["shape"], data[8 + n + b:8 + n + e])
+    return out
+
+
+def same_tensors(a, b):
+    return all(tensor_bytes(a, s) == tensor_bytes(b, s) for s in ("model", "optimizer"))
 
 
 def ckpt_step(path):
@@ -214,6 +241,7 @@ class Checks:
         self.handoff("bf16", bf16, cpu, TOL_BF16)
         self.handoff("fp32", f32, cpu, TOL_FP32)
         self.resume_exact(f32)
+        self.async_sharded()
         # (d)
         self.sigterm()
         # (e)
@@ -266,6 +294,24 @@ class Checks:
                 self.curve_check(f"{name}.vs_cuda", prev, straight, tol,
                                  "cuda->cpu->cuda vs straight cuda")
         self.curve_check(f"{name}.vs_cpu", prev, cpu, tol, "cuda->cpu->cuda vs straight cpu")
+
+    def async_sharded(self):
+        """--async_checkpoint (host copy in pinned memory) with --ckpt_format sharded on cuda:
+        the checkpoints hold the synchronous full-format run's tensors, byte for byte."""
+        sync_dir, async_dir = (os.path.join(self.root, n) for n in ("ckpt_sync", "ckpt_async"))
+        every = {"ckpt_interval": 5}
+        a = self.train("ckpt_sync", "cuda", "fp32", ckpt=sync_dir, **every)
+        b = self.train("ckpt_async", "cuda", "fp32", ckpt=async_dir, async_checkpoint="true",
+                       ckpt_format="sharded", **every)
+        if a is None or b is None:
+            self.add("c.async_sharded", False, "a run failed")
+            return
+        names = sorted(n for n in os.listdir(sync_dir) if n.startswith("epoch_"))
+        differ = [n for n in names if not os.path.isdir(os.path.join(async_dir, n)) or
+                  not same_tensors(os.path.join(sync_dir, n), os.path.join(async_dir, n))]
+        self.add("c.async_sharded", bool(names) and not differ,
+                 f"cuda fp32 async sharded vs sync full: {len(names)} checkpoints, "
+                 f"{'identical tensors' if not differ else 'DIFFER: ' + ', '.join(differ)}")
 
     def resume_exact(self, straight):
         ckpt = os.path.join(self.root, "resume_fp32")
