@@ -177,6 +177,13 @@ def main():
                  failures)
     if [n for n in os.listdir(sharded) if n.startswith(".tmp-")]:
         failures.append(f"leftovers in {sharded}: {os.listdir(sharded)}")
+    # --param_path: a fresh run from the sharded checkpoint's weights, as from the full one's.
+    rows = {}
+    for fmt, ck in (("full", full), ("sharded", sharded)):
+        out, _ = train(root, os.path.join(ck, "epoch_0_step_3"), data, f"from-{fmt}", max_steps=2)
+        rows[fmt] = tu.metric_rows(tu.latest_checkpoint(out))
+    compare(rows["sharded"], rows["full"], "--param_path sharded vs full checkpoint", failures,
+            tol=0)
     # resume across world sizes, modes and pp_size.
     # (8 samples per step: 4 per replica on 2, 8 on 1.)
     one = dict(parallel_mode="none", nprocs=1, batch_per_device=8)

@@ -252,7 +252,7 @@ static int sharded_finish(Trainer *t, int rc, Err *err) {
     if (executor_sum(&t->exec, &failed, 1, rc ? NULL : err))
         rc = -1;
     else if (failed > 0 && !rc)
-        rc = err_set(err, "another rank failed to write its files");
+        rc = err_set(err, "another rank failed to write its files (its own error says why)");
     if (!rc && t->rank == 0) rc = sharded_commit(t, p, err);
     if (rc && t->rank == 0) {
         Err ignored;
