@@ -75,7 +75,10 @@ static const KeyDef KEYS[] = {
     {"comm_timeout", KEY_INT, F(comm_timeout), "600", 1, 86400, NULL, "seconds a collective may wait for the other ranks", "parallel"},
     {"threads", KEY_INT, F(threads), "0", 0, 4096, NULL, "CPU threads per rank (0: cores / local ranks)", "parallel"},
     {"device_type", KEY_STR, F(device_type), "auto", 0, 0, "auto|cpu|cuda", "where ranks compute (auto: cuda when built with CUDA and a GPU is visible, else cpu); rank r uses visible GPU LOCAL_RANK", "parallel"},
-    {"dtype", KEY_STR, F(dtype), "auto", 0, 0, "auto|bf16|fp32", "compute dtype of weights and activations (auto: bf16 on cuda with fp32 master weights and optimizer state, fp32 on cpu)", "model"},
+    {"dtype", KEY_STR, F(dtype), "auto", 0, 0, "auto|bf16|fp16|fp32", "compute dtype of weights and activations, with fp32 master weights and optimizer state (auto: bf16 on cuda, fp32 on cpu)", "model"},
+    {"loss_scale", KEY_STR, F(loss_scale), "auto", 0, 0, NULL, "loss scaling: dynamic (PyTorch GradScaler's rule), none, or a fixed positive VALUE (auto: dynamic with dtype fp16, else none)", "model"},
+    {"init_loss_scale", KEY_FLOAT, F(init_loss_scale), "65536", 1e-30, 1e300, NULL, "the dynamic loss scale's start", "model"},
+    {"loss_scale_growth_interval", KEY_INT, F(loss_scale_growth_interval), "2000", 1, 1e9, NULL, "steps without an overflow after which the dynamic loss scale doubles", "model"},
     {"gradient_checkpointing", KEY_BOOL, F(gradient_checkpointing), "false", 0, 0, NULL, "keep only each block's input and recompute the block in backward (less memory, same numbers)", "model"},
     {"muon_momentum", KEY_FLOAT, F(muon_momentum), "0.95", 0, 0.999999, NULL, "Muon momentum factor", "training"},
     {"muon_nesterov", KEY_BOOL, F(muon_nesterov), "true", 0, 0, NULL, "Muon Nesterov momentum (--no-muon_nesterov: plain momentum)", "training"},
@@ -522,6 +525,19 @@ static int check_port(const char *port, Err *err) {
     return 0;
 }
 
+int train_spec_loss_scale(const TrainSpec *s, double *fixed, Err *err) {
+    const char *v = s->loss_scale;
+    if (!strcmp(v, "dynamic") || (!strcmp(v, "auto") && !strcmp(s->dtype, "fp16")))
+        return LOSS_SCALE_DYNAMIC;
+    if (!strcmp(v, "none") || !strcmp(v, "auto")) return LOSS_SCALE_NONE;
+    char *end;
+    double x = strtod(v, &end);
+    if (*v == '\0' || *end != '\0' || !(x > 0) || !isfinite(x))
+        return err_set(err, "loss_scale: '%s' is not dynamic, none, auto or a positive number", v);
+    if (fixed) *fixed = x;
+    return LOSS_SCALE_FIXED;
+}
+
 int train_spec_validate(const TrainSpec *s, Err *err) {
     if (!*s->train_type)
         return err_set(err, "train_type: required (seq|sft|dpo|grpo|online_grpo|online_dpo)");
@@ -533,8 +549,7 @@ int train_spec_validate(const TrainSpec *s, Err *err) {
     if (!*s->param_path) return err_set(err, "param_path: required");
     if (!*s->data_root_path) return err_set(err, "data_root_path: required");
     if (!*s->ckpt_dir) return err_set(err, "ckpt_dir: must not be empty");
-    if (!strcmp(s->device_type, "cpu") && !strcmp(s->dtype, "bf16"))
-        return err_set(err, "dtype: bf16 needs device_type cuda (the CPU computes in fp32)");
+    if (train_spec_loss_scale(s, NULL, err) < 0) return -1;
     // (nprocs 1: one process, or ranks from torchrun's or srun's environment, which the
     // trainer checks)
     if (s->nprocs > 1 && s->nprocs % s->pp_size)

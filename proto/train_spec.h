@@ -41,7 +41,7 @@ typedef struct {
     // checkpoints and progress
     long ckpt_interval;
     char *ckpt_dir;
-    char *ckpt_dtype; // fp32 | bf16 (model.safetensors in checkpoints)
+    char *ckpt_dtype;  // fp32 | bf16 (model.safetensors in checkpoints)
     char *ckpt_format; // full | sharded (docs/design.md §14)
     long log_interval;
     long max_steps; // 0: run every epoch; else stop (with a checkpoint) after this many steps
@@ -52,8 +52,11 @@ typedef struct {
     long comm_timeout; // seconds a collective may wait for the other ranks
     double bucket_mb;  // ddp/fsdp gradient bucket size (0: by backend)
     // devices and numerics
-    char *device_type;           // auto | cpu | cuda
-    char *dtype;                 // auto | bf16 | fp32 (compute dtype)
+    char *device_type;      // auto | cpu | cuda
+    char *dtype;            // auto | bf16 | fp16 | fp32 (compute dtype)
+    char *loss_scale;       // auto | dynamic | none | VALUE (docs/design.md §15)
+    double init_loss_scale; // the dynamic scale's start
+    long loss_scale_growth_interval;
     bool gradient_checkpointing; // recompute each block in backward
     // AstrAI train.py flags (issue 8)
     double muon_momentum;
@@ -113,6 +116,12 @@ int train_spec_apply_json(TrainSpec *s, const cJSON *obj, const char *const *ign
 
 // Cross-field checks (required paths present, nprocs vs parallel_mode, ...).
 int train_spec_validate(const TrainSpec *s, Err *err);
+
+// How the loss is scaled (--loss_scale; auto: dynamic when dtype is fp16): LOSS_SCALE_NONE,
+// LOSS_SCALE_DYNAMIC, or LOSS_SCALE_FIXED with the value in *fixed (may be NULL); -1 with err
+// naming the value when it is none of them.
+enum { LOSS_SCALE_NONE, LOSS_SCALE_DYNAMIC, LOSS_SCALE_FIXED };
+int train_spec_loss_scale(const TrainSpec *s, double *fixed, Err *err);
 
 // Applies AstrAI's YAML config (train.py -c): the keys of its sections model, data,
 // parallel, training, ckpt, log (and top-level scalar keys), flattened; null leaves a

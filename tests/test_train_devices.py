@@ -66,9 +66,10 @@ def check_buckets(root, model, data, mode, failures):
 
 def check_refusals(root, model, data, failures):
     ckpt = os.path.join(root, "refused")
-    _, err = tu.train(args(model, data, ckpt, dtype="bf16"), expect=2)
-    if "bf16 needs device_type cuda" not in err:
-        failures.append(f"--dtype=bf16 on the cpu: unexpected message {err!r}")
+    for bad in ("banana", "-1", "0", "inf"):
+        _, err = tu.train(args(model, data, ckpt, loss_scale=bad), expect=2)
+        if f"loss_scale: '{bad}'" not in err:
+            failures.append(f"--loss_scale={bad}: unexpected message {err!r}")
     # No GPU here: a build without CUDA says so (bad input, 2); a CUDA build finds no
     # usable device (a resource failure, 1). Either way the rank and CUDA are named.
     proc_err = None

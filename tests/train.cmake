@@ -7,6 +7,8 @@ astrai_py_test(ckpt_retention test_ckpt_retention.py)
 # --async_checkpoint: rank 0 writes in the background; the same files, training goes on.
 astrai_py_test(ckpt_async test_ckpt_async.py)
 astrai_py_test(ckpt_sharded test_ckpt_sharded.py)
+# --loss_scale: GradScaler's rule against the reference, resume mid-back-off, one rank overflowing.
+astrai_py_test(loss_scale test_loss_scale.py)
 astrai_py_test(train_accum test_train_accum.py)
 astrai_py_test(train_text test_train_text.py)
 astrai_py_test(train_errors test_train_errors.py)

@@ -145,11 +145,17 @@ def cosine_factor(t, total, warmup_ratio, min_rate):
 
 def reference_loop(model, n, batch, accum, steps_limit, optimizer, max_lr, weight_decay,
                    max_grad_norm, seed, micro_loss, shuffle=True, warmup_ratio=0.05,
-                   min_rate=0.01, n_epoch=1):
+                   min_rate=0.01, n_epoch=1, scaler=None, overflows=None):
     """astrai-train's steps (one rank) over n samples: the sampler's order, micro-batches of
     `batch` samples, `accum` of them per step, clipping, the cosine lr, at most steps_limit
     steps. micro_loss(idx, consumed) is (loss, {metric: float}) of the samples idx, consumed
-    those read before them; a step row has the mean loss and metrics over its micro-batches."""
+    those read before them; a step row has the mean loss and metrics over its micro-batches.
+    scaler (tests/ref/grad_scaler.py): dynamic loss scaling as GradScaler does it: the loss
+    backpropagated times S (the float32 weight S/accum, as astrai-train's), a step whose
+    gradients are not finite skipped (the lr advances), else the gradients divided by S before
+    clipping; rows gain loss_scale and skipped. overflows: the steps (1-based) that overflow,
+    given rather than found (where the last float of the range decides, implementations may
+    round differently)."""
     total = (math.ceil(n / batch) // accum) * n_epoch
     opt = make_optimizer(optimizer, list(model.named_parameters()), lr=max_lr,
                          weight_decay=weight_decay)
@@ -159,20 +165,38 @@ def reference_loop(model, n, batch, accum, steps_limit, optimizer, max_lr, weigh
         for b0 in range(0, n, batch):
             idx = order[b0:b0 + batch]
             loss, metrics = micro_loss(idx, consumed)
-            (loss / accum).backward()
+            scale = scaler.scale if scaler else 1.0
+            if scaler is None:
+                (loss / accum).backward()
+            else:
+                (loss * torch.tensor(scale / accum, dtype=torch.float32)).backward()
             for key, value in {"loss": float(loss), **metrics}.items():
                 sums[key] = sums.get(key, 0.0) + value
             consumed += len(idx)
             micro += 1
             if micro % accum:
                 continue
-            norm = clip_grad_norm(list(model.parameters()), max_grad_norm)
             lr = max_lr * cosine_factor(step, total, warmup_ratio, min_rate)
-            opt.step(lr)
+            params = list(model.parameters())
+            overflow = scaler is not None and not all(
+                bool(torch.isfinite(p.grad).all()) for p in params if p.grad is not None)
+            if overflows is not None:
+                overflow = step + 1 in overflows
+            norm = math.nan
+            if not overflow:
+                if scaler is not None:
+                    for p in params:
+                        if p.grad is not None:
+                            p.grad.mul_(torch.tensor(1.0 / scale, dtype=torch.float32))
+                norm = clip_grad_norm(params, max_grad_norm)
+                opt.step(lr)
             opt.zero_grad()
             step += 1
             row = {"step": step, "epoch": epoch, "lr": lr, "grad_norm": norm,
                    "consumed_samples": consumed}
+            if scaler is not None:
+                row.update(loss_scale=scale, skipped=int(overflow))
+                scaler.update(overflow)
             row.update({key: value / accum for key, value in sums.items()})
             rows.append(row)
             sums = {}
@@ -183,7 +207,8 @@ def reference_loop(model, n, batch, accum, steps_limit, optimizer, max_lr, weigh
 
 def reference_training(model_dir, tokens, window, batch, accum, steps_limit, optimizer, max_lr,
                        weight_decay, max_grad_norm, seed, shuffle=True, warmup_ratio=0.05,
-                       min_rate=0.01, n_epoch=1, neftune_alpha=0.0):
+                       min_rate=0.01, n_epoch=1, neftune_alpha=0.0, scaler=None,
+                       overflows=None):
     """Trains RefModel like astrai-train does (one rank); returns (rows, model)."""
     torch.manual_seed(0)
     model = RefModel.from_dir(model_dir)
@@ -200,7 +225,7 @@ def reference_training(model_dir, tokens, window, batch, accum, steps_limit, opt
 
     rows = reference_loop(model, len(samples), batch, accum, steps_limit, optimizer, max_lr,
                           weight_decay, max_grad_norm, seed, micro_loss, shuffle, warmup_ratio,
-                          min_rate, n_epoch)
+                          min_rate, n_epoch, scaler, overflows)
     return rows, model
 
 

@@ -77,8 +77,9 @@ static int check_finite(const char *key, long step, double value, Err *err) {
 }
 
 static int check_step_row(const StepRow *r, Err *err) {
-    if (check_finite("loss", r->step, r->loss, err) || check_finite("lr", r->step, r->lr, err) ||
-        check_finite("grad_norm", r->step, r->grad_norm, err))
+    if ((!r->skipped && check_finite("loss", r->step, r->loss, err)) ||
+        check_finite("lr", r->step, r->lr, err) ||
+        (!r->skipped && check_finite("grad_norm", r->step, r->grad_norm, err)))
         return -1;
     for (int k = 0; k < r->n_extra; k++)
         if (check_finite(r->extra[k].name, r->step, r->extra[k].value, err)) return -1;
@@ -91,15 +92,22 @@ static int run_insert(ProgressDb *p, sqlite3_stmt *st, Err *err) {
     return rc == SQLITE_DONE ? 0 : db_fail(p, "insert", err);
 }
 
+static void bind_finite(sqlite3_stmt *st, int at, double v) {
+    if (isfinite(v))
+        sqlite3_bind_double(st, at, v);
+    else
+        sqlite3_bind_null(st, at);
+}
+
 int progress_add_step(ProgressDb *p, const StepRow *r, Err *err) {
     if (check_step_row(r, err)) return err_prefix(err, "%s", p->path);
     sqlite3_stmt *st = p->insert_step;
     sqlite3_bind_int64(st, 1, r->step);
     sqlite3_bind_int64(st, 2, r->epoch);
     sqlite3_bind_int64(st, 3, r->consumed_samples);
-    sqlite3_bind_double(st, 4, r->loss);
+    bind_finite(st, 4, r->loss); // NULL: a skipped step's inf or NaN
     sqlite3_bind_double(st, 5, r->lr);
-    sqlite3_bind_double(st, 6, r->grad_norm);
+    bind_finite(st, 6, r->grad_norm);
     sqlite3_bind_double(st, 7, r->tokens_per_s);
     sqlite3_bind_double(st, 8, r->wall_time);
     if (run_insert(p, st, err)) return -1;
@@ -210,8 +218,9 @@ int metric_log_select(MetricLog *m, const char *list, Err *err) {
     return 0;
 }
 
-const char *const METRIC_EXTRA_NAMES[METRIC_N_EXTRA] = {"reward_margin", "reward_accuracy", "kl",
-                                                        "clip_fraction", "reward_mean"};
+const char *const METRIC_EXTRA_NAMES[METRIC_N_EXTRA] = {
+    "reward_margin", "reward_accuracy", "kl",     "clip_fraction",
+    "reward_mean",   "loss_scale",      "skipped"};
 
 static int extra_index(const char *name) {
     for (int k = 0; k < METRIC_N_EXTRA; k++)
@@ -228,6 +237,8 @@ int metric_log_append(MetricLog *m, const StepRow *r, Err *err) {
                      .loss = r->loss,
                      .lr = r->lr,
                      .grad_norm = r->grad_norm};
+    if (r->skipped && !isfinite(r->loss)) row.has &= ~(unsigned)METRIC_HAS_LOSS;
+    if (r->skipped && !isfinite(r->grad_norm)) row.has &= ~(unsigned)METRIC_HAS_GRAD_NORM;
     for (int k = 0; k < r->n_extra; k++) {
         int i = extra_index(r->extra[k].name);
         if (i < 0) return err_set(err, "metric log: unknown step metric '%s'", r->extra[k].name);

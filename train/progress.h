@@ -6,6 +6,7 @@
 // - metric.jsonl rows (kept in memory, cumulative, written into each checkpoint).
 // - One human progress line on stderr per log interval.
 #pragma once
+#include <stdbool.h>
 #include <stddef.h>
 
 #include "common/error.h"
@@ -19,7 +20,7 @@ typedef struct {
     double value;
 } StepExtra;
 
-#define STEP_MAX_EXTRA 3
+#define STEP_MAX_EXTRA 5
 
 typedef struct {
     long step; // optimizer steps done after this one (1-based)
@@ -30,6 +31,8 @@ typedef struct {
     float grad_norm;
     double tokens_per_s;
     double wall_time; // unix seconds when the step finished
+    bool skipped;     // loss scaling skipped it (an overflow): loss and grad_norm may be inf/NaN,
+                      // which are recorded as absent (NULL in progress.db, no key in metric.jsonl)
     int n_extra;
     StepExtra extra[STEP_MAX_EXTRA];
 } StepRow;
@@ -75,9 +78,10 @@ typedef enum { METRIC_STEP, METRIC_EPOCH, METRIC_VALIDATION } MetricKind;
 enum { METRIC_HAS_LOSS = 1, METRIC_HAS_LR = 2, METRIC_HAS_GRAD_NORM = 4, METRIC_HAS_VAL_LOSS = 8 };
 
 // The numbers DPO and GRPO add to their step rows (after grad_norm), by name:
-// reward_margin, reward_accuracy (dpo); kl, clip_fraction, reward_mean (grpo). Row bit of
+// reward_margin, reward_accuracy (dpo); kl, clip_fraction, reward_mean (grpo); and loss scaling
+// (--loss_scale): loss_scale (the step's S), skipped (1: an overflow skipped it). Row bit of
 // extra k: METRIC_HAS_EXTRA << k.
-#define METRIC_N_EXTRA 5
+#define METRIC_N_EXTRA 7
 #define METRIC_HAS_EXTRA 16u
 extern const char *const METRIC_EXTRA_NAMES[METRIC_N_EXTRA];
 

@@ -5,6 +5,7 @@
 #include "train/train_ckpt.h"
 
 #include <cjson/cJSON.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -132,6 +133,11 @@ static char *scheduler_text(const Trainer *t) {
     cJSON_AddNumberToObject(o, "decay_steps", (double)s->decay_steps);
     cJSON_AddNumberToObject(o, "cycle_length", (double)s->cycle_length);
     cJSON_AddNumberToObject(o, "t_mult", (double)s->t_mult);
+    // Loss scaling's state (docs/design.md §15), as PyTorch's GradScaler state_dict keeps it.
+    if (t->scaler.mode == LOSS_SCALE_DYNAMIC) {
+        cJSON_AddNumberToObject(o, "loss_scale", t->scaler.scale);
+        cJSON_AddNumberToObject(o, "loss_scale_growth_tracker", (double)t->scaler.growth_tracker);
+    }
     return json_text(o);
 }
 
@@ -494,6 +500,34 @@ static int load_step(Trainer *t, const CkptMeta *meta, const char *dir, const ch
                    dir);
 }
 
+// The dynamic loss scale where the checkpoint left it (scheduler.json's "loss_scale" and
+// "loss_scale_growth_tracker"); a checkpoint without them (written without dynamic scaling, or
+// by AstrAI) leaves the scale at --init_loss_scale.
+static int load_scaler(Trainer *t, const char *dir, Err *err) {
+    char path[PATH_CAP];
+    if (t->scaler.mode != LOSS_SCALE_DYNAMIC) return 0;
+    if (path_join(path, sizeof path, dir, "scheduler.json", err)) return -1;
+    if (!fs_is_file(path)) return 0;
+    char *text;
+    size_t len;
+    if (fs_read_file(path, &text, &len, err)) return -1;
+    cJSON *o = cJSON_ParseWithLength(text, len);
+    free(text);
+    if (!o)
+        return json_out_of_memory() ? err_resource(err, "%s: out of memory", path)
+                                    : err_set(err, "%s: not valid JSON", path);
+    const cJSON *scale = cJSON_GetObjectItemCaseSensitive(o, "loss_scale");
+    long tracker = 0;
+    int rc = 0;
+    if (scale &&
+        (!cJSON_IsNumber(scale) || !(scale->valuedouble > 0) || !isfinite(scale->valuedouble)))
+        rc = err_set(err, "%s: \"loss_scale\" must be a positive number", path);
+    else if (scale && !(rc = json_long(o, "loss_scale_growth_tracker", &tracker, path, err)))
+        t->scaler.scale = scale->valuedouble, t->scaler.growth_tracker = tracker;
+    cJSON_Delete(o);
+    return rc;
+}
+
 int train_ckpt_load_state(Trainer *t, const char *dir, Err *err) {
     char path[PATH_CAP];
     CkptMeta meta;
@@ -504,7 +538,9 @@ int train_ckpt_load_state(Trainer *t, const char *dir, Err *err) {
     const char *step_from;
     int rc = load_step(t, &meta, dir, &step_from, err);
     meta_free(&meta);
-    if (rc || load_sampler_position(t, dir, err) || load_optimizer(t, dir, err)) return -1;
+    if (rc || load_sampler_position(t, dir, err) || load_optimizer(t, dir, err) ||
+        load_scaler(t, dir, err))
+        return -1;
     if (path_join(path, sizeof path, dir, "metric.jsonl", err)) return -1;
     if (fs_is_file(path) && metric_log_load(&t->metrics, path, t->step, err)) return -1;
     fprintf(stderr, "resuming from %s: step %ld (from %s), epoch %ld, %ld samples consumed\n", dir,

@@ -212,6 +212,8 @@ int trainer_init(Trainer *t, const TrainSpec *spec, const TrainerOptions *opt, E
         return -1;
     t->memory_report = opt->memory_report;
     t->writer.hold_path = opt->ckpt_hold;
+    t->overflow_rank = opt->overflow_rank;
+    t->overflow_step = opt->overflow_step;
     if (t->memory_report) t->rss_baseline = resident_bytes();
     t->rss_ckpt_max = -1;
     // DPO/GRPO: the reference's weights first, kept frozen; then the policy's when they differ.
@@ -238,6 +240,7 @@ int trainer_init(Trainer *t, const TrainSpec *spec, const TrainerOptions *opt, E
     schedule_init(&t->sched, schedule_kind(spec->schedule_type), t->total_steps, spec->warmup_ratio,
                   spec->min_rate, spec->stable_steps, spec->decay_steps, spec->cycle_length,
                   spec->t_mult);
+    if (grad_scaler_init(&t->scaler, spec, err)) return -1;
     OptimizerKind kind = !strcmp(spec->optimizer, "adamw") ? OPT_ADAMW : OPT_MUON;
     ParamView view = executor_view(&t->exec, &t->model);
     if (optim_create(&t->opt, kind, &view, (float)spec->weight_decay, err)) return -1;
@@ -276,6 +279,15 @@ static void fill_batch(Trainer *t, const int64_t *ids, int64_t stride, int nb) {
 // The forward of the batch of nb samples with the loss into the model's stats; begins the
 // executor's micro-step of that kind. Training: every rank runs it (validation: not all of
 // them).
+// The weight of a micro-batch's loss in backward: 1/grad_accum_steps (the step's loss is the
+// mean of its micro-batches'), times the loss scale S (--loss_scale; 1 without), which
+// optimizer_step divides out of the gradients again. An S too large for a float gives inf: an
+// overflow, which the scaler backs off from.
+static float micro_weight(const Trainer *t) {
+    if (t->rank == t->overflow_rank && t->step + 1 == t->overflow_step) return INFINITY;
+    return (float)(t->scaler.scale / (double)t->spec->grad_accum_steps);
+}
+
 static int forward_batch(Trainer *t, int nb, MicroStep kind, float loss_scale, Err *err) {
     if (t->pref)
         return pref_batch_forward(&t->pb, &t->pref_loss, &t->exec, &t->model, kind, loss_scale,
@@ -385,6 +397,7 @@ typedef struct {
     double norm; // the global gradient norm
     int stop, ckpt;
     double pref[3]; // DPO: reward margin, accuracy; GRPO: KL, clip fraction, mean reward
+    bool overflow;  // the loss or a gradient on some rank is not finite
 } StepTotals;
 
 static int agree_step(Trainer *t, StepTotals *out, StepClock *c, Err *err) {
@@ -422,6 +435,10 @@ static int agree_step(Trainer *t, StepTotals *out, StepClock *c, Err *err) {
     out->loss = agreed[AGREE_LOSS] / micro_steps;
     for (int k = 0; k < 3; k++)
         out->pref[k] = agreed[AGREE_PREF_A + k] / micro_steps;
+    // Under dynamic loss scaling a number that is not finite is an overflow to back off from
+    // (optimizer_step), not a failure.
+    out->overflow = !isfinite(out->loss) || !isfinite(out->norm);
+    if (t->scaler.mode == LOSS_SCALE_DYNAMIC) return 0;
     if (!isfinite(out->loss))
         return err_set(err, "loss is %f at step %ld (diverged: lower max_lr?)", (double)out->loss,
                        t->step + 1);
@@ -536,7 +553,7 @@ static int pipe_pref_loss(PipeRun *r, int k, Err *err) {
     be->copy(t->pref_loss.ref_nll, pp->ref, n * sizeof(float));
     bool train = r->pass == PASS_TRAIN;
     float norm = train && r->norms ? r->norms[k] : (float)b->counted;
-    float scale = train ? 1.0f / (float)t->spec->grad_accum_steps : 1.0f;
+    float scale = train ? micro_weight(t) : 1.0f;
     if (pref_loss(&t->pref_loss, &t->model, b->rows, b->T, b->advantages, norm, scale, err))
         return -1;
     if (train) be->copy(pp->scale, t->pref_loss.scale, n * sizeof(float));
@@ -572,7 +589,7 @@ static void pipe_backward(void *ctx, int k) {
     if (r->t->pref)
         model_backward_weighted(m, m->has_head ? r->t->pipe_pref[k].scale : NULL);
     else
-        model_backward(m, 1.0f / (float)r->t->spec->grad_accum_steps);
+        model_backward(m, micro_weight(r->t));
 }
 
 // A forward-only pass of the frozen reference (dpo, grpo) over the micro-batches, as in
@@ -655,6 +672,13 @@ static void add_pref_metrics(const Trainer *t, StepRow *row, const double pref[3
         row->extra[k] = (StepExtra){.name = grpo ? GRPO[k] : DPO[k], .value = pref[k]};
 }
 
+// Under loss scaling, the scale the step's backward ran with and whether it was skipped.
+static void add_scaler_metrics(const Trainer *t, StepRow *row, double scale, bool skipped) {
+    if (!grad_scaler_on(&t->scaler)) return;
+    row->extra[row->n_extra++] = (StepExtra){.name = "loss_scale", .value = scale};
+    row->extra[row->n_extra++] = (StepExtra){.name = "skipped", .value = skipped};
+}
+
 static int optimizer_step(Trainer *t, StepClock *c, int *stop, int *ckpt, Err *err) {
     const TrainSpec *s = t->spec;
     ParamView view = executor_view(&t->exec, &t->model);
@@ -662,10 +686,23 @@ static int optimizer_step(Trainer *t, StepClock *c, int *stop, int *ckpt, Err *e
     if (agree_step(t, &tot, c, err)) return -1;
     *stop = tot.stop;
     *ckpt = tot.ckpt;
-    clip_grads(&view, tot.norm, (float)s->max_grad_norm);
     double lr = s->max_lr * schedule_factor(&t->sched, t->step);
-    optim_step(&t->opt, &view, (float)lr);
-    if (executor_after_step(&t->exec, &t->model, err)) return -1;
+    double scale = t->scaler.scale;
+    // A skipped step (an overflow under loss scaling) leaves weights and optimizer state as
+    // they are; the schedule advances all the same, as PyTorch's scheduler.step() after a
+    // skipped scaler.step() does.
+    bool skipped = t->scaler.mode == LOSS_SCALE_DYNAMIC && tot.overflow;
+    if (!skipped) {
+        if (scale != 1.0) { // unscaled before clipping: a power of two divides exactly
+            view.be->scale(view.grads, view.num_floats, (float)(1.0 / scale));
+            tot.norm /= scale;
+        }
+        clip_grads(&view, tot.norm, (float)s->max_grad_norm);
+        optim_step(&t->opt, &view, (float)lr);
+    }
+    if (!grad_scaler_update(&t->scaler, tot.overflow, t->step + 1, err) ||
+        executor_after_step(&t->exec, &t->model, err))
+        return -1;
     t->step++;
     double now = clock_mono_s();
     StepRow row = {.step = t->step,
@@ -676,8 +713,10 @@ static int optimizer_step(Trainer *t, StepClock *c, int *stop, int *ckpt, Err *e
                    .grad_norm = (float)tot.norm,
                    .tokens_per_s =
                        (double)c->tokens * t->replicas / fmax(now - c->step_start, 1e-9),
-                   .wall_time = clock_wall_s()};
+                   .wall_time = clock_wall_s(),
+                   .skipped = skipped};
     add_pref_metrics(t, &row, tot.pref);
+    add_scaler_metrics(t, &row, scale, skipped);
     c->steps_run++;
     if (t->memory_report) {
         long rss = resident_bytes() - t->rss_baseline;
@@ -784,22 +823,22 @@ static int stage_micro(Trainer *t, StepClock *c, int nb, Err *err) {
     return t->micro == t->spec->grad_accum_steps ? run_pipelined_step(t, err) : 0;
 }
 
-// One micro-step: forward, backward (scaled by 1/grad_accum_steps), bookkeeping,
+// One micro-step: forward, backward (weighted by micro_weight), bookkeeping,
 // and on a sync micro-step the gradient exchange between ranks.
 static int micro_step(Trainer *t, StepClock *c, int nb, Err *err) {
     const TrainSpec *s = t->spec;
     if (t->pipelined) return stage_micro(t, c, nb, err);
     fill_batch(t, t->sampler.order + t->epoch_pos, 1, nb);
     MicroStep kind = t->micro + 1 == s->grad_accum_steps ? MICRO_SYNC : MICRO_ACCUMULATE;
-    float loss_scale = 1.0f / (float)s->grad_accum_steps;
+    float weight = micro_weight(t);
     t->model.noise_seed = noise_seed(t);
-    if (forward_batch(t, nb, kind, loss_scale, err)) return -1;
+    if (forward_batch(t, nb, kind, weight, err)) return -1;
     if (t->pref) {
         model_backward_weighted(&t->model, t->pref_loss.scale);
         c->tokens += t->pb.tokens;
         c->reward_sum += t->pb.reward_sum / t->pb.rows;
     } else {
-        model_backward(&t->model, loss_scale);
+        model_backward(&t->model, weight);
         c->tokens += (long)nb * (long)t->window;
     }
     t->epoch_pos += nb;

@@ -17,6 +17,7 @@
 #include "proto/train_spec.h"
 #include "train/ckpt_writer.h"
 #include "train/executor.h"
+#include "train/grad_scaler.h"
 #include "train/pipeline.h"
 #include "train/pref_batch.h"
 #include "train/progress.h"
@@ -44,6 +45,10 @@ typedef struct {
     // Tests (ASTRAI_TEST_CKPT_HOLD): a background checkpoint write waits until this file exists,
     // so a test sees training go on while a write is in flight. NULL: none.
     const char *ckpt_hold;
+    // Tests (ASTRAI_TEST_OVERFLOW): rank overflow_rank's backward of step overflow_step (1-based)
+    // overflows (an infinite loss weight), as fp16 gradients can on one rank. -1: none.
+    int overflow_rank;
+    long overflow_step;
 } TrainerOptions;
 
 // A micro-batch of a pipelined optimizer step, staged until the step's last one arrives.
@@ -67,6 +72,9 @@ typedef struct Trainer {
     Model model;
     Optimizer opt;
     Schedule sched;
+    GradScaler scaler; // --loss_scale
+    int overflow_rank; // TrainerOptions'
+    long overflow_step;
     Dataset data;
     Sampler sampler;
     int sft;  // train_type == sft

@@ -32,7 +32,6 @@ void cpu_rmsnorm_bwd(void *dinp_, float *dweight, const void *dout_, const void 
     const float *dout = dout_;
     const float *inp = inp_;
     const float *weight = weight_;
-    float keep = accumulate_dinp ? 1.0f : 0.0f;
 #pragma omp parallel for
     for (long r = 0; r < (long)N * G; r++) {
         size_t at = (size_t)(r / G) * stride + (size_t)(r % G) * C;
@@ -44,9 +43,11 @@ void cpu_rmsnorm_bwd(void *dinp_, float *dweight, const void *dout_, const void 
             dot += d[c] * weight[c] * x[c];
         // dx = rs * (d*w - xhat * mean(d*w*xhat)), xhat = x*rs
         float k = dot * rs * rs / C;
+        // Added to dx, or over it: never 0 * dx, which keeps a NaN an overflowed step left there
+        // (loss scaling skips that step and goes on with the same buffers).
 #pragma omp simd
         for (int c = 0; c < C; c++)
-            dx[c] = keep * dx[c] + rs * (d[c] * weight[c] - x[c] * k);
+            dx[c] = (accumulate_dinp ? dx[c] : 0.0f) + rs * (d[c] * weight[c] - x[c] * k);
     }
     // dweight in a second pass split by channel blocks: race-free and deterministic
     // (the same sum order whatever the thread count).

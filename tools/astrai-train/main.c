@@ -55,9 +55,11 @@ static void install_signals(void) {
 static int open_backend(const LaunchInfo *li, const TrainSpec *spec, const Backend **be, Err *err) {
     const char *type = spec->device_type;
     if (!strcmp(type, "auto")) type = backend_cuda_available() ? "cuda" : "cpu";
-    bool fp32 =
-        !strcmp(spec->dtype, "fp32") || (!strcmp(spec->dtype, "auto") && !strcmp(type, "cpu"));
-    if (!backend_open(be, type, li->local_rank, fp32 ? DT_F32 : DT_BF16, err)) return 0;
+    const char *d = spec->dtype;
+    DType dtype = !strcmp(d, "fp16")                                                    ? DT_F16
+                  : !strcmp(d, "bf16") || (!strcmp(d, "auto") && !strcmp(type, "cuda")) ? DT_BF16
+                                                                                        : DT_F32;
+    if (!backend_open(be, type, li->local_rank, dtype, err)) return 0;
     const char *visible = getenv("CUDA_VISIBLE_DEVICES");
     return err_prefix(err, "LOCAL_RANK %d, CUDA_VISIBLE_DEVICES=%s", li->local_rank,
                       visible ? visible : "unset");
@@ -231,14 +233,21 @@ static int dry_run(const TrainSpec *spec) {
 // What a supervisor (astraid) hands a rank in its environment, read here once:
 // ASTRAI_RUN_DIR (where progress.db goes), ASTRAI_MEMORY_REPORT (a directory for the ranks'
 // resident memory reports), ASTRAI_CONTROL_FD (the control pipe); and a test's
-// ASTRAI_TEST_CKPT_HOLD (TrainerOptions.ckpt_hold). Unset or empty: none.
+// ASTRAI_TEST_CKPT_HOLD (TrainerOptions.ckpt_hold) and ASTRAI_TEST_OVERFLOW=RANK:STEP
+// (TrainerOptions.overflow_rank, overflow_step). Unset or empty: none.
 static TrainerOptions supervisor_env(void) {
     const char *run_dir = getenv("ASTRAI_RUN_DIR"), *report = getenv("ASTRAI_MEMORY_REPORT");
     const char *fd = getenv("ASTRAI_CONTROL_FD"), *hold = getenv("ASTRAI_TEST_CKPT_HOLD");
+    const char *overflow = getenv("ASTRAI_TEST_OVERFLOW");
+    int rank = -1;
+    long step = 0;
+    if (overflow && sscanf(overflow, "%d:%ld", &rank, &step) != 2) rank = -1;
     return (TrainerOptions){.run_dir = run_dir && *run_dir ? run_dir : NULL,
                             .memory_report = report && *report ? report : NULL,
                             .control_fd = fd && *fd ? atoi(fd) : -1,
-                            .ckpt_hold = hold && *hold ? hold : NULL};
+                            .ckpt_hold = hold && *hold ? hold : NULL,
+                            .overflow_rank = rank,
+                            .overflow_step = step};
 }
 
 int main(int argc, char **argv) {
