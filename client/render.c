@@ -72,7 +72,7 @@ static void fmt_steps(const cJSON *job, char *buf, size_t cap) {
 // Every job column as text, shared by the table and the progress lines.
 typedef struct {
     char id[24], name[136], steps[48], loss[24], rate[24], eta[24];
-    char val[40]; // " val_loss 3.1234" when the job has a validation loss, else ""
+    char val[96]; // " val_loss 3.1234", " loss_scale 65536 (2 skipped)" where the job has them
     const char *state;
 } JobText;
 
@@ -84,11 +84,12 @@ static void job_text(const cJSON *job, JobText *t) {
     fmt_loss(num_field(job, "loss"), t->loss, sizeof t->loss);
     fmt_count(num_field(job, "tokens_per_s"), t->rate, sizeof t->rate);
     fmt_duration(num_field(job, "eta_s"), t->eta, sizeof t->eta);
-    double v = num_field(job, "val_loss");
-    if (isnan(v))
-        t->val[0] = '\0';
-    else
-        snprintf(t->val, sizeof t->val, " val_loss %.4f", v);
+    double v = num_field(job, "val_loss"), s = num_field(job, "loss_scale");
+    int n = isnan(v) ? 0 : snprintf(t->val, sizeof t->val, " val_loss %.4f", v);
+    t->val[n] = '\0';
+    if (!isnan(s))
+        snprintf(t->val + n, sizeof t->val - (size_t)n, " loss_scale %g (%.0f skipped)", s,
+                 num_field(job, "skipped_steps"));
 }
 
 // Columns: 5+1+16+1+11+1+13+1+8+1+9+1+8 = 76 characters.
@@ -163,7 +164,7 @@ static void render_ranks(FILE *out, const cJSON *ranks) {
 void render_job_detail(FILE *out, const cJSON *job) {
     JobText t;
     job_text(job, &t);
-    char val[48] = "";
+    char val[104] = "";
     if (*t.val) snprintf(val, sizeof val, ",%s", t.val);
     fprintf(out, "job %s (%s): %s, step %s, loss %s%s, %s tok/s, ETA %s\n", t.id, t.name, t.state,
             t.steps, t.loss, val, t.rate, t.eta);

@@ -9,6 +9,7 @@
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include <cjson/cJSON.h>
 #include <sqlite3.h>
@@ -77,11 +78,36 @@ static int read_rows(sqlite3_stmt *st, int with_val, long limit, cJSON *steps, i
     return rc;
 }
 
+// The step_metrics numbers (loss_scale, skipped, DPO/GRPO's) of the rows read, added to them by
+// step: both in step order, so one pass merges them.
+static int add_metrics(sqlite3 *db, long since_step, cJSON *steps) {
+    cJSON *last = cJSON_GetArrayItem(steps, cJSON_GetArraySize(steps) - 1), *row = steps->child;
+    sqlite3_stmt *st;
+    if (!last) return SQLITE_DONE;
+    if (sqlite3_prepare_v2(db, PROGRESS_DB_CURVE_METRICS, -1, &st, NULL) != SQLITE_OK)
+        return SQLITE_ERROR;
+    sqlite3_bind_int64(st, 1, since_step);
+    sqlite3_bind_int64(st, 2, (sqlite3_int64)cJSON_GetObjectItem(last, "step")->valuedouble);
+    int rc, bad = 0;
+    while (!bad && (rc = sqlite3_step(st)) == SQLITE_ROW) {
+        double step = (double)sqlite3_column_int64(st, 0);
+        while (row && cJSON_GetObjectItem(row, "step")->valuedouble < step)
+            row = row->next;
+        const char *name = (const char *)sqlite3_column_text(st, 1);
+        if (row && name && cJSON_GetObjectItem(row, "step")->valuedouble == step &&
+            !cJSON_GetObjectItemCaseSensitive(row, name))
+            bad = add_value(row, name, st, 2);
+    }
+    sqlite3_finalize(st);
+    return bad ? SQLITE_NOMEM : rc;
+}
+
 // The rows of an open database (see curve_read).
 static int read_curve(sqlite3 *db, const char *path, long since_step, long limit, cJSON *steps,
                       int *more, Err *err) {
-    int has_steps = has_table(db, "steps"), has_val = has_table(db, "validation");
-    if (has_steps < 0 || has_val < 0) return db_fail(db, path, "read", err);
+    int has_steps = has_table(db, "steps"), has_val = has_table(db, "validation"),
+        has_metrics = has_table(db, "step_metrics");
+    if (has_steps < 0 || has_val < 0 || has_metrics < 0) return db_fail(db, path, "read", err);
     if (!has_steps) return 0; // rank 0 created the file and is creating its tables
     sqlite3_stmt *st;
     if (sqlite3_prepare_v2(
@@ -92,6 +118,7 @@ static int read_curve(sqlite3 *db, const char *path, long since_step, long limit
     sqlite3_bind_int64(st, 2, limit + 1);
     int rc = read_rows(st, has_val, limit, steps, more);
     sqlite3_finalize(st);
+    if (rc == SQLITE_DONE && has_metrics) rc = add_metrics(db, since_step, steps);
     if (rc == SQLITE_NOMEM) return err_resource(err, "%s: out of memory", path);
     return rc == SQLITE_DONE ? 0 : db_fail(db, path, "read steps", err);
 }

@@ -160,6 +160,9 @@ typedef struct Job {
     long step, total_steps, epoch;
     double loss, lr, grad_norm, tokens_per_s, eta_s, val_loss;
     int has_progress, has_val_loss;
+    double loss_scale; // --loss_scale: the newest step's (has_loss_scale) and the skipped steps
+    long skipped_steps;
+    int has_loss_scale;
     int progress_seen; // its progress.db was read by this astraid (val_loss is known)
     long restarts, max_restarts, priority, n_devices;
     // restarts since this astraid started, for /metrics' counter: never reset, unlike
@@ -370,6 +373,9 @@ typedef struct {
     char *checkpoint;                                // the newest, NULL: none
     int has_val;                                     // the newest validation row
     double val_loss;
+    int has_scale; // loss scaling: the newest step's scale and the steps skipped
+    double loss_scale;
+    long skipped_steps;
 } JobProgress;
 
 // Polls the running jobs' progress.db every poll-interval on the threadpool (and once that
@@ -385,8 +391,9 @@ int progress_apply(Job *j, JobProgress *p);
 // A job's training curve (the `history` method, the web page): the steps rows of
 // run_dir/progress.db with step > since_step, in step order, at most limit of them, as a
 // JSON array of {step, loss, val_loss (only at steps with a validation row), lr, grad_norm,
-// tokens_per_s, wall_time}; a non-finite value is null. *more is 1 when rows past the limit
-// remain. No database yet is an empty curve. Blocking, and safe on any thread (its own
+// tokens_per_s, wall_time, and the step's numbers of step_metrics where it has them:
+// loss_scale, skipped, the DPO/GRPO ones}; a non-finite value is null. *more is 1 when rows past
+// the limit remain. No database yet is an empty curve. Blocking, and safe on any thread (its own
 // read-only connection that never blocks the writer): call it off the loop.
 int curve_read(const char *run_dir, long since_step, long limit, cJSON **steps, int *more,
                Err *err);

@@ -131,6 +131,8 @@ static void describe(const Job *j, Out *o, cJSON *obj) {
     out_metric(o, obj, "tokens_per_s", j->tokens_per_s, j->has_progress);
     out_metric(o, obj, "eta_s", j->eta_s, j->has_progress && j->eta_s >= 0);
     out_metric(o, obj, "val_loss", j->val_loss, j->has_val_loss);
+    out_metric(o, obj, "loss_scale", j->loss_scale, j->has_loss_scale);
+    out_number(o, obj, "skipped_steps", (double)j->skipped_steps, j->has_loss_scale);
     out_number(o, obj, "restarts", (double)j->restarts, 1);
     if (astraid.executor->run_state) {
         out_number(o, obj, "slurm_job", (double)j->slurm_id, j->slurm_id > 0);

@@ -95,6 +95,18 @@ static void read_validation(sqlite3 *db, JobProgress *p) {
     sqlite3_finalize(st);
 }
 
+// Loss scaling's newest scale and skipped steps; none without step_metrics rows of it.
+static void read_loss_scale(sqlite3 *db, JobProgress *p) {
+    sqlite3_stmt *st;
+    if (sqlite3_prepare_v2(db, PROGRESS_DB_LOSS_SCALE, -1, &st, NULL) != SQLITE_OK) return;
+    if (sqlite3_step(st) == SQLITE_ROW && sqlite3_column_type(st, 0) != SQLITE_NULL) {
+        p->loss_scale = sqlite3_column_double(st, 0);
+        p->skipped_steps = (long)sqlite3_column_int64(st, 1);
+        p->has_scale = 1;
+    }
+    sqlite3_finalize(st);
+}
+
 static void read_db(sqlite3 *db, long total_steps, JobProgress *p) {
     *p = (JobProgress){.opened = 1, .eta_s = -1};
     long total;
@@ -105,6 +117,7 @@ static void read_db(sqlite3 *db, long total_steps, JobProgress *p) {
     read_steps(db, total_steps, p);
     read_checkpoint(db, p);
     read_validation(db, p);
+    read_loss_scale(db, p);
 }
 
 void progress_read_dir(const char *run_dir, long total_steps, JobProgress *p) {
@@ -142,6 +155,13 @@ int progress_apply(Job *j, JobProgress *p) {
     if (p->has_val && (!j->has_val_loss || p->val_loss != j->val_loss)) {
         j->val_loss = p->val_loss;
         j->has_val_loss = 1;
+        changed = 1;
+    }
+    if (p->has_scale && (!j->has_loss_scale || p->loss_scale != j->loss_scale ||
+                         p->skipped_steps != j->skipped_steps)) {
+        j->loss_scale = p->loss_scale;
+        j->skipped_steps = p->skipped_steps;
+        j->has_loss_scale = 1;
         changed = 1;
     }
     free(p->checkpoint);

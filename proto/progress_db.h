@@ -56,6 +56,14 @@
     " ORDER BY step DESC LIMIT ?1"
 #define PROGRESS_DB_LAST_CHECKPOINT "SELECT path FROM checkpoints ORDER BY step DESC LIMIT 1"
 #define PROGRESS_DB_LAST_VALIDATION "SELECT val_loss FROM validation ORDER BY step DESC LIMIT 1"
+// Loss scaling (--loss_scale): the newest step's scale, and how many steps were skipped.
+#define PROGRESS_DB_LOSS_SCALE                                                                     \
+    "SELECT (SELECT value FROM step_metrics WHERE name = 'loss_scale' ORDER BY step DESC LIMIT 1)," \
+    " (SELECT COUNT(*) FROM step_metrics WHERE name = 'skipped' AND value > 0)"
+// The numbers beyond the steps columns (step_metrics: loss_scale, skipped, the DPO/GRPO ones) of
+// the steps in (?1, ?2], in step order.
+#define PROGRESS_DB_CURVE_METRICS                                                                  \
+    "SELECT step, name, value FROM step_metrics WHERE step > ?1 AND step <= ?2 ORDER BY step"
 #define PROGRESS_DB_TOTAL_STEPS "SELECT CAST(value AS INTEGER) FROM run WHERE key='total_steps'"
 
 // The curve (curve.c): steps after ?1, at most ?2 of them, in order; columns step, loss, lr,

@@ -11,6 +11,8 @@ doing PyTorch GradScaler's rule (tests/ref/grad_scaler.py) on the same gradients
   checkpoint);
 - one rank overflowing (ASTRAI_TEST_OVERFLOW) skips the step on every rank under ddp and fsdp:
   the curve equals one rank's with the same step skipped;
+- through astraid: the JOB shows the newest loss_scale and the skipped steps (and `astraictl
+  status` says them), the history rows carry loss_scale and skipped;
 - bad values of --loss_scale are refused naming the value (tests/test_train_devices.py)."""
 
 import math
@@ -19,6 +21,7 @@ import sqlite3
 import sys
 
 
+import daemon_util as du
 import train_util as tu
 from ref.grad_scaler import GradScaler
 WINDOW = 32
@@ -127,6 +130,29 @@ def one_rank_overflows(root, model, data, failures):
             failures.append(f"{name}: one rank's overflow: skipped {skipped}, worst {worst:.2e}")
 
 
+def through_astraid(root, model, data, failures):
+    os.makedirs(os.path.join(root, "astraid"))
+    d = du.Daemon(os.path.join(root, "astraid")).start()
+    with du.guarded(d):
+        c = d.client()
+        spec = du.spec(model, data, **{k: v for k, v in args(model, data, "").items()
+                                       if k not in ("ckpt_dir", "param_path", "data_root_path")})
+        jid = c.call("submit", spec)["job"]
+        job = du.wait_job(c, jid, ["completed"], timeout=300)
+        rows = c.call("history", {"job": jid})["steps"]
+        out, _ = tu.run([tu.binary("astraictl"), "--socket", d.socket, "status", str(jid)])
+        d.stop()
+    want_skipped = [r["step"] for r in rows if r.get("skipped")]
+    line = out.splitlines()[0] if out else ""
+    print(f"astraid: JOB loss_scale {job['loss_scale']}, skipped_steps {job['skipped_steps']}; "
+          f"history skipped {want_skipped}; status: {line}")
+    if job["loss_scale"] != rows[-1].get("loss_scale") or job["skipped_steps"] != \
+            len(want_skipped) or not want_skipped or any("loss_scale" not in r for r in rows):
+        failures.append(f"astraid: JOB {job} vs history {rows}")
+    if f"loss_scale {job['loss_scale']:g} ({len(want_skipped)} skipped)" not in line:
+        failures.append(f"astraictl status does not say the loss scale: {out[:300]}")
+
+
 def main():
     failures = []
     root = tu.tmpdir()
@@ -135,6 +161,7 @@ def main():
     straight = against_reference(root, model, data, tokens, failures)
     resume_mid_backoff(root, model, data, straight, failures)
     one_rank_overflows(root, model, data, failures)
+    through_astraid(root, model, data, failures)
     return tu.finish(failures)
 
 
