@@ -3,7 +3,7 @@
 # from the real .cu by tests/cuda_emu/gen.py (it rewrites only the <<<...>>> launch syntax,
 # extern __shared__ declarations and the asm statements of the PTX instructions it knows)
 # and compiled as C++ with tests/cuda_emu/emu.h force-included; the test compares every op
-# with the CPU reference kernels (engine/cpu/), in fp32 and bf16, and attention with a
+# with the CPU reference kernels (engine/cpu/), in fp32, bf16 and fp16, and attention with a
 # float64 attention of its own.
 #
 # Emulated: embedding, rmsnorm, rope, elementwise, cross_entropy, preference, optim and
@@ -51,7 +51,8 @@ add_executable(test_cuda_emu ${_emu_src}/test_cuda_emu.cpp ${_emu_src}/emu.cpp
   ${_emu_src}/mma.cpp ${_emu_src}/context_stub.cpp ${_emu_generated})
 set_target_properties(test_cuda_emu PROPERTIES CXX_STANDARD 20 CXX_STANDARD_REQUIRED ON
   CXX_EXTENSIONS OFF)
-# The stub <cuda_runtime.h>, <cuda_bf16.h> come before any system copy of the toolkit's.
+# The stub <cuda_runtime.h>, <cuda_bf16.h>, <cuda_fp16.h> come before any system copy of the
+# toolkit's.
 target_include_directories(test_cuda_emu BEFORE PRIVATE ${_emu_src}/stub_include)
 target_include_directories(test_cuda_emu PRIVATE ${CMAKE_SOURCE_DIR})
 # The kernels: emu.h first; FMA contraction as nvcc's default (--fmad=true), so a sum that

@@ -1,19 +1,22 @@
 // test_gpu_ops.c: per-op conformance of the CUDA backend against the CPU backend
 // (engine/backend.h), every op of the Backend table, on random inputs from a fixed seed, in
-// both compute dtypes; and the determinism of the ops whose reductions could be reordered.
-// The memory ops (upload, download, copy, zero, cast_from_f32, download_f32) must be exact.
+// the three compute dtypes (fp32, bf16, fp16); and the determinism of the ops whose
+// reductions could be reordered. The memory ops (upload, download, copy, zero, cast_from_f32,
+// download_f32) must be exact.
 //
 // Metric, per output tensor: max|cuda - cpu| / max(1e-6, max|cpu|), the largest error
 // relative to the tensor's scale (so elements near 0 do not dominate), the CPU being the
-// reference. fp32 mode (DT_F32, TF32 off) must be within 1e-5 for every op. bf16 mode: the
-// inputs in the compute dtype are the CPU inputs rounded to bf16 (fp32 inputs stay fp32) and
-// the CPU computes in fp32 on those rounded values, so what is measured is the CUDA compute
-// error alone (bf16 outputs, bf16 intermediates); TOLERANCES below states each op's bound.
+// reference. fp32 mode (DT_F32, TF32 off) must be within 1e-5 for every op. bf16 and fp16
+// modes: the inputs in the compute dtype are the CPU inputs rounded to it (fp32 inputs stay
+// fp32) and the CPU computes in fp32 on those rounded values, so what is measured is the CUDA
+// compute error alone (16-bit outputs, 16-bit intermediates); TOLERANCES below states each
+// op's bound. fp16 mode also checks that outputs past fp16's range are inf, not clamped
+// (f16_overflow: the trainer's loss scaling finds an overflowed gradient by its inf).
 //
-// Prints one line per output tensor (name, case, dtype, max rel err, tolerance, PASS/FAIL)
-// and, when ASTRAI_GPU_REPORT_DIR is set, writes the same as JSON to $ASTRAI_GPU_REPORT_DIR/
-// ops.json. Exit 0 all passed, 1 any failed, 77 skipped (no GPU visible, or built without
-// CUDA: ctest's SKIP_RETURN_CODE).
+// Prints one line per output tensor (name, case, dtype, max rel err, tolerance, PASS/FAIL),
+// a "test_gpu_ops: DTYPE: ..." line per dtype and a total; when ASTRAI_GPU_REPORT_DIR is set,
+// writes the same as JSON to $ASTRAI_GPU_REPORT_DIR/ops.json. Exit 0 all passed, 1 any
+// failed, 77 skipped (no GPU visible, or built without CUDA: ctest's SKIP_RETURN_CODE).
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -31,52 +34,58 @@
 // bf16 rounding of an output is at most 2^-9 (0.2%) of the element, so of max|cpu|: ops with
 // bf16 outputs computed in fp32 registers get 1e-2 (5x that, for the fp32 work before the
 // rounding); flash attention also rounds P (forward) and P, dS (backward) to bf16 for its
-// GEMMs, 2e-2 / 3e-2. fp32 outputs computed from bf16-exact inputs differ from the CPU only
-// in the order of fp32 additions (and exp/rsqrt approximations), a few 1e-7: 1e-4 or tighter,
-// so a bf16 intermediate (>= 2e-3) would fail them. Gradient accumulators (fp32 +=) get 5e-4.
+// GEMMs, 2e-2 / 3e-2. fp16 keeps 3 more significand bits (its rounding is at most 2^-11 of
+// the element, 8x less): a quarter of the bf16 bounds (2.5e-3; attention 5e-3 / 8e-3), twice
+// what the 8x alone would allow, as the inputs' spread (fp16 subnormals below 6e-5) is not
+// bf16's. fp32 outputs computed from 16-bit-exact inputs differ from the CPU only in the
+// order of fp32 additions (and exp/rsqrt approximations), a few 1e-7: 1e-4 or tighter, so a
+// 16-bit intermediate (>= 2e-4) would fail them. Gradient accumulators (fp32 +=) get 5e-4.
 typedef struct {
     const char *name; // an output ("matmul_bwd.dweight") or a whole op ("rope_fwd")
-    double f32, bf16;
+    double f32, bf16, f16;
     const char *why;
 } Tolerance;
 
 static const Tolerance TOLERANCES[] = {
-    {"matmul_fwd", 1e-5, 1e-2, "bf16 output of an fp32-accumulated GEMM"},
-    {"matmul_bwd.dinp", 1e-5, 1e-2, "bf16 output of an fp32-accumulated GEMM"},
-    {"matmul_bwd.dweight", 1e-5, 5e-4, "fp32 += of exact bf16 products: summation order only"},
-    {"embedding_fwd", 0, 0, "a row copy: bit-exact"},
-    {"embedding_bwd", 1e-5, 1e-5, "fp32 sums of bf16-exact rows in the same (token) order"},
-    {"rmsnorm_fwd.out", 1e-5, 1e-2, "bf16 output, fp32 math"},
-    {"rmsnorm_fwd.rstd", 1e-5, 1e-5, "fp32 output from bf16-exact inputs"},
-    {"rmsnorm_bwd.dinp", 1e-5, 1e-2, "bf16 output, fp32 math"},
-    {"rmsnorm_bwd.dweight", 1e-5, 5e-4, "fp32 += over rows: summation order only"},
-    {"rope_fwd", 1e-5, 1e-2, "bf16 output of an fp32 rotation"},
-    {"rope_bwd", 1e-5, 1e-2, "bf16 output of an fp32 rotation"},
-    {"attention_fwd.out", 1e-5, 2e-2, "bf16 output; P rounded to bf16 for the PV GEMM"},
-    {"attention_fwd.lse", 1e-5, 1e-3, "fp32 logsumexp of fp32-accumulated exact products"},
-    {"attention_bwd", 1e-5, 3e-2, "bf16 outputs; P and dS rounded to bf16 for the GEMMs"},
-    {"attention_kernels", 0, 0, "bf16 at D=64/128: the tensor-core kernels ran (fp32: SIMT)"},
-    {"swiglu_fwd", 1e-5, 1e-2, "bf16 output, fp32 math"},
-    {"swiglu_bwd", 1e-5, 1e-2, "bf16 output, fp32 math"},
-    {"sigmoid_gate_fwd", 1e-5, 1e-2, "bf16 output, fp32 math"},
-    {"sigmoid_gate_bwd", 1e-5, 1e-2, "bf16 output, fp32 math"},
-    {"cross_entropy_fwd", 1e-5, 1e-4, "fp32 outputs from bf16-exact logits: order of sums"},
-    {"cross_entropy_bwd", 1e-5, 1e-2, "bf16 dlogits, fp32 math"},
-    {"loss_mean_add", 1e-5, 1e-5, "fp32/double reduction, dtype-free"},
-    {"dpo_loss", 1e-5, 1e-5, "double sums of fp32 NLLs, dtype-free"},
-    {"grpo_loss", 1e-5, 1e-5, "fp32 per-token math, double sums, dtype-free"},
-    {"gaussian_noise_add", 1e-5, 1e-2, "device logf/cosf vs the host's; bf16 output"},
-    {"sum_squares", 1e-5, 1e-5, "double reduction, dtype-free"},
-    {"scale", 1e-5, 1e-5, "fp32, dtype-free"},
-    {"adamw", 1e-5, 1e-5, "fp32, dtype-free (FMA contraction differs by an ulp)"},
-    {"muon.w", 1e-5, 1e-5, "fp32 weights after the step"},
-    {"muon.buf", 1e-5, 1e-5, "fp32 momentum lerp"},
+    {"matmul_fwd", 1e-5, 1e-2, 2.5e-3, "16-bit output of an fp32-accumulated GEMM"},
+    {"matmul_bwd.dinp", 1e-5, 1e-2, 2.5e-3, "16-bit output of an fp32-accumulated GEMM"},
+    {"matmul_bwd.dweight", 1e-5, 5e-4, 5e-4, "fp32 += of exact 16-bit products: order only"},
+    {"embedding_fwd", 0, 0, 0, "a row copy: bit-exact"},
+    {"embedding_bwd", 1e-5, 1e-5, 1e-5, "fp32 sums of 16-bit-exact rows in the same order"},
+    {"rmsnorm_fwd.out", 1e-5, 1e-2, 2.5e-3, "16-bit output, fp32 math"},
+    {"rmsnorm_fwd.rstd", 1e-5, 1e-5, 1e-5, "fp32 output from 16-bit-exact inputs"},
+    {"rmsnorm_bwd.dinp", 1e-5, 1e-2, 2.5e-3, "16-bit output, fp32 math"},
+    {"rmsnorm_bwd.dweight", 1e-5, 5e-4, 5e-4, "fp32 += over rows: summation order only"},
+    {"rope_fwd", 1e-5, 1e-2, 2.5e-3, "16-bit output of an fp32 rotation"},
+    {"rope_bwd", 1e-5, 1e-2, 2.5e-3, "16-bit output of an fp32 rotation"},
+    {"attention_fwd.out", 1e-5, 2e-2, 5e-3, "16-bit output; P rounded to 16 bits for PV"},
+    {"attention_fwd.lse", 1e-5, 1e-3, 1e-3, "fp32 logsumexp of fp32-accumulated exact products"},
+    {"attention_bwd", 1e-5, 3e-2, 8e-3, "16-bit outputs; P and dS rounded to 16 bits for GEMMs"},
+    {"attention_kernels", 0, 0, 0, "16-bit at D=64/128: the tensor-core kernels ran (fp32: SIMT)"},
+    {"swiglu_fwd", 1e-5, 1e-2, 2.5e-3, "16-bit output, fp32 math"},
+    {"swiglu_bwd", 1e-5, 1e-2, 2.5e-3, "16-bit output, fp32 math"},
+    {"sigmoid_gate_fwd", 1e-5, 1e-2, 2.5e-3, "16-bit output, fp32 math"},
+    {"sigmoid_gate_bwd", 1e-5, 1e-2, 2.5e-3, "16-bit output, fp32 math"},
+    {"cross_entropy_fwd", 1e-5, 1e-4, 1e-4, "fp32 outputs from 16-bit-exact logits: order of sums"},
+    {"cross_entropy_bwd", 1e-5, 1e-2, 2.5e-3, "16-bit dlogits, fp32 math"},
+    {"loss_mean_add", 1e-5, 1e-5, 1e-5, "fp32/double reduction, dtype-free"},
+    {"dpo_loss", 1e-5, 1e-5, 1e-5, "double sums of fp32 NLLs, dtype-free"},
+    {"grpo_loss", 1e-5, 1e-5, 1e-5, "fp32 per-token math, double sums, dtype-free"},
+    {"gaussian_noise_add", 1e-5, 1e-2, 2.5e-3, "device logf/cosf vs the host's; 16-bit output"},
+    {"sum_squares", 1e-5, 1e-5, 1e-5, "double reduction, dtype-free"},
+    {"scale", 1e-5, 1e-5, 1e-5, "fp32, dtype-free"},
+    {"adamw", 1e-5, 1e-5, 1e-5, "fp32, dtype-free (FMA contraction differs by an ulp)"},
+    {"muon.w", 1e-5, 1e-5, 1e-5, "fp32 weights after the step"},
+    {"muon.buf", 1e-5, 1e-5, 1e-5, "fp32 momentum lerp"},
     // The update alone (w_new - w_old), stricter than w: 5 chained Newton-Schulz GEMMs whose
     // quintic amplifies rounding differences of small singular values (up to ~3.4x a step);
-    // in bf16 mode the implementation may run them in bf16/TF32, as torch's Muon does.
-    {"muon.update", 1e-4, 1e-2, "Newton-Schulz: 5 chained GEMMs amplify GEMM rounding"},
-    {"memory", 0, 0, "copies and the bf16 rounding (to nearest even) are exact"},
-    {"determinism", 0, 0, "two runs on the GPU: bit-identical"},
+    // in 16-bit modes the implementation may run them in bf16/TF32, as torch's Muon does.
+    {"muon.update", 1e-4, 1e-2, 1e-2, "Newton-Schulz: 5 chained GEMMs amplify GEMM rounding"},
+    {"memory", 0, 0, 0, "copies and the 16-bit rounding (to nearest even) are exact"},
+    {"determinism", 0, 0, 0, "two runs on the GPU: bit-identical"},
+    // fp16 only: the fraction of elements whose fp16 overflow (+-inf, from the CPU's fp32
+    // result past 65504) the GPU did not reproduce; 1 when nothing overflowed.
+    {"f16_overflow", 0, 0, 0, "outputs past 65504 are +-inf, never clamped to 65504"},
 };
 
 static const Tolerance *tolerance_of(const char *name) {
@@ -117,7 +126,7 @@ static void record(DType dt, const char *name, const char *shape, double err) {
     snprintf(r->name, sizeof r->name, "%s", name);
     snprintf(r->shape, sizeof r->shape, "%s", shape);
     r->dtype = dtype_name(dt);
-    r->tol = dt == DT_BF16 ? t->bf16 : t->f32;
+    r->tol = dt == DT_BF16 ? t->bf16 : dt == DT_F16 ? t->f16 : t->f32;
     r->err = err;
     r->pass = err <= r->tol; // false for NaN
     n_failed += !r->pass;
@@ -158,9 +167,11 @@ static void write_json(const char *skipped) {
     }
     fprintf(f, "\n  ],\n  \"tolerances\": [");
     for (size_t i = 0; i < sizeof TOLERANCES / sizeof TOLERANCES[0]; i++)
-        fprintf(f, "%s\n    {\"op\": \"%s\", \"fp32\": %g, \"bf16\": %g, \"why\": \"%s\"}",
+        fprintf(f,
+                "%s\n    {\"op\": \"%s\", \"fp32\": %g, \"bf16\": %g, \"fp16\": %g, \"why\": "
+                "\"%s\"}",
                 i ? "," : "", TOLERANCES[i].name, TOLERANCES[i].f32, TOLERANCES[i].bf16,
-                TOLERANCES[i].why);
+                TOLERANCES[i].f16, TOLERANCES[i].why);
     fprintf(f, "\n  ]\n}\n");
     fclose(f);
 }
@@ -205,6 +216,33 @@ static float bf16_round(float x) {
     return x;
 }
 
+// fp32 -> fp16 bits, round to nearest even (the default rounding mode of nearbyint): +-inf
+// from 65520 (halfway from the largest finite 65504 to 2^16) on, gradual underflow
+// (subnormals 2^-24 apart). |x| = m 2^q with q its ulp's exponent, m < 2^11 (2^11 after a
+// carry, which the encoding takes as the next exponent): bits ((q + 24) << 10) + m.
+static uint16_t f16_bits(float x) {
+    uint16_t sign = signbit(x) ? 0x8000 : 0;
+    double a = fabs((double)x);
+    if (isnan(x)) return 0x7e00;
+    if (a >= 65520.0) return sign | 0x7c00;
+    if (a == 0) return sign;
+    int e;
+    frexp(a, &e); // a in [2^(e-1), 2^e): its ulp is 2^(e-11), 2^-24 at least (subnormals)
+    int q = e - 11 < -24 ? -24 : e - 11;
+    return (uint16_t)(sign | (((q + 24) << 10) + (int)nearbyint(ldexp(a, -q))));
+}
+
+static float f16_value(uint16_t h) {
+    int e = h >> 10 & 0x1f, m = h & 0x3ff;
+    double v = e == 0x1f ? (m ? NAN : INFINITY) : e ? ldexp(1024 + m, e - 25) : ldexp(m, -24);
+    return (float)(h & 0x8000 ? -v : v);
+}
+
+// x as the compute dtype dt holds it (finite x for bf16).
+static float dtype_round(DType dt, float x) {
+    return dt == DT_BF16 ? bf16_round(x) : dt == DT_F16 ? f16_value(f16_bits(x)) : x;
+}
+
 // max|a - b| / max(1e-6, max|b|); infinite when a has a NaN/inf where b is finite.
 static double rel_err(const float *a, const float *b, size_t n) {
     double diff = 0, ref = 0;
@@ -218,8 +256,8 @@ static double rel_err(const float *a, const float *b, size_t n) {
 }
 
 // ---------------------------------------------------------------- backend buffers
-// A tensor on both backends with the same contents. act: in the compute dtype (bf16 on the
-// GPU in bf16 mode); otherwise fp32 or raw bytes (int32, double) on both.
+// A tensor on both backends with the same contents. act: in the compute dtype (bf16 or fp16 on
+// the GPU in those modes); otherwise fp32 or raw bytes (int32, double) on both.
 typedef struct {
     void *cpu, *gpu;
     size_t n;
@@ -260,12 +298,12 @@ static void release(Ctx *c) {
     c->n_owned = 0;
 }
 
-// A compute-dtype tensor from host fp32 values; in bf16 mode the host values are rounded
-// first (in place, so the caller's array is the effective input of both sides).
+// A compute-dtype tensor from host fp32 values; in bf16 and fp16 modes the host values are
+// rounded first (in place, so the caller's array is the effective input of both sides).
 static Pair pair_act(Ctx *c, float *host, size_t n) {
-    if (c->dt == DT_BF16)
+    if (c->dt != DT_F32)
         for (size_t i = 0; i < n; i++)
-            host[i] = bf16_round(host[i]);
+            host[i] = dtype_round(c->dt, host[i]);
     Pair p = {be_alloc(c, c->cpu, n * 4), be_alloc(c, c->gpu, n * dtype_size(c->dt)), n, 1};
     c->cpu->upload(p.cpu, host, n * 4);
     if (c->dt == DT_F32) {
@@ -273,7 +311,7 @@ static Pair pair_act(Ctx *c, float *host, size_t n) {
     } else {
         float *staging = be_alloc(c, c->gpu, n * 4);
         c->gpu->upload(staging, host, n * 4);
-        c->gpu->cast_from_f32(p.gpu, staging, n); // exact: the values are bf16 already
+        c->gpu->cast_from_f32(p.gpu, staging, n); // exact: the values are 16-bit already
     }
     return p;
 }
@@ -304,7 +342,7 @@ static void pair_read(Ctx *c, const Pair *p, float **cpu_out, float **gpu_out) {
     *cpu_out = xmalloc(p->n * 4);
     *gpu_out = xmalloc(p->n * 4);
     c->cpu->download(*cpu_out, p->cpu, p->n * 4);
-    if (p->act && c->dt == DT_BF16)
+    if (p->act && c->dt != DT_F32)
         c->gpu->download_f32(*gpu_out, p->gpu, p->n);
     else
         c->gpu->download(*gpu_out, p->gpu, p->n * 4);
@@ -497,11 +535,11 @@ static void test_rope(Ctx *c, int B, int T, int G, int D, int stride) {
     free(ds), free(pos), free(table), free(x), free(dx);
 }
 
-// bf16 at D = 64, 128 (test_attention's rows are aligned) takes the tensor cores: a silent
-// fallback to the SIMT kernels would pass every comparison. 1 = the other ones ran.
+// bf16 and fp16 at D = 64, 128 (test_attention's rows are aligned) take the tensor cores: a
+// silent fallback to the SIMT kernels would pass every comparison. 1 = the other ones ran.
 static void check_attention_kernels(Ctx *c, const char *name, const char *shape, int D) {
 #ifdef ASTRAI_HAVE_CUDA
-    int mma = c->dt == DT_BF16 && (D == 64 || D == 128);
+    int mma = c->dt != DT_F32 && (D == 64 || D == 128);
     const char *want = mma ? "tensor-core" : "simt", *got = cuda_attention_kernels();
     if (strcmp(got, want)) printf("%s: the %s kernels ran, not %s\n", name, got, want);
     record(c->dt, name, shape, strcmp(got, want) != 0);
@@ -791,7 +829,8 @@ static double bytes_differ(const void *a, const void *b, size_t bytes) {
 }
 
 // upload/download, copy and zero are bit-exact; cast_from_f32 rounds to nearest even (a copy
-// in fp32 mode) and download_f32 widens exactly.
+// in fp32 mode; fp16: inf past its range, subnormals below 2^-14) and download_f32 widens
+// exactly.
 static void test_memory(Ctx *c) {
     const size_t n = 1000003, bytes = n * 4;
     float *x = host_rand(n, -1, 1), *back = xmalloc(bytes);
@@ -800,6 +839,12 @@ static void test_memory(Ctx *c) {
     // Exact ties between two bf16 values (1 + 2^-8 and 1 + 3 * 2^-8): even, then up.
     x[0] = 1.0f + 0x1p-8f, x[1] = 1.0f + 0x3p-8f, x[2] = -(1.0f + 0x1p-8f), x[3] = 0.0f;
     x[4] = -0.0f;
+    if (c->dt == DT_F16) { // fp16's: ties, the overflow threshold 65520 (a tie: inf), just
+                           // below it, the subnormal ties 2^-25 (to 0) and 3 * 2^-25 (up)
+        const float edges[] = {1.0f + 0x1p-11f, 1.0f + 0x3p-11f, 65504.0f, 65520.0f - 0x1p-8f,
+                               65520.0f,        -65520.0f,       0x1p-25f, 0x3p-25f};
+        memcpy(x + 5, edges, sizeof edges);
+    }
     float *d1 = be_alloc(c, c->gpu, bytes), *d2 = be_alloc(c, c->gpu, bytes);
     c->gpu->upload(d1, x, bytes);
     c->gpu->copy(d2, d1, bytes);
@@ -817,23 +862,114 @@ static void test_memory(Ctx *c) {
     unsigned char *raw = xmalloc(n * es), *want = xmalloc(n * es);
     c->gpu->download(raw, act, n * es);
     for (size_t i = 0; i < n; i++) {
-        float r = c->dt == DT_BF16 ? bf16_round(x[i]) : x[i];
+        float r = dtype_round(c->dt, x[i]);
         uint32_t u;
         memcpy(&u, &r, 4);
         if (c->dt == DT_BF16) {
             uint16_t h = (uint16_t)(u >> 16);
             memcpy(want + 2 * i, &h, 2);
+        } else if (c->dt == DT_F16) {
+            uint16_t h = f16_bits(x[i]);
+            memcpy(want + 2 * i, &h, 2);
         } else {
             memcpy(want + 4 * i, &u, 4);
         }
     }
-    record(c->dt, "memory.cast_from_f32", "n=1000003, ties, +-0", bytes_differ(raw, want, n * es));
+    record(c->dt, "memory.cast_from_f32",
+           c->dt == DT_F16 ? "n=1000003, ties, +-0, inf, subnormals" : "n=1000003, ties, +-0",
+           bytes_differ(raw, want, n * es));
     c->gpu->download_f32(back, act, n);
     for (size_t i = 0; i < n; i++)
-        x[i] = c->dt == DT_BF16 ? bf16_round(x[i]) : x[i];
+        x[i] = dtype_round(c->dt, x[i]);
     record(c->dt, "memory.download_f32", "n=1000003", bytes_differ(back, x, bytes));
     release(c);
     free(x), free(back), free(zeros), free(raw), free(want);
+}
+
+// ---------------------------------------------------------------- fp16 overflow (GPU only)
+// Records the fraction of elements of an fp16 output whose overflow the GPU did not
+// reproduce: where the CPU's fp32 result rounds to +-inf in fp16 (|x| >= 65520) the GPU must
+// give that inf, and no inf elsewhere (a clamped 65504 would hide the overflow from the
+// trainer's loss scaling). 1 when nothing overflowed: the case would test nothing.
+static void compare_overflow(Ctx *c, const char *name, const char *shape, const Pair *p) {
+    float *a, *b;
+    pair_read(c, p, &b, &a);
+    size_t infs = 0, wrong = 0;
+    for (size_t i = 0; i < p->n; i++) {
+        float want = f16_value(f16_bits(b[i]));
+        infs += isinf(want) != 0;
+        wrong += isinf(want) ? a[i] != want : !isfinite(a[i]);
+    }
+    record(c->dt, name, shape, infs ? (double)wrong / (double)p->n : 1.0);
+    free(a), free(b);
+}
+
+// Outputs that overflow fp16 in some elements and not in others: a GEMM (cuBLASLt's fp16
+// epilogue) forward and backward, swiglu, and cross-entropy's gradient at a loss scale of 2e5
+// (its target column, 2e5 * (p - 1), is past the range). The large inputs are fp16-exact and
+// far from the threshold: every product is many times 65520 or well below it.
+static void test_f16_overflow(Ctx *c) {
+    const int N = 64, C = 256, OC = 96;
+    char sh[80];
+    snprintf(sh, sizeof sh, "N=%d C=%d OC=%d", N, C, OC);
+    float *inp = host_rand((size_t)N * C, -1, 1), *w = host_rand((size_t)OC * C, -0.1f, 0.1f);
+    float *dout = host_rand((size_t)N * OC, -1, 1), *dw = calloc((size_t)OC * C, 4);
+    if (!dw) exit(1);
+    for (int n = 0; n < N; n += 4) // rows of +-100 times the weight rows of 10: +-256 000
+        for (int k = 0; k < C; k++)
+            inp[(size_t)n * C + k] = n % 8 ? -100 : 100;
+    for (int o = 0; o < OC; o += 3)
+        for (int k = 0; k < C; k++)
+            w[(size_t)o * C + k] = 10;
+    for (int n = 0; n < N; n += 5) // dinp: +-1000 * 10, 32 times: +-320 000 (+ a few tens)
+        for (int o = 0; o < OC; o += 3)
+            dout[(size_t)n * OC + o] = n % 2 ? -1000 : 1000;
+    Pair pi = pair_act(c, inp, (size_t)N * C), pw = pair_act(c, w, (size_t)OC * C);
+    Pair pd = pair_act(c, dout, (size_t)N * OC), po = pair_act(c, dout, (size_t)N * OC);
+    Pair pdi = pair_act(c, inp, (size_t)N * C), pdw = pair_f32(c, dw, (size_t)OC * C);
+    c->cpu->matmul_fwd(po.cpu, pi.cpu, pw.cpu, N, C, OC, 0);
+    c->gpu->matmul_fwd(po.gpu, pi.gpu, pw.gpu, N, C, OC, 0);
+    compare_overflow(c, "f16_overflow.matmul_fwd", sh, &po);
+    c->cpu->matmul_bwd(pdi.cpu, pdw.cpu, pd.cpu, pi.cpu, pw.cpu, N, C, OC, 0);
+    c->gpu->matmul_bwd(pdi.gpu, pdw.gpu, pd.gpu, pi.gpu, pw.gpu, N, C, OC, 0);
+    compare_overflow(c, "f16_overflow.matmul_bwd.dinp", sh, &pdi);
+    release(c);
+    free(inp), free(w), free(dout), free(dw);
+
+    const int FF = 1408;
+    float *h = host_rand((size_t)N * 2 * FF, -3, 3);
+    for (int n = 0; n < N; n++) // up and gate of 300 in every 4th column: up * gate 90 000
+        for (int k = 0; k < FF; k += 4) {
+            h[(size_t)n * 2 * FF + k] = n % 2 ? -300 : 300;
+            h[(size_t)n * 2 * FF + FF + k] = 300;
+        }
+    Pair ph = pair_act(c, h, (size_t)N * 2 * FF);
+    Pair pso = pair_act(c, h, (size_t)N * FF); // any initial contents: overwritten
+    c->cpu->swiglu_fwd(pso.cpu, ph.cpu, N, FF);
+    c->gpu->swiglu_fwd(pso.gpu, ph.gpu, N, FF);
+    snprintf(sh, sizeof sh, "N=%d FF=%d", N, FF);
+    compare_overflow(c, "f16_overflow.swiglu_fwd", sh, &pso);
+    release(c);
+    free(h);
+
+    const int V = 32000;
+    int counted;
+    int32_t *targets = xmalloc((size_t)N * 4), *mask = xmalloc((size_t)N * 4);
+    float *logits = ce_inputs(N, V, targets, mask, &counted);
+    float *lse = calloc((size_t)N, 4);
+    if (!lse) exit(1);
+    Pair pt = pair_i32(c, targets, N), pm = pair_i32(c, mask, N);
+    Pair plg = pair_act(c, logits, (size_t)N * V), plse = pair_f32(c, lse, N);
+    Pair ploss = pair_f32(c, lse, N), pdl = pair_act(c, logits, (size_t)N * V);
+    c->cpu->cross_entropy_fwd(ploss.cpu, plse.cpu, plg.cpu, pt.cpu, pm.cpu, N, V, 0.1f);
+    c->cpu->download(lse, plse.cpu, (size_t)N * 4);
+    Pair plin = pair_f32(c, lse, N); // the CPU's lse on both sides
+    c->cpu->cross_entropy_bwd(pdl.cpu, plg.cpu, plin.cpu, pt.cpu, pm.cpu, NULL, N, V, 0.1f, 2e5f);
+    c->gpu->cross_entropy_bwd(pdl.gpu, plg.gpu, plin.gpu, pt.gpu, pm.gpu, NULL, N, V, 0.1f, 2e5f);
+    snprintf(sh, sizeof sh, "N=%d V=%d ls=0.1 dloss=2e5", N, V);
+    compare_overflow(c, "f16_overflow.cross_entropy_bwd", sh, &pdl);
+    release(c);
+    free(targets), free(mask), free(logits), free(lse);
 }
 
 // ---------------------------------------------------------------- determinism (GPU only)
@@ -981,7 +1117,7 @@ static void run_all(Ctx *c) {
     for (int D = 64; D <= 128; D *= 2)
         for (int docs = 0; docs <= 1; docs++)
             test_attention(c, 2, 300, 8, 2, D, docs);
-    test_attention(c, 1, 70, 4, 2, 96, 1); // SIMT in both dtypes (the bf16 fallback is logged)
+    test_attention(c, 1, 70, 4, 2, 96, 1); // SIMT in every dtype (the 16-bit fallback is logged)
     test_swiglu(c, 300, 1408);
     test_sigmoid_gate(c, (size_t)300 * 768 + 5);
     test_cross_entropy(c, 128, 32000, 0.0f);
@@ -992,6 +1128,7 @@ static void run_all(Ctx *c) {
     test_muon(c, 256, 768); // rows < cols
     test_muon(c, 768, 256); // rows > cols: transposed
     test_determinism(c);
+    if (c->dt == DT_F16) test_f16_overflow(c); // last: the other modes' inputs stay as they were
 }
 
 int main(void) {
@@ -1008,8 +1145,8 @@ int main(void) {
     }
     printf("%-34s %-40s %-4s %11s %9s %s\n", "op", "case", "type", "max_rel_err", "tol", "result");
     const Backend *cpu = backend_cpu();
-    const DType dtypes[] = {DT_F32, DT_BF16};
-    for (int i = 0; i < 2; i++) {
+    const DType dtypes[] = {DT_F32, DT_BF16, DT_F16};
+    for (int i = 0; i < 3; i++) {
         Err err = {0};
         const Backend *gpu = NULL;
         if (backend_open(&gpu, "cuda", 0, dtypes[i], &err)) {
@@ -1021,8 +1158,12 @@ int main(void) {
         Ctx *c = calloc(1, sizeof *c);
         if (!c) return 1;
         c->cpu = cpu, c->gpu = gpu, c->dt = dtypes[i];
-        rng_state = 0x5eed5eed12345678ull; // the same inputs in both modes
+        rng_state = 0x5eed5eed12345678ull; // the same inputs in every mode
+        int results0 = n_results, failed0 = n_failed;
         run_all(c);
+        // One line per dtype (tests/gpu/run.sh reports them, and requires the fp16 one).
+        printf("test_gpu_ops: %s: %d of %d checks failed\n", dtype_name(dtypes[i]),
+               n_failed - failed0, n_results - results0);
         free(c);
     }
     printf("test_gpu_ops: %d of %d checks failed\n", n_failed, n_results);

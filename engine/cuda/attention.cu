@@ -14,11 +14,14 @@
 // so the results are bitwise reproducible.
 //
 // Two implementations share this schedule:
-//   * SIMT (any head_dim 1..256, fp32 or bf16 storage): fp32 FMAs only (no TF32), so the fp32
-//     backend matches the CPU to rounding; tiles of 32 queries x 16 keys in shared memory.
-//   * Tensor cores (bf16, head_dim 64 or 128, 16-byte aligned rows): mma.sync m16n8k16 bf16
-//     with fp32 accumulation, tiles of 64 queries x 64 keys (dk/dv: 64 keys x 32 queries),
-//     operands staged through shared memory with cp.async, probabilities kept in registers.
+//   * SIMT (any head_dim 1..256, fp32, bf16 or fp16 storage): fp32 FMAs only (no TF32), so the
+//     fp32 backend matches the CPU to rounding; tiles of 32 queries x 16 keys in shared memory.
+//   * Tensor cores (bf16 or fp16, head_dim 64 or 128, 16-byte aligned rows): mma.sync
+//     m16n8k16 with bf16 (fp16) operands and fp32 accumulation, tiles of 64 queries x 64 keys
+//     (dk/dv: 64 keys x 32 queries), operands staged through shared memory with cp.async,
+//     probabilities kept in registers. The storage type E is the operand type: P and dS are
+//     rounded to it for their GEMMs (fp16: P in [0, 1] keeps 11 bits; a dS past 65504 is inf,
+//     an overflow the trainer's loss scaling sees in the gradients).
 // The key-tile ranges, the per-element mask and the update order are the same in both, and
 // tests/test_attention_tiling.c replays them on the CPU against a naive attention; the
 // kernels themselves run on the CPU in test_cuda_emu (tests/cuda_emu/, PTX emulated).
@@ -36,8 +39,6 @@
 #include "engine/cuda/cuda_math.cuh"
 
 namespace {
-
-using bf16 = __nv_bfloat16;
 
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kLn2 = 0.6931471805599453f;
@@ -372,11 +373,13 @@ __global__ void __launch_bounds__(kSimtThreads)
 
 // ================================================================ tensor-core primitives
 //
-// mma.sync.m16n8k16.row.col, bf16 in, fp32 accumulate. A warp's lane l has g = l/4 (group)
-// and t = l%4 (thread in group). Fragments (PTX ISA, "Matrix fragments for mma.m16n8k16"):
-//   A (16x16, row major), 4 regs of 2 bf16:  a0: (g, 2t..2t+1)    a1: (g+8, 2t..2t+1)
+// mma.sync.m16n8k16.row.col, bf16 or fp16 in (E, 16 bits), fp32 accumulate: the .bf16 and
+// .f16 variants share every fragment layout, so the primitives below serve both. A warp's lane
+// l has g = l/4 (group) and t = l%4 (thread in group). Fragments (PTX ISA, "Matrix fragments
+// for mma.m16n8k16"):
+//   A (16x16, row major), 4 regs of 2 E:     a0: (g, 2t..2t+1)    a1: (g+8, 2t..2t+1)
 //                                            a2: (g, 2t+8..2t+9)  a3: (g+8, 2t+8..2t+9)
-//   B (16x8, k x n), 2 regs of 2 bf16:       b0: (k 2t..2t+1, n g)  b1: (k 2t+8..2t+9, n g)
+//   B (16x8, k x n), 2 regs of 2 E:          b0: (k 2t..2t+1, n g)  b1: (k 2t+8..2t+9, n g)
 //   C (16x8, fp32), 4 floats:                c0,c1: (g, 2t..2t+1)  c2,c3: (g+8, 2t..2t+1)
 // The lower 16 bits of a register hold the lower column (or k). Hence the accumulators of
 // two adjacent n-tiles (columns 0-7 and 8-15) ARE the A fragment of a 16x16 block:
@@ -386,7 +389,7 @@ __global__ void __launch_bounds__(kSimtThreads)
 //
 // Operands come from shared memory with ldmatrix (.x4: four 8x8 b16 matrices; lanes 8m..8m+7
 // give the row addresses of matrix m; lane l receives of matrix m the elements (l/4, 2(l%4)
-// and +1), or with .trans the elements (2(l%4) and +1, l/4)). Rows of every tile are D bf16
+// and +1), or with .trans the elements (2(l%4) and +1, l/4)). Rows of every tile are D E
 // padded to LD = D+8: a row pitch of 16 bytes mod 128, so the 8 rows of one matrix hit 8
 // distinct 16-byte bank groups (no conflicts), and each row start stays 16-byte aligned.
 
@@ -402,32 +405,41 @@ __device__ __forceinline__ uint32_t smem_addr(const void *p) {
     return (uint32_t)__cvta_generic_to_shared(p);
 }
 
-__device__ __forceinline__ void ldmatrix_x4(uint32_t r[4], const bf16 *p) {
+template <typename E> __device__ __forceinline__ void ldmatrix_x4(uint32_t r[4], const E *p) {
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
                  : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
                  : "r"(smem_addr(p))
                  : "memory");
 }
 
-__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t r[4], const bf16 *p) {
+template <typename E> __device__ __forceinline__ void ldmatrix_x4_trans(uint32_t r[4], const E *p) {
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
                  : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
                  : "r"(smem_addr(p))
                  : "memory");
 }
 
-// c (16x8) += a (16x16) * b (16x8).
-__device__ __forceinline__ void mma_bf16(float c[4], const uint32_t a[4], const uint32_t b[2]) {
-    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, "
-                 "{%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
-                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+// c (16x8) += a (16x16) * b (16x8), a and b of E.
+template <typename E>
+__device__ __forceinline__ void mma16816(float c[4], const uint32_t a[4], const uint32_t b[2]) {
+    static_assert(kIs16Bit<E>, "bf16 or fp16 operands");
+    if constexpr (std::is_same<E, __half>::value)
+        asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, "
+                     "{%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+                     : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+    else
+        asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, "
+                     "{%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+                     : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
 }
 
 // A fragment of rows [row0, row0+16) x columns [k0, k0+16) of a row-major tile (pitch ld).
 // Matrices: 0 = (rows 0-7, cols 0-7) -> a0, 1 = (rows 8-15, cols 0-7) -> a1,
 // 2 = (rows 0-7, cols 8-15) -> a2, 3 = (rows 8-15, cols 8-15) -> a3.
-__device__ __forceinline__ void load_a(uint32_t a[4], const bf16 *tile, int ld, int row0, int k0) {
+template <typename E>
+__device__ __forceinline__ void load_a(uint32_t a[4], const E *tile, int ld, int row0, int k0) {
     int lane = threadIdx.x & 31;
     ldmatrix_x4(a, tile + (row0 + (lane & 15)) * ld + k0 + (lane >> 4) * 8);
 }
@@ -436,7 +448,8 @@ __device__ __forceinline__ void load_a(uint32_t a[4], const bf16 *tile, int ld, 
 // tile stored n-major (row n holds B[., n] along k: B = tile^T, as K is for S = Q K^T).
 // Matrix m = rows n0..n0+7, columns k0+8m..k0+8m+7 -> b[m]: b[0..1] is k-step k0, b[2..3]
 // is k-step k0+16.
-__device__ __forceinline__ void load_b_nmajor(uint32_t b[4], const bf16 *tile, int ld, int n0,
+template <typename E>
+__device__ __forceinline__ void load_b_nmajor(uint32_t b[4], const E *tile, int ld, int n0,
                                               int k0) {
     int lane = threadIdx.x & 31;
     ldmatrix_x4(b, tile + (n0 + (lane & 7)) * ld + k0 + (lane >> 3) * 8);
@@ -446,7 +459,8 @@ __device__ __forceinline__ void load_b_nmajor(uint32_t b[4], const bf16 *tile, i
 // tile stored k-major (row k holds B[k, .] along n, as V is for O = P V), transposed by
 // ldmatrix. Matrix m = rows k0 + 8(m&1).., columns n0 + 8(m>>1).. -> b[0..1] is n-tile n0,
 // b[2..3] is n-tile n0+8.
-__device__ __forceinline__ void load_b_kmajor(uint32_t b[4], const bf16 *tile, int ld, int k0,
+template <typename E>
+__device__ __forceinline__ void load_b_kmajor(uint32_t b[4], const E *tile, int ld, int k0,
                                               int n0) {
     int lane = threadIdx.x & 31;
     ldmatrix_x4_trans(b,
@@ -456,10 +470,10 @@ __device__ __forceinline__ void load_b_kmajor(uint32_t b[4], const bf16 *tile, i
 // Two products over the same k = 0..D, as both backward kernels need them: for this warp's 16
 // rows from row0, c1 (16 x 8NT) += A1 B1^T and c2 += A2 B2^T; A1, A2 row-major, B1, B2
 // n-major (NT*8 rows along k), every tile of pitch ld.
-template <int D, int NT>
-__device__ __forceinline__ void mma_pair_nmajor(float c1[NT][4], float c2[NT][4], const bf16 *A1,
-                                                const bf16 *A2, const bf16 *B1, const bf16 *B2,
-                                                int ld, int row0) {
+template <int D, int NT, typename E>
+__device__ __forceinline__ void mma_pair_nmajor(float c1[NT][4], float c2[NT][4], const E *A1,
+                                                const E *A2, const E *B1, const E *B2, int ld,
+                                                int row0) {
 #pragma unroll
     for (int kk = 0; kk < D / 16; kk += 2) {
         uint32_t a1[2][4], a2[2][4];
@@ -471,38 +485,40 @@ __device__ __forceinline__ void mma_pair_nmajor(float c1[NT][4], float c2[NT][4]
         for (int nt = 0; nt < NT; nt++) {
             uint32_t bf[4];
             load_b_nmajor(bf, B1, ld, nt * 8, kk * 16);
-            mma_bf16(c1[nt], a1[0], bf);
-            mma_bf16(c1[nt], a1[1], bf + 2);
+            mma16816<E>(c1[nt], a1[0], bf);
+            mma16816<E>(c1[nt], a1[1], bf + 2);
             load_b_nmajor(bf, B2, ld, nt * 8, kk * 16);
-            mma_bf16(c2[nt], a2[0], bf);
-            mma_bf16(c2[nt], a2[1], bf + 2);
+            mma16816<E>(c2[nt], a2[0], bf);
+            mma16816<E>(c2[nt], a2[1], bf + 2);
         }
     }
 }
 
-// The A fragment (16 rows x 16 k) made of accumulator n-tiles c[2kk], c[2kk+1] (see above).
+// The A fragment (16 rows x 16 k) made of accumulator n-tiles c[2kk], c[2kk+1] (see above),
+// rounded to E.
+template <typename E>
 __device__ __forceinline__ void a_from_acc(uint32_t a[4], const float c0[4], const float c1[4]) {
-    a[0] = pack_bf16x2(c0[0], c0[1]);
-    a[1] = pack_bf16x2(c0[2], c0[3]);
-    a[2] = pack_bf16x2(c1[0], c1[1]);
-    a[3] = pack_bf16x2(c1[2], c1[3]);
+    a[0] = pack2<E>(c0[0], c0[1]);
+    a[1] = pack2<E>(c0[2], c0[3]);
+    a[2] = pack2<E>(c1[0], c1[1]);
+    a[3] = pack2<E>(c1[2], c1[3]);
 }
 
 // c (16 x D) += A B for this warp's 16 rows: A (16 x K) is the accumulator n-tiles
-// acc[0..K/8) rounded to bf16 (P or dS), B a k-major tile (K rows of D, pitch ld).
-template <int K, int D>
+// acc[0..K/8) rounded to E (P or dS), B a k-major tile (K rows of D, pitch ld).
+template <int K, int D, typename E>
 __device__ __forceinline__ void mma_acc_kmajor(float c[D / 8][4], const float acc[K / 8][4],
-                                               const bf16 *B, int ld) {
+                                               const E *B, int ld) {
 #pragma unroll
     for (int kk = 0; kk < K / 16; kk++) {
         uint32_t a[4];
-        a_from_acc(a, acc[2 * kk], acc[2 * kk + 1]);
+        a_from_acc<E>(a, acc[2 * kk], acc[2 * kk + 1]);
 #pragma unroll
         for (int dt = 0; dt < D / 16; dt++) {
             uint32_t b[4];
             load_b_kmajor(b, B, ld, kk * 16, dt * 16);
-            mma_bf16(c[2 * dt], a, b);
-            mma_bf16(c[2 * dt + 1], a, b + 2);
+            mma16816<E>(c[2 * dt], a, b);
+            mma16816<E>(c[2 * dt + 1], a, b + 2);
         }
     }
 }
@@ -533,11 +549,10 @@ template <int N> __device__ __forceinline__ void cp_async_wait() {
 
 constexpr int kMmaThreads = 128; // 4 warps, each owning 16 rows of the tile's M dimension
 
-// Rows [t0, t0+R) of one head (D bf16, token stride `stride`) -> dst (R, D+8), async; rows
+// Rows [t0, t0+R) of one head (D E, token stride `stride`) -> dst (R, D+8), async; rows
 // at or past T are zero-filled (read from row 0 of src, which exists, with size 0).
-template <int R, int D>
-__device__ __forceinline__ void load_rows_async(bf16 *dst, const bf16 *src, int t0, int T,
-                                                int stride) {
+template <int R, int D, typename E>
+__device__ __forceinline__ void load_rows_async(E *dst, const E *src, int t0, int T, int stride) {
     constexpr int CH = D / 8; // 16-byte chunks per row
     for (int e = threadIdx.x; e < R * CH; e += kMmaThreads) {
         int r = e / CH, c = e % CH;
@@ -548,14 +563,15 @@ __device__ __forceinline__ void load_rows_async(bf16 *dst, const bf16 *src, int 
 }
 
 // Stores row `row` (< 16, of a warp's accumulators acc: D/8 n-tiles) to dst[d], d < D:
-// the thread's two columns 2t, 2t+1 of each n-tile, times `mul`. x = 0: rows g, x = 1: g+8.
-template <int D>
-__device__ __forceinline__ void store_acc_row(bf16 *dst, const float (*acc)[4], int x, float mul) {
+// the thread's two columns 2t, 2t+1 of each n-tile, times `mul`, rounded to E. x = 0: rows g,
+// x = 1: g+8.
+template <int D, typename E>
+__device__ __forceinline__ void store_acc_row(E *dst, const float (*acc)[4], int x, float mul) {
     int tq = threadIdx.x & 3;
 #pragma unroll
     for (int dt = 0; dt < D / 8; dt++)
         *reinterpret_cast<uint32_t *>(dst + dt * 8 + 2 * tq) =
-            pack_bf16x2(acc[dt][2 * x] * mul, acc[dt][2 * x + 1] * mul);
+            pack2<E>(acc[dt][2 * x] * mul, acc[dt][2 * x + 1] * mul);
 }
 
 // ================================================================ tensor-core kernels
@@ -563,9 +579,9 @@ __device__ __forceinline__ void store_acc_row(bf16 *dst, const float (*acc)[4], 
 constexpr int kFwdBQ = 64, kFwdBK = 64; // forward and dq: 64 queries (16 per warp) x 64 keys
 constexpr int kKvBK = 64, kKvBQ = 32;   // dk/dv: 64 keys (16 per warp) x 32 queries
 
-// Shared memory: Q (BQ,LD) + 2 stages x [K, V] (BK,LD), bf16.
-template <int D> constexpr size_t mma_smem_fwd() {
-    return sizeof(bf16) * (size_t)(kFwdBQ + 4 * kFwdBK) * (D + 8);
+// Shared memory: Q (BQ,LD) + 2 stages x [K, V] (BK,LD), E.
+template <typename E, int D> constexpr size_t mma_smem_fwd() {
+    return sizeof(E) * (size_t)(kFwdBQ + 4 * kFwdBK) * (D + 8);
 }
 
 // The forward of attn_fwd_simt on tensor cores. Grid (query tiles, H, B), last tiles first;
@@ -577,23 +593,23 @@ template <int D> constexpr size_t mma_smem_fwd() {
 // K and V tiles are double-buffered: the copy of tile kt+1 runs during the math of tile kt.
 // The row sum l is kept per lane (its own 16 columns of each tile) and summed over the quad
 // at the end; alpha is uniform over the quad, so that sum equals the row's sum.
-template <int D>
+template <typename E, int D>
 __global__ void __launch_bounds__(kMmaThreads)
-    attn_fwd_mma(bf16 *out, float *lse, const bf16 *q, const bf16 *k, const bf16 *v,
-                 const int32_t *doc_start, int T, int H, int KVH, int stride) {
+    attn_fwd_mma(E *out, float *lse, const E *q, const E *k, const E *v, const int32_t *doc_start,
+                 int T, int H, int KVH, int stride) {
     static_assert(D % 32 == 0, "load_b_nmajor pairs k-steps of 16");
     constexpr int BQ = kFwdBQ, BK = kFwdBK, LD = D + 8;
     extern __shared__ __align__(16) unsigned char smem_raw[];
-    bf16 *Qs = (bf16 *)smem_raw, *KVs = Qs + BQ * LD; // stage s: K at KVs + 2s*BK*LD, V after
+    E *Qs = (E *)smem_raw, *KVs = Qs + BQ * LD; // stage s: K at KVs + 2s*BK*LD, V after
 
     const int nqt = (T + BQ - 1) / BQ, i0 = (nqt - 1 - (int)blockIdx.x) * BQ;
     const int h = blockIdx.y, b = blockIdx.z, kvh = h / (H / KVH);
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, tq = lane & 3;
     const float scale = 1.0f / sqrtf((float)D), c2 = scale * kLog2e;
     const int32_t *ds = doc_start + (size_t)b * T;
-    const bf16 *qb = q + (size_t)b * T * stride + (size_t)h * D;
-    const bf16 *kb = k + (size_t)b * T * stride + (size_t)kvh * D;
-    const bf16 *vb = v + (size_t)b * T * stride + (size_t)kvh * D;
+    const E *qb = q + (size_t)b * T * stride + (size_t)h * D;
+    const E *kb = k + (size_t)b * T * stride + (size_t)kvh * D;
+    const E *vb = v + (size_t)b * T * stride + (size_t)kvh * D;
 
     const int2 kt_range = key_tiles<BQ, BK>(ds, i0, T);
     load_rows_async<BQ, D>(Qs, qb, i0, T, stride);
@@ -620,7 +636,7 @@ __global__ void __launch_bounds__(kMmaThreads)
     for (int kt = kt_range.x; kt < kt_range.y; kt++) {
         const int stage = (kt - kt_range.x) & 1;
         if (kt + 1 < kt_range.y) { // prefetch tile kt+1 into the other stage
-            bf16 *next = KVs + (stage ^ 1) * 2 * BK * LD;
+            E *next = KVs + (stage ^ 1) * 2 * BK * LD;
             load_rows_async<BK, D>(next, kb, (kt + 1) * BK, T, stride);
             load_rows_async<BK, D>(next + BK * LD, vb, (kt + 1) * BK, T, stride);
             cp_async_commit();
@@ -629,7 +645,7 @@ __global__ void __launch_bounds__(kMmaThreads)
             cp_async_wait<0>();
         }
         __syncthreads(); // ... and everyone's
-        const bf16 *Kt = KVs + stage * 2 * BK * LD, *Vt = Kt + BK * LD;
+        const E *Kt = KVs + stage * 2 * BK * LD, *Vt = Kt + BK * LD;
 
         float s[BK / 8][4] = {}; // S = Q K^T: n-tile nt holds keys 8nt..8nt+7 of the tile
 #pragma unroll
@@ -638,8 +654,8 @@ __global__ void __launch_bounds__(kMmaThreads)
             for (int kk = 0; kk < D / 16; kk += 2) {
                 uint32_t bk[4];
                 load_b_nmajor(bk, Kt, LD, nt * 8, kk * 16);
-                mma_bf16(s[nt], qf[kk], bk);
-                mma_bf16(s[nt], qf[kk + 1], bk + 2);
+                mma16816<E>(s[nt], qf[kk], bk);
+                mma16816<E>(s[nt], qf[kk + 1], bk + 2);
             }
 
         // Mask and scale; element e of n-tile nt: row x = e/2, key j0 + 8nt + 2t + e%2.
@@ -695,24 +711,24 @@ __global__ void __launch_bounds__(kMmaThreads)
     }
 }
 
-// Shared memory: Q, dO (BQ,LD) + 2 stages x [K, V] (BK,LD), bf16.
-template <int D> constexpr size_t mma_smem_dq() {
-    return sizeof(bf16) * (size_t)(2 * kFwdBQ + 4 * kFwdBK) * (D + 8);
+// Shared memory: Q, dO (BQ,LD) + 2 stages x [K, V] (BK,LD), E.
+template <typename E, int D> constexpr size_t mma_smem_dq() {
+    return sizeof(E) * (size_t)(2 * kFwdBQ + 4 * kFwdBK) * (D + 8);
 }
 
 // dq on tensor cores: attn_bwd_dq_simt's schedule with the forward's tiles. Warp w owns
 // query rows 16w..16w+15; per key tile: S = Q K^T and dP = dO V^T (registers, Q and dO
 // fragments reloaded from shared memory), p = exp2(S*c - lse*log2e), dS = p (dP - delta)
 // scale, dQ += dS K (dS through a_from_acc, K transposed by ldmatrix).
-template <int D>
+template <typename E, int D>
 __global__ void __launch_bounds__(kMmaThreads)
-    attn_bwd_dq_mma(bf16 *dq, const bf16 *dout, const float *lse, const float *delta, const bf16 *q,
-                    const bf16 *k, const bf16 *v, const int32_t *doc_start, int T, int H, int KVH,
+    attn_bwd_dq_mma(E *dq, const E *dout, const float *lse, const float *delta, const E *q,
+                    const E *k, const E *v, const int32_t *doc_start, int T, int H, int KVH,
                     int stride) {
     static_assert(D % 32 == 0, "load_b_nmajor pairs k-steps of 16");
     constexpr int BQ = kFwdBQ, BK = kFwdBK, LD = D + 8;
     extern __shared__ __align__(16) unsigned char smem_raw[];
-    bf16 *Qs = (bf16 *)smem_raw, *dOs = Qs + BQ * LD, *KVs = dOs + BQ * LD;
+    E *Qs = (E *)smem_raw, *dOs = Qs + BQ * LD, *KVs = dOs + BQ * LD;
 
     const int nqt = (T + BQ - 1) / BQ, i0 = (nqt - 1 - (int)blockIdx.x) * BQ;
     const int h = blockIdx.y, b = blockIdx.z, kvh = h / (H / KVH);
@@ -720,10 +736,10 @@ __global__ void __launch_bounds__(kMmaThreads)
     const float scale = 1.0f / sqrtf((float)D), c2 = scale * kLog2e;
     const int32_t *ds = doc_start + (size_t)b * T;
     const size_t hT = ((size_t)b * H + h) * T;
-    bf16 *dqb = dq + (size_t)b * T * stride + (size_t)h * D;
-    const bf16 *qb = q + (size_t)b * T * stride + (size_t)h * D;
-    const bf16 *kb = k + (size_t)b * T * stride + (size_t)kvh * D;
-    const bf16 *vb = v + (size_t)b * T * stride + (size_t)kvh * D;
+    E *dqb = dq + (size_t)b * T * stride + (size_t)h * D;
+    const E *qb = q + (size_t)b * T * stride + (size_t)h * D;
+    const E *kb = k + (size_t)b * T * stride + (size_t)kvh * D;
+    const E *vb = v + (size_t)b * T * stride + (size_t)kvh * D;
 
     const int2 kt_range = key_tiles<BQ, BK>(ds, i0, T);
     load_rows_async<BQ, D>(Qs, qb, i0, T, stride);
@@ -746,7 +762,7 @@ __global__ void __launch_bounds__(kMmaThreads)
     for (int kt = kt_range.x; kt < kt_range.y; kt++) {
         const int stage = (kt - kt_range.x) & 1;
         if (kt + 1 < kt_range.y) {
-            bf16 *next = KVs + (stage ^ 1) * 2 * BK * LD;
+            E *next = KVs + (stage ^ 1) * 2 * BK * LD;
             load_rows_async<BK, D>(next, kb, (kt + 1) * BK, T, stride);
             load_rows_async<BK, D>(next + BK * LD, vb, (kt + 1) * BK, T, stride);
             cp_async_commit();
@@ -755,7 +771,7 @@ __global__ void __launch_bounds__(kMmaThreads)
             cp_async_wait<0>();
         }
         __syncthreads();
-        const bf16 *Kt = KVs + stage * 2 * BK * LD, *Vt = Kt + BK * LD;
+        const E *Kt = KVs + stage * 2 * BK * LD, *Vt = Kt + BK * LD;
 
         float s[BK / 8][4] = {}, dp[BK / 8][4] = {};
         mma_pair_nmajor<D, BK / 8>(s, dp, Qs, dOs, Kt, Vt, LD, warp * 16); // S = Q K^T, dP = dO V^T
@@ -781,10 +797,10 @@ __global__ void __launch_bounds__(kMmaThreads)
         if (row_i[x] < T) store_acc_row<D>(dqb + (size_t)row_i[x] * stride, dqa, x, 1.0f);
 }
 
-// Shared memory: K, V (BK,LD) + 2 stages x [Q, dO] (BQ,LD) bf16, + 2 stages x [lse, delta,
+// Shared memory: K, V (BK,LD) + 2 stages x [Q, dO] (BQ,LD) E, + 2 stages x [lse, delta,
 // doc_start] (BQ) 4-byte values.
-template <int D> constexpr size_t mma_smem_dkdv() {
-    return sizeof(bf16) * (size_t)(2 * kKvBK + 4 * kKvBQ) * (D + 8) + 4 * 2 * 3 * kKvBQ;
+template <typename E, int D> constexpr size_t mma_smem_dkdv() {
+    return sizeof(E) * (size_t)(2 * kKvBK + 4 * kKvBQ) * (D + 8) + 4 * 2 * 3 * kKvBQ;
 }
 
 // dk, dv on tensor cores: attn_bwd_dkdv_simt's schedule. Warp w owns key rows 16w..16w+15
@@ -794,16 +810,16 @@ template <int D> constexpr size_t mma_smem_dkdv() {
 //   dV += P^T dO, dK += dS^T Q (P^T, dS^T through a_from_acc; dO, Q transposed by ldmatrix)
 // The (query tile, head) items are double-buffered: Q, dO and the rows' lse, delta and
 // doc_start of the next item load during the math of this one.
-template <int D>
+template <typename E, int D>
 __global__ void __launch_bounds__(kMmaThreads)
-    attn_bwd_dkdv_mma(bf16 *dk, bf16 *dv, const bf16 *dout, const float *lse, const float *delta,
-                      const bf16 *q, const bf16 *k, const bf16 *v, const int32_t *doc_start, int T,
-                      int H, int KVH, int stride) {
+    attn_bwd_dkdv_mma(E *dk, E *dv, const E *dout, const float *lse, const float *delta, const E *q,
+                      const E *k, const E *v, const int32_t *doc_start, int T, int H, int KVH,
+                      int stride) {
     static_assert(D % 32 == 0, "load_b_nmajor pairs k-steps of 16");
     constexpr int BK = kKvBK, BQ = kKvBQ, LD = D + 8;
     extern __shared__ __align__(16) unsigned char smem_raw[];
-    bf16 *Ks = (bf16 *)smem_raw, *Vs = Ks + BK * LD;
-    bf16 *QdO = Vs + BK * LD;                   // stage s: Q at QdO + 2s*BQ*LD, dO after
+    E *Ks = (E *)smem_raw, *Vs = Ks + BK * LD;
+    E *QdO = Vs + BK * LD;                      // stage s: Q at QdO + 2s*BQ*LD, dO after
     float *rows = (float *)(QdO + 4 * BQ * LD); // stage s: lse, delta, doc_start at 3s*BQ
 
     const int j0 = blockIdx.x * BK, j_end = min(j0 + BK, T), kvh = blockIdx.y, b = blockIdx.z;
@@ -817,7 +833,7 @@ __global__ void __launch_bounds__(kMmaThreads)
     // hidden by the i < T test below).
     auto load_item = [&](int st, int qt, int h) {
         const int i0 = qt * BQ;
-        bf16 *Qt = QdO + st * 2 * BQ * LD;
+        E *Qt = QdO + st * 2 * BQ * LD;
         load_rows_async<BQ, D>(Qt, q + (size_t)b * T * stride + (size_t)h * D, i0, T, stride);
         load_rows_async<BQ, D>(Qt + BQ * LD, dout + (size_t)b * T * H * D + (size_t)h * D, i0, T,
                                H * D);
@@ -858,7 +874,7 @@ __global__ void __launch_bounds__(kMmaThreads)
         }
         __syncthreads();
         const int i0 = qt * BQ;
-        const bf16 *Qt = QdO + stage * 2 * BQ * LD, *dOt = Qt + BQ * LD;
+        const E *Qt = QdO + stage * 2 * BQ * LD, *dOt = Qt + BQ * LD;
         const float *r_lse = rows + stage * 3 * BQ, *r_delta = r_lse + BQ;
         const int *r_ds = (const int *)(r_delta + BQ);
 
@@ -925,11 +941,11 @@ void launch(Kernel kernel, dim3 grid, int threads, size_t smem, Args... args) {
     CUDA_CHECK(cudaGetLastError());
 }
 
-// The tensor-core kernels: bf16, head_dim 64 or 128, 16-byte aligned rows and heads. NULL
-// when they apply, else why the SIMT ones run instead.
+// The tensor-core kernels: bf16 or fp16, head_dim 64 or 128, 16-byte aligned rows and heads.
+// NULL when they apply, else why the SIMT ones run instead.
 template <typename E>
 const char *mma_refused(int D, int stride, std::initializer_list<const void *> ptrs) {
-    if constexpr (!std::is_same<E, bf16>::value) {
+    if constexpr (!kIs16Bit<E>) {
         return "fp32 storage";
     } else {
         if (D != 64 && D != 128) return "head_dim not 64 or 128";
@@ -942,13 +958,14 @@ const char *mma_refused(int D, int stride, std::initializer_list<const void *> p
 
 const char *last_kernels = "none"; // cuda_attention_kernels()
 
-// Records the kernels this op runs. A bf16 op that cannot use the tensor cores is a silent
-// slow path: said once per reason (fp32 has no tensor-core kernels, so it is no fallback).
+// Records the kernels this op runs. A bf16 or fp16 op that cannot use the tensor cores is a
+// silent slow path: said once per reason and dtype (fp32 has no tensor-core kernels, so it is
+// no fallback).
 template <typename E>
 bool use_mma(const char *op, int D, int stride, std::initializer_list<const void *> ptrs) {
     const char *why = mma_refused<E>(D, stride, ptrs);
     last_kernels = why ? "simt" : "tensor-core";
-    if (why && std::is_same<E, bf16>::value) {
+    if (why && kIs16Bit<E>) {
         static const char *said[4]; // the reasons logged (mma_refused's literals)
         int n = 0;
         while (n < 4 && said[n] && said[n] != why)
@@ -964,12 +981,12 @@ bool use_mma(const char *op, int D, int stride, std::initializer_list<const void
     return !why;
 }
 
-template <int D>
-void fwd_mma(bf16 *out, float *lse, const bf16 *q, const bf16 *k, const bf16 *v,
-             const int32_t *doc_start, int B, int T, int H, int KVH, int stride) {
+template <typename E, int D>
+void fwd_mma(E *out, float *lse, const E *q, const E *k, const E *v, const int32_t *doc_start,
+             int B, int T, int H, int KVH, int stride) {
     dim3 grid(cu_ceil_div(T, kFwdBQ), H, B);
-    launch(attn_fwd_mma<D>, grid, kMmaThreads, mma_smem_fwd<D>(), out, lse, q, k, v, doc_start, T,
-           H, KVH, stride);
+    launch(attn_fwd_mma<E, D>, grid, kMmaThreads, mma_smem_fwd<E, D>(), out, lse, q, k, v,
+           doc_start, T, H, KVH, stride);
 }
 
 template <typename E>
@@ -978,11 +995,11 @@ void attention_fwd(E *out, float *lse, const E *q, const E *k, const E *v, const
     check_shape(B, T, H, KVH, D);
     if (B <= 0 || T <= 0) return;
     if (use_mma<E>("attention_fwd", D, stride, {out, q, k, v})) {
-        if constexpr (std::is_same<E, bf16>::value) {
+        if constexpr (kIs16Bit<E>) {
             if (D == 64)
-                fwd_mma<64>(out, lse, q, k, v, doc_start, B, T, H, KVH, stride);
+                fwd_mma<E, 64>(out, lse, q, k, v, doc_start, B, T, H, KVH, stride);
             else
-                fwd_mma<128>(out, lse, q, k, v, doc_start, B, T, H, KVH, stride);
+                fwd_mma<E, 128>(out, lse, q, k, v, doc_start, B, T, H, KVH, stride);
         }
         return;
     }
@@ -992,14 +1009,14 @@ void attention_fwd(E *out, float *lse, const E *q, const E *k, const E *v, const
 }
 
 // The dk/dv and dq kernels of one chunk of batch rows (pointers already offset to it).
-template <int D>
-void bwd_mma(bf16 *dq, bf16 *dk, bf16 *dv, const bf16 *dout, const float *lse, const float *delta,
-             const bf16 *q, const bf16 *k, const bf16 *v, const int32_t *doc_start, int B, int T,
-             int H, int KVH, int stride) {
-    launch(attn_bwd_dkdv_mma<D>, dim3(cu_ceil_div(T, kKvBK), KVH, B), kMmaThreads,
-           mma_smem_dkdv<D>(), dk, dv, dout, lse, delta, q, k, v, doc_start, T, H, KVH, stride);
-    launch(attn_bwd_dq_mma<D>, dim3(cu_ceil_div(T, kFwdBQ), H, B), kMmaThreads, mma_smem_dq<D>(),
-           dq, dout, lse, delta, q, k, v, doc_start, T, H, KVH, stride);
+template <typename E, int D>
+void bwd_mma(E *dq, E *dk, E *dv, const E *dout, const float *lse, const float *delta, const E *q,
+             const E *k, const E *v, const int32_t *doc_start, int B, int T, int H, int KVH,
+             int stride) {
+    launch(attn_bwd_dkdv_mma<E, D>, dim3(cu_ceil_div(T, kKvBK), KVH, B), kMmaThreads,
+           mma_smem_dkdv<E, D>(), dk, dv, dout, lse, delta, q, k, v, doc_start, T, H, KVH, stride);
+    launch(attn_bwd_dq_mma<E, D>, dim3(cu_ceil_div(T, kFwdBQ), H, B), kMmaThreads,
+           mma_smem_dq<E, D>(), dq, dout, lse, delta, q, k, v, doc_start, T, H, KVH, stride);
 }
 
 // delta lives in cuda_scratch: (B,H,T) floats. When that exceeds CUDA_SCRATCH_BYTES the
@@ -1028,15 +1045,15 @@ void attention_bwd(E *dq, E *dk, E *dv, const E *dout, const E *out, const float
                                                                      out + o_off, nb, T, H, D);
         CUDA_CHECK(cudaGetLastError());
         if (mma) {
-            if constexpr (std::is_same<E, bf16>::value) {
+            if constexpr (kIs16Bit<E>) {
                 if (D == 64)
-                    bwd_mma<64>(dq + qkv_off, dk + qkv_off, dv + qkv_off, dout + o_off, lse_b,
-                                delta, q + qkv_off, k + qkv_off, v + qkv_off, ds_b, nb, T, H, KVH,
-                                stride);
+                    bwd_mma<E, 64>(dq + qkv_off, dk + qkv_off, dv + qkv_off, dout + o_off, lse_b,
+                                   delta, q + qkv_off, k + qkv_off, v + qkv_off, ds_b, nb, T, H,
+                                   KVH, stride);
                 else
-                    bwd_mma<128>(dq + qkv_off, dk + qkv_off, dv + qkv_off, dout + o_off, lse_b,
-                                 delta, q + qkv_off, k + qkv_off, v + qkv_off, ds_b, nb, T, H, KVH,
-                                 stride);
+                    bwd_mma<E, 128>(dq + qkv_off, dk + qkv_off, dv + qkv_off, dout + o_off, lse_b,
+                                    delta, q + qkv_off, k + qkv_off, v + qkv_off, ds_b, nb, T, H,
+                                    KVH, stride);
             }
             continue;
         }
@@ -1070,6 +1087,7 @@ void attention_bwd(E *dq, E *dk, E *dv, const E *dout, const E *out, const float
 
 ATTENTION_OPS(f32, float)
 ATTENTION_OPS(bf16, __nv_bfloat16)
+ATTENTION_OPS(f16, __half)
 
 const char *cuda_attention_kernels(void) {
     return last_kernels;

@@ -134,6 +134,8 @@ static void fill_table(Backend *b, DType dtype, int device) {
     b->stream = cuda_stream;
     if (dtype == DT_BF16)
         FILL_DTYPE_OPS(b, bf16);
+    else if (dtype == DT_F16)
+        FILL_DTYPE_OPS(b, f16);
     else
         FILL_DTYPE_OPS(b, f32);
     b->loss_mean_add = cuda_loss_mean_add;
@@ -146,11 +148,11 @@ static void fill_table(Backend *b, DType dtype, int device) {
 }
 
 extern "C" const Backend *cuda_backend(DType dtype) {
-    static Backend tables[2]; // [DT_F32], [DT_BF16]
-    static int filled[2];
+    static Backend tables[3]; // fp32, bf16, fp16
+    static int filled[3];
     int device = cuda_current_device();
     if (device < 0) return NULL; // cuda_context_open has not succeeded
-    int i = dtype == DT_BF16 ? 1 : 0;
+    int i = dtype == DT_BF16 ? 1 : dtype == DT_F16 ? 2 : 0;
     if (!filled[i]) {
         fill_table(&tables[i], dtype, device);
         filled[i] = 1;

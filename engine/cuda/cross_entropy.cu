@@ -180,6 +180,7 @@ void cross_entropy_bwd(void *dlogits, const void *logits, const float *lse, cons
 
 CROSS_ENTROPY_OPS(f32, float)
 CROSS_ENTROPY_OPS(bf16, __nv_bfloat16)
+CROSS_ENTROPY_OPS(f16, __half)
 
 void cuda_loss_mean_add(double *acc, const float *loss, int N, int counted) {
     if (counted <= 0) return; // the caller guarantees counted > 0; never divide by zero

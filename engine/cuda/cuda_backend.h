@@ -3,9 +3,9 @@
 //
 // One rank drives one GPU: the context (device, the compute stream, the cuBLASLt handle
 // and workspace, a scratch buffer) is process-wide, set up once by cuda_context_open.
-// Every op of the Backend table is declared here in two variants, _f32 and _bf16, for
-// the compute dtype of `void *` tensors (float or __nv_bfloat16); fp32 tensors are
-// `float *` in both. Ops enqueue on cuda_stream() and return at once.
+// Every op of the Backend table is declared here in three variants, _f32, _bf16 and _f16,
+// for the compute dtype of `void *` tensors (float, __nv_bfloat16 or __half); fp32 tensors
+// are `float *` in all. Ops enqueue on cuda_stream() and return at once.
 #pragma once
 #include <stddef.h>
 #include <stdint.h>
@@ -47,7 +47,8 @@ void cuda_check_fail(int code, const char *call, const char *file, int line);
 // once per reason), "none" before the first (attention.cu; for tests and benchmarks).
 const char *cuda_attention_kernels(void);
 
-// The Backend tables (backend.cu); NULL until cuda_context_open succeeded.
+// The Backend table of a compute dtype: DT_BF16, DT_F16, else fp32 (backend.cu); NULL
+// until cuda_context_open succeeded.
 const Backend *cuda_backend(DType dtype);
 
 // ---------------------------------------------------------------- ops, per compute dtype
@@ -102,6 +103,7 @@ const Backend *cuda_backend(DType dtype);
 
 CUDA_DTYPE_OPS(f32)
 CUDA_DTYPE_OPS(bf16)
+CUDA_DTYPE_OPS(f16)
 #undef CUDA_DTYPE_OPS
 
 // ---------------------------------------------------------------- dtype-free ops

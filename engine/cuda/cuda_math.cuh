@@ -1,11 +1,14 @@
-// cuda_math.cuh: device helpers shared by the CUDA kernels: the compute dtype T (float or
-// __nv_bfloat16) read and written as float, 16-byte vector loads/stores, warp and block
-// reductions in a fixed order, and small host-side launch helpers.
+// cuda_math.cuh: device helpers shared by the CUDA kernels: the compute dtype T (float,
+// __nv_bfloat16 or __half) read and written as float, 16-byte vector loads/stores, warp and
+// block reductions in a fixed order, and small host-side launch helpers.
 //
-// Kernels do their math in fp32 registers whatever T is; bf16 values are widened exactly
-// (a shift) and narrowed with round-to-nearest-even.
+// Kernels do their math in fp32 registers whatever T is; bf16 and fp16 values are widened
+// exactly (every bf16 and fp16 value is an fp32 value) and narrowed with round-to-nearest-even.
+// fp16's narrowing overflows to inf past 65504 (never saturates): the trainer's loss scaling
+// detects an overflowed gradient by its inf.
 #pragma once
 #include <cuda_bf16.h>
+#include <cuda_fp16.h>
 #include <cuda_runtime.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -34,6 +37,9 @@ __device__ __forceinline__ float to_float(float x) {
 __device__ __forceinline__ float to_float(__nv_bfloat16 x) {
     return __bfloat162float(x);
 }
+__device__ __forceinline__ float to_float(__half x) {
+    return __half2float(x);
+}
 
 template <typename T> __device__ __forceinline__ T from_float(float x);
 template <> __device__ __forceinline__ float from_float<float>(float x) {
@@ -41,6 +47,26 @@ template <> __device__ __forceinline__ float from_float<float>(float x) {
 }
 template <> __device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float x) {
     return __float2bfloat16_rn(x);
+}
+template <> __device__ __forceinline__ __half from_float<__half>(float x) {
+    return __float2half_rn(x); // cvt.rn.f16.f32: past the largest finite value, +-inf
+}
+
+// The 16-bit types (two to a 32-bit register: ldmatrix, mma.sync, the 16-byte vectors).
+template <typename T> constexpr bool kIs16Bit = sizeof(T) == 2;
+__device__ __forceinline__ uint16_t bits16(__nv_bfloat16 x) {
+    return __bfloat16_as_ushort(x);
+}
+__device__ __forceinline__ uint16_t bits16(__half x) {
+    return __half_as_ushort(x);
+}
+// The value of 16 bits of T, exactly: bf16 bits are the high half of the fp32 bits.
+template <typename T> __device__ __forceinline__ float from_bits16(uint32_t b);
+template <> __device__ __forceinline__ float from_bits16<__nv_bfloat16>(uint32_t b) {
+    return __uint_as_float(b << 16);
+}
+template <> __device__ __forceinline__ float from_bits16<__half>(uint32_t b) {
+    return __half2float(__ushort_as_half((unsigned short)b));
 }
 
 // The same formula as cpu_sigmoidf (with the exact expf rather than the CPU's polynomial).
@@ -50,7 +76,7 @@ __device__ __forceinline__ float sigmoidf_(float x) {
 
 // ---------------------------------------------------------------- 16-byte vectors
 
-// Elements of T in one 16-byte load: 4 floats or 8 bf16.
+// Elements of T in one 16-byte load: 4 floats or 8 bf16 / fp16.
 template <typename T> constexpr int kPack = 16 / (int)sizeof(T);
 
 __device__ __forceinline__ void load16(const float *p, float *o) {
@@ -63,27 +89,29 @@ __device__ __forceinline__ void load16(const float *p, float *o) {
 __device__ __forceinline__ void store16(float *p, const float *o) {
     *reinterpret_cast<float4 *>(p) = make_float4(o[0], o[1], o[2], o[3]);
 }
-// bf16 -> fp32 is exact: the bf16 bits are the high half of the fp32 bits. Little endian:
-// the element at the lower address is the low half of each 32-bit word.
-__device__ __forceinline__ void load16(const __nv_bfloat16 *p, float *o) {
+// 8 bf16 or fp16, widened exactly. Little endian: the element at the lower address is the
+// low half of each 32-bit word.
+template <typename T> __device__ __forceinline__ void load16(const T *p, float *o) {
+    static_assert(kIs16Bit<T>, "16-bit element types only");
     uint4 v = *reinterpret_cast<const uint4 *>(p);
     const uint32_t w[4] = {v.x, v.y, v.z, v.w};
 #pragma unroll
     for (int k = 0; k < 4; k++) {
-        o[2 * k] = __uint_as_float(w[k] << 16);
-        o[2 * k + 1] = __uint_as_float(w[k] & 0xffff0000u);
+        o[2 * k] = from_bits16<T>(w[k] & 0xffffu);
+        o[2 * k + 1] = from_bits16<T>(w[k] >> 16);
     }
 }
-__device__ __forceinline__ uint32_t pack_bf16x2(float lo, float hi) {
-    return (uint32_t)__bfloat16_as_ushort(__float2bfloat16_rn(lo)) |
-           ((uint32_t)__bfloat16_as_ushort(__float2bfloat16_rn(hi)) << 16);
+// Two floats rounded to T in one register, lo in the low half (the lower address or index).
+template <typename T> __device__ __forceinline__ uint32_t pack2(float lo, float hi) {
+    return (uint32_t)bits16(from_float<T>(lo)) | ((uint32_t)bits16(from_float<T>(hi)) << 16);
 }
-__device__ __forceinline__ void store16(__nv_bfloat16 *p, const float *o) {
+template <typename T> __device__ __forceinline__ void store16(T *p, const float *o) {
+    static_assert(kIs16Bit<T>, "16-bit element types only");
     uint4 v;
-    v.x = pack_bf16x2(o[0], o[1]);
-    v.y = pack_bf16x2(o[2], o[3]);
-    v.z = pack_bf16x2(o[4], o[5]);
-    v.w = pack_bf16x2(o[6], o[7]);
+    v.x = pack2<T>(o[0], o[1]);
+    v.y = pack2<T>(o[2], o[3]);
+    v.z = pack2<T>(o[4], o[5]);
+    v.w = pack2<T>(o[6], o[7]);
     *reinterpret_cast<uint4 *>(p) = v;
 }
 

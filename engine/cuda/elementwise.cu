@@ -6,6 +6,8 @@
 // buffers take the vector path (VEC elements a thread), the rest the scalar one (VEC 1).
 #include <string.h>
 
+#include <type_traits>
+
 #include "engine/cuda/cuda_math.cuh"
 
 namespace {
@@ -161,92 +163,94 @@ void sigmoid_gate_bwd(void *dx, void *dg, const void *dout, const void *x, const
 
 // ---------------------------------------------------------------- dtype conversions
 
-// dst: (n) bf16 = src: (n) fp32, round to nearest even.
-template <int VEC>
-__global__ void cast_bf16_kernel(__nv_bfloat16 *dst, const float *src, size_t items) {
+// dst: (n) T = src: (n) fp32, round to nearest even (fp16: overflow to +-inf).
+template <typename T, int VEC> __global__ void cast_kernel(T *dst, const float *src, size_t items) {
     size_t step = (size_t)gridDim.x * blockDim.x;
     for (size_t t = (size_t)blockIdx.x * blockDim.x + threadIdx.x; t < items; t += step) {
         float v[VEC];
         load_vec<float, VEC>(src + t * VEC, v);
-        store_vec<__nv_bfloat16, VEC>(dst + t * VEC, v);
+        store_vec<T, VEC>(dst + t * VEC, v);
     }
 }
 
-void cast_from_f32_bf16(void *dst, const float *src, size_t n) {
+// The fp32 "cast" is a device-to-device copy on the compute stream.
+template <typename T> void cast_from_f32(void *dst, const float *src, size_t n) {
     if (n == 0) return;
-    constexpr int V = kPack<__nv_bfloat16>; // 8: two float4 loads, one 16-byte store
-    if (flat_vectorisable(n, V, dst, src))
-        cast_bf16_kernel<V>
-            <<<flat_blocks(n / V), kThreads, 0, cu_stream()>>>((__nv_bfloat16 *)dst, src, n / V);
-    else
-        cast_bf16_kernel<1>
-            <<<flat_blocks(n), kThreads, 0, cu_stream()>>>((__nv_bfloat16 *)dst, src, n);
-    CUDA_CHECK(cudaGetLastError());
+    if constexpr (std::is_same<T, float>::value) {
+        CUDA_CHECK(
+            cudaMemcpyAsync(dst, src, n * sizeof(float), cudaMemcpyDeviceToDevice, cu_stream()));
+    } else {
+        constexpr int V = kPack<T>; // 8: two float4 loads, one 16-byte store
+        if (flat_vectorisable(n, V, dst, src))
+            cast_kernel<T, V>
+                <<<flat_blocks(n / V), kThreads, 0, cu_stream()>>>((T *)dst, src, n / V);
+        else
+            cast_kernel<T, 1><<<flat_blocks(n), kThreads, 0, cu_stream()>>>((T *)dst, src, n);
+        CUDA_CHECK(cudaGetLastError());
+    }
 }
 
-// host: (n) fp32 = src: (n) bf16 on the device. The 2n bytes of bf16 land in the upper half
-// of the host buffer itself (no temporary), then widen in place front to back: writing
-// float i (bytes [4i, 4i+4)) never reaches an unread bf16 j > i (bytes from 2n + 2i + 2 on,
-// and 4i + 4 <= 2n + 2i + 2 for i <= n - 1), and bf16 i is read before float i is written.
-// Byte copies through unsigned char keep it free of aliasing assumptions.
-void download_f32_bf16(float *host, const void *src, size_t n) {
+// The 16 bits of a T as fp32, exactly, on the host (the bits of a download).
+template <typename T> float host_widen(uint16_t b);
+template <> float host_widen<__nv_bfloat16>(uint16_t b) {
+    uint32_t u = (uint32_t)b << 16; // bf16 -> fp32 is exact
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+template <> float host_widen<__half>(uint16_t b) {
+    return __half2float(__ushort_as_half(b)); // exact: every fp16 value is an fp32 normal
+}
+
+// host: (n) fp32 = src: (n) T on the device; waits (for the ops before it, in stream order,
+// and for the copy itself). 16-bit T: the 2n bytes land in the upper half of the host buffer
+// itself (no temporary), then widen in place front to back: writing float i (bytes [4i,
+// 4i+4)) never reaches an unread element j > i (bytes from 2n + 2i + 2 on, and 4i + 4 <= 2n
+// + 2i + 2 for i <= n - 1), and element i is read before float i is written. Byte copies
+// through unsigned char keep it free of aliasing assumptions.
+template <typename T> void download_f32(float *host, const void *src, size_t n) {
     if (n == 0) return;
-    unsigned char *bytes = (unsigned char *)host;
-    CUDA_CHECK(cudaMemcpyAsync(bytes + 2 * n, src, 2 * n, cudaMemcpyDeviceToHost, cu_stream()));
-    CUDA_CHECK(cudaStreamSynchronize(cu_stream()));
-    for (size_t i = 0; i < n; i++) {
-        uint16_t b;
-        memcpy(&b, bytes + 2 * n + 2 * i, 2);
-        uint32_t u = (uint32_t)b << 16; // bf16 -> fp32 is exact
-        memcpy(bytes + 4 * i, &u, 4);
+    if constexpr (std::is_same<T, float>::value) {
+        CUDA_CHECK(
+            cudaMemcpyAsync(host, src, n * sizeof(float), cudaMemcpyDeviceToHost, cu_stream()));
+        CUDA_CHECK(cudaStreamSynchronize(cu_stream()));
+    } else {
+        static_assert(sizeof(T) == 2, "the in-place widening assumes 2-byte elements");
+        unsigned char *bytes = (unsigned char *)host;
+        CUDA_CHECK(cudaMemcpyAsync(bytes + 2 * n, src, 2 * n, cudaMemcpyDeviceToHost, cu_stream()));
+        CUDA_CHECK(cudaStreamSynchronize(cu_stream()));
+        for (size_t i = 0; i < n; i++) {
+            uint16_t b;
+            memcpy(&b, bytes + 2 * n + 2 * i, 2);
+            float f = host_widen<T>(b);
+            memcpy(bytes + 4 * i, &f, 4);
+        }
     }
 }
 
 } // namespace
 
-void cuda_swiglu_fwd_f32(void *out, const void *h, int N, int FF) {
-    swiglu_fwd<float>(out, h, N, FF);
-}
-void cuda_swiglu_fwd_bf16(void *out, const void *h, int N, int FF) {
-    swiglu_fwd<__nv_bfloat16>(out, h, N, FF);
-}
-void cuda_swiglu_bwd_f32(void *dh, const void *dout, const void *h, int N, int FF) {
-    swiglu_bwd<float>(dh, dout, h, N, FF);
-}
-void cuda_swiglu_bwd_bf16(void *dh, const void *dout, const void *h, int N, int FF) {
-    swiglu_bwd<__nv_bfloat16>(dh, dout, h, N, FF);
-}
+#define ELEMENTWISE_OPS(S, T)                                                                      \
+    void cuda_swiglu_fwd_##S(void *out, const void *h, int N, int FF) {                            \
+        swiglu_fwd<T>(out, h, N, FF);                                                              \
+    }                                                                                              \
+    void cuda_swiglu_bwd_##S(void *dh, const void *dout, const void *h, int N, int FF) {           \
+        swiglu_bwd<T>(dh, dout, h, N, FF);                                                         \
+    }                                                                                              \
+    void cuda_sigmoid_gate_fwd_##S(void *out, const void *x, const void *g, size_t n) {            \
+        sigmoid_gate_fwd<T>(out, x, g, n);                                                         \
+    }                                                                                              \
+    void cuda_sigmoid_gate_bwd_##S(void *dx, void *dg, const void *dout, const void *x,            \
+                                   const void *g, size_t n) {                                      \
+        sigmoid_gate_bwd<T>(dx, dg, dout, x, g, n);                                                \
+    }                                                                                              \
+    void cuda_cast_from_f32_##S(void *dst, const float *src, size_t n) {                           \
+        cast_from_f32<T>(dst, src, n);                                                             \
+    }                                                                                              \
+    void cuda_download_f32_##S(float *host, const void *src, size_t n) {                           \
+        download_f32<T>(host, src, n);                                                             \
+    }
 
-void cuda_sigmoid_gate_fwd_f32(void *out, const void *x, const void *g, size_t n) {
-    sigmoid_gate_fwd<float>(out, x, g, n);
-}
-void cuda_sigmoid_gate_fwd_bf16(void *out, const void *x, const void *g, size_t n) {
-    sigmoid_gate_fwd<__nv_bfloat16>(out, x, g, n);
-}
-void cuda_sigmoid_gate_bwd_f32(void *dx, void *dg, const void *dout, const void *x, const void *g,
-                               size_t n) {
-    sigmoid_gate_bwd<float>(dx, dg, dout, x, g, n);
-}
-void cuda_sigmoid_gate_bwd_bf16(void *dx, void *dg, const void *dout, const void *x, const void *g,
-                                size_t n) {
-    sigmoid_gate_bwd<__nv_bfloat16>(dx, dg, dout, x, g, n);
-}
-
-// The fp32 "cast" is a device-to-device copy on the compute stream.
-void cuda_cast_from_f32_f32(void *dst, const float *src, size_t n) {
-    if (n == 0) return;
-    CUDA_CHECK(cudaMemcpyAsync(dst, src, n * sizeof(float), cudaMemcpyDeviceToDevice, cu_stream()));
-}
-void cuda_cast_from_f32_bf16(void *dst, const float *src, size_t n) {
-    cast_from_f32_bf16(dst, src, n);
-}
-
-// Waits for the ops before it (stream order) and for the copy itself.
-void cuda_download_f32_f32(float *host, const void *src, size_t n) {
-    if (n == 0) return;
-    CUDA_CHECK(cudaMemcpyAsync(host, src, n * sizeof(float), cudaMemcpyDeviceToHost, cu_stream()));
-    CUDA_CHECK(cudaStreamSynchronize(cu_stream()));
-}
-void cuda_download_f32_bf16(float *host, const void *src, size_t n) {
-    download_f32_bf16(host, src, n);
-}
+ELEMENTWISE_OPS(f32, float)
+ELEMENTWISE_OPS(bf16, __nv_bfloat16)
+ELEMENTWISE_OPS(f16, __half)

@@ -79,3 +79,4 @@ void embedding_bwd(float *dtable, const void *dout, const int32_t *ids, const in
 
 EMBEDDING_OPS(f32, float)
 EMBEDDING_OPS(bf16, __nv_bfloat16)
+EMBEDDING_OPS(f16, __half)

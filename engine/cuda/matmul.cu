@@ -1,11 +1,14 @@
-// matmul.cu: the linear layers' GEMMs (matmul_fwd, matmul_bwd in _f32 and _bf16) and an fp32
-// row-major GEMM for Muon's Newton-Schulz (cuda_sgemm_rm), all on cuBLASLt.
+// matmul.cu: the linear layers' GEMMs (matmul_fwd, matmul_bwd in _f32, _bf16 and _f16) and an
+// fp32 row-major GEMM for Muon's Newton-Schulz (cuda_sgemm_rm), all on cuBLASLt.
 //
-// Precision: compute CUBLAS_COMPUTE_32F with fp32 alpha/beta in both modes. fp32 mode has
+// Precision: compute CUBLAS_COMPUTE_32F with fp32 alpha/beta in every mode. fp32 mode has
 // every matrix fp32 and no TF32 (COMPUTE_32F never uses it; _FAST_TF32 would), so it is
-// comparable with the CPU's sgemm. bf16 mode reads bf16 A/B, accumulates in fp32 and
-// writes bf16 out/dinp; dweight stays fp32 (A/B 16BF with C/D 32F is one of cuBLASLt's
-// supported type combinations), so weight gradients accumulate across micro-steps in fp32.
+// comparable with the CPU's sgemm. bf16 (fp16) mode reads bf16 (fp16) A/B, accumulates in
+// fp32 and writes bf16 (fp16) out/dinp; dweight stays fp32 (A/B 16BF or 16F with C/D 32F
+// are among cuBLASLt's supported type combinations), so weight gradients accumulate across
+// micro-steps in fp32. fp16 out/dinp past 65504 must be inf, not clamped to the largest
+// finite value, for the trainer's loss scaling to see the overflow: no saturating epilogue
+// is asked for, and tests/test_gpu_ops.c checks the infs on the GPU.
 //
 // Plans: a matmul descriptor, three layouts and the algorithm picked by the heuristic are
 // cached per shape (types, transposes, sizes, leading dimensions, pointer alignment) in a
@@ -70,7 +73,7 @@ static int align_of(const void *p) {
 }
 
 static const char *type_name(int t) {
-    return t == CUDA_R_16BF ? "bf16" : t == CUDA_R_32F ? "fp32" : "?";
+    return t == CUDA_R_16BF ? "bf16" : t == CUDA_R_16F ? "fp16" : t == CUDA_R_32F ? "fp32" : "?";
 }
 
 // Asks the heuristic for the best algorithm of p's shape; `mask` filters reduction schemes.
@@ -171,7 +174,7 @@ static void gemm(cudaDataType_t ab_type, cudaDataType_t c_type, int trans_a, int
     if (M <= 0 || N <= 0) return;
     cudaStream_t stream = (cudaStream_t)cuda_stream();
     if (K <= 0) {
-        size_t es = c_type == CUDA_R_16BF ? 2 : 4;
+        size_t es = c_type == CUDA_R_16BF || c_type == CUDA_R_16F ? 2 : 4;
         if (beta == 0.0f)
             CUDA_CHECK(
                 cudaMemset2DAsync(C, (size_t)ldc * es, 0, (size_t)N * es, (size_t)M, stream));
@@ -231,26 +234,18 @@ static void matmul_bwd(cudaDataType_t t, void *dinp, float *dweight, const void 
     if (dweight) gemm(t, CUDA_R_32F, 1, 0, OC, C, N, 1.0f, dout, OC, inp, C, 1.0f, dweight, C);
 }
 
+#define MATMUL_OPS(S, TYPE)                                                                        \
+    void cuda_matmul_fwd_##S(void *out, const void *inp, const void *weight, int N, int C, int OC, \
+                             int accumulate) {                                                     \
+        matmul_fwd(TYPE, out, inp, weight, N, C, OC, accumulate);                                  \
+    }                                                                                              \
+    void cuda_matmul_bwd_##S(void *dinp, float *dweight, const void *dout, const void *inp,        \
+                             const void *weight, int N, int C, int OC, int accumulate_dinp) {      \
+        matmul_bwd(TYPE, dinp, dweight, dout, inp, weight, N, C, OC, accumulate_dinp);             \
+    }
+
 extern "C" {
-
-void cuda_matmul_fwd_f32(void *out, const void *inp, const void *weight, int N, int C, int OC,
-                         int accumulate) {
-    matmul_fwd(CUDA_R_32F, out, inp, weight, N, C, OC, accumulate);
-}
-
-void cuda_matmul_fwd_bf16(void *out, const void *inp, const void *weight, int N, int C, int OC,
-                          int accumulate) {
-    matmul_fwd(CUDA_R_16BF, out, inp, weight, N, C, OC, accumulate);
-}
-
-void cuda_matmul_bwd_f32(void *dinp, float *dweight, const void *dout, const void *inp,
-                         const void *weight, int N, int C, int OC, int accumulate_dinp) {
-    matmul_bwd(CUDA_R_32F, dinp, dweight, dout, inp, weight, N, C, OC, accumulate_dinp);
-}
-
-void cuda_matmul_bwd_bf16(void *dinp, float *dweight, const void *dout, const void *inp,
-                          const void *weight, int N, int C, int OC, int accumulate_dinp) {
-    matmul_bwd(CUDA_R_16BF, dinp, dweight, dout, inp, weight, N, C, OC, accumulate_dinp);
-}
-
+MATMUL_OPS(f32, CUDA_R_32F)
+MATMUL_OPS(bf16, CUDA_R_16BF)
+MATMUL_OPS(f16, CUDA_R_16F)
 } // extern "C"

@@ -111,9 +111,11 @@ void cuda_grpo_loss(double *acc, float *scale, const float *nll, const float *ol
     CUDA_CHECK(cudaGetLastError());
 }
 
-void cuda_gaussian_noise_add_f32(void *x, size_t n, float std, uint64_t seed) {
-    gaussian_noise_add<float>(x, n, std, seed);
-}
-void cuda_gaussian_noise_add_bf16(void *x, size_t n, float std, uint64_t seed) {
-    gaussian_noise_add<__nv_bfloat16>(x, n, std, seed);
-}
+#define NOISE_OPS(S, T)                                                                            \
+    void cuda_gaussian_noise_add_##S(void *x, size_t n, float std, uint64_t seed) {                \
+        gaussian_noise_add<T>(x, n, std, seed);                                                    \
+    }
+
+NOISE_OPS(f32, float)
+NOISE_OPS(bf16, __nv_bfloat16)
+NOISE_OPS(f16, __half)

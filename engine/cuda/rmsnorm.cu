@@ -226,3 +226,4 @@ void rmsnorm_bwd(void *dinp, float *dweight, const void *dout, const void *inp, 
 
 RMSNORM_OPS(f32, float)
 RMSNORM_OPS(bf16, __nv_bfloat16)
+RMSNORM_OPS(f16, __half)

@@ -47,3 +47,4 @@ void rope(void *x, const int32_t *pos, const float *cos_sin, int N, int G, int D
 
 ROPE_OPS(f32, float)
 ROPE_OPS(bf16, __nv_bfloat16)
+ROPE_OPS(f16, __half)

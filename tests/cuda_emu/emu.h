@@ -1,8 +1,8 @@
 // emu.h: a host (CPU) emulation of the CUDA subset that the kernels of engine/cuda/ use, so
 // their real source compiles as C++ and runs without a GPU or the CUDA toolkit (the test
 // test_cuda_emu, tests/cuda_emu.cmake). Force-included (-include) before every file that
-// tests/cuda_emu/gen.py generates from an engine/cuda/*.cu; the stub <cuda_runtime.h> and
-// <cuda_bf16.h> (stub_include/) include it too.
+// tests/cuda_emu/gen.py generates from an engine/cuda/*.cu; the stub <cuda_runtime.h>,
+// <cuda_bf16.h> and <cuda_fp16.h> (stub_include/) include it too.
 //
 // Model: one CUDA thread = one fiber (ucontext) on the calling OS thread. Blocks run one
 // after another; within a block the scheduler (emu.cpp) runs each thread until it ends or
@@ -14,10 +14,11 @@
 // __shared__ variables become function statics (one block runs at a time); they are not
 // reset between blocks, so a read of shared memory that the block never wrote goes unseen.
 // Dynamic (extern __shared__) memory is one buffer of the launch's size, filled with 0xff
-// bytes (NaN as bf16, float and double) at each block's start, with an unmapped page after it.
+// bytes (NaN as bf16, fp16, float and double) at each block's start, with an unmapped page
+// after it.
 //
 // Inline PTX: gen.py turns each asm statement of a known instruction into a call of its
-// emu::ptx function (below): ldmatrix .x4 (and .trans), mma.sync m16n8k16 bf16 -> fp32
+// emu::ptx function (below): ldmatrix .x4 (and .trans), mma.sync m16n8k16 bf16 or f16 -> fp32
 // (mma.cpp: the fragment layouts), cp.async 4/8/16 bytes with commit_group / wait_group
 // (emu.cpp: a copy lands in shared memory only at the wait_group that completes it).
 // What it cannot express: other PTX, atomics, textures: files that use them are not emulated.
@@ -146,6 +147,63 @@ inline __nv_bfloat16 __ushort_as_bfloat16(unsigned short u) {
 inline __nv_bfloat16::__nv_bfloat16(float f) : __x(__float2bfloat16_rn(f).__x) {}
 inline __nv_bfloat16::operator float() const {
     return __bfloat162float(*this);
+}
+
+// ---------------------------------------------------------------- fp16 (cuda_fp16.h)
+// __half as its 16 bits (IEEE binary16: 1 sign, 5 exponent, 10 fraction bits); conversions as
+// CUDA's: float -> fp16 rounds to nearest even, with overflow to +-inf (at and past 65520,
+// halfway from the largest finite 65504 to 2^16) and gradual underflow to subnormals (steps
+// of 2^-24), NaN -> canonical 0x7fff; fp16 -> float is exact.
+struct __half {
+    unsigned short __x;
+    __half() = default;
+    inline __half(float f);
+    inline operator float() const;
+};
+inline __half __float2half_rn(float f) {
+    const unsigned u = __float_as_uint(f), sign = (u >> 16) & 0x8000u, a = u & 0x7fffffffu;
+    unsigned h;
+    if (a > 0x7f800000u) {
+        h = 0x7fffu;
+    } else if (a >= 0x477ff000u) { // |f| >= 65520 (inf too): inf
+        h = sign | 0x7c00u;
+    } else if (a >= 0x38800000u) { // |f| >= 2^-14: normal; drop 13 fraction bits
+        unsigned r = a + 0xfffu + ((a >> 13) & 1u) - (112u << 23); // rebias 127 -> 15
+        h = sign | (r >> 13);      // a carry out of the fraction bumps the exponent, as it should
+    } else if (a >= 0x33000000u) { // 2^-25 <= |f| < 2^-14: subnormal, m * 2^-24
+        const unsigned e = a >> 23, m = (a & 0x7fffffu) | 0x800000u;
+        const unsigned shift = 126 - e; // f = m * 2^(e - 150): m >> (126 - e) units of 2^-24
+        const unsigned q = m >> shift, rest = m & ((1u << shift) - 1), half = 1u << (shift - 1);
+        h = sign | (q + (rest > half || (rest == half && (q & 1u))));
+    } else { // below 2^-25: zero (2^-25 itself, the tie, goes to the even 0 above)
+        h = sign;
+    }
+    __half r;
+    r.__x = (unsigned short)h;
+    return r;
+}
+inline __half __float2half(float f) {
+    return __float2half_rn(f);
+}
+inline float __half2float(__half h) {
+    const unsigned sign = (unsigned)(h.__x & 0x8000u) << 16, e = (h.__x >> 10) & 0x1fu,
+                   m = h.__x & 0x3ffu;
+    if (e == 0x1f) return __uint_as_float(sign | 0x7f800000u | (m << 13)); // inf, NaN
+    if (e != 0) return __uint_as_float(sign | ((e + 112u) << 23) | (m << 13));
+    const float v = (float)m * 0x1p-24f; // subnormal (or zero): exact, m < 2^10
+    return sign ? -v : v;
+}
+inline unsigned short __half_as_ushort(__half h) {
+    return h.__x;
+}
+inline __half __ushort_as_half(unsigned short u) {
+    __half h;
+    h.__x = u;
+    return h;
+}
+inline __half::__half(float f) : __x(__float2half_rn(f).__x) {}
+inline __half::operator float() const {
+    return __half2float(*this);
 }
 
 // ---------------------------------------------------------------- math intrinsics
@@ -292,10 +350,10 @@ template <typename... P, typename... A> void operator|(Bound<P...> b, Args<A...>
 namespace ptx {
 // ldmatrix.sync.aligned.m8n8.x4{.trans}.shared.b16 {d0..d3}, [addr] (mma.cpp).
 void ldmatrix_x4(bool trans, std::array<uint32_t *, 4> d, uint32_t addr);
-// mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {d0..d3}, {a0..a3}, {b0,b1},
-// {c0..c3} (mma.cpp).
-void mma_m16n8k16_f32_bf16(std::array<float *, 4> d, std::array<uint32_t, 4> a,
-                           std::array<uint32_t, 2> b, std::array<float, 4> c);
+// mma.sync.aligned.m16n8k16.row.col.f32.{bf16.bf16,f16.f16}.f32 {d0..d3}, {a0..a3},
+// {b0,b1}, {c0..c3}: f16 true for the .f16 operands (mma.cpp).
+void mma_m16n8k16_f32(bool f16, std::array<float *, 4> d, std::array<uint32_t, 4> a,
+                      std::array<uint32_t, 2> b, std::array<float, 4> c);
 // cp.async.{ca,cg}.shared.global [dst], [src], cp_size, src_size (emu.cpp).
 void cp_async(bool cg, uint32_t dst, uint64_t src, int cp_size, uint32_t src_size);
 void cp_async_commit_group();

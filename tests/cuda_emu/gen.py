@@ -7,11 +7,11 @@ code is kept anywhere.
     gen.py INPUT.cu OUTPUT.cpp
 
 The output is compiled as C++20 with tests/cuda_emu/emu.h force-included (it defines
-__global__, __shared__, threadIdx, __syncthreads, __shfl_xor_sync, __nv_bfloat16, ...) and
-tests/cuda_emu/stub_include/ first on the include path (its cuda_runtime.h and cuda_bf16.h
-stand in for the toolkit's). What C++ cannot parse or run is rewritten, mechanically, outside
-comments and string/character literals, keeping every newline (so every line keeps its
-number), and nothing else:
+__global__, __shared__, threadIdx, __syncthreads, __shfl_xor_sync, __nv_bfloat16, __half,
+...) and tests/cuda_emu/stub_include/ first on the include path (its cuda_runtime.h,
+cuda_bf16.h and cuda_fp16.h stand in for the toolkit's). What C++ cannot parse or run is
+rewritten, mechanically, outside comments and string/character literals, keeping every
+newline (so every line keeps its number), and nothing else:
 
   1. A first line `#line 1 "INPUT.cu"`, so compiler messages, __FILE__ and __LINE__ name the
      real source file and line.
@@ -64,7 +64,10 @@ EXTERN_SHARED = re.compile(
 # qualifier, passed first as a bool) -> the function.
 PTX = [
     (r"ldmatrix\.sync\.aligned\.m8n8\.x4(?P<trans>\.trans)?\.shared\.b16", "ldmatrix_x4"),
-    (r"mma\.sync\.aligned\.m16n8k16\.row\.col\.f32\.bf16\.bf16\.f32", "mma_m16n8k16_f32_bf16"),
+    (
+        r"mma\.sync\.aligned\.m16n8k16\.row\.col\.f32\.(?:bf16\.bf16|(?P<f16>f16\.f16))\.f32",
+        "mma_m16n8k16_f32",
+    ),
     (r"cp\.async\.(?:ca|(?P<cg>cg))\.shared\.global", "cp_async"),
     (r"cp\.async\.commit_group", "cp_async_commit_group"),
     (r"cp\.async\.wait_group", "cp_async_wait_group"),

@@ -13,8 +13,11 @@ namespace ptx {
 
 namespace {
 
-float bf16_at(uint32_t reg, int half) {
-    return __uint_as_float((half ? reg >> 16 : reg & 0xffffu) << 16);
+// Element `half` (0: the low 16 bits) of a register of two bf16 or two f16 values, exactly.
+template <bool F16> float b16_value(uint32_t reg, int half) {
+    const unsigned short bits = (unsigned short)(half ? reg >> 16 : reg & 0xffffu);
+    return F16 ? __half2float(__ushort_as_half(bits))
+               : __bfloat162float(__ushort_as_bfloat16(bits));
 }
 
 uint16_t b16_at(const unsigned char *p) {
@@ -52,26 +55,28 @@ struct MmaIn {
 // The figures of section "Matrix Fragments for mma.m16n8k16 with floating point type": the
 // fragment layouts for matrix A with .f16/.bf16 type (Figure 79 in PTX ISA 8.7), for
 // matrix B with .f16/.bf16 type and for the accumulators C/D with .f32 type, and the row
-// and column formulas given with them:
+// and column formulas given with them (one layout for both 16-bit types: F16 only says how
+// the 16 bits of an element read):
 //   A (16x16): register r holds a_{2r}, a_{2r+1}: row g + 8 (r & 1), columns 2t + 8 (r >> 1)
 //              and +1 (row groupID for a0, a1, a4, a5, else groupID+8; column
 //              threadID_in_group*2 + (i & 1), +8 for i >= 4);
 //   B (16x8):  register r holds b_{2r}, b_{2r+1}: rows (k) 2t + 8r and +1, column g;
 //   C, D (16x8): c_i at row g + 8 (i >> 1), column 2t + (i & 1).
-// The products of bf16 values are exact in double and the sum of 16 of them nearly so, then
-// one rounding to fp32. The hardware's accumulation order and rounding are its own (PTX
-// does not specify them): a test must allow fp32 roundings in every such sum.
-void mma_compute(const void *const in[32], void *const out[32]) {
+// The products of bf16 (8-bit significands) or f16 values (11 bits, subnormals included) are
+// exact in double and the sum of 16 of them nearly so, then one rounding to fp32. The
+// hardware's accumulation order and rounding are its own (PTX does not specify them): a test
+// must allow fp32 roundings in every such sum.
+template <bool F16> void mma_compute(const void *const in[32], void *const out[32]) {
     double A[16][16], B[16][8], C[16][8];
     for (int l = 0; l < 32; l++) {
         const MmaIn &x = *static_cast<const MmaIn *>(in[l]);
         const int g = l >> 2, t = l % 4;
         for (int r = 0; r < 4; r++)
             for (int h = 0; h < 2; h++)
-                A[g + 8 * (r & 1)][2 * t + 8 * (r >> 1) + h] = bf16_at(x.a[r], h);
+                A[g + 8 * (r & 1)][2 * t + 8 * (r >> 1) + h] = b16_value<F16>(x.a[r], h);
         for (int r = 0; r < 2; r++)
             for (int h = 0; h < 2; h++)
-                B[2 * t + 8 * r + h][g] = bf16_at(x.b[r], h);
+                B[2 * t + 8 * r + h][g] = b16_value<F16>(x.b[r], h);
         for (int i = 0; i < 4; i++)
             C[g + 8 * (i >> 1)][2 * t + (i & 1)] = x.c[i];
     }
@@ -103,11 +108,16 @@ void ldmatrix_x4(bool trans, std::array<uint32_t *, 4> d, uint32_t addr) {
         *d[j] = r[j];
 }
 
-void mma_m16n8k16_f32_bf16(std::array<float *, 4> d, std::array<uint32_t, 4> a,
-                           std::array<uint32_t, 2> b, std::array<float, 4> c) {
+void mma_m16n8k16_f32(bool f16, std::array<float *, 4> d, std::array<uint32_t, 4> a,
+                      std::array<uint32_t, 2> b, std::array<float, 4> c) {
     const MmaIn in = {a, b, c};
     float r[4];
-    warp_collective("mma.sync.m16n8k16", mma_compute, &in, r);
+    // Two computes: lanes of one warp at the .bf16 and the .f16 form are at different
+    // operations, an error the scheduler reports.
+    if (f16)
+        warp_collective("mma.sync.m16n8k16.f16", mma_compute<true>, &in, r);
+    else
+        warp_collective("mma.sync.m16n8k16.bf16", mma_compute<false>, &in, r);
     for (int i = 0; i < 4; i++)
         *d[i] = r[i];
 }

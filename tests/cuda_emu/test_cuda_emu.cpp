@@ -1,12 +1,14 @@
 // test_cuda_emu.cpp: the CUDA kernels of engine/cuda/ (embedding, rmsnorm, rope,
 // elementwise, cross_entropy, optim, attention), run on the CPU emulator (emu.h; the sources
 // generated from the real .cu files by gen.py), against the CPU reference kernels
-// (engine/cpu/), in fp32 and bf16, and attention (its tensor-core and SIMT kernels) against
-// a float64 attention written here. Checks per op:
+// (engine/cpu/), in fp32, bf16 and fp16, and attention (its tensor-core and SIMT kernels)
+// against a float64 attention written here. Checks per op:
 // - the result matches the CPU's: bit for bit where the formulas promise it (copies, the
 //   embedding sums, casts, AdamW, scale), else within a tolerance (fp32 ~1e-5 relative; bf16
-//   outputs one bf16 rounding of the fp32 result, the CPU given the same bf16-rounded inputs;
-//   attention: per element, from the roundings its path makes, see attn_allowed);
+//   and fp16 outputs one bf16 / fp16 rounding of the fp32 result, the CPU given the same
+//   rounded inputs; attention: per element, from the roundings its path makes, see
+//   attn_allowed); fp16 overflows to inf where the fp32 result is past its range, never to a
+//   clamped finite value (the trainer's loss scaling looks for the inf);
 // - run again with blocks and threads in reverse order, the bits are the same (no race or
 //   order dependence);
 // - nothing is written outside the buffers (guard bands around each);
@@ -15,7 +17,8 @@
 // address, a warp-collective operation some lanes left, a copy in flight at exit: each in a
 // child process that must abort).
 // Buffers are 16-byte aligned (the kernels' vector paths) or one element off (the scalar
-// paths). Prints one line per check; exits 1 if any failed.
+// paths). The fp16 checks run last, so the random inputs of the others are those they always
+// had. Prints one line per check; exits 1 if any failed.
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -30,6 +33,7 @@
 #include <numeric>
 #include <random>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 extern "C" { // first: C linkage for engine/backend.h (muon_scratch_floats) too
@@ -43,6 +47,7 @@ extern "C" { // first: C linkage for engine/backend.h (muon_scratch_floats) too
 #endif
 
 typedef __nv_bfloat16 bf16;
+typedef __half f16;
 extern size_t emu_scratch_peak; // context_stub.cpp
 
 // ---------------------------------------------------------------- dtypes
@@ -72,6 +77,32 @@ template <typename T> struct Ops;
     };
 OPS(f32, float)
 OPS(bf16, bf16)
+OPS(f16, f16)
+
+// fp16 (IEEE binary16) on the host from first principles, independent of emu.h's conversions
+// (which the kernels use): the value of 16 bits, and the bits of the fp16 value nearest to f.
+static double f16_value(uint16_t h) {
+    const int e = h >> 10 & 0x1f, m = h & 0x3ff;
+    const double v = e == 0x1f ? (m ? NAN : INFINITY) : e ? ldexp(1024 + m, e - 25) : ldexp(m, -24);
+    return h & 0x8000 ? -v : v;
+}
+// Ties to even; the bits of one sign are in the order of their values, 0 to 0x7bff (65504),
+// and past the largest finite value IEEE rounds as if the exponent went on: inf (0x7c00)
+// stands for 2^16. A binary search for the neighbours of |f|, compared in double.
+static uint16_t f16_bits_nearest(float f) {
+    if (std::isnan(f)) return 0x7fff;
+    const uint16_t sign = std::signbit(f) ? 0x8000 : 0;
+    const double a = fabs((double)f);
+    auto value = [](unsigned b) { return b == 0x7c00 ? 0x1p16 : f16_value((uint16_t)b); };
+    if (a >= 0x1p16) return sign | 0x7c00;
+    unsigned lo = 0, hi = 0x7c00; // value(lo) <= a < value(hi)
+    while (hi - lo > 1) {
+        unsigned mid = (lo + hi) / 2;
+        (value(mid) <= a ? lo : hi) = mid;
+    }
+    const double dl = a - value(lo), dh = value(hi) - a;
+    return (uint16_t)(sign | (dl < dh ? lo : dh < dl ? hi : (lo & 1) ? hi : lo));
+}
 
 static float widen(float v) {
     return v;
@@ -79,12 +110,18 @@ static float widen(float v) {
 static float widen(bf16 v) {
     return __bfloat162float(v);
 }
+static float widen(f16 v) {
+    return (float)f16_value(__half_as_ushort(v));
+}
 template <typename T> T narrow(float v);
 template <> float narrow<float>(float v) {
     return v;
 }
 template <> bf16 narrow<bf16>(float v) {
     return __float2bfloat16_rn(v);
+}
+template <> f16 narrow<f16>(float v) {
+    return __ushort_as_half(f16_bits_nearest(v));
 }
 // v as T holds it: the inputs both sides see.
 template <typename T> std::vector<float> quant(std::vector<float> v) {
@@ -176,11 +213,14 @@ static const Tol kExact = {0, 0, 0};
 // One bf16 rounding (half an ulp: 2^-8 of the value at most) of an fp32 result that may
 // itself differ by a few fp32 ulps.
 static const Tol kBf16 = {1.0 / 256 + 2e-5, 0, 1e-6};
+// One fp16 rounding: 2^-11 of a normal value, and 2^-25 absolute below 2^-14, where fp16's
+// subnormals are 2^-24 apart.
+static const Tol kF16 = {1.0 / 2048 + 2e-5, 0x1p-25, 1e-6};
 
 template <typename T> Tol out_tol(Tol f32) {
-    return sizeof(T) == 4
-               ? f32
-               : Tol{kBf16.rtol + f32.rtol, f32.atol, kBf16.atol_of_max + f32.atol_of_max};
+    if (sizeof(T) == 4) return f32;
+    const Tol &r = std::is_same<T, bf16>::value ? kBf16 : kF16;
+    return Tol{r.rtol + f32.rtol, r.atol + f32.atol, r.atol_of_max + f32.atol_of_max};
 }
 
 // |got[i] - want[i]| <= allowed[i] for every i (a NaN matches only a NaN).
@@ -418,6 +458,16 @@ static float bf16_nearest(float f) {
     return (lo_bits >> 16 & 1) ? hi : lo;
 }
 
+// The T nearest to f, as a float (first principles: bf16_nearest, f16_bits_nearest).
+template <typename T> float nearest(float f) {
+    if constexpr (std::is_same<T, bf16>::value)
+        return bf16_nearest(f);
+    else if constexpr (std::is_same<T, f16>::value)
+        return (float)f16_value(f16_bits_nearest(f));
+    else
+        return f;
+}
+
 template <typename T> void test_casts(size_t n, int skew) {
     std::string tag = fmt("%s n%zu%s", Ops<T>::name, n, skew ? " unaligned" : "");
     std::vector<float> x = randn(n, 10.0f);
@@ -432,8 +482,22 @@ template <typename T> void test_casts(size_t n, int skew) {
                              INFINITY,
                              -INFINITY,
                              1.0f + 0x1p-8f + 0x1p-23f};
-    for (size_t i = 0; i < sizeof special / sizeof *special && i < n; i++)
-        x[i] = special[i]; // ties (to even, both ways), zeros, overflow, denormal, infinities
+    // fp16's own edges: ties (to even, both ways), its largest value 65504, the overflow
+    // threshold 65520 (the tie between 65504 and 2^16: inf) and just below it, overflow of
+    // either sign, the subnormals (2^-24; 2^-25 the tie to 0, 3 * 2^-25 to 2^-23, the largest
+    // subnormal plus a half step up to 2^-14), an fp32 denormal, infinities, NaN.
+    const float special_f16[] = {1.0f + 0x1p-11f, 1.0f + 0x3p-11f, -(1.0f + 0x1p-11f),
+                                 -0.0f,           65504.0f,        65520.0f - 0x1p-8f,
+                                 65520.0f,        -65520.0f,       1e5f,
+                                 -3.4e38f,        0x1p-24f,        0x1p-25f,
+                                 0x3p-25f,        0x7ffp-25f,      1e-40f,
+                                 INFINITY,        -INFINITY,       NAN};
+    const bool is_f16 = std::is_same<T, f16>::value;
+    const float *sp = is_f16 ? special_f16 : special;
+    const size_t n_sp =
+        is_f16 ? sizeof special_f16 / sizeof *special_f16 : sizeof special / sizeof *special;
+    for (size_t i = 0; i < n_sp && i < n; i++)
+        x[i] = sp[i]; // ties (to even, both ways), zeros, overflow, denormal, infinities
     Outs got = run_both("cast_from_f32 " + tag, [&] {
         Dev<float> src(x, skew);
         Dev<T> dst(n, skew);
@@ -443,9 +507,8 @@ template <typename T> void test_casts(size_t n, int skew) {
         return Outs{dst.floats(), host.floats()};
     });
     std::vector<float> want = x;
-    if (sizeof(T) == 2)
-        for (float &v : want)
-            v = bf16_nearest(v);
+    for (float &v : want)
+        v = nearest<T>(v);
     check("cast_from_f32 " + tag + " (exact)", got[0], want, kExact);
     check("download_f32 " + tag + " (exact)", got[1], want, kExact);
 }
@@ -585,9 +648,8 @@ template <typename T> void test_noise(size_t n) {
     });
     std::vector<float> want = x;
     cpu_gaussian_noise_add(want.data(), n, std_, seed);
-    if (sizeof(T) == 2)
-        for (float &v : want)
-            v = bf16_nearest(v);
+    for (float &v : want)
+        v = nearest<T>(v);
     check("gaussian_noise_add " + tag, got[0], want, out_tol<T>({1e-6, 1e-6, 0}));
     std::vector<float> z(n, 0.0f), z2(n, 0.0f);
     cpu_gaussian_noise_add(z.data(), n, 1.0f, seed);
@@ -766,20 +828,34 @@ static void test_ldmatrix() {
     failures += bad != 0;
 }
 
-static uint32_t bf16_pair(float lo, float hi) {
-    return (uint32_t)__float2bfloat16_rn(lo).__x | (uint32_t)__float2bfloat16_rn(hi).__x << 16;
+// Two values as one register of bf16 (f16 false) or fp16 elements, lo in the low half.
+static uint32_t b16_pair(bool f16, float lo, float hi) {
+    auto bits = [f16](float v) {
+        return (uint32_t)(f16 ? f16_bits_nearest(v) : __float2bfloat16_rn(v).__x);
+    };
+    return bits(lo) | bits(hi) << 16;
+}
+
+// An element of an f16 operand of test_mma: a small integer over 1, 2 or 4, or (A only) 1
+// in 16 a subnormal: the fp16 decoding of fractions and of the subnormals, with every sum of
+// products (multiples of 2^-26 below 2^11) exact in double.
+static float mma_f16_value(bool subnormals) {
+    const int v = (int)(rng() % 17) - 8;
+    if (subnormals && rng() % 16 == 0) return (float)v * 0x1p-24f;
+    return (float)v / (float)(1 << rng() % 3);
 }
 
 // mma.sync m16n8k16 against the PTX ISA's fragment formulas for a0..a7, b0..b3 and c0..c3
-// (.bf16 A and B, .f32 C and D), element by element, on small integers (exact sums).
-static void test_mma() {
+// (.bf16 or .f16 A and B, .f32 C and D), element by element: bf16 on small integers (exact
+// sums), f16 on mma_f16_value's (exact in double, as the emulator sums, then one rounding).
+static void test_mma(bool f16) {
     float A[16][16], B[16][8], C[16][8], D[16][8];
     for (int m = 0; m < 16; m++)
         for (int k = 0; k < 16; k++)
-            A[m][k] = (float)((int)(rng() % 17) - 8);
+            A[m][k] = f16 ? mma_f16_value(true) : (float)((int)(rng() % 17) - 8);
     for (int k = 0; k < 16; k++)
         for (int n = 0; n < 8; n++)
-            B[k][n] = (float)((int)(rng() % 17) - 8);
+            B[k][n] = f16 ? mma_f16_value(false) : (float)((int)(rng() % 17) - 8);
     for (int m = 0; m < 16; m++)
         for (int n = 0; n < 8; n++)
             C[m][n] = (float)((int)(rng() % 201) - 100);
@@ -794,24 +870,24 @@ static void test_mma() {
         for (int i = 0; i < 4; i++)
             c[i] = C[i < 2 ? group : group + 8][tig * 2 + (i & 1)];
         float d[4];
-        emu::ptx::mma_m16n8k16_f32_bf16({&d[0], &d[1], &d[2], &d[3]},
-                                        {bf16_pair(a[0], a[1]), bf16_pair(a[2], a[3]),
-                                         bf16_pair(a[4], a[5]), bf16_pair(a[6], a[7])},
-                                        {bf16_pair(b[0], b[1]), bf16_pair(b[2], b[3])},
-                                        {c[0], c[1], c[2], c[3]});
+        emu::ptx::mma_m16n8k16_f32(f16, {&d[0], &d[1], &d[2], &d[3]},
+                                   {b16_pair(f16, a[0], a[1]), b16_pair(f16, a[2], a[3]),
+                                    b16_pair(f16, a[4], a[5]), b16_pair(f16, a[6], a[7])},
+                                   {b16_pair(f16, b[0], b[1]), b16_pair(f16, b[2], b[3])},
+                                   {c[0], c[1], c[2], c[3]});
         for (int i = 0; i < 4; i++)
             D[i < 2 ? group : group + 8][tig * 2 + (i & 1)] = d[i];
     });
     int bad = 0;
     for (int m = 0; m < 16; m++)
         for (int n = 0; n < 8; n++) {
-            float want = C[m][n];
+            double want = C[m][n];
             for (int k = 0; k < 16; k++)
-                want += A[m][k] * B[k][n];
-            bad += D[m][n] != want;
+                want += (double)A[m][k] * B[k][n];
+            bad += D[m][n] != (float)want;
         }
-    printf("%-4s mma.sync.m16n8k16 bf16: the PTX ISA's fragment layout (%d wrong)\n",
-           bad ? "FAIL" : "ok", bad);
+    printf("%-4s mma.sync.m16n8k16 %s: the PTX ISA's fragment layout (%d wrong)\n",
+           bad ? "FAIL" : "ok", f16 ? "f16" : "bf16", bad);
     failures += bad != 0;
 }
 
@@ -906,9 +982,16 @@ static void test_ptx_errors() {
             if (l)
                 emu::ptx::ldmatrix_x4(false, {r, r + 1, r + 2, r + 3}, shared_addr(sm + 16 * l));
             else
-                emu::ptx::mma_m16n8k16_f32_bf16({d, d + 1, d + 2, d + 3}, {}, {}, {});
+                emu::ptx::mma_m16n8k16_f32(false, {d, d + 1, d + 2, d + 3}, {}, {}, {});
         });
     });
+    expect_abort("an mma.sync with lanes at .bf16 and at .f16", "different warp-wide operations",
+                 [] {
+                     run_warp(0, [](int l) {
+                         float d[4] = {};
+                         emu::ptx::mma_m16n8k16_f32(l == 7, {d, d + 1, d + 2, d + 3}, {}, {}, {});
+                     });
+                 });
     expect_abort("a cp.async past the dynamic shared memory", "outside the dynamic shared", [] {
         run_warp(64, [](int) {
             float *sm = (float *)emu::dynamic_shared();
@@ -970,21 +1053,25 @@ static std::vector<V> columns(const std::vector<V> &x, int stride, int c0, int c
 
 // An output of the float64 reference, a sum of terms, and per element what its error may
 // be made of: `val` the exact value; `rounded` the sum of |terms| (on the tensor-core path
-// each term has a factor rounded to bf16: P for out and dv, dS for dq and dk); `fp32` a
-// magnitude that bounds what fp32 arithmetic may change (see attn_allowed).
+// each term has a factor rounded to bf16 or fp16: P for out and dv, dS for dq and dk);
+// `fp32` a magnitude that bounds what fp32 arithmetic may change; `other` the sum of |the
+// other factor| of each term (v, dout, k or q: what a P or dS rounded to an fp16 subnormal,
+// off by an absolute 2^-25 at most, may move the element by; see attn_allowed).
 struct Expect {
-    std::vector<double> val, rounded, fp32;
-    explicit Expect(size_t n = 0) : val(n), rounded(n), fp32(n) {}
-    void add(size_t at, double term, double fp32_term) {
+    std::vector<double> val, rounded, fp32, other;
+    explicit Expect(size_t n = 0) : val(n), rounded(n), fp32(n), other(n) {}
+    void add(size_t at, double term, double fp32_term, double other_factor) {
         val[at] += term;
         rounded[at] += fabs(term);
         fp32[at] += fp32_term;
+        other[at] += fabs(other_factor);
     }
     Expect columns(int stride, int c0, int c1) const {
         Expect e;
         e.val = ::columns(val, stride, c0, c1);
         e.rounded = ::columns(rounded, stride, c0, c1);
         e.fp32 = ::columns(fp32, stride, c0, c1);
+        e.other = ::columns(other, stride, c0, c1);
         return e;
     }
     std::vector<float> floats() const {
@@ -1025,13 +1112,13 @@ static void ref_attention_fwd(const AttnProblem &p, Expect &out, Expect &lse) {
                 for (int j = j0; j <= i; j++)
                     l += exp(s[j] - m);
                 const size_t at = ((size_t)b * H + h) * T + i;
-                lse.add(at, m + log(l), 1 + fabs(m + log(l)) + smax);
+                lse.add(at, m + log(l), 1 + fabs(m + log(l)) + smax, 0);
                 for (int j = j0; j <= i; j++) {
                     const double pj = exp(s[j] - m) / l;
                     const float *v = p.row(b, j, H + p.KVH + kvh);
                     for (int d = 0; d < D; d++)
                         out.add(((size_t)(b * T + i) * H + h) * D + d, pj * v[d],
-                                (2 + 2 * smax) * fabs(pj * v[d]));
+                                (2 + 2 * smax) * fabs(pj * v[d]), v[d]);
                 }
             }
 }
@@ -1062,34 +1149,39 @@ static void ref_attention_bwd(const AttnProblem &p, const std::vector<float> &ou
                     const double ds_mag = fabs(ds) * p_err + pij * scale * (dp_mag + delta_mag);
                     for (int d = 0; d < D; d++) {
                         const size_t ri = (size_t)(b * T + i) * S, rj = (size_t)(b * T + j) * S;
-                        dqkv.add(ri + h * D + d, ds * k[d], ds_mag * fabs(k[d]));
-                        dqkv.add(rj + (H + kvh) * D + d, ds * q[d], ds_mag * fabs(q[d]));
+                        dqkv.add(ri + h * D + d, ds * k[d], ds_mag * fabs(k[d]), k[d]);
+                        dqkv.add(rj + (H + kvh) * D + d, ds * q[d], ds_mag * fabs(q[d]), q[d]);
                         dqkv.add(rj + (H + p.KVH + kvh) * D + d, pij * dout[d],
-                                 p_err * fabs(pij * dout[d]));
+                                 p_err * fabs(pij * dout[d]), dout[d]);
                     }
                 }
             }
 }
 
-// What an element may differ by: u |val| where the output is stored as bf16 (one rounding,
-// u = 2^-8 the unit roundoff of bf16's 8-bit significand); u `rounded` on the tensor-core
-// path, whose products take P and dS rounded to bf16 (each term off by at most u of
-// itself: the sum by u times the sum of |terms|); and 2^-14 `fp32`: fp32's unit roundoff
-// 2^-24 times the at most 1024 roundings a sum here can take (D + T terms, heads of a
-// group), with room. Worst-case bounds, first order in u (u^2 is within the fp32 term).
+// What an element may differ by: u |val| where the output is stored as bf16 or fp16 (one
+// rounding, u = 2^-8 the unit roundoff of bf16's 8-bit significand, 2^-11 of fp16's 11-bit
+// one); u `rounded` on the tensor-core path, whose products take P and dS rounded to the
+// storage type (each term off by at most u of itself: the sum by u times the sum of |terms|);
+// and 2^-14 `fp32`: fp32's unit roundoff 2^-24 times the at most 1024 roundings a sum here
+// can take (D + T terms, heads of a group), with room. Worst-case bounds, first order in u
+// (u^2 is within the fp32 term). fp16 adds the absolute error of its subnormals (below
+// 2^-14: off by up to 2^-25): once for the stored element, and per term whose P or dS is one.
 struct Rounding {
-    double out, mid; // u or 0: the storage rounds; P and dS are rounded
+    double out, mid;         // u or 0: the storage rounds; P and dS are rounded
+    double out_abs, mid_abs; // 2^-25 or 0: the same roundings' subnormal floor (fp16)
 };
 static std::vector<double> attn_allowed(const Expect &e, Rounding r) {
     std::vector<double> a(e.val.size());
     for (size_t i = 0; i < a.size(); i++)
-        a[i] = r.out * fabs(e.val[i]) + r.mid * e.rounded[i] + 0x1p-14 * e.fp32[i];
+        a[i] = r.out * fabs(e.val[i]) + r.mid * e.rounded[i] + 0x1p-14 * e.fp32[i] + r.out_abs +
+               r.mid_abs * e.other[i];
     return a;
 }
 
 // The attention ops of dtype T against the reference: forward, then the backward from the
 // reference's out and lse as T and fp32 hold them. `mma`: the tensor-core kernels must run
-// (bf16, D 64 or 128, 16-byte aligned), else the SIMT ones; skew 1 misaligns every tensor.
+// (bf16 or fp16, D 64 or 128, 16-byte aligned), else the SIMT ones; skew 1 misaligns every
+// tensor.
 template <typename T>
 void test_attention(int B, int seq, int H, int KVH, int D, bool packed, bool mma, int skew = 0) {
     AttnProblem p = {B, seq, H, KVH, D, {}, {}, doc_starts(B, seq, packed)};
@@ -1099,8 +1191,9 @@ void test_attention(int B, int seq, int H, int KVH, int D, bool packed, bool mma
     std::string tag = fmt("%s B%d T%d H%d KVH%d D%d %s%s", Ops<T>::name, B, seq, H, KVH, D,
                           packed ? "docs" : "causal", skew ? " unaligned" : "");
     const char *path = mma ? "tensor-core" : "simt";
-    const double u = 0x1p-8;
-    const Rounding r = {sizeof(T) == 2 ? u : 0.0, mma ? u : 0.0};
+    const bool is_f16 = std::is_same<T, f16>::value;
+    const double u = is_f16 ? 0x1p-11 : 0x1p-8, sub = is_f16 ? 0x1p-25 : 0.0;
+    const Rounding r = {sizeof(T) == 2 ? u : 0.0, mma ? u : 0.0, sub, mma ? sub : 0.0};
     auto dispatch = [&](const std::string &op) {
         if (strcmp(cuda_attention_kernels(), path)) {
             printf("FAIL %s %s: ran the %s kernels, not the %s ones\n", op.c_str(), tag.c_str(),
@@ -1123,7 +1216,7 @@ void test_attention(int B, int seq, int H, int KVH, int D, bool packed, bool mma
     dispatch("attention_fwd");
     check_within(fmt("attention_fwd %s (%s) out", tag.c_str(), path), fwd[0], out.floats(),
                  attn_allowed(out, r));
-    check_within("  lse", fwd[1], lse.floats(), attn_allowed(lse, {0, 0}));
+    check_within("  lse", fwd[1], lse.floats(), attn_allowed(lse, {0, 0, 0, 0}));
 
     const std::vector<float> out_in = quant<T>(out.floats()), lse_in = lse.floats();
     Expect dqkv;
@@ -1149,22 +1242,23 @@ void test_attention(int B, int seq, int H, int KVH, int D, bool packed, bool mma
     }
 }
 
-// A bf16 call the tensor cores cannot take says why on stderr, once per reason: a silent
-// fallback to the SIMT kernels would pass every comparison at a fraction of the speed. Two
-// calls at head_dim 32, then two with misaligned tensors: two lines.
-static void test_fallback_said() {
+// A bf16 (fp16) call the tensor cores cannot take says why on stderr, once per reason: a
+// silent fallback to the SIMT kernels would pass every comparison at a fraction of the speed.
+// Two calls at head_dim 32, then two with misaligned tensors: two lines. In a child process,
+// which inherits what this one said already: run before this process's own calls of E.
+template <typename E> void test_fallback_said() {
     int status = 0;
     std::string msg = child_stderr(
         [] {
             for (int skew : {0, 0, 1, 1}) {
                 const int B = 1, T = 5, H = 2, KVH = 1, D = skew ? 64 : 32, S = (H + 2 * KVH) * D;
-                Dev<bf16> qkv(std::vector<float>((size_t)T * S, 0.5f), skew);
-                Dev<bf16> o((size_t)T * H * D, skew);
+                Dev<E> qkv(std::vector<float>((size_t)T * S, 0.5f), skew);
+                Dev<E> o((size_t)T * H * D, skew);
                 Dev<float> l((size_t)H * T);
                 Dev<int32_t> ds(T);
                 std::fill(ds.get(), ds.get() + T, 0);
-                Ops<bf16>::attention_fwd(o, l, qkv, qkv.get() + H * D, qkv.get() + (H + KVH) * D,
-                                         ds, B, T, H, KVH, D, S);
+                Ops<E>::attention_fwd(o, l, qkv, qkv.get() + H * D, qkv.get() + (H + KVH) * D, ds,
+                                      B, T, H, KVH, D, S);
             }
         },
         &status);
@@ -1174,8 +1268,9 @@ static void test_fallback_said() {
     bool ok = WIFEXITED(status) && WEXITSTATUS(status) == 0 && lines == 2 &&
               msg.find("head_dim not 64 or 128: head_dim 32") != std::string::npos &&
               msg.find("a tensor not 16-byte aligned: head_dim 64") != std::string::npos;
-    printf("%-4s a bf16 attention on the SIMT kernels says why, once per reason%s%s\n",
-           ok ? "ok" : "FAIL", ok ? "" : ": ", ok ? "" : msg.c_str());
+    printf("%-4s %s attention on the SIMT kernels says why, once per reason%s%s\n",
+           ok ? "ok" : "FAIL", std::is_same<E, f16>::value ? "an fp16" : "a bf16", ok ? "" : ": ",
+           ok ? "" : msg.c_str());
     failures += !ok;
 }
 
@@ -1196,6 +1291,101 @@ static void test_attention_all() {
     test_attention<float>(1, 1, 2, 1, 32, false, false);
     test_attention<bf16>(2, 70, 4, 2, 64, true, false, 1);
     test_attention<bf16>(1, 33, 2, 1, 32, false, false);
+}
+
+// fp16 on both paths: the tensor cores at D 64 (GQA, documents, T = 130: the steady state of
+// the double-buffered copies) and D 128 (causal, T past a tile edge; T = 1), SIMT where they
+// do not apply (a misaligned tensor, head_dim 32).
+static void test_attention_f16() {
+    test_attention<f16>(2, 130, 4, 2, 64, true, true);
+    test_attention<f16>(1, 70, 2, 1, 128, false, true);
+    test_attention<f16>(1, 1, 2, 2, 128, true, true);
+    test_attention<f16>(2, 70, 4, 2, 64, true, false, 1);
+    test_attention<f16>(1, 33, 2, 1, 32, false, false);
+}
+
+// ---------------------------------------------------------------- fp16 overflow
+
+// Where the fp32 result is past fp16's range (|x| >= 65520 rounds to inf), the fp16 output is
+// +-inf, never a clamped 65504: the trainer's loss scaling finds an overflowed gradient by its
+// inf (and lowers the scale), so a saturating store would hide it. Every 3rd column of the
+// swiglu and sigmoid-gate inputs is large, so that some outputs overflow and the others do not;
+// cross_entropy_bwd with a loss-scaled dloss of 2e5 overflows at each row's target (and where
+// the probability is large). The reference: the CPU's fp32 result, rounded to fp16 (inf past
+// the range); each check also requires that infs occurred.
+static void check_overflow(const std::string &what, const std::vector<float> &got,
+                           std::vector<float> want, Tol tol) {
+    size_t infs = 0;
+    for (float &w : want) {
+        w = nearest<f16>(w);
+        infs += std::isinf(w);
+    }
+    check(fmt("%s (%zu inf)", what.c_str(), infs), got, want, tol);
+    if (infs == 0) {
+        printf("FAIL %s: no element overflowed\n", what.c_str());
+        failures++;
+    }
+}
+
+static void test_f16_overflow(int N, int FF) {
+    std::string tag = fmt("N%d FF%d", N, FF);
+    const size_t nh = (size_t)N * 2 * FF, no = (size_t)N * FF;
+    std::vector<float> h = randn(nh, 2.0f), d = randn(no, 1000.0f), x = randn(no, 2.0f);
+    std::vector<float> g = randn(no, 2.0f), dg = randn(no, 1000.0f);
+    for (int n = 0; n < N; n++) // columns 3k: up of either sign, gate positive, both large
+        for (int c = 0; c < FF; c += 3) {
+            float *up = &h[(size_t)n * 2 * FF + c], *gate = up + FF;
+            *up = (c % 2 ? -1.0f : 1.0f) * (300.0f + (float)(rng() % 340));
+            *gate = 300.0f + (float)(rng() % 340);
+        }
+    for (size_t i = 0; i < no; i += 3) { // dout * x / 4 up to 60000 * 40 / 4
+        x[i] = (i % 2 ? -1.0f : 1.0f) * (10.0f + (float)(rng() % 30));
+        dg[i] = 60000.0f;
+        g[i] = (float)(rng() % 3) - 1.0f;
+    }
+    h = quant<f16>(h), d = quant<f16>(d), x = quant<f16>(x), g = quant<f16>(g);
+    dg = quant<f16>(dg);
+    Outs got = run_both("fp16 overflow " + tag, [&] {
+        Dev<f16> hh(h), out(no), dout(d), dh(nh), xx(x), gg(g), dd(dg), o2(no), dx(no), dgg(no);
+        Ops<f16>::swiglu_fwd(out, hh, N, FF);
+        Ops<f16>::swiglu_bwd(dh, dout, hh, N, FF);
+        Ops<f16>::sigmoid_gate_fwd(o2, xx, gg, no);
+        Ops<f16>::sigmoid_gate_bwd(dx, dgg, dd, xx, gg, no);
+        return Outs{out.floats(), dh.floats(), o2.floats(), dx.floats(), dgg.floats()};
+    });
+    std::vector<float> want(no), dwant(nh), gw(no), dxw(no), dgw(no);
+    cpu_swiglu_fwd(want.data(), h.data(), N, FF);
+    cpu_swiglu_bwd(dwant.data(), d.data(), h.data(), N, FF);
+    cpu_sigmoid_gate_fwd(gw.data(), x.data(), g.data(), no);
+    cpu_sigmoid_gate_bwd(dxw.data(), dgw.data(), dg.data(), x.data(), g.data(), no);
+    const Tol tol = out_tol<f16>({2e-6, 1e-30, 1e-7});
+    check_overflow("swiglu_fwd f16 overflow " + tag, got[0], want, tol);
+    check_overflow("swiglu_bwd f16 overflow " + tag, got[1], dwant, tol);
+    // x * sigmoid(g) and dout * sigmoid(g) stay within |x|, |dout|: finite.
+    check("sigmoid_gate_fwd f16 overflow " + tag + " (finite)", got[2], gw, tol);
+    check("  dx (finite)", got[3], dxw, tol);
+    check_overflow("  dg", got[4], dgw, tol);
+
+    const int V = 1000;
+    std::vector<float> z = quant<f16>(randn((size_t)N * V, 3.0f));
+    std::vector<int32_t> t = randi(N, V), m(N, 1);
+    const float dloss = 2e5f;
+    Outs ce = run_both("fp16 overflow cross_entropy " + tag, [&] {
+        Dev<f16> zz(z), dz((size_t)N * V);
+        Dev<int32_t> tt(N), mm(N);
+        std::copy(t.begin(), t.end(), tt.get());
+        std::copy(m.begin(), m.end(), mm.get());
+        Dev<float> loss(N), lse(N);
+        Ops<f16>::cross_entropy_fwd(loss, lse, zz, tt, mm, N, V, 0.1f);
+        Ops<f16>::cross_entropy_bwd(dz, zz, lse, tt, mm, nullptr, N, V, 0.1f, dloss);
+        return Outs{dz.floats()};
+    });
+    std::vector<float> loss(N), lse(N), dz((size_t)N * V);
+    cpu_cross_entropy_fwd(loss.data(), lse.data(), z.data(), t.data(), m.data(), N, V, 0.1f);
+    cpu_cross_entropy_bwd(dz.data(), z.data(), lse.data(), t.data(), m.data(), nullptr, N, V, 0.1f,
+                          dloss);
+    check_overflow(fmt("cross_entropy_bwd f16 overflow N%d V%d dloss %g", N, V, dloss), ce[0], dz,
+                   out_tol<f16>({2e-5, 1e-9, 0}));
 }
 
 // ---------------------------------------------------------------- main
@@ -1262,11 +1452,18 @@ int main() {
     test_muon(70, 40);
     test_muon(33, 33);
     test_ldmatrix();
-    test_mma();
+    test_mma(false);
     test_cp_async();
     test_ptx_errors();
-    test_fallback_said(); // first: the reasons are said once per process
+    test_fallback_said<bf16>(); // first: the reasons are said once per process
     test_attention_all();
+    // fp16 last: the random inputs of everything before are those they always had.
+    test_dtype<f16>();
+    test_f16_overflow(5, 64);
+    test_f16_overflow(3, 37);
+    test_mma(true);
+    test_fallback_said<f16>();
+    test_attention_f16();
     clock_gettime(CLOCK_MONOTONIC, &t1);
     const emu::Stats &s = emu::stats_now();
     printf("%llu launches, %llu CUDA threads, %llu fiber switches, %llu block barriers; "

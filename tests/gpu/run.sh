@@ -4,7 +4,9 @@
 # network), from any directory, within a hard budget of ~8 minutes:
 #   1. unpacks .gpu-debs/*.deb (tests/gpu/fetch-debs.sh, run beforehand on a networked
 #      machine) with dpkg -x into .gpu-prefix/, and builds with CUDA into build-gpu/;
-#   2. test_gpu_ops        per-op conformance, CUDA against the CPU backend, + determinism;
+#   2. test_gpu_ops        per-op conformance, CUDA against the CPU backend, + determinism, in
+#                          fp32, bf16 and fp16 (+ fp16 overflow to inf); its per-dtype lines
+#                          go to the summary, and a pass without fp16 results fails;
 #   3. test_comm_nccl_gpu  NCCL at world size 1 through the rendezvous, every collective,
 #                          the abort path, comm_split;
 #      test_model_stage    pipeline stages chained on the GPU give the whole model's loss and
@@ -207,7 +209,7 @@ FAILED=0
         2>&1 | tail -n1 || true
 } >>"$SUMMARY"
 
-# Seconds kept for the parts after each: ops 40, comm 15, train 90, bench 120.
+# Seconds kept for the parts after each: ops 60 (three dtypes), comm 15, train 90, bench 100.
 BUILT=0
 if part build "$(limit 240 265)" "$REPORT/build.log" bash "$ROOT/tests/gpu/run.sh" --build-step
 then
@@ -223,15 +225,25 @@ fi
 
 # ---------------------------------------------------------------- 2-5. the checks
 if ((BUILT)); then
-    part test_gpu_ops "$(limit 120 225)" "$REPORT/tests.log" \
-        "${RUNENV[@]}" ASTRAI_GPU_REPORT_DIR="$REPORT" "$BUILD/test_gpu_ops" || true
-    part test_comm_nccl_gpu "$(limit 45 210)" "$REPORT/tests.log" \
+    ops_rc=0
+    part test_gpu_ops "$(limit 120 205)" "$REPORT/tests.log" \
+        "${RUNENV[@]}" ASTRAI_GPU_REPORT_DIR="$REPORT" "$BUILD/test_gpu_ops" || ops_rc=$?
+    # One line per dtype ("test_gpu_ops: fp16: 0 of 112 checks failed"). A pass with no fp16
+    # line would be fp16 not checked at all (a dtype list or a backend that dropped it).
+    grep -E '^test_gpu_ops: (fp32|bf16|fp16): ' "$REPORT/tests.log" | sed 's/^/     /' |
+        tee -a "$SUMMARY" || true
+    if ((ops_rc == 0)) && ! grep -q '^test_gpu_ops: fp16: ' "$REPORT/tests.log"; then
+        say "FAIL test_gpu_ops: no fp16 results (see tests.log)"
+        PASSED=$((PASSED - 1))
+        FAILED=$((FAILED + 1))
+    fi
+    part test_comm_nccl_gpu "$(limit 45 190)" "$REPORT/tests.log" \
         "${RUNENV[@]}" "$BUILD/test_comm_nccl_gpu" || true
-    part test_model_stage "$(limit 30 210)" "$REPORT/tests.log" \
+    part test_model_stage "$(limit 30 190)" "$REPORT/tests.log" \
         "${RUNENV[@]}" "$BUILD/test_model_stage" || true
     # The Python parts get a time limit 15 s inside their timeout, to stop cleanly and
     # still write their JSON.
-    t=$(limit 180 120)
+    t=$(limit 180 100)
     part train_checks "$t" "$REPORT/train.log" "${RUNENV[@]}" python3 \
         tests/gpu/train_checks.py --build "$BUILD" --report "$REPORT" \
         --time-limit $((t > 30 ? t - 15 : t / 2)) || true
