@@ -112,8 +112,8 @@ static int check_op(Comm *c, CommOp op, const char *call, Err *err) {
 }
 
 static int check_dtype(Comm *c, DType dt, const char *call, Err *err) {
-    if (dt == DT_F32 || dt == DT_BF16) return 0;
-    err_set(err, "%s: dtype %d is not fp32 or bf16", call, (int)dt);
+    if (dt == DT_F32 || dt == DT_BF16 || dt == DT_F16) return 0;
+    err_set(err, "%s: dtype %d is not fp32, bf16 or fp16", call, (int)dt);
     return finish(c, -1, err);
 }
 

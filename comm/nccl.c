@@ -208,7 +208,7 @@ static ncclRedOp_t red_op(CommOp op) {
 }
 
 static ncclDataType_t nccl_type(DType dt) {
-    return dt == DT_BF16 ? ncclBfloat16 : ncclFloat;
+    return dt == DT_BF16 ? ncclBfloat16 : dt == DT_F16 ? ncclHalf : ncclFloat;
 }
 
 // Orders the collective after the compute enqueued so far: our stream waits for an

@@ -427,7 +427,8 @@ static void gather_results(Comm *c, float *chunk, size_t m, int parity) {
 // everybody before this barrier). One barrier per step, plus one at the end.
 // With 2 ranks each reads and writes the buffer about twice (a memcpy: once),
 // and reads its half of the peer's data across cores, as any all_reduce must.
-// CPU ranks compute in fp32; reducing bf16 here would be a bug upstream, not a format.
+// Reductions carry gradients and sums, fp32 whatever the compute dtype (docs/design.md §15):
+// reducing bf16 or fp16 here would be a bug upstream, not a format.
 static int fp32_only(DType dt, const char *call, Err *err) {
     if (dt == DT_F32) return 0;
     return err_set(err, "%s: the shm backend reduces fp32 only, not %s", call, dtype_name(dt));

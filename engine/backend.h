@@ -9,7 +9,7 @@
 // device memory for CUDA). Host and backend memory meet only through upload/download.
 //
 // Types: `void *` / `const void *` tensors are in the backend's compute dtype `dtype`
-// (fp32 or bf16, common/dtype.h); `float *` tensors are always fp32; `double *` are
+// (fp32, bf16 or fp16, common/dtype.h); `float *` tensors are always fp32; `double *` are
 // single backend-resident accumulators (loss, sum of squares) read back once per
 // optimizer step. All tensors are row-major; N = B*T token rows.
 //
@@ -71,7 +71,8 @@ struct Backend {
     // not zeroed; NULL with err naming the size. host_free takes NULL.
     void *(*host_alloc)(size_t bytes, Err *err);
     void (*host_free)(void *p);
-    // dst: (n) compute dtype = src: (n) fp32 (round to nearest even); the CPU never calls it.
+    // dst: (n) compute dtype = src: (n) fp32 (round to nearest even): the weights from the master
+    // after an optimizer step (model_refresh_weights), unused in fp32.
     void (*cast_from_f32)(void *dst, const float *src, size_t n);
     // host: (n) fp32 = src: (n) compute dtype; waits (tests, logits, checkpoints of bf16).
     void (*download_f32)(float *host, const void *src, size_t n);
@@ -208,7 +209,7 @@ int backend_reserve(const Backend *be, void **buf, size_t *cap, size_t bytes, Er
 // Gram matrix and the polynomial as (r, r), r = min(rows, cols), and 2 doubles of norms.
 size_t muon_scratch_floats(int rows, int cols);
 
-// The backend of a rank: device_type "cpu" (dtype must be fp32) or "cuda" (the CUDA
+// The backend of a rank: device_type "cpu" (dtype fp32, bf16 or fp16) or "cuda" (the CUDA
 // device ordinal `device`, dtype bf16 or fp32). Fails with a clear error when CUDA was
 // not built in or no such GPU is usable.
 int backend_open(const Backend **out, const char *device_type, int device, DType dtype, Err *err);
@@ -216,3 +217,11 @@ int backend_open(const Backend **out, const char *device_type, int device, DType
 int backend_cuda_available(void);
 
 const Backend *backend_cpu(void);
+// The CPU backend computing in dtype: DT_F32 is backend_cpu(); DT_BF16 and DT_F16 keep
+// weights and activations (`void *`) in 2-byte elements, compute and accumulate in fp32 and
+// round each output to nearest even (engine/cpu/lowp.h). NULL for any other dtype.
+const Backend *backend_cpu_dtype(DType dtype);
+// How the CPU backend's GEMMs run in dtype, for logs: "sgemm (OpenBLAS)" (fp32), "onednn
+// <kernel>" (the CPU's own bf16/fp16 instructions), or "portable (convert, then sgemm): <why>"
+// (ASTRAI_CPU_GEMM=portable forces that path). engine/cpu/gemm.c.
+const char *backend_cpu_gemm_path(DType dtype);

@@ -45,11 +45,8 @@ int backend_open(const Backend **out, const char *device_type, int device, DType
     if (!strcmp(device_type, "cuda")) return open_cuda(out, device, dtype, err);
     if (strcmp(device_type, "cpu"))
         return err_set(err, "device_type: '%s' is not cpu or cuda", device_type);
-    if (dtype != DT_F32)
-        return err_set(err,
-                       "dtype %s: the CPU backend computes in fp32 (use --dtype=fp32 or "
-                       "--device_type=cuda)",
+    if (!(*out = backend_cpu_dtype(dtype)))
+        return err_set(err, "dtype %s: the CPU backend computes in fp32, bf16 or fp16",
                        dtype_name(dtype));
-    *out = backend_cpu();
     return 0;
 }

@@ -7,7 +7,7 @@
 #                           one-host Slurm cluster for the slurm executor's)
 set -eu
 PKGS="build-essential cmake pkg-config libomp-dev libopenblas-dev libopenblas-openmp-dev \
-libcjson-dev libyaml-dev libsqlite3-dev libuv1-dev libmicrohttpd-dev sqlite3"
+libcjson-dev libyaml-dev libsqlite3-dev libuv1-dev libmicrohttpd-dev sqlite3 libdnnl-dev"
 if [ "${1:-}" = test ]; then
     PKGS="$PKGS clang libclang-rt-14-dev systemd python3 python3-torch python3-numpy \
 prometheus chromium slurmctld slurmd slurm-client munge"

@@ -9,6 +9,8 @@ astrai_py_test(ckpt_async test_ckpt_async.py)
 astrai_py_test(ckpt_sharded test_ckpt_sharded.py)
 # --loss_scale: GradScaler's rule against the reference, resume mid-back-off, one rank overflowing.
 astrai_py_test(loss_scale test_loss_scale.py)
+# bf16 and fp16 on the CPU against the reference scheme; ddp/fsdp, reruns, both GEMM paths, fp16 scaling.
+astrai_py_test(train_lowp test_train_lowp.py)
 astrai_py_test(train_accum test_train_accum.py)
 astrai_py_test(train_text test_train_text.py)
 astrai_py_test(train_errors test_train_errors.py)

@@ -208,10 +208,11 @@ def reference_loop(model, n, batch, accum, steps_limit, optimizer, max_lr, weigh
 def reference_training(model_dir, tokens, window, batch, accum, steps_limit, optimizer, max_lr,
                        weight_decay, max_grad_norm, seed, shuffle=True, warmup_ratio=0.05,
                        min_rate=0.01, n_epoch=1, neftune_alpha=0.0, scaler=None,
-                       overflows=None):
-    """Trains RefModel like astrai-train does (one rank); returns (rows, model)."""
+                       overflows=None, dtype=None):
+    """Trains RefModel like astrai-train does (one rank); returns (rows, model). dtype: the
+    compute dtype of RefModel's reduced-precision scheme (None: fp32)."""
     torch.manual_seed(0)
-    model = RefModel.from_dir(model_dir)
+    model = RefModel.from_dir(model_dir, dtype)
     samples = windows(tokens, window, window)
 
     def micro_loss(idx, consumed):

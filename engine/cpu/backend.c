@@ -1,5 +1,6 @@
 // backend.c: the CPU backend table (engine/backend.h), memory ops and the sgemm matmuls.
-// Backend memory is host memory: upload and download are copies, compute is fp32.
+// Backend memory is host memory: upload and download are copies, compute is fp32 (the bf16 and
+// fp16 tables: lowp.c).
 #include <cblas.h>
 #include <stdlib.h>
 #include <string.h>

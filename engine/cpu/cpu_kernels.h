@@ -45,6 +45,9 @@ void cpu_matmul_bwd(void *dinp, float *dweight, const void *dout, const void *in
                     const void *weight, int N, int C, int OC, int accumulate_dinp);
 
 void cpu_embedding_fwd(void *out, const int32_t *ids, const void *table, int N, int C);
+// out: (N, row_bytes) = table row ids[n] for each n: embedding_fwd in any dtype.
+void cpu_embedding_gather(void *out, const int32_t *ids, const void *table, int N,
+                          size_t row_bytes);
 void cpu_embedding_bwd(float *dtable, const void *dout, const int32_t *ids, const int32_t *by_id,
                        int N, int C);
 

@@ -3,12 +3,16 @@
 
 #include "engine/cpu/cpu_kernels.h"
 
-void cpu_embedding_fwd(void *out_, const int32_t *ids, const void *table_, int N, int C) {
-    float *out = out_;
-    const float *table = table_;
+void cpu_embedding_gather(void *out, const int32_t *ids, const void *table, int N,
+                          size_t row_bytes) {
 #pragma omp parallel for
     for (int n = 0; n < N; n++)
-        memcpy(out + (size_t)n * C, table + (size_t)ids[n] * C, C * 4);
+        memcpy((char *)out + (size_t)n * row_bytes,
+               (const char *)table + (size_t)ids[n] * row_bytes, row_bytes);
+}
+
+void cpu_embedding_fwd(void *out, const int32_t *ids, const void *table, int N, int C) {
+    cpu_embedding_gather(out, ids, table, N, (size_t)C * sizeof(float));
 }
 
 void cpu_embedding_bwd(float *dtable, const void *dout_, const int32_t *ids, const int32_t *by_id,

@@ -7,6 +7,12 @@ engine is checked against.
     logits = m.forward(input_ids, position_ids=None)       # (B,T,V)
     l = loss(logits, targets, loss_mask=None, label_smoothing=0.0)
     l.backward(); m.grads()                   # {AstrAI name: grad}
+
+With dtype=torch.bfloat16 or torch.float16 it follows astrai's reduced-precision scheme
+(docs/design.md §15): the fp32 parameters are the master weights, rounded to the dtype where
+forward reads them (their gradients stay fp32); every activation, and every activation
+gradient in backward, is rounded to the dtype where astrai's kernels store one; the math in
+between, the loss and its softmax run in fp32.
 """
 import json
 import math
@@ -52,6 +58,31 @@ def param_shapes(cfg):
     return shapes
 
 
+class _RoundActivation(torch.autograd.Function):
+    """An activation stored in the dtype: rounded forward, its gradient rounded backward."""
+
+    @staticmethod
+    def forward(ctx, x, dtype):
+        ctx.dtype = dtype
+        return x.to(dtype).float()
+
+    @staticmethod
+    def backward(ctx, g):
+        return g.to(ctx.dtype).float(), None
+
+
+class _RoundWeight(torch.autograd.Function):
+    """A weight read in the dtype from its fp32 master: rounded forward, fp32 gradient."""
+
+    @staticmethod
+    def forward(ctx, w, dtype):
+        return w.to(dtype).float()
+
+    @staticmethod
+    def backward(ctx, g):
+        return g, None
+
+
 def rms_norm(x, weight, eps):
     return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * weight
 
@@ -84,9 +115,10 @@ def attention_mask(positions, packed):
 
 
 class RefModel:
-    def __init__(self, cfg, weights):
-        """cfg: config.json dict; weights: {name: array/tensor} with AstrAI names."""
-        self.cfg = cfg
+    def __init__(self, cfg, weights, dtype=None):
+        """cfg: config.json dict; weights: {name: array/tensor} with AstrAI names; dtype: None
+        (fp32), torch.bfloat16 or torch.float16 (the reduced-precision scheme above)."""
+        self.cfg, self.dtype = cfg, dtype
         self.params = {}
         for name, shape in param_shapes(cfg).items():
             if name == "lm_head.weight" and name not in weights:
@@ -98,10 +130,18 @@ class RefModel:
             self.params[name] = t.requires_grad_(True)
 
     @classmethod
-    def from_dir(cls, path):
+    def from_dir(cls, path, dtype=None):
         with open(os.path.join(path, "config.json")) as f:
             cfg = json.load(f)
-        return cls(cfg, st_io.load(os.path.join(path, "model.safetensors")))
+        return cls(cfg, st_io.load(os.path.join(path, "model.safetensors")), dtype)
+
+    def _act(self, x):
+        return x if self.dtype is None else _RoundActivation.apply(x, self.dtype)
+
+    def _weights(self):
+        if self.dtype is None:
+            return self.params
+        return {k: _RoundWeight.apply(v, self.dtype) for k, v in self.params.items()}
 
     def parameters(self):
         return list(self.params.values())
@@ -122,7 +162,7 @@ class RefModel:
 
     def forward(self, input_ids, position_ids=None, embed_noise=None):
         """embed_noise: (B,T,C) added to the input embeddings (NEFTune), or None."""
-        cfg, P = self.cfg, self.params
+        cfg, P, r = self.cfg, self._weights(), self._act
         input_ids = torch.as_tensor(input_ids).long()
         B, T = input_ids.shape
         H, KVH = cfg["num_attention_heads"], cfg["num_key_value_heads"]
@@ -135,35 +175,35 @@ class RefModel:
         cos, sin = rope_cos_sin(pos, D, base)
         mask = attention_mask(pos, packed)
 
-        x = P["embed_tokens.weight"][input_ids]
+        x = r(P["embed_tokens.weight"][input_ids])
         if embed_noise is not None:
-            x = x + torch.as_tensor(embed_noise)
+            x = r(x + torch.as_tensor(embed_noise))
         for i in range(cfg["num_hidden_layers"]):
             p = f"layers.{i}."
-            h = rms_norm(x, P[p + "input_norm.weight"], eps)
-            q = (h @ P[p + "attention.q_proj.weight"].T).view(B, T, H, D)
-            k = (h @ P[p + "attention.k_proj.weight"].T).view(B, T, KVH, D)
-            v = (h @ P[p + "attention.v_proj.weight"].T).view(B, T, KVH, D)
-            q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+            h = r(rms_norm(x, P[p + "input_norm.weight"], eps))
+            q = r(h @ P[p + "attention.q_proj.weight"].T).view(B, T, H, D)
+            k = r(h @ P[p + "attention.k_proj.weight"].T).view(B, T, KVH, D)
+            v = r(h @ P[p + "attention.v_proj.weight"].T).view(B, T, KVH, D)
+            q, k = r(apply_rope(q, cos, sin)), r(apply_rope(k, cos, sin))
             if cfg.get("use_qk_norm"):  # after RoPE, over head_dim
-                q = rms_norm(q, P[p + "attention.q_norm.weight"], eps)
-                k = rms_norm(k, P[p + "attention.k_norm.weight"], eps)
+                q = r(rms_norm(q, P[p + "attention.q_norm.weight"], eps))
+                k = r(rms_norm(k, P[p + "attention.k_norm.weight"], eps))
             k = k.repeat_interleave(H // KVH, dim=2)
             v = v.repeat_interleave(H // KVH, dim=2)
             q, k, v = (t.permute(0, 2, 1, 3) for t in (q, k, v))  # (B,H,T,D)
             scores = (q @ k.transpose(-1, -2)) / math.sqrt(D)
             scores = scores.masked_fill(~mask, float("-inf"))
-            att = (scores.softmax(-1) @ v).permute(0, 2, 1, 3).reshape(B, T, C)
+            att = r((scores.softmax(-1) @ v).permute(0, 2, 1, 3).reshape(B, T, C))
             if cfg.get("use_gated_attention"):
-                att = att * torch.sigmoid(h @ P[p + "attention.gate.weight"].T)
-            x = x + att @ P[p + "attention.o_proj.weight"].T
-            h = rms_norm(x, P[p + "post_attention_norm.weight"], eps)
-            up = h @ P[p + "mlp.up.weight"].T
-            gate = h @ P[p + "mlp.gate.weight"].T
-            x = x + (up * F.silu(gate)) @ P[p + "mlp.down.weight"].T
-        x = rms_norm(x, P["norm.weight"], eps)
+                att = r(att * torch.sigmoid(r(h @ P[p + "attention.gate.weight"].T)))
+            x = r(x + r(att @ P[p + "attention.o_proj.weight"].T))
+            h = r(rms_norm(x, P[p + "post_attention_norm.weight"], eps))
+            up = r(h @ P[p + "mlp.up.weight"].T)
+            gate = r(h @ P[p + "mlp.gate.weight"].T)
+            x = r(x + r(r(up * F.silu(gate)) @ P[p + "mlp.down.weight"].T))
+        x = r(rms_norm(x, P["norm.weight"], eps))
         head = P["embed_tokens.weight"] if cfg.get("tie_word_embeddings") else P["lm_head.weight"]
-        return x @ head.T
+        return r(x @ head.T)
 
 
 def loss(logits, targets, loss_mask=None, label_smoothing=0.0):

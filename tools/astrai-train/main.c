@@ -59,7 +59,12 @@ static int open_backend(const LaunchInfo *li, const TrainSpec *spec, const Backe
     DType dtype = !strcmp(d, "fp16")                                                    ? DT_F16
                   : !strcmp(d, "bf16") || (!strcmp(d, "auto") && !strcmp(type, "cuda")) ? DT_BF16
                                                                                         : DT_F32;
-    if (!backend_open(be, type, li->local_rank, dtype, err)) return 0;
+    if (!backend_open(be, type, li->local_rank, dtype, err)) {
+        // Once per job (rank 0): which GEMMs a reduced-precision CPU run uses (docs/training.md).
+        if (li->rank == 0 && !strcmp(type, "cpu") && dtype != DT_F32)
+            fprintf(stderr, "cpu %s GEMM: %s\n", dtype_name(dtype), backend_cpu_gemm_path(dtype));
+        return 0;
+    }
     const char *visible = getenv("CUDA_VISIBLE_DEVICES");
     return err_prefix(err, "LOCAL_RANK %d, CUDA_VISIBLE_DEVICES=%s", li->local_rank,
                       visible ? visible : "unset");
