@@ -54,6 +54,7 @@ def parse_args(argv):
                    help="seconds per sgemm shape (default 2)")
     p.add_argument("--workdir", help="keep model, data and logs here (default: a temp dir, removed)")
     p.add_argument("--peer-worker", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--autocast", default="", help=argparse.SUPPRESS)  # peer: torch.autocast dtype
     p.add_argument("--model", help=argparse.SUPPRESS)
     p.add_argument("--data", help=argparse.SUPPRESS)
     a = p.parse_args(argv)
@@ -201,12 +202,13 @@ def run_astrai(args, root, model_dir, data_dir):
     return r
 
 
-def run_peer(args, root, model_dir, data_dir):
+def run_peer(args, root, model_dir, data_dir, autocast=""):
+    """autocast: "" (fp32) or "bf16": the peer's forward under torch.autocast("cpu", bf16)."""
     cmd = [sys.executable, os.path.abspath(__file__), "--peer-worker", "--model", model_dir,
            "--data", data_dir, "--steps", str(args.steps), "--warmup", str(args.warmup),
            "--threads", str(args.threads), "--batch", str(args.batch),
-           "--window", str(args.window)]
-    out, rss, seconds = run_child(cmd, os.path.join(root, "pytorch.log"), args.threads)
+           "--window", str(args.window), "--autocast", autocast]
+    out, rss, seconds = run_child(cmd, os.path.join(root, f"pytorch{autocast}.log"), args.threads)
     peer = json.loads(out)
     r = steady_rate(peer["times"], peer["losses"], args)
     r.update(peak_rss_bytes=rss, process_seconds=seconds,
@@ -280,7 +282,11 @@ def peer_main(args):
         chunk = seq[step * span:(step + 1) * span + 1]
         x = chunk[:-1].view(args.batch, args.window)
         y = chunk[1:].view(args.batch, args.window)  # window b's targets: its inputs shifted
-        return loss(model.forward(x), y)
+        if not args.autocast:
+            return loss(model.forward(x), y)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            logits = model.forward(x)
+        return loss(logits.float(), y)
 
     peer_train(args, model.parameters(), step_loss, total, rss_import)
 
