@@ -12,7 +12,8 @@
 //     if it does not read its replies either for STALL_MS, it is dropped;
 //   - a client with more than OUTPUT_CAP unread is dropped, and when all clients
 //     together hold more than CLIENT_MEMORY_CAP (unread output, unanswered input) the
-//     ones holding most are dropped until they fit;
+//     ones holding most are dropped until they fit, those that stopped reading (no write to
+//     them completed for READING_MS) before any that still reads;
 //   - memory a leaving client held goes back to the system (malloc_trim).
 // Unix peers (their uid from SO_PEERCRED) and authenticated TCP peers share
 // max-connections; TCP peers that have not authenticated yet have their own limit,
@@ -24,6 +25,7 @@
 #include <libgen.h>
 #include <limits.h>
 #include <malloc.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -44,6 +46,7 @@
 #define PREAUTH_INPUT_CAP (16u << 10) // unanswered input a TCP peer may send before auth
 #define SLICE 32                      // lines a client gets answered per turn of the loop
 #define STALL_MS 5000                 // a client not read from and not reading is dropped
+#define READING_MS 1000               // a client whose last write completed this recently reads
 #define TRIM_AFTER (1u << 20)         // bytes left behind by clients before malloc_trim
 #define BACKLOG 128
 #define TOKEN_MAX 4096
@@ -199,12 +202,28 @@ void conn_hang_up(Conn *c) {
 
 // ---------------------------------------------------------------- memory
 
-// Drops the clients holding most until all of them together fit in CLIENT_MEMORY_CAP.
+// Whether c reads what it is sent: nothing waits for it, or a write to it completed within
+// READING_MS. A follower that reads falls behind a burst on a busy machine: it holds bytes for a
+// moment, not for good.
+static bool still_reading(const Conn *c, uint64_t now) {
+    return c->queued == 0 || now - c->progress_ms < READING_MS;
+}
+
+// Whether the memory cap drops a before b: clients that stopped reading first, then the one
+// holding most.
+static bool drop_before(const Conn *a, const Conn *b, uint64_t now) {
+    bool a_reads = still_reading(a, now), b_reads = still_reading(b, now);
+    return a_reads != b_reads ? !a_reads : a->held > b->held;
+}
+
+// Drops clients until all of them together fit in CLIENT_MEMORY_CAP: those that stopped
+// reading, holding most first, before any that still reads.
 static void enforce_memory_cap(void) {
+    uint64_t now = uv_now(astraid.loop);
     while (client_memory > CLIENT_MEMORY_CAP) {
         Conn *big = conns;
         for (Conn *c = conns; c; c = c->next)
-            if (c->held > big->held) big = c;
+            if (drop_before(c, big, now)) big = c;
         if (!big) return;
         log_warn("dropping a client holding %zu bytes: clients hold %zu bytes, over %u", big->held,
                  client_memory, CLIENT_MEMORY_CAP);
