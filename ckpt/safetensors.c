@@ -16,50 +16,13 @@
 
 #include "common/buf.h"
 #include "common/fsutil.h"
+#include "common/half.h"
 #include "common/json.h"
 
 // The Python implementation refuses headers above 100 MB; so do we.
 #define ST_MAX_HEADER_LEN 100000000ull
 // Integers in JSON arrive as doubles: beyond 2^53 they are no longer exact.
 #define ST_MAX_JSON_INT 9007199254740992.0
-
-// ---------------------------------------------------------------- number conversion
-
-float st_bf16_to_f32(uint16_t h) {
-    uint32_t bits = (uint32_t)h << 16;
-    float f;
-    memcpy(&f, &bits, sizeof f);
-    return f;
-}
-
-uint16_t st_f32_to_bf16(float f) {
-    uint32_t bits;
-    memcpy(&bits, &f, sizeof bits);
-    // A NaN whose payload sits in the low half would round to infinity: keep it a quiet NaN.
-    if (isnan(f)) return (uint16_t)((bits >> 16) | 0x0040);
-    uint32_t rounding = 0x7FFF + ((bits >> 16) & 1); // round to nearest, ties to even
-    return (uint16_t)((bits + rounding) >> 16);
-}
-
-float st_f16_to_f32(uint16_t h) {
-    uint32_t sign = (uint32_t)(h >> 15) << 31;
-    int exp = (h >> 10) & 0x1F;
-    uint32_t mant = h & 0x3FF;
-    float mag;
-    if (exp == 0x1F) {
-        mag = mant ? NAN : INFINITY;
-    } else if (exp == 0) {
-        mag = ldexpf((float)mant, -24); // subnormal: mant · 2^-24
-    } else {
-        mag = ldexpf((float)(mant | 0x400), exp - 25);
-    }
-    uint32_t bits;
-    memcpy(&bits, &mag, sizeof bits);
-    bits |= sign;
-    float out;
-    memcpy(&out, &bits, sizeof out);
-    return out;
-}
 
 // ---------------------------------------------------------------- header validation
 
@@ -348,7 +311,7 @@ int st_read_f32(const StFile *f, const char *name, int ndim, const int64_t *shap
     case DT_F16:
         for (size_t i = 0; i < n; i++) {
             uint16_t h = (uint16_t)(src[2 * i] | (src[2 * i + 1] << 8));
-            out[i] = t->dtype == DT_BF16 ? st_bf16_to_f32(h) : st_f16_to_f32(h);
+            out[i] = t->dtype == DT_BF16 ? bf16_to_f32(h) : f16_to_f32(h);
         }
         return 0;
     default:
@@ -428,7 +391,7 @@ static int write_floats(FILE *fp, const float *src, size_t n, DType dtype) {
     for (size_t i = 0; i < n; i += CHUNK) {
         size_t m = n - i < CHUNK ? n - i : CHUNK;
         for (size_t j = 0; j < m; j++) {
-            uint16_t h = st_f32_to_bf16(src[i + j]);
+            uint16_t h = f32_to_bf16(src[i + j]);
             buf[2 * j] = (uint8_t)(h & 0xFF);
             buf[2 * j + 1] = (uint8_t)(h >> 8);
         }

@@ -68,7 +68,3 @@ typedef struct {
 // dtype DT_F32 or DT_BF16 (round to nearest even), fsynced. Plain write: use it
 // inside a temporary checkpoint directory, or via a temp name + rename.
 int st_write(const char *path, const StWriteTensor *tensors, int n, DType dtype, Err *err);
-
-float st_bf16_to_f32(uint16_t h);
-uint16_t st_f32_to_bf16(float f);
-float st_f16_to_f32(uint16_t h);

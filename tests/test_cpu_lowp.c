@@ -12,7 +12,7 @@
 //   in different orders, differ by at most that; fp32 dweight gets the same bound).
 // Also: the accumulate flags, odd shapes, fp16 overflow to inf, oneDNN against the portable
 // path (ASTRAI_CPU_GEMM=portable), reruns bit-identical, the converters at every rounding
-// boundary of fp16 and against ckpt's bf16 rounding.
+// boundary of fp16 and against an independent bf16 rounding.
 //
 // Modes: no argument: the checks. --dump FILE: the checks, writing every reduced-dtype
 // output to FILE (test_cpu_lowp.py compares two runs). --convert IN OUT: OUT = the fp16 bits
@@ -43,11 +43,11 @@ static float uniform(float scale) {
 }
 
 static float lowp_value(uint16_t h) {
-    return dt == DT_BF16 ? lowp_bf16_to_f32(h) : lowp_f16_to_f32(h);
+    return dt == DT_BF16 ? bf16_to_f32(h) : f16_to_f32(h);
 }
 
 static uint16_t lowp_round(float f) {
-    return dt == DT_BF16 ? lowp_f32_to_bf16(f) : lowp_f32_to_f16(f);
+    return dt == DT_BF16 ? f32_to_bf16(f) : f32_to_f16(f);
 }
 
 // ---------------------------------------------------------------- tensors
@@ -453,28 +453,39 @@ static void test_bulk_convert(size_t n) {
 static void test_f16_converter(void) {
     size_t bad = 0;
     for (uint32_t h = 0; h < 0x10000; h++) {
-        float f = lowp_f16_to_f32((uint16_t)h);
+        float f = f16_to_f32((uint16_t)h);
         int nan = (h & 0x7C00) == 0x7C00 && (h & 0x3FF);
-        bad += lowp_f32_to_f16(f) != (nan ? (h | 0x200) : h); // NaN: made quiet
-        bad += !nan && f != st_f16_to_f32((uint16_t)h);       // ckpt's decoder agrees
+        bad += f32_to_f16(f) != (nan ? (h | 0x200) : h); // NaN: made quiet
         if ((h & 0x7FFF) >= 0x7C00) continue;
         // the next magnitude up (past 65504: inf, 65536 for the arithmetic)
-        float lo = fabsf(f), hi = (h & 0x7FFF) == 0x7BFF ? 65536.0f : fabsf(lowp_f16_to_f32(h + 1));
+        float lo = fabsf(f), hi = (h & 0x7FFF) == 0x7BFF ? 65536.0f : fabsf(f16_to_f32(h + 1));
         float mid = (lo + hi) / 2, sign = h & 0x8000 ? -1.0f : 1.0f;
         uint16_t s = (uint16_t)(h & 0x8000), up = (uint16_t)((h & 0x7FFF) + 1);
-        bad += lowp_f32_to_f16(sign * mid) != (h & 1 ? (s | up) : h);
-        bad += lowp_f32_to_f16(sign * nextafterf(mid, 0)) != h;
-        bad += lowp_f32_to_f16(sign * nextafterf(mid, INFINITY)) != (s | up);
+        bad += f32_to_f16(sign * mid) != (h & 1 ? (s | up) : h);
+        bad += f32_to_f16(sign * nextafterf(mid, 0)) != h;
+        bad += f32_to_f16(sign * nextafterf(mid, INFINITY)) != (s | up);
     }
     CHECK_MSG(!bad, "fp16 converter: %zu wrong conversions", bad);
-    CHECK(lowp_f32_to_f16(1.0f) == 0x3C00 && lowp_f32_to_f16(-2.0f) == 0xC000);
-    CHECK(lowp_f32_to_f16(0x1p-25f) == 0 && lowp_f32_to_f16(0x1.8p-25f) == 1);
-    CHECK(lowp_f32_to_f16(INFINITY) == 0x7C00 && lowp_f32_to_f16(-NAN) == 0xFE00);
-    CHECK(lowp_f32_to_f16(1e-30f) == 0 && lowp_f32_to_f16(-0.0f) == 0x8000);
+    CHECK(f32_to_f16(1.0f) == 0x3C00 && f32_to_f16(-2.0f) == 0xC000);
+    CHECK(f32_to_f16(0x1p-25f) == 0 && f32_to_f16(0x1.8p-25f) == 1);
+    CHECK(f32_to_f16(INFINITY) == 0x7C00 && f32_to_f16(-NAN) == 0xFE00);
+    CHECK(f32_to_f16(1e-30f) == 0 && f32_to_f16(-0.0f) == 0x8000);
 }
 
-// bf16 rounding: ckpt's st_f32_to_bf16, on the specials (zeros, infs, NaNs, ties, the
-// largest finite) and random bit patterns.
+// An independent bf16 rounding: of the two bf16 values around f, the nearer by the exact
+// (double) distance, the even one on a tie; past the largest finite, 2^128 stands for inf.
+static uint16_t bf16_reference(float f) {
+    uint32_t u = half_bits(f);
+    if (isnan(f)) return (uint16_t)((u >> 16) | 0x0040);
+    uint16_t lo = (uint16_t)(u >> 16), hi = (uint16_t)(lo + 1); // toward zero, away from it
+    if (!(u & 0xFFFF)) return lo;
+    double a = fabs((double)bf16_to_f32(lo)), x = fabs((double)f);
+    double b = (hi & 0x7FFF) == 0x7F80 ? ldexp(1.0, 128) : fabs((double)bf16_to_f32(hi));
+    return x - a < b - x ? lo : x - a > b - x ? hi : (lo & 1 ? hi : lo);
+}
+
+// bf16 rounding against bf16_reference on the specials (zeros, infs, NaNs, ties, the largest
+// finite) and random bit patterns; decoding is the bits' top half.
 static void test_bf16_converter(void) {
     static const uint32_t SPECIAL[] = {0,           0x80000000u, 0x7F800000u, 0xFF800000u,
                                        0x7FC00000u, 0x7F800001u, 0x7FFFFFFFu, 1,
@@ -483,11 +494,11 @@ static void test_bf16_converter(void) {
     size_t bad = 0, n_special = sizeof SPECIAL / sizeof *SPECIAL;
     for (size_t i = 0; i < (1 << 20); i++) {
         uint32_t u = i < n_special ? SPECIAL[i] : (uint32_t)splitmix64_next(&rng);
-        float f = lowp_float(u), back = lowp_bf16_to_f32((uint16_t)u),
-              ref = st_bf16_to_f32((uint16_t)u);
-        bad += lowp_f32_to_bf16(f) != st_f32_to_bf16(f) || memcmp(&back, &ref, sizeof back);
+        float f = half_float(u);
+        bad += f32_to_bf16(f) != bf16_reference(f) ||
+               half_bits(bf16_to_f32((uint16_t)u)) != (u & 0xFFFFu) << 16;
     }
-    CHECK_MSG(!bad, "bf16 converter: %zu conversions differ from ckpt's", bad);
+    CHECK_MSG(!bad, "bf16 converter: %zu conversions differ from the reference rounding", bad);
 }
 
 static void run_dtype(DType d) {
@@ -533,10 +544,10 @@ static int convert_file(const char *in, const char *out) {
     uint16_t *h = malloc(2 * n * sizeof *h + 1);
     int ok = fread(x, sizeof *x, n, fi) == n;
     for (size_t i = 0; i < n; i++)
-        h[i] = lowp_f32_to_f16(x[i]), h[n + i] = lowp_f32_to_bf16(x[i]);
+        h[i] = f32_to_f16(x[i]), h[n + i] = f32_to_bf16(x[i]);
     ok = ok && fwrite(h, sizeof *h, 2 * n, fo) == 2 * n;
     for (uint32_t i = 0; i < 0x10000 && ok; i++)
-        ok = fwrite(&(float){lowp_f16_to_f32((uint16_t)i)}, sizeof(float), 1, fo) == 1;
+        ok = fwrite(&(float){f16_to_f32((uint16_t)i)}, sizeof(float), 1, fo) == 1;
     free(x), free(h);
     fclose(fi);
     return fclose(fo) || !ok;

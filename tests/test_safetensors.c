@@ -13,6 +13,7 @@
 
 #include "check.h"
 #include "ckpt/safetensors.h"
+#include "common/half.h"
 
 // ---------------------------------------------------------------- helpers
 
@@ -178,34 +179,34 @@ static void test_open_errors(void) {
 
 static void test_bf16_rounding(void) {
     // Ties go to the even bf16 mantissa; anything above a tie rounds up.
-    CHECK(st_f32_to_bf16(float_of(0x3F808000)) == 0x3F80);
-    CHECK(st_f32_to_bf16(float_of(0x3F818000)) == 0x3F82);
-    CHECK(st_f32_to_bf16(float_of(0x3F808001)) == 0x3F81);
-    CHECK(st_f32_to_bf16(float_of(0x3F807FFF)) == 0x3F80);
-    CHECK(st_f32_to_bf16(float_of(0xBF818000)) == 0xBF82);
-    CHECK(st_f32_to_bf16(1.0f) == 0x3F80);
-    CHECK(st_f32_to_bf16(INFINITY) == 0x7F80);
-    CHECK(st_f32_to_bf16(-INFINITY) == 0xFF80);
+    CHECK(f32_to_bf16(float_of(0x3F808000)) == 0x3F80);
+    CHECK(f32_to_bf16(float_of(0x3F818000)) == 0x3F82);
+    CHECK(f32_to_bf16(float_of(0x3F808001)) == 0x3F81);
+    CHECK(f32_to_bf16(float_of(0x3F807FFF)) == 0x3F80);
+    CHECK(f32_to_bf16(float_of(0xBF818000)) == 0xBF82);
+    CHECK(f32_to_bf16(1.0f) == 0x3F80);
+    CHECK(f32_to_bf16(INFINITY) == 0x7F80);
+    CHECK(f32_to_bf16(-INFINITY) == 0xFF80);
     // The largest finite float rounds up to infinity (as torch does).
-    CHECK(st_f32_to_bf16(float_of(0x7F7FFFFF)) == 0x7F80);
+    CHECK(f32_to_bf16(float_of(0x7F7FFFFF)) == 0x7F80);
     // A NaN whose payload is only in the low half must not become infinity.
-    CHECK(isnan(st_bf16_to_f32(st_f32_to_bf16(float_of(0x7F800001)))));
-    CHECK(isnan(st_bf16_to_f32(st_f32_to_bf16(float_of(0xFFC00000)))));
-    CHECK(st_bf16_to_f32(0x4049) == float_of(0x40490000));
+    CHECK(isnan(bf16_to_f32(f32_to_bf16(float_of(0x7F800001)))));
+    CHECK(isnan(bf16_to_f32(f32_to_bf16(float_of(0xFFC00000)))));
+    CHECK(bf16_to_f32(0x4049) == float_of(0x40490000));
 }
 
 static void test_f16_conversion(void) {
-    CHECK(st_f16_to_f32(0x3C00) == 1.0f);
-    CHECK(st_f16_to_f32(0xC000) == -2.0f);
-    CHECK(st_f16_to_f32(0x7BFF) == 65504.0f);
-    CHECK(st_f16_to_f32(0x0001) == ldexpf(1.0f, -24));
-    CHECK(st_f16_to_f32(0x03FF) == ldexpf(1023.0f, -24));
-    CHECK(st_f16_to_f32(0x0400) == ldexpf(1.0f, -14));
-    CHECK(st_f16_to_f32(0x3555) == 1365.0f / 4096.0f);
-    CHECK(st_f16_to_f32(0x7C00) == INFINITY);
-    CHECK(st_f16_to_f32(0xFC00) == -INFINITY);
-    CHECK(isnan(st_f16_to_f32(0x7E00)));
-    CHECK(bits_of(st_f16_to_f32(0x8000)) == 0x80000000u);
+    CHECK(f16_to_f32(0x3C00) == 1.0f);
+    CHECK(f16_to_f32(0xC000) == -2.0f);
+    CHECK(f16_to_f32(0x7BFF) == 65504.0f);
+    CHECK(f16_to_f32(0x0001) == ldexpf(1.0f, -24));
+    CHECK(f16_to_f32(0x03FF) == ldexpf(1023.0f, -24));
+    CHECK(f16_to_f32(0x0400) == ldexpf(1.0f, -14));
+    CHECK(f16_to_f32(0x3555) == 1365.0f / 4096.0f);
+    CHECK(f16_to_f32(0x7C00) == INFINITY);
+    CHECK(f16_to_f32(0xFC00) == -INFINITY);
+    CHECK(isnan(f16_to_f32(0x7E00)));
+    CHECK(bits_of(f16_to_f32(0x8000)) == 0x80000000u);
 }
 
 // ---------------------------------------------------------------- round trips
@@ -255,8 +256,7 @@ static void check_round_trip(DType dtype, const char *path) {
         const StTensor *st = st_find(&f, t[k].name);
         CHECK(st && st->dtype == dtype);
         for (size_t i = 0; i < numel(&t[k]); i++) {
-            float want =
-                dtype == DT_F32 ? t[k].data[i] : st_bf16_to_f32(st_f32_to_bf16(t[k].data[i]));
+            float want = dtype == DT_F32 ? t[k].data[i] : bf16_to_f32(f32_to_bf16(t[k].data[i]));
             CHECK_MSG(bits_of(out[i]) == bits_of(want), "%s[%zu]: %g vs %g", t[k].name, i, out[i],
                       want);
         }

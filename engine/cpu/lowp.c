@@ -17,10 +17,10 @@ static void run_to_f32(DType dtype, float *dst, const uint16_t *src, size_t n) {
     if (dtype == DT_BF16) {
 #pragma omp simd
         for (size_t i = 0; i < n; i++)
-            dst[i] = lowp_bf16_to_f32(src[i]);
+            dst[i] = bf16_to_f32(src[i]);
     } else {
         for (size_t i = 0; i < n; i++)
-            dst[i] = lowp_f16_to_f32(src[i]);
+            dst[i] = f16_to_f32(src[i]);
     }
 }
 
@@ -28,10 +28,10 @@ static void run_from_f32(DType dtype, uint16_t *dst, const float *src, size_t n)
     if (dtype == DT_BF16) {
 #pragma omp simd
         for (size_t i = 0; i < n; i++)
-            dst[i] = lowp_f32_to_bf16(src[i]);
+            dst[i] = f32_to_bf16(src[i]);
     } else {
         for (size_t i = 0; i < n; i++)
-            dst[i] = lowp_f32_to_f16(src[i]);
+            dst[i] = f32_to_f16(src[i]);
     }
 }
 
