@@ -19,10 +19,10 @@ void shards_file_name(char *out, size_t cap, const char *stem, int k, int n) {
     snprintf(out, cap, "%s-%05d-of-%05d.safetensors", stem, k, n);
 }
 
-static int index_path(char *out, const char *dir, const char *stem, Err *err) {
+static int index_path(char *out, size_t cap, const char *dir, const char *stem, Err *err) {
     char name[256];
     snprintf(name, sizeof name, "%s.safetensors.index.json", stem);
-    return path_join(out, PATH_CAP, dir, name, err);
+    return path_join(out, cap, dir, name, err);
 }
 
 int shards_present(const char *dir, const char *stem) {
@@ -30,7 +30,7 @@ int shards_present(const char *dir, const char *stem) {
     Err ignored;
     snprintf(name, sizeof name, "%s.safetensors", stem);
     if (!path_join(path, sizeof path, dir, name, &ignored) && fs_is_file(path)) return 1;
-    return !index_path(path, dir, stem, &ignored) && fs_is_file(path);
+    return !index_path(path, sizeof path, dir, stem, &ignored) && fs_is_file(path);
 }
 
 // ---------------------------------------------------------------- reading
@@ -120,13 +120,7 @@ static int open_files(StFile *f, const char *dir, const char *index, const char 
 }
 
 static int read_index(cJSON **root, const char *index, Err *err) {
-    char *text;
-    size_t len;
-    if (fs_read_file(index, &text, &len, err)) return -1;
-    *root = cJSON_ParseWithLength(text, len);
-    free(text);
-    if (!*root && len && json_out_of_memory()) return err_resource(err, "%s: out of memory", index);
-    if (!*root) return err_set(err, "%s: not valid JSON", index);
+    if (json_read_file(index, root, err)) return -1;
     const cJSON *map = cJSON_GetObjectItemCaseSensitive(*root, "weight_map");
     if (!cJSON_IsObject(map)) return err_set(err, "%s: no \"weight_map\" object", index);
     return 0;
@@ -146,13 +140,13 @@ static int open_set(StFile *f, const char *dir, const char *index, Err *err) {
     return rc;
 }
 
-int shards_open(StFile *f, const char *dir, const char *stem, Err *err) {
+int shards_open(StFile *f, const char *dir, const char *stem, char *path, size_t cap, Err *err) {
     memset(f, 0, sizeof *f);
-    char path[PATH_CAP], name[256];
+    char name[256];
     snprintf(name, sizeof name, "%s.safetensors", stem);
-    if (path_join(path, sizeof path, dir, name, err)) return -1;
+    if (path_join(path, cap, dir, name, err)) return -1;
     if (fs_is_file(path)) return st_open(f, path, err);
-    if (index_path(path, dir, stem, err)) return -1;
+    if (index_path(path, cap, dir, stem, err)) return -1;
     if (!fs_is_file(path))
         return err_set(err, "%s: neither %s.safetensors nor %s.safetensors.index.json", dir, stem,
                        stem);
@@ -184,7 +178,7 @@ static int index_file(cJSON *map, const char *dir, const char *file, double *tot
 
 int shards_write_index(const char *dir, const char *stem, int n, Err *err) {
     char index[PATH_CAP], file[256];
-    if (index_path(index, dir, stem, err)) return -1;
+    if (index_path(index, sizeof index, dir, stem, err)) return -1;
     cJSON *root = cJSON_CreateObject(), *meta = cJSON_AddObjectToObject(root, "metadata");
     cJSON *map = cJSON_AddObjectToObject(root, "weight_map");
     if (!root || !meta || !map) {

@@ -24,8 +24,9 @@ int shards_present(const char *dir, const char *stem);
 // whose tensors are those of the index's weight_map (mmap: a reader touches only the tensors it
 // reads). The index is validated before any file is opened: a weight_map of strings naming
 // plain file names in dir ending in .safetensors; then every mapped tensor must be in its file.
-// Errors name the index, the file and the tensor at fault. st_close frees the set.
-int shards_open(StFile *f, const char *dir, const char *stem, Err *err);
+// Errors name the index, the file and the tensor at fault. st_close frees the set. path (cap
+// bytes) gets what was opened, for messages: the file, or the index of the set.
+int shards_open(StFile *f, const char *dir, const char *stem, char *path, size_t cap, Err *err);
 
 // Writes dir/STEM.safetensors.index.json (fsynced) for the n files STEM-*-of-n in dir, from
 // their headers.

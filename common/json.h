@@ -8,6 +8,8 @@
 #pragma once
 #include <stdbool.h>
 
+#include "common/error.h"
+
 // Installs the hooks (cJSON_InitHooks); before any other cJSON call.
 void json_init(void);
 
@@ -22,3 +24,8 @@ bool json_out_of_memory(void);
 // silently lacks each member whose allocation failed: a count that moved while it was built
 // says so.
 unsigned long json_failures(void);
+
+struct cJSON;
+// Reads and parses the JSON file at path into *root (cJSON_Delete it): 0, or -1 with err
+// "PATH: out of memory" (err_resource), "PATH: not valid JSON", or fs_read_file's error.
+int json_read_file(const char *path, struct cJSON **root, Err *err);

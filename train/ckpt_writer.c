@@ -19,30 +19,34 @@ const char *const CKPT_TEXT_NAMES[CKPT_N_TEXTS] = {"meta.json", "config.json", "
 
 // ---------------------------------------------------------------- the files
 
-static int write_files(const CkptContent *c, const char *tmp, Err *err) {
+int ckpt_write_texts(char *const *texts, const char *dir, Err *err) {
     char path[4096];
     for (int k = 0; k < CKPT_N_TEXTS; k++) {
-        if (!c->texts[k]) return err_resource(err, "%s/%s: out of memory", tmp, CKPT_TEXT_NAMES[k]);
-        if (path_join(path, sizeof path, tmp, CKPT_TEXT_NAMES[k], err) ||
-            fs_write_file_synced(path, c->texts[k], strlen(c->texts[k]), err))
+        if (!texts[k]) return err_resource(err, "%s/%s: out of memory", dir, CKPT_TEXT_NAMES[k]);
+        if (path_join(path, sizeof path, dir, CKPT_TEXT_NAMES[k], err) ||
+            fs_write_file_synced(path, texts[k], strlen(texts[k]), err))
             return -1;
     }
-    return path_join(path, sizeof path, tmp, "model.safetensors", err) ||
+    return 0;
+}
+
+// c's weights and optimizer state as dir/model_file and dir/optim_file.
+static int write_tensors(const CkptContent *c, const char *dir, const char *model_file,
+                         const char *optim_file, Err *err) {
+    char path[4096];
+    return path_join(path, sizeof path, dir, model_file, err) ||
            model_save_views(c->views, c->n_parts, path, c->dtype, err) ||
-           path_join(path, sizeof path, tmp, "optimizer.safetensors", err) ||
+           path_join(path, sizeof path, dir, optim_file, err) ||
            optim_save_parts(c->opts, c->views, c->n_parts, path, err);
 }
 
-static int write_shard(const CkptContent *c, Err *err) {
-    char path[4096];
-    return path_join(path, sizeof path, c->shard_tmp, c->model_file, err) ||
-           model_save_views(c->views, 1, path, c->dtype, err) ||
-           path_join(path, sizeof path, c->shard_tmp, c->optim_file, err) ||
-           optim_save_parts(c->opts, c->views, 1, path, err);
+static int write_files(const CkptContent *c, const char *tmp, Err *err) {
+    return ckpt_write_texts(c->texts, tmp, err) ||
+           write_tensors(c, tmp, "model.safetensors", "optimizer.safetensors", err);
 }
 
 int ckpt_write(const CkptContent *c, Err *err) {
-    if (c->shard_tmp) return write_shard(c, err);
+    if (c->shard_tmp) return write_tensors(c, c->shard_tmp, c->model_file, c->optim_file, err);
     char tmp[4096];
     if (ckpt_begin(c->ckpt_dir, c->name, tmp, sizeof tmp, err)) return -1;
     if (write_files(c, tmp, err) || ckpt_commit(c->ckpt_dir, tmp, c->name, err)) {

@@ -36,6 +36,8 @@ typedef struct {
 // Writes checkpoint c synchronously: a whole one committed, or a shard's files written and
 // fsynced (the same files whatever the mode).
 int ckpt_write(const CkptContent *c, Err *err);
+// The texts (CKPT_N_TEXTS, NULL: out of memory when rendered) as dir's files, fsynced.
+int ckpt_write_texts(char *const *texts, const char *dir, Err *err);
 
 typedef struct {
     pthread_t thread;

@@ -52,20 +52,10 @@ int train_ckpt_load_config(ModelConfig *cfg, const char *dir, Err *err) {
            model_config_load(cfg, path, err);
 }
 
-// A checkpoint's model or optimizer state in either layout (ckpt/shards.h), as one StFile; what
-// names it in errors: the file, or the index of a sharded set.
-static int open_tensors(StFile *f, const char *dir, const char *stem, char *what, Err *err) {
-    char name[64];
-    snprintf(name, sizeof name, "%s.safetensors", stem);
-    if (path_join(what, PATH_CAP, dir, name, err)) return -1;
-    if (!fs_is_file(what)) snprintf(what + strlen(what), PATH_CAP - strlen(what), ".index.json");
-    return shards_open(f, dir, stem, err);
-}
-
 int train_ckpt_load_weights(Model *m, const char *dir, Err *err) {
     char what[PATH_CAP];
     StFile f;
-    if (open_tensors(&f, dir, "model", what, err)) return -1;
+    if (shards_open(&f, dir, "model", what, sizeof what, err)) return -1;
     int rc = model_load_st(m, &f, what, err);
     st_close(&f);
     return rc;
@@ -234,13 +224,8 @@ static int sharded_begin(Trainer *t, const char *name, char *tmp, Err *err) {
 
 // Rank 0, once every rank's files are durable: the texts, both indexes, the commit.
 static int sharded_commit(Trainer *t, const CkptPending *p, Err *err) {
-    char path[PATH_CAP];
-    int rc = 0;
-    for (int k = 0; k < CKPT_N_TEXTS && !rc; k++)
-        rc = !p->texts[k] ? err_resource(err, "%s/%s: out of memory", p->tmp, CKPT_TEXT_NAMES[k])
-                          : path_join(path, sizeof path, p->tmp, CKPT_TEXT_NAMES[k], err) ||
-                                fs_write_file_synced(path, p->texts[k], strlen(p->texts[k]), err);
-    return rc || shards_write_index(p->tmp, "model", t->world, err) ||
+    return ckpt_write_texts(p->texts, p->tmp, err) ||
+           shards_write_index(p->tmp, "model", t->world, err) ||
            shards_write_index(p->tmp, "optimizer", t->world, err) ||
            ckpt_commit(t->spec->ckpt_dir, p->tmp, p->name, err);
 }
@@ -418,17 +403,12 @@ static int load_sampler_position(Trainer *t, const char *dir, Err *err) {
         astrai_position(t);
         return 0;
     }
-    char *text;
-    size_t len;
-    if (fs_read_file(path, &text, &len, err)) return -1;
-    cJSON *o = cJSON_Parse(text);
-    free(text);
+    cJSON *o;
+    if (json_read_file(path, &o, err)) return -1;
     long epoch = 0, samples = 0, n = 0;
-    int rc = !o && json_out_of_memory() ? err_resource(err, "%s: out of memory", path)
-             : !o                       ? err_set(err, "%s: not valid JSON", path)
-                                        : (json_long(o, "epoch", &epoch, path, err) ||
-                     json_long(o, "epoch_samples", &samples, path, err) ||
-                     json_long(o, "n_samples", &n, path, err));
+    int rc = json_long(o, "epoch", &epoch, path, err) ||
+             json_long(o, "epoch_samples", &samples, path, err) ||
+             json_long(o, "n_samples", &n, path, err);
     cJSON_Delete(o);
     if (rc) return -1;
     if (n != t->n_samples)
@@ -460,7 +440,7 @@ static int load_optimizer(Trainer *t, const char *dir, Err *err) {
     }
     char what[PATH_CAP];
     StFile f;
-    if (open_tensors(&f, dir, "optimizer", what, err)) return -1;
+    if (shards_open(&f, dir, "optimizer", what, sizeof what, err)) return -1;
     int rc = executor_load_optim(&t->exec, &t->model, &t->opt, &f, what, err);
     st_close(&f);
     return rc;
@@ -507,15 +487,9 @@ static int load_scaler(Trainer *t, const char *dir, Err *err) {
     char path[PATH_CAP];
     if (t->scaler.mode != LOSS_SCALE_DYNAMIC) return 0;
     if (path_join(path, sizeof path, dir, "scheduler.json", err)) return -1;
+    cJSON *o;
     if (!fs_is_file(path)) return 0;
-    char *text;
-    size_t len;
-    if (fs_read_file(path, &text, &len, err)) return -1;
-    cJSON *o = cJSON_ParseWithLength(text, len);
-    free(text);
-    if (!o)
-        return json_out_of_memory() ? err_resource(err, "%s: out of memory", path)
-                                    : err_set(err, "%s: not valid JSON", path);
+    if (json_read_file(path, &o, err)) return -1;
     const cJSON *scale = cJSON_GetObjectItemCaseSensitive(o, "loss_scale");
     long tracker = 0;
     int rc = 0;

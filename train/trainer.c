@@ -108,9 +108,7 @@ static ExecMode exec_mode(const char *name) {
     return EXEC_NONE;
 }
 
-// Private anonymous resident bytes of this process (RssAnon of /proc/self/status): the
-// heap and mmap'd buffers, without the code, mapped files and the shared collectives
-// segment. 0 if unknown.
+// A "FIELD: N kB" line of /proc/self/status in bytes; 0 if unknown.
 static long status_bytes(const char *field) {
     FILE *f = fopen("/proc/self/status", "r");
     if (!f) return 0;
@@ -123,6 +121,8 @@ static long status_bytes(const char *field) {
     return kib * 1024;
 }
 
+// Private anonymous resident bytes of this process (RssAnon): the heap and mmap'd buffers,
+// without the code, mapped files and the shared collectives segment.
 static long resident_bytes(void) {
     return status_bytes("RssAnon");
 }
@@ -276,9 +276,6 @@ static void fill_batch(Trainer *t, const int64_t *ids, int64_t stride, int nb) {
                        t->sft ? t->position_ids + b * w : NULL);
 }
 
-// The forward of the batch of nb samples with the loss into the model's stats; begins the
-// executor's micro-step of that kind. Training: every rank runs it (validation: not all of
-// them).
 // The weight of a micro-batch's loss in backward: 1/grad_accum_steps (the step's loss is the
 // mean of its micro-batches'), times the loss scale S (--loss_scale; 1 without), which
 // optimizer_step divides out of the gradients again. An S too large for a float gives inf: an
@@ -287,6 +284,10 @@ static float micro_weight(const Trainer *t) {
     if (t->rank == t->overflow_rank && t->step + 1 == t->overflow_step) return INFINITY;
     return (float)(t->scaler.scale / (double)t->spec->grad_accum_steps);
 }
+
+// The forward of the batch of nb samples with the loss into the model's stats; begins the
+// executor's micro-step of that kind. Training: every rank runs it (validation: not all of
+// them).
 
 static int forward_batch(Trainer *t, int nb, MicroStep kind, float loss_scale, Err *err) {
     if (t->pref)
@@ -341,8 +342,8 @@ static int save_checkpoint(Trainer *t, Err *err) {
     if (collect_checkpoint(t, err)) return -1;
     long before = t->memory_report && restart_peak_resident() ? status_bytes("VmRSS") : -1;
     if (train_ckpt_save(t, path, sizeof path, &background, err)) return -1;
-    if (before >= 0 && status_bytes("VmHWM") - before > t->rss_ckpt_max)
-        t->rss_ckpt_max = status_bytes("VmHWM") - before;
+    long added = before >= 0 ? status_bytes("VmHWM") - before : -1;
+    if (added > t->rss_ckpt_max) t->rss_ckpt_max = added;
     t->last_ckpt_step = t->step;
     if (t->rank != 0 || background) return 0;
     return checkpoint_committed(t, path, t->step, t->epoch, err);

@@ -289,10 +289,7 @@ static int count_files(TensorSet *s, Err *err) {
 
 static int open_set(TensorSet *s, const char *dir, const char *stem, Err *err) {
     memset(s, 0, sizeof *s);
-    if (shards_open(&s->st, dir, stem, err)) return -1;
-    char name[64];
-    snprintf(name, sizeof name, sharded(s) ? "%s.safetensors.index.json" : "%s.safetensors", stem);
-    if (path_join(s->path, sizeof s->path, dir, name, err)) return -1;
+    if (shards_open(&s->st, dir, stem, s->path, sizeof s->path, err)) return -1;
     s->rows = calloc((size_t)s->st.n_tensors + 1, sizeof *s->rows);
     if (!s->rows) return err_resource(err, "%s: out of memory", s->path);
     for (int i = 0; i < s->st.n_tensors; i++) {
