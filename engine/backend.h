@@ -83,8 +83,8 @@ struct Backend {
     // out: (N,OC) = inp: (N,C) @ weight: (OC,C)^T, plus the old out if accumulate.
     void (*matmul_fwd)(void *out, const void *inp, const void *weight, int N, int C, int OC,
                        int accumulate);
-    // dinp: (N,C) = dout: (N,OC) @ weight (or += if accumulate_dinp);
-    // dweight: (OC,C) fp32 += dout^T @ inp.
+    // dinp: (N,C) = dout: (N,OC) @ weight (or += if accumulate_dinp), skipped when dinp is
+    // NULL; dweight: (OC,C) fp32 += dout^T @ inp.
     void (*matmul_bwd)(void *dinp, float *dweight, const void *dout, const void *inp,
                        const void *weight, int N, int C, int OC, int accumulate_dinp);
 

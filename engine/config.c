@@ -64,6 +64,62 @@ static int config_choice(const cJSON *root, const char *key, const char *only, c
     return 0;
 }
 
+// rope_scaling: null, or {"rope_type" (or "type"): "llama3", factor, low_freq_factor,
+// high_freq_factor, original_max_position_embeddings} as transformers reads it.
+static int config_rope_scaling(const cJSON *root, const char *source, RopeScaling *out, Err *err) {
+    const cJSON *rs = config_key(root, "rope_scaling");
+    *out = (RopeScaling){0};
+    if (!rs) return 0;
+    if (!cJSON_IsObject(rs))
+        return err_set(err, "%s: rope_scaling must be null or an object", source);
+    const cJSON *type = config_key(rs, "rope_type");
+    if (!type) type = config_key(rs, "type");
+    if (!cJSON_IsString(type) || strcmp(type->valuestring, "llama3") != 0)
+        return err_set(err, "%s: rope_scaling type '%s' is not supported (only 'llama3')", source,
+                       cJSON_IsString(type) ? type->valuestring : "(none)");
+    char where[256];
+    snprintf(where, sizeof where, "%s: rope_scaling", source);
+    double orig = 0;
+    if (config_positive_number(rs, "factor", where, 0, &out->factor, err) ||
+        config_positive_number(rs, "low_freq_factor", where, 0, &out->low_freq_factor, err) ||
+        config_positive_number(rs, "high_freq_factor", where, 0, &out->high_freq_factor, err) ||
+        config_positive_number(rs, "original_max_position_embeddings", where, 0, &orig, err))
+        return -1;
+    if (!(out->high_freq_factor > out->low_freq_factor))
+        return err_set(err, "%s: high_freq_factor %g must exceed low_freq_factor %g", where,
+                       out->high_freq_factor, out->low_freq_factor);
+    if (orig != floor(orig) || orig > 1 << 30)
+        return err_set(err, "%s: original_max_position_embeddings %g must be an integer", where,
+                       orig);
+    out->original_max_position_embeddings = (int)orig;
+    out->llama3 = true;
+    return 0;
+}
+
+// The "hf_*" keys, kept verbatim as one JSON object's text in extra (CONFIG_EXTRA_MAX bytes).
+static int config_keep_extra(const cJSON *root, const char *source, char *extra, Err *err) {
+    extra[0] = 0;
+    cJSON *kept = cJSON_CreateObject();
+    if (!kept) return err_resource(err, "%s: out of memory", source);
+    int rc = 0;
+    for (const cJSON *e = root->child; e && !rc; e = e->next) {
+        if (strncmp(e->string, "hf_", 3) != 0) continue;
+        cJSON *copy = cJSON_Duplicate(e, 1);
+        if (!copy || !cJSON_AddItemToObject(kept, e->string, copy))
+            rc = err_resource(err, "%s: out of memory", source);
+    }
+    char *text = rc || !kept->child ? NULL : cJSON_PrintUnformatted(kept);
+    if (!rc && kept->child && !text) rc = err_resource(err, "%s: out of memory", source);
+    if (text && strlen(text) >= CONFIG_EXTRA_MAX)
+        rc = err_set(err, "%s: the hf_* keys take %zu bytes (at most %d)", source, strlen(text),
+                     CONFIG_EXTRA_MAX - 1);
+    else if (text)
+        memcpy(extra, text, strlen(text) + 1);
+    free(text);
+    cJSON_Delete(kept);
+    return rc;
+}
+
 static int config_read_sizes(ModelConfig *cfg, const cJSON *root, const char *source, Err *err) {
     const struct {
         const char *key;
@@ -105,16 +161,20 @@ static int config_from_json(ModelConfig *cfg, const cJSON *root, const char *sou
         config_choice(root, "attn_type", "gqa", source, err) ||
         config_choice(root, "ffn_type", "mlp", source, err))
         return -1;
-    if (config_key(root, "rope_scaling"))
-        return err_set(err, "%s: rope_scaling is not supported (must be null)", source);
     double eps = 0;
     if (config_read_sizes(cfg, root, source, err) ||
         config_positive_number(root, "rms_norm_eps", source, 0, &eps, err) ||
         config_positive_number(root, "rope_theta", source, 10000.0, &cfg->rope_theta, err) ||
         config_bool(root, "tie_word_embeddings", source, &cfg->tie_word_embeddings, err) ||
         config_bool(root, "use_qk_norm", source, &cfg->use_qk_norm, err) ||
-        config_bool(root, "use_gated_attention", source, &cfg->use_gated_attention, err))
+        config_bool(root, "use_gated_attention", source, &cfg->use_gated_attention, err) ||
+        config_bool(root, "attention_bias", source, &cfg->attention_bias, err) ||
+        config_bool(root, "qk_norm_before_rope", source, &cfg->qk_norm_before_rope, err) ||
+        config_rope_scaling(root, source, &cfg->rope_scaling, err) ||
+        config_keep_extra(root, source, cfg->extra, err))
         return -1;
+    if (cfg->qk_norm_before_rope && !cfg->use_qk_norm)
+        return err_set(err, "%s: qk_norm_before_rope needs use_qk_norm true", source);
     cfg->rms_norm_eps = (float)eps;
     const cJSON *alpha = config_key(root, "neftune_alpha");
     if (alpha && !(cJSON_IsNumber(alpha) && alpha->valuedouble >= 0))
@@ -153,6 +213,29 @@ static double float_as_short_decimal(float f) {
     return (double)f;
 }
 
+static void add_rope_scaling(cJSON *root, const RopeScaling *rs) {
+    if (!rs->llama3) {
+        cJSON_AddNullToObject(root, "rope_scaling");
+        return;
+    }
+    cJSON *o = cJSON_AddObjectToObject(root, "rope_scaling");
+    if (!o) return;
+    cJSON_AddStringToObject(o, "rope_type", "llama3");
+    cJSON_AddNumberToObject(o, "factor", rs->factor);
+    cJSON_AddNumberToObject(o, "low_freq_factor", rs->low_freq_factor);
+    cJSON_AddNumberToObject(o, "high_freq_factor", rs->high_freq_factor);
+    cJSON_AddNumberToObject(o, "original_max_position_embeddings",
+                            rs->original_max_position_embeddings);
+}
+
+// The kept hf_* keys (text that config_keep_extra printed, so it parses).
+static void add_extra(cJSON *root, const char *extra) {
+    cJSON *kept = extra[0] ? cJSON_Parse(extra) : NULL;
+    for (cJSON *e = kept ? kept->child : NULL; e; e = e->next)
+        cJSON_AddItemToObject(root, e->string, cJSON_Duplicate(e, 1));
+    cJSON_Delete(kept);
+}
+
 char *model_config_to_json(const ModelConfig *cfg) {
     cJSON *root = cJSON_CreateObject();
     if (!root) return NULL;
@@ -166,7 +249,7 @@ char *model_config_to_json(const ModelConfig *cfg) {
     cJSON_AddBoolToObject(root, "tie_word_embeddings", cfg->tie_word_embeddings);
     cJSON_AddNumberToObject(root, "max_position_embeddings", cfg->max_position_embeddings);
     cJSON_AddNumberToObject(root, "rope_theta", cfg->rope_theta);
-    cJSON_AddNullToObject(root, "rope_scaling");
+    add_rope_scaling(root, &cfg->rope_scaling);
     cJSON_AddStringToObject(root, "attn_type", "gqa");
     cJSON_AddNumberToObject(root, "num_attention_heads", cfg->num_attention_heads);
     cJSON_AddNumberToObject(root, "num_key_value_heads", cfg->num_key_value_heads);
@@ -181,6 +264,9 @@ char *model_config_to_json(const ModelConfig *cfg) {
     cJSON_AddNullToObject(root, "n_shared_experts");
     cJSON_AddNullToObject(root, "n_activated_experts");
     cJSON_AddNullToObject(root, "topk_method");
+    if (cfg->attention_bias) cJSON_AddBoolToObject(root, "attention_bias", true);
+    if (cfg->qk_norm_before_rope) cJSON_AddBoolToObject(root, "qk_norm_before_rope", true);
+    add_extra(root, cfg->extra);
     char *text = cJSON_Print(root);
     cJSON_Delete(root);
     return text;

@@ -4,6 +4,19 @@
 
 #include "common/error.h"
 
+// rope_scaling: null, or Llama 3's rescaling of the RoPE frequencies (transformers'
+// `_compute_llama3_parameters`): {"rope_type": "llama3", "factor", "low_freq_factor",
+// "high_freq_factor", "original_max_position_embeddings"}.
+typedef struct {
+    bool llama3; // false: no scaling (null)
+    double factor, low_freq_factor, high_freq_factor;
+    int original_max_position_embeddings;
+} RopeScaling;
+
+// Keys an importer recorded for itself ("hf_*", e.g. hf_model_type), which the engine does not
+// interpret but keeps through checkpoints: their JSON text as one object, "" when none.
+#define CONFIG_EXTRA_MAX 8192
+
 typedef struct {
     int vocab_size;
     int hidden_size;
@@ -17,7 +30,11 @@ typedef struct {
     bool tie_word_embeddings;
     bool use_qk_norm;
     bool use_gated_attention;
-    double neftune_alpha; // AstrAI's NEFTune noise scale as config.json records it (0: off)
+    bool attention_bias;      // q_proj, k_proj, v_proj carry biases (Qwen2)
+    bool qk_norm_before_rope; // qk-norm on q and k before RoPE (Qwen3), not after (AstrAI)
+    RopeScaling rope_scaling;
+    double neftune_alpha;         // AstrAI's NEFTune noise scale as config.json records it (0: off)
+    char extra[CONFIG_EXTRA_MAX]; // {"hf_...": ...} or ""
     // derived
     int head_dim; // hidden_size / num_attention_heads
 } ModelConfig;
@@ -30,5 +47,7 @@ int model_config_load(ModelConfig *cfg, const char *path, Err *err);
 int model_config_parse(ModelConfig *cfg, const char *json, const char *source, Err *err);
 
 // Serialises to config.json text with every key AstrAI's AutoRegressiveLMConfig.to_dict()
-// writes, in its order (the MLA and MoE keys as null), malloc'd, caller frees.
+// writes, in its order (the MLA and MoE keys as null), then the keys AstrAI lacks
+// (attention_bias, qk_norm_before_rope) when set and the kept "hf_*" keys; malloc'd, caller
+// frees.
 char *model_config_to_json(const ModelConfig *cfg);

@@ -6,6 +6,9 @@
 //   (H+2*KVH)*D x C block gives qkv: (N, QKV) rows [q | k | v]; rope, qk-norm and
 //   attention work on it in place through a token stride.
 // - mlp.up and mlp.gate are adjacent too: one matmul gives h: (N, 2FF) rows [up | gate].
+// - The q, k, v biases (attention_bias) are adjacent as well: one (QKV) vector added to the
+//   qkv rows as a rank-1 matmul, ones: (N,1) @ bias: (QKV,1)^T, and its gradient is that
+//   matmul's weight gradient, so every backend's GEMM serves and no bias op is needed.
 //
 // Activations of a block live in a slot: slot l for block l, or one shared slot 0 with
 // gradient checkpointing, where only the block inputs (res) are kept and backward runs
@@ -18,12 +21,13 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/half.h"
 #include "engine/backend.h"
 #include "engine/rng.h"
 
 // Parameter indices inside one layer, in AstrAI key order (absent optional ones skipped).
 typedef struct {
-    int q_proj, o_proj, q_norm, k_norm, gate, input_norm, post_norm, mlp_up, mlp_down;
+    int q_proj, qkv_bias, o_proj, q_norm, k_norm, gate, input_norm, post_norm, mlp_up, mlp_down;
 } LayerParams;
 
 // The batch as uploaded: BATCH_FIELDS int32 arrays of N, one after the other.
@@ -56,13 +60,14 @@ struct ModelActs {
     int32_t *host_batch; // (BATCH_FIELDS, N) host staging of the batch
     int32_t *batch;      // (BATCH_FIELDS, N) on the backend
     int32_t *inputs, *targets, *mask, *pos, *doc_start, *by_id; // (N) views into batch
+    void *ones;                                                 // (N) 1s (attention_bias)
     // per slot S (L slots, or 1 with gradient checkpointing): what backward needs
     void *res;            // (L+1, N, C) block inputs: res[L] is the last block's output (L: the
                           // stage's blocks)
     void *ln1;            // (S,N,C)
     float *rstd1;         // (S,N)
-    void *qkv;            // (S,N,QKV) after rope
-    void *qkn;            // (S,N,QKV) q,k after qk-norm
+    void *qkv;            // (S,N,QKV) after rope (qk-norm after RoPE, or none), else before
+    void *qkn;            // (S,N,QKV) q,k after qk-norm (and RoPE when it comes second)
     float *rstdq, *rstdk; // (S,N,H), (S,N,KVH)
     void *att;            // (S,N,C)
     float *lse;           // (S,B,H,T)
@@ -115,6 +120,15 @@ static int add_layer_params(Table *t, int l, LayerParams *lp) {
     LAYER_PARAM(lp->q_proj, "attention.q_proj", C, C);
     LAYER_PARAM(k_proj, "attention.k_proj", KV, C);
     LAYER_PARAM(v_proj, "attention.v_proj", KV, C);
+    lp->qkv_bias = -1;
+    if (c->attention_bias) { // q|k|v biases adjacent: one (QKV) vector (header)
+        snprintf(name, sizeof name, "layers.%d.attention.q_proj.bias", l);
+        lp->qkv_bias = add_param(t, name, C, 0);
+        snprintf(name, sizeof name, "layers.%d.attention.k_proj.bias", l);
+        add_param(t, name, KV, 0);
+        snprintf(name, sizeof name, "layers.%d.attention.v_proj.bias", l);
+        if (add_param(t, name, KV, 0) < 0) return -1;
+    }
     LAYER_PARAM(lp->o_proj, "attention.o_proj", C, C);
     lp->q_norm = lp->k_norm = lp->gate = -1;
     if (c->use_qk_norm) {
@@ -139,7 +153,7 @@ static int add_layer_params(Table *t, int l, LayerParams *lp) {
 static int fill_table(Table *t, int first, int end, LayerParams *layer, int ends[3], Err *err) {
     const ModelConfig *c = t->cfg;
     int V = c->vocab_size, C = c->hidden_size;
-    t->cap = 3 + 13 * (end - first);
+    t->cap = 3 + 16 * (end - first);
     if (!(t->params = calloc((size_t)t->cap, sizeof *t->params)))
         return err_resource(err, "model: out of memory for the table of %d parameters", t->cap);
     ends[0] = ends[1] = ends[2] = -1;
@@ -198,12 +212,26 @@ static int build_param_table(Model *m, Err *err) {
     return rc;
 }
 
-// cos/sin of position * base^(-2i/D) as AstrAI computes them (angle in fp64, then fp32).
+// Llama 3's frequency rescaling (transformers' _compute_llama3_parameters): wavelengths
+// past original/low_freq_factor slow down by factor, those under original/high_freq_factor
+// stay, the band between is interpolated.
+static double llama3_frequency(double theta, const RopeScaling *rs) {
+    double orig = rs->original_max_position_embeddings, wavelen = 2.0 * M_PI / theta;
+    if (wavelen < orig / rs->high_freq_factor) return theta;
+    if (wavelen > orig / rs->low_freq_factor) return theta / rs->factor;
+    double smooth =
+        (orig / wavelen - rs->low_freq_factor) / (rs->high_freq_factor - rs->low_freq_factor);
+    return (1.0 - smooth) * theta / rs->factor + smooth * theta;
+}
+
+// cos/sin of position * base^(-2i/D) as AstrAI computes them (angle in fp64, then fp32),
+// the frequencies rescaled first where rope_scaling says so.
 static void fill_rope_table(float *table, const ModelConfig *c) {
     int half = c->head_dim / 2;
     for (int p = 0; p < c->max_position_embeddings; p++)
         for (int i = 0; i < half; i++) {
             double theta = pow(c->rope_theta, -2.0 * i / c->head_dim);
+            if (c->rope_scaling.llama3) theta = llama3_frequency(theta, &c->rope_scaling);
             float angle = (float)(p * theta);
             table[((size_t)p * half + i) * 2] = cosf(angle);
             table[((size_t)p * half + i) * 2 + 1] = sinf(angle);
@@ -362,8 +390,9 @@ int model_init_random(Model *m, uint64_t seed, Err *err) {
     for (int i = 0; i < n_all; i++) {
         const ParamSpec *p = &all[i];
         int scaled = strstr(p->name, "o_proj") || strstr(p->name, "mlp.down");
+        float one = strstr(p->name, ".bias") ? 0.0f : 1.0f; // norms 1, biases 0
         for (size_t j = 0; j < p->numel; j++)
-            host[j] = p->ndim == 1 ? 1.0f : rng_normal(&rng, 0.0f, scaled ? std_out : 0.02f);
+            host[j] = p->ndim == 1 ? one : rng_normal(&rng, 0.0f, scaled ? std_out : 0.02f);
         for (int k = 0; k < m->n_params; k++) // a tied head's copy shares the embedding's name
             if (!strcmp(m->params[k].name, p->name))
                 m->be->upload(m->master + m->params[k].offset, host, p->numel * sizeof *host);
@@ -487,10 +516,11 @@ static int activation_buffers(const Model *m, size_t N, Buffer *out) {
     size_t L = (size_t)n_blocks(m), S = (size_t)activation_slots(m), C = c->hidden_size,
            V = c->vocab_size, FF = c->intermediate_size, H = c->num_attention_heads,
            KVH = c->num_key_value_heads, QKV = (H + 2 * KVH) * c->head_dim, qk = c->use_qk_norm,
-           gated = c->use_gated_attention, head = m->has_head;
+           gated = c->use_gated_attention, head = m->has_head, bias = c->attention_bias;
     const size_t A = dtype_size(m->be->dtype), f = sizeof(float), i32 = sizeof(int32_t);
     Buffer table[] = {
         {(void **)&a->batch, BATCH_FIELDS * N * i32},
+        {(void **)&a->ones, bias * N * A},
         {(void **)&a->res, (L + 1) * N * C * A},
         {(void **)&a->ln1, S * N * C * A},
         {(void **)&a->rstd1, S * N * f},
@@ -542,6 +572,20 @@ static void free_activations(Model *m) {
     m->acts->capacity = 0;
 }
 
+// a->ones: (N) 1s of the compute dtype, the left operand of the bias matmul (header).
+static int fill_ones(Model *m, size_t N, Err *err) {
+    size_t A = dtype_size(m->be->dtype);
+    uint16_t one16 = m->be->dtype == DT_BF16 ? f32_to_bf16(1.0f) : f32_to_f16(1.0f);
+    float one32 = 1.0f;
+    unsigned char *host = malloc(N * A);
+    if (!host) return err_resource(err, "model: out of memory for %zu bias rows", N);
+    for (size_t i = 0; i < N; i++)
+        memcpy(host + i * A, A == 4 ? (const void *)&one32 : (const void *)&one16, A);
+    m->be->upload(m->acts->ones, host, N * A);
+    free(host);
+    return 0;
+}
+
 static int ensure_activations(Model *m, size_t N, Err *err) {
     ModelActs *a = m->acts;
     if (N <= a->capacity) return 0;
@@ -557,6 +601,10 @@ static int ensure_activations(Model *m, size_t N, Err *err) {
             free_activations(m);
             return err_prefix(err, "model: activations of %zu tokens", N);
         }
+    }
+    if (a->ones && fill_ones(m, N, err)) {
+        free_activations(m);
+        return -1;
     }
     a->capacity = N;
     return 0;
@@ -767,6 +815,18 @@ static int slot_of_layer(const Model *m, int l) {
     return m->grad_checkpointing ? 0 : l - m->first_block;
 }
 
+// RoPE (forward, or its transpose for sign < 0) on the q and k heads of the (N, QKV) rows x.
+static void rope_heads(const Model *m, void *x, int sign) {
+    const ModelActs *a = m->acts;
+    const ModelConfig *c = &m->cfg;
+    int N = a->B * a->T, H = c->num_attention_heads, KVH = c->num_key_value_heads, D = c->head_dim,
+        QKV = (int)qkv_width(c);
+    void (*rope)(void *, const int32_t *, const float *, int, int, int, int) =
+        sign > 0 ? m->be->rope_fwd : m->be->rope_bwd;
+    rope(x, a->pos, m->plan->rope, N, H, D, QKV);
+    rope(at(m, x, (size_t)H * D), a->pos, m->plan->rope, N, KVH, D, QKV);
+}
+
 // res[l+1] = res[l] + attn(input_norm(res[l])) + mlp(post_attention_norm(.)), layer l,
 // activations into slot s.
 static void layer_forward(Model *m, int l, int s) {
@@ -774,7 +834,6 @@ static void layer_forward(Model *m, int l, int s) {
     const Backend *be = m->be;
     const ModelConfig *c = &m->cfg;
     const LayerParams *p = &m->plan->layer[l];
-    const float *rope = m->plan->rope;
     int B = a->B, T = a->T, N = B * T, C = c->hidden_size, H = c->num_attention_heads,
         KVH = c->num_key_value_heads, D = c->head_dim, FF = c->intermediate_size,
         QKV = (int)qkv_width(c);
@@ -784,15 +843,17 @@ static void layer_forward(Model *m, int l, int s) {
 
     be->rmsnorm_fwd(x.ln1, x.rstd1, res, weight(m, p->input_norm), N, 1, C, C, c->rms_norm_eps);
     be->matmul_fwd(x.qkv, x.ln1, weight(m, p->q_proj), N, C, QKV, 0);
-    be->rope_fwd(x.qkv, a->pos, rope, N, H, D, QKV);
-    be->rope_fwd(at(m, x.qkv, (size_t)H * D), a->pos, rope, N, KVH, D, QKV);
-    void *qk = x.qkv; // q and k as attention sees them
+    if (c->attention_bias) be->matmul_fwd(x.qkv, a->ones, weight(m, p->qkv_bias), N, 1, QKV, 1);
+    // q and k as attention sees them: qkv after RoPE, then qk-norm into qkn; or (qk-norm
+    // before RoPE) normed into qkn and rotated there, qkv kept as the norm's input.
+    void *qk = c->use_qk_norm ? x.qkn : x.qkv;
+    if (!c->qk_norm_before_rope) rope_heads(m, x.qkv, 1);
     if (c->use_qk_norm) {
-        qk = x.qkn;
         be->rmsnorm_fwd(qk, x.rstdq, x.qkv, weight(m, p->q_norm), N, H, D, QKV, c->rms_norm_eps);
         be->rmsnorm_fwd(at(m, qk, (size_t)H * D), x.rstdk, at(m, x.qkv, (size_t)H * D),
                         weight(m, p->k_norm), N, KVH, D, QKV, c->rms_norm_eps);
     }
+    if (c->qk_norm_before_rope) rope_heads(m, qk, 1);
     be->attention_fwd(x.att, x.lse, qk, at(m, qk, (size_t)H * D),
                       at(m, x.qkv, (size_t)(H + KVH) * D), a->doc_start, B, T, H, KVH, D, QKV);
     void *o_in = x.att;
@@ -910,7 +971,6 @@ static void layer_backward(Model *m, int l, int s) {
     const Backend *be = m->be;
     const ModelConfig *c = &m->cfg;
     const LayerParams *p = &m->plan->layer[l];
-    const float *rope = m->plan->rope;
     int B = a->B, T = a->T, N = B * T, C = c->hidden_size, H = c->num_attention_heads,
         KVH = c->num_key_value_heads, D = c->head_dim, FF = c->intermediate_size,
         QKV = (int)qkv_width(c);
@@ -938,14 +998,17 @@ static void layer_backward(Model *m, int l, int s) {
     void *dqk = c->use_qk_norm ? a->dqkn : a->dqkv;
     be->attention_bwd(dqk, at(m, dqk, hd), at(m, a->dqkv, kvd), datt, x.att, x.lse, qk,
                       at(m, qk, hd), at(m, x.qkv, kvd), a->doc_start, B, T, H, KVH, D, QKV);
+    if (c->qk_norm_before_rope) rope_heads(m, dqk, -1);
     if (c->use_qk_norm) {
         be->rmsnorm_bwd(a->dqkv, grad(m, p->q_norm), dqk, x.qkv, weight(m, p->q_norm), x.rstdq, N,
                         H, D, QKV, 0);
         be->rmsnorm_bwd(at(m, a->dqkv, hd), grad(m, p->k_norm), at(m, dqk, hd), at(m, x.qkv, hd),
                         weight(m, p->k_norm), x.rstdk, N, KVH, D, QKV, 0);
     }
-    be->rope_bwd(a->dqkv, a->pos, rope, N, H, D, QKV);
-    be->rope_bwd(at(m, a->dqkv, hd), a->pos, rope, N, KVH, D, QKV);
+    if (!c->qk_norm_before_rope) rope_heads(m, a->dqkv, -1);
+    if (c->attention_bias)
+        be->matmul_bwd(NULL, grad(m, p->qkv_bias), a->dqkv, a->ones, weight(m, p->qkv_bias), N, 1,
+                       QKV, 0);
     int have_dln = 0;
     if (c->use_gated_attention) {
         be->matmul_bwd(a->dln, grad(m, p->gate), a->dgate, x.ln1, weight(m, p->gate), N, C, C, 0);

@@ -41,7 +41,47 @@ static void test_valid_and_round_trip(void) {
     free(json);
 }
 
+#define LLAMA3                                                                                     \
+    "\"rope_scaling\": {\"rope_type\": \"llama3\", \"factor\": 8, \"low_freq_factor\": 1, "        \
+    "\"high_freq_factor\": 4, \"original_max_position_embeddings\": 8192}"
+
+// The keys Hugging Face families need (docs/design.md §16) and the kept hf_* keys round-trip.
+static void test_family_keys_round_trip(void) {
+    ModelConfig cfg, back;
+    Err err = {0};
+    CHECK_MSG(model_config_parse(&cfg,
+                                 "{" VALID ", \"num_key_value_heads\": 2, \"rms_norm_eps\": 1e-6, "
+                                 "\"use_qk_norm\": true, \"qk_norm_before_rope\": true, "
+                                 "\"attention_bias\": true, \"hf_model_type\": \"qwen3\", "
+                                 "\"hf_config\": {\"bos_token_id\": 1, \"x\": [1, \"a\"]}, " LLAMA3
+                                 "}",
+                                 "x", &err) == 0,
+              "%s", err.msg);
+    CHECK(cfg.attention_bias && cfg.qk_norm_before_rope && cfg.rope_scaling.llama3);
+    CHECK(cfg.rope_scaling.factor == 8 && cfg.rope_scaling.high_freq_factor == 4 &&
+          cfg.rope_scaling.original_max_position_embeddings == 8192);
+    char *json = model_config_to_json(&cfg);
+    CHECK_MSG(json && strstr(json, "\"hf_model_type\":\t\"qwen3\"") &&
+                  strstr(json, "\"rope_type\":\t\"llama3\"") && strstr(json, "bos_token_id"),
+              "%s", json);
+    CHECK(model_config_parse(&back, json, "y", &err) == 0);
+    CHECK(memcmp(&cfg, &back, sizeof cfg) == 0);
+    free(json);
+}
+
 static void test_errors(void) {
+    expect_error("{" VALID ", \"num_key_value_heads\": 2, \"rope_scaling\": {\"type\": \"linear\", "
+                 "\"factor\": 2}, " EPS_QK "}",
+                 "rope_scaling", "'linear'");
+    expect_error(
+        "{" VALID ", \"num_key_value_heads\": 2, \"rope_scaling\": {\"rope_type\": "
+        "\"llama3\", \"factor\": 8, \"low_freq_factor\": 1, \"high_freq_factor\": 4}, " EPS_QK "}",
+        "rope_scaling", "original_max_position_embeddings");
+    expect_error("{" VALID ", \"num_key_value_heads\": 2, \"qk_norm_before_rope\": true, " EPS_QK
+                 "}",
+                 "qk_norm_before_rope", "use_qk_norm");
+    expect_error("{" VALID ", \"num_key_value_heads\": 2, \"attention_bias\": \"yes\", " EPS_QK "}",
+                 "attention_bias", "true or false");
     expect_error("{" VALID ", " EPS_QK ", \"num_key_value_heads\": 2", "malformed JSON", NULL);
     expect_error("{" VALID ", " EPS_QK "}", "num_key_value_heads", "missing");
     expect_error("{" VALID ", \"num_key_value_heads\": \"2\", " EPS_QK "}", "num_key_value_heads",
@@ -88,6 +128,7 @@ static void test_load_from_file(void) {
 
 int main(void) {
     test_valid_and_round_trip();
+    test_family_keys_round_trip();
     test_errors();
     test_missing_file();
     test_load_from_file();

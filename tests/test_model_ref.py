@@ -1,7 +1,8 @@
 """test_model_ref: the C model (tests/model_dump) against the PyTorch reference
 (tests/ref/model.py): logits, loss and every parameter gradient, fp32, for several
-configs (GQA / MHA, tied / untied, qk-norm, gated attention, SFT masks with packed
-documents, label smoothing, a long window over several attention tiles), plus load
+configs (GQA / MHA, tied / untied, qk-norm after or before RoPE, gated attention, q/k/v
+biases, Llama 3 rope scaling, SFT masks with packed documents, label smoothing, a long window
+over several attention tiles), plus load
 errors naming the tensor at fault."""
 import json
 import os
@@ -34,7 +35,9 @@ def random_weights(cfg, rng):
     """Larger than AstrAI's init (std 0.02) so every nonlinearity is exercised."""
     out = {}
     for name, shape in param_shapes(cfg).items():
-        if len(shape) == 1:
+        if name.endswith(".bias"):
+            out[name] = (0.1 * rng.standard_normal(shape)).astype(np.float32)
+        elif len(shape) == 1:
             out[name] = (1.0 + 0.2 * rng.standard_normal(shape)).astype(np.float32)
         else:
             out[name] = (0.3 * rng.standard_normal(shape) / np.sqrt(shape[1])).astype(np.float32)
@@ -142,6 +145,15 @@ def main():
     check_case("long window T=512 causal", make_config(num_attention_heads=2,
                num_key_value_heads=2, num_hidden_layers=1, max_position_embeddings=512,
                use_qk_norm=True), B=1, T=512, seed=6)
+    check_case("qkv biases, qk-norm before RoPE, llama3 rope_scaling",
+               make_config(attention_bias=True, use_qk_norm=True, qk_norm_before_rope=True,
+                           rope_theta=500000.0,
+                           rope_scaling=dict(rope_type="llama3", factor=8.0, low_freq_factor=1.0,
+                                             high_freq_factor=4.0,
+                                             original_max_position_embeddings=16)),
+               B=2, T=40, seed=8)
+    check_case("sft packed qkv biases bf16", make_config(attention_bias=True),
+               B=2, T=16, seed=9, sft=True, doc_starts=[[0, 5], [0, 9]], bf16=True)
     check_load_errors()
 
 

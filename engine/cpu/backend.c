@@ -72,8 +72,9 @@ void cpu_matmul_bwd(void *dinp_, float *dweight, const void *dout_, const void *
     const float *inp = inp_;
     const float *weight = weight_;
     // dinp: (N,C) = dout: (N,OC) @ weight: (OC,C)
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, N, C, OC, 1.0f, dout, OC, weight, C,
-                accumulate_dinp ? 1.0f : 0.0f, dinp, C);
+    if (dinp)
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, N, C, OC, 1.0f, dout, OC, weight, C,
+                    accumulate_dinp ? 1.0f : 0.0f, dinp, C);
     // dweight: (OC,C) += dout^T: (OC,N) @ inp: (N,C)
     cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, OC, C, N, 1.0f, dout, OC, inp, C, 1.0f,
                 dweight, C);

@@ -214,9 +214,11 @@ void cpu_lowp_matmul_bwd(DType dtype, void *dinp, float *dweight, const void *do
                          const void *weight, int N, int C, int OC, int accumulate_dinp) {
     LowpStage s = {dtype, 0};
     GemmFn *gemm = gemm_of(dtype);
-    LowpView vi = lowp_flat((size_t)N * C);
-    float *acc = lowp_out(&s, dinp, vi, accumulate_dinp);
-    gemm(&s, N, C, OC, dout, 0, weight, 0, acc, accumulate_dinp); // dinp: (N,C) = dout @ weight
-    lowp_store(&s, dinp, acc, vi);
+    if (dinp) {
+        LowpView vi = lowp_flat((size_t)N * C);
+        float *acc = lowp_out(&s, dinp, vi, accumulate_dinp);
+        gemm(&s, N, C, OC, dout, 0, weight, 0, acc, accumulate_dinp); // dinp = dout @ weight
+        lowp_store(&s, dinp, acc, vi);
+    }
     gemm(&s, OC, C, N, dout, 1, inp, 0, dweight, 1); // dweight: (OC,C) += dout^T @ inp
 }

@@ -28,7 +28,10 @@ from ref import st_io
 def layer_keys(cfg, i):
     """AstrAI key names of layer i, in parameter order."""
     p = f"layers.{i}."
-    keys = [p + f"attention.{n}.weight" for n in ("q_proj", "k_proj", "v_proj", "o_proj")]
+    keys = [p + f"attention.{n}.weight" for n in ("q_proj", "k_proj", "v_proj")]
+    if cfg.get("attention_bias"):
+        keys += [p + f"attention.{n}.bias" for n in ("q_proj", "k_proj", "v_proj")]
+    keys += [p + "attention.o_proj.weight"]
     if cfg.get("use_qk_norm"):
         keys += [p + "attention.q_norm.weight", p + "attention.k_norm.weight"]
     if cfg.get("use_gated_attention"):
@@ -47,6 +50,9 @@ def param_shapes(cfg):
     for i in range(cfg["num_hidden_layers"]):
         for k in layer_keys(cfg, i):
             leaf = k.split(".")[-2]
+            if k.endswith(".bias"):
+                shapes[k] = (C,) if leaf == "q_proj" else (KV,)
+                continue
             shapes[k] = {
                 "q_proj": (C, C), "k_proj": (KV, C), "v_proj": (KV, C), "o_proj": (C, C),
                 "q_norm": (D,), "k_norm": (D,), "gate": (C, C) if "attention" in k else (FF, C),
@@ -87,9 +93,22 @@ def rms_norm(x, weight, eps):
     return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * weight
 
 
-def rope_cos_sin(positions, head_dim, base):
+def llama3_frequencies(theta, rs):
+    """Llama 3's rope_scaling of the frequencies theta (transformers' formula, in fp64)."""
+    orig = rs["original_max_position_embeddings"]
+    low, high, factor = rs["low_freq_factor"], rs["high_freq_factor"], rs["factor"]
+    wavelen = 2 * math.pi / theta
+    smooth = (orig / wavelen - low) / (high - low)
+    medium = (1 - smooth) * theta / factor + smooth * theta
+    return torch.where(wavelen < orig / high, theta,
+                       torch.where(wavelen > orig / low, theta / factor, medium))
+
+
+def rope_cos_sin(positions, head_dim, base, rope_scaling=None):
     """positions: (B,T) -> cos, sin: (B,T,1,D/2), angles as AstrAI builds them (fp64 -> fp32)."""
     theta = base ** (-torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim)
+    if rope_scaling:
+        theta = llama3_frequencies(theta, rope_scaling)
     angle = (positions.to(torch.float64)[..., None] * theta).float()
     return torch.cos(angle)[:, :, None, :], torch.sin(angle)[:, :, None, :]
 
@@ -160,6 +179,14 @@ class RefModel:
         for v in self.params.values():
             v.grad = None
 
+    def _projection(self, P, h, key, B, T):
+        """h @ W^T (+ bias, rounded after the product as astrai adds it), as (B,T,heads,D)."""
+        y = self._act(h @ P[key + ".weight"].T)
+        if self.cfg.get("attention_bias"):
+            y = self._act(y + P[key + ".bias"])
+        D = self.cfg["hidden_size"] // self.cfg["num_attention_heads"]
+        return y.view(B, T, -1, D)
+
     def forward(self, input_ids, position_ids=None, embed_noise=None):
         """embed_noise: (B,T,C) added to the input embeddings (NEFTune), or None."""
         cfg, P, r = self.cfg, self._weights(), self._act
@@ -172,7 +199,7 @@ class RefModel:
         packed = position_ids is not None
         pos = (torch.as_tensor(position_ids).long() if packed
                else torch.arange(T).expand(B, T))
-        cos, sin = rope_cos_sin(pos, D, base)
+        cos, sin = rope_cos_sin(pos, D, base, cfg.get("rope_scaling"))
         mask = attention_mask(pos, packed)
 
         x = r(P["embed_tokens.weight"][input_ids])
@@ -181,13 +208,16 @@ class RefModel:
         for i in range(cfg["num_hidden_layers"]):
             p = f"layers.{i}."
             h = r(rms_norm(x, P[p + "input_norm.weight"], eps))
-            q = r(h @ P[p + "attention.q_proj.weight"].T).view(B, T, H, D)
-            k = r(h @ P[p + "attention.k_proj.weight"].T).view(B, T, KVH, D)
-            v = r(h @ P[p + "attention.v_proj.weight"].T).view(B, T, KVH, D)
-            q, k = r(apply_rope(q, cos, sin)), r(apply_rope(k, cos, sin))
-            if cfg.get("use_qk_norm"):  # after RoPE, over head_dim
+            q, k, v = (self._projection(P, h, p + "attention." + n, B, T)
+                       for n in ("q_proj", "k_proj", "v_proj"))
+            norm_first = cfg.get("qk_norm_before_rope")
+            if not norm_first:
+                q, k = r(apply_rope(q, cos, sin)), r(apply_rope(k, cos, sin))
+            if cfg.get("use_qk_norm"):  # over head_dim, after RoPE (AstrAI) or before (Qwen3)
                 q = r(rms_norm(q, P[p + "attention.q_norm.weight"], eps))
                 k = r(rms_norm(k, P[p + "attention.k_norm.weight"], eps))
+            if norm_first:
+                q, k = r(apply_rope(q, cos, sin)), r(apply_rope(k, cos, sin))
             k = k.repeat_interleave(H // KVH, dim=2)
             v = v.repeat_interleave(H // KVH, dim=2)
             q, k, v = (t.permute(0, 2, 1, 3) for t in (q, k, v))  # (B,H,T,D)
