@@ -49,6 +49,12 @@ CONFIG = {
     "rope_theta": 10000.0, "max_position_embeddings": 128, "tie_word_embeddings": False,
     "attn_type": "gqa", "ffn_type": "mlp", "use_qk_norm": True, "use_gated_attention": True,
 }
+# (g) what the Hugging Face families add to the engine (docs/design.md §7): q/k/v biases
+# (a rank-1 GEMM on cuBLASLt), qk-norm before RoPE, Llama 3's rope scaling.
+HF_CONFIG = dict(CONFIG, attention_bias=True, qk_norm_before_rope=True, use_gated_attention=False,
+                 rope_theta=500000.0,
+                 rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                               "high_freq_factor": 4.0, "original_max_position_embeddings": 32})
 WINDOW, BATCH, STEPS = 128, 8, 20
 # fp16: 3 more significand bits than bf16 (the CPU's fp16 curve is 1.5e-5 from its reference,
 # tests/test_train_lowp.py); not yet measured on a GPU.
@@ -270,6 +276,14 @@ class Checks:
                 self.curve_check(f"f.{kind}_{dt}_vs_cpu",
                                  self.train(f"{kind}_cuda_{dt}", "cuda", dt, **pref), ref, tol,
                                  f"{kind} cuda {dt} vs cpu")
+
+        # (g) the Hugging Face families' engine features, cuda against cpu
+        hf = {"param_path": tu.make_model(os.path.join(self.root, "hf"), HF_CONFIG)}
+        hf_cpu = self.train("hf_cpu", "cpu", **hf)
+        for dt, tol in (("fp32", TOL_FP32), ("bf16", TOL_BF16)):
+            self.curve_check(f"g.hf_{dt}_vs_cpu", self.train(f"hf_cuda_{dt}", "cuda", dt, **hf),
+                             hf_cpu, tol, f"biases, qk-norm before RoPE, llama3 rope: cuda {dt} "
+                             "vs cpu")
 
     def handoff(self, dtype, straight, cpu, tol):
         """cuda to step 10, cpu --resume to 15, cuda --resume to 20, one ckpt_dir."""
