@@ -276,7 +276,7 @@ const StTensor *st_find(const StFile *f, const char *name) {
 
 // ---------------------------------------------------------------- reading tensors
 
-static void format_shape(char *out, size_t cap, int ndim, const int64_t *shape) {
+void st_format_shape(char *out, size_t cap, int ndim, const int64_t *shape) {
     size_t used = (size_t)snprintf(out, cap, "[");
     for (int i = 0; i < ndim && used < cap; i++)
         used +=
@@ -297,8 +297,8 @@ int st_read_f32(const StFile *f, const char *name, int ndim, const int64_t *shap
     if (!t) return err_set(err, "tensor '%s' not found", name);
     if (!same_shape(t, ndim, shape)) {
         char got[160], want[160];
-        format_shape(got, sizeof got, t->ndim, t->shape);
-        format_shape(want, sizeof want, ndim, shape);
+        st_format_shape(got, sizeof got, t->ndim, t->shape);
+        st_format_shape(want, sizeof want, ndim, shape);
         return err_set(err, "tensor '%s' has shape %s, expected %s", name, got, want);
     }
     const uint8_t *src = t->bytes;

@@ -48,6 +48,9 @@ void st_close(StFile *f);
 
 const StTensor *st_find(const StFile *f, const char *name);
 
+// "[2, 3]": a shape as messages print it, truncated to cap.
+void st_format_shape(char *out, size_t cap, int ndim, const int64_t *shape);
+
 // Copies tensor `name` into out as fp32, converting from bf16/f16/f32; fails
 // with a message naming the tensor when it is missing or its shape differs
 // from the expected (ndim, shape).

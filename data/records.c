@@ -550,9 +550,10 @@ int records_open(RecordSet *rs, const char *path, RecordKind kind, int group_siz
     if (rc == 0 && fs_is_dir(path)) {
         rc = open_shards(rs, path, vocab_size, skip_bad, err);
     } else if (rc == 0) {
-        Tokenizer tok;
-        rc = tokenizer_lookup("bytes", &tok, err);
-        if (rc == 0) rc = records_parse_jsonl(rs, path, &tok, vocab_size, skip_bad, err);
+        Tokenizer *tok;
+        rc = tokenizer_open("bytes", &tok, err);
+        if (rc == 0) rc = records_parse_jsonl(rs, path, tok, vocab_size, skip_bad, err);
+        tokenizer_free(tok);
     }
     if (rc == 0 && rs->n_records == 0)
         rc = err_set(err, "%s: no %s records (%" PRId64 " bad ones skipped)", path,

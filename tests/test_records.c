@@ -14,7 +14,7 @@
 #include "data/shard_writer.h"
 
 static char scratch[256]; // this test's temporary directory
-static Tokenizer bytes_tok;
+static Tokenizer *bytes_tok;
 
 // out = scratch/name
 static void path_of(char *out, size_t cap, const char *name) {
@@ -66,7 +66,7 @@ static void test_dpo_shapes(void) {
     records_init(&rs, RECORDS_DPO, 7); // DPO's group size is 2 whatever is given
     Err err = {0};
     // The fourth line's rejected is empty: skip_bad keeps the others.
-    CHECK_MSG(records_parse_jsonl(&rs, path, &bytes_tok, 0, 1, &err) == 0, "%s", err.msg);
+    CHECK_MSG(records_parse_jsonl(&rs, path, bytes_tok, 0, 1, &err) == 0, "%s", err.msg);
     CHECK(rs.group_size == 2 && rs.reward == NULL);
     CHECK(rs.n_records == 3 && rs.skipped == 1);
     CHECK_MSG(strstr(rs.first_skipped.msg, "dpo_shapes.jsonl:4: ") &&
@@ -97,7 +97,7 @@ static void test_dpo_shapes(void) {
                "\"content\": \"ab\"}, {\"role\": \"x\"}, {\"content\": \"c\"}], \"rejected\": "
                "\"r\"}\n");
     records_init(&rs, RECORDS_DPO, 2);
-    CHECK_MSG(records_parse_jsonl(&rs, path, &bytes_tok, 0, 0, &err) == 0, "%s", err.msg);
+    CHECK_MSG(records_parse_jsonl(&rs, path, bytes_tok, 0, 0, &err) == 0, "%s", err.msg);
     CHECK(rs.n_records == 1);
     ids = prompt_of(&rs, 0, &n);
     CHECK(span_equals(ids, n, "in"));
@@ -116,7 +116,7 @@ static void test_grpo_shapes(void) {
     RecordSet rs;
     records_init(&rs, RECORDS_GRPO, 3);
     Err err = {0};
-    CHECK_MSG(records_parse_jsonl(&rs, path, &bytes_tok, 0, 0, &err) == 0, "%s", err.msg);
+    CHECK_MSG(records_parse_jsonl(&rs, path, bytes_tok, 0, 0, &err) == 0, "%s", err.msg);
     CHECK(rs.n_records == 2 && rs.skipped == 0 && rs.group_size == 3);
     const float want_rewards[6] = {1, -0.5f, 2000, 0, 0, 0};
     CHECK(rs.reward && memcmp(rs.reward, want_rewards, sizeof want_rewards) == 0);
@@ -148,13 +148,12 @@ static void expect_bad(RecordKind kind, int group_size, int vocab, const char *b
     RecordSet rs;
     Err err = {0};
     records_init(&rs, kind, group_size);
-    CHECK_MSG(records_parse_jsonl(&rs, path, &bytes_tok, vocab, 0, &err) == -1, "%s: accepted",
-              bad);
+    CHECK_MSG(records_parse_jsonl(&rs, path, bytes_tok, vocab, 0, &err) == -1, "%s: accepted", bad);
     CHECK_MSG(strstr(err.msg, where) == err.msg && strstr(err.msg, needle),
               "'%s': '%s' not in '%s'", bad, needle, err.msg);
     records_free(&rs);
     records_init(&rs, kind, group_size);
-    CHECK_MSG(records_parse_jsonl(&rs, path, &bytes_tok, vocab, 1, &err) == 0, "%s", err.msg);
+    CHECK_MSG(records_parse_jsonl(&rs, path, bytes_tok, vocab, 1, &err) == 0, "%s", err.msg);
     CHECK_MSG(rs.n_records == 2 && rs.skipped == 1 && strstr(rs.first_skipped.msg, needle),
               "%s: %" PRId64 " records, %" PRId64 " skipped", bad, rs.n_records, rs.skipped);
     records_free(&rs);
@@ -234,10 +233,10 @@ static void test_bad_records(void) {
     char path[512];
     path_of(path, sizeof path, "missing.jsonl");
     records_init(&rs, RECORDS_GRPO, 2);
-    CHECK(records_parse_jsonl(&rs, path, &bytes_tok, 0, 1, &err) == -1 &&
+    CHECK(records_parse_jsonl(&rs, path, bytes_tok, 0, 1, &err) == -1 &&
           strstr(err.msg, "missing.jsonl"));
     records_init(&rs, RECORDS_GRPO, 0);
-    CHECK(records_parse_jsonl(&rs, path, &bytes_tok, 0, 0, &err) == -1 &&
+    CHECK(records_parse_jsonl(&rs, path, bytes_tok, 0, 0, &err) == -1 &&
           strstr(err.msg, "group_size 0"));
 }
 
@@ -268,7 +267,7 @@ static void make_grpo(RecordSet *rs) {
     write_text(path, sizeof path, "grpo5.jsonl", text);
     records_init(rs, RECORDS_GRPO, 3);
     Err err = {0};
-    CHECK_MSG(records_parse_jsonl(rs, path, &bytes_tok, 0, 0, &err) == 0, "%s", err.msg);
+    CHECK_MSG(records_parse_jsonl(rs, path, bytes_tok, 0, 0, &err) == 0, "%s", err.msg);
     CHECK(rs->n_records == 5);
 }
 
@@ -473,7 +472,7 @@ int main(void) {
     snprintf(scratch, sizeof scratch, "/tmp/astrai_test_records_XXXXXX");
     if (!mkdtemp(scratch)) return 1;
     Err err = {0};
-    if (tokenizer_lookup("bytes", &bytes_tok, &err) != 0) return 1;
+    if (tokenizer_open("bytes", &bytes_tok, &err) != 0) return 1;
     test_dpo_shapes();
     test_grpo_shapes();
     test_bad_records();
@@ -481,5 +480,6 @@ int main(void) {
     test_corrupt_shards();
     test_rows();
     fs_remove_tree(scratch, &err);
+    tokenizer_free(bytes_tok);
     CHECK_DONE();
 }

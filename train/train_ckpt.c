@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include "ckpt/checkpoint.h"
+#include "ckpt/hf.h"
 #include "ckpt/meta.h"
 #include "ckpt/shards.h"
 #include "common/fsutil.h"
@@ -46,8 +47,13 @@ int train_ckpt_clean_dir(const TrainSpec *spec, Err *err) {
     return ckpt_remove_stale(spec->ckpt_dir, print_cleaned, NULL, err);
 }
 
+// A Hugging Face model directory (config.json with an HF model_type) is converted as it is
+// read, in memory (ckpt/hf.h): the source is never written.
 int train_ckpt_load_config(ModelConfig *cfg, const char *dir, Err *err) {
     char path[PATH_CAP];
+    bool hf;
+    if (hf_is_model_dir(dir, &hf, err)) return -1;
+    if (hf) return hf_load_config(cfg, dir, err);
     return path_join(path, sizeof path, dir, "config.json", err) ||
            model_config_load(cfg, path, err);
 }
@@ -55,7 +61,14 @@ int train_ckpt_load_config(ModelConfig *cfg, const char *dir, Err *err) {
 int train_ckpt_load_weights(Model *m, const char *dir, Err *err) {
     char what[PATH_CAP];
     StFile f;
-    if (shards_open(&f, dir, "model", what, sizeof what, err)) return -1;
+    bool hf;
+    if (hf_is_model_dir(dir, &hf, err)) return -1;
+    if (hf) {
+        if (hf_open_weights(&f, dir, err)) return -1;
+        snprintf(what, sizeof what, "%s (converted from Hugging Face's layout)", dir);
+    } else if (shards_open(&f, dir, "model", what, sizeof what, err)) {
+        return -1;
+    }
     int rc = model_load_st(m, &f, what, err);
     st_close(&f);
     return rc;

@@ -9,7 +9,8 @@
 #
 # What the build finds (CMakeLists.txt, daemon/daemon.cmake) and scripts/setup.sh installs:
 #   sqlite3, libcjson, libuv,  pkg-config modules          -> the -dev packages + runtimes
-#   yaml-0.1
+#   yaml-0.1, libpcre2-8,
+#   libutf8proc (tokenizers)
 #   OpenBLAS (OpenMP build)    cblas.h + libopenblas.so    -> libopenblas*-openmp + metas
 #   pkg-config itself          the GPU image may lack it   -> pkgconf (+ its library)
 #   OpenBLAS's runtime deps    libgfortran5, libquadmath0, libgomp1 (run.sh unpacks them
@@ -22,7 +23,8 @@ ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 DEST=$ROOT/.gpu-debs
 PKGS="libcjson-dev libcjson1 libsqlite3-dev libsqlite3-0 libuv1-dev libuv1 libyaml-dev libyaml-0-2
 libopenblas-dev libopenblas0 libopenblas-openmp-dev libopenblas0-openmp
-libgfortran5 libquadmath0 libgomp1 pkgconf pkgconf-bin libpkgconf3 pkg-config"
+libgfortran5 libquadmath0 libgomp1 pkgconf pkgconf-bin libpkgconf3 pkg-config
+libpcre2-dev libpcre2-8-0 libpcre2-16-0 libpcre2-32-0 libpcre2-posix3 libutf8proc-dev libutf8proc2"
 
 mkdir -p "$DEST"
 cd "$DEST"

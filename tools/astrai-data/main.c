@@ -8,11 +8,14 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
+#include "common/buf.h"
 #include "common/error.h"
 #include "common/flags.h"
 #include "common/fsutil.h"
 #include "common/json.h"
+#include "data/chat_template.h"
 #include "data/dataset.h"
 #include "data/jsonl.h"
 #include "data/records.h"
@@ -21,15 +24,20 @@
 
 static const char USAGE[] =
     "usage: astrai-data prep --out DIR [--format text|sft-jsonl|dpo-jsonl|grpo-jsonl]\n"
-    "                        [--tokenizer bytes] [--shard_tokens N] FILE...\n"
+    "                        [--tokenizer bytes|PATH] [--shard_tokens N] FILE...\n"
     "       astrai-data prep --out DIR --format dpo-jsonl|grpo-jsonl [--group_size G]\n"
     "                        [--skip_bad_records] [--vocab_size V] [--shard_records N] FILE...\n"
     "       astrai-data inspect DIR [--json] [--window_size W] [--stride S]\n"
+    "       astrai-data decode --tokenizer bytes|PATH [--skip_special_tokens]\n"
+    "                          [IDS_FILE|-|--dataset DIR]\n"
     "\n"
     "prep     tokenizes FILEs (in the order given) into the shards DIR/shard_0000/...\n"
     "         text:       every file's bytes, concatenated  -> sequence\n"
     "         sft-jsonl:  one {\"prompt\": P, \"response\": R} per line; loss on response\n"
-    "                     tokens; positions restart at 0 for each record\n"
+    "                     tokens; positions restart at 0 for each record; or one\n"
+    "                     {\"messages\": [{\"role\", \"content\"}...]} rendered with the\n"
+    "                     tokenizer's chat template (--chat_template FILE instead); loss\n"
+    "                     on the assistant replies\n"
     "                                                -> sequence, loss_mask, position_ids\n"
     "         dpo-jsonl:  one {\"prompt\"|\"input\": P, \"chosen\": C, \"rejected\": R} per line\n"
     "         grpo-jsonl: one {\"prompt\": P, \"responses\": [G texts], \"rewards\": [G numbers]}\n"
@@ -42,6 +50,9 @@ static const char USAGE[] =
     "inspect  shards, keys, tokens, token id range, documents, loss fraction, windows; for a\n"
     "         record set: format, group size, records, token counts, lengths, rewards, and\n"
     "         with --window_size the rows it truncates.\n"
+    "decode   turns token ids (whitespace-separated in IDS_FILE or standard input, or a\n"
+    "         dataset's sequence) back into text on standard output.\n"
+    "--tokenizer PATH: a Hugging Face tokenizer.json or the directory holding it.\n"
     "Exit status: 0 ok, 1 write failure, 2 bad input. Details: docs/data.md\n";
 
 // ------------------------------------------------------------ flags
@@ -110,20 +121,31 @@ static int prep_text_file(const char *path, const Tokenizer *tok, Stream *s, Err
     int64_t n;
     int rc = tokenizer_encode(tok, text, len, &ids, &n, err);
     free(text);
-    if (rc == 0) {
-        rc = stream_append(s, ids, n, 0, 0, err);
-        free(ids);
-    }
+    if (rc != 0) return err_prefix(err, "%s", path);
+    rc = stream_append(s, ids, n, 0, 0, err);
+    free(ids);
     return rc;
 }
 
+// A record is {"prompt", "response"} or a conversation {"messages"}.
 static int check_record_keys(const cJSON *rec, Err *err) {
     if (!cJSON_IsObject(rec)) return err_set(err, "a record must be a JSON object");
-    for (const cJSON *e = rec->child; e; e = e->next)
-        if (strcmp(e->string, "prompt") != 0 && strcmp(e->string, "response") != 0)
-            return err_set(err, "unknown key \"%s\" (a record has \"prompt\" and \"response\")",
+    int conversation = cJSON_GetObjectItemCaseSensitive(rec, "messages") != NULL;
+    for (const cJSON *e = rec->child; e; e = e->next) {
+        if (conversation ? strcmp(e->string, "messages") == 0
+                         : strcmp(e->string, "prompt") == 0 || strcmp(e->string, "response") == 0)
+            continue;
+        if (conversation)
+            return err_set(err,
+                           "key \"%s\" beside \"messages\" (a conversation record has only "
+                           "\"messages\")",
                            e->string);
-    if (!cJSON_GetObjectItemCaseSensitive(rec, "response"))
+        return err_set(err,
+                       "unknown key \"%s\" (a record has \"prompt\" and \"response\", or "
+                       "\"messages\")",
+                       e->string);
+    }
+    if (!conversation && !cJSON_GetObjectItemCaseSensitive(rec, "response"))
         return err_set(err, "key \"response\" missing");
     return 0;
 }
@@ -131,13 +153,132 @@ static int check_record_keys(const cJSON *rec, Err *err) {
 typedef struct {
     const Tokenizer *tok;
     Stream *s;
+    const char *chat_template_file; // --chat_template, or NULL: the tokenizer's
+    ChatTemplate *chat_template;    // parsed at the file's first conversation
+    ChatVars vars;
 } SftCtx;
 
-// One record = one document: prompt (loss 0) then response (loss 1),
+static int check_document_length(int64_t n, Err *err) {
+    if (n == 0) return err_set(err, "the record has no tokens");
+    if (n > (int64_t)INT32_MAX + 1) return err_set(err, "the record has over 2^31 tokens");
+    return 0;
+}
+
+// text[0..n) tokenized and appended with loss mask `loss`, positions from *pos on.
+static int append_text(const SftCtx *ctx, const char *text, size_t n, int loss, int64_t *pos,
+                       Err *err) {
+    if (n == 0) return 0;
+    int32_t *ids;
+    int64_t n_ids;
+    if (tokenizer_encode(ctx->tok, text, n, &ids, &n_ids, err) != 0) return -1;
+    int rc = stream_append(ctx->s, ids, n_ids, loss, *pos, err);
+    free(ids);
+    *pos += n_ids;
+    return rc;
+}
+
+// The template: --chat_template's file, else tokenizer_config.json's "chat_template".
+static int load_chat_template(SftCtx *ctx, Err *err) {
+    if (ctx->chat_template) return 0;
+    const char *file = ctx->chat_template_file;
+    const char *source = file ? NULL : tokenizer_config_string(ctx->tok, "chat_template");
+    char *text = NULL;
+    size_t len;
+    if (file && fs_read_file(file, &text, &len, err) != 0)
+        return err_prefix(err, "--chat_template");
+    if (text && strlen(text) != len) {
+        free(text);
+        return err_set(err, "--chat_template %s: holds a NUL byte", file);
+    }
+    if (!file && !source)
+        return err_set(err, "a conversation (\"messages\") needs a chat template: the tokenizer "
+                            "has no tokenizer_config.json \"chat_template\" string; give "
+                            "--chat_template FILE");
+    int rc = chat_template_parse(file ? text : source,
+                                 file ? file : "tokenizer_config.json \"chat_template\"",
+                                 &ctx->chat_template, err);
+    free(text);
+    return rc;
+}
+
+static int check_message(const cJSON *m, int i, Err *err) {
+    if (!cJSON_IsObject(m)) return err_set(err, "\"messages\"[%d] is not an object", i);
+    for (const cJSON *e = m->child; e; e = e->next)
+        if (strcmp(e->string, "role") != 0 && strcmp(e->string, "content") != 0)
+            return err_set(err,
+                           "\"messages\"[%d]: unknown key \"%s\" (a message has \"role\" and "
+                           "\"content\")",
+                           i, e->string);
+    const cJSON *role = cJSON_GetObjectItemCaseSensitive(m, "role");
+    const cJSON *content = cJSON_GetObjectItemCaseSensitive(m, "content");
+    if (!cJSON_IsString(role))
+        return err_set(err, "\"messages\"[%d]: \"role\" is missing or not a string", i);
+    if (strcmp(role->valuestring, "system") != 0 && strcmp(role->valuestring, "user") != 0 &&
+        strcmp(role->valuestring, "assistant") != 0)
+        return err_set(err, "\"messages\"[%d]: unknown role \"%s\" (system, user or assistant)", i,
+                       role->valuestring);
+    if (!cJSON_IsString(content))
+        return err_set(err, "\"messages\"[%d]: \"content\" is missing or not a string", i);
+    return 0;
+}
+
+// A conversation's messages, pointing into the record (*msgs malloc'd).
+static int read_messages(const cJSON *list, ChatMessage **msgs, int *n, Err *err) {
+    if (!cJSON_IsArray(list) || !list->child)
+        return err_set(err, "\"messages\" must be a non-empty list of {\"role\", \"content\"}");
+    *n = cJSON_GetArraySize(list);
+    if (!(*msgs = malloc((size_t)*n * sizeof **msgs)))
+        return err_resource(err, "out of memory for %d messages", *n);
+    int i = 0;
+    for (const cJSON *m = list->child; m; m = m->next, i++) {
+        if (check_message(m, i, err) != 0) {
+            free(*msgs);
+            return -1;
+        }
+        (*msgs)[i] = (ChatMessage){cJSON_GetObjectItemCaseSensitive(m, "role")->valuestring,
+                                   cJSON_GetObjectItemCaseSensitive(m, "content")->valuestring};
+    }
+    return 0;
+}
+
+// A conversation = one document: the template's rendering, tokenized segment by segment
+// (each assistant span and each stretch between them on its own), loss on the assistant
+// spans of chat_template_assistant_spans only.
+static int prep_conversation(SftCtx *ctx, const cJSON *messages, Err *err) {
+    ChatMessage *msgs = NULL;
+    int n = 0;
+    if (load_chat_template(ctx, err) != 0 || read_messages(messages, &msgs, &n, err) != 0)
+        return -1;
+    char *text;
+    size_t len;
+    ChatSpan *spans;
+    int n_spans;
+    int rc = chat_template_assistant_spans(ctx->chat_template, msgs, n, &ctx->vars, &text, &len,
+                                           &spans, &n_spans, err);
+    free(msgs);
+    if (rc != 0) return -1;
+    int64_t pos = 0;
+    size_t at = 0; // the end of the last span
+    for (int k = 0; rc == 0 && k <= n_spans; k++) {
+        size_t begin = k < n_spans ? spans[k].begin : len;
+        rc = append_text(ctx, text + at, begin - at, 0, &pos, err);
+        if (rc == 0 && k < n_spans) {
+            rc = append_text(ctx, text + begin, spans[k].end - begin, 1, &pos, err);
+            at = spans[k].end;
+        }
+    }
+    free(text);
+    free(spans);
+    return rc != 0 ? -1 : check_document_length(pos, err);
+}
+
+// One record = one document: prompt (loss 0) then response (loss 1), or a conversation;
 // positions 0..len-1 (a jsonl_each callback).
 static int prep_sft_record(const cJSON *rec, void *ctx_, Err *err) {
-    const SftCtx *ctx = ctx_;
+    SftCtx *ctx = ctx_;
     if (check_record_keys(rec, err) != 0) return -1;
+    const cJSON *messages = cJSON_GetObjectItemCaseSensitive(rec, "messages");
+    if (messages) return prep_conversation(ctx, messages, err);
     static const char *const FIELDS[2] = {"prompt", "response"};
     static const char *const WHERE[2] = {"\"prompt\"", "\"response\""};
     int64_t pos = 0;
@@ -152,14 +293,35 @@ static int prep_sft_record(const cJSON *rec, void *ctx_, Err *err) {
         if (rc != 0) return -1;
         pos += n;
     }
-    if (pos == 0) return err_set(err, "the record has no tokens");
-    if (pos > (int64_t)INT32_MAX + 1) return err_set(err, "the record has over 2^31 tokens");
+    return check_document_length(pos, err);
+}
+
+// The template's variables: the tokenizer's special tokens, and the time strftime_now
+// formats: $SOURCE_DATE_EPOCH if set, else now (one time for the whole file).
+static int chat_vars(const Tokenizer *tok, ChatVars *vars, Err *err) {
+    *vars = (ChatVars){.bos_token = tokenizer_config_string(tok, "bos_token"),
+                       .eos_token = tokenizer_config_string(tok, "eos_token"),
+                       .pad_token = tokenizer_config_string(tok, "pad_token"),
+                       .unk_token = tokenizer_config_string(tok, "unk_token"),
+                       .now = time(NULL)};
+    const char *epoch = getenv("SOURCE_DATE_EPOCH");
+    if (!epoch) return 0;
+    char *end;
+    errno = 0;
+    long long v = strtoll(epoch, &end, 10);
+    if (errno || end == epoch || *end || v < 0)
+        return err_set(err, "SOURCE_DATE_EPOCH: '%s' is not a number of seconds", epoch);
+    vars->now = (time_t)v;
     return 0;
 }
 
-static int prep_sft_file(const char *path, const Tokenizer *tok, Stream *s, Err *err) {
-    SftCtx ctx = {tok, s};
-    return jsonl_each(path, prep_sft_record, &ctx, NULL, NULL, err);
+static int prep_sft_file(const char *path, const Tokenizer *tok, const char *chat_template,
+                         Stream *s, Err *err) {
+    SftCtx ctx = {.tok = tok, .s = s, .chat_template_file = chat_template};
+    if (chat_vars(tok, &ctx.vars, err) != 0) return -1;
+    int rc = jsonl_each(path, prep_sft_record, &ctx, NULL, NULL, err);
+    chat_template_free(ctx.chat_template);
+    return rc;
 }
 
 // ------------------------------------------------------------ prep: output
@@ -229,6 +391,7 @@ static int write_records_part(const void *ctx, int64_t first, int64_t n, const c
 
 typedef struct {
     const char *out, *format, *tokenizer;
+    const char *chat_template; // --chat_template FILE (sft-jsonl), or NULL
     int64_t shard_tokens, shard_records, group_size, vocab_size;
     int is_records; // dpo-jsonl or grpo-jsonl
     RecordKind kind;
@@ -250,6 +413,7 @@ static int check_format_flags(const PrepArgs *a, const char *const given[4], Err
         {"--group_size", given[2] != NULL, a->is_records && a->kind == RECORDS_GRPO, "grpo-jsonl"},
         {"--vocab_size", given[3] != NULL, a->is_records, RECORDS},
         {"--skip_bad_records", a->skip_bad, a->is_records, RECORDS},
+        {"--chat_template", a->chat_template != NULL, !strcmp(a->format, "sft-jsonl"), "sft-jsonl"},
     };
     for (size_t i = 0; i < sizeof rules / sizeof rules[0]; i++)
         if (rules[i].given && !rules[i].allowed)
@@ -276,14 +440,16 @@ static int parse_prep_args(int argc, char **argv, PrepArgs *a, Err *err) {
     if (!a->files) return err_resource(err, "prep: out of memory for %d arguments", argc);
     const char *given[4] = {NULL}; // shard_tokens, shard_records, group_size, vocab_size
     bool skip_bad = false;
-    const Flag flags[] = {{.name = "out", .kind = FLAG_STRING, .target = &a->out},
-                          {.name = "format", .kind = FLAG_STRING, .target = &a->format},
-                          {.name = "tokenizer", .kind = FLAG_STRING, .target = &a->tokenizer},
-                          {.name = "shard_tokens", .kind = FLAG_STRING, .target = &given[0]},
-                          {.name = "shard_records", .kind = FLAG_STRING, .target = &given[1]},
-                          {.name = "group_size", .kind = FLAG_STRING, .target = &given[2]},
-                          {.name = "vocab_size", .kind = FLAG_STRING, .target = &given[3]},
-                          {.name = "skip_bad_records", .kind = FLAG_SWITCH, .target = &skip_bad}};
+    const Flag flags[] = {
+        {.name = "out", .kind = FLAG_STRING, .target = &a->out},
+        {.name = "format", .kind = FLAG_STRING, .target = &a->format},
+        {.name = "tokenizer", .kind = FLAG_STRING, .target = &a->tokenizer},
+        {.name = "shard_tokens", .kind = FLAG_STRING, .target = &given[0]},
+        {.name = "shard_records", .kind = FLAG_STRING, .target = &given[1]},
+        {.name = "group_size", .kind = FLAG_STRING, .target = &given[2]},
+        {.name = "vocab_size", .kind = FLAG_STRING, .target = &given[3]},
+        {.name = "skip_bad_records", .kind = FLAG_SWITCH, .target = &skip_bad},
+        {.name = "chat_template", .kind = FLAG_STRING, .target = &a->chat_template}};
     if (flags_parse(flags, sizeof flags / sizeof *flags, argc, argv, &a->n_files, err))
         return err_prefix(err, "prep");
     memcpy(a->files, argv, (size_t)a->n_files * sizeof *argv);
@@ -308,7 +474,7 @@ static int prep_tokens(const PrepArgs *a, const Tokenizer *tok, Err *err) {
     Stream s = {.sft = strcmp(a->format, "sft-jsonl") == 0};
     int rc = 0;
     for (int i = 0; rc == 0 && i < a->n_files; i++)
-        rc = s.sft ? prep_sft_file(a->files[i], tok, &s, err)
+        rc = s.sft ? prep_sft_file(a->files[i], tok, a->chat_template, &s, err)
                    : prep_text_file(a->files[i], tok, &s, err);
     if (rc == 0 && s.n == 0) rc = err_set(err, "prep: the input files hold no tokens");
     int status = rc == 0 ? 0 : err_exit_status(err);
@@ -350,14 +516,16 @@ static int prep_records(const PrepArgs *a, const Tokenizer *tok, Err *err) {
 static int cmd_prep(int argc, char **argv) {
     Err err = {0};
     PrepArgs a;
-    Tokenizer tok;
+    Tokenizer *tok = NULL;
     int rc = parse_prep_args(argc, argv, &a, &err);
-    if (rc == 0) rc = tokenizer_lookup(a.tokenizer, &tok, &err);
+    if (rc == 0 && tokenizer_open(a.tokenizer, &tok, &err) != 0)
+        rc = err_prefix(&err, "--tokenizer");
     if (rc == 0) rc = check_out_dir(a.out, &err);
     int status = rc != 0        ? err_exit_status(&err)
-                 : a.is_records ? prep_records(&a, &tok, &err)
-                                : prep_tokens(&a, &tok, &err);
+                 : a.is_records ? prep_records(&a, tok, &err)
+                                : prep_tokens(&a, tok, &err);
     if (status != 0) fprintf(stderr, "astrai-data: %s\n", err.msg);
+    tokenizer_free(tok);
     free(a.files);
     return status;
 }
@@ -587,6 +755,100 @@ static int cmd_inspect(int argc, char **argv) {
     return err_exit_status(&err);
 }
 
+// ------------------------------------------------------------ decode
+
+// The whitespace-separated ids of text into *ids (malloc'd), each an integer in [0, 2^31).
+static int parse_ids(const char *name, const char *text, int32_t **ids, int64_t *n, Err *err) {
+    size_t cap = 0;
+    *ids = NULL;
+    *n = 0;
+    for (const char *p = text;;) {
+        while (*p == ' ' || *p == '\t' || *p == '\n' || *p == '\r')
+            p++;
+        if (!*p) return 0;
+        char *end;
+        errno = 0;
+        long long v = strtoll(p, &end, 10);
+        if (errno || end == p || v < 0 || v > INT32_MAX ||
+            (*end && *end != ' ' && *end != '\t' && *end != '\n' && *end != '\r'))
+            return err_set(err, "%s: id %" PRId64 " ('%.20s') is not an integer in [0, 2^31)", name,
+                           *n, p);
+        if (buf_reserve(ids, &cap, (size_t)*n + 1, sizeof **ids) != 0)
+            return err_resource(err, "%s: out of memory for %" PRId64 " ids", name, *n);
+        (*ids)[(*n)++] = (int32_t)v;
+        p = end;
+    }
+}
+
+// The ids of FILE ("-": standard input).
+static int read_ids(const char *path, int32_t **ids, int64_t *n, Err *err) {
+    Buf in = {0};
+    int rc = 0;
+    if (strcmp(path, "-") == 0) {
+        char chunk[65536];
+        size_t got;
+        while (rc == 0 && (got = fread(chunk, 1, sizeof chunk, stdin)) > 0)
+            if (buf_append(&in, chunk, got) != 0) rc = err_resource(err, "stdin: out of memory");
+        if (rc == 0 && ferror(stdin)) rc = err_errno(err, errno, "stdin");
+    } else {
+        rc = fs_read_file(path, &in.data, &in.len, err);
+    }
+    if (rc == 0) rc = parse_ids(path, in.data ? in.data : "", ids, n, err);
+    if (rc != 0) {
+        free(*ids);
+        *ids = NULL;
+    }
+    buf_free(&in);
+    return rc;
+}
+
+// The ids of a dataset's `sequence`.
+static int dataset_ids(const char *root, int32_t **ids, int64_t *n, Err *err) {
+    Dataset d;
+    if (dataset_open(&d, root, 0, err) != 0) return -1;
+    *n = d.n_tokens;
+    *ids = malloc((size_t)(d.n_tokens ? d.n_tokens : 1) * sizeof **ids);
+    int rc = *ids ? 0 : err_resource(err, "%s: out of memory for %" PRId64 " ids", root, *n);
+    if (rc == 0) memcpy(*ids, d.sequence, (size_t)d.n_tokens * sizeof **ids);
+    dataset_close(&d);
+    return rc;
+}
+
+static int cmd_decode(int argc, char **argv) {
+    Err err = {0};
+    const char *spec = NULL, *dataset = NULL;
+    bool skip_special = false;
+    int n_files = 0, rc = 0;
+    const Flag flags[] = {
+        {.name = "tokenizer", .kind = FLAG_STRING, .target = &spec},
+        {.name = "dataset", .kind = FLAG_STRING, .target = &dataset},
+        {.name = "skip_special_tokens", .kind = FLAG_SWITCH, .target = &skip_special}};
+    if (flags_parse(flags, sizeof flags / sizeof *flags, argc, argv, &n_files, &err))
+        rc = err_prefix(&err, "decode");
+    else if (!spec)
+        rc = err_set(&err, "decode: --tokenizer is required");
+    else if (n_files > 1 || (dataset && n_files))
+        rc = err_set(&err, "decode: give one IDS_FILE, '-' or --dataset DIR");
+    Tokenizer *tok = NULL;
+    int32_t *ids = NULL;
+    int64_t n = 0;
+    char *text = NULL;
+    size_t len = 0;
+    if (rc == 0 && tokenizer_open(spec, &tok, &err) != 0) rc = err_prefix(&err, "--tokenizer");
+    if (rc == 0)
+        rc = dataset ? dataset_ids(dataset, &ids, &n, &err)
+                     : read_ids(n_files ? argv[0] : "-", &ids, &n, &err);
+    if (rc == 0) rc = tokenizer_decode(tok, ids, n, skip_special, &text, &len, &err);
+    if (rc == 0 && (fwrite(text, 1, len, stdout) != len || fflush(stdout) != 0))
+        rc = err_errno(&err, errno, "decode: writing the text");
+    free(text);
+    free(ids);
+    tokenizer_free(tok);
+    if (rc == 0) return 0;
+    fprintf(stderr, "astrai-data: %s\n", err.msg);
+    return err_exit_status(&err);
+}
+
 int main(int argc, char **argv) {
     json_init();
     for (int i = 1; i < argc; i++) {
@@ -598,6 +860,7 @@ int main(int argc, char **argv) {
     }
     if (argc >= 2 && strcmp(argv[1], "prep") == 0) return cmd_prep(argc - 2, argv + 2);
     if (argc >= 2 && strcmp(argv[1], "inspect") == 0) return cmd_inspect(argc - 2, argv + 2);
+    if (argc >= 2 && strcmp(argv[1], "decode") == 0) return cmd_decode(argc - 2, argv + 2);
     fprintf(stderr, "astrai-data: %s%s%s\n%s", argc >= 2 ? "unknown command '" : "no command",
             argc >= 2 ? argv[1] : "", argc >= 2 ? "'" : "", USAGE);
     return EXIT_BAD_INPUT;

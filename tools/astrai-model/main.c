@@ -1,10 +1,12 @@
 // astrai-model: create a randomly initialised AstrAI model directory from a config, inspect
-// model / checkpoint directories in either checkpoint layout, and consolidate a checkpoint into
-// the full layout.
+// model / checkpoint directories in either checkpoint layout, consolidate a checkpoint into
+// the full layout, and convert Hugging Face models in and out (ckpt/hf.h).
 //
 //   astrai-model init --config model.json --out DIR [--dtype bf16|fp32] [--seed N] [--force]
 //   astrai-model info DIR [--json]
 //   astrai-model consolidate CKPT --out DIR [--force]
+//   astrai-model import-hf HF_DIR --out DIR [--dtype bf16|fp32|fp16] [--force]
+//   astrai-model export-hf DIR --out HF_DIR [--dtype bf16|fp32|fp16] [--max_shard_gb G] [--force]
 //
 // A checkpoint holds its model and optimizer state either whole (model.safetensors,
 // optimizer.safetensors: --ckpt_format full) or in Hugging Face's sharded layout (one file per
@@ -12,7 +14,9 @@
 // writes the full layout from either, byte for byte what the full format writes for the same
 // training state: the same names through st_write in the same dtype.
 #include <cjson/cJSON.h>
+#include <dirent.h>
 #include <errno.h>
+#include <fnmatch.h>
 #include <limits.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -21,6 +25,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "ckpt/hf.h"
 #include "ckpt/meta.h"
 #include "ckpt/safetensors.h"
 #include "ckpt/shards.h"
@@ -58,12 +63,27 @@ static const char USAGE[] =
     "      DIR/model.safetensors is written last: while it is absent DIR is incomplete.\n"
     "      Files of those names that CKPT lacks are removed from DIR.\n"
     "      --force: replace an existing checkpoint in DIR.\n"
+    "  astrai-model import-hf HF_DIR --out DIR [--dtype bf16|fp32|fp16] [--force]\n"
+    "      converts a Hugging Face model (config.json with model_type llama, mistral,\n"
+    "      qwen2 or qwen3; model.safetensors or a sharded set with\n"
+    "      model.safetensors.index.json; never a pickle) into DIR/config.json and\n"
+    "      DIR/model.safetensors, and copies its tokenizer files. q/k rows are permuted\n"
+    "      from HF's RoPE halves to AstrAI's pairs; --dtype: cast (default: keep each\n"
+    "      tensor's dtype). Unknown or unsupported config keys are refused.\n"
+    "  astrai-model export-hf DIR --out HF_DIR [--dtype bf16|fp32|fp16] [--max_shard_gb G]\n"
+    "                         [--force]\n"
+    "      the reverse, from a model or checkpoint directory (either layout): HF_DIR/\n"
+    "      config.json (the imported HF config with the mapped keys updated, else a\n"
+    "      llama/qwen2/qwen3 config), model.safetensors or, above G GB (default 5),\n"
+    "      model-0000K-of-0000N.safetensors and model.safetensors.index.json, and the\n"
+    "      tokenizer files of DIR.\n"
     "exit status: 0 ok, 1 i/o failure, 2 bad input\n";
 
 typedef struct {
     const char *config, *out, *dir;
     DType dtype;
     uint64_t seed;
+    double max_shard_gb;
     bool force, json;
 } Args;
 
@@ -84,6 +104,23 @@ static int parse_dtype(const Flag *f, const char *s, Err *err) {
     if (strcmp(s, "bf16") == 0) return *out = DT_BF16, 0;
     if (strcmp(s, "fp32") == 0 || strcmp(s, "f32") == 0) return *out = DT_F32, 0;
     return err_set(err, "--dtype '%s' is not one of bf16, fp32", s);
+}
+
+// The conversions also cast to fp16, and keep each tensor's dtype by default (DT_N).
+static int parse_hf_dtype(const Flag *f, const char *s, Err *err) {
+    if (strcmp(s, "fp16") == 0 || strcmp(s, "f16") == 0) return *(DType *)f->target = DT_F16, 0;
+    if (!parse_dtype(f, s, err)) return 0;
+    return err_set(err, "--dtype '%s' is not one of bf16, fp32, fp16", s);
+}
+
+static int parse_shard_gb(const Flag *f, const char *s, Err *err) {
+    char *end;
+    errno = 0;
+    double v = strtod(s, &end);
+    if (*s == '\0' || *end != '\0' || errno || !(v >= 0) || v > 1e6)
+        return err_set(err, "--max_shard_gb '%s' is not a size in GB (0: one file)", s);
+    *(double *)f->target = v;
+    return 0;
 }
 
 // Room for "/optimizer.safetensors.index.json" or "/model.safetensors.tmp.<pid>" after a
@@ -138,6 +175,31 @@ static int parse_consolidate_args(Args *a, int argc, char **argv, Err *err) {
     return check_dir_name(a->out, err);
 }
 
+// import-hf / export-hf SRC --out DIR: the conversion's flags (export's --max_shard_gb too).
+static int parse_hf_args(Args *a, int argc, char **argv, Err *err) {
+    const char *cmd = argv[1];
+    bool export = !strcmp(cmd, "export-hf");
+    const Flag flags[] = {
+        {.name = "out", .kind = FLAG_STRING, .target = &a->out},
+        {.name = "dtype", .kind = FLAG_PARSED, .target = &a->dtype, .parse = parse_hf_dtype},
+        {.name = "force", .kind = FLAG_SWITCH, .target = &a->force},
+        {.name = "max_shard_gb",
+         .kind = FLAG_PARSED,
+         .target = &a->max_shard_gb,
+         .parse = parse_shard_gb},
+    };
+    int n_dirs = 0;
+    a->dtype = DT_N;
+    a->max_shard_gb = 5;
+    // import-hf writes one file: its table ends before --max_shard_gb
+    if (flags_parse(flags, sizeof flags / sizeof *flags - !export, argc - 2, argv + 2, &n_dirs,
+                    err))
+        return err_prefix(err, "%s", cmd);
+    if (take_dir(a, n_dirs, argv, cmd, export ? "model" : "Hugging Face model", err)) return -1;
+    if (!a->out) return err_set(err, "%s: --out is required", cmd);
+    return check_dir_name(a->out, err);
+}
+
 // ---------------------------------------------------------------- writing files
 
 // Replaces dir/name by the file fn makes under a temp name, then fsyncs dir: a crash never
@@ -160,12 +222,15 @@ static int write_atomic(const char *dir, const char *name, WriteFn fn, const voi
     return fs_fsync_dir(dir, err);
 }
 
-// DIR/model.safetensors exists: refused unless --force.
+// DIR/model.safetensors (or the index of a sharded set) exists: refused unless --force.
 static int refuse_existing(const char *dir, bool force, Err *err) {
     char path[PATH_MAX];
-    if (path_join(path, sizeof path, dir, "model.safetensors", err)) return -1;
-    if (!force && fs_is_file(path))
-        return err_set(err, "%s already exists (use --force to replace it)", path);
+    static const char *const NAMES[] = {"model.safetensors", "model.safetensors.index.json"};
+    for (size_t i = 0; i < sizeof NAMES / sizeof *NAMES; i++) {
+        if (path_join(path, sizeof path, dir, NAMES[i], err)) return -1;
+        if (!force && fs_is_file(path))
+            return err_set(err, "%s already exists (use --force to replace it)", path);
+    }
     return 0;
 }
 
@@ -616,6 +681,104 @@ static int cmd_consolidate(const Args *a) {
     return rc ? err_exit_status(&err) : 0;
 }
 
+// ---------------------------------------------------------------- Hugging Face
+
+// What a model directory carries beside its weights, copied through both ways when present.
+static const char *const TOKENIZER_FILES[] = {
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "generation_config.json",
+    "tokenizer.model",
+    "vocab.json",
+    "merges.txt",
+    "added_tokens.json",
+};
+enum { N_TOKENIZER_FILES = sizeof TOKENIZER_FILES / sizeof *TOKENIZER_FILES };
+
+typedef struct {
+    const HfConversion *c;
+    int k;
+} ShardWrite;
+
+static int write_shard(const void *what, const char *path, Err *err) {
+    const ShardWrite *w = what;
+    return hf_write_shard(w->c, w->k, path, err);
+}
+
+static int write_text(const char *dir, const char *name, char *text, Err *err) {
+    char path[PATH_MAX];
+    int rc = !text ? err_resource(err, "%s/%s: out of memory", dir, name)
+                   : path_join(path, sizeof path, dir, name, err) ||
+                         fs_write_file_atomic(path, text, strlen(text), err);
+    free(text);
+    return rc;
+}
+
+// The weights of an earlier model in dir, in either layout: they go first, so that until the
+// new ones land dir reads as incomplete, and no shard of another count is left behind.
+static int remove_weights(const char *dir, Err *err) {
+    if (remove_stale(dir, "model.safetensors.index.json", err) ||
+        remove_stale(dir, "model.safetensors", err))
+        return -1;
+    DIR *d = opendir(dir);
+    if (!d) return err_errno(err, errno, "%s: cannot list", dir);
+    int rc = 0;
+    for (struct dirent *e; !rc && (e = readdir(d));)
+        if (!fnmatch("model-[0-9]*-of-[0-9]*.safetensors", e->d_name, 0))
+            rc = remove_stale(dir, e->d_name, err);
+    closedir(d);
+    return rc;
+}
+
+// DIR gets the tokenizer files and config.json, then the weights, the index of a sharded set
+// last: each file under a temp name renamed into place.
+static int write_hf_output(const HfConversion *c, int n_files, const char *src, const char *out,
+                           Err *err) {
+    if (fs_mkdir_p(out, err) || remove_weights(out, err)) return -1;
+    for (int i = 0; i < N_TOKENIZER_FILES; i++)
+        if (copy_text(src, out, TOKENIZER_FILES[i], err)) return -1;
+    if (write_text(out, "config.json", cJSON_Print(hf_output_config(c)), err)) return -1;
+    for (int k = 0; k < n_files; k++) {
+        char name[64];
+        if (n_files == 1)
+            snprintf(name, sizeof name, "model.safetensors");
+        else
+            shards_file_name(name, sizeof name, "model", k + 1, n_files);
+        const ShardWrite w = {.c = c, .k = k};
+        if (write_atomic(out, name, write_shard, &w, err)) return -1;
+    }
+    if (n_files > 1 && write_text(out, "model.safetensors.index.json", hf_index_json(c), err))
+        return -1;
+    return fs_fsync_dir(out, err);
+}
+
+static int cmd_hf(const Args *a, bool export) {
+    Err err = {0};
+    HfConversion *c = NULL;
+    int rc = refuse_existing(a->out, a->force, &err) || refuse_same_dir(a->dir, a->out, &err) ||
+             (export ? hf_open_export(&c, a->dir, a->dtype, &err)
+                     : hf_open_import(&c, a->dir, a->dtype, &err));
+    int n_files = 1;
+    if (!rc && export) n_files = hf_plan_shards(c, (uint64_t)(a->max_shard_gb * 1e9));
+    if (!rc) rc = write_hf_output(c, n_files, a->dir, a->out, &err);
+    if (rc)
+        fprintf(stderr, "astrai-model: %s\n", err.msg);
+    else
+        printf("%s: %s %s (%d file%s)\n", a->out, export ? "exported" : "imported", a->dir, n_files,
+               n_files > 1 ? "s" : "");
+    hf_close(c);
+    return rc ? err_exit_status(&err) : 0;
+}
+
+static int cmd_import_hf(const Args *a) {
+    return cmd_hf(a, false);
+}
+
+static int cmd_export_hf(const Args *a) {
+    return cmd_hf(a, true);
+}
+
 // ---------------------------------------------------------------- main
 
 static int wants_help(int argc, char **argv) {
@@ -634,6 +797,8 @@ static const Command COMMANDS[] = {
     {"init", parse_init_args, cmd_init},
     {"info", parse_info_args, cmd_info},
     {"consolidate", parse_consolidate_args, cmd_consolidate},
+    {"import-hf", parse_hf_args, cmd_import_hf},
+    {"export-hf", parse_hf_args, cmd_export_hf},
 };
 
 int main(int argc, char **argv) {

@@ -1,0 +1,502 @@
+// hf_config.c: Hugging Face config.json <-> AstrAI config.json (ckpt/hf.h, docs/huggingface.md).
+//
+// Both sides name the sizes alike (vocab_size, hidden_size, ...), so one reader takes them from
+// either. An HF key is either mapped, known to be harmless (metadata, token ids, training-only
+// settings), or checked to hold the one value the engine computes; any other key is refused,
+// since it may change the function the model computes.
+#include <cjson/cJSON.h>
+#include <limits.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "ckpt/hf.h"
+#include "common/json.h"
+#include "common/path.h"
+
+enum { LLAMA = 1, MISTRAL = 2, QWEN2 = 4, QWEN3 = 8, ALL = 15 };
+
+static const struct {
+    const char *model_type, *architecture;
+    unsigned bit;
+} FAMILIES[] = {
+    {"llama", "LlamaForCausalLM", LLAMA},
+    {"mistral", "MistralForCausalLM", MISTRAL},
+    {"qwen2", "Qwen2ForCausalLM", QWEN2},
+    {"qwen3", "Qwen3ForCausalLM", QWEN3},
+};
+enum { N_FAMILIES = sizeof FAMILIES / sizeof *FAMILIES };
+
+static int family_of(const char *model_type) {
+    for (int i = 0; i < N_FAMILIES; i++)
+        if (!strcmp(FAMILIES[i].model_type, model_type)) return i;
+    return -1;
+}
+
+// ---------------------------------------------------------------- reading values
+
+static const cJSON *key_of(const cJSON *root, const char *key) {
+    const cJSON *item = cJSON_GetObjectItemCaseSensitive(root, key);
+    return cJSON_IsNull(item) ? NULL : item;
+}
+
+// A value as messages show it (truncated JSON).
+static void show(char *out, size_t cap, const cJSON *item) {
+    char *text = cJSON_PrintUnformatted(item);
+    snprintf(out, cap, "%.60s", text ? text : "?");
+    free(text);
+}
+
+// An integer key in [1, 2^30]; fallback > 0 when it may be absent or null.
+static int read_size(const cJSON *root, const char *key, const char *path, int fallback, int *out,
+                     Err *err) {
+    const cJSON *item = key_of(root, key);
+    if (!item && fallback > 0) return *out = fallback, 0;
+    if (!item) return err_set(err, "%s: missing required key '%s'", path, key);
+    double v = item->valuedouble;
+    if (!cJSON_IsNumber(item) || v != floor(v) || v < 1 || v > 1 << 30)
+        return err_set(err, "%s: key '%s' must be a positive integer", path, key);
+    *out = (int)v;
+    return 0;
+}
+
+static int read_bool(const cJSON *root, const char *key, const char *path, bool *out, Err *err) {
+    const cJSON *item = key_of(root, key);
+    if (item && !cJSON_IsBool(item))
+        return err_set(err, "%s: key '%s' must be true or false", path, key);
+    *out = item && cJSON_IsTrue(item);
+    return 0;
+}
+
+// The sizes of an HF config (num_key_value_heads defaults to the heads), head_dim =
+// hidden_size / num_attention_heads. The values of the rest are the engine's to check (the
+// AstrAI config made of them is parsed by engine/config.c).
+static int read_shape(const cJSON *root, const char *path, HfShape *s, Err *err) {
+    memset(s, 0, sizeof *s);
+    if (read_size(root, "vocab_size", path, 0, &s->vocab_size, err) ||
+        read_size(root, "hidden_size", path, 0, &s->hidden_size, err) ||
+        read_size(root, "num_hidden_layers", path, 0, &s->num_hidden_layers, err) ||
+        read_size(root, "num_attention_heads", path, 0, &s->num_attention_heads, err) ||
+        read_size(root, "num_key_value_heads", path, s->num_attention_heads,
+                  &s->num_key_value_heads, err) ||
+        read_size(root, "intermediate_size", path, 0, &s->intermediate_size, err) ||
+        read_size(root, "max_position_embeddings", path, 0, &s->max_position_embeddings, err) ||
+        read_bool(root, "tie_word_embeddings", path, &s->tie_word_embeddings, err))
+        return -1;
+    if (!key_of(root, "rms_norm_eps"))
+        return err_set(err, "%s: missing required key 'rms_norm_eps'", path);
+    if (s->hidden_size % s->num_attention_heads)
+        return err_set(err, "%s: hidden_size %d is not divisible by num_attention_heads %d", path,
+                       s->hidden_size, s->num_attention_heads);
+    s->head_dim = s->hidden_size / s->num_attention_heads;
+    return 0;
+}
+
+// The shapes of a parsed AstrAI config.
+static void shape_of(const ModelConfig *mc, HfShape *s) {
+    *s = (HfShape){
+        .vocab_size = mc->vocab_size,
+        .hidden_size = mc->hidden_size,
+        .num_hidden_layers = mc->num_hidden_layers,
+        .num_attention_heads = mc->num_attention_heads,
+        .num_key_value_heads = mc->num_key_value_heads,
+        .intermediate_size = mc->intermediate_size,
+        .max_position_embeddings = mc->max_position_embeddings,
+        .head_dim = mc->head_dim,
+        .tie_word_embeddings = mc->tie_word_embeddings,
+        .attention_bias = mc->attention_bias,
+        .qk_norm = mc->use_qk_norm,
+    };
+}
+
+static const char *const ROPE_NUMBERS[] = {"factor", "low_freq_factor", "high_freq_factor",
+                                           "original_max_position_embeddings"};
+
+// rope_scaling: null, or Llama 3's {"rope_type" (or "type"): "llama3", factor, low_freq_factor,
+// high_freq_factor, original_max_position_embeddings}; any other key is refused (the values
+// are the engine's to check).
+static int check_rope_scaling(const cJSON *rs, const char *path, Err *err) {
+    if (!rs) return 0;
+    if (!cJSON_IsObject(rs))
+        return err_set(err, "%s: rope_scaling must be null or an object", path);
+    const cJSON *type = key_of(rs, "rope_type") ? key_of(rs, "rope_type") : key_of(rs, "type");
+    if (!cJSON_IsString(type) || strcmp(type->valuestring, "llama3")) {
+        char v[64];
+        show(v, sizeof v, type);
+        return err_set(err, "%s: rope_scaling type %s is not supported (only \"llama3\")", path,
+                       type ? v : "(none)");
+    }
+    const cJSON *item;
+    cJSON_ArrayForEach(item, rs) {
+        bool known = !strcmp(item->string, "type") || !strcmp(item->string, "rope_type");
+        for (size_t i = 0; i < sizeof ROPE_NUMBERS / sizeof *ROPE_NUMBERS; i++)
+            known |= !strcmp(item->string, ROPE_NUMBERS[i]);
+        if (!known)
+            return err_set(err, "%s: rope_scaling.%s is not a key of llama3 rope scaling", path,
+                           item->string);
+    }
+    return 0;
+}
+
+// AstrAI's form of a valid rope_scaling: the five keys, "rope_type" named so (NULL: none).
+static cJSON *astrai_rope_scaling(const cJSON *rs) {
+    if (!rs) return cJSON_CreateNull();
+    cJSON *o = cJSON_CreateObject();
+    cJSON_AddStringToObject(o, "rope_type", "llama3");
+    for (size_t i = 0; i < sizeof ROPE_NUMBERS / sizeof *ROPE_NUMBERS; i++)
+        if (key_of(rs, ROPE_NUMBERS[i]))
+            cJSON_AddItemToObject(o, ROPE_NUMBERS[i],
+                                  cJSON_Duplicate(key_of(rs, ROPE_NUMBERS[i]), 0));
+    return o;
+}
+
+// ---------------------------------------------------------------- the HF keys
+
+typedef struct {
+    const char *path;
+    const HfShape *shape;
+    const cJSON *root;
+} KeyCtx;
+
+typedef int (*KeyCheck)(const cJSON *item, const KeyCtx *k, Err *err);
+
+static int refuse(const cJSON *item, const KeyCtx *k, const char *why, Err *err) {
+    char v[64];
+    show(v, sizeof v, item);
+    return err_set(err, "%s: %s = %s is not supported (%s)", k->path, item->string, v, why);
+}
+
+static int must_be_false(const cJSON *item, const KeyCtx *k, Err *err) {
+    if (cJSON_IsNull(item) || cJSON_IsFalse(item)) return 0;
+    if (!strcmp(item->string, "attention_bias"))
+        return refuse(item, k, "it also biases o_proj, which the engine lacks", err);
+    if (!strcmp(item->string, "mlp_bias")) return refuse(item, k, "the MLP has no biases", err);
+    return refuse(item, k, "must be false", err);
+}
+
+static int must_be_zero(const cJSON *item, const KeyCtx *k, Err *err) {
+    if (cJSON_IsNull(item) || (cJSON_IsNumber(item) && item->valuedouble == 0)) return 0;
+    return refuse(item, k, "must be 0", err);
+}
+
+static int must_be_one(const cJSON *item, const KeyCtx *k, Err *err) {
+    if (cJSON_IsNull(item) || (cJSON_IsNumber(item) && item->valuedouble == 1)) return 0;
+    return refuse(item, k, "must be 1", err);
+}
+
+static int must_be_silu(const cJSON *item, const KeyCtx *k, Err *err) {
+    if (cJSON_IsNull(item) || (cJSON_IsString(item) && !strcmp(item->valuestring, "silu")))
+        return 0;
+    return refuse(item, k, "the MLP is SwiGLU: only \"silu\"", err);
+}
+
+static int check_head_dim(const cJSON *item, const KeyCtx *k, Err *err) {
+    if (cJSON_IsNull(item) || (cJSON_IsNumber(item) && item->valuedouble == k->shape->head_dim))
+        return 0;
+    char why[96];
+    snprintf(why, sizeof why, "head_dim must be hidden_size / num_attention_heads = %d",
+             k->shape->head_dim);
+    return refuse(item, k, why, err);
+}
+
+// Mistral's window: none, or no shorter than the longest sequence the model takes.
+static int check_sliding_window(const cJSON *item, const KeyCtx *k, Err *err) {
+    const cJSON *max_pos = key_of(k->root, "max_position_embeddings");
+    if (cJSON_IsNull(item) || (cJSON_IsNumber(item) && item->valuedouble >= max_pos->valuedouble))
+        return 0;
+    return refuse(item, k,
+                  "sliding-window attention: the window must be null or at least "
+                  "max_position_embeddings",
+                  err);
+}
+
+static int check_rope_key(const cJSON *item, const KeyCtx *k, Err *err) {
+    return check_rope_scaling(cJSON_IsNull(item) ? NULL : item, k->path, err);
+}
+
+static const struct {
+    const char *key;
+    unsigned families;
+    KeyCheck check; // NULL: mapped or harmless
+} HF_KEYS[] = {
+    // mapped (read_shape)
+    {"vocab_size", ALL, NULL},
+    {"hidden_size", ALL, NULL},
+    {"num_hidden_layers", ALL, NULL},
+    {"num_attention_heads", ALL, NULL},
+    {"num_key_value_heads", ALL, NULL},
+    {"intermediate_size", ALL, NULL},
+    {"max_position_embeddings", ALL, NULL},
+    {"rms_norm_eps", ALL, NULL},
+    {"rope_theta", ALL, NULL},
+    {"tie_word_embeddings", ALL, NULL},
+    {"model_type", ALL, NULL},
+    {"rope_scaling", LLAMA | QWEN2 | QWEN3, check_rope_key},
+    // metadata, token ids, and what only matters to training or generation in transformers
+    {"architectures", ALL, NULL},
+    {"torch_dtype", ALL, NULL},
+    {"transformers_version", ALL, NULL},
+    {"_name_or_path", ALL, NULL},
+    {"bos_token_id", ALL, NULL},
+    {"eos_token_id", ALL, NULL},
+    {"pad_token_id", ALL, NULL},
+    {"initializer_range", ALL, NULL},
+    {"use_cache", ALL, NULL},
+    {"output_attentions", ALL, NULL},
+    {"output_hidden_states", ALL, NULL},
+    {"max_window_layers", QWEN2 | QWEN3, NULL}, // only with use_sliding_window
+    // the one value the engine computes
+    {"hidden_act", ALL, must_be_silu},
+    {"attention_dropout", ALL, must_be_zero},
+    {"pretraining_tp", LLAMA, must_be_one},
+    {"mlp_bias", LLAMA, must_be_false},
+    {"attention_bias", LLAMA | QWEN3, must_be_false},
+    {"head_dim", LLAMA | MISTRAL | QWEN3, check_head_dim},
+    {"sliding_window", MISTRAL, check_sliding_window},
+    {"sliding_window", QWEN2 | QWEN3, NULL}, // only with use_sliding_window
+    {"use_sliding_window", QWEN2 | QWEN3, must_be_false},
+    {"use_mrope", QWEN2, must_be_false},
+};
+
+// Keys of the mixture-of-experts variants of these families.
+static const char *const MOE_KEYS[] = {
+    "num_experts",           "num_local_experts",
+    "num_experts_per_tok",   "n_routed_experts",
+    "n_shared_experts",      "moe_intermediate_size",
+    "decoder_sparse_step",   "shared_expert_intermediate_size",
+    "router_aux_loss_coef",  "output_router_logits",
+    "mlp_only_layers",       "norm_topk_prob",
+    "first_k_dense_replace",
+};
+
+static int check_key(const cJSON *item, const KeyCtx *k, unsigned family, Err *err) {
+    for (size_t i = 0; i < sizeof HF_KEYS / sizeof *HF_KEYS; i++)
+        if ((HF_KEYS[i].families & family) && !strcmp(HF_KEYS[i].key, item->string))
+            return HF_KEYS[i].check ? HF_KEYS[i].check(item, k, err) : 0;
+    for (size_t i = 0; i < sizeof MOE_KEYS / sizeof *MOE_KEYS; i++)
+        if (!strcmp(MOE_KEYS[i], item->string))
+            return err_set(err, "%s: key '%s': mixture-of-experts models are not supported",
+                           k->path, item->string);
+    return err_set(err,
+                   "%s: unknown key '%s' (not known to be harmless for model_type %s: it may "
+                   "change the model's function)",
+                   k->path, item->string, key_of(k->root, "model_type")->valuestring);
+}
+
+static int check_keys(const cJSON *hf, const char *path, const HfShape *shape, unsigned family,
+                      Err *err) {
+    const KeyCtx k = {.path = path, .shape = shape, .root = hf};
+    const cJSON *item;
+    cJSON_ArrayForEach(item, hf) {
+        if (check_key(item, &k, family, err)) return -1;
+    }
+    return 0;
+}
+
+static int read_family(const cJSON *root, const char *key, const char *path, int *family,
+                       Err *err) {
+    const cJSON *mt = key_of(root, key);
+    if (!cJSON_IsString(mt)) return err_set(err, "%s: no string '%s'", path, key);
+    if ((*family = family_of(mt->valuestring)) < 0)
+        return err_set(err, "%s: %s '%.60s' is not supported (llama, mistral, qwen2, qwen3)", path,
+                       key, mt->valuestring);
+    return 0;
+}
+
+// ---------------------------------------------------------------- import
+
+// Replaces or adds key (item NULL: out of memory, which the caller's count of failures sees).
+static void put(cJSON *obj, const char *key, cJSON *item) {
+    if (!item) return;
+    if (cJSON_GetObjectItemCaseSensitive(obj, key))
+        cJSON_ReplaceItemInObjectCaseSensitive(obj, key, item);
+    else
+        cJSON_AddItemToObject(obj, key, item);
+}
+
+// AstrAI's config: the engine's own serialisation of the sizes and features, then the HF
+// numbers verbatim, rope scaling and the origin.
+static cJSON *astrai_config(const cJSON *hf, const HfShape *s, int family) {
+    unsigned bit = FAMILIES[family].bit;
+    ModelConfig mc = {
+        .vocab_size = s->vocab_size,
+        .hidden_size = s->hidden_size,
+        .num_hidden_layers = s->num_hidden_layers,
+        .num_attention_heads = s->num_attention_heads,
+        .num_key_value_heads = s->num_key_value_heads,
+        .intermediate_size = s->intermediate_size,
+        .max_position_embeddings = s->max_position_embeddings,
+        .rope_theta = 10000.0,
+        .tie_word_embeddings = s->tie_word_embeddings,
+        .attention_bias = bit == QWEN2,
+        .use_qk_norm = bit == QWEN3,
+        .qk_norm_before_rope = bit == QWEN3,
+    };
+    char *text = model_config_to_json(&mc);
+    cJSON *o = text ? cJSON_Parse(text) : NULL;
+    free(text);
+    if (!o) return NULL;
+    put(o, "rms_norm_eps", cJSON_Duplicate(key_of(hf, "rms_norm_eps"), 0));
+    if (key_of(hf, "rope_theta"))
+        put(o, "rope_theta", cJSON_Duplicate(key_of(hf, "rope_theta"), 0));
+    put(o, "rope_scaling", astrai_rope_scaling(key_of(hf, "rope_scaling")));
+    put(o, "attention_bias", cJSON_CreateBool(mc.attention_bias));
+    put(o, "qk_norm_before_rope", cJSON_CreateBool(mc.qk_norm_before_rope));
+    put(o, "hf_model_type", cJSON_CreateString(FAMILIES[family].model_type));
+    put(o, "hf_config", cJSON_Duplicate(hf, 1));
+    return o;
+}
+
+// The engine parses the AstrAI config into *mc: every value is checked as for any model, and
+// messages name the HF file.
+static int engine_check(const cJSON *astrai, const char *path, ModelConfig *mc, Err *err) {
+    char *text = cJSON_PrintUnformatted(astrai);
+    if (!text) return err_resource(err, "%s: out of memory", path);
+    int rc = model_config_parse(mc, text, path, err);
+    free(text);
+    return rc;
+}
+
+static int import_config(const char *path, cJSON **astrai, ModelConfig *mc, Err *err) {
+    *astrai = NULL;
+    cJSON *hf = NULL;
+    HfShape shape;
+    int family = -1;
+    int rc = json_read_file(path, &hf, err);
+    if (!rc && !cJSON_IsObject(hf)) rc = err_set(err, "%s: not a JSON object", path);
+    if (!rc) rc = read_family(hf, "model_type", path, &family, err);
+    if (!rc) rc = read_shape(hf, path, &shape, err);
+    if (!rc) rc = check_keys(hf, path, &shape, FAMILIES[family].bit, err);
+    if (!rc) {
+        unsigned long failures = json_failures();
+        *astrai = astrai_config(hf, &shape, family);
+        if (!*astrai || json_failures() != failures)
+            rc = err_resource(err, "%s: out of memory", path);
+    }
+    if (!rc) rc = engine_check(*astrai, path, mc, err);
+    cJSON_Delete(hf);
+    return rc;
+}
+
+int hf_config_import(const char *path, cJSON **astrai, HfShape *shape, Err *err) {
+    ModelConfig mc;
+    if (import_config(path, astrai, &mc, err)) return -1;
+    shape_of(&mc, shape);
+    return 0;
+}
+
+int hf_is_model_dir(const char *dir, bool *hf, Err *err) {
+    char path[PATH_MAX];
+    cJSON *root = NULL;
+    Err why = {0};
+    *hf = false;
+    if (path_join(path, sizeof path, dir, "config.json", err)) return -1;
+    if (json_read_file(path, &root, &why)) // unreadable: the AstrAI loader's message says why
+        return why.resource ? err_resource(err, "%s", why.msg) : 0;
+    const cJSON *mt = key_of(root, "model_type");
+    *hf = cJSON_IsString(mt) && strcmp(mt->valuestring, "autoregressive_lm") != 0;
+    cJSON_Delete(root);
+    return 0;
+}
+
+int hf_load_config(ModelConfig *cfg, const char *hf_dir, Err *err) {
+    char path[PATH_MAX];
+    cJSON *astrai = NULL;
+    int rc = path_join(path, sizeof path, hf_dir, "config.json", err) ||
+             import_config(path, &astrai, cfg, err);
+    cJSON_Delete(astrai);
+    return rc;
+}
+
+// ---------------------------------------------------------------- export
+
+// The family of AstrAI's features: hf_model_type when recorded, else qwen3 for qk-norm, qwen2
+// for biases, llama otherwise.
+static int export_family(const cJSON *root, const ModelConfig *mc, const char *path, int *family,
+                         Err *err) {
+    if (mc->use_gated_attention)
+        return err_set(err, "%s: use_gated_attention has no Hugging Face family", path);
+    if (mc->use_qk_norm && !mc->qk_norm_before_rope)
+        return err_set(err,
+                       "%s: use_qk_norm with qk_norm_before_rope false (qk-norm after RoPE) has "
+                       "no Hugging Face family",
+                       path);
+    if (key_of(root, "hf_model_type")) {
+        if (read_family(root, "hf_model_type", path, family, err)) return -1;
+    } else {
+        *family = family_of(mc->use_qk_norm ? "qwen3" : mc->attention_bias ? "qwen2" : "llama");
+    }
+    unsigned bit = FAMILIES[*family].bit;
+    const char *name = FAMILIES[*family].model_type;
+    if (mc->attention_bias != (bit == QWEN2))
+        return err_set(err, "%s: attention_bias %s does not fit the family %s", path,
+                       mc->attention_bias ? "true" : "false", name);
+    if (mc->use_qk_norm != (bit == QWEN3))
+        return err_set(err, "%s: use_qk_norm %s does not fit the family %s", path,
+                       mc->use_qk_norm ? "true" : "false", name);
+    if (mc->rope_scaling.llama3 && bit == MISTRAL)
+        return err_set(err, "%s: rope_scaling does not fit the family mistral", path);
+    return 0;
+}
+
+// The HF keys a config synthesised for the family needs beyond the mapped ones.
+static void add_family_defaults(cJSON *hf, int family, int head_dim) {
+    unsigned bit = FAMILIES[family].bit;
+    cJSON *arch = cJSON_AddArrayToObject(hf, "architectures");
+    cJSON_AddItemToArray(arch, cJSON_CreateString(FAMILIES[family].architecture));
+    cJSON_AddStringToObject(hf, "hidden_act", "silu");
+    if (bit & (LLAMA | QWEN3)) cJSON_AddBoolToObject(hf, "attention_bias", false);
+    if (bit == LLAMA) cJSON_AddBoolToObject(hf, "mlp_bias", false);
+    if (bit != QWEN2) cJSON_AddNumberToObject(hf, "head_dim", head_dim);
+    if (bit == MISTRAL) cJSON_AddNullToObject(hf, "sliding_window");
+    if (bit & (QWEN2 | QWEN3)) cJSON_AddBoolToObject(hf, "use_sliding_window", false);
+}
+
+static cJSON *hf_config(const cJSON *root, const HfShape *s, int family, DType dtype) {
+    const cJSON *orig = cJSON_GetObjectItemCaseSensitive(root, "hf_config");
+    cJSON *hf = cJSON_IsObject(orig) ? cJSON_Duplicate(orig, 1) : cJSON_CreateObject();
+    if (!hf) return NULL;
+    if (!cJSON_IsObject(orig)) add_family_defaults(hf, family, s->head_dim);
+    static const char *const COPIED[] = {
+        "vocab_size",
+        "hidden_size",
+        "num_hidden_layers",
+        "num_attention_heads",
+        "num_key_value_heads",
+        "intermediate_size",
+        "max_position_embeddings",
+        "rms_norm_eps",
+        "rope_theta",
+    };
+    for (size_t i = 0; i < sizeof COPIED / sizeof *COPIED; i++)
+        if (key_of(root, COPIED[i]))
+            put(hf, COPIED[i], cJSON_Duplicate(key_of(root, COPIED[i]), 0));
+    put(hf, "model_type", cJSON_CreateString(FAMILIES[family].model_type));
+    put(hf, "tie_word_embeddings", cJSON_CreateBool(s->tie_word_embeddings));
+    if (cJSON_GetObjectItemCaseSensitive(hf, "head_dim"))
+        put(hf, "head_dim", cJSON_CreateNumber(s->head_dim));
+    if (FAMILIES[family].bit != MISTRAL)
+        put(hf, "rope_scaling",
+            key_of(root, "rope_scaling") ? cJSON_Duplicate(key_of(root, "rope_scaling"), 1)
+                                         : cJSON_CreateNull());
+    put(hf, "torch_dtype", cJSON_CreateString(dtype_info(dtype)->numpy));
+    return hf;
+}
+
+int hf_config_export(const char *path, DType dtype, cJSON **hf, HfShape *shape, Err *err) {
+    *hf = NULL;
+    ModelConfig mc;
+    cJSON *root = NULL;
+    int family = -1;
+    int rc = model_config_load(&mc, path, err) || json_read_file(path, &root, err) ||
+             export_family(root, &mc, path, &family, err);
+    if (!rc) {
+        shape_of(&mc, shape);
+        unsigned long failures = json_failures();
+        *hf = hf_config(root, shape, family, dtype);
+        if (!*hf || json_failures() != failures) rc = err_resource(err, "%s: out of memory", path);
+    }
+    cJSON_Delete(root);
+    return rc;
+}
