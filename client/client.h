@@ -24,6 +24,7 @@ typedef struct {
     const char *token_file;
     bool json;
     double timeout_s; // connect and each reply; pushes are waited for without limit
+    long reconnect_s; // how long a stream retries a lost connection; -1: no limit, 0: not
     // command options
     bool wait, follow;
     const char *state;
@@ -53,7 +54,8 @@ typedef struct {
     RpcReader reader;
     long next_id;
     int timeout_ms;
-    bool raw; // --json: the strings as sent, else made safe for a terminal (text.h)
+    bool raw;  // --json: the strings as sent, else made safe for a terminal (text.h)
+    bool lost; // the last failure was the connection itself: closed, reset, refused
     PushHandler on_push;
     void *push_ctx;
 } Client;
@@ -67,6 +69,14 @@ int client_call(Client *c, const char *method, cJSON *params, cJSON **result, Er
 // Waits (without limit) for the next message and hands pushes to c->on_push.
 int client_wait_push(Client *c, Err *err);
 
+// One run of a stream on c (watch, logs -f, plot --follow, submit --wait): resumed is true
+// when it runs again on a new connection after the last one was lost.
+typedef int (*StreamFn)(Client *c, void *ctx, bool resumed, Err *err);
+// Runs fn; each time it ends because the connection was lost (c->lost), reconnects with a
+// backoff (100 ms doubling to 2 s, for o->reconnect_s at most), saying so on stderr, and
+// runs it again, resumed. A job gone meanwhile is fn's error (the daemon's "no such job").
+int client_stream(Client *c, const Options *o, StreamFn fn, void *ctx, Err *err);
+
 // commands.c: `astraictl COMMAND args...`; returns the exit code.
 int run_command(const char *command, int argc, char **argv, const Options *o);
 // The commands' lines of --help.
@@ -76,6 +86,7 @@ void commands_usage(FILE *out);
 void render_job_table(FILE *out, const cJSON *jobs);
 void render_job_detail(FILE *out, const cJSON *job);
 void render_daemon_info(FILE *out, const cJSON *info);
+void render_preflight(FILE *out, const cJSON *report); // the `preflight` method's report
 // One progress line for a job: a bar sized to `width` columns on a terminal, else
 // plain text ("job 3 tiny running step 120/400 loss 3.4172 tok/s 51.2k ETA 5m12s").
 void render_progress_line(const cJSON *job, bool bar, int width, char *buf, size_t cap);

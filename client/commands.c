@@ -133,6 +133,10 @@ static void update_job(WatchView *p, const cJSON *job) {
         if (job_id_of(old) == id) break;
         i++;
     }
+    if (old && cJSON_Compare(old, copy, true)) { // nothing new: the reply after a reconnect
+        cJSON_Delete(copy);
+        return;
+    }
     if (old)
         cJSON_ReplaceItemInArray(p->jobs, i, copy);
     else
@@ -152,9 +156,11 @@ static void on_progress_push(const char *method, const cJSON *params, void *ctx)
         finish(p, state->valuestring);
 }
 
-// watch on an open connection until the followed job ends (forever for every job).
-static int follow_progress(Client *c, WatchView *p, Err *err) {
-    p->jobs = cJSON_CreateArray();
+// watch on an open connection until the followed job ends (forever for every job); after a
+// reconnect the reply's JOBs bring the view up to date (client_stream).
+static int watch_stream(Client *c, void *ctx, bool resumed, Err *err) {
+    (void)resumed;
+    WatchView *p = ctx;
     c->on_push = on_progress_push;
     c->push_ctx = p;
     cJSON *result = NULL;
@@ -165,6 +171,12 @@ static int follow_progress(Client *c, WatchView *p, Err *err) {
     cJSON_Delete(result);
     while (!rc && !p->done)
         rc = client_wait_push(c, err);
+    return rc;
+}
+
+static int follow_progress(Client *c, WatchView *p, const Options *o, Err *err) {
+    p->jobs = cJSON_CreateArray();
+    int rc = client_stream(c, o, watch_stream, p, err);
     if (p->tty && p->drawn) printf("\n");
     return rc;
 }
@@ -240,7 +252,7 @@ static void print_job_failure(long id, const WatchView *p) {
 // submit --wait / --follow: follow the job until it ends; 0 only when completed.
 static int await_job(Client *c, long id, const Options *o, Err *err) {
     WatchView p = {.job = id, .show = o->follow, .json = o->json, .tty = !o->json && isatty(1)};
-    int rc = follow_progress(c, &p, err);
+    int rc = follow_progress(c, &p, o, err);
     if (!rc && o->json && !o->follow) print_json(cJSON_GetArrayItem(p.jobs, 0));
     if (!rc && strcmp(p.final_state, "completed")) {
         print_job_failure(id, &p);
@@ -280,6 +292,24 @@ static int cmd_submit(const char *name, char **args, const Options *o) {
     cJSON_Delete(result);
     client_close(&c);
     return rc && rc != EXIT_JOB_FAILED ? fail(rc, &err) : rc;
+}
+
+// preflight FILE.json: astraid's preflight of a run of the job (docs/astraid.md "Preflight"):
+// exit 0 when it would start, EXIT_JOB_FAILED when it would wait or fail.
+static int cmd_preflight(const char *name, char **args, const Options *o) {
+    (void)name;
+    Err err;
+    cJSON *spec, *result = NULL;
+    if (load_job_file(args[0], &spec, &err)) return fail(EXIT_USAGE, &err);
+    int rc = call_once(o, "preflight", spec, &result);
+    if (!rc && o->json)
+        print_json(result);
+    else if (!rc)
+        render_preflight(stdout, result);
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(result, "verdict");
+    if (!rc && !(cJSON_IsString(v) && !strcmp(v->valuestring, "ok"))) rc = EXIT_JOB_FAILED;
+    cJSON_Delete(result);
+    return rc;
 }
 
 // ---------------------------------------------------------------- reads and verbs
@@ -376,10 +406,72 @@ static int cmd_daemon(const char *name, char **args, const Options *o) {
     return rc;
 }
 
+#define LOGS_KEPT 1000 // lines logs -f remembers: as many as one logs reply holds
+
+// What logs -f printed last, oldest first: a ring of the last LOGS_KEPT lines.
 typedef struct {
-    long job;
-    bool json, done;
+    char *line[LOGS_KEPT];
+    size_t start, n;
+} Printed;
+
+static const char *printed_at(const Printed *p, size_t i) {
+    return p->line[(p->start + i) % LOGS_KEPT];
+}
+
+static void printed_add(Printed *p, const char *line) {
+    char *copy = strdup(line);
+    if (!copy) return; // out of memory: this line may be printed again after a reconnect
+    if (p->n == LOGS_KEPT) {
+        free(p->line[p->start]);
+        p->line[p->start] = copy;
+        p->start = (p->start + 1) % LOGS_KEPT;
+    } else {
+        p->line[(p->start + p->n++) % LOGS_KEPT] = copy;
+    }
+}
+
+static void printed_free(Printed *p) {
+    for (size_t i = 0; i < p->n; i++)
+        free(p->line[(p->start + i) % LOGS_KEPT]);
+}
+
+// How many of the n lines of a logs reply after a reconnect were printed already: up to the
+// end of the last place where they hold the lines printed last (all those kept, or as many as
+// there are from the reply's first). The reply is the end of the rank's log (the lines of a
+// run astraid's restart interrupted, from its files), or the lines since that restart only
+// (the new run's, from memory): then none matches and all are new.
+static size_t printed_already(const Printed *p, const cJSON *const *lines, size_t n) {
+    for (size_t end = n; end > 0 && p->n > 0; end--) {
+        size_t k = end < p->n ? end : p->n, i = 0;
+        while (i < k && !strcmp(lines[end - k + i]->valuestring, printed_at(p, p->n - k + i)))
+            i++;
+        if (i == k) return end;
+    }
+    return 0;
+}
+
+typedef struct {
+    long job, rank, tail; // rank, tail: -1 when not given
+    bool json, follow, done;
+    Printed printed;
 } LogFollow;
+
+static void print_log_line(LogFollow *f, const char *line, const cJSON *push) {
+    if (f->json) {
+        cJSON *params = push ? NULL : cJSON_CreateObject();
+        if (params) {
+            cJSON_AddNumberToObject(params, "job", (double)f->job);
+            cJSON_AddNumberToObject(params, "rank", f->rank < 0 ? 0 : (double)f->rank);
+            cJSON_AddStringToObject(params, "line", line);
+        }
+        print_json(push ? push : params);
+        cJSON_Delete(params);
+    } else {
+        printf("%s\n", line);
+        fflush(stdout);
+    }
+    if (f->follow) printed_add(&f->printed, line);
+}
 
 static void on_log_push(const char *method, const cJSON *params, void *ctx) {
     LogFollow *f = ctx;
@@ -388,42 +480,69 @@ static void on_log_push(const char *method, const cJSON *params, void *ctx) {
     const cJSON *line = cJSON_GetObjectItemCaseSensitive(params, "line");
     if (!strcmp(method, "end"))
         f->done = true;
-    else if (!strcmp(method, "log") && f->json)
-        print_json(params);
-    else if (!strcmp(method, "log") && cJSON_IsString(line)) {
-        printf("%s\n", line->valuestring);
-        fflush(stdout);
+    else if (!strcmp(method, "log") && cJSON_IsString(line))
+        print_log_line(f, line->valuestring, params);
+}
+
+// The reply's lines: all of them (with --json the reply as sent), or after a reconnect those
+// not printed yet (with --json each as a log push's params). -1 when out of memory.
+static int show_log_reply(LogFollow *f, const cJSON *result, bool resumed) {
+    const cJSON *lines = cJSON_GetObjectItemCaseSensitive(result, "lines"), *line;
+    size_t n = 0, skip = 0;
+    cJSON_ArrayForEach(line, lines) n += cJSON_IsString(line);
+    const cJSON **strings = calloc(n + 1, sizeof *strings);
+    if (!strings) return -1;
+    n = 0;
+    cJSON_ArrayForEach(line, lines) {
+        if (cJSON_IsString(line)) strings[n++] = line;
     }
+    if (resumed) skip = printed_already(&f->printed, strings, n);
+    bool whole = f->json && !resumed;
+    if (whole) print_json(result);
+    for (size_t i = skip; i < n; i++) {
+        const char *text = strings[i]->valuestring;
+        if (!whole)
+            print_log_line(f, text, NULL);
+        else if (f->follow)
+            printed_add(&f->printed, text); // printed in the reply
+    }
+    free(strings);
+    fflush(stdout);
+    return 0;
+}
+
+// logs (with -f, then its pushes until the job is final); after a reconnect, the kept lines
+// again, without those printed (client_stream).
+static int logs_stream(Client *c, void *ctx, bool resumed, Err *err) {
+    LogFollow *f = ctx;
+    c->on_push = on_log_push;
+    c->push_ctx = f;
+    cJSON *params = job_params(f->job), *result = NULL;
+    if (f->rank >= 0) cJSON_AddNumberToObject(params, "rank", (double)f->rank);
+    if (f->tail >= 0 && !resumed) cJSON_AddNumberToObject(params, "tail", (double)f->tail);
+    if (f->follow) cJSON_AddBoolToObject(params, "follow", 1);
+    int rc = client_call(c, "logs", params, &result, err);
+    if (!rc && show_log_reply(f, result, resumed)) {
+        err_resource(err, "out of memory for the lines of job %ld", f->job);
+        rc = EXIT_DAEMON_ERROR;
+    }
+    cJSON_Delete(result);
+    while (!rc && f->follow && !f->done)
+        rc = client_wait_push(c, err);
+    return rc;
 }
 
 static int cmd_logs(const char *name, char **args, const Options *o) {
     (void)name;
     Err err;
-    LogFollow f = {.json = o->json};
+    LogFollow f = {.rank = o->rank, .tail = o->tail, .json = o->json, .follow = o->follow};
     if (parse_job_id(args[0], &f.job, &err)) return fail(EXIT_USAGE, &err);
-    cJSON *params = job_params(f.job), *result = NULL;
-    if (o->rank >= 0) cJSON_AddNumberToObject(params, "rank", (double)o->rank);
-    if (o->tail >= 0) cJSON_AddNumberToObject(params, "tail", (double)o->tail);
-    if (o->follow) cJSON_AddBoolToObject(params, "follow", 1);
     Client c;
     int rc = client_open(&c, o, &err);
-    c.on_push = on_log_push;
-    c.push_ctx = &f;
-    if (rc)
-        cJSON_Delete(params);
-    else
-        rc = client_call(&c, "logs", params, &result, &err);
-    const cJSON *line;
-    if (!rc && o->json)
-        print_json(result);
-    else if (!rc)
-        cJSON_ArrayForEach(line, cJSON_GetObjectItemCaseSensitive(result, "lines")) {
-            if (cJSON_IsString(line)) printf("%s\n", line->valuestring);
-        }
-    fflush(stdout);
-    while (!rc && o->follow && !f.done)
-        rc = client_wait_push(&c, &err);
-    cJSON_Delete(result);
+    if (!rc)
+        rc = f.follow ? client_stream(&c, o, logs_stream, &f, &err)
+                      : logs_stream(&c, &f, false, &err);
+    printed_free(&f.printed);
     client_close(&c);
     return rc ? fail(rc, &err) : EXIT_OK;
 }
@@ -435,7 +554,7 @@ static int cmd_watch(const char *name, char **args, const Options *o) {
     if (args[0] && parse_job_id(args[0], &p.job, &err)) return fail(EXIT_USAGE, &err);
     Client c;
     int rc = client_open(&c, o, &err);
-    if (!rc) rc = follow_progress(&c, &p, &err);
+    if (!rc) rc = follow_progress(&c, &p, o, &err);
     cJSON_Delete(p.jobs);
     client_close(&c);
     return rc ? fail(rc, &err) : EXIT_OK;
@@ -551,7 +670,8 @@ static int draw_text(const PlotSeries *s, PlotOut *out, Err *err) {
 
 static int write_svg(const PlotSeries *s, const char *path, Err *err) {
     char *svg = plot_svg(s, SVG_WIDTH, SVG_HEIGHT);
-    if (!svg) return err_resource(err, "%s: out of memory drawing the plot", path), EXIT_DAEMON_ERROR;
+    if (!svg)
+        return err_resource(err, "%s: out of memory drawing the plot", path), EXIT_DAEMON_ERROR;
     int rc = fs_write_file_atomic(path, svg, strlen(svg), err);
     free(svg);
     return rc ? EXIT_DAEMON_ERROR : EXIT_OK;
@@ -612,6 +732,28 @@ static int plot_loop(Client *c, PlotData *p, PlotOut *out, const Options *o, Err
     }
 }
 
+typedef struct {
+    PlotData *data;
+    PlotOut *out;
+    const Options *o;
+} PlotFollow;
+
+// plot --follow; after a reconnect the whole curve is read and drawn again: astraid's restart
+// interrupted the job, whose next run resumes from its checkpoint and writes the steps after
+// it again (client_stream).
+static int plot_stream(Client *c, void *ctx, bool resumed, Err *err) {
+    PlotFollow *f = ctx;
+    PlotData *p = f->data;
+    cJSON *row;
+    if (resumed) {
+        p->n = 0;
+        p->last_step = 0;
+        while (p->rows && (row = cJSON_DetachItemFromArray(p->rows, 0)))
+            cJSON_Delete(row);
+    }
+    return plot_loop(c, p, f->out, f->o, err);
+}
+
 static int cmd_plot(const char *name, char **args, const Options *o) {
     (void)name;
     Err err;
@@ -623,10 +765,14 @@ static int cmd_plot(const char *name, char **args, const Options *o) {
     setlocale(LC_CTYPE, ""); // braille where the locale speaks UTF-8
     out.utf8 = !strcmp(nl_langinfo(CODESET), "UTF-8");
     if (o->json && !(p.rows = cJSON_CreateArray()))
-        return err_resource(&err, "out of memory for the plot's rows"), fail(EXIT_DAEMON_ERROR, &err);
+        return err_resource(&err, "out of memory for the plot's rows"),
+               fail(EXIT_DAEMON_ERROR, &err);
     Client c;
     int rc = client_open(&c, o, &err);
-    if (!rc) rc = plot_loop(&c, &p, &out, o, &err);
+    PlotFollow follow = {&p, &out, o};
+    if (!rc)
+        rc = o->follow ? client_stream(&c, o, plot_stream, &follow, &err)
+                       : plot_loop(&c, &p, &out, o, &err);
     client_close(&c);
     if (!rc && o->json) {
         cJSON *all = cJSON_CreateObject();
@@ -658,6 +804,8 @@ typedef struct {
 static const Command COMMANDS[] = {
     {"submit", 1, 1, OPT_WAIT | OPT_FOLLOW, cmd_submit, "submit FILE.json [--wait|--follow]",
      "validate and submit a job"},
+    {"preflight", 1, 1, 0, cmd_preflight, "preflight FILE.json",
+     "would a run of the job start now (disk for its checkpoint, its GPUs)"},
     {"list", 0, 0, OPT_STATE, cmd_list, "list [--state S]", "jobs as a table"},
     {"status", 0, 1, OPT_STATE, cmd_status, "status [JOB]", "one job's details (no JOB: list)"},
     {"pause", 1, 1, 0, cmd_verb, "pause JOB", "checkpoint at the next step and stop"},

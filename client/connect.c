@@ -1,5 +1,6 @@
 // connect.c: astraictl's connection to astraid: Unix socket or TCP with a bearer
-// token (docs/protocol.md, Authentication), requests and replies over NDJSON.
+// token (docs/protocol.md, Authentication), requests and replies over NDJSON, and the
+// reconnection of the commands that follow a stream when astraid restarts.
 #include <cjson/cJSON.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -141,7 +142,10 @@ static int send_all(Client *c, const char *line, Err *err) {
     for (size_t off = 0, n = strlen(line); off < n;) {
         ssize_t w = send(c->fd, line + off, n - off, MSG_NOSIGNAL);
         if (w < 0 && errno == EINTR) continue;
-        if (w < 0) return err_set(err, "sending to astraid: %s", strerror(errno)), EXIT_CONNECT;
+        if (w < 0) {
+            c->lost = true;
+            return err_set(err, "sending to astraid: %s", strerror(errno)), EXIT_CONNECT;
+        }
         off += (size_t)w;
     }
     return EXIT_OK;
@@ -218,9 +222,11 @@ static int read_message(Client *c, int timeout_ms, cJSON **msg, Err *err) {
         char buf[65536];
         ssize_t r = recv(c->fd, buf, sizeof buf, 0);
         if (r < 0 && errno == EINTR) continue;
-        if (r <= 0)
+        if (r <= 0) {
+            c->lost = true;
             return err_set(err, "connection to astraid %s", r ? strerror(errno) : "closed"),
                    EXIT_CONNECT;
+        }
         if (rpc_reader_feed(&c->reader, buf, (size_t)r))
             return err_resource(err, "out of memory reading astraid's reply"), EXIT_CONNECT;
     }
@@ -273,5 +279,52 @@ int client_wait_push(Client *c, Err *err) {
     int rc = read_message(c, -1, &msg, err);
     if (!rc) dispatch_push(c, msg);
     cJSON_Delete(msg);
+    return rc;
+}
+
+#define RECONNECT_FIRST_MS 100 // the first retry of a lost connection; then doubled
+#define RECONNECT_MAX_MS 2000  // up to this between two tries
+
+static void sleep_ms(long ms) {
+    nanosleep(&(struct timespec){ms / 1000, ms % 1000 * 1000000L}, NULL);
+}
+
+// A new connection in place of c's lost one, tried until it opens (astraid restarted) or
+// o->reconnect_s has passed; c's push handler is kept. Only a connection that cannot be made
+// is tried again: a bad token file or a refused token ends it.
+static int client_reconnect(Client *c, const Options *o, Err *err) {
+    char why[sizeof err->msg];
+    snprintf(why, sizeof why, "%s", err->msg);
+    c->lost = false;
+    if (o->reconnect_s == 0) return EXIT_CONNECT; // err still says why
+    fprintf(stderr, "astraictl: %s; reconnecting\n", why);
+    PushHandler on_push = c->on_push;
+    void *push_ctx = c->push_ctx;
+    double give_up = clock_mono_s() + (double)o->reconnect_s;
+    for (long delay_ms = RECONNECT_FIRST_MS;;
+         delay_ms = delay_ms * 2 > RECONNECT_MAX_MS ? RECONNECT_MAX_MS : delay_ms * 2) {
+        double left_ms = (give_up - clock_mono_s()) * 1000;
+        if (o->reconnect_s > 0 && left_ms <= 0)
+            return err_set(err, "%s; not back within %ld s (--reconnect-timeout)", why,
+                           o->reconnect_s),
+                   EXIT_CONNECT;
+        sleep_ms(o->reconnect_s > 0 && left_ms < delay_ms ? (long)left_ms + 1 : delay_ms);
+        client_close(c);
+        int rc = client_open(c, o, err);
+        c->on_push = on_push;
+        c->push_ctx = push_ctx;
+        if (rc != EXIT_CONNECT) {
+            if (!rc) fprintf(stderr, "astraictl: reconnected to astraid\n");
+            return rc;
+        }
+    }
+}
+
+int client_stream(Client *c, const Options *o, StreamFn fn, void *ctx, Err *err) {
+    int rc = fn(c, ctx, false, err);
+    while (rc == EXIT_CONNECT && c->lost) {
+        rc = client_reconnect(c, o, err);
+        if (!rc) rc = fn(c, ctx, true, err);
+    }
     return rc;
 }

@@ -105,14 +105,16 @@ void render_job_table(FILE *out, const cJSON *jobs) {
     }
 }
 
-// "3.2 GiB", "512 MiB"; "-" for NAN (unknown).
+// "3.2 GiB", "512.0 MiB", "640 KiB"; "-" for NAN (unknown).
 static void fmt_bytes(double v, char *buf, size_t cap) {
     if (isnan(v))
         snprintf(buf, cap, "-");
     else if (v >= (double)(1 << 30))
         snprintf(buf, cap, "%.1f GiB", v / (double)(1 << 30));
+    else if (v >= (double)(1 << 20))
+        snprintf(buf, cap, "%.1f MiB", v / (double)(1 << 20));
     else
-        snprintf(buf, cap, "%.0f MiB", v / (double)(1 << 20));
+        snprintf(buf, cap, "%.0f KiB", v / (double)(1 << 10));
 }
 
 static void fmt_pct(double v, char *buf, size_t cap) {
@@ -161,6 +163,17 @@ static void render_ranks(FILE *out, const cJSON *ranks) {
     }
 }
 
+// "time left 5m12s (max_duration_hours 2)": a job with a time limit (JOB time_left_s).
+static void render_time_left(FILE *out, const cJSON *job) {
+    double left = num_field(job, "time_left_s");
+    if (isnan(left)) return;
+    char text[24];
+    fmt_duration(left, text, sizeof text);
+    const cJSON *spec = cJSON_GetObjectItemCaseSensitive(job, "spec");
+    fprintf(out, "time left %s (max_duration_hours %g)\n", text,
+            num_field(spec, "max_duration_hours"));
+}
+
 void render_job_detail(FILE *out, const cJSON *job) {
     JobText t;
     job_text(job, &t);
@@ -168,8 +181,33 @@ void render_job_detail(FILE *out, const cJSON *job) {
     if (*t.val) snprintf(val, sizeof val, ",%s", t.val);
     fprintf(out, "job %s (%s): %s, step %s, loss %s%s, %s tok/s, ETA %s\n", t.id, t.name, t.state,
             t.steps, t.loss, val, t.rate, t.eta);
+    render_time_left(out, job);
     render_ranks(out, cJSON_GetObjectItemCaseSensitive(job, "ranks"));
     render_members(out, job, 16, "ranks");
+}
+
+// "preflight: wait: <reason>", then "disk" and a line per GPU with the numbers of the report.
+void render_preflight(FILE *out, const cJSON *report) {
+    const cJSON *reason = cJSON_GetObjectItemCaseSensitive(report, "reason");
+    fprintf(out, "preflight: %s%s%s\n", str_field(report, "verdict"),
+            cJSON_IsString(reason) ? ": " : "", cJSON_IsString(reason) ? reason->valuestring : "");
+    const cJSON *disk = cJSON_GetObjectItemCaseSensitive(report, "disk");
+    char need[32], avail[32], total[32], params[32], retired[32], ecc[32];
+    fmt_bytes(num_field(disk, "checkpoint_bytes"), need, sizeof need);
+    fmt_bytes(num_field(disk, "free_bytes"), avail, sizeof avail);
+    fmt_bytes(num_field(disk, "total_bytes"), total, sizeof total);
+    fmt_count(num_field(disk, "parameters"), params, sizeof params);
+    fprintf(out, "disk %s: a checkpoint needs %s (%s parameters), %s free of %s\n",
+            str_field(disk, "ckpt_dir"), need, params, avail, total);
+    const cJSON *g;
+    cJSON_ArrayForEach(g, cJSON_GetObjectItemCaseSensitive(report, "gpus")) {
+        fmt_count(num_field(g, "retired_pages"), retired, sizeof retired);
+        fmt_count(num_field(g, "ecc_uncorrected_volatile"), ecc, sizeof ecc);
+        fprintf(out, "gpu %.0f  other processes %d  retired pages %s  ECC uncorrected %s\n",
+                num_field(g, "index"),
+                cJSON_GetArraySize(cJSON_GetObjectItemCaseSensitive(g, "other_processes")), retired,
+                ecc);
+    }
 }
 
 // "gpu 0  NVIDIA H200  12.3/139.8 GiB  87%" per GPU after the other members.

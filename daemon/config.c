@@ -50,6 +50,12 @@ const ConfigOption CONFIG_OPTIONS[] = {
      "nodes of a CPU job that does not say (default 1)"},
     {"slurm-gpus-per-node", OPT_LONG, offsetof(Config, slurm_gpus_per_node), 0, 4096,
      "GPUs per node of a job that does not say (0: CPU tasks)"},
+    {"notify-command", OPT_STR, offsetof(Config, notify_command), 0, 0,
+     "program run on job events (words as sh splits them, no shell): EVENT argument, JOB on stdin"},
+    {"notify-timeout", OPT_DOUBLE, offsetof(Config, notify_timeout), 0.1, 3600,
+     "seconds a notify-command gets before SIGKILL (default 10)"},
+    {"gdb", OPT_STR, offsetof(Config, gdb), 0, 0,
+     "gdb that records a hung run's stacks (default gdb on PATH; none: /proc only)"},
 };
 const size_t CONFIG_N_OPTIONS = sizeof CONFIG_OPTIONS / sizeof *CONFIG_OPTIONS;
 
@@ -116,6 +122,40 @@ int config_apply_json(Config *c, const char *text, size_t len, const char *path,
     }
     cJSON_Delete(root);
     return rc;
+}
+
+char *config_split_words(const char *flag, const char *s, char **words, int max, int *n, Err *err) {
+    const char *in = s;
+    char *copy = strdup(s), *out = copy, quote = 0;
+    if (!copy) return err_resource(err, "%s: out of memory", flag), NULL;
+    for (*n = 0;; *out++ = 0) {
+        while (*in == ' ' || *in == '\t')
+            in++;
+        if (!*in) return copy;
+        if (*n == max) break;
+        words[(*n)++] = out;
+        for (; *in && (quote || (*in != ' ' && *in != '\t')); in++) {
+            if (*in == quote)
+                quote = 0;
+            else if (!quote && (*in == '\'' || *in == '"'))
+                quote = *in;
+            else if (*in == '\\' && !in[1])
+                break; // nothing to escape
+            else if (*in == '\\' && (!quote || (quote == '"' && strchr("\\\"$`", in[1]))))
+                *out++ = *++in;
+            else
+                *out++ = *in;
+        }
+        if (quote || *in == '\\') break;
+    }
+    if (quote)
+        err_set(err, "%s: unbalanced %c in '%s'", flag, quote, s);
+    else if (*in == '\\')
+        err_set(err, "%s: a trailing \\ in '%s'", flag, s);
+    else
+        err_set(err, "%s: more than %d words in '%s'", flag, max, s);
+    free(copy);
+    return NULL;
 }
 
 int config_apply_file(Config *c, const char *path, Err *err) {

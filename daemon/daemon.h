@@ -19,6 +19,9 @@
 //   state.c           the daemon database (sqlite: jobs, runs, events), its writer, recovery
 //   progress_reader.c each running job's progress.db, polled read-only off the loop
 //   curve.c           a job's training curve from its progress.db (history, the web page)
+//   watchdog.c        hangs (no new step: stacks recorded, run restarted) and time limits
+//   notify.c          notify_command: a program run on job events
+//   helper.c          short-lived helper programs (gdb, notify_command), bounded, never waited on
 //   sdnotify.c        systemd notifications and socket activation
 //   slurm.c           the slurm executor: jobs run as Slurm batch jobs (sbatch, squeue, scancel)
 #pragma once
@@ -67,6 +70,9 @@ typedef struct {
     char *slurm_sbatch_args;                            // more sbatch arguments (sh-like words)
     long slurm_gpus_per_node; // a job's GPUs per node when it does not say (0: CPU tasks)
     long slurm_nodes;         // the nodes of a CPU job that does not say
+    char *notify_command;     // run on job events (sh-like words, no shell), NULL: none
+    double notify_timeout;    // seconds a notify_command gets before SIGKILL
+    char *gdb;                // the hang watchdog's stack recorder; "none": /proc only
 } Config;
 
 // One option: a --flag of astraid and a key of its config file.
@@ -88,6 +94,12 @@ int config_set(Config *c, const ConfigOption *o, const char *value, Err *err);
 // Applies a config file's keys: text[0..len) is a JSON object, path names it in errors.
 int config_apply_json(Config *c, const char *text, size_t len, const char *path, Err *err);
 int config_apply_file(Config *c, const char *path, Err *err);
+// s split into words as sh would (blanks separate; '...' literal; "..." where \ escapes only
+// \ " $ `; \ outside quotes escapes any character), without expanding $, ` or globs. At most
+// max words in words[], their number in *n; they point into the returned copy (free it). err
+// names `option` and s.
+char *config_split_words(const char *option, const char *s, char **words, int max, int *n,
+                         Err *err);
 void config_free(Config *c); // its strings
 
 // ---------------------------------------------------------------- scheduler.c: devices
@@ -117,6 +129,16 @@ int gpu_count(void); // GPUs NVML found
 int gpu_utilization(int index);                   // percent
 int64_t gpu_process_memory(int index, pid_t pid); // bytes pid uses on the GPU
 cJSON *gpus_to_json(void);                        // daemon.info "gpus"
+// A GPU's health from the last sample; -1 where the driver does not say.
+typedef struct {
+    int64_t retired_pages;   // retired memory pages (single- and double-bit ECC causes)
+    int retired_pending;     // 1: a retirement waits for a GPU reset
+    int64_t ecc_uncorrected; // uncorrected ECC errors since the driver loaded (volatile)
+} GpuHealth;
+int gpu_health(int index, GpuHealth *out); // -1: no such GPU
+// The compute processes of the last sample on GPU index: up to cap pids and their bytes (-1:
+// unknown); returns how many there are.
+int gpu_processes(int index, pid_t *pids, int64_t *bytes, int cap);
 
 // ---------------------------------------------------------------- jobs.c
 typedef enum {
@@ -194,6 +216,18 @@ typedef struct Job {
                    // one and again once the job is final (its logs are then read from disk)
     int log_start, log_len;
     JobText *text; // its JOB object's last text (job_to_raw_json), NULL: none kept
+    // watchdog.c: the spec's hang_timeout_s and max_duration_hours are read from spec.
+    long hangs;            // runs stopped as hung (JOB "hangs")
+    double seen_mono;      // clock_mono_s() of the run's last progress seen (a new step or
+                           // phase), 0: none yet (the watch starts at the run's first step)
+    long seen_step;        // the step then
+    double step_median_s;  // median seconds per step of the newest steps, 0: unknown
+    char *phase;           // the trainer's phase ("validation", "checkpoint"), NULL: steps
+    double phase_since;    // its unix start
+    char *hang_cause;      // the watchdog stopped the run as hung: why, until the run's end
+    double run_time_s;     // seconds its runs took since submit or the last resume
+    double run_start_mono; // clock_mono_s() when its current run started, 0: none
+    char *pause_reason;    // why astraid paused it (its time limit), NULL: none
     struct Job *next;
 } Job;
 
@@ -247,7 +281,8 @@ void job_free(Job *j);
 void jobs_free_all(void);
 
 // How a run ended (runner.c → jobs.c).
-typedef enum { STOP_NONE, STOP_PAUSE, STOP_SHUTDOWN, STOP_CANCEL } StopKind;
+// STOP_HANG: the watchdog found it hung (TERM, then KILL after --stop-timeout).
+typedef enum { STOP_NONE, STOP_PAUSE, STOP_SHUTDOWN, STOP_CANCEL, STOP_HANG } StopKind;
 typedef struct {
     StopKind stop;     // why the daemon stopped it, STOP_NONE when it ended by itself
     int failed;        // a rank failed (non-zero exit or signal) on its own
@@ -376,6 +411,10 @@ typedef struct {
     int has_scale; // loss scaling: the newest step's scale and the steps skipped
     double loss_scale;
     long skipped_steps;
+    double step_wall;     // unix time of the newest step row
+    double step_median_s; // median seconds per step of the newest steps, 0: unknown
+    char *phase;          // the trainer's phase, NULL: none ("" is read as none)
+    double phase_since;
 } JobProgress;
 
 // Polls the running jobs' progress.db every poll-interval on the threadpool (and once that
@@ -404,6 +443,51 @@ int curve_read(const char *run_dir, long since_step, long limit, cJSON **steps, 
 int slurm_check_config(const Config *c, Err *err);
 void slurm_free(void); // after uv_run returned
 // The slurm executor's operations (SLURM_EXECUTOR) are slurm.c's; their rules are there.
+
+// ---------------------------------------------------------------- helper.c
+// A helper's end: its stdout (when kept; NULL: astraid is exiting and only arg is to be freed),
+// its exit code (-1 when killed by term_signal), timed_out when killed at its bound.
+typedef void (*HelperDone)(void *arg, const char *output, size_t len, int exit_code,
+                           int term_signal, int timed_out);
+// Runs argv (argv[0] looked up in PATH) with input on its stdin; done follows its exit. -1 and
+// err (err_errno's: ENOENT when there is no such program) when it could not start: done is
+// then never called.
+int helper_run(char *const *argv, const char *input, size_t input_len, int keep_output,
+               double timeout_s, HelperDone done, void *arg, Err *err);
+void helpers_free(void); // after uv_run returned: the helpers still running are killed
+
+// ---------------------------------------------------------------- watchdog.c
+// Every poll-interval: the running jobs of the local executor without progress for their hang
+// limit are hung (docs/astraid.md "Hangs"), those past max_duration_hours are paused.
+void job_watch_start(void);
+// The run of j started (its time counts) / ended (the time it took is added).
+void job_watch_run_started(Job *j);
+void job_watch_run_ended(Job *j);
+// Seconds j may still run before its time limit; -1 without max_duration_hours.
+double job_time_left_s(const Job *j);
+
+// ---------------------------------------------------------------- preflight.c
+// Before a run starts, and the `preflight` method: room in ckpt_dir for the next checkpoint
+// and the health of the job's GPUs (docs/astraid.md "Preflight" states the rule).
+typedef enum { PREFLIGHT_OK, PREFLIGHT_WAIT, PREFLIGHT_FAIL } PreflightVerdict;
+// The verdict, the report (docs/protocol.md "preflight") and, unless ok, why (err->resource
+// set when the run should wait).
+typedef void (*PreflightDone)(void *arg, PreflightVerdict v, const cJSON *report, const Err *why);
+// Checks a run of spec (validated: -1 and err when it is not) writing to ckpt_dir with
+// steps_left steps to go (0: unknown) on the GPUs gpus[0..n_gpus) (NVML indices); the file
+// system off the loop, done on the loop.
+int preflight_run(const cJSON *spec, const char *ckpt_dir, long steps_left, const int *gpus,
+                  int n_gpus, PreflightDone done, void *arg, Err *err);
+// jobs.c, the `preflight` method: spec checked as submit checks it (-1 and err when refused),
+// then preflight_run on its ckpt_dir and the GPUs it would have now.
+int jobs_preflight(const cJSON *spec, PreflightDone done, void *arg, Err *err);
+
+// ---------------------------------------------------------------- notify.c
+// notify_command (if any) run for event ("completed", "failed", "restarted", "hang",
+// "time_limit") of j: the event its argument, the JOB object on its stdin; once, bounded by
+// notify_timeout, its failure logged.
+int notify_check_config(const Config *c, Err *err);
+void notify_job(const Job *j, const char *event);
 
 // ---------------------------------------------------------------- sdnotify.c
 void sd_init(void); // takes NOTIFY_SOCKET / LISTEN_* out of the environment

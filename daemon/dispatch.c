@@ -186,6 +186,25 @@ static cJSON *do_submit(Conn *c, const cJSON *params, int *code, Err *err) {
     return answer_later(c, l, rc, code);
 }
 
+// The preflight's report is the result, whatever its verdict (astraictl preflight's exit
+// status tells it).
+static void preflight_answer(void *arg, PreflightVerdict v, const cJSON *report, const Err *why) {
+    (void)v, (void)why;
+    Later *l = arg;
+    l->result = cJSON_Duplicate(report, 1);
+    Err oom = {0};
+    if (!l->result) err_resource(&oom, "out of memory");
+    later_done(l, l->result ? 0 : RPC_INTERNAL_ERROR, &oom);
+}
+
+static cJSON *do_preflight(Conn *c, const cJSON *params, int *code, Err *err) {
+    Later *l = later_new(c, LATER_RESULT, 0, NULL);
+    if (!l) return out_of_memory(code, err);
+    int rc = jobs_preflight(params, preflight_answer, l, err);
+    if (rc) *code = err->resource ? RPC_INTERNAL_ERROR : RPC_INVALID_PARAMS;
+    return answer_later(c, l, rc, code);
+}
+
 // One page of the jobs by ascending id: those after the cursor "after" (and in "state"
 // when given), at most "limit" of them and LIST_MAX_BYTES of JSON; "next" is the cursor
 // of the next page (the last id of this one), null when no job is left.
@@ -459,11 +478,11 @@ typedef struct {
 } Method;
 
 static const Method METHODS[] = {
-    {"submit", do_submit},    {"list", do_list},     {"status", do_status},
-    {"pause", do_pause},      {"resume", do_resume}, {"checkpoint", do_checkpoint},
-    {"cancel", do_cancel},    {"logs", do_logs},     {"watch", do_watch},
-    {"daemon.info", do_info}, {"auth", do_auth},     {"rm", do_rm},
-    {"history", do_history},
+    {"submit", do_submit},    {"list", do_list},           {"status", do_status},
+    {"pause", do_pause},      {"resume", do_resume},       {"checkpoint", do_checkpoint},
+    {"cancel", do_cancel},    {"logs", do_logs},           {"watch", do_watch},
+    {"daemon.info", do_info}, {"auth", do_auth},           {"rm", do_rm},
+    {"history", do_history},  {"preflight", do_preflight},
 };
 
 static const Method *find_method(const char *name) {

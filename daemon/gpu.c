@@ -12,6 +12,10 @@
 // make them slow, and the loop must never wait for that. Without NVML or GPUs there
 // is no timer and every list is empty.
 //
+// Each sample also reads a GPU's health where the driver says (preflight.c): its retired pages
+// (both causes) and whether a retirement waits for a reset, and its uncorrected ECC errors since
+// the driver loaded (volatile).
+//
 // GPU indices are NVML's (PCI bus order); runner.c sets CUDA_DEVICE_ORDER=PCI_BUS_ID
 // for the ranks so that CUDA numbers the GPUs the same way.
 #include <dlfcn.h>
@@ -35,6 +39,10 @@ enum { NVML_SUCCESS = 0, NVML_ERROR_INSUFFICIENT_SIZE = 7 };
 #define NVML_VALUE_NOT_AVAILABLE_ULL (~0ULL) // usedGpuMemory unknown (e.g. under WDDM)
 
 typedef struct nvmlDevice_st *nvmlDevice_t;
+
+// nvmlDeviceGetRetiredPages' causes, nvmlDeviceGetTotalEccErrors' error and counter types.
+enum { NVML_PAGE_RETIREMENT_CAUSE_SBE = 0, NVML_PAGE_RETIREMENT_CAUSE_DBE = 1 };
+enum { NVML_MEMORY_ERROR_TYPE_UNCORRECTED = 1, NVML_VOLATILE_ECC = 0 };
 
 typedef struct {
     unsigned long long total, free, used; // bytes
@@ -70,6 +78,7 @@ typedef struct {
     int util_pct;
     GpuProc *procs; // (n_procs,)
     int n_procs;
+    GpuHealth health;
     // NVML's return codes, logged on the loop thread
     nvmlReturn_t rc_mem, rc_util, rc_procs;
 } GpuSample;
@@ -83,6 +92,9 @@ typedef nvmlReturn_t (*UtilFn)(nvmlDevice_t, nvmlUtilization_t *);
 typedef nvmlReturn_t (*ProcsV3Fn)(nvmlDevice_t, unsigned int *, nvmlProcessInfo_v2_t *);
 typedef nvmlReturn_t (*ProcsV1Fn)(nvmlDevice_t, unsigned int *, nvmlProcessInfo_v1_t *);
 typedef const char *(*ErrorStringFn)(nvmlReturn_t);
+typedef nvmlReturn_t (*RetiredFn)(nvmlDevice_t, int, unsigned int *, unsigned long long *);
+typedef nvmlReturn_t (*PendingFn)(nvmlDevice_t, int *);
+typedef nvmlReturn_t (*EccFn)(nvmlDevice_t, int, int, unsigned long long *);
 
 static struct {
     void *lib;
@@ -95,6 +107,9 @@ static struct {
     ProcsV3Fn procs_v3; // NULL on older drivers: then procs_v1
     ProcsV1Fn procs_v1;
     ErrorStringFn error_string;
+    RetiredFn retired; // the health calls: NULL where the driver lacks them (unknown)
+    PendingFn pending;
+    EccFn ecc;
     int initialised;
     int n;                 // GPUs
     nvmlDevice_t *handles; // (n,) NULL where NVML gave none
@@ -116,7 +131,28 @@ static const char *nvml_error(nvmlReturn_t rc) {
 
 static void sample_clear(GpuSample *s) {
     free(s->procs);
-    *s = (GpuSample){.mem_total = -1, .mem_used = -1, .util_pct = -1};
+    *s = (GpuSample){.mem_total = -1,
+                     .mem_used = -1,
+                     .util_pct = -1,
+                     .health = {.retired_pages = -1, .retired_pending = -1, .ecc_uncorrected = -1}};
+}
+
+// Retired pages of both causes (NVML counts them with no room for addresses), pending
+// retirements, volatile uncorrected ECC errors; -1 where the driver does not say (a GPU that
+// remaps rows instead of retiring pages, ECC off).
+static void sample_health(nvmlDevice_t h, GpuHealth *out) {
+    unsigned int sbe = 0, dbe = 0;
+    nvmlReturn_t a = nv.retired ? nv.retired(h, NVML_PAGE_RETIREMENT_CAUSE_SBE, &sbe, NULL) : -1;
+    nvmlReturn_t b = nv.retired ? nv.retired(h, NVML_PAGE_RETIREMENT_CAUSE_DBE, &dbe, NULL) : -1;
+    int ok_a = a == NVML_SUCCESS || a == NVML_ERROR_INSUFFICIENT_SIZE;
+    int ok_b = b == NVML_SUCCESS || b == NVML_ERROR_INSUFFICIENT_SIZE;
+    if (ok_a && ok_b) out->retired_pages = (int64_t)sbe + dbe;
+    int pending = 0;
+    if (nv.pending && nv.pending(h, &pending) == NVML_SUCCESS) out->retired_pending = pending != 0;
+    unsigned long long ecc = 0;
+    if (nv.ecc &&
+        nv.ecc(h, NVML_MEMORY_ERROR_TYPE_UNCORRECTED, NVML_VOLATILE_ECC, &ecc) == NVML_SUCCESS)
+        out->ecc_uncorrected = (int64_t)ecc;
 }
 
 // The compute processes on one GPU: _v3 when the driver has it, else the legacy call.
@@ -171,6 +207,7 @@ static void sample_gpu(int i, GpuSample *s) {
     s->rc_util = nv.util(h, &util);
     if (s->rc_util == NVML_SUCCESS) s->util_pct = (int)util.gpu;
     s->rc_procs = sample_procs(h, s);
+    sample_health(h, &s->health);
 }
 
 static void sample_all(GpuSample *s) {
@@ -241,6 +278,9 @@ static int load_symbols(void) {
     nv.procs_v3 = (ProcsV3Fn)sym("nvmlDeviceGetComputeRunningProcesses_v3", 0);
     nv.procs_v1 = (ProcsV1Fn)sym("nvmlDeviceGetComputeRunningProcesses", !nv.procs_v3);
     nv.error_string = (ErrorStringFn)sym("nvmlErrorString", 0);
+    nv.retired = (RetiredFn)sym("nvmlDeviceGetRetiredPages", 0);
+    nv.pending = (PendingFn)sym("nvmlDeviceGetRetiredPagesPendingStatus", 0);
+    nv.ecc = (EccFn)sym("nvmlDeviceGetTotalEccErrors", 0);
     return nv.init && nv.shutdown && nv.count && nv.handle && nv.name && nv.memory && nv.util &&
                    (nv.procs_v3 || nv.procs_v1)
                ? 0
@@ -345,6 +385,22 @@ int64_t gpu_process_memory(int index, pid_t pid) {
     for (int k = 0; k < s->n_procs; k++)
         if (s->procs[k].pid == pid) return s->procs[k].bytes;
     return -1; // not listed: no CUDA context yet, or another pid namespace
+}
+
+int gpu_health(int index, GpuHealth *out) {
+    if (index < 0 || index >= nv.n) return -1;
+    *out = nv.cache[index].health;
+    return 0;
+}
+
+int gpu_processes(int index, pid_t *pids, int64_t *bytes, int cap) {
+    if (index < 0 || index >= nv.n) return 0;
+    const GpuSample *s = &nv.cache[index];
+    for (int k = 0; k < s->n_procs && k < cap; k++) {
+        pids[k] = s->procs[k].pid;
+        bytes[k] = s->procs[k].bytes;
+    }
+    return s->n_procs;
 }
 
 static void add_count(cJSON *o, const char *key, int64_t v) {

@@ -170,7 +170,8 @@ static int remove_jobs(Deletion *r, Err *err) {
 
 // A final job whose ranks are gone and that no change or removal is under way for.
 static int removable(const Job *j) {
-    return job_is_final(j->state) && !job_has_run(j) && !j->ending && !j->changing && !j->removing;
+    return job_is_final(j->state) && !job_has_run(j) && !j->ending && !j->changing &&
+           !j->removing && !j->launching; // its start's preflight holds it
 }
 
 int job_remove(Job *j, ChangeDone done, void *arg, int *code, Err *err) {
@@ -181,6 +182,7 @@ int job_remove(Job *j, ChangeDone done, void *arg, int *code, Err *err) {
                        j->id, job_state_name(j->state),
                        job_has_run(j) || j->ending ? " and its ranks are still exiting"
                        : j->changing               ? " and a change of it is being written"
+                       : j->launching              ? " and its start is being checked"
                                                    : "");
     }
     Deletion *r = malloc(sizeof *r);

@@ -1,5 +1,6 @@
 // http.c: astraid's HTTP listener (--http HOST:PORT, docs/monitoring.md): GET / (the web
-// page, web/web.h), /metrics (metrics.c), /api/jobs and /api/history.
+// page, web/web.h), /metrics (metrics.c), /api/jobs, /api/history and /api/gpus, and POST
+// /api/pause, /api/resume, /api/checkpoint and /api/cancel (the page's buttons).
 //
 // libmicrohttpd parses HTTP on its own threads (HTTP_THREADS of them, each polling its share
 // of at most HTTP_CONNECTIONS connections; a connection silent for HTTP_TIMEOUT_S is
@@ -40,6 +41,13 @@
 // (it is the same static file for everyone), and a browser cannot send a header when it opens
 // an address; the page then sends the token on its /api requests (docs/monitoring.md "The
 // web page").
+//
+// Actions and GPUs: the HTTP threads may not touch the jobs, so an action (and /api/gpus, the
+// GPUs of daemon.info) is a request on astraid's own control socket, answered by the loop as
+// astraictl's is: the same checks, the same records, the same reply. An action is a POST
+// (never a GET, which browsers send on their own: links, prefetches) under the access rule
+// above, and one whose Origin names another site than the Host is refused (403): a page on
+// any site the user visits could otherwise post a form to the loopback listener.
 #include <arpa/inet.h>
 #include <errno.h>
 #include <limits.h>
@@ -54,11 +62,15 @@
 #include <strings.h>
 #include <sys/ioctl.h>
 #include <sys/socket.h>
+#include <sys/time.h>
+#include <sys/un.h>
 #include <time.h>
+#include <unistd.h>
 
 #include <cjson/cJSON.h>
 #include <microhttpd.h>
 
+#include "common/buf.h"
 #include "daemon/daemon.h"
 #include "web/web.h"
 
@@ -81,6 +93,7 @@
 #define SNAPSHOT_MAX_AGE_S 0.25 // older: the loop is asked for new progress numbers
 #define SNAPSHOT_WAIT_S 2.0     // for the loop's new snapshot; then the old one serves
 #define API_FINISHED 100        // finished jobs in /api/jobs and /metrics: the newest ones
+#define CONTROL_TIMEOUT_S 10    // for astraid's reply on its own control socket (an action)
 
 static struct MHD_Daemon *mhd;
 static uv_async_t wake;
@@ -475,8 +488,10 @@ static void watchdog_stop(void) {
 
 // ---------------------------------------------------------------- responses
 
-static enum MHD_Result respond(struct MHD_Connection *conn, unsigned status, const char *type,
-                               char *body, size_t len, enum MHD_ResponseMemoryMode mode) {
+// allow: the methods of a 405's Allow header (NULL for any other status).
+static enum MHD_Result respond_allow(struct MHD_Connection *conn, unsigned status, const char *type,
+                                     char *body, size_t len, enum MHD_ResponseMemoryMode mode,
+                                     const char *allow) {
     client_answering(conn); // an answer before the body (405, 401...) too
     struct MHD_Response *r = MHD_create_response_from_buffer(len, body, mode);
     if (!r) {
@@ -487,11 +502,16 @@ static enum MHD_Result respond(struct MHD_Connection *conn, unsigned status, con
     MHD_add_response_header(r, MHD_HTTP_HEADER_CACHE_CONTROL, "no-store");
     if (status == MHD_HTTP_UNAUTHORIZED)
         MHD_add_response_header(r, MHD_HTTP_HEADER_WWW_AUTHENTICATE, "Bearer");
-    if (status == MHD_HTTP_METHOD_NOT_ALLOWED)
-        MHD_add_response_header(r, MHD_HTTP_HEADER_ALLOW, "GET, HEAD");
+    if (allow) MHD_add_response_header(r, MHD_HTTP_HEADER_ALLOW, allow);
     enum MHD_Result rc = MHD_queue_response(conn, status, r);
     MHD_destroy_response(r);
     return rc;
+}
+
+static enum MHD_Result respond(struct MHD_Connection *conn, unsigned status, const char *type,
+                               char *body, size_t len, enum MHD_ResponseMemoryMode mode) {
+    return respond_allow(conn, status, type, body, len, mode,
+                         status == MHD_HTTP_METHOD_NOT_ALLOWED ? "GET, HEAD" : NULL);
 }
 
 static enum MHD_Result respond_text(struct MHD_Connection *conn, unsigned status,
@@ -589,13 +609,17 @@ static const char *run_dir_of(const Snapshot *s, long id) {
     return NULL;
 }
 
+// The required ?job=ID (a positive integer, as the control socket takes it).
+static int query_job(struct MHD_Connection *conn, long *job, Err *err) {
+    if (!MHD_lookup_connection_value(conn, MHD_GET_ARGUMENT_KIND, "job"))
+        return err_set(err, "job: missing (?job=ID)");
+    return query_long(conn, "job", 1, 1L << 53, job, err);
+}
+
 static enum MHD_Result get_history(struct MHD_Connection *conn, const Snapshot *s) {
     Err err = {0};
     long job = 0, since = 0, limit = HISTORY_LIMIT;
-    if (!MHD_lookup_connection_value(conn, MHD_GET_ARGUMENT_KIND, "job"))
-        return respond_error(conn, MHD_HTTP_BAD_REQUEST, "job: missing (?job=ID)");
-    if (query_long(conn, "job", 1, 1L << 53, &job, &err) ||
-        query_long(conn, "since_step", 0, 1L << 53, &since, &err) ||
+    if (query_job(conn, &job, &err) || query_long(conn, "since_step", 0, 1L << 53, &since, &err) ||
         query_long(conn, "limit", 1, HISTORY_LIMIT_MAX, &limit, &err))
         return respond_error(conn, MHD_HTTP_BAD_REQUEST, err.msg);
     const char *run_dir = run_dir_of(s, job);
@@ -616,6 +640,155 @@ static enum MHD_Result get_history(struct MHD_Connection *conn, const Snapshot *
     }
     cJSON_AddBoolToObject(o, "more", more);
     return respond_json(conn, MHD_HTTP_OK, o);
+}
+
+// ---------------------------------------------------------------- through the control socket
+
+// A connection to astraid's own control socket (the --socket path it listens on), each send
+// and receive bounded by CONTROL_TIMEOUT_S; -1 with err naming the path.
+static int control_connect(Err *err) {
+    const char *path = astraid.cfg.socket_path;
+    struct sockaddr_un addr = {.sun_family = AF_UNIX};
+    snprintf(addr.sun_path, sizeof addr.sun_path, "%s", path);
+    struct timeval limit = {.tv_sec = CONTROL_TIMEOUT_S};
+    int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd >= 0 && !setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &limit, sizeof limit) &&
+        !setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &limit, sizeof limit) &&
+        !connect(fd, (struct sockaddr *)&addr, sizeof addr))
+        return fd;
+    err_errno(err, errno, "control socket %s", path);
+    if (fd >= 0) close(fd);
+    return -1;
+}
+
+static int send_line(int fd, const char *line, Err *err) {
+    for (size_t off = 0, n = strlen(line); off < n;) {
+        ssize_t w = send(fd, line + off, n - off, MSG_NOSIGNAL);
+        if (w < 0 && errno == EINTR) continue;
+        if (w < 0) return err_errno(err, errno, "sending to the control socket");
+        off += (size_t)w;
+    }
+    return 0;
+}
+
+// The first line fd sends (without its newline) in *in; -1 with err when it closes, is silent
+// past CONTROL_TIMEOUT_S or sends more than RPC_MAX_LINE.
+static int read_line(int fd, Buf *in, size_t *len, Err *err) {
+    char chunk[16384];
+    for (;;) {
+        char *nl = in->data ? memchr(in->data, '\n', in->len) : NULL;
+        if (nl) {
+            *len = (size_t)(nl - in->data);
+            return 0;
+        }
+        if (in->len > RPC_MAX_LINE) return err_set(err, "a reply past %u bytes", RPC_MAX_LINE);
+        ssize_t r = recv(fd, chunk, sizeof chunk, 0);
+        if (r < 0 && errno == EINTR) continue;
+        if (r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
+            return err_set(err, "no reply within %d s", CONTROL_TIMEOUT_S);
+        if (r <= 0) return err_errno(err, r ? errno : ECONNRESET, "reading the reply");
+        if (buf_append(in, chunk, (size_t)r)) return err_resource(err, "out of memory");
+    }
+}
+
+// The reply object to one request (takes params) on the control socket: what astraictl gets
+// for it. -1 with err when astraid does not answer.
+static int control_call(const char *method, cJSON *params, cJSON **reply, Err *err) {
+    *reply = NULL;
+    char *request = rpc_request(1, method, params);
+    if (!request) return err_resource(err, "out of memory");
+    int fd = control_connect(err);
+    Buf in = {0};
+    size_t len = 0;
+    int rc = fd < 0 || send_line(fd, request, err) || read_line(fd, &in, &len, err) ? -1 : 0;
+    if (fd >= 0) close(fd);
+    free(request);
+    if (!rc && !cJSON_IsObject(*reply = cJSON_ParseWithLength(in.data, len)))
+        rc = err_set(err, "a reply that is not a JSON object");
+    buf_free(&in);
+    if (rc) {
+        cJSON_Delete(*reply);
+        *reply = NULL;
+    }
+    return rc;
+}
+
+// The HTTP status that says what a control error code says.
+static unsigned status_of_rpc_error(int code) {
+    switch (code) {
+    case RPC_NO_SUCH_JOB:
+        return MHD_HTTP_NOT_FOUND;
+    case RPC_BAD_STATE:
+        return MHD_HTTP_CONFLICT;
+    case RPC_INVALID_PARAMS:
+        return MHD_HTTP_BAD_REQUEST;
+    case RPC_BUSY:
+        return MHD_HTTP_SERVICE_UNAVAILABLE;
+    default:
+        return MHD_HTTP_INTERNAL_SERVER_ERROR;
+    }
+}
+
+// The answer to method (takes params) asked on the control socket: 200 with its result (with
+// member, {member: that member of it}), or its error as {"error": message} with the status
+// that says the same (404 no such job, 409 bad state, ...); 503 when astraid does not answer.
+static enum MHD_Result respond_control(struct MHD_Connection *conn, const char *method,
+                                       cJSON *params, const char *member) {
+    client_answering(conn); // not held to the request's deadline while the loop answers
+    Err err = {0};
+    cJSON *reply = NULL;
+    if (control_call(method, params, &reply, &err)) {
+        char msg[ERR_MSG_MAX + 64];
+        snprintf(msg, sizeof msg, "astraid does not answer: %s", err.msg);
+        return respond_error(conn, MHD_HTTP_SERVICE_UNAVAILABLE, msg);
+    }
+    const cJSON *error = cJSON_GetObjectItemCaseSensitive(reply, "error");
+    if (error) {
+        const cJSON *code = cJSON_GetObjectItemCaseSensitive(error, "code");
+        const cJSON *message = cJSON_GetObjectItemCaseSensitive(error, "message");
+        enum MHD_Result rc =
+            respond_error(conn, status_of_rpc_error(cJSON_IsNumber(code) ? code->valueint : 0),
+                          cJSON_IsString(message) ? message->valuestring : "error");
+        cJSON_Delete(reply);
+        return rc;
+    }
+    cJSON *result = cJSON_DetachItemFromObjectCaseSensitive(reply, "result"), *out = result;
+    if (result && member) {
+        out = cJSON_CreateObject();
+        cJSON *part = cJSON_DetachItemFromObjectCaseSensitive(result, member);
+        if (!part) part = cJSON_CreateNull(); // not in the result: null
+        if (!out || !part || !cJSON_AddItemToObject(out, member, part)) {
+            cJSON_Delete(part);
+            cJSON_Delete(out);
+            out = NULL;
+        }
+        cJSON_Delete(result);
+    }
+    cJSON_Delete(reply);
+    if (!out) return respond_text(conn, MHD_HTTP_INTERNAL_SERVER_ERROR, "out of memory\n");
+    return respond_json(conn, MHD_HTTP_OK, out);
+}
+
+static const char *const ACTIONS[] = {"pause", "resume", "checkpoint", "cancel"};
+
+// The verb of an action route (/api/pause, ...), NULL for any other path.
+static const char *action_of(const char *url) {
+    for (size_t i = 0; !strncmp(url, "/api/", 5) && i < sizeof ACTIONS / sizeof *ACTIONS; i++)
+        if (!strcmp(url + 5, ACTIONS[i])) return ACTIONS[i];
+    return NULL;
+}
+
+// POST /api/VERB?job=ID: the verb's JOB, as the control socket answers it.
+static enum MHD_Result post_action(struct MHD_Connection *conn, const char *verb) {
+    Err err = {0};
+    long job = 0;
+    if (query_job(conn, &job, &err)) return respond_error(conn, MHD_HTTP_BAD_REQUEST, err.msg);
+    cJSON *params = cJSON_CreateObject();
+    if (!params || !cJSON_AddNumberToObject(params, "job", (double)job)) {
+        cJSON_Delete(params);
+        return respond_text(conn, MHD_HTTP_INTERNAL_SERVER_ERROR, "out of memory\n");
+    }
+    return respond_control(conn, verb, params, NULL);
 }
 
 // ---------------------------------------------------------------- access
@@ -679,6 +852,19 @@ static int authorized(struct MHD_Connection *conn) {
         MHD_lookup_connection_value(conn, MHD_HEADER_KIND, MHD_HTTP_HEADER_AUTHORIZATION));
 }
 
+// A browser sends Origin on every POST: "http://HOST[:PORT]" of the page that posts. An
+// action passes only without one (a client that is no browser) or from a page of this
+// listener, whose Origin names the Host it asks.
+static int same_origin(struct MHD_Connection *conn) {
+    const char *origin = MHD_lookup_connection_value(conn, MHD_HEADER_KIND, "Origin");
+    const char *host = host_of(conn);
+    if (!origin) return 1;
+    const char *rest = !strncasecmp(origin, "http://", 7)    ? origin + 7
+                       : !strncasecmp(origin, "https://", 8) ? origin + 8
+                                                             : NULL;
+    return rest && host && !strcasecmp(rest, host);
+}
+
 // 421 naming the Host at fault: on a loopback listener every request names a loopback
 // host, the page included (a rebound name must not even get the page, whose scripts would
 // then read /api as same-origin).
@@ -703,9 +889,15 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
                                   const char *method, const char *version, const char *upload_data,
                                   size_t *upload_data_size, void **con_cls) {
     (void)cls, (void)upload_data;
-    // Not a GET: answered at once, its body unread (the connection then closes). A HEAD is
-    // served as a GET: libmicrohttpd sends the response's headers only.
-    if (strcmp(method, MHD_HTTP_METHOD_GET) && strcmp(method, MHD_HTTP_METHOD_HEAD))
+    // A method the path does not take (POST for actions, GET and HEAD for the rest): answered
+    // at once, its body unread (the connection then closes). A HEAD is served as a GET:
+    // libmicrohttpd sends the response's headers only.
+    const char *verb = action_of(url);
+    int reads = !strcmp(method, MHD_HTTP_METHOD_GET) || !strcmp(method, MHD_HTTP_METHOD_HEAD);
+    if (verb && strcmp(method, MHD_HTTP_METHOD_POST))
+        return respond_allow(conn, MHD_HTTP_METHOD_NOT_ALLOWED, "text/plain; charset=utf-8",
+                             "only POST\n", strlen("only POST\n"), MHD_RESPMEM_PERSISTENT, "POST");
+    if (!verb && !reads)
         return respond_text(conn, MHD_HTTP_METHOD_NOT_ALLOWED, "only GET and HEAD\n");
     if (too_big(conn))
         return respond_text(conn, MHD_HTTP_REQUEST_HEADER_FIELDS_TOO_LARGE,
@@ -717,7 +909,10 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
     if (!page && !authorized(conn))
         return respond_text(conn, MHD_HTTP_UNAUTHORIZED,
                             "unauthorized: send Authorization: Bearer TOKEN\n");
-    // A GET's first call has its headers only; answered then, libmicrohttpd could not know
+    if (verb && !same_origin(conn))
+        return respond_error(conn, MHD_HTTP_FORBIDDEN,
+                             "forbidden: an action from a page of another origin");
+    // A request's first call has its headers only; answered then, libmicrohttpd could not know
     // the request is over and would close the connection. Answered on the next call, the
     // connection stays open for the next request.
     static int headers_seen;
@@ -726,12 +921,14 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
         return MHD_YES;
     }
     if (*upload_data_size) {
-        *upload_data_size = 0; // a GET with a body: read and dropped
+        *upload_data_size = 0; // a body: read and dropped (an action's parameter is ?job=)
         return MHD_YES;
     }
     if (page)
         return respond(conn, MHD_HTTP_OK, "text/html; charset=utf-8", (char *)web_index_html,
                        web_index_html_len, MHD_RESPMEM_PERSISTENT);
+    if (verb) return post_action(conn, verb);
+    if (!strcmp(url, "/api/gpus")) return respond_control(conn, "daemon.info", NULL, "gpus");
     int metrics = !strcmp(url, "/metrics"), jobs = !strcmp(url, "/api/jobs");
     int history = !strcmp(url, "/api/history");
     if (!metrics && !jobs && !history) return respond_text(conn, MHD_HTTP_NOT_FOUND, "not found\n");

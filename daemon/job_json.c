@@ -134,6 +134,11 @@ static void describe(const Job *j, Out *o, cJSON *obj) {
     out_metric(o, obj, "loss_scale", j->loss_scale, j->has_loss_scale);
     out_number(o, obj, "skipped_steps", (double)j->skipped_steps, j->has_loss_scale);
     out_number(o, obj, "restarts", (double)j->restarts, 1);
+    out_number(o, obj, "hangs", (double)j->hangs, 1);
+    out_string(o, obj, "phase", j->phase);
+    double left = job_time_left_s(j); // whole seconds: the text is not printed anew each time
+    out_number(o, obj, "time_left_s", floor(left), left >= 0);
+    out_string(o, obj, "pause_reason", j->pause_reason);
     if (astraid.executor->run_state) {
         out_number(o, obj, "slurm_job", (double)j->slurm_id, j->slurm_id > 0);
         out_string(o, obj, "slurm_state", astraid.executor->run_state(j));

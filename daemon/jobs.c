@@ -261,6 +261,34 @@ static int check_devices(const JobSpec *js, const cJSON *spec, Err *err) {
     return 0;
 }
 
+// The GPUs a run of js would have now: those it names, else the lowest free ones (then the
+// lowest busy ones); their number.
+static int wanted_gpus(const JobSpec *js, int *gpus, int cap) {
+    const Devices *d = &astraid.devices;
+    int n = 0;
+    for (long i = 0; js->device_ids && i < js->n_devices && n < cap; i++)
+        gpus[n++] = (int)js->device_ids[i];
+    for (int busy = 0; !js->device_ids && busy < 2; busy++)
+        for (int i = 0; i < d->n && n < js->n_devices && n < cap; i++)
+            if ((d->used[i] != 0) == busy) gpus[n++] = d->ids[i];
+    return n;
+}
+
+int jobs_preflight(const cJSON *spec, PreflightDone done, void *arg, Err *err) {
+    JobSpec js;
+    if (job_spec_parse(&js, spec, err)) return -1;
+    int gpus[64], n = 0, rc = check_absolute(spec, err) || check_devices(&js, spec, err);
+    if (!rc && astraid.devices.gpu && astraid.executor->takes_devices)
+        n = wanted_gpus(&js, gpus, (int)(sizeof gpus / sizeof *gpus));
+    job_spec_free(&js);
+    if (rc) return -1;
+    const cJSON *dir = cJSON_GetObjectItemCaseSensitive(spec, "ckpt_dir");
+    char jobs_dir[PATH_MAX]; // a job without ckpt_dir checkpoints into its run directory
+    if (path_join(jobs_dir, sizeof jobs_dir, astraid.cfg.shared_dir, "jobs", err)) return -1;
+    return preflight_run(spec, cJSON_IsString(dir) ? dir->valuestring : jobs_dir, 0, gpus, n, done,
+                         arg, err);
+}
+
 static Job *job_new(const JobSpec *js, const cJSON *spec, long uid) {
     Job *j = calloc(1, sizeof *j);
     if (!j) return NULL;
@@ -625,8 +653,12 @@ static void resume_change(Job *j, int real) {
     j->restarts = 0;
     j->hold_until = 0;
     j->finished_at = 0;
-    if (real) free(j->error);
-    j->error = NULL;
+    j->run_time_s = 0; // max_duration_hours counts from the resume
+    if (real) {
+        free(j->error);
+        free(j->pause_reason);
+    }
+    j->error = j->pause_reason = NULL;
     apply_state(j, JOB_QUEUED);
 }
 
@@ -688,6 +720,7 @@ static void fail(Job *j, char *error) {
     j->error = error;
     log_error("job %ld failed: %s", j->id, error ? error : "out of memory");
     job_set_state(j, JOB_FAILED);
+    notify_job(j, "failed");
 }
 
 // A run that ended short of its end is restarted from the last checkpoint after a backoff
@@ -725,6 +758,7 @@ static void on_failure(Job *j, const char *cause, int permanent, const char *sta
              j->max_restarts, job_backoff_s(j->restarts));
     state_event(j->id, "restart", cause);
     job_set_state(j, JOB_QUEUED);
+    notify_job(j, "restarted");
 }
 
 // A run that could not start for want of a resource (too many open files, no memory) is
@@ -815,7 +849,8 @@ static void run_end_decide(Job *j, RunOutcome o) {
         o.stop = STOP_NONE;
     else if (o.stop == STOP_NONE && (j->state == JOB_CANCELLED || j->state == JOB_CANCELLING))
         o.stop = STOP_CANCEL;
-    else if (o.stop == STOP_NONE && j->state == JOB_PAUSING && (o.failed || !reached_end(j)))
+    else if ((o.stop == STOP_NONE || o.stop == STOP_HANG) && j->state == JOB_PAUSING &&
+             (o.failed || !reached_end(j)))
         o.stop = STOP_PAUSE;
     j->eta_s = -1; // until a run measures it again
     if (!o.transient) j->start_retries = 0;
@@ -823,6 +858,7 @@ static void run_end_decide(Job *j, RunOutcome o) {
     const char *outcome = o.stop == STOP_CANCEL     ? "cancelled"
                           : o.stop == STOP_SHUTDOWN ? "interrupted"
                           : o.stop == STOP_PAUSE    ? "paused"
+                          : o.stop == STOP_HANG     ? "hang"
                           : o.failed                ? "failed"
                           : short_end               ? "interrupted"
                                                     : "completed";
@@ -831,8 +867,11 @@ static void run_end_decide(Job *j, RunOutcome o) {
         job_set_state(j, JOB_CANCELLED);
     else if (o.stop == STOP_SHUTDOWN)
         job_set_state(j, JOB_INTERRUPTED);
-    else if (o.stop == STOP_PAUSE)
+    else if (o.stop == STOP_PAUSE) {
         job_set_state(j, JOB_PAUSED);
+        if (j->pause_reason) notify_job(j, "time_limit");
+    } else if (o.stop == STOP_HANG)
+        on_failure(j, j->hang_cause ? j->hang_cause : "hang", 0, o.started_from);
     else if (o.failed && o.transient)
         start_later(j, o.cause ? o.cause : "a rank could not be started");
     else if (o.failed)
@@ -845,8 +884,13 @@ static void run_end_decide(Job *j, RunOutcome o) {
         free(j->error);
         j->error = NULL;
         j->eta_s = 0;
+        free(j->pause_reason); // a time limit reached as the run got to its end
+        j->pause_reason = NULL;
         job_set_state(j, JOB_COMPLETED);
+        notify_job(j, "completed");
     }
+    free(j->hang_cause);
+    j->hang_cause = NULL;
     if (astraid.stopping)
         daemon_maybe_finish();
     else
@@ -871,6 +915,7 @@ static void run_end_read_done(void *arg, const Err *err) {
 
 void job_run_ended(Job *j, const RunOutcome *o) {
     devices_release(j);
+    job_watch_run_ended(j);
     RunEnd *e = calloc(1, sizeof *e);
     Err err = {0};
     if (e) {
@@ -908,6 +953,9 @@ void job_free(Job *j) {
     free(j->devices);
     free(j->last_checkpoint);
     free(j->error);
+    free(j->phase);
+    free(j->hang_cause);
+    free(j->pause_reason);
     free(j);
 }
 

@@ -39,22 +39,43 @@ static int query_long(sqlite3 *db, const char *sql, long *out) {
     return rc;
 }
 
-// The newest rows: the latest values, and the pace (seconds per step) for the ETA.
+static int by_value(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+// The median of the gaps between the walls of the n (<= ETA_WINDOW) newest steps (newest first)
+// where they are consecutive, 0 for none: the hang watchdog's default limit follows it.
+static double median_step_s(const long *steps, const double *walls, int n) {
+    double gaps[ETA_WINDOW];
+    int k = 0;
+    for (int i = 0; i + 1 < n; i++)
+        if (steps[i] == steps[i + 1] + 1) gaps[k++] = walls[i] - walls[i + 1];
+    if (!k) return 0;
+    qsort(gaps, (size_t)k, sizeof *gaps, by_value);
+    return k % 2 ? gaps[k / 2] : (gaps[k / 2 - 1] + gaps[k / 2]) / 2;
+}
+
+// The newest rows: the latest values, the pace (seconds per step) for the ETA, and the median
+// step time.
 static void read_steps(sqlite3 *db, long total_steps, JobProgress *p) {
     sqlite3_stmt *st;
     p->eta_s = -1;
     if (sqlite3_prepare_v2(db, PROGRESS_DB_LATEST_STEPS, -1, &st, NULL) != SQLITE_OK) return;
     sqlite3_bind_int(st, 1, ETA_WINDOW);
     int n = 0;
-    long first_step = 0, last_step = 0;
-    double first_wall = 0, last_wall = 0;
-    while (sqlite3_step(st) == SQLITE_ROW) {
+    long first_step = 0, last_step = 0, steps[ETA_WINDOW];
+    double first_wall = 0, last_wall = 0, walls[ETA_WINDOW];
+    while (n < ETA_WINDOW && sqlite3_step(st) == SQLITE_ROW) {
         long step = (long)sqlite3_column_int64(st, 0);
         double wall = sqlite3_column_double(st, 6);
+        steps[n] = step;
+        walls[n] = wall;
         if (n++ == 0) {
             last_step = step;
             last_wall = wall;
             p->step = step;
+            p->step_wall = wall;
             p->epoch = (long)sqlite3_column_int64(st, 1);
             p->loss = sqlite3_column_double(st, 2);
             p->lr = sqlite3_column_double(st, 3);
@@ -66,6 +87,7 @@ static void read_steps(sqlite3 *db, long total_steps, JobProgress *p) {
         first_wall = wall;
     }
     sqlite3_finalize(st);
+    p->step_median_s = median_step_s(steps, walls, n);
     if (last_step > first_step && total_steps > 0)
         p->eta_s = (last_wall - first_wall) / (double)(last_step - first_step) *
                    (double)(total_steps > last_step ? total_steps - last_step : 0);
@@ -107,6 +129,18 @@ static void read_loss_scale(sqlite3 *db, JobProgress *p) {
     sqlite3_finalize(st);
 }
 
+// The trainer's phase (validation, a checkpoint write), none without one or before the keys.
+static void read_phase(sqlite3 *db, JobProgress *p) {
+    sqlite3_stmt *st;
+    if (sqlite3_prepare_v2(db, PROGRESS_DB_PHASE, -1, &st, NULL) != SQLITE_OK) return;
+    if (sqlite3_step(st) == SQLITE_ROW) {
+        const char *phase = (const char *)sqlite3_column_text(st, 0);
+        p->phase = phase && *phase ? strdup(phase) : NULL;
+        p->phase_since = sqlite3_column_double(st, 1);
+    }
+    sqlite3_finalize(st);
+}
+
 static void read_db(sqlite3 *db, long total_steps, JobProgress *p) {
     *p = (JobProgress){.opened = 1, .eta_s = -1};
     long total;
@@ -118,6 +152,7 @@ static void read_db(sqlite3 *db, long total_steps, JobProgress *p) {
     read_checkpoint(db, p);
     read_validation(db, p);
     read_loss_scale(db, p);
+    read_phase(db, p);
 }
 
 void progress_read_dir(const char *run_dir, long total_steps, JobProgress *p) {
@@ -127,10 +162,34 @@ void progress_read_dir(const char *run_dir, long total_steps, JobProgress *p) {
     sqlite3_close(db);
 }
 
+// A running job's progress for the hang watchdog: a new step, or a new phase (or a phase's
+// end), of its current run: rows written before the run started (the run it resumes) are not.
+static int watch_progress(Job *j, JobProgress *p) {
+    if (!job_has_run(j)) return 0;
+    if (p->phase && p->phase_since < j->started_at) { // a phase an earlier run left
+        free(p->phase);
+        p->phase = NULL;
+    }
+    int phase = !j->phase != !p->phase ||
+                (p->phase && (strcmp(j->phase, p->phase) || j->phase_since != p->phase_since));
+    int step = p->has_step && p->step_wall >= j->started_at && p->step != j->seen_step;
+    if (step || phase) j->seen_mono = clock_mono_s();
+    if (step) j->seen_step = p->step;
+    if (p->step_median_s > 0) j->step_median_s = p->step_median_s;
+    if (phase) {
+        free(j->phase);
+        j->phase = p->phase;
+        j->phase_since = p->phase_since;
+        p->phase = NULL;
+    }
+    return phase;
+}
+
 int progress_apply(Job *j, JobProgress *p) {
     int changed = !j->progress_seen;
     j->progress_seen = 1;
     if (!p->opened) return changed;
+    changed |= watch_progress(j, p);
     if (p->has_total && p->total_steps != j->total_steps) {
         j->total_steps = p->total_steps;
         changed = 1;
@@ -165,7 +224,8 @@ int progress_apply(Job *j, JobProgress *p) {
         changed = 1;
     }
     free(p->checkpoint);
-    p->checkpoint = NULL;
+    free(p->phase);
+    p->checkpoint = p->phase = NULL;
     return changed;
 }
 
@@ -265,6 +325,7 @@ static void poll_done(uv_work_t *req, int status) {
         int current = j && j->id == it->id && (it->running ? job_has_run(j) : !j->progress_seen);
         if (!status && current && progress_apply(j, &it->p) && it->running) server_push_progress(j);
         free(it->p.checkpoint);
+        free(it->p.phase);
     }
     free(poll->items);
     free(poll);

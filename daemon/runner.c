@@ -480,6 +480,12 @@ static void local_stop(Job *j, StopKind why) {
         ranks_signal(&run->g, SIGKILL);
         return;
     }
+    if (why == STOP_HANG) { // a hung rank heeds no control line: TERM, then KILL
+        if (run->stop == STOP_NONE) run->stop = why;
+        ranks_signal(&run->g, SIGTERM);
+        arm_kill(run);
+        return;
+    }
     run->shutdown_asked |= why == STOP_SHUTDOWN;
     if (run->stop == STOP_NONE) run->stop = why; // a pause under way stays a pause
     send_control(run, "stop\n"); // checkpoint at the next step, all ranks agree, exit 3

@@ -227,15 +227,42 @@ static void start_or_release(Launch *l, const Err *err) {
     } else if (astraid.executor->start(j, &serr)) {
         devices_release(j);
         job_start_failed(j, &serr); // queued again after a backoff, or failed
+    } else {
+        job_watch_run_started(j);
     }
 }
 
-static void start_written(void *arg, const Err *err) {
-    Launch *l = arg;
+static void start_decided(Launch *l, const Err *err) {
     l->job->launching = 0;
+    // Cancelled while its preflight ran: the retention, which could not remove it then, may now.
+    if (job_is_final(l->job->state)) retention_schedule();
     start_or_release(l, err);
     free(l);
     scheduler_kick(); // the devices of a start not made, for the next job
+}
+
+// The preflight's verdict (preflight.c): the run starts, waits (tried again later: the job
+// queued with the numbers in its error) or fails.
+static void preflight_done(void *arg, PreflightVerdict v, const cJSON *report, const Err *why) {
+    (void)report;
+    Err ok = {0};
+    start_decided(arg, v == PREFLIGHT_OK ? &ok : why);
+}
+
+// The row committed: the preflight runs first, on the GPUs the job holds (local executor).
+static void start_written(void *arg, const Err *err) {
+    Launch *l = arg;
+    Job *j = l->job;
+    Err perr = {0};
+    int gpus = astraid.devices.gpu && astraid.executor->takes_devices && j->devices;
+    long left = j->total_steps > j->step ? j->total_steps - j->step : 0;
+    if (!err->msg[0] && j->state == JOB_QUEUED && j->version == l->version && !astraid.stopping) {
+        if (!preflight_run(j->spec, j->ckpt_dir, left, gpus ? j->devices : NULL,
+                           gpus ? (int)j->n_devices : 0, preflight_done, l, &perr))
+            return;
+        log_warn("job %ld: %s; started without it", j->id, perr.msg);
+    }
+    start_decided(l, err);
 }
 
 void scheduler_kick(void) {

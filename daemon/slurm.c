@@ -252,42 +252,10 @@ static char *batch_script(const Job *j, long run_no, char **argv, const char *ru
 
 enum { SBATCH_MAX_ARGS = 56 }; // words of --slurm-sbatch-args (sbatch's argv: 8 more)
 
-// s split into words as sh would (blanks separate; '...' literal; "..." where \ escapes only
-// \ " $ `; \ outside quotes escapes any character), without expanding $, ` or globs:
-// --slurm-sbatch-args can carry a quoted value (--comment="two words"). At most
-// SBATCH_MAX_ARGS words in words[], their number in *n; they point into the returned copy.
+// --slurm-sbatch-args split into words (config_split_words: a quoted value such as
+// --comment="two words" stays one).
 static char *split_words(const char *s, char **words, int *n, Err *err) {
-    const char *flag = "slurm-sbatch-args", *in = s;
-    char *copy = strdup(s), *out = copy, quote = 0;
-    if (!copy) return err_resource(err, "%s: out of memory", flag), NULL;
-    for (*n = 0;; *out++ = 0) {
-        while (*in == ' ' || *in == '\t')
-            in++;
-        if (!*in) return copy;
-        if (*n == SBATCH_MAX_ARGS) break;
-        words[(*n)++] = out;
-        for (; *in && (quote || (*in != ' ' && *in != '\t')); in++) {
-            if (*in == quote)
-                quote = 0;
-            else if (!quote && (*in == '\'' || *in == '"'))
-                quote = *in;
-            else if (*in == '\\' && !in[1])
-                break; // nothing to escape
-            else if (*in == '\\' && (!quote || (quote == '"' && strchr("\\\"$`", in[1]))))
-                *out++ = *++in;
-            else
-                *out++ = *in;
-        }
-        if (quote || *in == '\\') break;
-    }
-    if (quote)
-        err_set(err, "%s: unbalanced %c in '%s'", flag, quote, s);
-    else if (*in == '\\')
-        err_set(err, "%s: a trailing \\ in '%s'", flag, s);
-    else
-        err_set(err, "%s: more than %d words in '%s'", flag, SBATCH_MAX_ARGS, s);
-    free(copy);
-    return NULL;
+    return config_split_words("slurm-sbatch-args", s, words, SBATCH_MAX_ARGS, n, err);
 }
 
 int slurm_check_config(const Config *c, Err *err) {

@@ -66,8 +66,8 @@ static const char SCHEMA[] =
     "id, name, state, spec, ckpt_dir, step, total_steps, epoch, loss, lr, grad_norm,"              \
     " tokens_per_s, eta_s, has_progress, restarts, max_restarts, priority, n_devices, want_ids,"   \
     " last_checkpoint, error, submitted_by, created_at, started_at, finished_at, resume, runs,"    \
-    " slurm_id"
-#define JOB_N_COLUMNS 28
+    " slurm_id, hangs, run_time_s, pause_reason"
+#define JOB_N_COLUMNS 31
 
 // A column that came after the first databases were written (runs.starts: the ranks' start
 // times; jobs.slurm_id).
@@ -153,7 +153,10 @@ int state_open(const char *state_dir, Err *err) {
         return -1;
     }
     if (add_column(path, "runs", "starts", "TEXT", err) ||
-        add_column(path, "jobs", "slurm_id", "INTEGER", err) || open_db(path, &wdb, err))
+        add_column(path, "jobs", "slurm_id", "INTEGER", err) ||
+        add_column(path, "jobs", "hangs", "INTEGER", err) ||
+        add_column(path, "jobs", "run_time_s", "REAL", err) ||
+        add_column(path, "jobs", "pause_reason", "TEXT", err) || open_db(path, &wdb, err))
         return -1;
     // A first read opens the writer's WAL files now: a write must not need a descriptor
     // later, when the daemon may have none left (the ranks' logs and pipes).
@@ -383,7 +386,7 @@ int state_save_job(const Job *j, StateDone done, void *arg, Err *err) {
     Write *w = write_new(what, done, arg, err);
     if (!w) return -1;
     Stmt *s = add_stmt(w, "INSERT OR REPLACE INTO jobs(" JOB_COLUMNS ") VALUES(?,?,?,?,?,?,?,?,?,"
-                          "?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)");
+                          "?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)");
     put_int(s, j->id);
     put_text(s, j->name);
     put_text(s, job_state_name(j->state));
@@ -408,6 +411,11 @@ int state_save_job(const Job *j, StateDone done, void *arg, Err *err) {
     put_int(s, j->resume);
     put_int(s, j->runs);
     put_int(s, j->slurm_id);
+    put_int(s, j->hangs);
+    double run_time =
+        j->run_time_s + (j->run_start_mono > 0 ? clock_mono_s() - j->run_start_mono : 0);
+    put_double(s, run_time);
+    put_text(s, j->pause_reason);
     enqueue(w);
     return 0;
 }
@@ -566,6 +574,9 @@ static Job *job_from_row(sqlite3_stmt *st) {
     j->resume = sqlite3_column_int(st, i++);
     j->runs = (long)sqlite3_column_int64(st, i++);
     j->slurm_id = (long)sqlite3_column_int64(st, i++);
+    j->hangs = (long)sqlite3_column_int64(st, i++);
+    j->run_time_s = sqlite3_column_double(st, i++);
+    j->pause_reason = column_text(st, i++);
     if (!j->name || !j->spec || !j->ckpt_dir) {
         job_free(j);
         return NULL;

@@ -37,7 +37,7 @@
 // ---------------------------------------------------------------- parameter ownership
 
 // MuonMix: Muon for 2-D weights whose names contain none of norm/bias/embed/lm_head.
-static bool muon_owns(const ParamSpec *p) {
+bool optim_muon_owns(const ParamSpec *p) {
     return p->ndim == 2 && !strstr(p->name, "norm") && !strstr(p->name, "bias") &&
            !strstr(p->name, "embed") && !strstr(p->name, "lm_head");
 }
@@ -81,7 +81,7 @@ static int alloc_state(Optimizer *o, const ParamView *v, Err *err) {
     if (!o->is_muon)
         return err_resource(err, "optimizer: out of memory for %d parameters", v->n_params);
     for (int i = 0; o->kind == OPT_MUON && i < v->n_params; i++)
-        o->is_muon[i] = muon_owns(&v->params[i]);
+        o->is_muon[i] = optim_muon_owns(&v->params[i]);
     if (!(o->exp_avg = be->alloc(bytes, err)) || !(o->exp_avg_sq = be->alloc(bytes, err)))
         return -1;
     if (o->kind != OPT_MUON) return 0;

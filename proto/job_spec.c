@@ -1,6 +1,6 @@
 // job_spec.c: the job spec validator (job_spec.h): training keys through
 // proto/train_spec.c, job keys (name, devices, max_restarts, priority, nodes,
-// gpus_per_node) here.
+// gpus_per_node, hang_timeout_s, max_duration_hours) here.
 #include "proto/job_spec.h"
 
 #include <cjson/cJSON.h>
@@ -14,7 +14,8 @@
 #define MAX_DEVICES 4096
 
 static const char *const JOB_KEYS[] = {
-    "name", "devices", "max_restarts", "priority", "nodes", "gpus_per_node", NULL};
+    "name",          "devices",        "max_restarts",       "priority", "nodes",
+    "gpus_per_node", "hang_timeout_s", "max_duration_hours", NULL};
 
 static int is_job_key(const char *key) {
     for (const char *const *k = JOB_KEYS; *k; k++)
@@ -64,6 +65,17 @@ static int get_integer(const cJSON *v, const char *key, long lo, long hi, long *
         return err_set(err, "%s: value %.17g is out of range [%ld, %ld]", key, v->valuedouble, lo,
                        hi);
     *out = (long)v->valuedouble;
+    return 0;
+}
+
+// A number in [lo, hi] (fractions allowed).
+static int get_number(const cJSON *v, const char *key, double lo, double hi, double *out,
+                      Err *err) {
+    if (!cJSON_IsNumber(v)) return err_set(err, "%s: expected a number", key);
+    if (!(v->valuedouble >= lo && v->valuedouble <= hi))
+        return err_set(err, "%s: value %.17g is out of range [%g, %g]", key, v->valuedouble, lo,
+                       hi);
+    *out = v->valuedouble;
     return 0;
 }
 
@@ -161,6 +173,12 @@ static int parse_job_key(JobSpec *spec, const cJSON *item, Err *err) {
     if (!strcmp(key, "nodes")) return get_integer(item, key, 1, MAX_DEVICES, &spec->nodes, err);
     if (!strcmp(key, "gpus_per_node"))
         return get_integer(item, key, 1, MAX_DEVICES, &spec->gpus_per_node, err);
+    if (!strcmp(key, "hang_timeout_s"))
+        return get_number(item, key, HANG_TIMEOUT_MIN_S, HANG_TIMEOUT_MAX_S, &spec->hang_timeout_s,
+                          err);
+    if (!strcmp(key, "max_duration_hours"))
+        return get_number(item, key, MAX_DURATION_MIN_H, MAX_DURATION_MAX_H,
+                          &spec->max_duration_hours, err);
     return get_integer(item, key, -1000, 1000, &spec->priority, err); // priority
 }
 

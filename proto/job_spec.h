@@ -13,21 +13,32 @@
 //                 executor refuses more than 1), default 1; its ranks are spread evenly
 //   gpus_per_node integer >= 1: GPUs (= ranks) per node of a Slurm job; sets nprocs to
 //                 nodes x gpus_per_node (nprocs/devices, when given too, must equal it)
+//   hang_timeout_s number in [1, 604800]: seconds without a new optimizer step that make a run
+//                 hung (astraid's watchdog); default derived from the job's step time
+//   max_duration_hours number in [1e-4, 87600] (fractions allowed: 0.0003 is about a second):
+//                 hours a job runs before astraid pauses it with a checkpoint
 #pragma once
 #include "common/error.h"
 #include "proto/train_spec.h"
 
 typedef struct cJSON cJSON;
 
+#define HANG_TIMEOUT_MIN_S 1.0
+#define HANG_TIMEOUT_MAX_S 604800.0 // a week
+#define MAX_DURATION_MIN_H 1e-4
+#define MAX_DURATION_MAX_H 87600.0 // ten years
+
 typedef struct {
     TrainSpec train;
     char *name;        // NULL when not given
     long max_restarts; // -1 when not given
     long priority;
-    long n_devices;     // devices asked for (= train.nprocs unless given)
-    long *device_ids;   // the n_devices ids when devices is a list, else NULL
-    long nodes;         // 0 when not given
-    long gpus_per_node; // 0 when not given
+    long n_devices;            // devices asked for (= train.nprocs unless given)
+    long *device_ids;          // the n_devices ids when devices is a list, else NULL
+    long nodes;                // 0 when not given
+    long gpus_per_node;        // 0 when not given
+    double hang_timeout_s;     // 0 when not given
+    double max_duration_hours; // 0 when not given
 } JobSpec;
 
 // Validates obj (a JSON object) into spec. Errors name the key and suggest the

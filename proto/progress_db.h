@@ -44,6 +44,12 @@
 #define PROGRESS_DB_INSERT_VALIDATION                                                              \
     "INSERT OR REPLACE INTO validation(step, epoch, consumed_samples, val_loss, wall_time)"        \
     " VALUES(?1,?2,?3,?4,?5)"
+// The trainer's phase between optimizer steps (run keys 'phase' and 'phase_since', unix seconds):
+// "validation" or "checkpoint" while rank 0 is in one, "" once it is over. astraid's watchdog
+// (daemon/watchdog.c) gives a phase longer than a step; a database without the keys (an older
+// astrai-train) has no phase.
+#define PROGRESS_DB_SET_PHASE                                                                      \
+    "INSERT OR REPLACE INTO run(key, value) VALUES('phase', ?1), ('phase_since', ?2)"
 #define PROGRESS_DB_INSERT_METRIC                                                                  \
     "INSERT OR REPLACE INTO step_metrics(step, name, value) VALUES(?1,?2,?3)"
 
@@ -64,6 +70,10 @@
 // the steps in (?1, ?2], in step order.
 #define PROGRESS_DB_CURVE_METRICS                                                                  \
     "SELECT step, name, value FROM step_metrics WHERE step > ?1 AND step <= ?2 ORDER BY step"
+// The phase and since when (NULLs without one): columns phase, phase_since.
+#define PROGRESS_DB_PHASE                                                                          \
+    "SELECT (SELECT value FROM run WHERE key = 'phase'),"                                          \
+    " (SELECT CAST(value AS REAL) FROM run WHERE key = 'phase_since')"
 #define PROGRESS_DB_TOTAL_STEPS "SELECT CAST(value AS INTEGER) FROM run WHERE key='total_steps'"
 
 // The curve (curve.c): steps after ?1, at most ?2 of them, in order; columns step, loss, lr,

@@ -9,9 +9,15 @@ set_tests_properties(daemon_metrics PROPERTIES SKIP_RETURN_CODE 77)
 # The history method and astraictl plot (the renderer's SVGs come from test_plot, client.cmake).
 astrai_py_test(astraictl_plot test_astraictl_plot.py)
 set_tests_properties(astraictl_plot PROPERTIES TIMEOUT 300 LABELS daemon)
-# The web page in headless Chromium (skipped, exit 77, where it is not installed).
+# The web page in headless Chromium (skipped, exit 77, where it is not installed); its
+# buttons and GPU panel (clicked over the DevTools protocol, the fake NVML below).
 astrai_py_test(web_page test_web_page.py)
 set_tests_properties(web_page PROPERTIES TIMEOUT 300 LABELS daemon SKIP_RETURN_CODE 77)
+astrai_py_test(web_actions test_web_actions.py)
+set_tests_properties(web_actions PROPERTIES TIMEOUT 300 LABELS daemon SKIP_RETURN_CODE 77)
+# astraictl's watch, logs -f, plot --follow and submit --wait across kill -9 of astraid.
+astrai_py_test(client_reconnect test_client_reconnect.py)
+set_tests_properties(client_reconnect PROPERTIES TIMEOUT 300 LABELS daemon)
 # A stand-in libnvidia-ml.so.1 for daemon_gpu (no driver here): one with the _v3 process
 # call, one without (an older driver).
 foreach(v "" _v1)
@@ -27,3 +33,9 @@ set_tests_properties(daemon_slurm PROPERTIES TIMEOUT 600 LABELS daemon SKIP_RETU
 # The same cluster with slurmctld and munged stopped and started by the test (issue 17: 1-3).
 astrai_py_test(daemon_slurm_outage test_daemon_slurm_outage.py)
 set_tests_properties(daemon_slurm_outage PROPERTIES TIMEOUT 900 LABELS daemon SKIP_RETURN_CODE 77)
+# Hangs, time limits, notify_command, preflight (issue 23 §1-§4): real ranks stopped with
+# SIGSTOP, real helper programs, tmpfs mounts (daemon_preflight needs root), the fake NVML.
+foreach(t hang limits notify preflight)
+  astrai_py_test(daemon_${t} test_daemon_${t}.py)
+  set_tests_properties(daemon_${t} PROPERTIES TIMEOUT 300 LABELS daemon)
+endforeach()

@@ -13,6 +13,10 @@
 //
 // UTILIZATION_PCT "-" makes nvmlDeviceGetUtilizationRates answer NOT_SUPPORTED.
 //
+// The GPU's health (astraid's preflight): words retired=N (pages retired for double-bit ECC
+// errors), pending=1 (a retirement waits for a reset) and ecc=N (volatile uncorrected ECC
+// errors) before NAME; without them the three calls answer NOT_SUPPORTED.
+//
 // Compute processes: a process runs on GPU i when its environment (read from
 // /proc/PID/environ) has CUDA_VISIBLE_DEVICES whose LOCAL_RANK-th entry (LOCAL_RANK
 // defaults to 0) is i — the GPU a rank of astraid picks — and it uses PROCESS_BYTES
@@ -73,9 +77,28 @@ struct nvmlDevice_st {
 
 typedef struct {
     unsigned long long total, used, proc_bytes;
-    int util; // -1: not supported
+    int util;                        // -1: not supported
+    long long retired, pending, ecc; // -1: not supported
     char name[128];
 } FakeGpu;
+
+// Takes the leading "key=N" health words off name.
+static const char *read_health(FakeGpu *g, const char *name) {
+    g->retired = g->pending = g->ecc = -1;
+    for (;;) {
+        long long v;
+        int used = 0;
+        if (sscanf(name, "retired=%lld %n", &v, &used) == 1 && used)
+            g->retired = v;
+        else if (sscanf(name, "pending=%lld %n", &v, &used) == 1 && used)
+            g->pending = v;
+        else if (sscanf(name, "ecc=%lld %n", &v, &used) == 1 && used)
+            g->ecc = v;
+        else
+            return name;
+        name += used;
+    }
+}
 
 static struct nvmlDevice_st handles[MAX_GPUS];
 static int init_count;
@@ -99,7 +122,7 @@ static int read_gpus(FakeGpu *gpus) {
             !name_at)
             continue;
         g->util = util[0] == '-' ? -1 : atoi(util);
-        snprintf(g->name, sizeof g->name, "%s", line + name_at);
+        snprintf(g->name, sizeof g->name, "%s", read_health(g, line + name_at));
         n++;
     }
     fclose(f);
@@ -291,6 +314,46 @@ EXPORT nvmlReturn_t nvmlDeviceGetComputeRunningProcesses(nvmlDevice_t device,
                                                          unsigned int *infoCount,
                                                          nvmlProcessInfo_v1_t *infos) {
     return running_processes(device, infoCount, infos, put_v1);
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetRetiredPages(nvmlDevice_t device, int cause,
+                                              unsigned int *pageCount,
+                                              unsigned long long *addresses) {
+    FakeGpu g;
+    nvmlReturn_t rc = get_gpu(device, &g);
+    if (rc) return rc;
+    if (!pageCount || (*pageCount && !addresses)) return NVML_ERROR_INVALID_ARGUMENT;
+    if (g.retired < 0) return NVML_ERROR_NOT_SUPPORTED;
+    unsigned int n = cause == 1 ? (unsigned int)g.retired : 0; // all double-bit
+    if (n > *pageCount) {
+        *pageCount = n;
+        return NVML_ERROR_INSUFFICIENT_SIZE;
+    }
+    for (unsigned int i = 0; i < n; i++)
+        addresses[i] = 0x1000ull * (i + 1);
+    *pageCount = n;
+    return NVML_SUCCESS;
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetRetiredPagesPendingStatus(nvmlDevice_t device, int *isPending) {
+    FakeGpu g;
+    nvmlReturn_t rc = get_gpu(device, &g);
+    if (rc) return rc;
+    if (!isPending) return NVML_ERROR_INVALID_ARGUMENT;
+    if (g.pending < 0) return NVML_ERROR_NOT_SUPPORTED;
+    *isPending = g.pending != 0;
+    return NVML_SUCCESS;
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetTotalEccErrors(nvmlDevice_t device, int errorType, int counterType,
+                                                unsigned long long *eccCounts) {
+    FakeGpu g;
+    nvmlReturn_t rc = get_gpu(device, &g);
+    if (rc) return rc;
+    if (!eccCounts) return NVML_ERROR_INVALID_ARGUMENT;
+    if (g.ecc < 0) return NVML_ERROR_NOT_SUPPORTED;
+    *eccCounts = errorType == 1 && counterType == 0 ? (unsigned long long)g.ecc : 0;
+    return NVML_SUCCESS;
 }
 
 #ifndef FAKE_NVML_NO_V3

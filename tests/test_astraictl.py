@@ -318,8 +318,9 @@ def test_watch_plain():
     server = FakeServer([[reply(1, {"jobs": [job(1, "a", "running"), job(2, "b", "queued", step=0)]}),
                           push("progress", job(2, "b", "running", step=7, total=10, eta=3725))]],
                         hold=False)
-    # watch of every job runs until the daemon goes away: the server closes after its script
-    p = run(["watch"], server)
+    # watch of every job runs until the daemon goes away (the server closes after its script)
+    # and, with --reconnect-timeout 0, does not wait for it to come back
+    p = run(["watch", "--reconnect-timeout", "0"], server)
     server.close()
     check(server.lines == [req(1, "watch", {})], server.lines)
     check(p.returncode == 3 and "connection to astraid closed" in p.stderr, (p.returncode, p.stderr))

@@ -60,7 +60,8 @@ int progress_open(ProgressDb *p, const char *dir, long total_steps, long resume_
         sqlite3_prepare_v2(p->db, PROGRESS_DB_INSERT_VALIDATION, -1, &p->insert_val, NULL) !=
             SQLITE_OK ||
         sqlite3_prepare_v2(p->db, PROGRESS_DB_INSERT_METRIC, -1, &p->insert_extra, NULL) !=
-            SQLITE_OK) {
+            SQLITE_OK ||
+        sqlite3_prepare_v2(p->db, PROGRESS_DB_SET_PHASE, -1, &p->set_phase, NULL) != SQLITE_OK) {
         if (!err || !*err->msg || !strstr(err->msg, p->path)) db_fail(p, "prepare", err);
         progress_close(p);
         return -1;
@@ -147,7 +148,14 @@ int progress_add_validation(ProgressDb *p, long step, long epoch, long consumed_
     return run_insert(p, st, err);
 }
 
+int progress_set_phase(ProgressDb *p, const char *phase, Err *err) {
+    sqlite3_bind_text(p->set_phase, 1, phase, -1, SQLITE_STATIC);
+    sqlite3_bind_double(p->set_phase, 2, clock_wall_s());
+    return run_insert(p, p->set_phase, err);
+}
+
 void progress_close(ProgressDb *p) {
+    sqlite3_finalize(p->set_phase);
     sqlite3_finalize(p->insert_val);
     sqlite3_finalize(p->insert_extra);
     sqlite3_finalize(p->insert_step);

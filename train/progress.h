@@ -44,6 +44,7 @@ typedef struct {
     sqlite3_stmt *delete_ckpt;
     sqlite3_stmt *insert_val;
     sqlite3_stmt *insert_extra; // step_metrics(step, name, value): DPO/GRPO numbers
+    sqlite3_stmt *set_phase;
     char path[4096];
 } ProgressDb;
 
@@ -61,6 +62,10 @@ int progress_remove_checkpoint(ProgressDb *p, long step, Err *err);
 // (empty) table when opened; readers treat a missing table as no validation yet.
 int progress_add_validation(ProgressDb *p, long step, long epoch, long consumed_samples,
                             double val_loss, Err *err);
+// The phase rank 0 is in between optimizer steps: "validation", "checkpoint" (a write that
+// blocks training), or "" when it is over (proto/progress_db.h): astraid's hang watchdog gives
+// a phase more time than a step.
+int progress_set_phase(ProgressDb *p, const char *phase, Err *err);
 void progress_close(ProgressDb *p);
 
 // metric.jsonl: the cumulative rows of a run, in AstrAI's row shapes

@@ -335,7 +335,13 @@ static void poll_checkpoint(Trainer *t, bool *written) {
     }
 }
 
-static int save_checkpoint(Trainer *t, Err *err) {
+// Rank 0 reports a phase between steps (validation, a checkpoint write; "" when over) to
+// progress.db: astraid's hang watchdog gives it more time than a step.
+static int report_phase(Trainer *t, const char *phase, Err *err) {
+    return t->rank == 0 ? progress_set_phase(&t->progress, phase, err) : 0;
+}
+
+static int write_checkpoint(Trainer *t, Err *err) {
     bool background;
     char path[4096];
     // One write in flight at most: the next checkpoint waits for the one before.
@@ -347,6 +353,11 @@ static int save_checkpoint(Trainer *t, Err *err) {
     t->last_ckpt_step = t->step;
     if (t->rank != 0 || background) return 0;
     return checkpoint_committed(t, path, t->step, t->epoch, err);
+}
+
+static int save_checkpoint(Trainer *t, Err *err) {
+    if (report_phase(t, "checkpoint", err) || write_checkpoint(t, err)) return -1;
+    return report_phase(t, "", err);
 }
 
 typedef struct {
@@ -727,11 +738,12 @@ static int optimizer_step(Trainer *t, StepClock *c, int *stop, int *ckpt, Err *e
     // validation too.
     double val_loss;
     if (validation_due(t)) {
-        if (validate(t, &val_loss, err)) return -1;
-        if (t->rank == 0 && (metric_log_append_validation(&t->metrics, t->step, t->epoch,
-                                                          t->consumed_samples, val_loss, err) ||
-                             progress_add_validation(&t->progress, t->step, t->epoch,
-                                                     t->consumed_samples, val_loss, err)))
+        if (report_phase(t, "validation", err) || validate(t, &val_loss, err)) return -1;
+        if ((t->rank == 0 && (metric_log_append_validation(&t->metrics, t->step, t->epoch,
+                                                           t->consumed_samples, val_loss, err) ||
+                              progress_add_validation(&t->progress, t->step, t->epoch,
+                                                      t->consumed_samples, val_loss, err))) ||
+            report_phase(t, "", err))
             return -1;
         if (t->rank == 0) fprintf(stderr, "step %ld | val_loss %.4f\n", t->step, val_loss);
     }
@@ -914,7 +926,9 @@ static int run_epochs(Trainer *t, Err *err) {
 int trainer_run(Trainer *t, Err *err) {
     int rc = run_epochs(t, err);
     // The end waits for the background write in flight: it is committed before the exit.
-    if (rc >= 0 && collect_checkpoint(t, err)) rc = -1;
+    if (rc >= 0 && (report_phase(t, "checkpoint", err) || collect_checkpoint(t, err) ||
+                    report_phase(t, "", err)))
+        rc = -1;
     if (rc < 0) return -1;
     if (rc == RUN_DONE) {
         // The last epoch is complete.

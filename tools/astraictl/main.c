@@ -28,7 +28,7 @@ static int parse_timeout(const Flag *f, const char *text, Err *err) {
 }
 
 // The flags of astraictl, global and of the commands alike (they may stand anywhere).
-#define N_FLAGS 15
+#define N_FLAGS 16
 static void flag_table(Options *o, bool *help, Flag flags[N_FLAGS]) {
     const Flag table[N_FLAGS] = {
         {.name = "socket",
@@ -52,6 +52,13 @@ static void flag_table(Options *o, bool *help, Flag flags[N_FLAGS]) {
          .parse = parse_timeout,
          .value_name = "S",
          .help = "seconds for connecting and for each reply (default 30)"},
+        {.name = "reconnect-timeout",
+         .kind = FLAG_PARSED,
+         .target = &o->reconnect_s,
+         .parse = parse_count,
+         .value_name = "S",
+         .help = "seconds watch, logs -f, plot --follow and --wait retry a lost connection "
+                 "(default: no limit; 0: none)"},
         {.name = "wait", .kind = FLAG_SWITCH, .target = &o->wait},
         {.name = "follow", .kind = FLAG_SWITCH, .target = &o->follow, .short_name = 'f'},
         {.name = "state", .kind = FLAG_STRING, .target = &o->state},
@@ -89,7 +96,8 @@ static unsigned given_options(const Options *o) {
 int main(int argc, char **argv) {
     json_init();
     signal(SIGPIPE, SIG_IGN);
-    Options o = {.timeout_s = 30, .rank = -1, .tail = -1, .width = -1, .height = -1};
+    Options o = {
+        .timeout_s = 30, .reconnect_s = -1, .rank = -1, .tail = -1, .width = -1, .height = -1};
     bool help = false;
     Flag flags[N_FLAGS];
     flag_table(&o, &help, flags);

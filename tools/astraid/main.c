@@ -152,7 +152,7 @@ static int check_config(const Config *c, Err *err) {
         return err_set(err, "executor: '%s' is not local or slurm", c->executor);
     if (c->shared_dir[0] != '/')
         return err_set(err, "shared-dir: '%s' is not an absolute path", c->shared_dir);
-    if (slurm_check_config(c, err)) return -1;
+    if (slurm_check_config(c, err) || notify_check_config(c, err)) return -1;
     return log_set_level(c->log_level, err);
 }
 
@@ -163,6 +163,7 @@ static int load_config(Config *c, int argc, char **argv, Err *err) {
                   .poll_interval = 0.5,
                   .max_unauthenticated = 64,
                   .auth_timeout = 10,
+                  .notify_timeout = 10,
                   .slurm_nodes = 1};
     int has_config = 0;
     for (int i = 1; i < argc; i++)
@@ -265,6 +266,7 @@ static int start(Err *err) {
     uv_signal_start(&sig_term, on_stop_signal, SIGTERM);
     uv_signal_start(&sig_int, on_stop_signal, SIGINT);
     progress_reader_start();
+    job_watch_start();
     if (astraid.executor->init) astraid.executor->init();
     scheduler_kick();
     return 0;
@@ -308,6 +310,7 @@ int main(int argc, char **argv) {
         notify_systemd("READY=1\nSTATUS=serving on %s", astraid.cfg.socket_path);
     }
     uv_run(astraid.loop, UV_RUN_DEFAULT);
+    helpers_free();
     uv_loop_close(astraid.loop);
     slurm_free();
     jobs_free_all();
