@@ -24,7 +24,7 @@ from test_daemon_http import http_get
 from test_daemon_metrics import parse, value
 
 SANITIZED = os.environ.get("ASTRAI_SANITIZED") in ("1", "ON", "TRUE", "true")
-RSS_BOUND = 160 << 20  # astraid's RSS under the flood: 64 MiB of client memory, plus itself
+RSS_GROWTH = 96 << 20  # astraid's RSS growth under the flood: 64 MiB of client memory, plus slack
 LATENCY_BOUND = 3.0 if SANITIZED else 1.0  # seconds for daemon.info (ASan runs 2-5x slower)
 
 
@@ -385,7 +385,7 @@ def check_memory(root, model, data):
                 except (BlockingIOError, BrokenPipeError, ConnectionResetError):
                     pass
             time.sleep(0.05)
-            if not SANITIZED and samples and samples[-1] > RSS_BOUND:
+            if not SANITIZED and samples and samples[-1] > base + RSS_GROWTH:
                 break
         peak = max(samples) if samples else 0
         for s in hostile:
@@ -407,7 +407,8 @@ def check_memory(root, model, data):
               f"{len(latencies)} calls; the reading follower got {good_lines[0]} lines")
         assert worst < LATENCY_BOUND, f"daemon.info took {worst:.2f} s under the flood"
         if not SANITIZED:  # ASan keeps freed memory in quarantine
-            assert peak < RSS_BOUND, f"astraid grew to {peak >> 20} MiB (bound {RSS_BOUND >> 20})"
+            assert peak < base + RSS_GROWTH, (f"astraid grew from {base >> 20} to {peak >> 20} MiB "
+                                              f"(bound +{RSS_GROWTH >> 20})")
             assert after < base + (32 << 20), f"{after >> 20} MiB kept after the clients left"
         assert not errors, repr(errors[0])
         assert good_lines[0] > 1000, good_lines
