@@ -257,6 +257,16 @@ def latest_run(state_dir, job, column):
     return row[0] if row else None
 
 
+def events(d, job, kind):
+    """The detail of each of the job's events of one kind in astraid.db, oldest first."""
+    import sqlite3
+    db = sqlite3.connect(os.path.join(d.state_dir, "astraid.db"), timeout=5)
+    rows = db.execute("SELECT detail FROM events WHERE job_id=? AND kind=? ORDER BY id",
+                      (job, kind)).fetchall()
+    db.close()
+    return [r[0] for r in rows]
+
+
 def rank_pids(state_dir, job):
     """The rank pids astraid recorded for the job's latest run."""
     pids = latest_run(state_dir, job, "pids")

@@ -12,7 +12,6 @@ older driver); a third has NVML failing to initialise (CPU slots, no GPUs)."""
 
 import json
 import os
-import subprocess
 import time
 
 import daemon_util as du

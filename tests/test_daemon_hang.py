@@ -12,7 +12,6 @@ import sqlite3
 import struct
 
 import daemon_util as du
-import test_launch_util as lu
 import train_util as tu
 
 EPOCHS = 6  # 120 steps on one rank
@@ -40,14 +39,6 @@ def final_tensors(status):
     return tensors(tu.latest_checkpoint(status["spec"]["ckpt_dir"]))
 
 
-def events(d, jid, kind):
-    db = sqlite3.connect(os.path.join(d.state_dir, "astraid.db"), timeout=5)
-    rows = db.execute("SELECT detail FROM events WHERE job_id=? AND kind=? ORDER BY id",
-                      (jid, kind)).fetchall()
-    db.close()
-    return [r[0] for r in rows]
-
-
 def run_log(d, jid, run, rank):
     with open(os.path.join(d.state_dir, "jobs", str(jid), f"run{run}-rank{rank}.log")) as f:
         return f.read()
@@ -70,7 +61,7 @@ def hang_and_restart(d, c, spec, stop_rank, reference, stack_mark):
                            pred=lambda j: j["hangs"] == 1)
         assert du.wait_gone(pids, 60), f"ranks {pids} of the hung run survived"
     print(f"job {jid}: rank {stop_rank} stopped after step {step}: hangs {hung['hangs']}")
-    (cause,) = events(d, jid, "hang")
+    (cause,) = du.events(d, jid, "hang")
     print(f"  hang event: {cause}")
     assert f"silent rank: rank {stop_rank} (pid {pids[stop_rank]}, state T: stopped)" in cause, \
         cause
@@ -115,7 +106,7 @@ def check_validation_not_hang(d, c, root):
     print(f"job {jid}: validation took {took:.2f} s (hang_timeout_s 1; phase seen: "
           f"{seen['phase']}): hangs {done['hangs']}, restarts {done['restarts']}")
     assert took > 1, f"the validation took {took} s: too short to test anything"
-    assert done["hangs"] == 0 and done["restarts"] == 0 and not events(d, jid, "hang"), done
+    assert done["hangs"] == 0 and done["restarts"] == 0 and not du.events(d, jid, "hang"), done
 
 
 def check_bad_values(c, model, data):

@@ -24,7 +24,6 @@ import os
 import resource
 import shutil
 import signal
-import sqlite3
 import subprocess
 import sys
 import time
@@ -40,14 +39,6 @@ def daemon(root, name, **kw):
     """A started astraid in root/name."""
     os.makedirs(os.path.join(root, name), exist_ok=True)
     return du.Daemon(os.path.join(root, name), **kw).start()
-
-
-def events(d, jid, kind):
-    db = sqlite3.connect(os.path.join(d.state_dir, "astraid.db"), timeout=5)
-    rows = db.execute("SELECT detail FROM events WHERE job_id=? AND kind=? ORDER BY id",
-                      (jid, kind)).fetchall()
-    db.close()
-    return [r[0] for r in rows]
 
 
 def running_pids(c, jid, pred=None):
@@ -71,7 +62,7 @@ def check_outside_sigterm(d, c, model, data, rank, **extra):
     assert done["step"] == done["total_steps"] > 0, f"completed at a partial step: {done}"
     assert done["restarts"] == 1 and done["error"] is None, done
     assert done["eta_s"] == 0, done
-    restarts = events(d, jid, "restart")
+    restarts = du.events(d, jid, "restart")
     assert len(restarts) == 1 and "interrupted at step" in restarts[0], restarts
     with open(os.path.join(d.state_dir, "jobs", str(jid), "run2-rank0.log")) as f:
         assert "resum" in f.read().lower(), "run 2 did not resume from the stop checkpoint"
@@ -199,7 +190,7 @@ def check_out_of_fds(d, c, model, data):
         resource.prlimit(pid, resource.RLIMIT_NOFILE, (soft, hard))
     done = du.wait_job(c, jid, ["completed"], timeout=180)
     assert done["restarts"] == 0 and done["error"] is None, done
-    assert events(d, jid, "retry"), "no retry event recorded"
+    assert du.events(d, jid, "retry"), "no retry event recorded"
 
 
 def part_restarts(root, model, data):

@@ -4,7 +4,6 @@ time_left_s 0 and astraictl status showing the time left; resume continues it (i
 anew) until it completes, with the same final tensors, bit for bit, as an undisturbed run.
 max_duration_hours is validated."""
 
-import os
 import subprocess
 
 import daemon_util as du

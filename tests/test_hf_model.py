@@ -29,6 +29,7 @@ from safetensors.torch import load_file, save_file
 
 import train_util as tu
 from ref import st_io
+from ref.hf_map import rel_err, to_astrai
 
 torch.set_num_threads(2)
 transformers.logging.set_verbosity_error()
@@ -139,30 +140,9 @@ def read_json(path):
 
 # ---------------------------------------------------------------- the mapping
 
-RENAMES = [("model.embed_tokens.", "embed_tokens."), ("model.norm.", "norm."),
-           ("model.layers.", "layers."), (".self_attn.", ".attention."),
-           (".input_layernorm.", ".input_norm."),
-           (".post_attention_layernorm.", ".post_attention_norm."),
-           (".mlp.up_proj.", ".mlp.up."), (".mlp.gate_proj.", ".mlp.gate."),
-           (".mlp.down_proj.", ".mlp.down.")]
-
-
-def to_pairs(t, D):
-    """Rows of each head of D from HF's halves order (i, i+D/2) to pairs (2i, 2i+1)."""
-    rows = t.reshape(-1, 2, D // 2, *t.shape[1:])
-    return rows.transpose(1, 2).reshape(t.shape)
-
-
 def astrai_view(hf, D):
     """The AstrAI tensors the specification makes of HF tensors."""
-    out = {}
-    for name, t in hf.items():
-        for a, b in RENAMES:
-            name = name.replace(a, b)
-        if name.split(".")[-2] in ("q_proj", "k_proj", "q_norm", "k_norm"):
-            t = to_pairs(t, D)
-        out[name] = t
-    return out
+    return dict(to_astrai(name, t, D) for name, t in hf.items())
 
 
 def bits(t):
@@ -194,11 +174,6 @@ def hf_logits(hf_dir, inputs):
     model = transformers.AutoModelForCausalLM.from_pretrained(hf_dir, torch_dtype=torch.float32)
     with torch.no_grad():
         return model(torch.tensor(inputs).long()).logits.numpy()
-
-
-def rel_err(got, ref):
-    ref = np.asarray(ref, np.float64)
-    return np.abs(np.asarray(got, np.float64) - ref).max() / max(np.abs(ref).max(), 1e-30)
 
 
 def check_logits(what, engine_dir, hf_dir, root, failures):

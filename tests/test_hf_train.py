@@ -15,7 +15,6 @@ per-head RMSNorm between the q/k projections and RoPE, which is what Qwen3's att
 """
 import json
 import os
-import subprocess
 import sys
 
 import numpy as np
@@ -25,6 +24,7 @@ from safetensors.torch import save_file
 
 import train_util as tu
 from ref import st_io
+from ref.hf_map import rel_err, to_astrai
 from ref.model import loss as ref_loss
 
 torch.set_num_threads(2)
@@ -120,39 +120,10 @@ def save_peer(family, cfg, model, out):
         json.dump(hf, f)
 
 
-# HF name pieces -> AstrAI's (docs/design.md §16).
-RENAMES = [("model.embed_tokens.", "embed_tokens."), ("model.norm.", "norm."),
-           ("model.layers.", "layers."), (".self_attn.", ".attention."),
-           (".input_layernorm.", ".input_norm."),
-           (".post_attention_layernorm.", ".post_attention_norm."),
-           (".mlp.up_proj.", ".mlp.up."), (".mlp.gate_proj.", ".mlp.gate."),
-           (".mlp.down_proj.", ".mlp.down.")]
-
-
-def to_pairs(t, head_dim):
-    """Rows of each head from HF's halves order (i, i+D/2) to the pairs order (2i, 2i+1)."""
-    rows = t.reshape(-1, 2, head_dim // 2, *t.shape[1:])
-    return rows.transpose(1, 2).reshape(t.shape)
-
-
-def astrai_view(name, t, head_dim):
-    for a, b in RENAMES:
-        name = name.replace(a, b)
-    leaf = name.split(".")[-2]
-    if leaf in ("q_proj", "k_proj", "q_norm", "k_norm"):
-        t = to_pairs(t, head_dim)
-    return name, t
-
-
 def batch(seed, T=WINDOW, B=2):
     rng = np.random.default_rng(seed)
     return {"inputs": rng.integers(0, 256, (B, T)).astype(np.int32),
             "targets": rng.integers(0, 256, (B, T)).astype(np.int32)}
-
-
-def rel_err(got, ref):
-    ref = np.asarray(ref, np.float64)
-    return np.abs(np.asarray(got, np.float64) - ref).max() / max(np.abs(ref).max(), 1e-30)
 
 
 def check_step0(family, cfg, model, hf_dir, root, failures):
@@ -171,7 +142,7 @@ def check_step0(family, cfg, model, hf_dir, root, failures):
               "loss": rel_err(ours["loss"], [loss.item()])}
     D = cfg.hidden_size // cfg.num_attention_heads
     for name, p in peer_params(family, model).items():
-        key, g = astrai_view(name, p.grad.detach(), D)
+        key, g = to_astrai(name, p.grad.detach(), D)
         if key == "lm_head.weight" and cfg.tie_word_embeddings:
             continue
         errors["grad." + key] = rel_err(ours["grad." + key], g.numpy())

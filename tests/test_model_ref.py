@@ -7,7 +7,6 @@ errors naming the tensor at fault."""
 import json
 import os
 import subprocess
-import sys
 import tempfile
 
 import numpy as np

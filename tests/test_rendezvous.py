@@ -3,7 +3,6 @@ by SLURM's variables, or by torchrun --no_python meet over TCP and get the same
 payload from rank 0; a disagreeing WORLD_SIZE, a rank used twice, a missing rank or
 an unreachable master is a clear error on every rank, within the timeout."""
 
-import os
 import socket
 import subprocess
 import sys

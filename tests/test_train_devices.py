@@ -8,7 +8,6 @@ a clear message and the documented exit code."""
 import os
 import sys
 
-import numpy as np
 
 import train_util as tu
 

@@ -110,7 +110,7 @@ FLAGS = {
 
 
 def base(model, data, root):
-    return [f"--train_type=seq", f"--param_path={model}", f"--data_root_path={data}",
+    return ["--train_type=seq", f"--param_path={model}", f"--data_root_path={data}",
             f"--window_size={WINDOW}", f"--ckpt_dir={os.path.join(root, 'ck')}", "--threads=1"]
 
 
