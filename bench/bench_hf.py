@@ -21,6 +21,10 @@ import sys
 import tempfile
 import time
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                                "tests"))
+from ref.hf_map import RENAMES  # noqa: E402  (the name mapping of docs/design.md §16)
+
 CONFIG = dict(architectures=["LlamaForCausalLM"], model_type="llama", vocab_size=32000,
               hidden_size=2048, num_hidden_layers=16, num_attention_heads=16,
               num_key_value_heads=16, intermediate_size=5632, max_position_embeddings=2048,
@@ -38,12 +42,7 @@ from safetensors.torch import save_file
 from transformers.modeling_utils import load_state_dict
 direction, src, out = sys.argv[1:4]
 D = 2048 // 16
-RENAMES = [("model.embed_tokens.", "embed_tokens."), ("model.norm.", "norm."),
-           ("model.layers.", "layers."), (".self_attn.", ".attention."),
-           (".input_layernorm.", ".input_norm."),
-           (".post_attention_layernorm.", ".post_attention_norm."),
-           (".mlp.up_proj.", ".mlp.up."), (".mlp.gate_proj.", ".mlp.gate."),
-           (".mlp.down_proj.", ".mlp.down.")]
+RENAMES = %(renames)r
 def rename(name):
     for a, b in RENAMES:
         name = name.replace(a, b) if direction == "import" else name.replace(b, a)
@@ -164,7 +163,8 @@ def main():
             drop_cache(src)
             ours = measure([model, what, src, "--out", ours_out], root)
             drop_cache(src)
-            peer = measure([sys.executable, "-c", PEER, direction, src, peer_out], root)
+            peer = measure([sys.executable, "-c", PEER % {"renames": RENAMES}, direction, src,
+                            peer_out], root)
             shutil.rmtree(peer_out)
             rows.append((what, ours, peer))
         print(f"{'':10} {'astrai s':>9} {'peer s':>8} {'ratio':>6} {'astrai RSS':>11} "
