@@ -409,6 +409,15 @@ int hf_load_config(ModelConfig *cfg, const char *hf_dir, Err *err) {
     return rc;
 }
 
+int ckpt_model_config(ModelConfig *cfg, const char *dir, Err *err) {
+    char path[PATH_MAX];
+    bool hf;
+    if (hf_is_model_dir(dir, &hf, err)) return -1;
+    if (hf) return hf_load_config(cfg, dir, err);
+    return path_join(path, sizeof path, dir, "config.json", err) ||
+           model_config_load(cfg, path, err);
+}
+
 // ---------------------------------------------------------------- export
 
 // The family of AstrAI's features: hf_model_type when recorded, else qwen3 for qk-norm, qwen2

@@ -6,6 +6,9 @@ file(GLOB ASTRAID_SOURCES CONFIGURE_DEPENDS ${CMAKE_SOURCE_DIR}/daemon/*.c)
 add_executable(astraid ${ASTRAID_SOURCES} ${CMAKE_SOURCE_DIR}/tools/astraid/main.c)
 target_link_libraries(astraid PRIVATE astrai_core astrai_web PkgConfig::LIBUV PkgConfig::MHD
   ${CMAKE_DL_LIBS})
+# astraid uses none of the training libraries astrai_core carries (BLAS, oneDNN, OpenMP, CUDA):
+# linked only where referenced, whatever the compiler driver's default (test_daemon_protocol).
+target_link_options(astraid PRIVATE LINKER:--as-needed)
 install(TARGETS astraid RUNTIME DESTINATION bin)
 
 # Units go where systemd looks for packaged ones (override with -DASTRAI_SYSTEMD_DIR=...).

@@ -30,12 +30,11 @@
 
 #include <cjson/cJSON.h>
 
+#include "ckpt/hf.h"
 #include "common/buf.h"
 #include "daemon/daemon.h"
-#include "engine/model.h"
-#include "engine/optim.h"
+#include "engine/param_table.h"
 #include "proto/job_spec.h"
-#include "train/train_ckpt.h"
 
 #define RETIRED_PAGES_MAX 64         // NVIDIA's threshold for replacing a GPU
 #define SMALL_FILES_BYTES (64 << 10) // meta.json, config.json, sampler/scheduler state, headers
@@ -70,7 +69,7 @@ static void estimate(Preflight *p) {
     ParamSpec *params = NULL;
     int n = 0;
     size_t floats = 0;
-    if (train_ckpt_load_config(&cfg, p->param_path, &p->model_err) ||
+    if (ckpt_model_config(&cfg, p->param_path, &p->model_err) ||
         model_stage_table(&cfg, 0, cfg.num_hidden_layers, &params, &n, &floats, &p->model_err))
         return;
     for (int i = 0; i < n; i++) {

@@ -25,11 +25,6 @@
 #include "engine/backend.h"
 #include "engine/rng.h"
 
-// Parameter indices inside one layer, in AstrAI key order (absent optional ones skipped).
-typedef struct {
-    int q_proj, qkv_bias, o_proj, q_norm, k_norm, gate, input_norm, post_norm, mlp_up, mlp_down;
-} LayerParams;
-
 // The batch as uploaded: BATCH_FIELDS int32 arrays of N, one after the other.
 enum {
     BATCH_INPUTS,
@@ -88,124 +83,13 @@ static void *at(const Model *m, const void *base, size_t i) {
 
 // ---------------------------------------------------------------- parameter table
 
-// A table being built: the tensors of blocks [first, end) of cfg and the ends the stage holds.
-typedef struct {
-    const ModelConfig *cfg;
-    ParamSpec *params;
-    int n, cap;
-    size_t num_floats;
-} Table;
-
-static int add_param(Table *t, const char *name, int64_t rows, int64_t cols) {
-    if (t->n == t->cap) return -1;
-    ParamSpec *p = &t->params[t->n];
-    snprintf(p->name, sizeof p->name, "%s", name);
-    p->ndim = cols ? 2 : 1;
-    p->shape[0] = rows;
-    p->shape[1] = cols;
-    p->numel = (size_t)rows * (size_t)(cols ? cols : 1);
-    p->offset = t->num_floats;
-    t->num_floats += p->numel;
-    return t->n++;
-}
-
-static int add_layer_params(Table *t, int l, LayerParams *lp) {
-    const ModelConfig *c = t->cfg;
-    int C = c->hidden_size, D = c->head_dim, KV = c->num_key_value_heads * D;
-    char name[96];
-#define LAYER_PARAM(field, key, rows, cols)                                                        \
-    snprintf(name, sizeof name, "layers.%d.%s.weight", l, key);                                    \
-    field = add_param(t, name, rows, cols)
-    int k_proj, v_proj, mlp_gate;
-    LAYER_PARAM(lp->q_proj, "attention.q_proj", C, C);
-    LAYER_PARAM(k_proj, "attention.k_proj", KV, C);
-    LAYER_PARAM(v_proj, "attention.v_proj", KV, C);
-    lp->qkv_bias = -1;
-    if (c->attention_bias) { // q|k|v biases adjacent: one (QKV) vector (header)
-        snprintf(name, sizeof name, "layers.%d.attention.q_proj.bias", l);
-        lp->qkv_bias = add_param(t, name, C, 0);
-        snprintf(name, sizeof name, "layers.%d.attention.k_proj.bias", l);
-        add_param(t, name, KV, 0);
-        snprintf(name, sizeof name, "layers.%d.attention.v_proj.bias", l);
-        if (add_param(t, name, KV, 0) < 0) return -1;
-    }
-    LAYER_PARAM(lp->o_proj, "attention.o_proj", C, C);
-    lp->q_norm = lp->k_norm = lp->gate = -1;
-    if (c->use_qk_norm) {
-        LAYER_PARAM(lp->q_norm, "attention.q_norm", D, 0);
-        LAYER_PARAM(lp->k_norm, "attention.k_norm", D, 0);
-    }
-    if (c->use_gated_attention) {
-        LAYER_PARAM(lp->gate, "attention.gate", C, C);
-    }
-    LAYER_PARAM(lp->input_norm, "input_norm", C, 0);
-    LAYER_PARAM(lp->post_norm, "post_attention_norm", C, 0);
-    LAYER_PARAM(lp->mlp_up, "mlp.up", c->intermediate_size, C);
-    LAYER_PARAM(mlp_gate, "mlp.gate", c->intermediate_size, C);
-    LAYER_PARAM(lp->mlp_down, "mlp.down", C, c->intermediate_size);
-#undef LAYER_PARAM
-    return lp->mlp_down < 0 || k_proj < 0 || v_proj < 0 || mlp_gate < 0 ? -1 : 0;
-}
-
-// The tensors of blocks [first, end), in AstrAI key order: the embedding when first is 0, the
-// final norm and head when end is the last block (a tied head without the embedding: its copy,
-// under the embedding's name). layer (num_hidden_layers) and the ends' indices are filled.
-static int fill_table(Table *t, int first, int end, LayerParams *layer, int ends[3], Err *err) {
-    const ModelConfig *c = t->cfg;
-    int V = c->vocab_size, C = c->hidden_size;
-    t->cap = 3 + 16 * (end - first);
-    if (!(t->params = calloc((size_t)t->cap, sizeof *t->params)))
-        return err_resource(err, "model: out of memory for the table of %d parameters", t->cap);
-    ends[0] = ends[1] = ends[2] = -1;
-    if (first == 0) ends[0] = add_param(t, "embed_tokens.weight", V, C);
-    for (int l = first; l < end; l++)
-        if (add_layer_params(t, l, &layer[l])) return err_set(err, "model: table full");
-    if (end < c->num_hidden_layers) return 0;
-    ends[1] = add_param(t, "norm.weight", C, 0);
-    ends[2] =
-        c->tie_word_embeddings && first == 0
-            ? ends[0]
-            : add_param(t, c->tie_word_embeddings ? "embed_tokens.weight" : "lm_head.weight", V, C);
-    return 0;
-}
-
-static int check_stage(const ModelConfig *c, int first, int end, Err *err) {
-    if (first < 0 || end <= first || end > c->num_hidden_layers)
-        return err_set(err, "model: stage of blocks [%d, %d) outside the %d blocks", first, end,
-                       c->num_hidden_layers);
-    return 0;
-}
-
-int model_stage_table(const ModelConfig *cfg, int first_block, int end_block, ParamSpec **params,
-                      int *n, size_t *num_floats, Err *err) {
-    *params = NULL;
-    if (check_stage(cfg, first_block, end_block, err)) return -1;
-    LayerParams *layer = calloc((size_t)cfg->num_hidden_layers, sizeof *layer);
-    Table t = {.cfg = cfg};
-    int ends[3];
-    int rc = !layer ? err_resource(err, "model: out of memory for the layer table")
-                    : fill_table(&t, first_block, end_block, layer, ends, err);
-    free(layer);
-    if (rc) {
-        free(t.params);
-        return -1;
-    }
-    *params = t.params;
-    *n = t.n;
-    *num_floats = t.num_floats;
-    return 0;
-}
-
 static int build_param_table(Model *m, Err *err) {
     ModelPlan *pl = m->plan;
     if (!(pl->layer = calloc((size_t)m->cfg.num_hidden_layers, sizeof *pl->layer)))
         return err_resource(err, "model: out of memory for the layer table");
-    Table t = {.cfg = &m->cfg};
     int ends[3];
-    int rc = fill_table(&t, m->first_block, m->end_block, pl->layer, ends, err);
-    m->params = t.params;
-    m->n_params = t.n;
-    m->num_floats = t.num_floats;
+    int rc = param_table_fill(&m->cfg, m->first_block, m->end_block, pl->layer, &m->params,
+                              &m->n_params, &m->num_floats, ends, err);
     pl->embed = ends[0];
     pl->norm = ends[1];
     pl->lm_head = ends[2];
@@ -287,7 +171,7 @@ void model_release(Model *m, int which) {
 int model_create_stage(Model *m, const ModelConfig *cfg, int first_block, int end_block,
                        const Backend *be, Err *err) {
     memset(m, 0, sizeof *m);
-    if (check_stage(cfg, first_block, end_block, err)) return -1;
+    if (param_table_check_stage(cfg, first_block, end_block, err)) return -1;
     m->cfg = *cfg;
     m->be = be;
     m->first_block = first_block;

@@ -22,14 +22,7 @@
 #include "common/error.h"
 #include "engine/backend.h"
 #include "engine/config.h"
-
-typedef struct {
-    char name[96]; // AstrAI key, e.g. "layers.0.attention.q_proj.weight"
-    int ndim;      // 1 or 2
-    int64_t shape[2];
-    size_t offset; // in elements, into the flat buffers
-    size_t numel;
-} ParamSpec;
+#include "engine/param_table.h"
 
 // What an optimizer steps: a table of tensors over flat fp32 buffers of the backend
 // (a whole model, or the tensors a rank owns under ddp/fsdp).
@@ -109,10 +102,7 @@ int model_create(Model *m, const ModelConfig *cfg, const Backend *be, Err *err);
 // The pipeline stage of the blocks [first_block, end_block) (0 <= first < end <= layers).
 int model_create_stage(Model *m, const ModelConfig *cfg, int first_block, int end_block,
                        const Backend *be, Err *err);
-// The parameter table of that stage without a model: *params (malloc'ed, *n entries, offsets
-// into a flat buffer of *num_floats) as model_create_stage lays it out.
-int model_stage_table(const ModelConfig *cfg, int first_block, int end_block, ParamSpec **params,
-                      int *n, size_t *num_floats, Err *err);
+// The parameter table of a stage without a model: model_stage_table (engine/param_table.h).
 // Whether m is a part of the model (a pipeline stage) rather than all of it.
 bool model_is_stage(const Model *m);
 

@@ -36,12 +36,6 @@
 
 // ---------------------------------------------------------------- parameter ownership
 
-// MuonMix: Muon for 2-D weights whose names contain none of norm/bias/embed/lm_head.
-bool optim_muon_owns(const ParamSpec *p) {
-    return p->ndim == 2 && !strstr(p->name, "norm") && !strstr(p->name, "bias") &&
-           !strstr(p->name, "embed") && !strstr(p->name, "lm_head");
-}
-
 static int check_param_table(const ParamView *m, Err *err) {
     if (m->n_params > 0 && !m->params)
         return err_set(err, "optimizer: model has %d parameters but no table", m->n_params);

@@ -37,8 +37,7 @@ typedef struct {
 
 int optim_create(Optimizer *o, OptimizerKind kind, const ParamView *v, float weight_decay,
                  Err *err);
-// Whether Muon steps p (else AdamW does, under OPT_MUON): what its state holds for p.
-bool optim_muon_owns(const ParamSpec *p);
+// Which tensors Muon steps under OPT_MUON: optim_muon_owns (engine/param_table.h).
 // The per-float state arrays (exp_avg, exp_avg_sq, momentum_buf: those the kind has), in that
 // order, into arrays; returns how many. The same order for any two optimizers of one kind (a
 // shard's and the whole model's, a stage's sent and received).

@@ -13,6 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "ckpt/hf.h"
 #include "engine/preference.h"
 #include "tests/grad_dump.h"
 #include "train/pref_batch.h"
@@ -66,7 +67,7 @@ static int run(const Args *a, Err *err) {
     RecordSet rs = {0};
     PrefBatch b = {0};
     PrefLoss p = {0};
-    int rc = train_ckpt_load_config(&cfg, a->model, err) ||
+    int rc = ckpt_model_config(&cfg, a->model, err) ||
              records_open(&rs, a->data, dpo ? RECORDS_DPO : RECORDS_GRPO, (int)a->group_size,
                           cfg.vocab_size, 0, err) ||
              train_ckpt_load_model(&m, &cfg, 0, cfg.num_hidden_layers, backend_cpu(), a->reference,

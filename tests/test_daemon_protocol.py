@@ -2,7 +2,8 @@
 replies that stay valid UTF-8 whatever a rank prints; watch, logs -f and submit --wait that
 follow a job through pause and resume and end when it is final (also when it already is);
 one default socket for astraid and astraictl; ids echoed as sent, NULs and raw control bytes
-refused; memory bounded against clients that do not read, with daemon.info answered within
+refused; astraid linking no training library (BLAS, oneDNN, CUDA, OpenMP); memory bounded
+against clients that do not read, with daemon.info answered within
 a second throughout; TCP peers that cannot lock unix users out."""
 
 import json
@@ -330,6 +331,20 @@ def connect(d):
     raise AssertionError("cannot connect to astraid")
 
 
+# Libraries of training that astraid must not link: it only plans (the parameter table from a
+# config, engine/param_table.c) and forks ranks; linked, they cost it ~160 MiB of RSS.
+TRAINING_LIBRARIES = ("libopenblas", "libdnnl", "libcudart", "libcublas", "libnccl", "libgomp")
+
+
+def check_linked_libraries():
+    out = subprocess.run(["readelf", "-d", tu.binary("astraid")], capture_output=True, text=True,
+                         check=True).stdout
+    needed = [line.split("[")[1].rstrip("]") for line in out.splitlines() if "(NEEDED)" in line]
+    print(f"astraid needs: {' '.join(needed)}")
+    linked = [n for n in needed if n.startswith(TRAINING_LIBRARIES)]
+    assert needed and not linked, f"astraid links training libraries: {linked}"
+
+
 def check_memory(root, model, data):
     chatty = write_script(os.path.join(root, "chatty_rank"), CHATTY_RANK)
     d = du.Daemon(os.path.join(root, "memory"), args=[f"--train-binary={chatty}"])
@@ -517,6 +532,7 @@ def main():
         assert d.stop() == 0
     print(f"envelope ok ({time.time() - t:.1f} s)")
     t = time.time()
+    check_linked_libraries()
     check_memory(root, model, data)
     print(f"memory ok ({time.time() - t:.1f} s)")
     t = time.time()

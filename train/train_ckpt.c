@@ -49,15 +49,6 @@ int train_ckpt_clean_dir(const TrainSpec *spec, Err *err) {
 
 // A Hugging Face model directory (config.json with an HF model_type) is converted as it is
 // read, in memory (ckpt/hf.h): the source is never written.
-int train_ckpt_load_config(ModelConfig *cfg, const char *dir, Err *err) {
-    char path[PATH_CAP];
-    bool hf;
-    if (hf_is_model_dir(dir, &hf, err)) return -1;
-    if (hf) return hf_load_config(cfg, dir, err);
-    return path_join(path, sizeof path, dir, "config.json", err) ||
-           model_config_load(cfg, path, err);
-}
-
 int train_ckpt_load_weights(Model *m, const char *dir, Err *err) {
     char what[PATH_CAP];
     StFile f;

@@ -40,9 +40,8 @@ int train_ckpt_locate(const TrainSpec *spec, char *out, size_t cap, Err *err);
 // before any rank looks for the checkpoint to resume from.
 int train_ckpt_clean_dir(const TrainSpec *spec, Err *err);
 
-// Reads dir/config.json.
-int train_ckpt_load_config(ModelConfig *cfg, const char *dir, Err *err);
-// Loads dir/model.safetensors into m's weights.
+// Loads dir/model.safetensors (or its shards, or a Hugging Face directory's weights) into m's
+// weights; the config comes from ckpt_model_config (ckpt/hf.h).
 int train_ckpt_load_weights(Model *m, const char *dir, Err *err);
 // DPO/GRPO: the model directory of the frozen reference, into out: param_path, except when
 // param_path is the checkpoint resumed (resume_dir), whose meta.json names the reference_path

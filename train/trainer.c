@@ -18,6 +18,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "ckpt/hf.h"
 #include "common/clock.h"
 #include "common/fsutil.h"
 #include "common/path.h"
@@ -207,7 +208,7 @@ int trainer_init(Trainer *t, const TrainSpec *spec, const TrainerOptions *opt, E
     if (t->pref && train_ckpt_reference_dir(spec, resume_dir, t->rank, t->reference_dir,
                                             sizeof t->reference_dir, err))
         return -1;
-    if (train_ckpt_load_config(&cfg, model_dir, err) || setup_pipeline(t, &cfg, opt, err) ||
+    if (ckpt_model_config(&cfg, model_dir, err) || setup_pipeline(t, &cfg, opt, err) ||
         open_data(t, &cfg, err) || set_total_steps(t, err))
         return -1;
     t->memory_report = opt->memory_report;

@@ -1,0 +1,42 @@
+// param_table.h: the model's parameter table (docs/design.md §7) from its config alone: the
+// named tensors of blocks [first, end) in AstrAI key order, with their offsets into the flat
+// buffers that engine/model.h's Model, the optimizer and the collectives work on.
+#pragma once
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "common/error.h"
+#include "engine/config.h"
+
+typedef struct {
+    char name[96]; // AstrAI key, e.g. "layers.0.attention.q_proj.weight"
+    int ndim;      // 1 or 2
+    int64_t shape[2];
+    size_t offset; // in elements, into the flat buffers
+    size_t numel;
+} ParamSpec;
+
+// Parameter indices inside one layer, in AstrAI key order (absent optional ones skipped).
+typedef struct {
+    int q_proj, qkv_bias, o_proj, q_norm, k_norm, gate, input_norm, post_norm, mlp_up, mlp_down;
+} LayerParams;
+
+// 0 when [first, end) is a stage of cfg's blocks; else an error naming it.
+int param_table_check_stage(const ModelConfig *cfg, int first, int end, Err *err);
+
+// The table of the stage of blocks [first_block, end_block) (0 <= first < end <= layers):
+// *params (malloc'ed, *n entries, offsets into a flat buffer of *num_floats), layer[l] filled
+// for its blocks (layer holds num_hidden_layers), ends[] the indices of the embedding, the
+// final norm and the head (-1 where the stage has none; a tied head is the embedding's index
+// when the stage holds it). On failure *params is NULL.
+int param_table_fill(const ModelConfig *cfg, int first_block, int end_block, LayerParams *layer,
+                     ParamSpec **params, int *n, size_t *num_floats, int ends[3], Err *err);
+
+// The same table without the layer indices, as model_create_stage lays it out.
+int model_stage_table(const ModelConfig *cfg, int first_block, int end_block, ParamSpec **params,
+                      int *n, size_t *num_floats, Err *err);
+
+// Whether Muon steps p under OPT_MUON (else AdamW does; engine/optim.h): what the optimizer's
+// state holds for p, which astraid's preflight sizes without an optimizer.
+bool optim_muon_owns(const ParamSpec *p);
