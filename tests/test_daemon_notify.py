@@ -75,7 +75,8 @@ def provoke_events(d, c, model, data):
         os.kill(du.rank_pids(d.state_dir, jid)[0], signal.SIGKILL)
     du.wait_job(c, jid, ["completed"])
     want[jid] = ["restarted", "completed"]
-    jid = c.call("submit", dict(base, hang_timeout_s=1))["job"]  # stopped: hang, restarted
+    # stopped: hang, restarted (the limit longer than the holds on the way to the step)
+    jid = c.call("submit", dict(base, hang_timeout_s=3))["job"]
     with du.hold(c, jid) as held:
         du.checkpoint_past(c, d, jid, held)
         held.advance(du.progress_db(d, jid))
