@@ -70,7 +70,10 @@ def hang_and_restart(d, c, spec, stop_rank, reference, stack_mark):
         cause
     assert "no new optimizer step" in cause and f"limit {HANG_S} s, hang_timeout_s" in cause, cause
     seen_step = int(cause.split("hang at step ")[1].split(":")[0])
-    assert step - 1 <= seen_step <= step, (seen_step, step)  # the poll may lag a step
+    # The poll may lag a step; with several ranks, the one left stopped may have done its part
+    # of the next step's all-reduce before SIGSTOP took it, so the others record that step too.
+    last = step + (1 if len(pids) > 1 else 0)
+    assert step - 1 <= seen_step <= last, (seen_step, step, last)
     log = run_log(d, jid, 1, stop_rank)
     head = f"astraid: hang at step {seen_step}: stack of rank {stop_rank} (pid {pids[stop_rank]}, "
     assert head + stack_mark[0] + "):" in log, log[-3000:]
