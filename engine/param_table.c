@@ -1,7 +1,7 @@
 // param_table.c: the model's parameter table (docs/design.md §7): the named tensors of a model
 // or of a pipeline stage, in AstrAI key order, with their offsets into the flat buffers. It
-// needs only the config, so what plans without a model (astraid's preflight, the pipeline's
-// partition) links no backend.
+// needs only the config, so what plans without a model (astraid's preflight) links no
+// backend.
 #include "engine/param_table.h"
 
 #include <stdio.h>

@@ -333,7 +333,8 @@ def connect(d):
 
 # Libraries of training that astraid must not link: it only plans (the parameter table from a
 # config, engine/param_table.c) and forks ranks; linked, they cost it ~160 MiB of RSS.
-TRAINING_LIBRARIES = ("libopenblas", "libdnnl", "libcudart", "libcublas", "libnccl", "libgomp")
+TRAINING_LIBRARIES = ("libopenblas", "libdnnl", "libcudart", "libcublas", "libnccl", "libgomp",
+                      "libomp")
 
 
 def check_linked_libraries():
