@@ -218,12 +218,16 @@ typedef struct Job {
     JobText *text; // its JOB object's last text (job_to_raw_json), NULL: none kept
     // watchdog.c: the spec's hang_timeout_s and max_duration_hours are read from spec.
     long hangs;            // runs stopped as hung (JOB "hangs")
-    double seen_mono;      // clock_mono_s() of the run's last progress seen (a new step or
-                           // phase), 0: none yet (the watch starts at the run's first step)
+    double seen_mono;      // clock_mono_s() of the run's last progress (a new step or phase,
+                           // placed by the ranks' own timestamp), 0: none yet (the watch starts
+                           // at the run's first step)
     long seen_step;        // the step then
     double step_median_s;  // median seconds per step of the newest steps, 0: unknown
     char *phase;           // the trainer's phase ("validation", "checkpoint"), NULL: steps
     double phase_since;    // its unix start
+    double read_mono;      // clock_mono_s() when the newest read of its steps applied began
+    double verdict_mono;   // silent past its limit: clock_mono_s() when the watchdog asked for
+                           // the re-read its verdict waits for, 0: none
     char *hang_cause;      // the watchdog stopped the run as hung: why, until the run's end
     double run_time_s;     // seconds its runs took since submit or the last resume
     double run_start_mono; // clock_mono_s() when its current run started, 0: none
@@ -415,11 +419,14 @@ typedef struct {
     double step_median_s; // median seconds per step of the newest steps, 0: unknown
     char *phase;          // the trainer's phase, NULL: none ("" is read as none)
     double phase_since;
+    double read_mono, read_wall; // when it was read (clock_mono_s, clock_wall_s)
 } JobProgress;
 
 // Polls the running jobs' progress.db every poll-interval on the threadpool (and once that
 // of each job it has not seen, for its val_loss); changes are pushed to watchers.
 void progress_reader_start(void);
+// A poll now (the hang watchdog's re-read before a verdict), or right after the one under way.
+void progress_reader_poll_now(void);
 // Reads run_dir/progress.db (blocking: off the loop). total_steps: the job's, for the ETA
 // when the database has none.
 void progress_read_dir(const char *run_dir, long total_steps, JobProgress *p);

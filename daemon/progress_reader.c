@@ -6,6 +6,7 @@
 // writes; a busy database is simply read at the next tick, never waited on. Changes
 // are pushed to watchers.
 #include <limits.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -142,7 +143,8 @@ static void read_phase(sqlite3 *db, JobProgress *p) {
 }
 
 static void read_db(sqlite3 *db, long total_steps, JobProgress *p) {
-    *p = (JobProgress){.opened = 1, .eta_s = -1};
+    *p = (JobProgress){
+        .opened = 1, .eta_s = -1, .read_mono = clock_mono_s(), .read_wall = clock_wall_s()};
     long total;
     if (!query_long(db, PROGRESS_DB_TOTAL_STEPS, &total)) {
         p->has_total = 1;
@@ -162,6 +164,15 @@ void progress_read_dir(const char *run_dir, long total_steps, JobProgress *p) {
     sqlite3_close(db);
 }
 
+// When the ranks made progress at `wall` (their timestamp), on astraid's clock: the read less
+// the progress's age then, so that an astraid that looked late (stopped, a frozen VM, a slow
+// poll) never takes the ranks for silent. Never after the read, never before the run's
+// progress seen before: a wall clock set meanwhile moves it no further.
+static double progress_mono(const Job *j, const JobProgress *p, double wall) {
+    double since = fmax(j->seen_mono, j->run_start_mono);
+    return fmax(since, p->read_mono - fmax(0, p->read_wall - wall));
+}
+
 // A running job's progress for the hang watchdog: a new step, or a new phase (or a phase's
 // end), of its current run: rows written before the run started (the run it resumes) are not.
 static int watch_progress(Job *j, JobProgress *p) {
@@ -173,7 +184,10 @@ static int watch_progress(Job *j, JobProgress *p) {
     int phase = !j->phase != !p->phase ||
                 (p->phase && (strcmp(j->phase, p->phase) || j->phase_since != p->phase_since));
     int step = p->has_step && p->step_wall >= j->started_at && p->step != j->seen_step;
-    if (step || phase) j->seen_mono = clock_mono_s();
+    if (step || phase)
+        j->seen_mono =
+            progress_mono(j, p, fmax(step ? p->step_wall : 0, phase ? p->phase_since : 0));
+    if (p->has_step) j->read_mono = p->read_mono;
     if (step) j->seen_step = p->step;
     if (p->step_median_s > 0) j->step_median_s = p->step_median_s;
     if (phase) {
@@ -257,7 +271,8 @@ typedef struct {
 static Handle *handles;
 static size_t n_handles;
 static uv_timer_t poll_timer;
-static int polling; // a poll is on the threadpool
+static int polling;    // a poll is on the threadpool
+static int poll_again; // asked for meanwhile: another once it is done
 
 static Handle *handle_of(long id) {
     for (size_t i = 0; i < n_handles; i++)
@@ -330,10 +345,10 @@ static void poll_done(uv_work_t *req, int status) {
     free(poll->items);
     free(poll);
     polling = 0;
+    if (poll_again && !status) progress_reader_poll_now();
 }
 
-static void on_poll(uv_timer_t *t) {
-    (void)t;
+static void poll_start(void) {
     if (polling) return; // a slow disk: the next tick after that poll is done
     size_t n = 0;
     for (Job *j = astraid.jobs; j; j = j->next)
@@ -356,7 +371,20 @@ static void on_poll(uv_timer_t *t) {
     poll->items = items;
     poll->req.data = poll;
     polling = 1;
+    poll_again = 0;
     (void)uv_queue_work(astraid.loop, &poll->req, poll_work, poll_done); // fails only without work
+}
+
+static void on_poll(uv_timer_t *t) {
+    (void)t;
+    poll_start();
+}
+
+void progress_reader_poll_now(void) {
+    if (polling)
+        poll_again = 1;
+    else
+        poll_start();
 }
 
 void progress_reader_start(void) {

@@ -8,6 +8,11 @@
 //   limit = hang_timeout_s when the spec gives it, else max(HANG_FLOOR_S, HANG_STEP_FACTOR x the
 //           median seconds per step of the newest steps)
 //   within a phase: max(PHASE_FACTOR x limit, PHASE_FLOOR_S)
+// The silence is the ranks' own (their progress placed by its timestamps, progress_reader.c),
+// and is judged only on a read of their progress begun once it passed the limit: astraid
+// itself may have been the one not looking. A tick later than max(LATE_FLOOR_S, LATE_FACTOR x
+// the poll interval) (astraid stopped, a frozen VM, a swap storm) judges nothing: the hang
+// clocks restart and the progress is read again.
 // A hung run's ranks have their stacks recorded in their logs (gdb in batch mode, bounded by
 // STACK_TIMEOUT_S; without gdb, or where it fails, /proc/PID/task/*/stack and wchan), then the
 // run is stopped (SIGTERM, SIGKILL after --stop-timeout) and restarted from the last checkpoint
@@ -34,8 +39,11 @@
 #define PHASE_FLOOR_S 600.0
 #define STACK_TIMEOUT_S 30.0
 #define PROC_STACK_MAX 16384 // bytes of one thread's /proc stack read
+#define LATE_FLOOR_S 5.0
+#define LATE_FACTOR 10.0
 
 static uv_timer_t tick;
+static double last_tick; // clock_mono_s() of the previous tick
 
 double job_time_left_s(const Job *j) {
     double max_h = job_spec_number(j, "max_duration_hours");
@@ -47,6 +55,7 @@ double job_time_left_s(const Job *j) {
 void job_watch_run_started(Job *j) {
     j->run_start_mono = clock_mono_s();
     j->seen_mono = 0;
+    j->verdict_mono = 0;
     j->seen_step = j->step;
     free(j->phase);
     j->phase = NULL;
@@ -268,21 +277,55 @@ static void time_limit_reached(Job *j) {
     astraid.executor->stop(j, STOP_PAUSE);
 }
 
+// ---------------------------------------------------------------- the tick
+
+// A run silent past its limit is hung once a read of its progress begun then (not one under
+// way since before) still shows the silence.
+static void watch_hang(Job *j, double now) {
+    double silent_s = now - j->seen_mono;
+    if (silent_s <= hang_limit_s(j)) {
+        j->verdict_mono = 0;
+    } else if (!j->verdict_mono) {
+        j->verdict_mono = now;
+        progress_reader_poll_now();
+    } else if (j->read_mono > j->verdict_mono) {
+        hang_found(j, silent_s);
+    }
+}
+
+// 1 when this tick came far later than due: the loop itself stalled, so the silence the clocks
+// show is astraid's own; the progress is read again.
+static int loop_was_late(double now) {
+    double interval = astraid.cfg.poll_interval, gap = now - last_tick;
+    last_tick = now;
+    if (gap <= fmax(LATE_FLOOR_S, LATE_FACTOR * interval)) return 0;
+    log_info("astraid's loop was late by %.1f s: hang clocks restarted", gap - interval);
+    progress_reader_poll_now();
+    return 1;
+}
+
 static void on_tick(uv_timer_t *t) {
     (void)t;
     double now = clock_mono_s();
+    int late = loop_was_late(now);
     for (Job *j = astraid.jobs; j; j = j->next) {
         if (j->state != JOB_RUNNING || !job_has_run(j) || j->hang_cause || j->changing) continue;
         if (job_time_left_s(j) == 0) {
             time_limit_reached(j);
             continue;
         }
-        if (runner_ranks(j) && j->seen_mono > 0 && now - j->seen_mono > hang_limit_s(j))
-            hang_found(j, now - j->seen_mono);
+        if (!runner_ranks(j) || j->seen_mono <= 0) continue;
+        if (late) {
+            j->seen_mono = now;
+            j->verdict_mono = 0;
+        } else {
+            watch_hang(j, now);
+        }
     }
 }
 
 void job_watch_start(void) {
+    last_tick = clock_mono_s();
     uv_timer_init(astraid.loop, &tick);
     uint64_t ms = (uint64_t)(astraid.cfg.poll_interval * 1000);
     uv_timer_start(&tick, on_tick, ms, ms);

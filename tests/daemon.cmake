@@ -39,3 +39,6 @@ foreach(t hang limits notify preflight)
   astrai_py_test(daemon_${t} test_daemon_${t}.py)
   set_tests_properties(daemon_${t} PROPERTIES TIMEOUT 300 LABELS daemon)
 endforeach()
+# astraid itself stopped with SIGSTOP past a healthy job's hang_timeout_s: no hang (issue 36 §9).
+astrai_py_test(daemon_stall test_daemon_stall.py)
+set_tests_properties(daemon_stall PROPERTIES TIMEOUT 300 LABELS daemon)
