@@ -405,7 +405,7 @@ def check_sharded_errors(root, sharded, sharded_bf16, full, failures):
     taken = os.path.join(root, "taken")
     shutil.copytree(full, taken)
     before = read_bytes(os.path.join(taken, "model.safetensors"))
-    refused(["consolidate", sharded, "--out", taken], [taken, "already exists", "--force"],
+    refused(["consolidate", sharded, "--out", taken], [taken, "is not empty", "--force"],
             "occupied --out", failures)
     if read_bytes(os.path.join(taken, "model.safetensors")) != before:
         failures.append("a refused consolidate changed the model in --out")

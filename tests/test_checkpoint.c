@@ -97,10 +97,41 @@ static void test_commit_and_latest(void) {
     make_fake("ck/nested/epoch_1_step_99x", 1);
     make_fake("ck/nested/.tmp-epoch_3_step_30-77", 1);
     make_fake("ck/nested/.old-epoch_3_step_40-77", 1);
+    // A lookalike astrai did not commit here (a user's copy, another run's), and a symlink to
+    // one of ours: neither is ever the latest, nor listed as ours.
+    make_fake("ck/nested/epoch_7_step_70", 1);
+    char link_path[PATH_MAX], target[PATH_MAX];
+    join(link_path, dir, "epoch_8_step_80");
+    join(target, dir, "epoch_1_step_12");
+    CHECK(symlink(target, link_path) == 0);
+    // The latest is the last one committed (the ledger's order), not the largest step.
     CHECK(ckpt_find_latest(dir, latest, sizeof latest, &err) == 0);
-    join(want, dir, "epoch_1_step_12");
+    join(want, dir, "epoch_0_step_9");
     CHECK_MSG(strcmp(latest, want) == 0, "%s", latest);
+    CHECK(step_in(latest) == 9);
+    CkptEntry *all;
+    int n;
+    bool has_ledger;
+    CHECK(ckpt_list(dir, &all, &n, &has_ledger, &err) == 0 && has_ledger);
+    int ours = 0;
+    for (int i = 0; i < n; i++) {
+        CHECK_MSG(strcmp(all[i].name, "epoch_8_step_80"), "the symlink is listed");
+        ours += all[i].ours;
+        if (!strcmp(all[i].name, "epoch_7_step_70")) CHECK(!all[i].ours);
+    }
+    CHECK(ours == 3 && n == 4);
+    free(all);
+    // Removal never takes a symlink, and leaves the ledger's record of the removal.
+    CHECK(ckpt_remove(dir, "epoch_8_step_80", &err) == -1);
+    CHECK(fs_is_dir(target));
+    CHECK(ckpt_remove(dir, "epoch_0_step_9", &err) == 0);
+    CHECK(ckpt_find_latest(dir, latest, sizeof latest, &err) == 0);
     CHECK(step_in(latest) == 12);
+    // A user's .tmp-* directories (no astrai marker) survive the clean-up.
+    make_fake("ck/nested/.tmp-notes", 1);
+    CHECK(ckpt_remove_stale(dir, NULL, NULL, &err) == 0);
+    CHECK(dir_entries_starting(dir, ".tmp-notes"));
+    CHECK(dir_entries_starting(dir, ".tmp-epoch_3_step_30-77"));
 
     char empty[PATH_MAX];
     path_in(empty, "ck/empty");

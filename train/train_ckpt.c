@@ -9,6 +9,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "ckpt/checkpoint.h"
@@ -36,6 +37,46 @@ int train_ckpt_locate(const TrainSpec *spec, char *out, size_t cap, Err *err) {
                        "resume: no checkpoint in param_path %s (no meta.json) nor in ckpt_dir %s",
                        spec->param_path, spec->ckpt_dir);
     return rc;
+}
+
+// A run continues the lineage of the checkpoint it resumed from when that is the last its run
+// committed (a pause, a crash, a restart); from an older one (a branch), or fresh, it is a new
+// run, whose retention leaves the other run's checkpoints alone.
+void train_ckpt_choose_run(const TrainSpec *spec, const char *resume_dir, int rank) {
+    char run[64];
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    snprintf(run, sizeof run, "%lx%05lx-%ld", (long)ts.tv_sec, (long)(ts.tv_nsec >> 12) & 0xfffff,
+             (long)getpid());
+    CkptEntry *all;
+    int n;
+    bool has_ledger;
+    Err ignored;
+    if (ckpt_list(spec->ckpt_dir, &all, &n, &has_ledger, &ignored)) {
+        ckpt_set_run(run);
+        return;
+    }
+    const char *resumed = strrchr(resume_dir, '/');
+    resumed = resumed ? resumed + 1 : resume_dir;
+    for (int i = 0; i < n; i++) {
+        const CkptEntry *e = &all[i];
+        if (!e->ours && has_ledger && rank == 0)
+            fprintf(stderr,
+                    "checkpoints: %s/%s is not one astrai committed into this ckpt_dir (not in "
+                    "its %s): never resumed from unless named by --param_path, never deleted\n",
+                    spec->ckpt_dir, e->name, CKPT_LEDGER);
+    }
+    // The list is newest first: the resumed one continues its run if no later commit has it.
+    for (int i = 0; *resumed && i < n; i++) {
+        if (!all[i].ours || strcmp(all[i].name, resumed)) continue;
+        bool newest = true;
+        for (int j = 0; j < i; j++)
+            newest &= !(all[j].ours && !strcmp(all[j].run, all[i].run));
+        if (newest && strcmp(all[i].run, "-")) snprintf(run, sizeof run, "%s", all[i].run);
+        break;
+    }
+    free(all);
+    ckpt_set_run(run);
 }
 
 static void print_cleaned(void *ctx, const char *what) {
@@ -334,20 +375,26 @@ static bool val_loss_at(const Trainer *t, long step, double *out) {
     return false;
 }
 
-// Whether the retention keeps all[i] (the list newest first; rank_in_ours: how many checkpoints
-// astrai wrote are newer than it).
+// A checkpoint this run's lineage committed (the ledger's run): the only ones retention deletes.
+static bool this_run(const CkptEntry *e) {
+    return e->ours && !strcmp(e->run, ckpt_current_run());
+}
+
+// Whether the retention keeps all[i] (the list newest first by commit; rank_in_ours: how many
+// checkpoints of this run were committed after it).
 static bool kept(const Trainer *t, const CkptEntry *all, int n, int i, int rank_in_ours) {
     const TrainSpec *s = t->spec;
     const char *resumed = strrchr(t->resumed_from, '/');
     resumed = resumed ? resumed + 1 : t->resumed_from;
-    if (!all[i].ours || rank_in_ours < s->checkpoint_keep_last || !strcmp(all[i].name, resumed))
+    if (!this_run(&all[i]) || rank_in_ours < s->checkpoint_keep_last ||
+        !strcmp(all[i].name, resumed))
         return true;
     double mine;
     if (s->checkpoint_keep_best <= 0 || !val_loss_at(t, all[i].step, &mine)) return false;
     long better = 0; // astrai's checkpoints validated lower (ties: the newer one first)
     for (int j = 0; j < n; j++) {
         double other;
-        if (j != i && all[j].ours && val_loss_at(t, all[j].step, &other) &&
+        if (j != i && this_run(&all[j]) && val_loss_at(t, all[j].step, &other) &&
             (other < mine || (other == mine && j < i)))
             better++;
     }
@@ -359,7 +406,9 @@ int train_ckpt_prune(Trainer *t, Err *err) {
     if (s->checkpoint_keep_last <= 0) return 0;
     CkptEntry *all;
     int n, rc = 0;
-    if (ckpt_list(s->ckpt_dir, &all, &n, err)) return err_prefix(err, "checkpoint retention");
+    bool has_ledger;
+    if (ckpt_list(s->ckpt_dir, &all, &n, &has_ledger, err))
+        return err_prefix(err, "checkpoint retention");
     for (int i = 0, ours = 0; i < n && !rc; i++) {
         if (!kept(t, all, n, i, ours)) {
             rc = ckpt_remove(s->ckpt_dir, all[i].name, err) ||
@@ -367,7 +416,7 @@ int train_ckpt_prune(Trainer *t, Err *err) {
             if (!rc)
                 fprintf(stderr, "checkpoint retention: removed %s/%s\n", s->ckpt_dir, all[i].name);
         }
-        ours += all[i].ours;
+        ours += this_run(&all[i]);
     }
     free(all);
     return rc ? err_prefix(err, "checkpoint retention") : 0;

@@ -35,6 +35,11 @@ void train_ckpt_pending_free(CkptPending *p);
 // latest checkpoint in ckpt_dir.
 int train_ckpt_locate(const TrainSpec *spec, char *out, size_t cap, Err *err);
 
+// Sets the run this process's commits are recorded under in ckpt_dir's ledger (ckpt_set_run):
+// the run of the checkpoint resumed from (resume_dir, "" for none) when that is the last its run
+// committed, else a new one. Rank 0 reports the checkpoint lookalikes astrai did not commit.
+void train_ckpt_choose_run(const TrainSpec *spec, const char *resume_dir, int rank);
+
 // Settles what a writer killed mid-checkpoint left in ckpt_dir (ckpt_remove_stale: `.tmp-*`
 // removed, `.old-*` put back), one stderr line per entry. Rank 0 calls it when a run starts,
 // before any rank looks for the checkpoint to resume from.
@@ -68,7 +73,8 @@ int train_ckpt_finish(struct Trainer *t, char *path_out, size_t cap, long *step,
 // Retention (--checkpoint_keep_last N, --checkpoint_keep_best K), rank 0 after a checkpoint
 // committed: of the checkpoints astrai wrote into ckpt_dir, those beyond the newest N and the K of
 // lowest val_loss (the validation at their step, from the run's metric rows) are deleted; never
-// the one this run resumed from, never one astrai did not write. N 0: nothing is deleted.
+// the one this run resumed from, never one astrai did not write, never another run's (the
+// ledger's run: a run resumed from an older checkpoint is a new one). N 0: nothing is deleted.
 int train_ckpt_prune(struct Trainer *t, Err *err);
 
 // Restores position, optimizer state and metric rows from checkpoint dir (the

@@ -203,6 +203,7 @@ int trainer_init(Trainer *t, const TrainSpec *spec, const TrainerOptions *opt, E
     mallopt(M_MMAP_THRESHOLD, 1 << 20);
     char *resume_dir = t->resumed_from;
     if (spec->resume && train_ckpt_locate(spec, resume_dir, sizeof t->resumed_from, err)) return -1;
+    train_ckpt_choose_run(spec, resume_dir, t->rank);
     const char *model_dir = *resume_dir ? resume_dir : spec->param_path;
     ModelConfig cfg;
     if (t->pref && train_ckpt_reference_dir(spec, resume_dir, t->rank, t->reference_dir,

@@ -627,7 +627,7 @@ static int copy_text(const char *from, const char *to, const char *name, Err *er
     char src[PATH_MAX], dst[PATH_MAX];
     if (path_join(src, sizeof src, from, name, err) || path_join(dst, sizeof dst, to, name, err))
         return -1;
-    if (!fs_is_file(src)) return remove_stale(to, name, err);
+    if (!fs_is_file(src)) return 0; // a file the checkpoint lacks: DIR's own is not ours to drop
     char *text;
     size_t len;
     if (fs_read_file(src, &text, &len, err)) return -1;
@@ -651,8 +651,7 @@ static int write_checkpoint(const Checkpoint *c, const char *ckpt, const char *o
     if (fs_mkdir_p(out, err) || remove_stale(out, "model.safetensors", err)) return -1;
     for (int i = 0; i < CKPT_N_TEXTS; i++)
         if (copy_text(ckpt, out, CKPT_TEXT_NAMES[i], err)) return -1;
-    int rc = c->has_opt ? write_atomic(out, "optimizer.safetensors", write_set, &c->opt, err)
-                        : remove_stale(out, "optimizer.safetensors", err);
+    int rc = c->has_opt ? write_atomic(out, "optimizer.safetensors", write_set, &c->opt, err) : 0;
     return rc || write_atomic(out, "model.safetensors", write_set, &c->dir.model, err) ||
            fs_fsync_dir(out, err);
 }
@@ -663,10 +662,28 @@ static void describe_set(const char *what, const TensorSet *s) {
            sharded(s) ? s->n_files : 1, sharded(s) && s->n_files != 1 ? "s" : "");
 }
 
+// consolidate writes into a new or empty directory; an existing one with anything in it is the
+// user's, and only --force lets it replace the files consolidate writes there (no others).
+static int refuse_nonempty(const char *dir, bool force, Err *err) {
+    DIR *d = opendir(dir);
+    if (!d) return 0;
+    struct dirent *ent;
+    bool empty = true;
+    while (empty && (ent = readdir(d)) != NULL)
+        empty = !strcmp(ent->d_name, ".") || !strcmp(ent->d_name, "..");
+    closedir(d);
+    if (!empty && !force)
+        return err_set(err,
+                       "--out %s: directory exists and is not empty (use --force to replace "
+                       "the files consolidate writes)",
+                       dir);
+    return 0;
+}
+
 static int cmd_consolidate(const Args *a) {
     Err err = {0};
     Checkpoint c = {0};
-    int rc = refuse_existing(a->out, a->force, &err) || refuse_same_dir(a->dir, a->out, &err) ||
+    int rc = refuse_nonempty(a->out, a->force, &err) || refuse_same_dir(a->dir, a->out, &err) ||
              open_checkpoint(&c, a->dir, &err) || write_checkpoint(&c, a->dir, a->out, &err);
     if (rc) {
         fprintf(stderr, "astrai-model: %s\n", err.msg);
