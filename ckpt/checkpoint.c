@@ -176,6 +176,25 @@ static int ledger_read(const char *ckpt_dir, char **text, bool *present, Err *er
     return fs_read_file(path, text, &len, err);
 }
 
+// A checkpoint replaces only one astrai committed under that name: a user's directory or a
+// symlink there is never moved aside and deleted.
+static int refuse_foreign(const char *ckpt_dir, const char *name, const char *final_path,
+                          Err *err) {
+    struct stat st;
+    if (lstat(final_path, &st) != 0) return 0;
+    char *ledger;
+    bool present;
+    if (ledger_read(ckpt_dir, &ledger, &present, err)) return -1;
+    CkptEntry e = {0};
+    ledger_lookup(ledger, name, &e);
+    free(ledger);
+    if (S_ISDIR(st.st_mode) && e.ours) return 0;
+    return err_set(err,
+                   "%s exists and is not a checkpoint astrai committed there (not in %s/%s): "
+                   "move it away; it is never replaced",
+                   final_path, ckpt_dir, CKPT_LEDGER);
+}
+
 int ckpt_commit(const char *ckpt_dir, const char *tmp_path, const char *name, Err *err) {
     char final_path[PATH_MAX], old_path[PATH_MAX], old_base[NAME_MAX + 1];
     if (check_name(name, err) != 0 || path_join(final_path, sizeof final_path, ckpt_dir, name, err))
@@ -188,7 +207,8 @@ int ckpt_commit(const char *ckpt_dir, const char *tmp_path, const char *name, Er
     if (path_join(marker, sizeof marker, tmp_path, TMP_MARKER, err)) return -1;
     if (unlink(marker) != 0 && errno != ENOENT)
         return err_errno(err, errno, "%s: cannot remove", marker);
-    if (fsync_tree(tmp_path, err) != 0) return -1;
+    if (refuse_foreign(ckpt_dir, name, final_path, err) || fsync_tree(tmp_path, err) != 0)
+        return -1;
     // The ledger names it before it lands: a crash in between leaves an entry whose directory is
     // missing (skipped), never a committed checkpoint astrai would not know as its own.
     if (ledger_append(ckpt_dir, "commit", name, err)) return -1;

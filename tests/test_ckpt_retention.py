@@ -86,6 +86,37 @@ def main():
     check("keep_last 1, stopped at 4", ours(ckpt), [4], failures)
     run(root, model, data, "resumed", checkpoint_keep_last=1, resume="true")
     check("keep_last 1, resumed from 4", ours(ckpt), [4, 12], failures)
+    # (The checkpoint resumed from stays: 6 below, 8 in the branch.)
+    # A lookalike of the user's (a real checkpoint copied in, as epoch_0_step_7) and a symlink
+    # to it (epoch_0_step_9): never the newest, never deleted, never resumed from.
+    ckpt = os.path.join(root, "lookalike")
+    os.makedirs(ckpt)
+    shutil.copytree(os.path.join(root, "all", "epoch_0_step_7"),
+                    os.path.join(ckpt, "epoch_0_step_7"))
+    os.symlink(os.path.join(ckpt, "epoch_0_step_7"), os.path.join(ckpt, "epoch_0_step_9"))
+    os.makedirs(os.path.join(ckpt, ".tmp-notes"))
+    with open(os.path.join(ckpt, ".tmp-notes", "todo"), "w") as f:
+        f.write("mine\n")
+    run(root, model, data, "lookalike", checkpoint_keep_last=1, ckpt_interval=2, max_steps=6)
+    check("lookalike: keep_last 1 of 2, 4, 6", ours(ckpt), [6, 7, 9], failures)
+    if not os.path.islink(os.path.join(ckpt, "epoch_0_step_9")):
+        failures.append("lookalike: the symlink epoch_0_step_9 is gone")
+    if not os.path.exists(os.path.join(ckpt, ".tmp-notes", "todo")):
+        failures.append("lookalike: the user's .tmp-notes/ was cleaned")
+    _, err = run(root, model, data, "lookalike", checkpoint_keep_last=1, ckpt_interval=2,
+                 max_steps=8, resume="true")
+    check("lookalike: resumed from 6 (not 7 or 9) to 8", ours(ckpt), [6, 7, 8, 9], failures)
+    if "epoch_0_step_7 is not one astrai committed" not in err:
+        failures.append(f"lookalike: not reported: {err[-600:]}")
+    # A run resumed from an older checkpoint is a branch: its retention leaves the first run's
+    # checkpoints alone, and a later plain --resume continues the branch, not the first run.
+    ckpt, _ = run(root, model, data, "branch", ckpt_interval=2, max_steps=10)
+    run(root, model, data, "branch", ckpt_interval=2, max_steps=8, resume="true",
+        checkpoint_keep_last=1, param_path=os.path.join(ckpt, "epoch_0_step_4"))
+    check("branch from 4 to 8, keep_last 1", ours(ckpt), [2, 4, 8, 10], failures)
+    run(root, model, data, "branch", ckpt_interval=2, max_steps=9, resume="true",
+        checkpoint_keep_last=1)
+    check("plain resume continues the branch (8 -> 9)", ours(ckpt), [2, 4, 8, 9, 10], failures)
     # the job keys and their range.
     _, err = run(root, model, data, "bad", expect=2, checkpoint_keep_last=-1)
     if "checkpoint_keep_last" not in err:
