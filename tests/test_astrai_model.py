@@ -413,6 +413,19 @@ def check_sharded_errors(root, sharded, sharded_bf16, full, failures):
             failures)
     refused(["consolidate", sharded], ["--out"], "no --out", failures)
     refused(["consolidate", "--out", taken], ["checkpoint directory"], "no CKPT", failures)
+    # A user's directory: refused without --force, and with it only consolidate's own files are
+    # replaced (the user's notes stay; nothing of theirs is deleted).
+    mine = os.path.join(root, "mine")
+    os.makedirs(mine)
+    with open(os.path.join(mine, "notes.txt"), "w") as f:
+        f.write("mine\n")
+    refused(["consolidate", sharded, "--out", mine], [mine, "is not empty", "--force"],
+            "user's --out", failures)
+    if sorted(os.listdir(mine)) != ["notes.txt"]:
+        failures.append(f"a refused consolidate wrote into {mine}: {os.listdir(mine)}")
+    run("consolidate", sharded, "--out", mine, "--force")
+    if read_bytes(os.path.join(mine, "notes.txt")) != b"mine\n":
+        failures.append("consolidate --force touched the user's notes.txt")
     # --force replaces it: the full checkpoint again, from the sharded one.
     run("consolidate", sharded, "--out", taken, "--force")
     if read_bytes(os.path.join(taken, "model.safetensors")) != before:
