@@ -462,6 +462,26 @@ static void add_family_defaults(cJSON *hf, int family, int head_dim) {
     if (bit & (QWEN2 | QWEN3)) cJSON_AddBoolToObject(hf, "use_sliding_window", false);
 }
 
+// cJSON prints a whole-number double as an integer ("factor": 8), which transformers rejects or
+// warns about for keys it types as floats: those are written as floats ("factor": 8.0).
+static void floats_as_floats(cJSON *o) {
+    static const char *const FLOAT_KEYS[] = {
+        "rms_norm_eps", "rope_theta",      "initializer_range", "attention_dropout",
+        "factor",       "low_freq_factor", "high_freq_factor",  "beta_fast",
+        "beta_slow",    "mscale",          "mscale_all_dim",    "attention_factor",
+    };
+    if (!cJSON_IsObject(o)) return;
+    for (size_t i = 0; i < sizeof FLOAT_KEYS / sizeof *FLOAT_KEYS; i++) {
+        const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, FLOAT_KEYS[i]);
+        char text[400];
+        if (!cJSON_IsNumber(v) || !isfinite(v->valuedouble) ||
+            v->valuedouble != floor(v->valuedouble))
+            continue;
+        snprintf(text, sizeof text, "%.1f", v->valuedouble);
+        put(o, FLOAT_KEYS[i], cJSON_CreateRaw(text));
+    }
+}
+
 static cJSON *hf_config(const cJSON *root, const HfShape *s, int family, DType dtype) {
     const cJSON *orig = cJSON_GetObjectItemCaseSensitive(root, "hf_config");
     cJSON *hf = cJSON_IsObject(orig) ? cJSON_Duplicate(orig, 1) : cJSON_CreateObject();
@@ -490,6 +510,8 @@ static cJSON *hf_config(const cJSON *root, const HfShape *s, int family, DType d
             key_of(root, "rope_scaling") ? cJSON_Duplicate(key_of(root, "rope_scaling"), 1)
                                          : cJSON_CreateNull());
     put(hf, "torch_dtype", cJSON_CreateString(dtype_info(dtype)->numpy));
+    floats_as_floats(hf);
+    floats_as_floats(cJSON_GetObjectItemCaseSensitive(hf, "rope_scaling"));
     return hf;
 }
 

@@ -217,6 +217,12 @@ def check_import(name, root, failures):
     diff = same_tensors(load_dir(back), hf)
     orig, again = (read_json(os.path.join(d, "config.json")) for d in (hf_dir, back))
     cfg_diff = {k for k in set(orig) | set(again) if orig.get(k) != again.get(k)}
+    # Floats stay floats in the JSON text ("factor": 8.0, not 8: transformers warns otherwise).
+    for key, o_val, a_val in [(k, orig[k], again.get(k)) for k in orig] + [
+            ("rope_scaling." + k, v, (again.get("rope_scaling") or {}).get(k))
+            for k, v in (orig.get("rope_scaling") or {}).items()]:
+        if isinstance(o_val, float) and not isinstance(a_val, float):
+            cfg_diff.add(f"{key} written as {a_val!r}, not a float")
     tok_diff = [f for f in TOKENIZER_FILES if open(os.path.join(hf_dir, f), "rb").read()
                 != open(os.path.join(back, f), "rb").read()]
     print(f"  import+export: tensors {'bit-identical' if not diff else diff}, config keys "
