@@ -48,15 +48,20 @@ static void show(char *out, size_t cap, const cJSON *item) {
     free(text);
 }
 
-// An integer key in [1, 2^30]; fallback > 0 when it may be absent or null.
+// An integer key in [1, its limit] (model_config_size_limit); fallback > 0 when it may be absent
+// or null.
 static int read_size(const cJSON *root, const char *key, const char *path, int fallback, int *out,
                      Err *err) {
     const cJSON *item = key_of(root, key);
     if (!item && fallback > 0) return *out = fallback, 0;
     if (!item) return err_set(err, "%s: missing required key '%s'", path, key);
     double v = item->valuedouble;
-    if (!cJSON_IsNumber(item) || v != floor(v) || v < 1 || v > 1 << 30)
+    if (!cJSON_IsNumber(item) || v != floor(v) || v < 1)
         return err_set(err, "%s: key '%s' must be a positive integer", path, key);
+    long max = model_config_size_limit(key);
+    if (v > (double)max)
+        return err_set(err, "%s: key '%s' = %.0f is above astrai's limit of %ld", path, key, v,
+                       max);
     *out = (int)v;
     return 0;
 }

@@ -15,15 +15,39 @@ static const cJSON *config_key(const cJSON *root, const char *key) {
     return cJSON_IsNull(item) ? NULL : item;
 }
 
-static int config_positive_int(const cJSON *root, const char *key, const char *source, int *out,
-                               Err *err) {
+// The size limits (docs/training.md "Model config"): far above any released model, low enough
+// that no product of them overflows the planner's 64-bit sizes.
+static const struct {
+    const char *key;
+    long max;
+} SIZE_LIMITS[] = {
+    {"vocab_size", 1L << 24},
+    {"hidden_size", 1L << 16},
+    {"num_hidden_layers", 1L << 12},
+    {"num_attention_heads", 1L << 12},
+    {"num_key_value_heads", 1L << 12},
+    {"intermediate_size", 1L << 20},
+    {"max_position_embeddings", 1L << 24},
+};
+
+long model_config_size_limit(const char *key) {
+    for (size_t i = 0; i < sizeof SIZE_LIMITS / sizeof *SIZE_LIMITS; i++)
+        if (!strcmp(SIZE_LIMITS[i].key, key)) return SIZE_LIMITS[i].max;
+    return 1L << 30;
+}
+
+// A size key in [1, max]: a value above max is refused before anything is planned or allocated.
+static int config_size(const cJSON *root, const char *key, long max, const char *source, int *out,
+                       Err *err) {
     const cJSON *item = config_key(root, key);
     if (!item) return err_set(err, "%s: missing required key '%s'", source, key);
     double v = item->valuedouble;
     if (!cJSON_IsNumber(item) || v != floor(v))
         return err_set(err, "%s: key '%s' must be an integer", source, key);
-    if (v <= 0 || v > 1 << 30)
-        return err_set(err, "%s: key '%s' = %g must be a positive integer", source, key, v);
+    if (v <= 0) return err_set(err, "%s: key '%s' = %g must be a positive integer", source, key, v);
+    if (v > (double)max)
+        return err_set(err, "%s: key '%s' = %.0f is above astrai's limit of %ld", source, key, v,
+                       max);
     *out = (int)v;
     return 0;
 }
@@ -134,7 +158,9 @@ static int config_read_sizes(ModelConfig *cfg, const cJSON *root, const char *so
         {"max_position_embeddings", &cfg->max_position_embeddings},
     };
     for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++)
-        if (config_positive_int(root, sizes[i].key, source, sizes[i].out, err)) return -1;
+        if (config_size(root, sizes[i].key, model_config_size_limit(sizes[i].key), source,
+                        sizes[i].out, err))
+            return -1;
     return 0;
 }
 

@@ -44,6 +44,9 @@ typedef struct {
 int model_config_load(ModelConfig *cfg, const char *path, Err *err);
 
 // Same, from JSON text; `source` names the origin in messages.
+// The largest value astrai takes for size key `key` of a model config (vocab_size, hidden_size,
+// num_hidden_layers, ...; 2^30 for the others).
+long model_config_size_limit(const char *key);
 int model_config_parse(ModelConfig *cfg, const char *json, const char *source, Err *err);
 
 // Serialises to config.json text with every key AstrAI's AutoRegressiveLMConfig.to_dict()

@@ -167,6 +167,11 @@ def check_errors(tmp, good):
     for broken, key in [
         ({k: v for k, v in CONFIG.items() if k != "hidden_size"}, "hidden_size"),
         (dict(CONFIG, num_hidden_layers="two"), "num_hidden_layers"),
+        # size limits, checked before anything is planned (exit 2, not "out of memory")
+        (dict(CONFIG, num_hidden_layers=10**9), "'num_hidden_layers' = 1000000000 is above "
+         "astrai's limit of 4096"),
+        (dict(CONFIG, hidden_size=2**40), "'hidden_size' = 1099511627776 is above astrai's "
+         "limit of 65536"),
         (dict(CONFIG, attn_type="mla"), "attn_type"),
         (dict(CONFIG, num_key_value_heads=3), "num_key_value_heads"),
     ]:

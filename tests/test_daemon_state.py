@@ -112,6 +112,9 @@ def check_ids_and_logs(root, fake, model, data):
         stale = os.path.join(run_dir, "checkpoints", ".tmp-epoch_0_step_4-4242")
         complete = os.path.join(run_dir, "checkpoints", "epoch_0_step_2")
         write(os.path.join(stale, "model.safetensors"), b"\0" * (1 << 20))
+        write(os.path.join(stale, ".astrai-tmp"), b"astrai: a checkpoint being written\n")
+        notes = os.path.join(run_dir, "checkpoints", ".tmp-notes", "todo")  # the user's
+        write(notes, b"mine\n")
         write(os.path.join(complete, "meta.json"), b"{}")
         c.close()
         assert d.stop() == 0
@@ -123,6 +126,7 @@ def check_ids_and_logs(root, fake, model, data):
         assert c.call("logs", {"job": j1, "tail": 1})["lines"] == FAKE_LINES[2:]
         assert not os.path.exists(stale), "the unfinished checkpoint write was not removed"
         assert os.path.isdir(complete), "a complete checkpoint was removed"
+        assert os.path.exists(notes), "a user's .tmp-notes/ was removed"
         assert "removed " + stale in d.logs(), "the removal is not logged"
         log_before = read(os.path.join(run_dir, "run1-rank0.log"))
         c.close()
