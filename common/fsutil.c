@@ -72,8 +72,9 @@ static int write_all(int fd, const void *data, size_t len) {
     return 0;
 }
 
-int fs_write_file_synced(const char *path, const void *data, size_t len, Err *err) {
-    int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+static int write_synced_mode(const char *path, const void *data, size_t len, mode_t mode,
+                             Err *err) {
+    int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, mode);
     if (fd < 0) return err_errno(err, errno, "%s: cannot create", path);
     if (write_all(fd, data, len) != 0 || fsync(fd) != 0) {
         int e = errno;
@@ -84,6 +85,10 @@ int fs_write_file_synced(const char *path, const void *data, size_t len, Err *er
     return 0;
 }
 
+int fs_write_file_synced(const char *path, const void *data, size_t len, Err *err) {
+    return write_synced_mode(path, data, len, 0644, err);
+}
+
 // Directory part of path ("." when there is none), into out.
 static void parent_dir(const char *path, char *out, size_t cap) {
     char copy[PATH_MAX];
@@ -92,10 +97,16 @@ static void parent_dir(const char *path, char *out, size_t cap) {
 }
 
 int fs_write_file_atomic(const char *path, const void *data, size_t len, Err *err) {
+    return fs_write_file_atomic_mode(path, data, len, 0644, err);
+}
+
+int fs_write_file_atomic_mode(const char *path, const void *data, size_t len, mode_t mode,
+                              Err *err) {
     char tmp[PATH_MAX];
     if (snprintf(tmp, sizeof tmp, "%s.tmp.%ld", path, (long)getpid()) >= (int)sizeof tmp)
         return err_set(err, "%s: path too long", path);
-    if (fs_write_file_synced(tmp, data, len, err) != 0) {
+    unlink(tmp); // created afresh: open's mode applies only to a new file
+    if (write_synced_mode(tmp, data, len, mode, err) != 0) {
         unlink(tmp);
         return -1;
     }

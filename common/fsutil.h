@@ -2,6 +2,7 @@
 #pragma once
 #include <stddef.h>
 #include <sys/stat.h>
+#include <sys/types.h>
 
 #include "common/error.h"
 
@@ -14,6 +15,10 @@ int fs_read_file(const char *path, char **data, size_t *len, Err *err);
 
 // Writes data to path atomically: path.tmp.<pid>, fsync, rename, fsync of the directory.
 int fs_write_file_atomic(const char *path, const void *data, size_t len, Err *err);
+// The same with the file created with mode (under the umask) instead of 0644: a copy no more
+// permissive than its source.
+int fs_write_file_atomic_mode(const char *path, const void *data, size_t len, mode_t mode,
+                              Err *err);
 
 // Writes data to path (plain create/truncate) and fsyncs it; for files inside a
 // temporary directory that is itself renamed into place.

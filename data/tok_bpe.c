@@ -59,6 +59,12 @@ static int parse_vocab(const cJSON *v, Bpe *b, Err *err) {
     if (!b->token || !b->tok_len) return err_resource(err, "model.vocab: out of memory");
     for (size_t i = 0; i < b->vocab.n; i++) { // keys no longer move: the map is complete
         const StrEntry *x = &b->vocab.entries[i];
+        const char *other = b->token[x->val];
+        // One id for two tokens: decoding could give only one of them back.
+        if (other)
+            return err_set(err, "model.vocab: tokens \"%.*s\" and \"%.*s\" both have id %d",
+                           (int)b->tok_len[x->val], other, (int)x->len, b->vocab.keys.data + x->off,
+                           x->val);
         b->token[x->val] = b->vocab.keys.data + x->off;
         b->tok_len[x->val] = x->len;
     }

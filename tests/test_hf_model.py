@@ -425,6 +425,56 @@ BAD = [  # (case, edit, substrings stderr must hold)
 ]
 
 
+def replace_file(d, name, text):
+    os.remove(os.path.join(d, name))
+    with open(os.path.join(d, name), "w") as f:
+        f.write(text)
+
+
+def link_to(d, name, target):
+    os.remove(os.path.join(d, name))
+    os.symlink(target, os.path.join(d, name))
+
+
+# A BPE tokenizer.json (one astrai loads, so it is loaded whole) giving one id to two tokens.
+DUP_BPE = json.dumps({"model": {"type": "BPE", "vocab": {"a": 0, "b": 0, "c": 1}, "merges": []}})
+BAD += [
+    # support files are parsed as what they claim to be before anything is written
+    ("llama", lambda d: link_to(d, "tokenizer.json", "/etc/passwd"),
+     ["tokenizer.json", "not valid JSON"]),
+    ("llama", lambda d: replace_file(d, "tokenizer_config.json", "[1, 2]"),
+     ["tokenizer_config.json", "not a JSON object"]),
+    ("llama", lambda d: replace_file(d, "tokenizer.json", '{"model": {"type": "WordLevel"}}'),
+     ["tokenizer.json", "not a tokenizer"]),
+    ("llama", lambda d: replace_file(d, "tokenizer.json", DUP_BPE),
+     ["tokenizer.json", 'tokens "a" and "b" both have id 0']),
+]
+
+
+def check_support_links(root, failures):
+    """Hugging Face's cache layout: every file a symlink into blobs/. import-hf follows the links,
+    copies what they hold, and never makes a copy more permissive than its source (0640)."""
+    hf, out = os.path.join(root, "hf"), os.path.join(root, "out")
+    save_case("llama", hf, seed=2)
+    blobs = os.path.join(root, "blobs")
+    os.makedirs(blobs)
+    want = {}
+    for name in TOKENIZER_FILES:
+        blob = os.path.join(blobs, name + ".blob")
+        shutil.move(os.path.join(hf, name), blob)
+        os.chmod(blob, 0o640)
+        os.symlink(blob, os.path.join(hf, name))
+        want[name] = open(blob, "rb").read()
+    astrai_model(["import-hf", hf, "--out", out])
+    for name in TOKENIZER_FILES:
+        path = os.path.join(out, name)
+        mode = os.stat(path).st_mode & 0o777
+        same = not os.path.islink(path) and open(path, "rb").read() == want[name]
+        print(f"symlinked {name}: copied {'as it is' if same else 'WRONG'}, mode {oct(mode)}")
+        if not same or mode & ~0o640:
+            failures.append(f"symlinked {name}: same content {same}, mode {oct(mode)} (source 0640)")
+
+
 def check_bad(root, failures):
     made = {}
     for i, (case, edit, needles) in enumerate(BAD):
@@ -468,6 +518,7 @@ def main():
         check_astrai_export(sub("astrai"), failures)
         check_param_path(sub("train"), failures)
         check_bad(sub("bad"), failures)
+        check_support_links(sub("links"), failures)
     finally:
         shutil.rmtree(root)
     return tu.finish(failures)

@@ -410,6 +410,10 @@ class HfTokenizers(unittest.TestCase):
             path = os.path.join(self.dir, f"bad{i}.json")
             edit_json(src, path, fn)
             self.expect_bad(path, path, needle)
+        # one id for two tokens: refused naming both (decoding could give back only one)
+        dup = os.path.join(self.dir, "bad_dup.json")
+        edit_json(src, dup, lambda j: j["model"]["vocab"].update(zzdup=j["model"]["vocab"]["a"]))
+        self.expect_bad(dup, dup, 'tokens "a" and "zzdup" both have id')
         split = os.path.join(self.dir, "bad_split.json")
         edit_json(self.tokenizers["llama3"], split, lambda j: j["pre_tokenizer"]["pretokenizers"][0]
                   .update(pattern={"Regex": "(unclosed"}))

@@ -34,6 +34,7 @@
 #include "common/fsutil.h"
 #include "common/json.h"
 #include "common/path.h"
+#include "data/tokenizer.h"
 #include "engine/config.h"
 #include "engine/model.h"
 #include "train/ckpt_writer.h" // CKPT_TEXT_NAMES: a checkpoint's text files
@@ -748,13 +749,88 @@ static int remove_weights(const char *dir, Err *err) {
     return rc;
 }
 
+// Whether text (len bytes) is what the support file `name` claims to be: tokenizer.json a
+// tokenizer (a BPE one: one astrai loads), another .json a JSON object, merges.txt "a b" lines,
+// tokenizer.model a SentencePiece protobuf (its first field). path names the file in the message.
+static int check_support_file(const char *name, const char *path, const char *text, size_t len,
+                              Err *err) {
+    if (strlen(name) > 5 && !strcmp(name + strlen(name) - 5, ".json")) {
+        cJSON *o = cJSON_ParseWithLength(text, len);
+        const cJSON *model = cJSON_GetObjectItemCaseSensitive(o, "model");
+        const cJSON *type = cJSON_GetObjectItemCaseSensitive(model, "type");
+        int rc = !o                   ? err_set(err, "%s: not valid JSON", path)
+                 : !cJSON_IsObject(o) ? err_set(err, "%s: not a JSON object", path)
+                                      : 0;
+        if (!rc && !strcmp(name, "tokenizer.json")) {
+            if (!cJSON_IsObject(cJSON_GetObjectItemCaseSensitive(model, "vocab")))
+                rc = err_set(err, "%s: not a tokenizer (no model.vocab object)", path);
+            // A model astrai tokenizes must load whole; another (WordLevel, Unigram, ...) is
+            // carried for Hugging Face's tools after the structural check.
+            Tokenizer *t;
+            if (!rc && cJSON_IsString(type) && !strcmp(type->valuestring, "BPE")) {
+                rc = tokenizer_open(path, &t, err);
+                if (!rc) tokenizer_free(t);
+            }
+        }
+        cJSON_Delete(o);
+        return rc;
+    }
+    if (!strcmp(name, "tokenizer.model"))
+        return len > 0 && (unsigned char)text[0] == 0x0a
+                   ? 0
+                   : err_set(err, "%s: not a SentencePiece model", path);
+    if (memchr(text, '\0', len)) return err_set(err, "%s: not a text file", path);
+    for (const char *line = text, *end = text + len; line < end;) {
+        const char *nl = memchr(line, '\n', (size_t)(end - line));
+        size_t n = nl ? (size_t)(nl - line) : (size_t)(end - line);
+        const char *space = memchr(line, ' ', n);
+        if (n && line[0] != '#' &&
+            (!space || space == line || memchr(space + 1, ' ', n - (size_t)(space + 1 - line))))
+            return err_set(err, "%s: line '%.*s' is not a merge (\"a b\")", path,
+                           (int)(n > 60 ? 60 : n), line);
+        line += n + 1;
+    }
+    return 0;
+}
+
+// The support files of src that are present, each read (symlinks followed: Hugging Face's cache
+// links every file into blobs/) and checked before anything is written; texts[i] NULL: absent.
+static int read_support_files(const char *src, char **texts, size_t *lens, mode_t *modes,
+                              Err *err) {
+    for (int i = 0; i < N_TOKENIZER_FILES; i++)
+        texts[i] = NULL;
+    for (int i = 0; i < N_TOKENIZER_FILES; i++) {
+        char path[PATH_MAX];
+        struct stat st;
+        if (path_join(path, sizeof path, src, TOKENIZER_FILES[i], err)) return -1;
+        if (!fs_is_file(path)) continue;
+        if (stat(path, &st) != 0) return err_errno(err, errno, "%s: cannot stat", path);
+        if (fs_read_file(path, &texts[i], &lens[i], err) ||
+            check_support_file(TOKENIZER_FILES[i], path, texts[i], lens[i], err))
+            return -1;
+        modes[i] = st.st_mode & 0644; // never more permissive than the source
+    }
+    return 0;
+}
+
 // DIR gets the tokenizer files and config.json, then the weights, the index of a sharded set
 // last: each file under a temp name renamed into place.
 static int write_hf_output(const HfConversion *c, int n_files, const char *src, const char *out,
                            Err *err) {
-    if (fs_mkdir_p(out, err) || remove_weights(out, err)) return -1;
+    char *texts[N_TOKENIZER_FILES];
+    size_t lens[N_TOKENIZER_FILES];
+    mode_t modes[N_TOKENIZER_FILES];
+    int rc = read_support_files(src, texts, lens, modes, err) || fs_mkdir_p(out, err) ||
+             remove_weights(out, err);
+    for (int i = 0; i < N_TOKENIZER_FILES && !rc; i++) {
+        char path[PATH_MAX];
+        rc = texts[i] ? path_join(path, sizeof path, out, TOKENIZER_FILES[i], err) ||
+                            fs_write_file_atomic_mode(path, texts[i], lens[i], modes[i], err)
+                      : remove_stale(out, TOKENIZER_FILES[i], err);
+    }
     for (int i = 0; i < N_TOKENIZER_FILES; i++)
-        if (copy_text(src, out, TOKENIZER_FILES[i], err)) return -1;
+        free(texts[i]);
+    if (rc) return -1;
     if (write_text(out, "config.json", cJSON_Print(hf_output_config(c)), err)) return -1;
     for (int k = 0; k < n_files; k++) {
         char name[64];
