@@ -117,6 +117,8 @@ def plant_leftovers(ck, failures):
         f.write(b"\0" * 100000)
     with open(os.path.join(tmp, "meta.json"), "w") as f:
         f.write('{"epoch": 9, "consumed_sam')
+    with open(os.path.join(tmp, ".astrai-tmp"), "w") as f:  # astrai's marker of its temp dirs
+        f.write("astrai: a checkpoint being written or removed\n")
     old = os.path.join(ck, f".old-{os.path.basename(latest)}-2147483000")
     os.rename(latest, old)
     if [n for n in os.listdir(ck) if n.startswith("epoch_")]:
