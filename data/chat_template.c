@@ -82,7 +82,7 @@ int chat_template_render(const ChatTemplate *t, const ChatMessage *msgs, int n_m
                  ? err_resource(err, "%s: out of memory for the messages", t->name)
                  : 0;
     JinjaGlobals g = {names, defined, n, vars->now};
-    if (rc == 0) rc = jinja_render(&a, t->prog, t->name, &g, &b, err);
+    if (rc == 0) rc = jinja_render(&a, t->prog, t->name, &g, vars->limits, &b, err);
     if (rc == 0 && !b.data && buf_append(&b, "", 0))
         rc = err_resource(err, "%s: out of memory for the rendering", t->name);
     arena_free(&a);

@@ -18,6 +18,21 @@ typedef struct {
     const char *content;
 } ChatMessage;
 
+// Budgets of one rendering (docs/data.md "Template budgets"): exceeding one is bad input (exit
+// 2) naming the budget, its limit and the template line. Counts, never time: operations (every
+// expression evaluated and every loop iteration) bound the time, deterministically. A field <= 0
+// takes its default (CHAT_DEFAULT_*).
+typedef struct {
+    long max_iterations; // loop iterations, all loops together
+    long max_bytes;      // the output, and any one string built
+    long max_memory;     // bytes of values held by the rendering
+    long max_ops;        // expressions evaluated + loop iterations
+} ChatLimits;
+#define CHAT_DEFAULT_ITERATIONS 10000000L
+#define CHAT_DEFAULT_BYTES (64L << 20)
+#define CHAT_DEFAULT_MEMORY (1L << 30)
+#define CHAT_DEFAULT_OPS 100000000L
+
 // The template's variables besides messages. A NULL token or date_string is undefined in the
 // template (as a special token tokenizer_config.json does not set); tools and documents are
 // none, as transformers passes them without tools.
@@ -25,7 +40,8 @@ typedef struct {
     const char *bos_token, *eos_token, *pad_token, *unk_token;
     int add_generation_prompt;
     const char *date_string;
-    time_t now; // what strftime_now(format) formats, in UTC
+    time_t now;               // what strftime_now(format) formats, in UTC
+    const ChatLimits *limits; // NULL: the defaults
 } ChatVars;
 
 // Renders msgs into *out (malloc'd, NUL-terminated, *len bytes). A template's

@@ -4,6 +4,7 @@
 // in jinja_builtins.c) that pass them on. The subset and its semantics (Jinja2 as
 // transformers configures it): docs/data.md, "Conversations and chat templates".
 #pragma once
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <string.h>
@@ -11,6 +12,7 @@
 
 #include "common/buf.h"
 #include "common/error.h"
+#include "data/chat_template.h"
 
 // ------------------------------------------------------------ arena
 
@@ -18,6 +20,8 @@
 typedef struct ArenaBlock ArenaBlock;
 typedef struct {
     ArenaBlock *head;
+    size_t used, limit; // bytes handed out; limit 0: none (arena_alloc refuses past it)
+    bool over;          // a request was refused for the limit, not for the system's memory
 } Arena;
 
 // size bytes, zeroed, aligned for any type; NULL when out of memory.
@@ -213,9 +217,16 @@ typedef struct {
     time_t now;
 } JinjaGlobals;
 
-// Renders prog into out (its memory in a).
-int jinja_render(Arena *a, const Stmt *prog, const char *name, const JinjaGlobals *g, Buf *out,
-                 Err *err);
+// What a rendering has spent of its budgets (ChatLimits), and the line it is at.
+typedef struct {
+    ChatLimits lim;
+    long iterations, ops;
+    int line;
+} JinjaBudget;
+
+// Renders prog into out (its memory in a, bounded by lim's max_memory; lim NULL: the defaults).
+int jinja_render(Arena *a, const Stmt *prog, const char *name, const JinjaGlobals *g,
+                 const ChatLimits *lim, Buf *out, Err *err);
 
 // ------------------------------------------------------------ evaluation internals
 // Shared by jinja_eval.c (expressions, statements) and jinja_builtins.c (filters, tests,
@@ -227,6 +238,7 @@ typedef struct {
     const JinjaGlobals *g;
     Buf *out;
     Err *err;
+    JinjaBudget *budget;
 } JinjaCtx;
 
 // A call's arguments: v[i] is positional when kw[i] is NULL.
@@ -247,6 +259,8 @@ static inline Value value_key(const char *s) {
 int jinja_error(const JinjaCtx *C, int line, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 int jinja_oom(const JinjaCtx *C);
+// A string of n bytes may be built (ChatLimits.max_bytes); else the budget's error at line.
+int jinja_check_size(const JinjaCtx *C, int line, size_t n);
 // A failure of a value_* helper (no location in its message) located at a line.
 int jinja_at_line(const JinjaCtx *C, int line);
 // The error of using an undefined value v.

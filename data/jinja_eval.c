@@ -29,7 +29,29 @@ int jinja_error(const JinjaCtx *C, int line, const char *fmt, ...) {
 }
 
 int jinja_oom(const JinjaCtx *C) {
+    if (C->a->over)
+        return jinja_error(C, C->budget->line,
+                           "template budget exceeded: memory (more than %ld bytes of values; "
+                           "--template_max_memory raises it)",
+                           C->budget->lim.max_memory);
     return err_resource(C->err, "%s: out of memory rendering the template", C->name);
+}
+
+int jinja_check_size(const JinjaCtx *C, int line, size_t n) {
+    if (n <= (size_t)C->budget->lim.max_bytes) return 0;
+    return jinja_error(C, line,
+                       "template budget exceeded: bytes (a string or output of %zu bytes, more "
+                       "than %ld; --template_max_bytes raises it)",
+                       n, C->budget->lim.max_bytes);
+}
+
+// One more operation (an expression, a loop iteration) of the rendering's budget.
+static int spend_op(const JinjaCtx *C, int line) {
+    if (++C->budget->ops <= C->budget->lim.max_ops) return 0;
+    return jinja_error(C, line,
+                       "template budget exceeded: operations (more than %ld expressions and loop "
+                       "iterations; --template_max_ops raises it)",
+                       C->budget->lim.max_ops);
 }
 
 int jinja_at_line(const JinjaCtx *C, int line) {
@@ -51,6 +73,7 @@ List *jinja_new_list(const JinjaCtx *C, size_t n) {
 }
 
 int jinja_make_str(const JinjaCtx *C, const char *s, size_t n, Value *out) {
+    if (jinja_check_size(C, C->budget->line, n)) return -1;
     char *copy = arena_strndup(C->a, s, n);
     if (!copy) return jinja_oom(C);
     *out = v_str(copy, n);
@@ -196,7 +219,9 @@ int jinja_iterate(const JinjaCtx *C, int line, Value v, List **out) {
 
 static int concat_values(const JinjaCtx *C, int line, Value a, Value b, Value *out) {
     Value sa = {0}, sb = {0};
-    if (jinja_to_str(C, line, a, &sa) || jinja_to_str(C, line, b, &sb)) return -1;
+    if (jinja_to_str(C, line, a, &sa) || jinja_to_str(C, line, b, &sb) ||
+        jinja_check_size(C, line, sa.str.n + sb.str.n))
+        return -1;
     char *s = arena_alloc(C->a, sa.str.n + sb.str.n + 1);
     if (!s) return jinja_oom(C);
     memcpy(s, sa.str.s, sa.str.n);
@@ -217,6 +242,7 @@ static int join_lists(const JinjaCtx *C, Value a, Value b, Value *out) {
 static int repeat(const JinjaCtx *C, int line, Value s, int64_t times, Value *out) {
     if (times > 0 && s.str.n > (size_t)(MAX_TEXT / times))
         return jinja_error(C, line, "string repetition past %d bytes", MAX_TEXT);
+    if (times > 0 && jinja_check_size(C, line, s.str.n * (size_t)times)) return -1;
     Buf b = {0};
     int rc = 0;
     for (int64_t k = 0; rc == 0 && k < times; k++)
@@ -357,6 +383,7 @@ static int eval_slice(const JinjaCtx *C, Scope *s, const Expr *e, Value *out) {
 static int eval(const JinjaCtx *C, Scope *s, const Expr *e, Value *out) {
     Value a, b;
     JinjaArgs args;
+    if (spend_op(C, e->line)) return -1;
     switch (e->kind) {
     case E_LITERAL:
         *out = e->lit;
@@ -434,9 +461,10 @@ static int bind_targets(const JinjaCtx *C, Scope *s, const Stmt *st, Value item)
     return 0;
 }
 
-// The loop variable of iteration i of n items.
-static int loop_value(const JinjaCtx *C, const List *items, size_t i, Value *out) {
-    Dict *d = arena_alloc(C->a, sizeof *d);
+// The loop variable of iteration i of n items, into *loop (made at the first iteration, its
+// fields overwritten at the next ones).
+static int loop_value(const JinjaCtx *C, const List *items, size_t i, Dict **loop) {
+    Dict *d = *loop ? *loop : (*loop = arena_alloc(C->a, sizeof *d));
     if (!d) return jinja_oom(C);
     int64_t n = (int64_t)items->n, k = (int64_t)i;
     const struct {
@@ -457,7 +485,6 @@ static int loop_value(const JinjaCtx *C, const List *items, size_t i, Value *out
     };
     for (size_t f = 0; f < sizeof fields / sizeof *fields; f++)
         if (dict_set(C->a, d, value_key(fields[f].name), fields[f].v)) return jinja_oom(C);
-    *out = (Value){.t = V_DICT, .dict = d};
     return 0;
 }
 
@@ -482,11 +509,20 @@ static int exec_for(const JinjaCtx *C, Scope *s, const Stmt *st) {
     List *items;
     if (eval(C, s, st->expr, &it) || jinja_iterate(C, st->line, it, &items)) return -1;
     if (st->cond && filter_items(C, s, st, &items)) return -1;
+    // One scope and one loop object for every iteration, emptied and refilled (an iteration's
+    // sets do not outlive it): an iteration allocates nothing, so an empty loop costs no memory.
+    Scope inner = {.parent = s};
+    Dict *loop = NULL;
     for (size_t i = 0; i < items->n; i++) {
-        Scope inner = {.parent = s}; // a scope per iteration: its sets do not outlive it
-        Value loop;
-        if (bind_targets(C, &inner, st, items->v[i]) || loop_value(C, items, i, &loop) ||
-            scope_set(C, &inner, "loop", loop))
+        if (++C->budget->iterations > C->budget->lim.max_iterations)
+            return jinja_error(C, st->line,
+                               "template budget exceeded: iterations (more than %ld loop "
+                               "iterations; --template_max_iterations raises it)",
+                               C->budget->lim.max_iterations);
+        inner.vars.n = 0;
+        if (spend_op(C, st->line) || bind_targets(C, &inner, st, items->v[i]) ||
+            loop_value(C, items, i, &loop) ||
+            scope_set(C, &inner, "loop", (Value){.t = V_DICT, .dict = loop}))
             return -1;
         int rc = exec_body(C, &inner, st->body);
         if (rc < 0) return -1;
@@ -512,12 +548,15 @@ static int exec_set(const JinjaCtx *C, Scope *s, const Stmt *st) {
 
 static int exec_stmt(const JinjaCtx *C, Scope *s, const Stmt *st) {
     Value v;
+    C->budget->line = st->line;
     switch (st->kind) {
     case S_DATA:
-        return buf_append(C->out, st->text, st->len) ? jinja_oom(C) : 0;
+        return buf_append(C->out, st->text, st->len) ? jinja_oom(C)
+                                                     : jinja_check_size(C, st->line, C->out->len);
     case S_OUTPUT:
         if (eval(C, s, st->expr, &v)) return -1;
-        return value_print(C->out, v, C->err) ? jinja_at_line(C, st->line) : 0;
+        return value_print(C->out, v, C->err) ? jinja_at_line(C, st->line)
+                                              : jinja_check_size(C, st->line, C->out->len);
     case S_IF:
         if (eval(C, s, st->expr, &v)) return -1;
         return exec_body(C, s, value_truthy(v) ? st->body : st->orelse);
@@ -542,9 +581,20 @@ static int exec_body(const JinjaCtx *C, Scope *s, const Stmt *st) {
     return FLOW_OK;
 }
 
-int jinja_render(Arena *a, const Stmt *prog, const char *name, const JinjaGlobals *g, Buf *out,
-                 Err *err) {
-    JinjaCtx C = {.a = a, .name = name, .g = g, .out = out, .err = err};
+static long or_default(long v, long fallback) {
+    return v > 0 ? v : fallback;
+}
+
+int jinja_render(Arena *a, const Stmt *prog, const char *name, const JinjaGlobals *g,
+                 const ChatLimits *lim, Buf *out, Err *err) {
+    ChatLimits given = lim ? *lim : (ChatLimits){0};
+    JinjaBudget budget = {
+        .lim = {.max_iterations = or_default(given.max_iterations, CHAT_DEFAULT_ITERATIONS),
+                .max_bytes = or_default(given.max_bytes, CHAT_DEFAULT_BYTES),
+                .max_memory = or_default(given.max_memory, CHAT_DEFAULT_MEMORY),
+                .max_ops = or_default(given.max_ops, CHAT_DEFAULT_OPS)}};
+    a->limit = (size_t)budget.lim.max_memory;
+    JinjaCtx C = {.a = a, .name = name, .g = g, .out = out, .err = err, .budget = &budget};
     Scope top = {0};
     return exec_body(&C, &top, prog) < 0 ? -1 : 0;
 }

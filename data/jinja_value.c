@@ -18,6 +18,11 @@ enum { ARENA_BLOCK = 64 * 1024 };
 
 void *arena_alloc(Arena *a, size_t size) {
     size = (size + alignof(max_align_t) - 1) / alignof(max_align_t) * alignof(max_align_t);
+    if (a->limit && (size > a->limit || a->used > a->limit - size)) {
+        a->over = true;
+        return NULL;
+    }
+    a->used += size;
     ArenaBlock *b = a->head;
     if (!b || b->cap - b->used < size) {
         size_t cap = size > ARENA_BLOCK ? size : ARENA_BLOCK;

@@ -591,5 +591,76 @@ class Prep(unittest.TestCase):
         print("refused:", p.stderr.strip())
 
 
+class Budgets(unittest.TestCase):
+    """A rendering's budgets (docs/data.md "Template budgets"): counted, never timed; past one
+    is exit 2 naming the budget and the template line; flags raise them."""
+
+    @classmethod
+    def setUpClass(cls):
+        cls.tmp = tempfile.TemporaryDirectory()
+        cls.dir = cls.tmp.name
+        cls.data = os.path.join(cls.dir, "c.jsonl")
+        with open(cls.data, "w") as f:
+            f.write(json.dumps({"messages": [msg("user", "hi"), msg("assistant", "yo")]}) + "\n")
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.tmp.cleanup()
+
+    def render(self, name, template, *flags):
+        path = os.path.join(self.dir, name + ".jinja")
+        with open(path, "w") as f:
+            f.write("{% for m in messages %}{{ m.content }}{% endfor %}\n" + template)
+        out = os.path.join(self.dir, name + "-out")
+        return prep("--out", out, "--tokenizer", "bytes", "--chat_template", path, *flags,
+                    self.data), path
+
+    def refused(self, p, path, line, *needles):
+        self.assertEqual(p.returncode, 2, p.stderr)
+        for n in (f"{os.path.basename(path)}:{line}:", "template budget exceeded", *needles):
+            self.assertIn(n, p.stderr)
+        print("refused:", p.stderr.strip())
+
+    def test_nested_empty_loops(self):
+        nested = "{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}"
+        p, path = self.render("nested", nested, "--template_max_iterations", "1000")
+        self.refused(p, path, 2, "iterations", "more than 1000", "--template_max_iterations")
+        p, path = self.render("nested-default", nested)
+        self.refused(p, path, 2, "iterations", "more than 10000000")
+
+    def test_empty_loop_costs_no_memory(self):
+        # 3 million empty iterations within 128 MB of values: only the range lists (30 x 2.4 MB)
+        # are held, nothing per iteration (it was ~800 bytes each: 2.4 GB).
+        loops = "{% for i in range(30) %}{% for j in range(100000) %}{% endfor %}{% endfor %}"
+        p, _ = self.render("empty", loops, "--template_max_memory", str(128 << 20))
+        self.assertEqual(p.returncode, 0, p.stderr)
+        p, path = self.render("empty-small", loops, "--template_max_memory", str(1 << 20))
+        self.refused(p, path, 2, "memory", "--template_max_memory")
+
+    def test_doubling_tojson(self):
+        grow = ('{% set ns = namespace(s="ab") %}{% for i in range(40) %}'
+                '{% set ns.s = ns.s|tojson %}{% endfor %}')
+        p, path = self.render("tojson", grow, "--template_max_bytes", str(1 << 20))
+        self.refused(p, path, 2, "bytes", "more than 1048576", "--template_max_bytes")
+        # never output: the bound is on every value built, not only on the output
+        few = grow.replace("range(40)", "range(10)")
+        p, _ = self.render("tojson-few", few, "--template_max_bytes", str(1 << 20))
+        self.assertEqual(p.returncode, 0, p.stderr)
+
+    def test_operations(self):
+        loop = "{% for i in range(1000) %}{% set x = i + i %}{% endfor %}"
+        p, path = self.render("ops", loop, "--template_max_ops", "500")
+        self.refused(p, path, 2, "operations", "more than 500", "--template_max_ops")
+        p, _ = self.render("ops-raised", loop, "--template_max_ops", "100000")
+        self.assertEqual(p.returncode, 0, p.stderr)
+
+    def test_nesting(self):
+        deep = "{% if true %}" * 300 + "x" + "{% endif %}" * 300
+        p, path = self.render("deep", deep)
+        self.assertEqual(p.returncode, 2, p.stderr)
+        self.assertIn("nested too deeply", p.stderr)
+        print("refused:", p.stderr.strip())
+
+
 if __name__ == "__main__":
     unittest.main(verbosity=2)

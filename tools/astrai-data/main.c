@@ -47,6 +47,10 @@ static const char USAGE[] =
     "         --shard_tokens N splits the token stream into shards of N tokens, --shard_records N\n"
     "         the records into shards of N records (0: one shard). --skip_bad_records skips and\n"
     "         counts bad records instead of failing; --vocab_size V refuses token ids >= V.\n"
+    "         A chat template's rendering has budgets: --template_max_iterations N (loop\n"
+    "         iterations, default 10^7), --template_max_bytes N (output and any one string,\n"
+    "         64 MiB), --template_max_memory N (values held, 1 GiB), --template_max_ops N\n"
+    "         (expressions and iterations, 10^8); past one: exit 2 naming it and the line.\n"
     "inspect  shards, keys, tokens, token id range, documents, loss fraction, windows; for a\n"
     "         record set: format, group size, records, token counts, lengths, rewards, and\n"
     "         with --window_size the rows it truncates.\n"
@@ -316,9 +320,10 @@ static int chat_vars(const Tokenizer *tok, ChatVars *vars, Err *err) {
 }
 
 static int prep_sft_file(const char *path, const Tokenizer *tok, const char *chat_template,
-                         Stream *s, Err *err) {
+                         const ChatLimits *limits, Stream *s, Err *err) {
     SftCtx ctx = {.tok = tok, .s = s, .chat_template_file = chat_template};
     if (chat_vars(tok, &ctx.vars, err) != 0) return -1;
+    ctx.vars.limits = limits;
     int rc = jsonl_each(path, prep_sft_record, &ctx, NULL, NULL, err);
     chat_template_free(ctx.chat_template);
     return rc;
@@ -396,6 +401,7 @@ typedef struct {
     int is_records; // dpo-jsonl or grpo-jsonl
     RecordKind kind;
     int skip_bad;
+    ChatLimits limits; // --template_max_*: the chat template's budgets (0: the default)
     char **files;
     int n_files;
 } PrepArgs;
@@ -434,11 +440,26 @@ static int parse_format(PrepArgs *a, Err *err) {
     return 0;
 }
 
+// --template_max_iterations / _bytes / _memory / _ops into limits (absent: 0, the default).
+static int parse_budgets(const char *const text[4], ChatLimits *limits, Err *err) {
+    static const char *const NAMES[4] = {"--template_max_iterations", "--template_max_bytes",
+                                         "--template_max_memory", "--template_max_ops"};
+    long *fields[4] = {&limits->max_iterations, &limits->max_bytes, &limits->max_memory,
+                       &limits->max_ops};
+    for (int i = 0; i < 4; i++) {
+        int64_t v = 0;
+        if (parse_count(NAMES[i], text[i], 1, &v, err) != 0) return -1;
+        *fields[i] = (long)v;
+    }
+    return 0;
+}
+
 static int parse_prep_args(int argc, char **argv, PrepArgs *a, Err *err) {
     *a = (PrepArgs){.format = "text", .tokenizer = "bytes", .group_size = 4};
     a->files = calloc((size_t)argc + 1, sizeof *a->files);
     if (!a->files) return err_resource(err, "prep: out of memory for %d arguments", argc);
-    const char *given[4] = {NULL}; // shard_tokens, shard_records, group_size, vocab_size
+    const char *given[4] = {NULL};  // shard_tokens, shard_records, group_size, vocab_size
+    const char *budget[4] = {NULL}; // template_max_iterations, _bytes, _memory, _ops
     bool skip_bad = false;
     const Flag flags[] = {
         {.name = "out", .kind = FLAG_STRING, .target = &a->out},
@@ -449,7 +470,11 @@ static int parse_prep_args(int argc, char **argv, PrepArgs *a, Err *err) {
         {.name = "group_size", .kind = FLAG_STRING, .target = &given[2]},
         {.name = "vocab_size", .kind = FLAG_STRING, .target = &given[3]},
         {.name = "skip_bad_records", .kind = FLAG_SWITCH, .target = &skip_bad},
-        {.name = "chat_template", .kind = FLAG_STRING, .target = &a->chat_template}};
+        {.name = "chat_template", .kind = FLAG_STRING, .target = &a->chat_template},
+        {.name = "template_max_iterations", .kind = FLAG_STRING, .target = &budget[0]},
+        {.name = "template_max_bytes", .kind = FLAG_STRING, .target = &budget[1]},
+        {.name = "template_max_memory", .kind = FLAG_STRING, .target = &budget[2]},
+        {.name = "template_max_ops", .kind = FLAG_STRING, .target = &budget[3]}};
     if (flags_parse(flags, sizeof flags / sizeof *flags, argc, argv, &a->n_files, err))
         return err_prefix(err, "prep");
     memcpy(a->files, argv, (size_t)a->n_files * sizeof *argv);
@@ -457,7 +482,8 @@ static int parse_prep_args(int argc, char **argv, PrepArgs *a, Err *err) {
     if (parse_count("--shard_tokens", given[0], 0, &a->shard_tokens, err) != 0 ||
         parse_count("--shard_records", given[1], 0, &a->shard_records, err) != 0 ||
         parse_count("--group_size", given[2], 1, &a->group_size, err) != 0 ||
-        parse_count("--vocab_size", given[3], 1, &a->vocab_size, err) != 0)
+        parse_count("--vocab_size", given[3], 1, &a->vocab_size, err) != 0 ||
+        parse_budgets(budget, &a->limits, err) != 0)
         return -1;
     if (a->group_size > INT_MAX || a->vocab_size > INT_MAX)
         return err_set(err, "--%s: %" PRId64 " is too large",
@@ -474,7 +500,7 @@ static int prep_tokens(const PrepArgs *a, const Tokenizer *tok, Err *err) {
     Stream s = {.sft = strcmp(a->format, "sft-jsonl") == 0};
     int rc = 0;
     for (int i = 0; rc == 0 && i < a->n_files; i++)
-        rc = s.sft ? prep_sft_file(a->files[i], tok, a->chat_template, &s, err)
+        rc = s.sft ? prep_sft_file(a->files[i], tok, a->chat_template, &a->limits, &s, err)
                    : prep_text_file(a->files[i], tok, &s, err);
     if (rc == 0 && s.n == 0) rc = err_set(err, "prep: the input files hold no tokens");
     int status = rc == 0 ? 0 : err_exit_status(err);
