@@ -19,6 +19,8 @@ const ConfigOption CONFIG_OPTIONS[] = {
     {"tcp", OPT_STR, offsetof(Config, tcp), 0, 0, "HOST:PORT to listen on (off by default)"},
     {"token-file", OPT_STR, offsetof(Config, token_file), 0, 0,
      "bearer token for tcp and http (mode 0600)"},
+    {"admin-group", OPT_STR, offsetof(Config, admin_group), 0, 0,
+     "group whose members may pause/resume/checkpoint/cancel/rm any user's job"},
     {"http", OPT_STR, offsetof(Config, http), 0, 0,
      "HOST:PORT of the HTTP listener: web page, /metrics, /api (off by default)"},
     {"devices", OPT_STR, offsetof(Config, devices), 0, 0, "N | cpu:N | cuda:0,1,..."},

@@ -52,6 +52,7 @@ typedef struct {
     char *state_dir;    // astraid.db and jobs/<id>/
     char *tcp;          // "HOST:PORT" or NULL (off)
     char *token_file;   // bearer token for tcp and http (mode 0600)
+    char *admin_group;  // its members may act on every user's job (NULL: root only)
     char *http;         // "HOST:PORT" of the HTTP listener or NULL (off)
     char *devices;      // "N", "cpu:N", "cuda:0,1" or NULL (auto)
     char *train_binary; // astrai-train
@@ -517,6 +518,8 @@ long conn_uid(const Conn *c);
 // Closes c once what it was sent is written (an error reply before hanging up).
 void conn_hang_up(Conn *c);
 int conn_is_authed(const Conn *c);
+// A TCP peer (it authenticated with the token), not one of the unix socket.
+int conn_is_tcp(const Conn *c);
 // -1 when c would exceed max-connections (it stays unauthenticated).
 int conn_set_authed(Conn *c);
 int server_check_token(const char *token);

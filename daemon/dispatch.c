@@ -6,8 +6,11 @@
 // change is written (state.c's writer, off the loop): its handler returns ANSWER_LATER,
 // and its connection is served no further line until then, so replies stay in order.
 // So is one that reads a file (history: a progress.db), on libuv's threadpool.
+#include <grp.h>
 #include <limits.h>
 #include <math.h>
+#include <pwd.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -258,8 +261,42 @@ static cJSON *do_status(Conn *c, const cJSON *params, int *code, Err *err) {
 typedef int (*Verb)(Job *j, ChangeDone done, void *arg, int *code, Err *err);
 
 // A verb's reply is the JOB once its change is written.
-static cJSON *do_verb(Conn *c, const cJSON *params, Verb verb, int *code, Err *err) {
+// Whether uid is in the group named `group` (its primary group or a listed member).
+static bool in_group(long uid, const char *group) {
+    const struct group *g = getgrnam(group);
+    if (!g) return false;
+    const struct passwd *pw = getpwuid((uid_t)uid);
+    if (!pw) return false;
+    if (pw->pw_gid == g->gr_gid) return true;
+    for (char **m = g->gr_mem; m && *m; m++)
+        if (!strcmp(*m, pw->pw_name)) return true;
+    return false;
+}
+
+// The job of params, if the caller may change it (docs/protocol.md "Who may act"): its owner
+// (the uid that submitted it), root, astraid's own user (the web page's actions, which passed
+// the token), a member of --admin-group, or a TCP peer (it presented the token). As Slurm's
+// scancel: on a shared box one user cannot stop another's training.
+static Job *owned_job(Conn *c, const cJSON *params, const char *verb, int *code, Err *err) {
     Job *j = param_job(params, code, err);
+    if (!j) return NULL;
+    long uid = conn_uid(c);
+    if (conn_is_tcp(c) || uid == 0 || uid == (long)getuid() || uid == j->submitted_by ||
+        (astraid.cfg.admin_group && in_group(uid, astraid.cfg.admin_group)))
+        return j;
+    *code = RPC_FORBIDDEN;
+    err_set(err,
+            "forbidden: job %ld was submitted by uid %ld; uid %ld may not %s it (only its "
+            "owner%s%s may)",
+            j->id, j->submitted_by, uid, verb,
+            astraid.cfg.admin_group ? ", root or a member of group " : " or root",
+            astraid.cfg.admin_group ? astraid.cfg.admin_group : "");
+    return NULL;
+}
+
+static cJSON *do_verb(Conn *c, const cJSON *params, Verb verb, const char *name, int *code,
+                      Err *err) {
+    Job *j = owned_job(c, params, name, code, err);
     if (!j) return NULL;
     Later *l = later_new(c, LATER_JOB, j->id, NULL);
     if (!l) return out_of_memory(code, err);
@@ -267,23 +304,22 @@ static cJSON *do_verb(Conn *c, const cJSON *params, Verb verb, int *code, Err *e
 }
 
 static cJSON *do_pause(Conn *c, const cJSON *p, int *code, Err *err) {
-    return do_verb(c, p, job_pause, code, err);
+    return do_verb(c, p, job_pause, "pause", code, err);
 }
 
 static cJSON *do_resume(Conn *c, const cJSON *p, int *code, Err *err) {
-    return do_verb(c, p, job_resume, code, err);
+    return do_verb(c, p, job_resume, "resume", code, err);
 }
 
 static cJSON *do_checkpoint(Conn *c, const cJSON *p, int *code, Err *err) {
-    (void)c;
-    Job *j = param_job(p, code, err);
+    Job *j = owned_job(c, p, "checkpoint", code, err);
     if (!j || job_checkpoint(j, code, err)) return NULL;
     cJSON *status = job_to_raw_json(j);
     return status ? status : out_of_memory(code, err);
 }
 
 static cJSON *do_cancel(Conn *c, const cJSON *p, int *code, Err *err) {
-    return do_verb(c, p, job_cancel, code, err);
+    return do_verb(c, p, job_cancel, "cancel", code, err);
 }
 
 // ---------------------------------------------------------------- history
@@ -387,7 +423,7 @@ static cJSON *do_history(Conn *c, const cJSON *params, int *code, Err *err) {
 
 // A final job's state and run directory go; its ckpt_dir, named in the reply, stays.
 static cJSON *do_rm(Conn *c, const cJSON *params, int *code, Err *err) {
-    Job *j = param_job(params, code, err);
+    Job *j = owned_job(c, params, "rm", code, err);
     if (!j) return NULL;
     cJSON *r = cJSON_CreateObject();
     cJSON_AddNumberToObject(r, "job", (double)j->id);

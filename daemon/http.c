@@ -49,6 +49,7 @@
 // above, and one whose Origin names another site than the Host is refused (403): a page on
 // any site the user visits could otherwise post a form to the loopback listener.
 #include <arpa/inet.h>
+#include <ctype.h>
 #include <errno.h>
 #include <limits.h>
 #include <math.h>
@@ -825,16 +826,43 @@ static const char *host_of(struct MHD_Connection *conn) {
 
 // auth: "Bearer TOKEN", the scheme in any case (RFC 7235 §2.1), then spaces, the token and
 // maybe whitespace that is no part of it (RFC 7230 §3.2's OWS).
-static int bearer_ok(const char *auth) {
+// The token of such a header (malloc'd), NULL when there is none.
+static char *bearer_of(const char *auth) {
     const char *scheme = "Bearer ";
-    if (!auth || strncasecmp(auth, scheme, strlen(scheme))) return 0;
+    if (!auth || strncasecmp(auth, scheme, strlen(scheme))) return NULL;
     const char *token = auth + strlen(scheme);
     token += strspn(token, " ");
     size_t n = strlen(token);
     while (n > 0 && (token[n - 1] == ' ' || token[n - 1] == '\t'))
         n--;
-    char *given = strndup(token, n);
+    return strndup(token, n);
+}
+
+static int bearer_ok(const char *auth) {
+    char *given = bearer_of(auth);
     int ok = given && server_check_token(given);
+    free(given);
+    return ok;
+}
+
+// The login cookie (POST /login sets it): the token, hex-encoded so that any byte of it fits a
+// cookie value. HttpOnly (no script reads it), SameSite=Strict (no other site's page sends it).
+#define LOGIN_COOKIE "astraid_login"
+
+static int cookie_ok(struct MHD_Connection *conn) {
+    const char *hex = MHD_lookup_connection_value(conn, MHD_COOKIE_KIND, LOGIN_COOKIE);
+    size_t n = hex ? strlen(hex) : 0;
+    if (!n || n % 2 || n > 2 * 4096) return 0;
+    char *given = malloc(n / 2 + 1);
+    int ok = given != NULL;
+    for (size_t i = 0; ok && i < n / 2; i++) {
+        unsigned v;
+        ok = sscanf(hex + 2 * i, "%2x", &v) == 1 && isxdigit((unsigned char)hex[2 * i]) &&
+             isxdigit((unsigned char)hex[2 * i + 1]);
+        given[i] = (char)v;
+    }
+    if (ok) given[n / 2] = '\0';
+    ok = ok && strlen(given) == n / 2 && server_check_token(given);
     free(given);
     return ok;
 }
@@ -850,6 +878,50 @@ static int authorized(struct MHD_Connection *conn) {
         return 1;
     return bearer_ok(
         MHD_lookup_connection_value(conn, MHD_HEADER_KIND, MHD_HTTP_HEADER_AUTHORIZATION));
+}
+
+// A state-changing request (an action, POST): with --token-file every peer, loopback included,
+// needs the token (the bearer header, or the login cookie); without one, the read rule.
+static int may_act(struct MHD_Connection *conn) {
+    if (!astraid.cfg.token_file) return authorized(conn);
+    return bearer_ok(
+               MHD_lookup_connection_value(conn, MHD_HEADER_KIND, MHD_HTTP_HEADER_AUTHORIZATION)) ||
+           cookie_ok(conn);
+}
+
+// POST /login with the bearer token: 204 setting the login cookie, so that the page's buttons
+// act without the token in its URL; a wrong or missing token is 401.
+static enum MHD_Result login(struct MHD_Connection *conn) {
+    char *given = bearer_of(
+        MHD_lookup_connection_value(conn, MHD_HEADER_KIND, MHD_HTTP_HEADER_AUTHORIZATION));
+    if (!astraid.cfg.token_file || !given || !server_check_token(given)) {
+        free(given);
+        return respond_text(conn, MHD_HTTP_UNAUTHORIZED,
+                            "unauthorized: POST /login with Authorization: Bearer TOKEN (the "
+                            "--token-file token)\n");
+    }
+    size_t n = strlen(given);
+    char *cookie = malloc(2 * n + 128);
+    if (cookie) {
+        int k = snprintf(cookie, 2 * n + 128, LOGIN_COOKIE "=");
+        for (size_t i = 0; i < n; i++)
+            k += snprintf(cookie + k, 3, "%02x", (unsigned char)given[i]);
+        snprintf(cookie + k, 2 * n + 128 - (size_t)k, "; HttpOnly; SameSite=Strict; Path=/");
+    }
+    free(given);
+    struct MHD_Response *r =
+        cookie ? MHD_create_response_from_buffer(0, "", MHD_RESPMEM_PERSISTENT) : NULL;
+    client_answering(conn);
+    if (!r) {
+        free(cookie);
+        return MHD_NO;
+    }
+    MHD_add_response_header(r, MHD_HTTP_HEADER_SET_COOKIE, cookie);
+    MHD_add_response_header(r, MHD_HTTP_HEADER_CACHE_CONTROL, "no-store");
+    free(cookie);
+    enum MHD_Result rc = MHD_queue_response(conn, MHD_HTTP_NO_CONTENT, r);
+    MHD_destroy_response(r);
+    return rc;
 }
 
 // A browser sends Origin on every POST: "http://HOST[:PORT]" of the page that posts. An
@@ -893,11 +965,12 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
     // at once, its body unread (the connection then closes). A HEAD is served as a GET:
     // libmicrohttpd sends the response's headers only.
     const char *verb = action_of(url);
+    int logging_in = !strcmp(url, "/login");
     int reads = !strcmp(method, MHD_HTTP_METHOD_GET) || !strcmp(method, MHD_HTTP_METHOD_HEAD);
-    if (verb && strcmp(method, MHD_HTTP_METHOD_POST))
+    if ((verb || logging_in) && strcmp(method, MHD_HTTP_METHOD_POST))
         return respond_allow(conn, MHD_HTTP_METHOD_NOT_ALLOWED, "text/plain; charset=utf-8",
                              "only POST\n", strlen("only POST\n"), MHD_RESPMEM_PERSISTENT, "POST");
-    if (!verb && !reads)
+    if (!verb && !logging_in && !reads)
         return respond_text(conn, MHD_HTTP_METHOD_NOT_ALLOWED, "only GET and HEAD\n");
     if (too_big(conn))
         return respond_text(conn, MHD_HTTP_REQUEST_HEADER_FIELDS_TOO_LARGE,
@@ -906,12 +979,15 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
         return respond_text(conn, MHD_HTTP_BAD_REQUEST, "bad request: no Host header\n");
     if (loopback_listener && !host_is_loopback(host_of(conn))) return misdirected(conn);
     int page = !strcmp(url, "/");
-    if (!page && !authorized(conn))
-        return respond_text(conn, MHD_HTTP_UNAUTHORIZED,
-                            "unauthorized: send Authorization: Bearer TOKEN\n");
-    if (verb && !same_origin(conn))
+    if ((verb || logging_in) && !same_origin(conn))
         return respond_error(conn, MHD_HTTP_FORBIDDEN,
                              "forbidden: an action from a page of another origin");
+    if (!page && !logging_in && !(verb ? may_act(conn) : authorized(conn)))
+        return respond_text(conn, MHD_HTTP_UNAUTHORIZED,
+                            verb && astraid.cfg.token_file
+                                ? "unauthorized: with --token-file every action needs the token "
+                                  "(Authorization: Bearer TOKEN, or log in: POST /login)\n"
+                                : "unauthorized: send Authorization: Bearer TOKEN\n");
     // A request's first call has its headers only; answered then, libmicrohttpd could not know
     // the request is over and would close the connection. Answered on the next call, the
     // connection stays open for the next request.
@@ -927,6 +1003,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
     if (page)
         return respond(conn, MHD_HTTP_OK, "text/html; charset=utf-8", (char *)web_index_html,
                        web_index_html_len, MHD_RESPMEM_PERSISTENT);
+    if (logging_in) return login(conn);
     if (verb) return post_action(conn, verb);
     if (!strcmp(url, "/api/gpus")) return respond_control(conn, "daemon.info", NULL, "gpus");
     int metrics = !strcmp(url, "/metrics"), jobs = !strcmp(url, "/api/jobs");

@@ -112,6 +112,10 @@ long conn_uid(const Conn *c) {
     return c->uid;
 }
 
+int conn_is_tcp(const Conn *c) {
+    return c->tcp;
+}
+
 int conn_is_authed(const Conn *c) {
     return !c->preauth;
 }

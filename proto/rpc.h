@@ -27,6 +27,7 @@ typedef struct cJSON cJSON;
 #define RPC_UNAUTHORIZED -32003
 #define RPC_BUSY -32004 // too many connections / requests
 #define RPC_LINE_TOO_LONG -32005
+#define RPC_FORBIDDEN -32006 // a verb on another user's job (docs/protocol.md "Who may act")
 
 // Line splitter for a byte stream: feed bytes as they arrive, take complete lines.
 // A line longer than RPC_MAX_LINE is reported once (rpc_reader_next returns

@@ -1,11 +1,11 @@
 # astraid end to end: a real daemon on its real socket, real astrai-train ranks, tiny models.
 include(${CMAKE_CURRENT_LIST_DIR}/common.cmake)
-foreach(t jobs pause restart failures bad_input systemd gpu state protocol jobs2 loop http metrics)
+foreach(t jobs pause restart failures bad_input systemd gpu state protocol jobs2 loop http metrics auth)
   astrai_py_test(daemon_${t} test_daemon_${t}.py)
   set_tests_properties(daemon_${t} PROPERTIES TIMEOUT 300 LABELS daemon)
 endforeach()
 # Skipped (exit 77) where Debian's prometheus package (prometheus, promtool) is missing.
-set_tests_properties(daemon_metrics PROPERTIES SKIP_RETURN_CODE 77)
+set_tests_properties(daemon_metrics daemon_auth PROPERTIES SKIP_RETURN_CODE 77)
 # The history method and astraictl plot (the renderer's SVGs come from test_plot, client.cmake).
 astrai_py_test(astraictl_plot test_astraictl_plot.py)
 set_tests_properties(astraictl_plot PROPERTIES TIMEOUT 300 LABELS daemon)
