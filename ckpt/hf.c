@@ -68,6 +68,8 @@ static void plan_block(HfConversion *c, const HfShape *s, int i) {
          "(num_key_value_heads*head_dim, hidden_size)", KV, H, false, true},
         {"attention.o_proj.weight", "self_attn.o_proj.weight",
          "(hidden_size, num_attention_heads*head_dim)", H, Q, false, true},
+        {"attention.o_proj.bias", "self_attn.o_proj.bias", "(hidden_size)", H, 0, false,
+         s->o_proj_bias},
         {"attention.q_proj.bias", "self_attn.q_proj.bias", "(num_attention_heads*head_dim)", Q, 0,
          true, s->attention_bias},
         {"attention.k_proj.bias", "self_attn.k_proj.bias", "(num_key_value_heads*head_dim)", KV, 0,
@@ -99,7 +101,7 @@ static void plan_block(HfConversion *c, const HfShape *s, int i) {
 
 // Every output tensor in HF's order: embedding, the blocks, the final norm, lm_head.
 static int plan(HfConversion *c, const HfShape *s, Err *err) {
-    enum { MAX_PER_BLOCK = 14 };
+    enum { MAX_PER_BLOCK = 15 };
     c->entries = calloc((size_t)s->num_hidden_layers * MAX_PER_BLOCK + 3, sizeof *c->entries);
     if (!c->entries) return err_resource(err, "out of memory for the tensor plan");
     c->head_dim = s->head_dim;

@@ -28,8 +28,10 @@ typedef struct {
     int vocab_size, hidden_size, num_hidden_layers, num_attention_heads, num_key_value_heads;
     int intermediate_size, max_position_embeddings, head_dim;
     bool tie_word_embeddings; // no lm_head tensor
-    bool attention_bias;      // q/k/v_proj biases (qwen2)
+    bool attention_bias;      // q/k/v_proj biases (qwen2; llama's attention_bias)
+    bool o_proj_bias;         // an o_proj bias too (llama's attention_bias)
     bool qk_norm;             // q_norm/k_norm, applied before RoPE (qwen3)
+    int sliding_window;       // 0: none (mistral's sliding_window)
 } HfShape;
 
 // HF config.json (path) -> the AstrAI config: the mapped keys, "hf_model_type" and "hf_config"

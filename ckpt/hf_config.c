@@ -111,7 +111,9 @@ static void shape_of(const ModelConfig *mc, HfShape *s) {
         .head_dim = mc->head_dim,
         .tie_word_embeddings = mc->tie_word_embeddings,
         .attention_bias = mc->attention_bias,
+        .o_proj_bias = mc->o_proj_bias,
         .qk_norm = mc->use_qk_norm,
+        .sliding_window = mc->sliding_window,
     };
 }
 
@@ -174,10 +176,18 @@ static int refuse(const cJSON *item, const KeyCtx *k, const char *why, Err *err)
 
 static int must_be_false(const cJSON *item, const KeyCtx *k, Err *err) {
     if (cJSON_IsNull(item) || cJSON_IsFalse(item)) return 0;
-    if (!strcmp(item->string, "attention_bias"))
-        return refuse(item, k, "it also biases o_proj, which the engine lacks", err);
     if (!strcmp(item->string, "mlp_bias")) return refuse(item, k, "the MLP has no biases", err);
+    if (!strcmp(item->string, "use_sliding_window"))
+        return refuse(item, k,
+                      "the window of only some layers (max_window_layers): astrai's window is "
+                      "Mistral's, on every layer",
+                      err);
     return refuse(item, k, "must be false", err);
+}
+
+static int must_be_bool(const cJSON *item, const KeyCtx *k, Err *err) {
+    if (cJSON_IsNull(item) || cJSON_IsBool(item)) return 0;
+    return refuse(item, k, "must be true or false", err);
 }
 
 static int must_be_zero(const cJSON *item, const KeyCtx *k, Err *err) {
@@ -203,17 +213,6 @@ static int check_head_dim(const cJSON *item, const KeyCtx *k, Err *err) {
     snprintf(why, sizeof why, "head_dim must be hidden_size / num_attention_heads = %d",
              k->shape->head_dim);
     return refuse(item, k, why, err);
-}
-
-// Mistral's window: none, or no shorter than the longest sequence the model takes.
-static int check_sliding_window(const cJSON *item, const KeyCtx *k, Err *err) {
-    const cJSON *max_pos = key_of(k->root, "max_position_embeddings");
-    if (cJSON_IsNull(item) || (cJSON_IsNumber(item) && item->valuedouble >= max_pos->valuedouble))
-        return 0;
-    return refuse(item, k,
-                  "sliding-window attention: the window must be null or at least "
-                  "max_position_embeddings",
-                  err);
 }
 
 static int check_rope_key(const cJSON *item, const KeyCtx *k, Err *err) {
@@ -256,9 +255,10 @@ static const struct {
     {"attention_dropout", ALL, must_be_zero},
     {"pretraining_tp", LLAMA, must_be_one},
     {"mlp_bias", LLAMA, must_be_false},
-    {"attention_bias", LLAMA | QWEN3, must_be_false},
+    {"attention_bias", LLAMA, must_be_bool}, // mapped: biases on q, k, v and o_proj
+    {"attention_bias", QWEN3, must_be_false},
     {"head_dim", LLAMA | MISTRAL | QWEN3, check_head_dim},
-    {"sliding_window", MISTRAL, check_sliding_window},
+    {"sliding_window", MISTRAL, NULL},       // mapped (the engine checks its value)
     {"sliding_window", QWEN2 | QWEN3, NULL}, // only with use_sliding_window
     {"use_sliding_window", QWEN2 | QWEN3, must_be_false},
     {"use_mrope", QWEN2, must_be_false},
@@ -324,6 +324,7 @@ static void put(cJSON *obj, const char *key, cJSON *item) {
 // numbers verbatim, rope scaling and the origin.
 static cJSON *astrai_config(const cJSON *hf, const HfShape *s, int family) {
     unsigned bit = FAMILIES[family].bit;
+    bool llama_bias = bit == LLAMA && cJSON_IsTrue(key_of(hf, "attention_bias"));
     ModelConfig mc = {
         .vocab_size = s->vocab_size,
         .hidden_size = s->hidden_size,
@@ -334,7 +335,8 @@ static cJSON *astrai_config(const cJSON *hf, const HfShape *s, int family) {
         .max_position_embeddings = s->max_position_embeddings,
         .rope_theta = 10000.0,
         .tie_word_embeddings = s->tie_word_embeddings,
-        .attention_bias = bit == QWEN2,
+        .attention_bias = bit == QWEN2 || llama_bias,
+        .o_proj_bias = llama_bias,
         .use_qk_norm = bit == QWEN3,
         .qk_norm_before_rope = bit == QWEN3,
     };
@@ -347,6 +349,9 @@ static cJSON *astrai_config(const cJSON *hf, const HfShape *s, int family) {
         put(o, "rope_theta", cJSON_Duplicate(key_of(hf, "rope_theta"), 0));
     put(o, "rope_scaling", astrai_rope_scaling(key_of(hf, "rope_scaling")));
     put(o, "attention_bias", cJSON_CreateBool(mc.attention_bias));
+    put(o, "o_proj_bias", cJSON_CreateBool(mc.o_proj_bias));
+    if (bit == MISTRAL && key_of(hf, "sliding_window"))
+        put(o, "sliding_window", cJSON_Duplicate(key_of(hf, "sliding_window"), 0));
     put(o, "qk_norm_before_rope", cJSON_CreateBool(mc.qk_norm_before_rope));
     put(o, "hf_model_type", cJSON_CreateString(FAMILIES[family].model_type));
     put(o, "hf_config", cJSON_Duplicate(hf, 1));
@@ -439,13 +444,25 @@ static int export_family(const cJSON *root, const ModelConfig *mc, const char *p
     if (key_of(root, "hf_model_type")) {
         if (read_family(root, "hf_model_type", path, family, err)) return -1;
     } else {
-        *family = family_of(mc->use_qk_norm ? "qwen3" : mc->attention_bias ? "qwen2" : "llama");
+        *family = family_of(mc->use_qk_norm      ? "qwen3"
+                            : mc->sliding_window ? "mistral"
+                            : mc->o_proj_bias    ? "llama"
+                            : mc->attention_bias ? "qwen2"
+                                                 : "llama");
     }
     unsigned bit = FAMILIES[*family].bit;
     const char *name = FAMILIES[*family].model_type;
-    if (mc->attention_bias != (bit == QWEN2))
-        return err_set(err, "%s: attention_bias %s does not fit the family %s", path,
-                       mc->attention_bias ? "true" : "false", name);
+    // q/k/v biases: always qwen2's, llama's only with o_proj's (its attention_bias: all four)
+    bool biases_fit = bit == QWEN2   ? mc->attention_bias && !mc->o_proj_bias
+                      : bit == LLAMA ? mc->attention_bias == mc->o_proj_bias
+                                     : !mc->attention_bias && !mc->o_proj_bias;
+    if (!biases_fit)
+        return err_set(err, "%s: attention_bias %s with o_proj_bias %s does not fit the family %s",
+                       path, mc->attention_bias ? "true" : "false",
+                       mc->o_proj_bias ? "true" : "false", name);
+    if (mc->sliding_window && bit != MISTRAL)
+        return err_set(err, "%s: sliding_window does not fit the family %s (only mistral)", path,
+                       name);
     if (mc->use_qk_norm != (bit == QWEN3))
         return err_set(err, "%s: use_qk_norm %s does not fit the family %s", path,
                        mc->use_qk_norm ? "true" : "false", name);
@@ -510,7 +527,16 @@ static cJSON *hf_config(const cJSON *root, const HfShape *s, int family, DType d
     put(hf, "tie_word_embeddings", cJSON_CreateBool(s->tie_word_embeddings));
     if (cJSON_GetObjectItemCaseSensitive(hf, "head_dim"))
         put(hf, "head_dim", cJSON_CreateNumber(s->head_dim));
-    if (FAMILIES[family].bit != MISTRAL)
+    // the engine's values of the family's keys, where the source has them or they differ from
+    // the absent key's meaning
+    unsigned bit = FAMILIES[family].bit;
+    if (bit == LLAMA && (s->o_proj_bias || cJSON_GetObjectItemCaseSensitive(hf, "attention_bias")))
+        put(hf, "attention_bias", cJSON_CreateBool(s->o_proj_bias));
+    if (bit == MISTRAL &&
+        (s->sliding_window || cJSON_GetObjectItemCaseSensitive(hf, "sliding_window")))
+        put(hf, "sliding_window",
+            s->sliding_window ? cJSON_CreateNumber(s->sliding_window) : cJSON_CreateNull());
+    if (bit != MISTRAL)
         put(hf, "rope_scaling",
             key_of(root, "rope_scaling") ? cJSON_Duplicate(key_of(root, "rope_scaling"), 1)
                                          : cJSON_CreateNull());

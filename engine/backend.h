@@ -121,7 +121,9 @@ struct Backend {
     // q: (B,T,H,D), k,v: (B,T,KVH,D), all with token stride qkv_stride (elements);
     // out: (B,T,H,D) contiguous; lse: (B,H,T) fp32 logsumexp of each query row's scaled
     // scores (scale 1/sqrt(D)). Query head h reads kv head h / (H/KVH). Key j is visible
-    // to query i iff doc_start[b*T+i] <= j <= i; doc_start: (B,T), never NULL.
+    // to query i iff doc_start[b*T+i] <= j <= i; doc_start: (B,T), never NULL, the first key
+    // each query sees (its document's start, or its sliding window's), non-decreasing along a
+    // sequence.
     void (*attention_fwd)(void *out, float *lse, const void *q, const void *k, const void *v,
                           const int32_t *doc_start, int B, int T, int H, int KVH, int D,
                           int qkv_stride);

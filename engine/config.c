@@ -28,6 +28,7 @@ static const struct {
     {"num_key_value_heads", 1L << 12},
     {"intermediate_size", 1L << 20},
     {"max_position_embeddings", 1L << 24},
+    {"sliding_window", 1L << 24},
 };
 
 long model_config_size_limit(const char *key) {
@@ -50,6 +51,15 @@ static int config_size(const cJSON *root, const char *key, long max, const char 
                        max);
     *out = (int)v;
     return 0;
+}
+
+// An optional size key: absent or null is 0, else as config_size.
+static int config_optional_size(const cJSON *root, const char *key, const char *source, int *out,
+                                Err *err) {
+    *out = 0;
+    return config_key(root, key)
+               ? config_size(root, key, model_config_size_limit(key), source, out, err)
+               : 0;
 }
 
 static int config_positive_number(const cJSON *root, const char *key, const char *source,
@@ -195,6 +205,8 @@ static int config_from_json(ModelConfig *cfg, const cJSON *root, const char *sou
         config_bool(root, "use_qk_norm", source, &cfg->use_qk_norm, err) ||
         config_bool(root, "use_gated_attention", source, &cfg->use_gated_attention, err) ||
         config_bool(root, "attention_bias", source, &cfg->attention_bias, err) ||
+        config_bool(root, "o_proj_bias", source, &cfg->o_proj_bias, err) ||
+        config_optional_size(root, "sliding_window", source, &cfg->sliding_window, err) ||
         config_bool(root, "qk_norm_before_rope", source, &cfg->qk_norm_before_rope, err) ||
         config_rope_scaling(root, source, &cfg->rope_scaling, err) ||
         config_keep_extra(root, source, cfg->extra, err))
@@ -291,6 +303,8 @@ char *model_config_to_json(const ModelConfig *cfg) {
     cJSON_AddNullToObject(root, "n_activated_experts");
     cJSON_AddNullToObject(root, "topk_method");
     if (cfg->attention_bias) cJSON_AddBoolToObject(root, "attention_bias", true);
+    if (cfg->o_proj_bias) cJSON_AddBoolToObject(root, "o_proj_bias", true);
+    if (cfg->sliding_window) cJSON_AddNumberToObject(root, "sliding_window", cfg->sliding_window);
     if (cfg->qk_norm_before_rope) cJSON_AddBoolToObject(root, "qk_norm_before_rope", true);
     add_extra(root, cfg->extra);
     char *text = cJSON_Print(root);

@@ -31,6 +31,8 @@ typedef struct {
     bool use_qk_norm;
     bool use_gated_attention;
     bool attention_bias;      // q_proj, k_proj, v_proj carry biases (Qwen2)
+    bool o_proj_bias;         // o_proj carries one too (Llama's attention_bias)
+    int sliding_window;       // 0: none; else query i sees keys (i - sliding_window, i] (Mistral)
     bool qk_norm_before_rope; // qk-norm on q and k before RoPE (Qwen3), not after (AstrAI)
     RopeScaling rope_scaling;
     double neftune_alpha;         // AstrAI's NEFTune noise scale as config.json records it (0: off)
@@ -51,6 +53,6 @@ int model_config_parse(ModelConfig *cfg, const char *json, const char *source, E
 
 // Serialises to config.json text with every key AstrAI's AutoRegressiveLMConfig.to_dict()
 // writes, in its order (the MLA and MoE keys as null), then the keys AstrAI lacks
-// (attention_bias, qk_norm_before_rope) when set and the kept "hf_*" keys; malloc'd, caller
-// frees.
+// (attention_bias, o_proj_bias, sliding_window, qk_norm_before_rope) when set and the kept "hf_*"
+// keys; malloc'd, caller frees.
 char *model_config_to_json(const ModelConfig *cfg);

@@ -8,7 +8,10 @@
 // - mlp.up and mlp.gate are adjacent too: one matmul gives h: (N, 2FF) rows [up | gate].
 // - The q, k, v biases (attention_bias) are adjacent as well: one (QKV) vector added to the
 //   qkv rows as a rank-1 matmul, ones: (N,1) @ bias: (QKV,1)^T, and its gradient is that
-//   matmul's weight gradient, so every backend's GEMM serves and no bias op is needed.
+//   matmul's weight gradient, so every backend's GEMM serves and no bias op is needed;
+//   o_proj's bias (o_proj_bias) the same way.
+// - The attention mask is one number per token: the first key it sees (its document's start,
+//   or the sliding window's, whichever is later), built on the host with the batch.
 //
 // Activations of a block live in a slot: slot l for block l, or one shared slot 0 with
 // gradient checkpointing, where only the block inputs (res) are kept and backward runs
@@ -55,7 +58,7 @@ struct ModelActs {
     int32_t *host_batch; // (BATCH_FIELDS, N) host staging of the batch
     int32_t *batch;      // (BATCH_FIELDS, N) on the backend
     int32_t *inputs, *targets, *mask, *pos, *doc_start, *by_id; // (N) views into batch
-    void *ones;                                                 // (N) 1s (attention_bias)
+    void *ones;                                                 // (N) 1s (the biases)
     // per slot S (L slots, or 1 with gradient checkpointing): what backward needs
     void *res;            // (L+1, N, C) block inputs: res[L] is the last block's output (L: the
                           // stage's blocks)
@@ -400,7 +403,8 @@ static int activation_buffers(const Model *m, size_t N, Buffer *out) {
     size_t L = (size_t)n_blocks(m), S = (size_t)activation_slots(m), C = c->hidden_size,
            V = c->vocab_size, FF = c->intermediate_size, H = c->num_attention_heads,
            KVH = c->num_key_value_heads, QKV = (H + 2 * KVH) * c->head_dim, qk = c->use_qk_norm,
-           gated = c->use_gated_attention, head = m->has_head, bias = c->attention_bias;
+           gated = c->use_gated_attention, head = m->has_head,
+           bias = c->attention_bias || c->o_proj_bias;
     const size_t A = dtype_size(m->be->dtype), f = sizeof(float), i32 = sizeof(int32_t);
     Buffer table[] = {
         {(void **)&a->batch, BATCH_FIELDS * N * i32},
@@ -613,7 +617,8 @@ static void sort_by_id(const int32_t *ids, int N, int V, int32_t *counts, int32_
 }
 
 // Checks ids and positions and builds the batch on the host: ids, targets, mask,
-// positions, the first visible key of each token (the start of its document) and by_id;
+// positions, the first visible key of each token (the start of its document, or of the
+// sliding window: transformers' mask, key j hidden when j <= i - sliding_window) and by_id;
 // then uploads it in one transfer. Returns the number of counted tokens, or -1.
 static int prepare_inputs(Model *m, const int32_t *inputs, const int32_t *targets,
                           const int32_t *loss_mask, const int32_t *position_ids, int B, int T,
@@ -643,8 +648,9 @@ static int prepare_inputs(Model *m, const int32_t *inputs, const int32_t *target
                 return err_set(err, "model: position id %d at (%d,%d) outside [0, %d)", p, b, t,
                                c->max_position_embeddings);
             if (t > 0 && p <= pos[n - 1]) start = t; // a new packed document
+            int window_start = c->sliding_window ? t - c->sliding_window + 1 : 0;
             pos[n] = p;
-            start_of[n] = start;
+            start_of[n] = start > window_start ? start : window_start;
             in[n] = inputs[n];
             tg[n] = counted ? targets[n] : 0;
             mask[n] = counted;
@@ -748,6 +754,7 @@ static void layer_forward(Model *m, int l, int s) {
     }
     be->copy(x.mid, res, nc * dtype_size(be->dtype));
     be->matmul_fwd(x.mid, o_in, weight(m, p->o_proj), N, C, C, 1);
+    if (c->o_proj_bias) be->matmul_fwd(x.mid, a->ones, weight(m, p->o_bias), N, 1, C, 1);
 
     be->rmsnorm_fwd(x.ln2, x.rstd2, x.mid, weight(m, p->post_norm), N, 1, C, C, c->rms_norm_eps);
     be->matmul_fwd(x.h, x.ln2, weight(m, p->mlp_up), N, C, 2 * FF, 0);
@@ -872,6 +879,9 @@ static void layer_backward(Model *m, int l, int s) {
 
     // attention branch: mid = res + o_proj(att [* sigmoid(gate(ln1))])
     void *o_in = c->use_gated_attention ? x.gated : x.att;
+    if (c->o_proj_bias)
+        be->matmul_bwd(NULL, grad(m, p->o_bias), a->dres, a->ones, weight(m, p->o_bias), N, 1, C,
+                       0);
     be->matmul_bwd(a->dgated, grad(m, p->o_proj), a->dres, o_in, weight(m, p->o_proj), N, C, C, 0);
     void *datt = a->dgated;
     if (c->use_gated_attention) {

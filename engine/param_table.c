@@ -50,6 +50,11 @@ static int add_layer_params(Table *t, int l, LayerParams *lp) {
         if (add_param(t, name, KV, 0) < 0) return -1;
     }
     LAYER_PARAM(lp->o_proj, "attention.o_proj", C, C);
+    lp->o_bias = -1;
+    if (c->o_proj_bias) {
+        snprintf(name, sizeof name, "layers.%d.attention.o_proj.bias", l);
+        if ((lp->o_bias = add_param(t, name, C, 0)) < 0) return -1;
+    }
     lp->q_norm = lp->k_norm = lp->gate = -1;
     if (c->use_qk_norm) {
         LAYER_PARAM(lp->q_norm, "attention.q_norm", D, 0);
@@ -73,7 +78,7 @@ static int add_layer_params(Table *t, int l, LayerParams *lp) {
 static int fill_table(Table *t, int first, int end, LayerParams *layer, int ends[3], Err *err) {
     const ModelConfig *c = t->cfg;
     int V = c->vocab_size, C = c->hidden_size;
-    t->cap = 3 + 16 * (end - first);
+    t->cap = 3 + 16 * (end - first); // a layer holds at most 16 tensors
     if (!(t->params = calloc((size_t)t->cap, sizeof *t->params)))
         return err_resource(err, "model: out of memory for the table of %d parameters", t->cap);
     ends[0] = ends[1] = ends[2] = -1;

@@ -19,7 +19,8 @@ typedef struct {
 
 // Parameter indices inside one layer, in AstrAI key order (absent optional ones skipped).
 typedef struct {
-    int q_proj, qkv_bias, o_proj, q_norm, k_norm, gate, input_norm, post_norm, mlp_up, mlp_down;
+    int q_proj, qkv_bias, o_proj, o_bias, q_norm, k_norm, gate, input_norm, post_norm, mlp_up,
+        mlp_down;
 } LayerParams;
 
 // 0 when [first, end) is a stage of cfg's blocks; else an error naming it.

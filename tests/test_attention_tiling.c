@@ -1,6 +1,7 @@
 // test_attention_tiling.c: replays, on the CPU in fp32, the tiling schedule of the CUDA
 // attention kernels (engine/cuda/attention.cu) and checks it against a naive O(T^2)
-// attention (double) on random inputs with packed documents, GQA and a fused qkv layout.
+// attention (double) on random inputs with packed documents, sliding windows, GQA and a fused
+// qkv layout.
 //
 // No GPU is needed: what is checked is the schedule, the part of the kernels that the
 // tensor-core fragment layouts do not touch: the tile sizes, the key-tile range of a query
@@ -29,6 +30,7 @@ typedef struct {
     float *qkv;                  // (B*T, stride): [q | k | v]
     float *dout;                 // (B*T, H, D)
     int32_t *doc_start;          // (B, T)
+    int window;                  // the sliding window folded into doc_start (0: none)
 } Problem;
 
 typedef struct {
@@ -57,9 +59,11 @@ static void *xmalloc(size_t n) {
     return p;
 }
 
-// Batch row 0: documents of random lengths 1..max_doc; the others: one causal document.
-static Problem problem_make(int B, int T, int H, int KVH, int D, int max_doc) {
-    Problem p = {B, T, H, KVH, D, (H + 2 * KVH) * D, NULL, NULL, NULL};
+// Batch row 0: documents of random lengths 1..max_doc; the others: one causal document. A
+// sliding window (> 0) hides keys j <= i - window from query i as well (the model folds it into
+// doc_start the same way).
+static Problem problem_make(int B, int T, int H, int KVH, int D, int max_doc, int window) {
+    Problem p = {B, T, H, KVH, D, (H + 2 * KVH) * D, NULL, NULL, NULL, window};
     size_t N = (size_t)B * T;
     p.qkv = xmalloc(N * p.stride * sizeof(float));
     p.dout = xmalloc(N * H * D * sizeof(float));
@@ -76,7 +80,8 @@ static Problem problem_make(int B, int T, int H, int KVH, int D, int max_doc) {
                 left = 1 + irand(max_doc);
             }
             if (b == 0) left--;
-            p.doc_start[(size_t)b * T + t] = start;
+            int window_start = window ? t - window + 1 : 0;
+            p.doc_start[(size_t)b * T + t] = start > window_start ? start : window_start;
         }
     }
     return p;
@@ -492,10 +497,11 @@ static int run_case(const Config *c, const Problem *p, const Reference *ref) {
     }
     int ok = e_out <= kTol && e_lse <= kTol && e_g[0] <= kTol && e_g[1] <= kTol && e_g[2] <= kTol &&
              unwritten == 0;
-    printf("%-4s B=%d T=%d H=%d KVH=%d D=%d: max err out %.2e lse %.2e dq %.2e dk %.2e dv %.2e; "
+    printf("%-4s B=%d T=%d H=%d KVH=%d D=%d window=%d: max err out %.2e lse %.2e dq %.2e dk %.2e "
+           "dv %.2e; "
            "unwritten %zu; tiles walked %ld of %ld  %s\n",
-           c->name, p->B, p->T, p->H, p->KVH, p->D, e_out, e_lse, e_g[0], e_g[1], e_g[2], unwritten,
-           r.tiles_run, r.tiles_all, ok ? "ok" : "FAIL");
+           c->name, p->B, p->T, p->H, p->KVH, p->D, p->window, e_out, e_lse, e_g[0], e_g[1], e_g[2],
+           unwritten, r.tiles_run, r.tiles_all, ok ? "ok" : "FAIL");
     free(r.out);
     free(r.lse);
     free(r.dqkv);
@@ -504,16 +510,17 @@ static int run_case(const Config *c, const Problem *p, const Reference *ref) {
 
 int main(void) {
     struct {
-        int B, T, H, KVH, D, max_doc;
+        int B, T, H, KVH, D, max_doc, window;
     } cases[] = {
-        {2, 100, 4, 2, 64, 30},  {2, 100, 4, 2, 128, 30}, {2, 300, 4, 1, 64, 40},
-        {3, 77, 2, 2, 128, 200}, {2, 130, 6, 3, 64, 7},   {1, 64, 2, 1, 64, 64},
-        {2, 45, 2, 1, 40, 10},
+        {2, 100, 4, 2, 64, 30, 0},  {2, 100, 4, 2, 128, 30, 0},  {2, 300, 4, 1, 64, 40, 0},
+        {3, 77, 2, 2, 128, 200, 0}, {2, 130, 6, 3, 64, 7, 0},    {1, 64, 2, 1, 64, 64, 0},
+        {2, 45, 2, 1, 40, 10, 0},   {2, 300, 4, 2, 64, 120, 17}, {2, 200, 2, 1, 128, 500, 90},
+        {1, 70, 2, 2, 64, 70, 1},
     };
     int ok = 1;
     for (size_t n = 0; n < sizeof cases / sizeof cases[0]; n++) {
         Problem p = problem_make(cases[n].B, cases[n].T, cases[n].H, cases[n].KVH, cases[n].D,
-                                 cases[n].max_doc);
+                                 cases[n].max_doc, cases[n].window);
         Reference ref = reference(&p);
         ok &= run_case(&kSimt, &p, &ref);
         if (p.D == 64 || p.D == 128) ok &= run_case(&kMma, &p, &ref); // the mma kernels' D

@@ -52,17 +52,21 @@ static void test_family_keys_round_trip(void) {
     CHECK_MSG(model_config_parse(&cfg,
                                  "{" VALID ", \"num_key_value_heads\": 2, \"rms_norm_eps\": 1e-6, "
                                  "\"use_qk_norm\": true, \"qk_norm_before_rope\": true, "
-                                 "\"attention_bias\": true, \"hf_model_type\": \"qwen3\", "
+                                 "\"attention_bias\": true, \"o_proj_bias\": true, "
+                                 "\"sliding_window\": 4096, \"hf_model_type\": \"qwen3\", "
                                  "\"hf_config\": {\"bos_token_id\": 1, \"x\": [1, \"a\"]}, " LLAMA3
                                  "}",
                                  "x", &err) == 0,
               "%s", err.msg);
     CHECK(cfg.attention_bias && cfg.qk_norm_before_rope && cfg.rope_scaling.llama3);
+    CHECK(cfg.o_proj_bias && cfg.sliding_window == 4096);
     CHECK(cfg.rope_scaling.factor == 8 && cfg.rope_scaling.high_freq_factor == 4 &&
           cfg.rope_scaling.original_max_position_embeddings == 8192);
     char *json = model_config_to_json(&cfg);
     CHECK_MSG(json && strstr(json, "\"hf_model_type\":\t\"qwen3\"") &&
-                  strstr(json, "\"rope_type\":\t\"llama3\"") && strstr(json, "bos_token_id"),
+                  strstr(json, "\"rope_type\":\t\"llama3\"") && strstr(json, "bos_token_id") &&
+                  strstr(json, "\"sliding_window\":\t4096") &&
+                  strstr(json, "\"o_proj_bias\":\ttrue"),
               "%s", json);
     CHECK(model_config_parse(&back, json, "y", &err) == 0);
     CHECK(memcmp(&cfg, &back, sizeof cfg) == 0);
@@ -82,6 +86,14 @@ static void test_errors(void) {
                  "qk_norm_before_rope", "use_qk_norm");
     expect_error("{" VALID ", \"num_key_value_heads\": 2, \"attention_bias\": \"yes\", " EPS_QK "}",
                  "attention_bias", "true or false");
+    expect_error("{" VALID ", \"num_key_value_heads\": 2, \"o_proj_bias\": 1, " EPS_QK "}",
+                 "o_proj_bias", "true or false");
+    expect_error("{" VALID ", \"num_key_value_heads\": 2, \"sliding_window\": 0, " EPS_QK "}",
+                 "sliding_window", "positive integer");
+    expect_error("{" VALID ", \"num_key_value_heads\": 2, \"sliding_window\": \"4k\", " EPS_QK "}",
+                 "sliding_window", "integer");
+    expect_error("{" VALID ", \"num_key_value_heads\": 2, \"sliding_window\": 1e9, " EPS_QK "}",
+                 "sliding_window", "limit");
     expect_error("{" VALID ", " EPS_QK ", \"num_key_value_heads\": 2", "malformed JSON", NULL);
     expect_error("{" VALID ", " EPS_QK "}", "num_key_value_heads", "missing");
     expect_error("{" VALID ", \"num_key_value_heads\": \"2\", " EPS_QK "}", "num_key_value_heads",

@@ -383,7 +383,11 @@ static void compare_double(Ctx *c, const char *name, const char *shape, const Pa
 }
 
 // ---------------------------------------------------------------- shared inputs
-// doc_start: (B,T) for documents of batch row b starting at the given offsets (0 first).
+// Masks of test_attention: causal, packed documents, and documents with a sliding window.
+enum { CAUSAL, DOCS, DOCS_WINDOW, WINDOW = 100 };
+
+// doc_start: (B,T) for documents of batch row b starting at the given offsets (0 first), each
+// query's first key moved up to its sliding window's (t - WINDOW + 1) with DOCS_WINDOW.
 static int32_t *doc_starts(int B, int T, int docs) {
     // Edge cases: one-token documents in the middle (150) and at the end (T-1).
     static const int starts0[] = {0, 37, 150, 151, -1}, starts1[] = {0, 64, 200};
@@ -397,6 +401,7 @@ static int32_t *doc_starts(int B, int T, int docs) {
                 int si = s[i] < 0 ? T - 1 : s[i];
                 if (si <= t && si < T) start = si;
             }
+            if (docs == DOCS_WINDOW && t - WINDOW + 1 > start) start = t - WINDOW + 1;
             d[(size_t)b * T + t] = start;
         }
     }
@@ -553,7 +558,9 @@ static void test_attention(Ctx *c, int B, int T, int H, int KVH, int D, int docs
     size_t total = (size_t)N * stride, nout = (size_t)N * H * D, nlse = (size_t)B * H * T;
     char sh[80];
     snprintf(sh, sizeof sh, "B=%d T=%d H=%d KVH=%d D=%d %s", B, T, H, KVH, D,
-             docs ? "docs" : "causal");
+             docs == DOCS_WINDOW ? "docs window 100"
+             : docs              ? "docs"
+                                 : "causal");
     int32_t *ds = doc_starts(B, T, docs);
     // Scores of std ~1.3: softmax rows neither flat nor one-hot.
     float *qkv = host_rand(total, -2, 2), *out0 = host_rand(nout, -1, 1);
@@ -1115,9 +1122,9 @@ static void run_all(Ctx *c) {
     test_rope(c, 2, 300, 10, 64, 768);        // q and k heads (8 + 2) of a q|k|v row
     test_rope(c, 2, 300, 10, 128, 1536);
     for (int D = 64; D <= 128; D *= 2)
-        for (int docs = 0; docs <= 1; docs++)
+        for (int docs = CAUSAL; docs <= DOCS_WINDOW; docs++)
             test_attention(c, 2, 300, 8, 2, D, docs);
-    test_attention(c, 1, 70, 4, 2, 96, 1); // SIMT in every dtype (the 16-bit fallback is logged)
+    test_attention(c, 1, 70, 4, 2, 96, DOCS); // SIMT in every dtype (the 16-bit fallback is logged)
     test_swiglu(c, 300, 1408);
     test_sigmoid_gate(c, (size_t)300 * 768 + 5);
     test_cross_entropy(c, 128, 32000, 0.0f);

@@ -49,13 +49,18 @@ CASES = {  # name: (config class, overrides, save dtype, max_shard_size)
     "llama3 rope_scaling tied": (transformers.LlamaConfig, dict(
         rope_theta=500000.0, tie_word_embeddings=True, rope_scaling=LLAMA3), torch.float32, None),
     "mistral": (transformers.MistralConfig, dict(sliding_window=None), torch.float32, None),
+    # a window shorter than the 12 tokens check_logits feeds
+    "mistral sliding_window": (transformers.MistralConfig, dict(sliding_window=4), torch.float32,
+                               None),
+    "llama attention_bias": (transformers.LlamaConfig, dict(attention_bias=True), torch.float32,
+                             None),
     "qwen2": (transformers.Qwen2Config, {}, torch.float32, None),
     "qwen3": (None, {}, torch.float32, None),
 }
 # The engine computes these families' functions (q/k/v biases, qk-norm before RoPE and Llama
 # 3's rope scaling are engine/config.c's attention_bias, qk_norm_before_rope, rope_scaling).
 HF_PEER = {"llama", "llama bf16 sharded", "llama fp16", "llama3 rope_scaling tied", "mistral",
-           "qwen2"}
+           "mistral sliding_window", "llama attention_bias", "qwen2"}
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
 
 
@@ -195,7 +200,9 @@ def check_import(name, root, failures):
     diff = same_tensors(load_file(os.path.join(ours, "model.safetensors")), astrai_view(hf, D))
     cfg = read_json(os.path.join(ours, "config.json"))
     family = read_json(os.path.join(hf_dir, "config.json"))["model_type"]
-    want = {"hf_model_type": family, "attention_bias": family == "qwen2",
+    llama_bias = "attention_bias" in name
+    want = {"hf_model_type": family, "attention_bias": family == "qwen2" or llama_bias,
+            "o_proj_bias": llama_bias, "sliding_window": 4 if "sliding" in name else None,
             "use_qk_norm": family == "qwen3", "qk_norm_before_rope": family == "qwen3",
             "rope_scaling": LLAMA3 if "llama3" in name else None}
     got = {k: cfg.get(k) for k in want}
@@ -264,6 +271,30 @@ def check_astrai_export(root, failures):
             if diff:
                 failures.append(f"astrai {dtype} export+import: {diff}")
             check_logits(f"astrai {dtype} export ({n} files)", src, hf, d, failures)
+    # AstrAI configs with a window or with all four attention biases: Mistral and Llama exports
+    for what, over, family in (("sliding_window 5", dict(sliding_window=5), "mistral"),
+                               ("q/k/v/o biases", dict(attention_bias=True, o_proj_bias=True),
+                                "llama")):
+        d = os.path.join(root, family + "-features")
+        os.makedirs(d)
+        with open(os.path.join(d, "model.json"), "w") as f:
+            json.dump(dict(ASTRAI_CONFIG, **over), f)
+        src, hf, back = (os.path.join(d, n) for n in ("model", "hf", "back"))
+        astrai_model(["init", "--config", os.path.join(d, "model.json"), "--out", src])
+        if over.get("o_proj_bias"):  # init's biases are 0: make them matter
+            edit_tensors(src, lambda s: s.update({k: 0.1 * torch.randn_like(v) for k, v in s.items()
+                                                  if k.endswith(".bias")}))
+        astrai_model(["export-hf", src, "--out", hf])
+        cfg = read_json(os.path.join(hf, "config.json"))
+        got = {k: cfg.get(k) for k in ("model_type", "sliding_window", "attention_bias")}
+        astrai_model(["import-hf", hf, "--out", back])
+        diff = same_tensors(load_file(os.path.join(back, "model.safetensors")),
+                            load_file(os.path.join(src, "model.safetensors")))
+        print(f"astrai {what}: exported as {got}, export+import "
+              f"{'bit-identical' if not diff else diff}")
+        if cfg["model_type"] != family or diff:
+            failures.append(f"astrai {what}: export {got}, export+import {diff}")
+        check_logits(f"astrai {what} export", src, hf, d, failures)
     # an existing model is refused without --force; with it, the shards of the old go
     hf = os.path.join(root, "fp32", "hf0.00002")
     _, err = astrai_model(["export-hf", os.path.join(root, "fp32", "model"), "--out", hf],
@@ -393,8 +424,9 @@ BAD = [  # (case, edit, substrings stderr must hold)
      ["config.json", "num_hidden_layers", "above astrai's limit of 4096"]),
     ("llama", lambda d: edit_config(d, hidden_size=2**40),
      ["config.json", "hidden_size", "above astrai's limit of 65536"]),
-    ("llama", lambda d: edit_config(d, attention_bias=True), ["config.json", "attention_bias",
-                                                              "o_proj"]),
+    ("llama", lambda d: edit_config(d, attention_bias="yes"), ["config.json", "attention_bias",
+                                                               "true or false"]),
+    ("qwen3", lambda d: edit_config(d, attention_bias=True), ["config.json", "attention_bias"]),
     ("llama", lambda d: edit_config(d, head_dim=16), ["config.json", "head_dim"]),
     ("llama", lambda d: edit_config(d, hidden_act="gelu"), ["config.json", "hidden_act"]),
     ("llama", lambda d: edit_config(d, rope_scaling={"type": "linear", "factor": 2.0}),
@@ -404,9 +436,12 @@ BAD = [  # (case, edit, substrings stderr must hold)
     ("llama", lambda d: edit_config(d, rope_scaling=dict(LLAMA3, beta=1.0)),
      ["config.json", "rope_scaling.beta"]),
     ("llama", lambda d: edit_config(d, rms_norm_eps="tiny"), ["config.json", "rms_norm_eps"]),
-    ("mistral", lambda d: edit_config(d, sliding_window=16), ["config.json", "sliding_window"]),
+    ("mistral", lambda d: edit_config(d, sliding_window=0), ["config.json", "sliding_window",
+                                                              "positive integer"]),
+    ("mistral", lambda d: edit_config(d, sliding_window=2.5), ["config.json", "sliding_window",
+                                                                "integer"]),
     ("qwen2", lambda d: edit_config(d, use_sliding_window=True),
-     ["config.json", "use_sliding_window"]),
+     ["config.json", "use_sliding_window", "max_window_layers"]),
     ("llama", truncate, ["model.safetensors"]),
     ("llama bf16 sharded", drop_shard, ["model.safetensors.index.json", "model-00001-of-"]),
     ("llama bf16 sharded", misplace_tensor, ["model.safetensors.index.json", "model.norm.weight",
@@ -502,6 +537,19 @@ def check_bad(root, failures):
     print(f"bad export (gated attention): {err.strip().splitlines()[0]}")
     if "use_gated_attention" not in err or "config.json" not in err:
         failures.append(f"export of gated attention: {err!r}")
+    for what, over, needle in (
+            ("a window with qk-norm (qwen3)", dict(sliding_window=8, use_qk_norm=True,
+                                                   qk_norm_before_rope=True), "sliding_window"),
+            ("an o_proj bias alone", dict(o_proj_bias=True), "o_proj_bias true")):
+        d = os.path.join(root, "export-" + needle.split()[0])
+        os.makedirs(d)
+        with open(os.path.join(d, "model.json"), "w") as f:
+            json.dump(dict(ASTRAI_CONFIG, **over), f)
+        astrai_model(["init", "--config", os.path.join(d, "model.json"), "--out", d + "/model"])
+        _, err = astrai_model(["export-hf", d + "/model", "--out", d + "/hf"], expect=2)
+        print(f"bad export ({what}): {err.strip().splitlines()[0]}")
+        if needle not in err or "config.json" not in err or os.path.exists(d + "/hf"):
+            failures.append(f"export of {what}: {err!r}")
 
 
 def main():

@@ -1,7 +1,8 @@
 """test_hf_train: Hugging Face models trained by astrai equal transformers, fp32.
 
 For each family (llama, llama with Llama 3's rope_scaling and tied embeddings, mistral,
-qwen2 with q/k/v biases, qwen3 with qk-norm before RoPE), a tiny random model made by
+mistral with a sliding window shorter than the sequence, llama with attention_bias (q/k/v/o
+biases), qwen2 with q/k/v biases, qwen3 with qk-norm before RoPE), a tiny random model made by
 transformers and saved as safetensors is imported with `astrai-model import-hf`; then
 - step 0: the engine's logits, loss and every gradient (tests/model_dump) equal transformers'
   on the same batch within 1e-4 (the gradients mapped to AstrAI's names and RoPE layout);
@@ -43,6 +44,10 @@ FAMILIES = {
                           high_freq_factor=4.0, original_max_position_embeddings=8))),
     "mistral": (transformers.MistralConfig, transformers.MistralForCausalLM,
                 dict(sliding_window=None)),
+    "mistral sliding_window 5": (transformers.MistralConfig, transformers.MistralForCausalLM,
+                                 dict(sliding_window=5)),  # shorter than the 16-token windows
+    "llama attention_bias": (transformers.LlamaConfig, transformers.LlamaForCausalLM,
+                             dict(attention_bias=True)),  # q, k, v and o_proj biases
     "qwen2": (transformers.Qwen2Config, transformers.Qwen2ForCausalLM, dict(
         use_sliding_window=False)),
     "qwen3": (transformers.LlamaConfig, transformers.LlamaForCausalLM, {}),

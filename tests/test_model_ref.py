@@ -2,7 +2,8 @@
 (tests/ref/model.py): logits, loss and every parameter gradient, fp32, for several
 configs (GQA / MHA, tied / untied, qk-norm after or before RoPE, gated attention, q/k/v
 biases, Llama 3 rope scaling, SFT masks with packed documents, label smoothing, a long window
-over several attention tiles), plus load
+over several attention tiles, sliding-window attention with packed documents and o_proj biases),
+plus load
 errors naming the tensor at fault."""
 import json
 import os
@@ -153,6 +154,17 @@ def main():
                B=2, T=40, seed=8)
     check_case("sft packed qkv biases bf16", make_config(attention_bias=True),
                B=2, T=16, seed=9, sft=True, doc_starts=[[0, 5], [0, 9]], bf16=True)
+    # the window with documents shorter and longer than it, across the CPU's query tiles
+    check_case("sliding window 37 packed, q/k/v/o biases, T=300",
+               make_config(num_attention_heads=2, num_key_value_heads=1, num_hidden_layers=1,
+                           max_position_embeddings=512, sliding_window=37, attention_bias=True,
+                           o_proj_bias=True),
+               B=2, T=300, seed=10, doc_starts=[[0, 20, 30, 130, 131, 250], [0, 64]])
+    check_case("sliding window 5 sft packed gqa q/k/v/o biases bf16",
+               make_config(sliding_window=5, attention_bias=True, o_proj_bias=True),
+               B=2, T=24, seed=11, sft=True, doc_starts=[[0, 3, 12], [0]], bf16=True)
+    check_case("sliding window 1 (each token itself) causal",
+               make_config(sliding_window=1), B=1, T=12, seed=12)
     check_load_errors()
 
 

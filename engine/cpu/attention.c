@@ -201,7 +201,7 @@ static void attention_fwd_head(float *out, float *lse, const float *q, const flo
             last[r] = i0 + (r < rows ? r : rows - 1);
             x[r] = q + ((size_t)b * T + last[r]) * stride + (size_t)h * D;
         }
-        // keys any row of the tile sees (document starts never decrease along a sequence)
+        // keys any row of the tile sees (first keys never decrease along a sequence)
         int j_begin = first_key(doc_start, b, T, i0), j_end = i0 + rows;
         tile_scores(w->p, w->Tp, x, w->kt, D, j_begin, j_end);
         for (int r = 0; r < QBLOCK; r++) {
@@ -315,7 +315,7 @@ static void attention_bwd_tile(float *dq, const float *dout, const float *out, c
             memcpy(pdo, xdo[r], (size_t)D * sizeof *pdo);
         }
     }
-    // keys any row of the tile sees (document starts never decrease along a sequence)
+    // keys any row of the tile sees (first keys never decrease along a sequence)
     int j_begin = first_key(t->doc_start, t->b, T, i0), j_end = i0 + rows;
     tile_scores(w->p, w->Tp, xq, w->kt, D, j_begin, j_end);   // s = q.k
     tile_scores(w->ds, w->Tp, xdo, w->vt, D, j_begin, j_end); // dp = dout.v

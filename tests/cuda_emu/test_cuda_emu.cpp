@@ -1031,14 +1031,19 @@ struct AttnProblem {
 // Key j is visible to query i of batch row b iff doc_start[b*T+i] <= j <= i. Packed: batch
 // rows alternate between documents starting at 0, 37, 100 (query tiles that skip key
 // tiles, key tiles that skip query tiles) and at 0, 5, 6 (short documents, then one long
-// enough for a query tile to walk 3 key tiles); else causal only.
-static std::vector<int32_t> doc_starts(int B, int T, bool packed) {
+// enough for a query tile to walk 3 key tiles); else causal only. A sliding window (> 0)
+// hides keys j <= i - window too, as the model's batch folds it in: every row of a tile then
+// starts at a different key.
+static std::vector<int32_t> doc_starts(int B, int T, bool packed, int window) {
     static const std::vector<int> starts[2] = {{0, 37, 100}, {0, 5, 6}};
     std::vector<int32_t> ds((size_t)B * T, 0);
     for (int b = 0; packed && b < B; b++)
         for (int t = 0; t < T; t++)
             for (int s : starts[b % 2])
                 if (s <= t) ds[(size_t)b * T + t] = s;
+    for (int b = 0; window && b < B; b++)
+        for (int t = 0; t < T; t++)
+            ds[(size_t)b * T + t] = std::max(ds[(size_t)b * T + t], t - window + 1);
     return ds;
 }
 
@@ -1183,13 +1188,15 @@ static std::vector<double> attn_allowed(const Expect &e, Rounding r) {
 // (bf16 or fp16, D 64 or 128, 16-byte aligned), else the SIMT ones; skew 1 misaligns every
 // tensor.
 template <typename T>
-void test_attention(int B, int seq, int H, int KVH, int D, bool packed, bool mma, int skew = 0) {
-    AttnProblem p = {B, seq, H, KVH, D, {}, {}, doc_starts(B, seq, packed)};
+void test_attention(int B, int seq, int H, int KVH, int D, bool packed, bool mma, int skew = 0,
+                    int window = 0) {
+    AttnProblem p = {B, seq, H, KVH, D, {}, {}, doc_starts(B, seq, packed, window)};
     const int S = p.stride();
     p.qkv = quant<T>(randn((size_t)B * seq * S, 1.5f));
     p.dout = quant<T>(randn((size_t)B * seq * H * D));
-    std::string tag = fmt("%s B%d T%d H%d KVH%d D%d %s%s", Ops<T>::name, B, seq, H, KVH, D,
-                          packed ? "docs" : "causal", skew ? " unaligned" : "");
+    std::string tag = fmt("%s B%d T%d H%d KVH%d D%d %s%s%s", Ops<T>::name, B, seq, H, KVH, D,
+                          packed ? "docs" : "causal", skew ? " unaligned" : "",
+                          window ? fmt(" window %d", window).c_str() : "");
     const char *path = mma ? "tensor-core" : "simt";
     const bool is_f16 = std::is_same<T, f16>::value;
     const double u = is_f16 ? 0x1p-11 : 0x1p-8, sub = is_f16 ? 0x1p-25 : 0.0;
@@ -1291,6 +1298,12 @@ static void test_attention_all() {
     test_attention<float>(1, 1, 2, 1, 32, false, false);
     test_attention<bf16>(2, 70, 4, 2, 64, true, false, 1);
     test_attention<bf16>(1, 33, 2, 1, 32, false, false);
+    // Sliding windows: shorter than a tile (query tiles of one or two key tiles, key tiles
+    // visited by few query tiles), with documents, and longer than a tile.
+    test_attention<bf16>(2, 130, 4, 2, 64, true, true, 0, 20);
+    test_attention<bf16>(1, 200, 2, 1, 128, false, true, 0, 70);
+    test_attention<float>(2, 130, 4, 2, 64, true, false, 0, 9);
+    test_attention<float>(1, 130, 2, 1, 32, false, false, 0, 40);
 }
 
 // fp16 on both paths: the tensor cores at D 64 (GQA, documents, T = 130: the steady state of
@@ -1302,6 +1315,7 @@ static void test_attention_f16() {
     test_attention<f16>(1, 1, 2, 2, 128, true, true);
     test_attention<f16>(2, 70, 4, 2, 64, true, false, 1);
     test_attention<f16>(1, 33, 2, 1, 32, false, false);
+    test_attention<f16>(2, 130, 4, 2, 64, true, true, 0, 20);
 }
 
 // ---------------------------------------------------------------- fp16 overflow

@@ -32,6 +32,8 @@ def layer_keys(cfg, i):
     if cfg.get("attention_bias"):
         keys += [p + f"attention.{n}.bias" for n in ("q_proj", "k_proj", "v_proj")]
     keys += [p + "attention.o_proj.weight"]
+    if cfg.get("o_proj_bias"):
+        keys += [p + "attention.o_proj.bias"]
     if cfg.get("use_qk_norm"):
         keys += [p + "attention.q_norm.weight", p + "attention.k_norm.weight"]
     if cfg.get("use_gated_attention"):
@@ -51,7 +53,7 @@ def param_shapes(cfg):
         for k in layer_keys(cfg, i):
             leaf = k.split(".")[-2]
             if k.endswith(".bias"):
-                shapes[k] = (C,) if leaf == "q_proj" else (KV,)
+                shapes[k] = (C,) if leaf in ("q_proj", "o_proj") else (KV,)
                 continue
             shapes[k] = {
                 "q_proj": (C, C), "k_proj": (KV, C), "v_proj": (KV, C), "o_proj": (C, C),
@@ -119,11 +121,15 @@ def apply_rope(x, cos, sin):
     return torch.stack((a * cos - b * sin, a * sin + b * cos), dim=-1).flatten(-2)
 
 
-def attention_mask(positions, packed):
-    """(B,1,T,T) bool: causal, and within one document when packed (new doc where
-    position_ids[t] <= position_ids[t-1])."""
+def attention_mask(positions, packed, sliding_window=None):
+    """(B,1,T,T) bool: causal, within the last sliding_window keys (transformers' Mistral:
+    key j hidden from query i when j <= i - sliding_window), and within one document when
+    packed (new doc where position_ids[t] <= position_ids[t-1])."""
     B, T = positions.shape
     causal = torch.ones(T, T, dtype=torch.bool).tril()
+    if sliding_window:
+        i, j = torch.arange(T)[:, None], torch.arange(T)[None, :]
+        causal &= j > i - sliding_window
     if not packed:
         return causal.expand(B, 1, T, T)
     new_doc = torch.zeros(B, T, dtype=torch.long)
@@ -200,7 +206,7 @@ class RefModel:
         pos = (torch.as_tensor(position_ids).long() if packed
                else torch.arange(T).expand(B, T))
         cos, sin = rope_cos_sin(pos, D, base, cfg.get("rope_scaling"))
-        mask = attention_mask(pos, packed)
+        mask = attention_mask(pos, packed, cfg.get("sliding_window"))
 
         x = r(P["embed_tokens.weight"][input_ids])
         if embed_noise is not None:
@@ -227,6 +233,8 @@ class RefModel:
             if cfg.get("use_gated_attention"):
                 att = r(att * torch.sigmoid(r(h @ P[p + "attention.gate.weight"].T)))
             x = r(x + r(att @ P[p + "attention.o_proj.weight"].T))
+            if cfg.get("o_proj_bias"):
+                x = r(x + P[p + "attention.o_proj.bias"])
             h = r(rms_norm(x, P[p + "post_attention_norm.weight"], eps))
             up = r(h @ P[p + "mlp.up.weight"].T)
             gate = r(h @ P[p + "mlp.gate.weight"].T)
