@@ -19,7 +19,7 @@
 #include "ckpt/safetensors.h"
 #include "common/dtype.h"
 #include "common/error.h"
-#include "engine/config.h"
+#include "model/config.h"
 
 struct cJSON;
 
@@ -74,7 +74,4 @@ int hf_write_shard(const HfConversion *c, int k, const char *path, Err *err);
 // An HF dir's model as AstrAI's, without writing anything: *cfg from its config.json, *f the
 // converted weights (source dtypes kept) in an anonymous memory file. st_close frees it.
 int hf_load_config(ModelConfig *cfg, const char *hf_dir, Err *err);
-// The model config of dir (a model directory or checkpoint): its AstrAI config.json, or, in a
-// Hugging Face directory, the HF config mapped as hf_load_config does (the source unwritten).
-int ckpt_model_config(ModelConfig *cfg, const char *dir, Err *err);
 int hf_open_weights(StFile *f, const char *hf_dir, Err *err);

@@ -76,7 +76,7 @@ static int read_bool(const cJSON *root, const char *key, const char *path, bool 
 
 // The sizes of an HF config (num_key_value_heads defaults to the heads), head_dim =
 // hidden_size / num_attention_heads. The values of the rest are the engine's to check (the
-// AstrAI config made of them is parsed by engine/config.c).
+// AstrAI config made of them is parsed by model/config.c).
 static int read_shape(const cJSON *root, const char *path, HfShape *s, Err *err) {
     memset(s, 0, sizeof *s);
     if (read_size(root, "vocab_size", path, 0, &s->vocab_size, err) ||
@@ -417,15 +417,6 @@ int hf_load_config(ModelConfig *cfg, const char *hf_dir, Err *err) {
              import_config(path, &astrai, cfg, err);
     cJSON_Delete(astrai);
     return rc;
-}
-
-int ckpt_model_config(ModelConfig *cfg, const char *dir, Err *err) {
-    char path[PATH_MAX];
-    bool hf;
-    if (hf_is_model_dir(dir, &hf, err)) return -1;
-    if (hf) return hf_load_config(cfg, dir, err);
-    return path_join(path, sizeof path, dir, "config.json", err) ||
-           model_config_load(cfg, path, err);
 }
 
 // ---------------------------------------------------------------- export

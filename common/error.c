@@ -72,3 +72,23 @@ int err_prefix(Err *err, const char *fmt, ...) {
     err->msg[plen + 2 + olen] = 0;
     return -1;
 }
+
+void first_failure_record(FirstFailure *f, const char *fmt, ...) {
+    int none = 0;
+    if (!__atomic_compare_exchange_n(&f->state, &none, 1, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE))
+        return; // the first one stands
+    va_list ap;
+    va_start(ap, fmt);
+    vset(&f->err, fmt, ap);
+    va_end(ap);
+    f->err.resource = 1;
+    __atomic_store_n(&f->state, 2, __ATOMIC_RELEASE);
+}
+
+int first_failure_check(FirstFailure *f, Err *err) {
+    int state = __atomic_load_n(&f->state, __ATOMIC_ACQUIRE);
+    if (state == 0) return 0;
+    if (state != 2) return err_resource(err, "a backend op failed (its message is being written)");
+    if (err) *err = f->err;
+    return -1;
+}

@@ -15,7 +15,8 @@
 // allocations go through common/json.h's hooks (json_out_of_memory tells a parse that ran
 // out of memory from malformed text), SQLITE_NOMEM and libyaml's YAML_MEMORY_ERROR are
 // resource failures. Nothing aborts for want of memory. tests/test_out_of_memory.py makes
-// each allocation of astrai-train's and astraid's start paths fail in turn and checks this.
+// each allocation of astrai-train's run (training's too, in bf16) and astraid's start paths fail
+// in turn and checks this.
 #pragma once
 #include <stddef.h>
 
@@ -45,6 +46,20 @@ int err_exit_status(const Err *err);
 
 // Prepends "prefix: " to an existing message (e.g. the file name); returns -1.
 int err_prefix(Err *err, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+// The first failure of work that has no way to return one when it happens (a backend's ops
+// return nothing, engine/backend.h): recorded once, later ones dropped, reported when the owner
+// checks. Safe from any thread; zero-initialised means none.
+typedef struct {
+    int state; // 0: none, 1: being recorded, 2: recorded (GCC atomics: C and CUDA's C++ alike)
+    Err err;
+} FirstFailure;
+
+// Records the message (a resource failure: exit 1) unless a failure is recorded already.
+void first_failure_record(FirstFailure *f, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+// -1 with the recorded failure in err, or 0 when none was.
+int first_failure_check(FirstFailure *f, Err *err);
 
 // Exit code for bad input (flags, files, data) in every astrai binary.
 #define EXIT_BAD_INPUT 2

@@ -1,13 +1,15 @@
 # astraid: the training service (daemon/*.c) and its systemd units (systemd/).
 pkg_check_modules(LIBUV REQUIRED IMPORTED_TARGET libuv)
 pkg_check_modules(MHD REQUIRED IMPORTED_TARGET libmicrohttpd) # the HTTP listener (http.c)
-# Its main() is tools/astraid/main.c, as every binary's is tools/<binary>/main.c.
-file(GLOB ASTRAID_SOURCES CONFIGURE_DEPENDS ${CMAKE_SOURCE_DIR}/daemon/*.c)
-add_executable(astraid ${ASTRAID_SOURCES} ${CMAKE_SOURCE_DIR}/tools/astraid/main.c)
-target_link_libraries(astraid PRIVATE astrai_core astrai_web PkgConfig::LIBUV PkgConfig::MHD
-  ${CMAKE_DL_LIBS})
-# astraid uses none of the training libraries astrai_core carries (BLAS, oneDNN, OpenMP, CUDA):
-# linked only where referenced, whatever the compiler driver's default (test_daemon_protocol).
+# The daemon layer (CMakeLists.txt's layers); its main() is tools/astraid/main.c, as every
+# binary's is tools/<binary>/main.c.
+astrai_layer(daemon DIRS daemon DEPS engine ckpt model comm proto ranks common web
+  EXTERNAL PkgConfig::LIBUV PkgConfig::MHD PkgConfig::SQLITE3 ${CMAKE_DL_LIBS})
+add_executable(astraid ${CMAKE_SOURCE_DIR}/tools/astraid/main.c)
+target_link_libraries(astraid PRIVATE astrai_daemon)
+# astraid uses none of the training libraries the engine layer carries (BLAS, oneDNN, OpenMP,
+# CUDA): linked only where referenced, whatever the compiler driver's default
+# (test_daemon_protocol).
 target_link_options(astraid PRIVATE LINKER:--as-needed)
 install(TARGETS astraid RUNTIME DESTINATION bin)
 

@@ -1,7 +1,8 @@
 // daemon.h: astraid, the training service (docs/design.md §1, §3, §5, §6). One file per
 // subsystem, sharing the one daemon state `astraid` (as Redis shares `server`):
 //
-//   tools/astraid/main.c  main(): flags, startup, shutdown
+//   tools/astraid/main.c  main(): flags, startup
+//   lifecycle.c       the daemon state `astraid`; stop signals and shutdown
 //   config.c          the options (flags and config file keys), the config file's parser
 //   log.c             leveled logging to stderr
 //   server.c          unix/tcp listeners, connections, line framing, output queues
@@ -22,8 +23,8 @@
 //   watchdog.c        hangs (no new step: stacks recorded, run restarted) and time limits
 //   notify.c          notify_command: a program run on job events
 //   helper.c          short-lived helper programs (gdb, notify_command), bounded, never waited on
-//   sdnotify.c        systemd notifications and socket activation
-//   slurm.c           the slurm executor: jobs run as Slurm batch jobs (sbatch, squeue, scancel)
+//   systemd.c         systemd notifications and socket activation
+//   slurm.c           the slurm site: jobs run as Slurm batch jobs (sbatch, squeue, scancel)
 #pragma once
 #include <stdint.h>
 #include <sys/types.h>
@@ -194,7 +195,8 @@ typedef struct Job {
     int *want_ids; // (n_devices,) device ids the spec names, or NULL for any
     int *devices;  // (n_devices,) ids held while a run is alive, else NULL
     char *last_checkpoint, *error;
-    long submitted_by;                          // uid, -1 when unknown (tcp)
+    char *progress_error; // why its progress.db cannot be read (progress_reader.c), NULL: it can
+    long submitted_by;    // uid, -1 when unknown (tcp)
     double created_at, started_at, finished_at; // unix seconds, 0: not yet
     int resume;                                 // the next run adds --resume=true
     long runs;                                  // runs started so far (run<N>-rank<R>.log)
@@ -339,9 +341,10 @@ void retention_schedule(void);
 void scheduler_kick(void);
 void devices_release(Job *j);
 
-// ---------------------------------------------------------------- executors
-// What runs the ranks of a job: the local executor (runner.c: child processes on this machine)
-// or the slurm executor (slurm.c: Slurm batch jobs), chosen at start by --executor. Whatever
+// ---------------------------------------------------------------- run sites (--executor)
+// Where the ranks of a job run, the --executor of the command line: the local site (runner.c:
+// child processes on this machine) or the slurm site (slurm.c: Slurm batch jobs), chosen at
+// start. (train/'s Executor is something else: the parallel mode of the ranks.) Whatever
 // differs between the two is an operation here (docs/design.md §12), as engine/ and comm/
 // choose their backends: the rest of astraid never asks which one runs.
 typedef struct {
@@ -363,12 +366,12 @@ typedef struct {
     int (*attach)(Job *j);
     // Its word for a job's live run (JOB's slurm_job and slurm_state); NULL: no such fields.
     const char *(*run_state)(const Job *j);
-} JobExecutor;
-extern const JobExecutor LOCAL_EXECUTOR; // runner.c
-extern const JobExecutor SLURM_EXECUTOR; // slurm.c
+} RunSite;
+extern const RunSite LOCAL_SITE; // runner.c
+extern const RunSite SLURM_SITE; // slurm.c
 
 // ---------------------------------------------------------------- runner.c
-// The local executor (LOCAL_EXECUTOR), and what astraid asks of its runs:
+// The local executor (LOCAL_SITE), and what astraid asks of its runs:
 int runner_alive(void);                     // runs not yet ended
 int runner_ranks(const Job *j);             // ranks of j's run, 0 without one
 pid_t runner_rank_pid(const Job *j, int r); // 0 when rank r is not alive
@@ -421,6 +424,7 @@ typedef struct {
     char *phase;          // the trainer's phase, NULL: none ("" is read as none)
     double phase_since;
     double read_mono, read_wall; // when it was read (clock_mono_s, clock_wall_s)
+    char *error;                 // why it could not be read ("progress.db: ..."), NULL: it was
 } JobProgress;
 
 // Polls the running jobs' progress.db every poll-interval on the threadpool (and once that
@@ -450,7 +454,7 @@ int curve_read(const char *run_dir, long since_step, long limit, cJSON **steps, 
 // At start: --slurm-sbatch-args splits into words (its quotes balanced).
 int slurm_check_config(const Config *c, Err *err);
 void slurm_free(void); // after uv_run returned
-// The slurm executor's operations (SLURM_EXECUTOR) are slurm.c's; their rules are there.
+// The slurm executor's operations (SLURM_SITE) are slurm.c's; their rules are there.
 
 // ---------------------------------------------------------------- helper.c
 // A helper's end: its stdout (when kept; NULL: astraid is exiting and only arg is to be freed),
@@ -497,9 +501,9 @@ int jobs_preflight(const cJSON *spec, PreflightDone done, void *arg, Err *err);
 int notify_check_config(const Config *c, Err *err);
 void notify_job(const Job *j, const char *event);
 
-// ---------------------------------------------------------------- sdnotify.c
+// ---------------------------------------------------------------- systemd.c
 void sd_init(void); // takes NOTIFY_SOCKET / LISTEN_* out of the environment
-void notify_systemd(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+void systemd_notify(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 int sd_listen_fd(void); // the activated unix socket, or -1
 
 // ---------------------------------------------------------------- server.c
@@ -625,12 +629,17 @@ typedef struct {
     Devices devices;
     Job *jobs; // by id, ascending
     long next_id;
-    double started_at;           // clock_mono_s() at start (uptime)
-    int stopping;                // SIGTERM/SIGINT taken: no new runs, the running ones are stopped
-    const JobExecutor *executor; // --executor's: local or slurm
+    double started_at;   // clock_mono_s() at start (uptime)
+    int stopping;        // SIGTERM/SIGINT taken: no new runs, the running ones are stopped
+    const RunSite *site; // --executor's: local or slurm
 } Astraid;
 
 extern Astraid astraid;
 
+// ---------------------------------------------------------------- lifecycle.c
 // Called when a run ended while stopping: exits the loop once none is left.
 void daemon_maybe_finish(void);
+// Closes the listeners, the connections, the HTTP threads and every loop handle: uv_run returns.
+void daemon_close_all(void);
+// Installs the SIGTERM/SIGINT handlers that stop every job, then the loop.
+void shutdown_watch_signals(void);

@@ -1,6 +1,6 @@
 // http.c: astraid's HTTP listener (--http HOST:PORT, docs/monitoring.md): GET / (the web
 // page, web/web.h), /metrics (metrics.c), /api/jobs, /api/history and /api/gpus, and POST
-// /api/pause, /api/resume, /api/checkpoint and /api/cancel (the page's buttons).
+// /api/pause, /api/resume, /api/checkpoint and /api/cancel (the page's buttons) and /login.
 //
 // libmicrohttpd parses HTTP on its own threads (HTTP_THREADS of them, each polling its share
 // of at most HTTP_CONNECTIONS connections; a connection silent for HTTP_TIMEOUT_S is
@@ -18,8 +18,9 @@
 // Slow clients (slowloris): a connection is "waiting" from its accept, or from the end of its
 // previous answer, until its whole request (line, headers, any body) is read; it must be read
 // within HTTP_REQUEST_S of that start, however steadily its bytes trickle in (the silence
-// timeout alone never fires on a line every few seconds). A watchdog thread, asleep until the
-// earliest such deadline (forever when nothing waits), shuts a late connection's socket down;
+// timeout alone never fires on a line every few seconds). A reaper thread (not
+// daemon/watchdog.c, which judges jobs), asleep until the earliest such deadline (forever when
+// nothing waits), shuts a late connection's socket down;
 // libmicrohttpd then reads its end and closes it. The connections are tracked in `clients`
 // under clients_mu from libmicrohttpd's STARTED notification to its CLOSED one, which 0.9.75
 // gives before it closes the fd (MHD_cleanup_connections), so a shutdown() under clients_mu
@@ -40,7 +41,8 @@
 // rebinding) reads nothing. The token's exception is the page itself (/): it holds no data
 // (it is the same static file for everyone), and a browser cannot send a header when it opens
 // an address; the page then sends the token on its /api requests (docs/monitoring.md "The
-// web page").
+// web page"). With --token-file an action (a POST) needs the token from every peer, loopback
+// included: the bearer header, or the HttpOnly login cookie POST /login sets (may_act).
 //
 // Actions and GPUs: the HTTP threads may not touch the jobs, so an action (and /api/gpus, the
 // GPUs of daemon.info) is a request on astraid's own control socket, answered by the loop as
@@ -118,10 +120,10 @@ typedef struct {
 static pthread_mutex_t clients_mu = PTHREAD_MUTEX_INITIALIZER;
 static Client clients[HTTP_CONNECTIONS]; // under clients_mu, as the three below
 static pthread_cond_t deadline_near;     // a deadline before watch_until, or stop (CLOCK_MONOTONIC)
-static double watch_until = INFINITY;    // when the watchdog wakes next (INFINITY: nothing waits)
+static double watch_until = INFINITY;    // when the reaper wakes next (INFINITY: nothing waits)
 static int watch_stop;
-static pthread_t watchdog;
-static int watchdog_running;
+static pthread_t reaper;
+static int reaper_running;
 
 // ---------------------------------------------------------------- time
 
@@ -310,7 +312,7 @@ static Snapshot *snapshot_get(void) {
 
 // ---------------------------------------------------------------- connections
 
-// Under clients_mu: c's request is awaited from now; the watchdog, if asleep past its
+// Under clients_mu: c's request is awaited from now; the reaper, if asleep past its
 // deadline, wakes to count it.
 static void client_wait(Client *c) {
     c->state = CLIENT_WAITING;
@@ -325,7 +327,7 @@ static void client_close(Client *c) {
     c->state = CLIENT_CLOSING;
 }
 
-// The watchdog thread: closes each connection whose request is not read HTTP_REQUEST_S
+// The reaper thread: closes each connection whose request is not read HTTP_REQUEST_S
 // after it began waiting; asleep until the earliest such deadline, or until woken.
 static void *watch_deadlines(void *arg) {
     (void)arg;
@@ -449,7 +451,7 @@ static Client *client_of(struct MHD_Connection *conn) {
 }
 
 // conn's request is read: it is answered, no longer held to HTTP_REQUEST_S nor evicted (a
-// connection the watchdog or an eviction closed meanwhile stays closing).
+// connection the reaper or an eviction closed meanwhile stays closing).
 static void client_answering(struct MHD_Connection *conn) {
     Client *c = client_of(conn);
     if (!c) return;
@@ -470,21 +472,21 @@ static void on_completed(void *cls, struct MHD_Connection *conn, void **con_cls,
     pthread_mutex_unlock(&clients_mu);
 }
 
-static int watchdog_start(Err *err) {
-    int rc = pthread_create(&watchdog, NULL, watch_deadlines, NULL);
-    if (rc) return err_errno(err, rc, "http: cannot start the request watchdog");
-    watchdog_running = 1;
+static int reaper_start(Err *err) {
+    int rc = pthread_create(&reaper, NULL, watch_deadlines, NULL);
+    if (rc) return err_errno(err, rc, "http: cannot start the slow-request reaper");
+    reaper_running = 1;
     return 0;
 }
 
-static void watchdog_stop(void) {
-    if (!watchdog_running) return;
+static void reaper_stop(void) {
+    if (!reaper_running) return;
     pthread_mutex_lock(&clients_mu);
     watch_stop = 1;
     pthread_cond_signal(&deadline_near);
     pthread_mutex_unlock(&clients_mu);
-    pthread_join(watchdog, NULL);
-    watchdog_running = 0;
+    pthread_join(reaper, NULL);
+    reaper_running = 0;
 }
 
 // ---------------------------------------------------------------- responses
@@ -1057,7 +1059,7 @@ int http_start(Err *err) {
     cond_init_monotonic(&deadline_near);
     uv_async_init(astraid.loop, &wake, on_wake);
     wake_open = 1;
-    if (watchdog_start(err)) return -1;
+    if (reaper_start(err)) return -1;
     unsigned flags = MHD_USE_POLL_INTERNAL_THREAD | MHD_USE_ERROR_LOG;
     if (ss.ss_family == AF_INET6) flags |= MHD_USE_DUAL_STACK; // [::]: IPv4 peers too
     loopback_listener = is_loopback((struct sockaddr *)&ss);
@@ -1084,7 +1086,7 @@ void http_stop(void) {
     pthread_mutex_unlock(&mu);
     if (mhd) MHD_stop_daemon(mhd); // its threads are gone: nothing reads the snapshot
     mhd = NULL;
-    watchdog_stop(); // after: every connection is closed
+    reaper_stop(); // after: every connection is closed
     if (!uv_is_closing((uv_handle_t *)&wake)) uv_close((uv_handle_t *)&wake, NULL);
     snapshot_release(current);
     current = NULL;

@@ -139,9 +139,9 @@ static void describe(const Job *j, Out *o, cJSON *obj) {
     double left = job_time_left_s(j); // whole seconds: the text is not printed anew each time
     out_number(o, obj, "time_left_s", floor(left), left >= 0);
     out_string(o, obj, "pause_reason", j->pause_reason);
-    if (astraid.executor->run_state) {
+    if (astraid.site->run_state) {
         out_number(o, obj, "slurm_job", (double)j->slurm_id, j->slurm_id > 0);
-        out_string(o, obj, "slurm_state", astraid.executor->run_state(j));
+        out_string(o, obj, "slurm_state", astraid.site->run_state(j));
     }
     long n_devices = j->devices ? j->n_devices : 0;
     cJSON *devs = out_open(o, obj, "devices", 1, (size_t)n_devices);
@@ -153,6 +153,7 @@ static void describe(const Job *j, Out *o, cJSON *obj) {
     describe_ranks(j, o, obj);
     out_string(o, obj, "last_checkpoint", j->last_checkpoint);
     out_string(o, obj, "error", j->error);
+    out_string(o, obj, "progress_error", j->progress_error);
     out_number(o, obj, "submitted_by", (double)j->submitted_by, j->submitted_by >= 0);
     out_time(o, obj, "created_at", j->created_at);
     out_time(o, obj, "started_at", j->started_at);

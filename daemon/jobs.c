@@ -119,7 +119,7 @@ Job *job_find(long id) {
 }
 
 int job_has_run(const Job *j) {
-    return astraid.executor->has_run(j);
+    return astraid.site->has_run(j);
 }
 
 int job_run_dir(const Job *j, char *out, size_t cap) {
@@ -242,7 +242,7 @@ static int check_absolute(const cJSON *spec, Err *err) {
 // Slurm decides, sbatch --test-only at submit).
 static int check_devices(const JobSpec *js, const cJSON *spec, Err *err) {
     const Devices *d = &astraid.devices;
-    if (!astraid.executor->takes_devices) return 0;
+    if (!astraid.site->takes_devices) return 0;
     if (js->nodes > 1)
         return err_set(err,
                        "nodes: %ld nodes, but astraid runs jobs on this machine only "
@@ -278,7 +278,7 @@ int jobs_preflight(const cJSON *spec, PreflightDone done, void *arg, Err *err) {
     JobSpec js;
     if (job_spec_parse(&js, spec, err)) return -1;
     int gpus[64], n = 0, rc = check_absolute(spec, err) || check_devices(&js, spec, err);
-    if (!rc && astraid.devices.gpu && astraid.executor->takes_devices)
+    if (!rc && astraid.devices.gpu && astraid.site->takes_devices)
         n = wanted_gpus(&js, gpus, (int)(sizeof gpus / sizeof *gpus));
     job_spec_free(&js);
     if (rc) return -1;
@@ -411,8 +411,8 @@ int jobs_submit(const cJSON *spec, long uid, ChangeDone done, void *arg, long *i
     Submit *s = NULL;
     if (!j->name || !j->spec || lost_ids || set_ckpt_dir(j, err) || !j->ckpt_dir ||
         job_paths_check(j, err) || !(s = malloc(sizeof *s)) || make_run_dir(j, err) ||
-        (astraid.executor->check_submit ? astraid.executor->check_submit(j, submit_checked, s, err)
-                                        : state_save_job(j, submit_written, s, err))) {
+        (astraid.site->check_submit ? astraid.site->check_submit(j, submit_checked, s, err)
+                                    : state_save_job(j, submit_written, s, err))) {
         if (!*err->msg) err_resource(err, "out of memory for job %ld", j->id);
         drop_run_dir(j);
         job_free(j);
@@ -627,7 +627,7 @@ static void pause_change(Job *j, int real) {
 
 // A queued job may have a run: a Slurm job still pending.
 static void pause_after(Job *j, JobState from) {
-    if (from != JOB_QUEUED || job_has_run(j)) astraid.executor->stop(j, STOP_PAUSE);
+    if (from != JOB_QUEUED || job_has_run(j)) astraid.site->stop(j, STOP_PAUSE);
 }
 
 static const Verb PAUSE = {"pause", pause_check, pause_change, pause_after};
@@ -675,7 +675,7 @@ int job_resume(Job *j, ChangeDone done, void *arg, int *code, Err *err) {
 
 int job_checkpoint(Job *j, int *code, Err *err) {
     if (j->state != JOB_RUNNING) return refuse(j, "checkpoint", code, err);
-    astraid.executor->checkpoint(j);
+    astraid.site->checkpoint(j);
     state_event(j->id, "checkpoint", "requested");
     return 0;
 }
@@ -688,13 +688,13 @@ static int cancel_check(const Job *j, int *code, Err *err) {
 // local ranks get SIGKILL: the job is cancelled at once.
 static void cancel_change(Job *j, int real) {
     (void)real;
-    apply_state(j, astraid.executor->cancel_confirmed && job_has_run(j) ? JOB_CANCELLING
-                                                                        : JOB_CANCELLED);
+    apply_state(j,
+                astraid.site->cancel_confirmed && job_has_run(j) ? JOB_CANCELLING : JOB_CANCELLED);
 }
 
 static void cancel_after(Job *j, JobState from) {
     (void)from;
-    if (job_has_run(j)) astraid.executor->stop(j, STOP_CANCEL); // the run ends a moment later
+    if (job_has_run(j)) astraid.site->stop(j, STOP_CANCEL); // the run ends a moment later
 }
 
 static const Verb CANCEL = {"cancel", cancel_check, cancel_change, cancel_after};
@@ -951,6 +951,7 @@ void job_free(Job *j) {
     job_text_free(j->text);
     free(j->want_ids);
     free(j->devices);
+    free(j->progress_error);
     free(j->last_checkpoint);
     free(j->error);
     free(j->phase);

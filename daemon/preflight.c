@@ -30,7 +30,7 @@
 
 #include <cjson/cJSON.h>
 
-#include "ckpt/hf.h"
+#include "ckpt/model_dir.h"
 #include "common/buf.h"
 #include "daemon/daemon.h"
 #include "engine/param_table.h"

@@ -4,12 +4,14 @@
 // loop) and their results are applied on the loop; one poll at a time, so the open
 // handles it keeps are only ever used by one thread. WAL lets us read while rank 0
 // writes; a busy database is simply read at the next tick, never waited on. Changes
-// are pushed to watchers.
+// are pushed to watchers. A database that cannot be read for another reason (corrupt, not
+// a database, an I/O error) is the job's progress_error until a read succeeds.
 #include <limits.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include <sqlite3.h>
 
@@ -18,23 +20,57 @@
 
 #define ETA_WINDOW 16 // steps the ETA's pace is measured over
 
-static sqlite3 *open_progress(const char *run_dir) {
+// NULL when there is none yet (the run is still starting) or it cannot be opened: then, when
+// the file exists, p's error says why.
+static sqlite3 *open_progress(const char *run_dir, JobProgress *p) {
     char path[PATH_MAX];
     if ((size_t)snprintf(path, sizeof path, "%s/" PROGRESS_DB_FILE, run_dir) >= sizeof path)
         return NULL;
     sqlite3 *db = NULL;
     if (sqlite3_open_v2(path, &db, SQLITE_OPEN_READONLY, NULL) != SQLITE_OK) {
-        sqlite3_close(db); // not created yet: the run is still starting
+        if (access(path, F_OK) == 0) {
+            char msg[300];
+            snprintf(msg, sizeof msg, PROGRESS_DB_FILE ": %s", sqlite3_errmsg(db));
+            *p = (JobProgress){.opened = 1, .eta_s = -1, .error = strdup(msg)};
+        }
+        sqlite3_close(db);
         return NULL;
     }
     sqlite3_busy_timeout(db, 0);
     return db;
 }
 
-static int query_long(sqlite3 *db, const char *sql, long *out) {
+// A failed read. Busy (the writer's turn: read at the next poll) and SQLITE_ERROR (a table an
+// older astrai-train did not make, or one being created) are no news; any other failure
+// (corrupt, not a database, I/O, permission, memory) is the job's progress_error: the first of
+// this read, "progress.db: file is not a database".
+static void note_failure(sqlite3 *db, int rc, JobProgress *p) {
+    int primary = rc & 0xff;
+    if (primary == SQLITE_BUSY || primary == SQLITE_LOCKED || primary == SQLITE_ERROR || p->error)
+        return;
+    char msg[300];
+    snprintf(msg, sizeof msg, PROGRESS_DB_FILE ": %s", sqlite3_errmsg(db));
+    p->error = strdup(msg);
+}
+
+static int prepare(sqlite3 *db, const char *sql, sqlite3_stmt **st, JobProgress *p) {
+    int rc = sqlite3_prepare_v2(db, sql, -1, st, NULL);
+    if (rc == SQLITE_OK) return 0;
+    note_failure(db, rc, p);
+    return -1;
+}
+
+// Whether st has a row (else done, or a failure noted).
+static int step_row(sqlite3 *db, sqlite3_stmt *st, JobProgress *p) {
+    int rc = sqlite3_step(st);
+    if (rc != SQLITE_ROW && rc != SQLITE_DONE) note_failure(db, rc, p);
+    return rc == SQLITE_ROW;
+}
+
+static int query_long(sqlite3 *db, const char *sql, long *out, JobProgress *p) {
     sqlite3_stmt *st;
-    if (sqlite3_prepare_v2(db, sql, -1, &st, NULL) != SQLITE_OK) return -1;
-    int rc = sqlite3_step(st) == SQLITE_ROW ? 0 : -1;
+    if (prepare(db, sql, &st, p)) return -1;
+    int rc = step_row(db, st, p) ? 0 : -1;
     if (!rc) *out = (long)sqlite3_column_int64(st, 0);
     sqlite3_finalize(st);
     return rc;
@@ -62,12 +98,12 @@ static double median_step_s(const long *steps, const double *walls, int n) {
 static void read_steps(sqlite3 *db, long total_steps, JobProgress *p) {
     sqlite3_stmt *st;
     p->eta_s = -1;
-    if (sqlite3_prepare_v2(db, PROGRESS_DB_LATEST_STEPS, -1, &st, NULL) != SQLITE_OK) return;
+    if (prepare(db, PROGRESS_DB_LATEST_STEPS, &st, p)) return;
     sqlite3_bind_int(st, 1, ETA_WINDOW);
     int n = 0;
     long first_step = 0, last_step = 0, steps[ETA_WINDOW];
     double first_wall = 0, last_wall = 0, walls[ETA_WINDOW];
-    while (n < ETA_WINDOW && sqlite3_step(st) == SQLITE_ROW) {
+    while (n < ETA_WINDOW && step_row(db, st, p)) {
         long step = (long)sqlite3_column_int64(st, 0);
         double wall = sqlite3_column_double(st, 6);
         steps[n] = step;
@@ -97,8 +133,8 @@ static void read_steps(sqlite3 *db, long total_steps, JobProgress *p) {
 static void read_checkpoint(sqlite3 *db, JobProgress *p) {
     sqlite3_stmt *st;
     const char *sql = PROGRESS_DB_LAST_CHECKPOINT;
-    if (sqlite3_prepare_v2(db, sql, -1, &st, NULL) != SQLITE_OK) return;
-    if (sqlite3_step(st) == SQLITE_ROW) {
+    if (prepare(db, sql, &st, p)) return;
+    if (step_row(db, st, p)) {
         const char *path = (const char *)sqlite3_column_text(st, 0);
         p->checkpoint = path ? strdup(path) : NULL;
     }
@@ -110,8 +146,8 @@ static void read_checkpoint(sqlite3 *db, JobProgress *p) {
 static void read_validation(sqlite3 *db, JobProgress *p) {
     sqlite3_stmt *st;
     const char *sql = PROGRESS_DB_LAST_VALIDATION;
-    if (sqlite3_prepare_v2(db, sql, -1, &st, NULL) != SQLITE_OK) return;
-    if (sqlite3_step(st) == SQLITE_ROW && sqlite3_column_type(st, 0) != SQLITE_NULL) {
+    if (prepare(db, sql, &st, p)) return;
+    if (step_row(db, st, p) && sqlite3_column_type(st, 0) != SQLITE_NULL) {
         p->val_loss = sqlite3_column_double(st, 0);
         p->has_val = 1;
     }
@@ -121,8 +157,8 @@ static void read_validation(sqlite3 *db, JobProgress *p) {
 // Loss scaling's newest scale and skipped steps; none without step_metrics rows of it.
 static void read_loss_scale(sqlite3 *db, JobProgress *p) {
     sqlite3_stmt *st;
-    if (sqlite3_prepare_v2(db, PROGRESS_DB_LOSS_SCALE, -1, &st, NULL) != SQLITE_OK) return;
-    if (sqlite3_step(st) == SQLITE_ROW && sqlite3_column_type(st, 0) != SQLITE_NULL) {
+    if (prepare(db, PROGRESS_DB_LOSS_SCALE, &st, p)) return;
+    if (step_row(db, st, p) && sqlite3_column_type(st, 0) != SQLITE_NULL) {
         p->loss_scale = sqlite3_column_double(st, 0);
         p->skipped_steps = (long)sqlite3_column_int64(st, 1);
         p->has_scale = 1;
@@ -133,8 +169,8 @@ static void read_loss_scale(sqlite3 *db, JobProgress *p) {
 // The trainer's phase (validation, a checkpoint write), none without one or before the keys.
 static void read_phase(sqlite3 *db, JobProgress *p) {
     sqlite3_stmt *st;
-    if (sqlite3_prepare_v2(db, PROGRESS_DB_PHASE, -1, &st, NULL) != SQLITE_OK) return;
-    if (sqlite3_step(st) == SQLITE_ROW) {
+    if (prepare(db, PROGRESS_DB_PHASE, &st, p)) return;
+    if (step_row(db, st, p)) {
         const char *phase = (const char *)sqlite3_column_text(st, 0);
         p->phase = phase && *phase ? strdup(phase) : NULL;
         p->phase_since = sqlite3_column_double(st, 1);
@@ -146,7 +182,7 @@ static void read_db(sqlite3 *db, long total_steps, JobProgress *p) {
     *p = (JobProgress){
         .opened = 1, .eta_s = -1, .read_mono = clock_mono_s(), .read_wall = clock_wall_s()};
     long total;
-    if (!query_long(db, PROGRESS_DB_TOTAL_STEPS, &total)) {
+    if (!query_long(db, PROGRESS_DB_TOTAL_STEPS, &total, p)) {
         p->has_total = 1;
         p->total_steps = total_steps = total;
     }
@@ -158,8 +194,8 @@ static void read_db(sqlite3 *db, long total_steps, JobProgress *p) {
 }
 
 void progress_read_dir(const char *run_dir, long total_steps, JobProgress *p) {
-    sqlite3 *db = open_progress(run_dir);
     *p = (JobProgress){.eta_s = -1};
+    sqlite3 *db = open_progress(run_dir, p);
     if (db) read_db(db, total_steps, p);
     sqlite3_close(db);
 }
@@ -203,6 +239,14 @@ int progress_apply(Job *j, JobProgress *p) {
     int changed = !j->progress_seen;
     j->progress_seen = 1;
     if (!p->opened) return changed;
+    if (!p->error != !j->progress_error ||
+        (p->error && strcmp(p->error, j->progress_error))) { // news: a new failure, or over
+        if (p->error) log_warn("job %ld: %s", j->id, p->error);
+        free(j->progress_error);
+        j->progress_error = p->error;
+        p->error = NULL;
+        changed = 1;
+    }
     changed |= watch_progress(j, p);
     if (p->has_total && p->total_steps != j->total_steps) {
         j->total_steps = p->total_steps;
@@ -239,7 +283,8 @@ int progress_apply(Job *j, JobProgress *p) {
     }
     free(p->checkpoint);
     free(p->phase);
-    p->checkpoint = p->phase = NULL;
+    free(p->error);
+    p->checkpoint = p->phase = p->error = NULL;
     return changed;
 }
 
@@ -299,10 +344,17 @@ static void close_stale_handles(const Poll *poll) {
     }
 }
 
-static sqlite3 *running_handle(const PollItem *it) {
+static void drop_handle(long id) {
+    Handle *h = handle_of(id);
+    if (!h) return;
+    sqlite3_close(h->db);
+    *h = handles[--n_handles];
+}
+
+static sqlite3 *running_handle(PollItem *it) {
     Handle *h = handle_of(it->id);
     if (h) return h->db;
-    sqlite3 *db = open_progress(it->run_dir);
+    sqlite3 *db = open_progress(it->run_dir, &it->p);
     Handle *grown = db ? realloc(handles, (n_handles + 1) * sizeof *grown) : NULL;
     if (!grown) {
         sqlite3_close(db);
@@ -325,6 +377,7 @@ static void poll_work(uv_work_t *req) {
         }
         sqlite3 *db = running_handle(it);
         if (db) read_db(db, it->total_steps, &it->p);
+        if (db && it->p.error) drop_handle(it->id); // the next poll opens the file afresh
     }
 }
 
@@ -341,6 +394,7 @@ static void poll_done(uv_work_t *req, int status) {
         if (!status && current && progress_apply(j, &it->p) && it->running) server_push_progress(j);
         free(it->p.checkpoint);
         free(it->p.phase);
+        free(it->p.error);
     }
     free(poll->items);
     free(poll);

@@ -500,9 +500,9 @@ static int local_has_run(const Job *j) {
     return j->run != NULL;
 }
 
-const JobExecutor LOCAL_EXECUTOR = {.name = "local",
-                                    .takes_devices = 1,
-                                    .start = local_start,
-                                    .stop = local_stop,
-                                    .checkpoint = local_checkpoint,
-                                    .has_run = local_has_run};
+const RunSite LOCAL_SITE = {.name = "local",
+                            .takes_devices = 1,
+                            .start = local_start,
+                            .stop = local_stop,
+                            .checkpoint = local_checkpoint,
+                            .has_run = local_has_run};

@@ -224,7 +224,7 @@ static void start_or_release(Launch *l, const Err *err) {
         job_start_failed(j, err); // queued again after a backoff
     } else if (astraid.stopping) {
         devices_release(j);
-    } else if (astraid.executor->start(j, &serr)) {
+    } else if (astraid.site->start(j, &serr)) {
         devices_release(j);
         job_start_failed(j, &serr); // queued again after a backoff, or failed
     } else {
@@ -254,7 +254,7 @@ static void start_written(void *arg, const Err *err) {
     Launch *l = arg;
     Job *j = l->job;
     Err perr = {0};
-    int gpus = astraid.devices.gpu && astraid.executor->takes_devices && j->devices;
+    int gpus = astraid.devices.gpu && astraid.site->takes_devices && j->devices;
     long left = j->total_steps > j->step ? j->total_steps - j->step : 0;
     if (!err->msg[0] && j->state == JOB_QUEUED && j->version == l->version && !astraid.stopping) {
         if (!preflight_run(j->spec, j->ckpt_dir, left, gpus ? j->devices : NULL,
@@ -273,7 +273,7 @@ void scheduler_kick(void) {
         arm_wake(earliest, now);
         Err err = {0};
         // 1 taken, 0 none free, -1 failed (out of memory); Slurm allocates its own.
-        int taken = !j ? 0 : !astraid.executor->takes_devices ? 1 : devices_take(j, &err);
+        int taken = !j ? 0 : !astraid.site->takes_devices ? 1 : devices_take(j, &err);
         if (!taken) return;
         Launch *l = taken > 0 ? malloc(sizeof *l) : NULL;
         if (l) *l = (Launch){j, j->version};

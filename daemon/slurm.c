@@ -986,7 +986,7 @@ static int slurm_has_run(const Job *j) {
     return j->slurm != NULL;
 }
 
-const JobExecutor SLURM_EXECUTOR = {
+const RunSite SLURM_SITE = {
     .name = "slurm",
     .takes_devices = 0,    // Slurm allocates the nodes and GPUs
     .cancel_confirmed = 1, // a cancel is Slurm's to confirm (slurmctld may be down)

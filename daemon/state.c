@@ -695,8 +695,8 @@ static int last_run_open(const Job *j) {
 }
 
 static void recover_job(Job *j) {
-    if (astraid.executor->attach && !job_is_final(j->state) && last_run_open(j) &&
-        !astraid.executor->attach(j))
+    if (astraid.site->attach && !job_is_final(j->state) && last_run_open(j) &&
+        !astraid.site->attach(j))
         return; // its Slurm job (its ranks) ran on without astraid: squeue says how it is now
     if (j->state == JOB_CANCELLING) { // and no Slurm job is left of it
         if (last_run_open(j)) state_run_ended(j, "cancelled");

@@ -160,7 +160,7 @@ static void capture_done(Capture *c) {
     if (--c->pending > 0) return;
     Job *j = job_find(c->job_id);
     if (j && j->runs == c->run_no && runner_ranks(j) && j->hang_cause)
-        astraid.executor->stop(j, STOP_HANG);
+        astraid.site->stop(j, STOP_HANG);
     free(c);
 }
 
@@ -250,7 +250,7 @@ static void hang_found(Job *j, double silent_s) {
     Capture *c = malloc(sizeof *c);
     int n = runner_ranks(j);
     if (!c) {
-        astraid.executor->stop(j, STOP_HANG);
+        astraid.site->stop(j, STOP_HANG);
         return;
     }
     *c = (Capture){.job_id = j->id, .run_no = j->runs, .step = j->seen_step, .pending = n + 1};
@@ -274,7 +274,7 @@ static void time_limit_reached(Job *j) {
     log_warn("job %ld: %s", j->id, reason);
     state_event(j->id, "time_limit", reason);
     job_set_state(j, JOB_PAUSING);
-    astraid.executor->stop(j, STOP_PAUSE);
+    astraid.site->stop(j, STOP_PAUSE);
 }
 
 // ---------------------------------------------------------------- the tick

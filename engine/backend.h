@@ -14,9 +14,14 @@
 // optimizer step. All tensors are row-major; N = B*T token rows.
 //
 // Ordering: ops run in issue order (the CUDA backend enqueues them on one stream and
-// returns at once; download waits for what came before). Ops do not fail: shapes are
-// checked by the caller, and memory comes from alloc and attention_reserve, the only ops
-// that can fail (for want of memory: err_resource).
+// returns at once; download waits for what came before). Ops return nothing: shapes are
+// checked by the caller, and memory comes from alloc and attention_reserve, which return
+// their failures (for want of memory: err_resource). One rule for what an op still cannot do
+// (no memory for its own scratch, a library or device error, a caller's bug it detects): the
+// backend records the first such failure, with the op and the reason, skips what it cannot
+// compute (its outputs are then unspecified; nothing crashes), and `failure` reports it. The
+// trainer checks once per optimizer step, before anything of that step is applied or written,
+// and exits 1 with the message.
 //
 // Determinism: every op gives the same bits for the same inputs, run after run (no
 // floating-point atomics whose order varies); reductions add in a fixed order.
@@ -78,6 +83,9 @@ struct Backend {
     void (*download_f32)(float *host, const void *src, size_t n);
     void (*sync)(void);    // waits for every op issued so far (before timing, before exit)
     void *(*stream)(void); // the CUDA stream (cudaStream_t) the ops run on; NULL on the CPU
+    // -1 with the first failure an op recorded since the process started (see Ordering), else
+    // 0. CUDA: the ops before it are waited for first.
+    int (*failure)(Err *err);
 
     // ---------------------------------------------------------------- matmul
     // out: (N,OC) = inp: (N,C) @ weight: (OC,C)^T, plus the old out if accumulate.
@@ -223,6 +231,12 @@ const Backend *backend_cpu(void);
 // weights and activations (`void *`) in 2-byte elements, compute and accumulate in fp32 and
 // round each output to nearest even (engine/cpu/lowp.h). NULL for any other dtype.
 const Backend *backend_cpu_dtype(DType dtype);
+// The path of the CPU backend's bf16/fp16 GEMMs: oneDNN on the CPU's own instructions where it
+// has them (AUTO, the default), or PORTABLE (convert, then sgemm). Set before the GEMMs it
+// should govern; ASTRAI_CPU_GEMM=portable in the environment sets PORTABLE when nothing set it
+// first (read once, at the first GEMM or backend_cpu_gemm_path).
+typedef enum { CPU_GEMM_AUTO, CPU_GEMM_PORTABLE } CpuGemmPath;
+void backend_cpu_set_gemm_path(CpuGemmPath path);
 // How the CPU backend's GEMMs run in dtype, for logs: "sgemm (OpenBLAS)" (fp32), "onednn
 // <kernel>" (the CPU's own bf16/fp16 instructions), or "portable (convert, then sgemm): <why>"
 // (ASTRAI_CPU_GEMM=portable forces that path). engine/cpu/gemm.c.

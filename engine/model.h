@@ -21,8 +21,8 @@
 #include "ckpt/safetensors.h"
 #include "common/error.h"
 #include "engine/backend.h"
-#include "engine/config.h"
 #include "engine/param_table.h"
+#include "model/config.h"
 
 // What an optimizer steps: a table of tensors over flat fp32 buffers of the backend
 // (a whole model, or the tensors a rank owns under ddp/fsdp).

@@ -7,7 +7,7 @@
 #include <stdint.h>
 
 #include "common/error.h"
-#include "engine/config.h"
+#include "model/config.h"
 
 typedef struct {
     char name[96]; // AstrAI key, e.g. "layers.0.attention.q_proj.weight"

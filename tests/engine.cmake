@@ -1,4 +1,4 @@
-# Tests of the model engine (engine/config.c, engine/model.c, engine/cpu/).
+# Tests of the model engine (model/config.c, engine/model.c, engine/cpu/).
 astrai_c_test(test_config tests/test_config.c)
 
 # model_dump: a test program (not a test) that the PyTorch reference test drives.

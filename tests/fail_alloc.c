@@ -12,6 +12,8 @@
 //                     code that called, e.g. astraid or libsqlite3.so.0), and "failed CALL
 //                     OBJECT" for the one that failed, followed by its backtrace (lines
 //                     that start with two spaces)
+//   FAIL_ALLOC_ONLY=FN  counts (and fails) only the calls of the function FN (e.g.
+//                     aligned_alloc); the others pass uncounted
 //
 // Both variables, and LD_PRELOAD, are removed from the environment as main starts: the
 // processes the program spawns (ranks, sbatch) allocate normally.
@@ -39,6 +41,7 @@ void *__libc_memalign(size_t align, size_t size);
 static atomic_int armed;
 static atomic_long calls;
 static long fail_at = -1;
+static const char *only_fn; // FAIL_ALLOC_ONLY
 static int log_fd = -1;
 static __thread int in_hook; // the allocations of our own logging: not counted
 
@@ -79,9 +82,9 @@ static void log_failure(long n, const void *caller) {
     in_hook = 0;
 }
 
-// Whether this call (made from caller) is the one that fails.
-static int should_fail(const void *caller) {
-    if (!atomic_load(&armed) || in_hook) return 0;
+// Whether this call of fn (made from caller) is the one that fails.
+static int should_fail(const char *fn, const void *caller) {
+    if (!atomic_load(&armed) || in_hook || (only_fn && strcmp(fn, only_fn))) return 0;
     long n = atomic_fetch_add(&calls, 1) + 1;
     if (n != fail_at) {
         log_call(n, caller);
@@ -92,7 +95,7 @@ static int should_fail(const void *caller) {
     return 1;
 }
 
-#define CALLER __builtin_return_address(0)
+#define CALLER __func__, __builtin_return_address(0)
 
 EXPORT void *malloc(size_t size) {
     return should_fail(CALLER) ? NULL : __libc_malloc(size);
@@ -154,11 +157,14 @@ typedef int (*MainFn)(int, char **, char **);
 static MainFn real_main;
 
 static int armed_main(int argc, char **argv, char **envp) {
-    const char *n = getenv("FAIL_ALLOC_N"), *log = getenv("FAIL_ALLOC_LOG");
+    const char *n = getenv("FAIL_ALLOC_N"), *log = getenv("FAIL_ALLOC_LOG"),
+               *only = getenv("FAIL_ALLOC_ONLY");
     if (n) fail_at = atol(n);
+    if (only) only_fn = copy(only, strlen(only)); // unsetenv below may drop the string
     if (log) log_fd = open(log, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
     unsetenv("FAIL_ALLOC_N");
     unsetenv("FAIL_ALLOC_LOG");
+    unsetenv("FAIL_ALLOC_ONLY");
     unsetenv("LD_PRELOAD");
     atomic_store(&armed, 1);
     return real_main(argc, argv, envp);

@@ -13,7 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "ckpt/hf.h"
+#include "ckpt/model_dir.h"
 #include "engine/preference.h"
 #include "tests/grad_dump.h"
 #include "train/pref_batch.h"

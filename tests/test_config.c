@@ -5,7 +5,7 @@
 #include <string.h>
 
 #include "check.h"
-#include "engine/config.h"
+#include "model/config.h"
 
 #define VALID                                                                                      \
     "\"vocab_size\": 100, \"hidden_size\": 64, \"num_hidden_layers\": 2, "                         \

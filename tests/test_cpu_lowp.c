@@ -11,8 +11,8 @@
 //   2-byte floats are exact in fp32, so two fp32 sums of the same K terms and the old value,
 //   in different orders, differ by at most that; fp32 dweight gets the same bound).
 // Also: the accumulate flags, odd shapes, fp16 overflow to inf, oneDNN against the portable
-// path (ASTRAI_CPU_GEMM=portable), reruns bit-identical, the converters at every rounding
-// boundary of fp16 and against an independent bf16 rounding.
+// path (backend_cpu_set_gemm_path; ASTRAI_CPU_GEMM=portable), reruns bit-identical, the converters
+// at every rounding boundary of fp16 and against an independent bf16 rounding.
 //
 // Modes: no argument: the checks. --dump FILE: the checks, writing every reduced-dtype
 // output to FILE (test_cpu_lowp.py compares two runs). --convert IN OUT: OUT = the fp16 bits
@@ -230,20 +230,22 @@ static void test_matmul_bwd(int N, int C, int OC, int accumulate) {
 // oneDNN against the portable path on the same inputs (a no-op comparison where the
 // portable path is the only one).
 static void test_gemm_paths(int N, int C, int OC) {
-    const char *was = getenv("ASTRAI_CPU_GEMM");
-    char *saved = was ? strdup(was) : NULL;
+    // back to the path this run chose after the comparison (test_cpu_lowp_portable sets the
+    // environment's override)
+    const char *env = getenv("ASTRAI_CPU_GEMM");
+    int portable_env = env && !strcmp(env, "portable");
     Act inp = act((size_t)N * C, 1), w = act((size_t)OC * C, 1);
     uint16_t *h[2];
     float *v[2];
     for (int p = 0; p < 2; p++) {
-        if (p) setenv("ASTRAI_CPU_GEMM", "portable", 1);
+        backend_cpu_set_gemm_path(p ? CPU_GEMM_PORTABLE : CPU_GEMM_AUTO);
         printf("%s %dx%dx%d: %s\n", dtype_name(dt), N, C, OC, backend_cpu_gemm_path(dt));
         h[p] = calloc((size_t)N * OC, 2);
         v[p] = malloc((size_t)N * OC * sizeof(float));
         lp->matmul_fwd(h[p], inp.h, w.h, N, C, OC, 0);
         lp->download_f32(v[p], h[p], (size_t)N * OC);
     }
-    saved ? setenv("ASTRAI_CPU_GEMM", saved, 1) : unsetenv("ASTRAI_CPU_GEMM");
+    backend_cpu_set_gemm_path(portable_env ? CPU_GEMM_PORTABLE : CPU_GEMM_AUTO);
     double *mag = magnitudes(N, OC, C, inp.f, C, 1, w.f, 1, C, NULL);
     check_gemm("matmul_fwd fast vs portable", v[0], v[1], mag, (size_t)N * OC, C, 0, 0);
     int worst = 0;
@@ -253,7 +255,6 @@ static void test_gemm_paths(int N, int C, int OC) {
            worst);
     for (int p = 0; p < 2; p++)
         free(h[p]), free(v[p]);
-    free(saved);
     free(mag);
     act_free(&inp);
     act_free(&w);

@@ -7,6 +7,8 @@ lines, then fails or sleeps until killed), so that jobs start and end in millise
 - a finished job's logs are read back from its files, also after a restart; the .tmp-*
   directory of a checkpoint write that never finished is removed at startup;
 - lock: a second astraid on the same state dir exits 1 naming the first one's pid;
+- progress: a running job's progress.db that cannot be read is its progress_error (JOB,
+  astraictl status, one log line) until it reads again;
 - rank identity: at recovery a recorded pid that is now another process (another astraid's
   rank: same binary, another run directory; a later process: another start time) is left
   alone, while a leftover rank of the job is still killed;
@@ -192,6 +194,37 @@ def stand_in_rank(fake, run_dir):
     env = dict(os.environ, ASTRAI_RUN_DIR=run_dir)
     return subprocess.Popen([fake, "600"], executable="/bin/sleep", env=env,
                             start_new_session=True)
+
+
+def check_progress_error(root, fake, model, data):
+    """A running job's progress.db that cannot be read (here: not a database) is the job's
+    progress_error in JOB and astraictl status, logged once; a database that reads again (an
+    empty one: no tables yet is no error) clears it. The job keeps running throughout."""
+    d = daemon(root, fake).start()
+    with du.guarded(d):
+        c = d.client()
+        jid = c.call("submit", du.spec(model, data))["job"]
+        du.wait_job(c, jid, ["running"])
+        db = du.progress_db(d, jid)
+        with open(db + ".tmp", "wb") as f:
+            f.write(b"this is no sqlite database " * 200)
+        os.replace(db + ".tmp", db)
+        want = "progress.db: file is not a database"
+        job = du.wait_job(c, jid, ["running"], pred=lambda j: j.get("progress_error"))
+        assert job["progress_error"] == want, job
+        out = subprocess.run([tu.binary("astraictl"), f"--socket={d.socket}", "status", str(jid)],
+                             capture_output=True, text=True, timeout=30).stdout
+        assert want in out, out
+        os.remove(db)
+        sqlite3.connect(db).close()  # an empty database: it reads (no tables: no news)
+        job = du.wait_job(c, jid, ["running"], pred=lambda j: j.get("progress_error") is None)
+        logged = d.logs().count(f"job {jid}: {want}")
+        assert logged == 1, f"logged {logged} times:\n{d.logs()}"
+        print(f"an unreadable progress.db: progress_error {want!r} in JOB and status, logged "
+              f"once; cleared when it reads again; the job {job['state']}")
+        c.call("cancel", {"job": jid})
+        c.close()
+        assert d.stop() == 0
 
 
 def check_rank_identity(root, fake, model, data):
@@ -601,6 +634,7 @@ def main():
     check_lock(os.path.join(root, "lock"), fake)
     check_ids_and_logs(os.path.join(root, "ids"), fake, model, data)
     check_rank_identity(os.path.join(root, "identity"), fake, model, data)
+    check_progress_error(os.path.join(root, "progress-error"), fake, model, data)
     check_durable(os.path.join(root, "durable"), fake, model, data)
     check_full_disk_start(os.path.join(root, "full-start"), fake, model, data)
     check_damaged_at_start(os.path.join(root, "damaged-start"), fake, model, data)

@@ -58,7 +58,7 @@ CASES = {  # name: (config class, overrides, save dtype, max_shard_size)
     "qwen3": (None, {}, torch.float32, None),
 }
 # The engine computes these families' functions (q/k/v biases, qk-norm before RoPE and Llama
-# 3's rope scaling are engine/config.c's attention_bias, qk_norm_before_rope, rope_scaling).
+# 3's rope scaling are model/config.c's attention_bias, qk_norm_before_rope, rope_scaling).
 HF_PEER = {"llama", "llama bf16 sharded", "llama fp16", "llama3 rope_scaling tied", "mistral",
            "mistral sliding_window", "llama attention_bias", "qwen2"}
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")

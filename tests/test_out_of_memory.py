@@ -3,6 +3,9 @@ tests/fail_alloc.c, preloaded, makes the Nth allocation after main starts fail, 
 for N over the start paths of
 
 - astrai-train: a tiny model and dataset, one optimizer step, its checkpoint;
+- astrai-train in bf16 on the CPU, counting only aligned_alloc (FAIL_ALLOC_ONLY): the training
+  allocations, the ops' fp32 scratch that grows inside the first step included, where a failure
+  is the backend's (engine/backend.h): exit 1 naming the op, nothing of the step written;
 - astraid: a fresh state directory, daemon.info, a submit of a tiny job that runs to its end
   (the ranks are the real astrai-train, allocating normally), then SIGTERM.
 
@@ -24,12 +27,14 @@ SQLITE_NOMEM; UV_ENOMEM). The summary printed at the end counts the outcomes by 
 whose allocation failed, and the library aborts by cause.
 
 Not in the sanitizer build (tests/oom.cmake): ASan replaces malloc inside the binaries.
-Run one path with its name as argument (train, daemon); none runs both."""
+Run one path with its name as argument (train, train_bf16, daemon); none runs them all."""
 
 import collections
 import os
+import re
 import shutil
 import signal
+import sqlite3
 import subprocess
 import sys
 import time
@@ -49,10 +54,12 @@ def names_oom(text):
     return any(t in text.lower() for t in OOM_TEXT)
 
 
-def shim_env(n, log):
+def shim_env(n, log, only=None):
     env = {"LD_PRELOAD": SHIM, "FAIL_ALLOC_LOG": log}
     if n:
         env["FAIL_ALLOC_N"] = str(n)
+    if only:
+        env["FAIL_ALLOC_ONLY"] = only
     return env
 
 
@@ -158,19 +165,20 @@ class Walk:
 
 # ---------------------------------------------------------------- astrai-train
 
-def train_args(model, data, ckpt):
+def train_args(model, data, ckpt, dtype="fp32"):
     return [tu.binary("astrai-train"), "--train_type=seq", f"--param_path={model}",
             f"--data_root_path={data}", f"--batch_per_device={BATCH}",
-            f"--window_size={WINDOW}", "--threads=1", "--max_steps=1", f"--ckpt_dir={ckpt}"]
+            f"--window_size={WINDOW}", "--threads=1", "--max_steps=1", f"--ckpt_dir={ckpt}",
+            "--device_type=cpu", f"--dtype={dtype}"]
 
 
-def run_train(root, model, data, n):
+def run_train(root, model, data, n, dtype="fp32", only=None):
     ckpt, log = os.path.join(root, "ck"), os.path.join(root, "alloc.log")
     shutil.rmtree(ckpt, ignore_errors=True)
     if os.path.exists(log):
         os.remove(log)
-    proc = subprocess.run(train_args(model, data, ckpt), capture_output=True, text=True,
-                             timeout=300, env=dict(os.environ, **shim_env(n, log)))
+    proc = subprocess.run(train_args(model, data, ckpt, dtype), capture_output=True, text=True,
+                          timeout=300, env=dict(os.environ, **shim_env(n, log, only)))
     return proc.returncode, proc.stdout + proc.stderr, log
 
 
@@ -182,6 +190,44 @@ def walk_train(root, model, data):
     for n in choose(calls, "astrai-train", int(RUNS or 300)):
         rc, text, log = run_train(root, model, data, n)
         w.judge(n, rc, text, read_log(log)[1])
+    return w
+
+
+# The message of an op of the bf16 CPU backend that had no memory for its fp32 scratch
+# (engine/backend.h's failure rule, recorded and reported by the trainer at the step's end).
+SCRATCH_OOM = re.compile(r"cpu bf16 backend: bf16_\w+: out of memory for [0-9.]+ MiB of fp32 scratch")
+
+
+def walk_train_bf16(root, model, data):
+    """bf16 on the CPU: every aligned_alloc of the run (the model's buffers, the activations, and
+    the ops' fp32 scratch, which grows inside the first step) fails in turn. A scratch that could
+    not grow is the backend's failure: exit 1 naming the op, and nothing of the step written
+    (no checkpoint, no step row in progress.db)."""
+    w = Walk("astrai-train bf16 (aligned_alloc)")
+    rc, text, log = run_train(root, model, data, 0, "bf16", "aligned_alloc")
+    assert rc == 0, f"astrai-train bf16 without a failure: exit {rc}\n{text}"
+    calls, _ = read_log(log)
+    in_step = 0
+    for n in choose(calls, "astrai-train", int(RUNS or 300)):
+        rc, text, log = run_train(root, model, data, n, "bf16", "aligned_alloc")
+        notes = []
+        if SCRATCH_OOM.search(text):
+            in_step += 1
+            ck = os.path.join(root, "ck")
+            written = sorted(os.listdir(ck)) if os.path.isdir(ck) else []
+            db = os.path.join(ck, "progress.db")
+            steps = 0
+            if os.path.exists(db):
+                with sqlite3.connect(f"file:{db}?mode=ro", uri=True) as c:
+                    steps = c.execute("SELECT COUNT(*) FROM steps").fetchone()[0]
+            if rc != 1:
+                notes.append(f"a scratch failure exits {rc}, not 1")
+            if any(not f.startswith(("progress.db", ".astrai")) for f in written) or steps:
+                notes.append(f"a failed step left {written} in ckpt_dir, {steps} step rows")
+        w.judge(n, rc, text, read_log(log)[1], notes)
+    print(f"  {in_step} of them failed an op's scratch inside the step")
+    if not in_step:
+        w.problems.append("no run failed an op's fp32 scratch: the walk missed the step")
     return w
 
 
@@ -298,11 +344,11 @@ def main():
     if os.environ.get("ASTRAI_SANITIZED") in ("1", "ON", "TRUE", "true"):
         print("skipped: the sanitizer build replaces malloc (tests/oom.cmake)")
         return 77
-    parts = sys.argv[1:] or ["train", "daemon"]
+    parts = sys.argv[1:] or ["train", "train_bf16", "daemon"]
     root = tu.tmpdir()
     model = tu.make_model(os.path.join(root, "m"))
     data, _ = tu.make_text_data(root, 8 * WINDOW * BATCH + 1)
-    walks = {"train": walk_train, "daemon": walk_daemon}
+    walks = {"train": walk_train, "train_bf16": walk_train_bf16, "daemon": walk_daemon}
     problems = []
     for part in parts:
         t0 = time.time()

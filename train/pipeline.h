@@ -16,9 +16,9 @@
 
 #include "comm/comm.h"
 #include "common/error.h"
-#include "engine/config.h"
 #include "engine/model.h"
 #include "engine/optim.h"
+#include "model/config.h"
 #include "train/pp_schedule.h"
 
 typedef struct {

@@ -46,7 +46,7 @@ void train_ckpt_choose_run(const TrainSpec *spec, const char *resume_dir, int ra
 int train_ckpt_clean_dir(const TrainSpec *spec, Err *err);
 
 // Loads dir/model.safetensors (or its shards, or a Hugging Face directory's weights) into m's
-// weights; the config comes from ckpt_model_config (ckpt/hf.h).
+// weights; the config comes from ckpt_model_config (ckpt/model_dir.h).
 int train_ckpt_load_weights(Model *m, const char *dir, Err *err);
 // DPO/GRPO: the model directory of the frozen reference, into out: param_path, except when
 // param_path is the checkpoint resumed (resume_dir), whose meta.json names the reference_path

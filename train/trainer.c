@@ -18,7 +18,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "ckpt/hf.h"
+#include "ckpt/model_dir.h"
 #include "common/clock.h"
 #include "common/fsutil.h"
 #include "common/path.h"
@@ -346,6 +346,7 @@ static int report_phase(Trainer *t, const char *phase, Err *err) {
 static int write_checkpoint(Trainer *t, Err *err) {
     bool background;
     char path[4096];
+    if (t->model.be->failure(err)) return -1; // what it would write may be unspecified
     // One write in flight at most: the next checkpoint waits for the one before.
     if (collect_checkpoint(t, err)) return -1;
     long before = t->memory_report && restart_peak_resident() ? status_bytes("VmRSS") : -1;
@@ -382,8 +383,9 @@ enum {
     AGREE_PREF_A,
     AGREE_PREF_B,
     AGREE_REWARD,
-    AGREE_CKPT_FAILED,  // a rank's background checkpoint write failed: every rank stops
-    AGREE_CKPT_WRITTEN, // ranks whose files of the pending sharded checkpoint are written
+    AGREE_CKPT_FAILED,    // a rank's background checkpoint write failed: every rank stops
+    AGREE_BACKEND_FAILED, // an op of a rank's backend failed this step: every rank stops
+    AGREE_CKPT_WRITTEN,   // ranks whose files of the pending sharded checkpoint are written
     AGREE_N
 };
 
@@ -420,6 +422,10 @@ static int agree_step(Trainer *t, StepTotals *out, StepClock *c, Err *err) {
     poll_control(t);
     bool written;
     poll_checkpoint(t, &written);
+    // The backend's first failure (engine/backend.h), checked once per step before anything of
+    // the step is applied or written.
+    Err backend_err = {0};
+    bool backend_failed = t->model.be->failure(&backend_err) != 0;
     float agreed[AGREE_N] = {(float)stats[MODEL_STAT_LOSS],
                              (float)(trainer_stop_requested != 0),
                              (float)(trainer_checkpoint_requested != 0),
@@ -428,12 +434,21 @@ static int agree_step(Trainer *t, StepTotals *out, StepClock *c, Err *err) {
                              (float)stats[MODEL_STAT_PREF_B],
                              (float)c->reward_sum,
                              (float)t->ckpt_failed,
+                             (float)backend_failed,
                              (float)written};
     trainer_checkpoint_requested = 0;
     c->reward_sum = 0;
     if (executor_agree_step(&t->exec, &t->model, agreed, AGREE_N, AGREE_NORM, &out->norm, err))
         return -1;
     float micro_steps = (float)(t->spec->grad_accum_steps * t->replicas);
+    if (agreed[AGREE_BACKEND_FAILED] > 0) {
+        if (backend_failed) *err = backend_err;
+        return backend_failed ? -1
+                              : err_resource(err,
+                                             "step %ld: another rank's backend failed (its "
+                                             "message is in its log)",
+                                             t->step + 1);
+    }
     if (agreed[AGREE_CKPT_FAILED] > 0) {
         if (t->ckpt_failed) *err = t->ckpt_failure;
         return t->ckpt_failed
@@ -740,7 +755,9 @@ static int optimizer_step(Trainer *t, StepClock *c, int *stop, int *ckpt, Err *e
     // validation too.
     double val_loss;
     if (validation_due(t)) {
-        if (report_phase(t, "validation", err) || validate(t, &val_loss, err)) return -1;
+        if (report_phase(t, "validation", err) || validate(t, &val_loss, err) ||
+            t->model.be->failure(err))
+            return -1;
         if ((t->rank == 0 && (metric_log_append_validation(&t->metrics, t->step, t->epoch,
                                                            t->consumed_samples, val_loss, err) ||
                               progress_add_validation(&t->progress, t->step, t->epoch,

@@ -7,9 +7,10 @@
 // works on the same tiles: it recomputes the probabilities p = exp(s - lse) from that
 // logsumexp and adds the whole tile's dk and dv to each key row in one pass.
 //
-// The ops cannot fail (engine/backend.h): each thread's scratch is a slice of one block that
+// The ops allocate nothing: each thread's scratch is a slice of one block that
 // cpu_attention_reserve allocated ahead (the model reserves before each forward), and the
-// parallel regions run no more threads than it has slices.
+// parallel regions run no more threads than it has slices; a call past the reservation is the
+// backend's recorded failure (engine/backend.h), never a write past it.
 #include <math.h>
 #include <omp.h>
 #include <stdio.h>
@@ -87,13 +88,18 @@ int cpu_attention_reserve(int T, int D, Err *err) {
     return 0;
 }
 
-// This thread's slice, for a call of T tokens of dimension D.
-static float *thread_scratch(int T, int D) {
-    if (T > scratch.T || D > scratch.D) { // the caller's bug: nothing to compute with
-        fprintf(stderr, "attention: %d tokens of dimension %d, %d x %d reserved\n", T, D, scratch.T,
-                scratch.D);
-        abort();
-    }
+// Whether a call of T tokens of dimension D fits the reserved scratch; if not (the caller's
+// bug: nothing to compute with), the backend's failure (engine/backend.h), naming the op.
+static int scratch_fits(const char *op, int T, int D) {
+    if (T <= scratch.T && D <= scratch.D) return 1;
+    first_failure_record(&cpu_failures,
+                         "cpu backend: %s: %d tokens of dimension %d, scratch reserved for %d x %d",
+                         op, T, D, scratch.T, scratch.D);
+    return 0;
+}
+
+// This thread's slice (scratch_fits checked the call).
+static float *thread_scratch(void) {
     return scratch.at + (size_t)omp_get_thread_num() * scratch.per_thread;
 }
 
@@ -224,11 +230,12 @@ void cpu_attention_fwd(void *out_, float *lse, const void *q_, const void *k_, c
     const float *q = q_;
     const float *k = k_;
     const float *v = v_;
+    if (!scratch_fits("attention_fwd", T, D)) return;
 #pragma omp parallel num_threads(scratch.threads ? scratch.threads : 1)
     {
         FwdScratch w = {.Tp = round_up(T, LANES), .Dp = round_up(D, LANES)};
         size_t kt = (size_t)D * w.Tp, vp = (size_t)T * w.Dp, p = (size_t)QBLOCK * w.Tp;
-        w.kt = thread_scratch(T, D);
+        w.kt = thread_scratch();
         w.vp = w.kt + kt;
         w.p = w.vp + vp;
         w.o = w.p + p;
@@ -268,7 +275,7 @@ static void bwd_scratch_carve(BwdScratch *w, int T, int D) {
                                 &w->p,  &w->ds, &w->xq, &w->xdo, &w->dqt};
     size_t sizes[BWD_PARTS];
     bwd_parts(T, D, sizes);
-    float *at = thread_scratch(T, D);
+    float *at = thread_scratch();
     for (int i = 0; i < BWD_PARTS; i++) {
         *parts[i] = at;
         at += sizes[i];
@@ -374,6 +381,7 @@ void cpu_attention_bwd(void *dq_, void *dk_, void *dv_, const void *dout_, const
     const float *q = q_;
     const float *k = k_;
     const float *v = v_;
+    if (!scratch_fits("attention_bwd", T, D)) return;
 #pragma omp parallel num_threads(scratch.threads ? scratch.threads : 1)
     {
         BwdScratch w;

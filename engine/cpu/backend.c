@@ -56,6 +56,13 @@ static void *cpu_stream(void) {
     return NULL;
 }
 
+// Every CPU table's (fp32, bf16, fp16): one process trains in one dtype.
+FirstFailure cpu_failures;
+
+int cpu_failure(Err *err) {
+    return first_failure_check(&cpu_failures, err);
+}
+
 void cpu_matmul_fwd(void *out_, const void *inp_, const void *weight_, int N, int C, int OC,
                     int accumulate) {
     float *out = out_;
@@ -96,6 +103,7 @@ static const Backend cpu_backend = {
     .download_f32 = cpu_download_f32,
     .sync = cpu_sync,
     .stream = cpu_stream,
+    .failure = cpu_failure,
     .matmul_fwd = cpu_matmul_fwd,
     .matmul_bwd = cpu_matmul_bwd,
     .embedding_fwd = cpu_embedding_fwd,

@@ -35,6 +35,12 @@ static inline float cpu_expf(float x) {
     return x < -87.0f ? 0.0f : x == x ? p * scale.f : x;
 }
 
+// The first failure of a CPU op (engine/backend.h's rule), recorded with first_failure_record:
+// "cpu bf16 backend: bf16_rmsnorm_fwd: out of memory for 12.0 MiB of fp32 scratch";
+// cpu_failure (the table's `failure`) reports it.
+extern FirstFailure cpu_failures;
+int cpu_failure(Err *err);
+
 static inline float cpu_sigmoidf(float x) {
     return 1.0f / (1.0f + cpu_expf(-x));
 }

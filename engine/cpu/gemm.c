@@ -8,8 +8,9 @@
 //   into an fp32 dst, which is rounded here;
 // - portable: the operands converted to fp32, then the fp32 backend's very sgemm call, so
 //   its results are the fp32 backend's on the same rounded inputs, bit for bit.
-// ASTRAI_CPU_GEMM=portable forces the portable path. It is read at every GEMM (a getenv is
-// nothing next to a GEMM), so that one process can compare both paths.
+// backend_cpu_set_gemm_path(CPU_GEMM_PORTABLE) forces the portable path (tests compare both in
+// one process); ASTRAI_CPU_GEMM=portable in the environment does the same, read once, when the
+// paths are first probed.
 //
 // Determinism: oneDNN gives the same bits run after run on the same machine with the same
 // thread count (its reproducibility guarantee). Debian's build threads with OpenMP: its
@@ -17,6 +18,7 @@
 // the pool sgemm and the kernels use, so the count is fixed per run.
 #include <cblas.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -40,6 +42,7 @@ static void portable_gemm(LowpStage *s, int M, int N, int K, const void *A, int 
                           int b_t, float *C, int accumulate) {
     const float *a = lowp_in(s, A, lowp_flat((size_t)M * K));
     const float *b = lowp_in(s, B, lowp_flat((size_t)K * N));
+    if (s->failed) return;
     cblas_sgemm(CblasRowMajor, a_t ? CblasTrans : CblasNoTrans, b_t ? CblasTrans : CblasNoTrans, M,
                 N, K, 1.0f, a, a_t ? M : K, b, b_t ? K : N, accumulate ? 1.0f : 0.0f, C, N);
 }
@@ -70,14 +73,17 @@ static pthread_once_t probed = PTHREAD_ONCE_INIT;
 static dnnl_engine_t engine;
 static dnnl_stream_t stream;
 
-// A failure here is a failed allocation inside oneDNN (the shapes were probed): the ops
-// cannot return it, so it ends the process with the call and oneDNN's reason.
-static void dnnl_check(dnnl_status_t status, const char *call) {
-    if (status == dnnl_success) return;
-    fprintf(stderr, "cpu matmul: oneDNN %s failed: %s\n", call, dnnl_status2str(status));
-    abort();
+// A failure here is a failed allocation inside oneDNN (the shapes were probed): the
+// backend's failure (engine/backend.h), naming the op, the call and oneDNN's reason; the GEMM
+// is skipped. Returns whether it failed.
+static int dnnl_failed(LowpStage *s, dnnl_status_t status, const char *call) {
+    if (status == dnnl_success) return 0;
+    first_failure_record(&cpu_failures, "cpu %s backend: %s: oneDNN %s failed: %s",
+                         dtype_name(s->dtype), s->op, call, dnnl_status2str(status));
+    s->failed = 1;
+    return 1;
 }
-#define DNNL_CHECK(call) dnnl_check((call), #call)
+#define DNNL_FAILED(call) dnnl_failed(s, (call), #call)
 
 // The matmul of GemmFn in dtype: plain strided operands (no reordering), dst fp32, the old
 // dst added by a sum post-op when accumulate.
@@ -110,25 +116,30 @@ static dnnl_status_t matmul_pd(dnnl_primitive_desc_t *pd, DType dtype, int M, in
 // primitive per call cost microseconds.
 static void onednn_gemm(LowpStage *s, int M, int N, int K, const void *A, int a_t, const void *B,
                         int b_t, float *C, int accumulate) {
-    dnnl_primitive_desc_t pd;
-    dnnl_primitive_t prim;
-    DNNL_CHECK(matmul_pd(&pd, s->dtype, M, N, K, a_t, b_t, accumulate));
-    DNNL_CHECK(dnnl_primitive_create(&prim, pd));
+    dnnl_primitive_desc_t pd = NULL;
+    dnnl_primitive_t prim = NULL;
     const dnnl_query_t what[3] = {dnnl_query_src_md, dnnl_query_weights_md, dnnl_query_dst_md};
     const int arg[3] = {DNNL_ARG_SRC, DNNL_ARG_WEIGHTS, DNNL_ARG_DST};
     void *data[3] = {(void *)A, (void *)B, C}; // oneDNN only reads src and weights
-    dnnl_exec_arg_t args[3];
-    for (int i = 0; i < 3; i++) {
-        args[i].arg = arg[i];
-        DNNL_CHECK(dnnl_memory_create(&args[i].memory, dnnl_primitive_desc_query_md(pd, what[i], 0),
-                                      engine, data[i]));
+    dnnl_exec_arg_t args[3] = {{0}};
+    int made = 0; // memories created
+    if (s->failed || DNNL_FAILED(matmul_pd(&pd, s->dtype, M, N, K, a_t, b_t, accumulate)) ||
+        DNNL_FAILED(dnnl_primitive_create(&prim, pd)))
+        goto done;
+    for (; made < 3; made++) {
+        args[made].arg = arg[made];
+        if (DNNL_FAILED(dnnl_memory_create(&args[made].memory,
+                                           dnnl_primitive_desc_query_md(pd, what[made], 0), engine,
+                                           data[made])))
+            goto done;
     }
-    DNNL_CHECK(dnnl_primitive_execute(prim, stream, 3, args));
-    DNNL_CHECK(dnnl_stream_wait(stream));
-    for (int i = 0; i < 3; i++)
+    if (!DNNL_FAILED(dnnl_primitive_execute(prim, stream, 3, args)))
+        DNNL_FAILED(dnnl_stream_wait(stream));
+done:
+    for (int i = 0; i < made; i++)
         dnnl_memory_destroy(args[i].memory);
-    dnnl_primitive_destroy(prim);
-    dnnl_primitive_desc_destroy(pd);
+    if (prim) dnnl_primitive_destroy(prim);
+    if (pd) dnnl_primitive_desc_destroy(pd);
 }
 
 // Whether oneDNN runs dtype's GEMMs on more than its reference kernel; names the kernel in
@@ -158,7 +169,18 @@ static int onednn_probe(DType dtype, char *fast, char *portable, size_t size) {
 }
 #endif
 
+static _Atomic int gemm_path = -1; // CpuGemmPath; -1: not set yet (the environment decides)
+
+void backend_cpu_set_gemm_path(CpuGemmPath path) {
+    gemm_path = (int)path;
+}
+
 static void probe(void) {
+    const char *force = getenv("ASTRAI_CPU_GEMM");
+    int unset = -1;
+    atomic_compare_exchange_strong(&gemm_path, &unset,
+                                   force && !strcmp(force, "portable") ? CPU_GEMM_PORTABLE
+                                                                       : CPU_GEMM_AUTO);
     for (int i = 0; i < 2; i++) {
         DType dtype = i ? DT_F16 : DT_BF16;
         snprintf(paths[i].portable, sizeof paths[i].portable,
@@ -176,13 +198,12 @@ static void probe(void) {
 }
 
 static int forced_portable(void) {
-    const char *force = getenv("ASTRAI_CPU_GEMM");
-    return force && !strcmp(force, "portable");
+    pthread_once(&probed, probe);
+    return gemm_path == CPU_GEMM_PORTABLE;
 }
 
 static int use_onednn(DType dtype) {
-    pthread_once(&probed, probe);
-    return paths[dtype == DT_F16].onednn && !forced_portable();
+    return !forced_portable() && paths[dtype == DT_F16].onednn;
 }
 
 static GemmFn *gemm_of(DType dtype) {
@@ -197,13 +218,14 @@ static GemmFn *gemm_of(DType dtype) {
 const char *backend_cpu_gemm_path(DType dtype) {
     if (dtype == DT_F32) return "sgemm (OpenBLAS)";
     if (use_onednn(dtype)) return paths[dtype == DT_F16].fast;
-    if (forced_portable()) return "portable (convert, then sgemm): ASTRAI_CPU_GEMM=portable";
+    if (forced_portable())
+        return "portable (convert, then sgemm): forced (ASTRAI_CPU_GEMM=portable)";
     return paths[dtype == DT_F16].portable;
 }
 
 void cpu_lowp_matmul_fwd(DType dtype, void *out, const void *inp, const void *weight, int N, int C,
                          int OC, int accumulate) {
-    LowpStage s = {dtype, 0};
+    LowpStage s = {dtype, 0, "matmul_fwd", 0};
     LowpView vo = lowp_flat((size_t)N * OC);
     float *acc = lowp_out(&s, out, vo, accumulate);
     gemm_of(dtype)(&s, N, OC, C, inp, 0, weight, 1, acc, accumulate); // inp @ weight^T
@@ -212,7 +234,7 @@ void cpu_lowp_matmul_fwd(DType dtype, void *out, const void *inp, const void *we
 
 void cpu_lowp_matmul_bwd(DType dtype, void *dinp, float *dweight, const void *dout, const void *inp,
                          const void *weight, int N, int C, int OC, int accumulate_dinp) {
-    LowpStage s = {dtype, 0};
+    LowpStage s = {dtype, 0, "matmul_bwd", 0};
     GemmFn *gemm = gemm_of(dtype);
     if (dinp) {
         LowpView vi = lowp_flat((size_t)N * C);

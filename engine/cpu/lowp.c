@@ -71,18 +71,23 @@ static _Thread_local struct {
 
 static float *take_slot(LowpStage *s, LowpView v) {
     size_t floats = v.rows ? (v.rows - 1) * v.stride + v.width : 0;
+    if (s->failed) return NULL;
     if (s->used == SLOTS) { // a bug of this file: every op stages a fixed number
-        fprintf(stderr, "cpu backend: an op staged more than %d tensors\n", SLOTS);
-        abort();
+        first_failure_record(&cpu_failures, "cpu %s backend: %s staged more than %d tensors",
+                             dtype_name(s->dtype), s->op, SLOTS);
+        s->failed = 1;
+        return NULL;
     }
     int i = s->used++;
     if (floats > slots[i].floats) {
         size_t bytes = (floats * sizeof(float) + 63) / 64 * 64; // 64-byte aligned, as cpu_alloc
         float *at = aligned_alloc(64, bytes);
-        if (!at) { // the ops cannot fail (engine/backend.h): nothing to compute with
-            fprintf(stderr, "cpu %s backend: out of memory for %.1f MiB of fp32 scratch\n",
-                    dtype_name(s->dtype), (double)bytes / (1 << 20));
-            abort();
+        if (!at) { // nothing to compute with: the backend's failure (engine/backend.h)
+            first_failure_record(&cpu_failures,
+                                 "cpu %s backend: %s: out of memory for %.1f MiB of fp32 scratch",
+                                 dtype_name(s->dtype), s->op, (double)bytes / (1 << 20));
+            s->failed = 1;
+            return NULL;
         }
         free(slots[i].at);
         slots[i].at = at;
@@ -93,18 +98,18 @@ static float *take_slot(LowpStage *s, LowpView v) {
 
 const float *lowp_in(LowpStage *s, const void *src, LowpView v) {
     float *at = take_slot(s, v);
-    convert_view(s->dtype, 1, at, src, v);
+    if (at) convert_view(s->dtype, 1, at, src, v);
     return at;
 }
 
 float *lowp_out(LowpStage *s, const void *dst, LowpView v, int load) {
     float *at = take_slot(s, v);
-    if (load) convert_view(s->dtype, 1, at, dst, v);
+    if (at && load) convert_view(s->dtype, 1, at, dst, v);
     return at;
 }
 
 void lowp_store(const LowpStage *s, void *dst, const float *src, LowpView v) {
-    convert_view(s->dtype, 0, dst, src, v);
+    if (!s->failed) convert_view(s->dtype, 0, dst, src, v);
 }
 
 // ---------------------------------------------------------------- the tables

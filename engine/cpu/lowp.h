@@ -34,20 +34,28 @@ static inline LowpView lowp_rows(int rows, int width, int stride) {
 }
 
 // One op's fp32 copies of its reduced-dtype tensors, each in the next of this thread's
-// scratch buffers (kept and grown across ops; a failed growth aborts naming the size, as the
-// ops cannot fail). A copy has its tensor's layout: element i of the tensor is element i of
-// the copy, so the fp32 kernels run on the copies unchanged.
+// scratch buffers (kept and grown across ops). A copy has its tensor's layout: element i of
+// the tensor is element i of the copy, so the fp32 kernels run on the copies unchanged. A
+// growth that fails is the backend's failure (engine/backend.h: cpu_fail, naming op and
+// size): the stage is `failed`, lowp_in and lowp_out then return NULL, lowp_store does
+// nothing, and the op skips its kernel.
 typedef struct {
     DType dtype;
-    int used; // scratch buffers taken so far
+    int used;       // scratch buffers taken so far
+    const char *op; // for the failure's message (the op's function name)
+    int failed;
 } LowpStage;
 
-// An fp32 copy of the view v of src.
+// The stage of an op of lowp_table.h (LOWP_DT: its dtype).
+#define LOWP_STAGE                                                                                 \
+    { LOWP_DT, 0, __func__, 0 }
+
+// An fp32 copy of the view v of src (NULL once the stage failed).
 const float *lowp_in(LowpStage *s, const void *src, LowpView v);
 // fp32 scratch for the view v of an output: its current values when load (accumulation or
 // in-place ops), else undefined (the kernel writes all of v).
 float *lowp_out(LowpStage *s, const void *dst, LowpView v, int load);
-// The view v of dst = src rounded.
+// The view v of dst = src rounded (nothing once the stage failed).
 void lowp_store(const LowpStage *s, void *dst, const float *src, LowpView v);
 
 // ---------------------------------------------------------------- matmuls (gemm.c)

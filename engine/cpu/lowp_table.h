@@ -2,7 +2,8 @@
 // LOWP_DT (DT_BF16 or DT_F16) and LOWP_FN(op) (the dtype's name for op) defined; it defines
 // LOWP_FN(fill), which puts them in a Backend table. Each op stages its compute-dtype tensors
 // in fp32 (lowp.h), runs the fp32 kernel (cpu_kernels.h) and rounds its outputs back; fp32
-// tensors (`float *`) pass through. Shapes: engine/backend.h.
+// tensors (`float *`) pass through; a stage that failed skips the kernel (engine/backend.h's
+// rule). Shapes: engine/backend.h.
 //
 // No include guard: the second inclusion makes the other dtype's functions.
 
@@ -31,48 +32,49 @@ static void LOWP_FN(embedding_fwd)(void *out, const int32_t *ids, const void *ta
 
 static void LOWP_FN(embedding_bwd)(float *dtable, const void *dout, const int32_t *ids,
                                    const int32_t *by_id, int N, int C) {
-    LowpStage s = {LOWP_DT, 0};
-    cpu_embedding_bwd(dtable, lowp_in(&s, dout, lowp_flat((size_t)N * C)), ids, by_id, N, C);
+    LowpStage s = LOWP_STAGE;
+    const float *d = lowp_in(&s, dout, lowp_flat((size_t)N * C));
+    if (!s.failed) cpu_embedding_bwd(dtable, d, ids, by_id, N, C);
 }
 
 static void LOWP_FN(rmsnorm_fwd)(void *out, float *rstd, const void *inp, const void *weight, int N,
                                  int G, int C, int stride, float eps) {
-    LowpStage s = {LOWP_DT, 0};
+    LowpStage s = LOWP_STAGE;
     LowpView x = lowp_rows(N, G * C, stride);
     float *o = lowp_out(&s, out, x, 0);
     const float *in = lowp_in(&s, inp, x), *w = lowp_in(&s, weight, lowp_flat((size_t)C));
-    cpu_rmsnorm_fwd(o, rstd, in, w, N, G, C, stride, eps);
+    if (!s.failed) cpu_rmsnorm_fwd(o, rstd, in, w, N, G, C, stride, eps);
     lowp_store(&s, out, o, x);
 }
 
 static void LOWP_FN(rmsnorm_bwd)(void *dinp, float *dweight, const void *dout, const void *inp,
                                  const void *weight, const float *rstd, int N, int G, int C,
                                  int stride, int accumulate_dinp) {
-    LowpStage s = {LOWP_DT, 0};
+    LowpStage s = LOWP_STAGE;
     LowpView x = lowp_rows(N, G * C, stride);
     float *dx = lowp_out(&s, dinp, x, accumulate_dinp);
     const float *d = lowp_in(&s, dout, x), *in = lowp_in(&s, inp, x),
                 *w = lowp_in(&s, weight, lowp_flat((size_t)C));
-    cpu_rmsnorm_bwd(dx, dweight, d, in, w, rstd, N, G, C, stride, accumulate_dinp);
+    if (!s.failed) cpu_rmsnorm_bwd(dx, dweight, d, in, w, rstd, N, G, C, stride, accumulate_dinp);
     lowp_store(&s, dinp, dx, x);
 }
 
 // In place: x is read and rewritten.
 static void LOWP_FN(rope_fwd)(void *x, const int32_t *pos, const float *cos_sin, int N, int G,
                               int D, int stride) {
-    LowpStage s = {LOWP_DT, 0};
+    LowpStage s = LOWP_STAGE;
     LowpView v = lowp_rows(N, G * D, stride);
     float *t = lowp_out(&s, x, v, 1);
-    cpu_rope_fwd(t, pos, cos_sin, N, G, D, stride);
+    if (!s.failed) cpu_rope_fwd(t, pos, cos_sin, N, G, D, stride);
     lowp_store(&s, x, t, v);
 }
 
 static void LOWP_FN(rope_bwd)(void *dx, const int32_t *pos, const float *cos_sin, int N, int G,
                               int D, int stride) {
-    LowpStage s = {LOWP_DT, 0};
+    LowpStage s = LOWP_STAGE;
     LowpView v = lowp_rows(N, G * D, stride);
     float *t = lowp_out(&s, dx, v, 1);
-    cpu_rope_bwd(t, pos, cos_sin, N, G, D, stride);
+    if (!s.failed) cpu_rope_bwd(t, pos, cos_sin, N, G, D, stride);
     lowp_store(&s, dx, t, v);
 }
 
@@ -80,12 +82,12 @@ static void LOWP_FN(rope_bwd)(void *dx, const int32_t *pos, const float *cos_sin
 static void LOWP_FN(attention_fwd)(void *out, float *lse, const void *q, const void *k,
                                    const void *v, const int32_t *doc_start, int B, int T, int H,
                                    int KVH, int D, int qkv_stride) {
-    LowpStage s = {LOWP_DT, 0};
+    LowpStage s = LOWP_STAGE;
     LowpView vq = lowp_rows(B * T, H * D, qkv_stride), vkv = lowp_rows(B * T, KVH * D, qkv_stride),
              vo = lowp_flat((size_t)B * T * H * D);
     float *o = lowp_out(&s, out, vo, 0);
     const float *fq = lowp_in(&s, q, vq), *fk = lowp_in(&s, k, vkv), *fv = lowp_in(&s, v, vkv);
-    cpu_attention_fwd(o, lse, fq, fk, fv, doc_start, B, T, H, KVH, D, qkv_stride);
+    if (!s.failed) cpu_attention_fwd(o, lse, fq, fk, fv, doc_start, B, T, H, KVH, D, qkv_stride);
     lowp_store(&s, out, o, vo);
 }
 
@@ -93,52 +95,55 @@ static void LOWP_FN(attention_bwd)(void *dq, void *dk, void *dv, const void *dou
                                    const float *lse, const void *q, const void *k, const void *v,
                                    const int32_t *doc_start, int B, int T, int H, int KVH, int D,
                                    int qkv_stride) {
-    LowpStage s = {LOWP_DT, 0};
+    LowpStage s = LOWP_STAGE;
     LowpView vq = lowp_rows(B * T, H * D, qkv_stride), vkv = lowp_rows(B * T, KVH * D, qkv_stride),
              vo = lowp_flat((size_t)B * T * H * D);
     float *fdq = lowp_out(&s, dq, vq, 0), *fdk = lowp_out(&s, dk, vkv, 0),
           *fdv = lowp_out(&s, dv, vkv, 0);
     const float *fdo = lowp_in(&s, dout, vo), *fo = lowp_in(&s, out, vo), *fq = lowp_in(&s, q, vq),
                 *fk = lowp_in(&s, k, vkv), *fv = lowp_in(&s, v, vkv);
-    cpu_attention_bwd(fdq, fdk, fdv, fdo, fo, lse, fq, fk, fv, doc_start, B, T, H, KVH, D,
-                      qkv_stride);
+    if (!s.failed)
+        cpu_attention_bwd(fdq, fdk, fdv, fdo, fo, lse, fq, fk, fv, doc_start, B, T, H, KVH, D,
+                          qkv_stride);
     lowp_store(&s, dq, fdq, vq);
     lowp_store(&s, dk, fdk, vkv);
     lowp_store(&s, dv, fdv, vkv);
 }
 
 static void LOWP_FN(swiglu_fwd)(void *out, const void *h, int N, int FF) {
-    LowpStage s = {LOWP_DT, 0};
+    LowpStage s = LOWP_STAGE;
     LowpView vo = lowp_flat((size_t)N * FF);
     float *o = lowp_out(&s, out, vo, 0);
-    cpu_swiglu_fwd(o, lowp_in(&s, h, lowp_flat((size_t)N * 2 * FF)), N, FF);
+    const float *fh = lowp_in(&s, h, lowp_flat((size_t)N * 2 * FF));
+    if (!s.failed) cpu_swiglu_fwd(o, fh, N, FF);
     lowp_store(&s, out, o, vo);
 }
 
 static void LOWP_FN(swiglu_bwd)(void *dh, const void *dout, const void *h, int N, int FF) {
-    LowpStage s = {LOWP_DT, 0};
+    LowpStage s = LOWP_STAGE;
     LowpView vh = lowp_flat((size_t)N * 2 * FF);
     float *fdh = lowp_out(&s, dh, vh, 0);
     const float *fdo = lowp_in(&s, dout, lowp_flat((size_t)N * FF)), *fh = lowp_in(&s, h, vh);
-    cpu_swiglu_bwd(fdh, fdo, fh, N, FF);
+    if (!s.failed) cpu_swiglu_bwd(fdh, fdo, fh, N, FF);
     lowp_store(&s, dh, fdh, vh);
 }
 
 static void LOWP_FN(sigmoid_gate_fwd)(void *out, const void *x, const void *g, size_t n) {
-    LowpStage s = {LOWP_DT, 0};
+    LowpStage s = LOWP_STAGE;
     LowpView v = lowp_flat(n);
     float *o = lowp_out(&s, out, v, 0);
-    cpu_sigmoid_gate_fwd(o, lowp_in(&s, x, v), lowp_in(&s, g, v), n);
+    const float *fx = lowp_in(&s, x, v), *fg = lowp_in(&s, g, v);
+    if (!s.failed) cpu_sigmoid_gate_fwd(o, fx, fg, n);
     lowp_store(&s, out, o, v);
 }
 
 static void LOWP_FN(sigmoid_gate_bwd)(void *dx, void *dg, const void *dout, const void *x,
                                       const void *g, size_t n) {
-    LowpStage s = {LOWP_DT, 0};
+    LowpStage s = LOWP_STAGE;
     LowpView v = lowp_flat(n);
     float *fdx = lowp_out(&s, dx, v, 0), *fdg = lowp_out(&s, dg, v, 0);
     const float *fdo = lowp_in(&s, dout, v), *fx = lowp_in(&s, x, v), *fg = lowp_in(&s, g, v);
-    cpu_sigmoid_gate_bwd(fdx, fdg, fdo, fx, fg, n);
+    if (!s.failed) cpu_sigmoid_gate_bwd(fdx, fdg, fdo, fx, fg, n);
     lowp_store(&s, dx, fdx, v);
     lowp_store(&s, dg, fdg, v);
 }
@@ -146,28 +151,29 @@ static void LOWP_FN(sigmoid_gate_bwd)(void *dx, void *dg, const void *dout, cons
 static void LOWP_FN(cross_entropy_fwd)(float *loss, float *lse, const void *logits,
                                        const int32_t *targets, const int32_t *mask, int N, int V,
                                        float label_smoothing) {
-    LowpStage s = {LOWP_DT, 0};
+    LowpStage s = LOWP_STAGE;
     const float *z = lowp_in(&s, logits, lowp_flat((size_t)N * V));
-    cpu_cross_entropy_fwd(loss, lse, z, targets, mask, N, V, label_smoothing);
+    if (!s.failed) cpu_cross_entropy_fwd(loss, lse, z, targets, mask, N, V, label_smoothing);
 }
 
 static void LOWP_FN(cross_entropy_bwd)(void *dlogits, const void *logits, const float *lse,
                                        const int32_t *targets, const int32_t *mask,
                                        const float *row_scale, int N, int V, float label_smoothing,
                                        float dloss) {
-    LowpStage s = {LOWP_DT, 0};
+    LowpStage s = LOWP_STAGE;
     LowpView v = lowp_flat((size_t)N * V);
     float *dz = lowp_out(&s, dlogits, v, 0);
-    cpu_cross_entropy_bwd(dz, lowp_in(&s, logits, v), lse, targets, mask, row_scale, N, V,
-                          label_smoothing, dloss);
+    const float *z = lowp_in(&s, logits, v);
+    if (!s.failed)
+        cpu_cross_entropy_bwd(dz, z, lse, targets, mask, row_scale, N, V, label_smoothing, dloss);
     lowp_store(&s, dlogits, dz, v);
 }
 
 // In place on the activations x.
 static void LOWP_FN(gaussian_noise_add)(void *x, size_t n, float std, uint64_t seed) {
-    LowpStage s = {LOWP_DT, 0};
+    LowpStage s = LOWP_STAGE;
     float *t = lowp_out(&s, x, lowp_flat(n), 1);
-    cpu_gaussian_noise_add(t, n, std, seed);
+    if (!s.failed) cpu_gaussian_noise_add(t, n, std, seed);
     lowp_store(&s, x, t, lowp_flat(n));
 }
 

@@ -913,23 +913,21 @@ __global__ void __launch_bounds__(kMmaThreads)
 
 // ================================================================ host side
 
-void fail(const char *what) {
-    fprintf(stderr, "astrai: CUDA attention: %s\n", what);
-    exit(1);
-}
-
 // Shapes every kernel relies on: grid limits, whole GQA groups, head_dim within the SIMT
-// kernels' shared memory.
-void check_shape(int B, int T, int H, int KVH, int D) {
-    char msg[160];
+// kernels' shared memory. Another is the backend's failure (recorded; the op is skipped).
+bool shape_ok(const char *op, int B, int T, int H, int KVH, int D) {
     if (D < 1 || D > kMaxHeadDim) {
-        snprintf(msg, sizeof msg, "head_dim %d unsupported (1..%d)", D, kMaxHeadDim);
-        fail(msg);
+        first_failure_record(&cuda_failures, "cuda backend: %s: head_dim %d unsupported (1..%d)",
+                             op, D, kMaxHeadDim);
+        return false;
     }
     if (KVH < 1 || H < KVH || H % KVH || H > 65535 || B > 65535 || T < 0) {
-        snprintf(msg, sizeof msg, "unsupported shape B=%d T=%d H=%d KVH=%d", B, T, H, KVH);
-        fail(msg);
+        first_failure_record(&cuda_failures,
+                             "cuda backend: %s: unsupported shape B=%d T=%d H=%d KVH=%d", op, B, T,
+                             H, KVH);
+        return false;
     }
+    return true;
 }
 
 // Launches with `smem` bytes of dynamic shared memory (above 48 KiB needs the opt-in).
@@ -992,8 +990,7 @@ void fwd_mma(E *out, float *lse, const E *q, const E *k, const E *v, const int32
 template <typename E>
 void attention_fwd(E *out, float *lse, const E *q, const E *k, const E *v, const int32_t *doc_start,
                    int B, int T, int H, int KVH, int D, int stride) {
-    check_shape(B, T, H, KVH, D);
-    if (B <= 0 || T <= 0) return;
+    if (!shape_ok("attention_fwd", B, T, H, KVH, D) || B <= 0 || T <= 0) return;
     if (use_mma<E>("attention_fwd", D, stride, {out, q, k, v})) {
         if constexpr (kIs16Bit<E>) {
             if (D == 64)
@@ -1026,14 +1023,19 @@ template <typename E>
 void attention_bwd(E *dq, E *dk, E *dv, const E *dout, const E *out, const float *lse, const E *q,
                    const E *k, const E *v, const int32_t *doc_start, int B, int T, int H, int KVH,
                    int D, int stride) {
-    check_shape(B, T, H, KVH, D);
-    if (B <= 0 || T <= 0) return;
+    if (!shape_ok("attention_bwd", B, T, H, KVH, D) || B <= 0 || T <= 0) return;
     const size_t row_bytes = (size_t)H * T * sizeof(float);
-    if (row_bytes > CUDA_SCRATCH_BYTES) fail("H*T above the scratch buffer (16M floats)");
+    if (row_bytes > CUDA_SCRATCH_BYTES) {
+        first_failure_record(
+            &cuda_failures,
+            "cuda backend: attention_bwd: H*T = %d above the scratch buffer (16M floats)", H * T);
+        return;
+    }
     const int chunk =
         (int)(CUDA_SCRATCH_BYTES / row_bytes < (size_t)B ? CUDA_SCRATCH_BYTES / row_bytes
                                                          : (size_t)B);
     float *delta = (float *)cuda_scratch((size_t)chunk * row_bytes);
+    if (!delta) return; // recorded (engine/backend.h's failure rule)
     const bool mma = use_mma<E>("attention_bwd", D, stride, {dq, dk, dv, dout, out, q, k, v});
     for (int b0 = 0; b0 < B; b0 += chunk) {
         const int nb = B - b0 < chunk ? B - b0 : chunk;

@@ -132,6 +132,7 @@ static void fill_table(Backend *b, DType dtype, int device) {
     b->host_free = cuda_host_free;
     b->sync = cuda_sync;
     b->stream = cuda_stream;
+    b->failure = cuda_failure;
     if (dtype == DT_BF16)
         FILL_DTYPE_OPS(b, bf16);
     else if (dtype == DT_F16)

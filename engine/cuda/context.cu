@@ -42,18 +42,24 @@ int cuda_current_device(void) {
     return ctx.open ? ctx.device : -1;
 }
 
+FirstFailure cuda_failures;
+
+int cuda_failure(Err *err) {
+    if (ctx.open) CUDA_CHECK(cudaStreamSynchronize(ctx.stream)); // what the ops left to run
+    return first_failure_check(&cuda_failures, err);
+}
+
 void cuda_check_fail(int code, const char *call, const char *file, int line) {
     int device = ctx.device;
     if (device < 0 && cudaGetDevice(&device) != cudaSuccess) device = -1;
-    fprintf(stderr, "astrai: CUDA error on device %d: %s in %s (%s:%d)\n", device,
-            cudaGetErrorString((cudaError_t)code), call, file, line);
-    exit(1);
+    first_failure_record(&cuda_failures, "cuda backend: CUDA error on device %d: %s in %s (%s:%d)",
+                         device, cudaGetErrorString((cudaError_t)code), call, file, line);
 }
 
 void cuda_cublas_fail(int status, const char *call, const char *file, int line) {
-    fprintf(stderr, "astrai: cuBLASLt error on device %d: %s in %s (%s:%d)\n", ctx.device,
-            cublasLtGetStatusString((cublasStatus_t)status), call, file, line);
-    exit(1);
+    first_failure_record(&cuda_failures,
+                         "cuda backend: cuBLASLt error on device %d: %s in %s (%s:%d)", ctx.device,
+                         cublasLtGetStatusString((cublasStatus_t)status), call, file, line);
 }
 
 void *cuda_stream(void) {
@@ -62,15 +68,18 @@ void *cuda_stream(void) {
 
 void *cuda_scratch(size_t bytes) {
     if (!ctx.open) {
-        fprintf(stderr, "astrai: cuda_scratch(%zu) called before cuda_context_open\n", bytes);
-        exit(1);
+        first_failure_record(&cuda_failures,
+                             "cuda backend: cuda_scratch(%zu) called before cuda_context_open",
+                             bytes);
+        return NULL;
     }
     if (bytes > CUDA_SCRATCH_BYTES) {
-        fprintf(stderr,
-                "astrai: CUDA error on device %d: an op asked for %zu bytes of scratch, more "
-                "than the %zu of CUDA_SCRATCH_BYTES (a bug: raise it or split the op)\n",
-                ctx.device, bytes, CUDA_SCRATCH_BYTES);
-        exit(1);
+        first_failure_record(
+            &cuda_failures,
+            "cuda backend: device %d: an op asked for %zu bytes of scratch, more than the %zu "
+            "of CUDA_SCRATCH_BYTES (a bug: raise it or split the op)",
+            ctx.device, bytes, CUDA_SCRATCH_BYTES);
+        return NULL;
     }
     return ctx.scratch;
 }

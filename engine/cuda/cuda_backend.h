@@ -31,11 +31,18 @@ void *cuda_lt_workspace(size_t *bytes); // the cuBLASLt workspace and its size
 void cuda_cublas_fail(int status, const char *call, const char *file, int line);
 void *cuda_stream(void); // the compute stream (cudaStream_t), for NCCL ordering
 // A device scratch buffer of at least `bytes` (CUDA_SCRATCH_BYTES at most), shared by the
-// ops (they run in stream order, so one at a time).
+// ops (they run in stream order, so one at a time). NULL, recorded as the backend's failure,
+// past CUDA_SCRATCH_BYTES or before cuda_context_open (bugs).
 #define CUDA_SCRATCH_BYTES ((size_t)64 << 20)
 void *cuda_scratch(size_t bytes);
-// Aborts the process with a message naming the device, the call and the CUDA error: for
-// errors an op cannot return (a launch failure is a bug or a dead GPU, not bad input).
+// engine/backend.h's failure rule on the GPU: the first failure of an op, recorded with
+// first_failure_record ("cuda backend: CUDA error on device 0: an illegal memory access in
+// cudaMemcpyAsync (matmul.cu:180)"), the op going on as far as it can; cuda_failure (the
+// table's `failure`) reports it after waiting for the stream.
+extern FirstFailure cuda_failures;
+int cuda_failure(Err *err);
+// The failure of a CUDA error, recorded: the device, the call and the error (a launch failure is
+// a bug or a dead GPU, not bad input).
 void cuda_check_fail(int code, const char *call, const char *file, int line);
 #define CUDA_CHECK(call)                                                                           \
     do {                                                                                           \

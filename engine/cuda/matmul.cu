@@ -106,7 +106,11 @@ static int pick_algo(Plan *p, uint32_t mask) {
     return 0;
 }
 
-static void plan_build(Plan *p, const PlanKey *key) {
+static void plan_destroy(Plan *p);
+
+// -1 when cuBLASLt has no algorithm for the shape (the backend's failure, recorded).
+static int plan_build(Plan *p, const PlanKey *key) {
+    memset(p, 0, sizeof *p); // handles a failed create leaves NULL, which destroy takes
     p->key = *key;
     cublasOperation_t op_a = (cublasOperation_t)key->op_a, op_b = (cublasOperation_t)key->op_b;
     LT_CHECK(cublasLtMatmulDescCreate(&p->desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
@@ -130,14 +134,17 @@ static void plan_build(Plan *p, const PlanKey *key) {
     // serialised by counters, the out-of-place ones reduce in a separate fixed pass).
     if (pick_algo(p, CUBLASLT_REDUCTION_SCHEME_NONE) &&
         pick_algo(p, CUBLASLT_REDUCTION_SCHEME_MASK)) {
-        fprintf(stderr,
-                "astrai: cuBLASLt has no algorithm for a GEMM on this GPU: A/B %s, C/D %s, "
-                "op %c%c, m=%d n=%d k=%d, ld %d/%d/%d, %d-byte aligned\n",
-                type_name(key->ab_type), type_name(key->c_type), key->op_a ? 'T' : 'N',
-                key->op_b ? 'T' : 'N', key->m, key->n, key->k, key->lda, key->ldb, key->ldc,
-                key->align);
-        exit(1);
+        first_failure_record(
+            &cuda_failures,
+            "cuda backend: cuBLASLt has no algorithm for a GEMM on this GPU: A/B %s, C/D %s, "
+            "op %c%c, m=%d n=%d k=%d, ld %d/%d/%d, %d-byte aligned",
+            type_name(key->ab_type), type_name(key->c_type), key->op_a ? 'T' : 'N',
+            key->op_b ? 'T' : 'N', key->m, key->n, key->k, key->lda, key->ldb, key->ldc,
+            key->align);
+        plan_destroy(p);
+        return -1;
     }
+    return 0;
 }
 
 static void plan_destroy(Plan *p) {
@@ -147,8 +154,8 @@ static void plan_destroy(Plan *p) {
     cublasLtMatmulDescDestroy(p->desc);
 }
 
-// The cached plan of key, built on first use. Ops are issued from one thread (one rank, one
-// GPU, one stream), so the table needs no lock.
+// The cached plan of key, built on first use (NULL: none can be, recorded). Ops are issued
+// from one thread (one rank, one GPU, one stream), so the table needs no lock.
 static const Plan *plan_get(const PlanKey *key, Plan *spare, int *is_spare) {
     for (int i = 0; i < n_plans; i++)
         if (!memcmp(&plans[i].key, key, sizeof *key)) {
@@ -156,7 +163,7 @@ static const Plan *plan_get(const PlanKey *key, Plan *spare, int *is_spare) {
             return &plans[i];
         }
     Plan *p = n_plans < PLAN_CACHE ? &plans[n_plans] : spare;
-    plan_build(p, key);
+    if (plan_build(p, key)) return NULL;
     *is_spare = p == spare;
     if (!*is_spare) n_plans++;
     return p;
@@ -200,6 +207,7 @@ static void gemm(cudaDataType_t ab_type, cudaDataType_t c_type, int trans_a, int
     Plan spare;
     int is_spare;
     const Plan *p = plan_get(&key, &spare, &is_spare);
+    if (!p) return; // the GEMM is skipped: its failure is recorded
     size_t ws_bytes;
     void *ws = cuda_lt_workspace(&ws_bytes);
     LT_CHECK(cublasLtMatmul((cublasLtHandle_t)cuda_lt_handle(), p->desc, &alpha, B, p->a, A, p->b,

@@ -90,6 +90,7 @@ extern "C" void cuda_sum_squares(double *out, const float *x, size_t n) {
     if (blocks > SUM_BLOCKS_MAX) blocks = SUM_BLOCKS_MAX;
     size_t chunk = (n + blocks - 1) / blocks;
     double *partial = (double *)cuda_scratch(blocks * sizeof(double));
+    if (!partial) return; // recorded (engine/backend.h's failure rule)
     sum_squares_partial<<<(unsigned)blocks, THREADS, 0, stream()>>>(partial, x, n, chunk);
     CUDA_CHECK(cudaGetLastError());
     sum_partials<<<1, THREADS, 0, stream()>>>(out, partial, (int)blocks);
@@ -247,9 +248,10 @@ extern "C" void cuda_muon(float *w, const float *g, float *buf, float *scratch, 
 
     const dim3 tiles((unsigned)((cols + TILE - 1) / TILE), (unsigned)((rows + TILE - 1) / TILE));
     if (tiles.y > 65535) {
-        fprintf(stderr, "astrai: Muon on a (%d, %d) matrix: more than %d rows\n", rows, cols,
-                65535 * TILE);
-        exit(1);
+        first_failure_record(&cuda_failures,
+                             "cuda backend: Muon on a (%d, %d) matrix: more than %d rows", rows,
+                             cols, 65535 * TILE);
+        return;
     }
     const dim3 block(TILE, TILE_ROWS);
     muon_momentum<<<tiles, block, 0, stream()>>>(x, buf, g, rows, cols, a->momentum,

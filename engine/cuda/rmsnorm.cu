@@ -192,6 +192,7 @@ void rmsnorm_bwd(void *dinp, float *dweight, const void *dout, const void *inp, 
     long long rows_per_block = (R + P - 1) / P;
     P = (R + rows_per_block - 1) / rows_per_block; // no empty row blocks
     float *partial = (float *)cuda_scratch((size_t)P * C * sizeof(float));
+    if (!partial) return; // recorded (engine/backend.h's failure rule)
     dim3 grid((unsigned)chunks, (unsigned)P), block(kDwCols, kDwRows);
     rmsnorm_dweight_partial_kernel<T>
         <<<grid, block, 0, cu_stream()>>>(partial, d, x, rstd, R, G, C, stride, rows_per_block);

@@ -1,6 +1,6 @@
 // context_stub.cpp: stand-ins for the parts of the CUDA backend that the emulated files
 // call but that are not emulated themselves: the context (engine/cuda/context.cu: stream,
-// scratch buffer, error exit) and Muon's GEMM (engine/cuda/matmul.cu: cuBLASLt), here
+// scratch buffer, failures) and Muon's GEMM (engine/cuda/matmul.cu: cuBLASLt), here
 // cblas_sgemm, the GEMM the CPU reference runs.
 #include <cblas.h>
 #include <stdio.h>
@@ -40,6 +40,13 @@ void *cuda_scratch(size_t bytes) {
     return buf;
 }
 
+// engine/backend.h's failure rule, as context.cu keeps it (without a stream to wait for).
+FirstFailure cuda_failures;
+int cuda_failure(Err *err) {
+    return first_failure_check(&cuda_failures, err);
+}
+
+// A CUDA error in the emulator is a bug of the emulated code or of emu.cpp: abort at once.
 void cuda_check_fail(int code, const char *call, const char *file, int line) {
     fprintf(stderr, "cuda_emu: %s failed at %s:%d: %s (%d)\n", call, file, line,
             cudaGetErrorString(code), code);

@@ -1446,6 +1446,43 @@ template <typename T> void test_dtype() {
     test_noise<T>(100000);
 }
 
+// engine/backend.h's failure rule: an attention the kernels cannot take (head_dim 300, past the
+// SIMT kernels' shared memory) is the backend's recorded failure naming the op and the reason,
+// its output left as it was (nothing launched), and the first failure is the one reported. In a
+// child process: the record is the process's.
+static void test_failure_recorded() {
+    int status = 0;
+    std::string msg = child_stderr(
+        [] {
+            const int B = 1, T = 3, H = 2, KVH = 1, D = 300, S = (H + 2 * KVH) * D;
+            Dev<bf16> qkv(std::vector<float>((size_t)T * S, 0.5f));
+            Dev<bf16> o(std::vector<float>((size_t)T * H * D, 7.0f));
+            Dev<float> l((size_t)H * T);
+            Dev<int32_t> ds(T);
+            std::fill(ds.get(), ds.get() + T, 0);
+            Err err = {};
+            int before = cuda_failure(&err);
+            for (int call = 0; call < 2; call++)
+                Ops<bf16>::attention_fwd(o, l, qkv, qkv.get() + H * D, qkv.get() + (H + KVH) * D,
+                                         ds, call ? 2 : B, T, H, KVH, D, S);
+            int after = cuda_failure(&err);
+            bool untouched = true;
+            for (float x : o.floats())
+                untouched &= x == 7.0f;
+            fprintf(stderr, "before %d after %d untouched %d: %s\n", before, after, untouched,
+                    err.msg);
+        },
+        &status);
+    bool ok = WIFEXITED(status) && WEXITSTATUS(status) == 0 &&
+              msg.find("before 0 after -1 untouched 1: cuda backend: attention_fwd: head_dim 300 "
+                       "unsupported") != std::string::npos &&
+              msg.find("B=2") == std::string::npos;
+    printf("%-4s an attention of head_dim 300 is the backend's recorded failure, nothing "
+           "launched%s%s\n",
+           ok ? "ok" : "FAIL", ok ? "" : ": ", ok ? "" : msg.c_str());
+    failures += !ok;
+}
+
 int main() {
     setvbuf(stdout, NULL, _IOLBF, 0); // in order with the emulator's messages on stderr
     struct timespec t0, t1;
@@ -1478,6 +1515,7 @@ int main() {
     test_mma(true);
     test_fallback_said<f16>();
     test_attention_f16();
+    test_failure_recorded();
     clock_gettime(CLOCK_MONOTONIC, &t1);
     const emu::Stats &s = emu::stats_now();
     printf("%llu launches, %llu CUDA threads, %llu fiber switches, %llu block barriers; "

@@ -35,8 +35,8 @@
 #include "common/json.h"
 #include "common/path.h"
 #include "data/tokenizer.h"
-#include "engine/config.h"
 #include "engine/model.h"
+#include "model/config.h"
 #include "train/ckpt_writer.h" // CKPT_TEXT_NAMES: a checkpoint's text files
 
 #define DEFAULT_SEED 3407 // AstrAI's default random_seed

@@ -1,4 +1,4 @@
-// main.c: astraid's main(): flags and config file, startup and shutdown (the daemon's
+// main.c: astraid's main(): flags and config file and startup (the daemon's
 // subsystems are daemon/*.c, daemon/daemon.h).
 //
 // Every flag is also a key of the JSON config file (`--config FILE`, default
@@ -26,8 +26,6 @@
 #include "ranks/ranks.h"
 
 #define DEFAULT_CONFIG "/etc/astraid/astraid.json"
-
-Astraid astraid;
 
 // Flags: every option of the config file, then --config, --version, --help. Two passes
 // over the command line: the config file first, then the other flags (they win).
@@ -176,44 +174,8 @@ static int load_config(Config *c, int argc, char **argv, Err *err) {
     free(flag_table.flags);
     if (rc) return -1;
     if (fill_defaults(c, err) || check_config(c, err)) return -1;
-    astraid.executor = !strcmp(c->executor, "slurm") ? &SLURM_EXECUTOR : &LOCAL_EXECUTOR;
+    astraid.site = !strcmp(c->executor, "slurm") ? &SLURM_SITE : &LOCAL_SITE;
     return 0;
-}
-
-// ---------------------------------------------------------------- shutdown
-
-static uv_signal_t sig_term, sig_int;
-
-static void close_handle(uv_handle_t *h, void *arg) {
-    (void)arg;
-    if (!uv_is_closing(h)) uv_close(h, NULL);
-}
-
-void daemon_maybe_finish(void) {
-    if (!astraid.stopping || runner_alive()) return;
-    log_info("every job is stopped; exiting");
-    server_close_all();
-    http_stop(); // its threads wake the loop: gone before the loop's handles close
-    uv_walk(astraid.loop, close_handle, NULL); // timers, signals: uv_run then returns
-}
-
-static void on_stop_signal(uv_signal_t *h, int signum) {
-    (void)h;
-    const char *name = signum == SIGINT ? "SIGINT" : "SIGTERM";
-    if (astraid.stopping) {
-        log_warn("%s again: killing the ranks now", name);
-    } else {
-        astraid.stopping = 1;
-        int running = runner_alive();
-        log_info("%s: stopping %d running job(s) (they checkpoint first)", name, running);
-        // systemd waits TimeoutStopSec; ranks may need up to stop-timeout to checkpoint.
-        notify_systemd("STOPPING=1\nSTATUS=stopping %d job(s)\nEXTEND_TIMEOUT_USEC=%llu", running,
-                       (unsigned long long)((astraid.cfg.stop_timeout + 10) * 1e6));
-        server_close_listeners();
-    }
-    for (Job *j = astraid.jobs; j; j = j->next)
-        if (job_has_run(j)) astraid.executor->stop(j, STOP_SHUTDOWN); // slurm: kept running
-    daemon_maybe_finish();
 }
 
 // ---------------------------------------------------------------- startup
@@ -261,13 +223,10 @@ static int start(Err *err) {
         return -1;
     retention_apply();
     if (server_start(err) || http_start(err)) return -1;
-    uv_signal_init(astraid.loop, &sig_term);
-    uv_signal_init(astraid.loop, &sig_int);
-    uv_signal_start(&sig_term, on_stop_signal, SIGTERM);
-    uv_signal_start(&sig_int, on_stop_signal, SIGINT);
+    shutdown_watch_signals();
     progress_reader_start();
     job_watch_start();
-    if (astraid.executor->init) astraid.executor->init();
+    if (astraid.site->init) astraid.site->init();
     scheduler_kick();
     return 0;
 }
@@ -299,15 +258,13 @@ int main(int argc, char **argv) {
                                                          : 0;
     if (rc) {
         fprintf(stderr, "astraid: %s\n", err.msg);
-        notify_systemd("STATUS=failed: %s", err.msg);
-        server_close_all();
-        http_stop();
-        uv_walk(astraid.loop, close_handle, NULL);
+        systemd_notify("STATUS=failed: %s", err.msg);
+        daemon_close_all();
     } else {
         log_info("ready: socket %s, state %s, %d %s device(s), train binary %s",
                  astraid.cfg.socket_path, astraid.cfg.state_dir, astraid.devices.n,
                  astraid.devices.gpu ? "cuda" : "cpu", astraid.cfg.train_binary);
-        notify_systemd("READY=1\nSTATUS=serving on %s", astraid.cfg.socket_path);
+        systemd_notify("READY=1\nSTATUS=serving on %s", astraid.cfg.socket_path);
     }
     uv_run(astraid.loop, UV_RUN_DEFAULT);
     helpers_free();

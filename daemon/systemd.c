@@ -1,4 +1,4 @@
-// sdnotify.c: the two systemd protocols astraid speaks, written directly (no
+// systemd.c: the two systemd protocols astraid speaks, written directly (no
 // libsystemd): sd_notify datagrams to $NOTIFY_SOCKET (a path, or "@name" for an
 // abstract socket) and socket activation ($LISTEN_PID, $LISTEN_FDS from fd 3,
 // $LISTEN_FDNAMES). Both sets of variables are taken out of the environment so the
@@ -71,7 +71,7 @@ int sd_listen_fd(void) {
     return listen_fd;
 }
 
-void notify_systemd(const char *fmt, ...) {
+void systemd_notify(const char *fmt, ...) {
     if (!notify_len) return;
     char msg[1024];
     va_list ap;

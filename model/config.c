@@ -1,5 +1,5 @@
 // config.c: config.json of an AstrAI autoregressive_lm (docs/design.md §7) <-> ModelConfig.
-#include "engine/config.h"
+#include "model/config.h"
 
 #include <cjson/cJSON.h>
 #include <math.h>
