@@ -242,6 +242,25 @@ typedef struct Job {
 // RPC error code and err).
 typedef void (*ChangeDone)(void *arg, int code, const Err *err);
 
+// What happened to a job, announced once by the code that made it happen (job_changed, on the
+// loop); the subsystems that show jobs or act on them listen (jobs_listen, at start), and the
+// state machine calls none of them itself.
+typedef enum {
+    JOB_SHOWN,    // what clients see of it other than progress (a new job, a state, a field)
+    JOB_PROGRESS, // its progress fields (progress_reader.c)
+    JOB_EVENT,    // an event of notify_command's (`event`: completed, failed, restarted, hang,
+                  // time_limit)
+    JOB_FINAL,    // it is final now (or may be removed now): the retention may drop old jobs
+    JOB_GONE,     // jobs were removed or hidden (j NULL)
+    JOB_RELEASED, // it left the queue or released devices: another job may start
+} JobChange;
+typedef void (*JobListener)(const Job *j, JobChange what, const char *event);
+#define JOB_LISTENERS_MAX 8
+// Adds a listener (called in the order added); -1 past JOB_LISTENERS_MAX (a bug, in err).
+int jobs_listen(JobListener listener, Err *err);
+// Calls every listener once with the change. event: JOB_EVENT's name, else NULL.
+void job_changed(const Job *j, JobChange what, const char *event);
+
 int job_visible(const Job *j); // shown to clients: neither unsaved nor removing
 int job_has_run(const Job *j); // a run of it is alive (the executor's has_run)
 Job *job_find(long id);        // a visible job, NULL for any other id
@@ -334,11 +353,12 @@ int retention_configure(const char *spec, Err *err);
 // Removes the finished jobs the retention does not keep; at startup, and (from the
 // loop, after the current request) each time a job becomes final.
 void retention_apply(void);
-void retention_schedule(void);
+void retention_on_job(const Job *j, JobChange what, const char *event); // JOB_FINAL
 
 // ---------------------------------------------------------------- scheduler.c: the queue
 // Starts queued jobs whose devices are free (priority, then FIFO).
 void scheduler_kick(void);
+void scheduler_on_job(const Job *j, JobChange what, const char *event); // JOB_RELEASED: a kick
 void devices_release(Job *j);
 
 // ---------------------------------------------------------------- run sites (--executor)
@@ -499,7 +519,7 @@ int jobs_preflight(const cJSON *spec, PreflightDone done, void *arg, Err *err);
 // "time_limit") of j: the event its argument, the JOB object on its stdin; once, bounded by
 // notify_timeout, its failure logged.
 int notify_check_config(const Config *c, Err *err);
-void notify_job(const Job *j, const char *event);
+void notify_on_job(const Job *j, JobChange what, const char *event); // JOB_EVENT
 
 // ---------------------------------------------------------------- systemd.c
 void sd_init(void); // takes NOTIFY_SOCKET / LISTEN_* out of the environment
@@ -535,7 +555,8 @@ void conn_follow(Conn *c, long job_id, int rank); // rank -1: every rank
 // After the reply to a watch or logs: a one-job watch or follow of a job already final
 // gets its end push now (it will see no change that would send one).
 void conn_end_if_final(Conn *c);
-void server_push_progress(const Job *j);
+// JOB_SHOWN, JOB_PROGRESS: the watchers of j hear of it.
+void server_on_job(const Job *j, JobChange what, const char *event);
 void server_push_log(const Job *j, int rank, const char *line);
 int server_connections(void);
 
@@ -611,6 +632,7 @@ void http_stop(void);
 // than progress numbers (a job visible, gone, in a new shown state; a request counted),
 // so the next HTTP request answers from a new snapshot. Costs one atomic increment.
 void http_changed(void);
+void http_on_job(const Job *j, JobChange what, const char *event); // JOB_SHOWN, JOB_GONE
 // --http's value: a numeric address; off loopback it needs --token-file. Bad input in err.
 int http_check_config(const Config *c, Err *err);
 

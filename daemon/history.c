@@ -132,7 +132,7 @@ static void deletion_free(Deletion *r) {
 
 static void rows_removed(void *arg, const Err *err) {
     Deletion *r = arg;
-    http_changed(); // the jobs are gone, or shown again when the database failed
+    job_changed(NULL, JOB_GONE, NULL); // the jobs are gone, or shown again (the database failed)
     for (size_t i = 0; i < r->n; i++) {
         Job *j = r->jobs[i];
         j->removing = 0;
@@ -164,7 +164,7 @@ static int remove_jobs(Deletion *r, Err *err) {
     }
     for (size_t i = 0; i < r->n; i++)
         r->jobs[i]->removing = 1;
-    http_changed(); // hidden from now on
+    job_changed(NULL, JOB_GONE, NULL); // hidden from now on
     return 0;
 }
 
@@ -251,7 +251,7 @@ static void on_retention_timer(uv_timer_t *t) {
 
 // The job that just became final may still be in use up the stack (a verb's reply):
 // the retention runs from the loop, never from inside the change.
-void retention_schedule(void) {
+static void retention_schedule(void) {
     if (keep_count < 0 && keep_s < 0) return;
     if (!retention_timer_ready) {
         uv_timer_init(astraid.loop, &retention_timer);
@@ -259,4 +259,9 @@ void retention_schedule(void) {
     }
     if (!uv_is_closing((uv_handle_t *)&retention_timer))
         uv_timer_start(&retention_timer, on_retention_timer, 0, 0);
+}
+
+void retention_on_job(const Job *j, JobChange what, const char *event) {
+    (void)j, (void)event;
+    if (what == JOB_FINAL) retention_schedule();
 }

@@ -285,6 +285,11 @@ void http_changed(void) {
     atomic_fetch_add(&generation, 1);
 }
 
+void http_on_job(const Job *j, JobChange what, const char *event) {
+    (void)j, (void)event;
+    if (what == JOB_SHOWN || what == JOB_GONE) http_changed();
+}
+
 static int snapshot_stale(const Snapshot *s) {
     return !s || s->generation != atomic_load(&generation) ||
            clock_mono_s() - s->built_mono > SNAPSHOT_MAX_AGE_S;

@@ -365,11 +365,27 @@ static void submit_refused(Submit *s, int code, const Err *err) {
     free(s);
 }
 
-// What clients see of j other than its progress changed: the watchers hear of it, and the
-// HTTP side answers from a new snapshot (both before the acknowledgement goes out).
+// ---------------------------------------------------------------- announcing changes
+
+static JobListener listeners[JOB_LISTENERS_MAX];
+static int n_listeners;
+
+int jobs_listen(JobListener listener, Err *err) {
+    if (n_listeners == JOB_LISTENERS_MAX)
+        return err_set(err, "more than %d listeners of job changes", JOB_LISTENERS_MAX);
+    listeners[n_listeners++] = listener;
+    return 0;
+}
+
+void job_changed(const Job *j, JobChange what, const char *event) {
+    for (int i = 0; i < n_listeners; i++)
+        listeners[i](j, what, event);
+}
+
+// What clients see of j other than its progress changed: the watchers and the HTTP side hear
+// of it (before the acknowledgement goes out).
 static void shown_changed(const Job *j) {
-    http_changed();
-    server_push_progress(j);
+    job_changed(j, JOB_SHOWN, NULL);
 }
 
 static void submit_written(void *arg, const Err *err) {
@@ -385,7 +401,7 @@ static void submit_written(void *arg, const Err *err) {
     shown_changed(j);
     s->done(s->arg, 0, err);
     free(s);
-    scheduler_kick(); // after the reply said "queued"
+    job_changed(j, JOB_RELEASED, NULL); // queued: after the reply said so
 }
 
 // Under slurm, Slurm takes the job (sbatch --test-only) before its row is written: a bad
@@ -449,7 +465,7 @@ static void announce_state(Job *j, JobState from) {
     state_event(j->id, "state", job_state_name(j->state));
     if (job_is_final(j->state)) {
         job_drop_log(j);
-        retention_schedule();
+        job_changed(j, JOB_FINAL, NULL);
     }
 }
 
@@ -663,8 +679,8 @@ static void resume_change(Job *j, int real) {
 }
 
 static void resume_after(Job *j, JobState from) {
-    (void)j, (void)from;
-    scheduler_kick();
+    (void)from;
+    job_changed(j, JOB_RELEASED, NULL); // queued again
 }
 
 static const Verb RESUME = {"resume", resume_check, resume_change, resume_after};
@@ -720,7 +736,7 @@ static void fail(Job *j, char *error) {
     j->error = error;
     log_error("job %ld failed: %s", j->id, error ? error : "out of memory");
     job_set_state(j, JOB_FAILED);
-    notify_job(j, "failed");
+    job_changed(j, JOB_EVENT, "failed");
 }
 
 // A run that ended short of its end is restarted from the last checkpoint after a backoff
@@ -758,7 +774,7 @@ static void on_failure(Job *j, const char *cause, int permanent, const char *sta
              j->max_restarts, job_backoff_s(j->restarts));
     state_event(j->id, "restart", cause);
     job_set_state(j, JOB_QUEUED);
-    notify_job(j, "restarted");
+    job_changed(j, JOB_EVENT, "restarted");
 }
 
 // A run that could not start for want of a resource (too many open files, no memory) is
@@ -869,7 +885,7 @@ static void run_end_decide(Job *j, RunOutcome o) {
         job_set_state(j, JOB_INTERRUPTED);
     else if (o.stop == STOP_PAUSE) {
         job_set_state(j, JOB_PAUSED);
-        if (j->pause_reason) notify_job(j, "time_limit");
+        if (j->pause_reason) job_changed(j, JOB_EVENT, "time_limit");
     } else if (o.stop == STOP_HANG)
         on_failure(j, j->hang_cause ? j->hang_cause : "hang", 0, o.started_from);
     else if (o.failed && o.transient)
@@ -887,14 +903,14 @@ static void run_end_decide(Job *j, RunOutcome o) {
         free(j->pause_reason); // a time limit reached as the run got to its end
         j->pause_reason = NULL;
         job_set_state(j, JOB_COMPLETED);
-        notify_job(j, "completed");
+        job_changed(j, JOB_EVENT, "completed");
     }
     free(j->hang_cause);
     j->hang_cause = NULL;
     if (astraid.stopping)
         daemon_maybe_finish();
     else
-        scheduler_kick();
+        job_changed(j, JOB_RELEASED, NULL); // its devices are free
 }
 
 static void run_end_read_done(void *arg, const Err *err) {

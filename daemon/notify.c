@@ -63,7 +63,7 @@ static char *job_text_now(const Job *j) {
     return text;
 }
 
-void notify_job(const Job *j, const char *event) {
+static void notify_job(const Job *j, const char *event) {
     const char *command = astraid.cfg.notify_command;
     if (!command) return;
     char *words[NOTIFY_MAX_WORDS];
@@ -89,4 +89,8 @@ void notify_job(const Job *j, const char *event) {
     if (!notice) log_warn("job %ld: notify-command (%s) not run: %s", j->id, event, err.msg);
     free(json);
     free(copy);
+}
+
+void notify_on_job(const Job *j, JobChange what, const char *event) {
+    if (what == JOB_EVENT && j && event) notify_job(j, event);
 }

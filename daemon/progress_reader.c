@@ -391,7 +391,8 @@ static void poll_done(uv_work_t *req, int status) {
         while (j && j->id < it->id)
             j = j->next;
         int current = j && j->id == it->id && (it->running ? job_has_run(j) : !j->progress_seen);
-        if (!status && current && progress_apply(j, &it->p) && it->running) server_push_progress(j);
+        if (!status && current && progress_apply(j, &it->p) && it->running)
+            job_changed(j, JOB_PROGRESS, NULL);
         free(it->p.checkpoint);
         free(it->p.phase);
         free(it->p.error);

@@ -235,7 +235,7 @@ static void start_or_release(Launch *l, const Err *err) {
 static void start_decided(Launch *l, const Err *err) {
     l->job->launching = 0;
     // Cancelled while its preflight ran: the retention, which could not remove it then, may now.
-    if (job_is_final(l->job->state)) retention_schedule();
+    if (job_is_final(l->job->state)) job_changed(l->job, JOB_FINAL, NULL);
     start_or_release(l, err);
     free(l);
     scheduler_kick(); // the devices of a start not made, for the next job
@@ -263,6 +263,11 @@ static void start_written(void *arg, const Err *err) {
         log_warn("job %ld: %s; started without it", j->id, perr.msg);
     }
     start_decided(l, err);
+}
+
+void scheduler_on_job(const Job *j, JobChange what, const char *event) {
+    (void)j, (void)event;
+    if (what == JOB_RELEASED) scheduler_kick();
 }
 
 void scheduler_kick(void) {

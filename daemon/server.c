@@ -534,7 +534,7 @@ void conn_end_if_final(Conn *c) {
     if (j) end_if_final(c, j);
 }
 
-void server_push_progress(const Job *j) {
+static void push_progress(const Job *j) {
     char *msg = NULL;
     for (Conn *c = conns, *next; c; c = next) {
         next = c->next; // conn_send may drop c
@@ -544,6 +544,11 @@ void server_push_progress(const Job *j) {
         end_if_final(c, j);
     }
     free(msg);
+}
+
+void server_on_job(const Job *j, JobChange what, const char *event) {
+    (void)event;
+    if (j && (what == JOB_SHOWN || what == JOB_PROGRESS)) push_progress(j);
 }
 
 void server_push_log(const Job *j, int rank, const char *line) {

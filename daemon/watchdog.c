@@ -246,7 +246,7 @@ static void hang_found(Job *j, double silent_s) {
     j->hangs++;
     log_warn("job %ld: %s; recording the ranks' stacks, then restarting it", j->id, cause);
     state_event(j->id, "hang", cause);
-    notify_job(j, "hang");
+    job_changed(j, JOB_EVENT, "hang");
     Capture *c = malloc(sizeof *c);
     int n = runner_ranks(j);
     if (!c) {

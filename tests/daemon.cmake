@@ -4,6 +4,10 @@ foreach(t jobs pause restart failures bad_input systemd gpu state protocol jobs2
   astrai_py_test(daemon_${t} test_daemon_${t}.py)
   set_tests_properties(daemon_${t} PROPERTIES TIMEOUT 300 LABELS daemon)
 endforeach()
+# The fan-out of job changes (daemon/jobs.c job_changed) to its listeners.
+astrai_c_test(test_job_changes ${CMAKE_CURRENT_LIST_DIR}/test_job_changes.c)
+target_link_libraries(test_job_changes PRIVATE astrai_daemon)
+set_tests_properties(test_job_changes PROPERTIES LABELS daemon)
 # Skipped (exit 77) where Debian's prometheus package (prometheus, promtool) is missing.
 set_tests_properties(daemon_metrics daemon_auth PROPERTIES SKIP_RETURN_CODE 77)
 # The history method and astraictl plot (the renderer's SVGs come from test_plot, client.cmake).

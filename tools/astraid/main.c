@@ -215,6 +215,12 @@ static int lock_state_dir(Err *err) {
 }
 
 static int start(Err *err) {
+    // The listeners of job changes (recovery's included), in the order they hear of one: the
+    // HTTP snapshot, the watchers, notify_command, the retention, the queue.
+    JobListener listeners[] = {http_on_job, server_on_job, notify_on_job, retention_on_job,
+                               scheduler_on_job};
+    for (size_t i = 0; i < sizeof listeners / sizeof *listeners; i++)
+        if (jobs_listen(listeners[i], err)) return -1;
     char jobs_dir[PATH_MAX];
     snprintf(jobs_dir, sizeof jobs_dir, "%s/jobs", astraid.cfg.shared_dir);
     if (fs_mkdir_p(astraid.cfg.state_dir, err) || fs_mkdir_p(jobs_dir, err) ||
