@@ -32,6 +32,7 @@
 
 #include "common/clock.h"
 #include "common/error.h"
+#include "proto/job_spec.h"
 #include "proto/rpc.h"
 
 typedef struct cJSON cJSON;
@@ -176,7 +177,9 @@ typedef struct Job {
     char *name;
     JobState state;
     JobState shown_state; // the state of its last row written: what clients see
-    cJSON *spec;          // as submitted, plus the defaulted ckpt_dir
+    cJSON *spec;          // as submitted, plus the defaulted ckpt_dir: what is shown of it
+    JobSpec js;           // spec parsed once (at submit, or at recovery): what is read of it
+    char *spec_error;     // why a stored spec no longer parses (recovery): no run starts; NULL
     char *spec_text;      // spec printed (by jobs_adopt), for the JOB objects
     char *ckpt_dir;
     char *ckpt_real; // ckpt_dir's canonical form (job_ckpt_dir_resolve), NULL: did not resolve
@@ -323,8 +326,9 @@ void job_run_ended(Job *j, const RunOutcome *o);
 // The executor's start failed before any rank ran: retried after a backoff when err->resource says
 // it lacked a resource, else the job fails.
 void job_start_failed(Job *j, const Err *err);
-// The spec's number at key ("pp_size", "max_steps"), or 0 when absent or not a number.
-double job_spec_number(const Job *j, const char *key);
+// The spec a run of j starts with: j's (a shallow copy: its strings are j's, not to be freed),
+// resuming when j resumes; -1 (bad input) when j's stored spec no longer parses.
+int job_run_spec(const Job *j, JobSpec *run, Err *err);
 // The wait before the next of `tries` tries in a row (restarts, starts, Slurm commands):
 // 1 s, doubling, at most 60 s.
 double job_backoff_s(long tries);
@@ -505,10 +509,9 @@ typedef enum { PREFLIGHT_OK, PREFLIGHT_WAIT, PREFLIGHT_FAIL } PreflightVerdict;
 // The verdict, the report (docs/protocol.md "preflight") and, unless ok, why (err->resource
 // set when the run should wait).
 typedef void (*PreflightDone)(void *arg, PreflightVerdict v, const cJSON *report, const Err *why);
-// Checks a run of spec (validated: -1 and err when it is not) writing to ckpt_dir with
-// steps_left steps to go (0: unknown) on the GPUs gpus[0..n_gpus) (NVML indices); the file
-// system off the loop, done on the loop.
-int preflight_run(const cJSON *spec, const char *ckpt_dir, long steps_left, const int *gpus,
+// Checks a run of the parsed spec writing to ckpt_dir with steps_left steps to go (0: unknown)
+// on the GPUs gpus[0..n_gpus) (NVML indices); the file system off the loop, done on the loop.
+int preflight_run(const JobSpec *js, const char *ckpt_dir, long steps_left, const int *gpus,
                   int n_gpus, PreflightDone done, void *arg, Err *err);
 // jobs.c, the `preflight` method: spec checked as submit checks it (-1 and err when refused),
 // then preflight_run on its ckpt_dir and the GPUs it would have now.

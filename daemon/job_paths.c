@@ -32,11 +32,6 @@
 static const char *const SYSTEM_DIRS[] = {"bin", "boot", "dev", "etc", "lib", "proc",
                                           "run", "sbin", "sys", "usr", "var"};
 
-static const char *spec_string(const Job *j, const char *key) {
-    const cJSON *v = cJSON_GetObjectItemCaseSensitive(j->spec, key);
-    return cJSON_IsString(v) ? v->valuestring : NULL;
-}
-
 // 1 if path is dir or inside it (both canonical).
 static int is_within(const char *path, const char *dir) {
     size_t n = strlen(dir);
@@ -250,8 +245,8 @@ int job_ckpt_dir_free(const Job *j, Err *err) {
 }
 
 int job_paths_check(Job *j, Err *err) {
-    const char *param = spec_string(j, "param_path"), *data = spec_string(j, "data_root_path");
-    const char *train_type = spec_string(j, "train_type");
+    const char *param = j->js.train.param_path, *data = j->js.train.data_root_path;
+    const char *train_type = j->js.train.train_type;
     if (!param || !data || !train_type)
         return err_set(err, "param_path, data_root_path and train_type are required");
     if (check_param_path(param, err) || check_data_root(data, train_type, err))

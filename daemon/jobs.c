@@ -280,18 +280,20 @@ int jobs_preflight(const cJSON *spec, PreflightDone done, void *arg, Err *err) {
     int gpus[64], n = 0, rc = check_absolute(spec, err) || check_devices(&js, spec, err);
     if (!rc && astraid.devices.gpu && astraid.site->takes_devices)
         n = wanted_gpus(&js, gpus, (int)(sizeof gpus / sizeof *gpus));
-    job_spec_free(&js);
-    if (rc) return -1;
     const cJSON *dir = cJSON_GetObjectItemCaseSensitive(spec, "ckpt_dir");
     char jobs_dir[PATH_MAX]; // a job without ckpt_dir checkpoints into its run directory
-    if (path_join(jobs_dir, sizeof jobs_dir, astraid.cfg.shared_dir, "jobs", err)) return -1;
-    return preflight_run(spec, cJSON_IsString(dir) ? dir->valuestring : jobs_dir, 0, gpus, n, done,
-                         arg, err);
+    rc = rc || path_join(jobs_dir, sizeof jobs_dir, astraid.cfg.shared_dir, "jobs", err) ||
+         preflight_run(&js, cJSON_IsString(dir) ? dir->valuestring : jobs_dir, 0, gpus, n, done,
+                       arg, err);
+    job_spec_free(&js);
+    return rc ? -1 : 0;
 }
 
-static Job *job_new(const JobSpec *js, const cJSON *spec, long uid) {
+// A new job taking *js (which is then the job's: not freed by the caller).
+static Job *job_new(JobSpec *js, const cJSON *spec, long uid) {
     Job *j = calloc(1, sizeof *j);
     if (!j) return NULL;
+    j->js = *js;
     j->id = next_free_id();
     char name[32];
     snprintf(name, sizeof name, "job-%ld", j->id);
@@ -323,7 +325,9 @@ static int set_ckpt_dir(Job *j, Err *err) {
     }
     snprintf(dir, sizeof dir, "%s/checkpoints", run_dir);
     j->ckpt_dir = strdup(dir);
-    if (!cJSON_AddStringToObject(j->spec, "ckpt_dir", dir))
+    free(j->js.train.ckpt_dir);
+    j->js.train.ckpt_dir = strdup(dir);
+    if (!j->js.train.ckpt_dir || !cJSON_AddStringToObject(j->spec, "ckpt_dir", dir))
         return err_resource(err, "ckpt_dir: out of memory");
     return 0;
 }
@@ -421,9 +425,11 @@ int jobs_submit(const cJSON *spec, long uid, ChangeDone done, void *arg, long *i
         j = job_new(&js, spec, uid);
         if (!j) err_resource(err, "out of memory for a new job");
     }
-    int lost_ids = j && js.device_ids && !j->want_ids;
-    job_spec_free(&js);
-    if (!j) return -1;
+    int lost_ids = j && j->js.device_ids && !j->want_ids;
+    if (!j) {
+        job_spec_free(&js);
+        return -1;
+    }
     Submit *s = NULL;
     if (!j->name || !j->spec || lost_ids || set_ckpt_dir(j, err) || !j->ckpt_dir ||
         job_paths_check(j, err) || !(s = malloc(sizeof *s)) || make_run_dir(j, err) ||
@@ -797,17 +803,19 @@ void job_start_failed(Job *j, const Err *err) {
         fail(j, strdup(err->msg));
 }
 
-double job_spec_number(const Job *j, const char *key) {
-    const cJSON *v = cJSON_GetObjectItemCaseSensitive(j->spec, key);
-    return cJSON_IsNumber(v) ? v->valuedouble : 0;
+int job_run_spec(const Job *j, JobSpec *run, Err *err) {
+    if (j->spec_error) return err_set(err, "job spec: %s", j->spec_error);
+    *run = j->js;
+    run->train.resume = run->train.resume || j->resume;
+    return 0;
 }
 
 // The run's progress reached its end: total_steps, or the spec's max_steps. A fresh run that
 // starts part-way (start_epoch, start_samples) ends short of total_steps by design: there
 // the ranks' exit status alone tells.
 static int reached_end(const Job *j) {
-    if (job_spec_number(j, "start_epoch") > 0 || job_spec_number(j, "start_samples") > 0) return 1;
-    long end = j->total_steps, max_steps = (long)job_spec_number(j, "max_steps");
+    if (j->js.train.start_epoch > 0 || j->js.train.start_samples > 0) return 1;
+    long end = j->total_steps, max_steps = j->js.train.max_steps;
     if (max_steps > 0 && max_steps < end) end = max_steps;
     return j->has_progress && end > 0 && j->step >= end;
 }
@@ -968,6 +976,8 @@ void job_free(Job *j) {
     free(j->want_ids);
     free(j->devices);
     free(j->progress_error);
+    job_spec_free(&j->js);
+    free(j->spec_error);
     free(j->last_checkpoint);
     free(j->error);
     free(j->phase);

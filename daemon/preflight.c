@@ -295,20 +295,17 @@ static void preflight_after(uv_work_t *req, int status) {
     preflight_free(p);
 }
 
-int preflight_run(const cJSON *spec, const char *ckpt_dir, long steps_left, const int *gpus,
+int preflight_run(const JobSpec *js, const char *ckpt_dir, long steps_left, const int *gpus,
                   int n_gpus, PreflightDone done, void *arg, Err *err) {
-    JobSpec js;
-    if (job_spec_parse(&js, spec, err)) return -1;
     Preflight *p = calloc(1, sizeof *p);
     if (p) {
-        p->param_path = strdup(js.train.param_path);
+        p->param_path = strdup(js->train.param_path);
         p->ckpt_dir = strdup(ckpt_dir);
-        p->weight_bytes = !strcmp(js.train.ckpt_dtype, "bf16") ? 2 : 4;
-        p->muon = !strcmp(js.train.optimizer, "muon");
-        p->keep_last = js.train.checkpoint_keep_last;
-        p->ckpt_interval = js.train.ckpt_interval;
+        p->weight_bytes = !strcmp(js->train.ckpt_dtype, "bf16") ? 2 : 4;
+        p->muon = !strcmp(js->train.optimizer, "muon");
+        p->keep_last = js->train.checkpoint_keep_last;
+        p->ckpt_interval = js->train.ckpt_interval;
     }
-    job_spec_free(&js);
     if (!p || !p->param_path || !p->ckpt_dir) {
         if (p) preflight_free(p);
         return err_resource(err, "preflight: out of memory");

@@ -308,11 +308,9 @@ static int visible_devices(const Job *j, char *out, size_t cap) {
 }
 
 static int launch_prepare(Launch *l, Job *j, Err *err) {
-    JobSpec js;
-    if (job_spec_parse(&js, j->spec, err)) return err_prefix(err, "job spec");
-    if (j->resume) js.train.resume = true;
-    l->argv = job_spec_argv(&js, astraid.cfg.train_binary);
-    job_spec_free(&js);
+    JobSpec run; // the job's spec, resuming when the job resumes (its strings are the job's)
+    if (job_run_spec(j, &run, err)) return -1;
+    l->argv = job_spec_argv(&run, astraid.cfg.train_binary);
     if (!l->argv) return err_resource(err, "out of memory building the argv");
     comm_shm_new_name(l->shm_name, sizeof l->shm_name);
     snprintf(l->control, sizeof l->control, "ASTRAI_CONTROL_FD=%d", CONTROL_FD);
@@ -410,7 +408,7 @@ static Run *run_new(Job *j) {
     Run *run = calloc(1, sizeof *run);
     if (run) run->ranks = calloc((size_t)j->n_devices, sizeof *run->ranks);
     if (!run || !run->ranks ||
-        ranks_group_init(&run->g, (int)j->n_devices, (int)job_spec_number(j, "pp_size"), NULL)) {
+        ranks_group_init(&run->g, (int)j->n_devices, (int)j->js.train.pp_size, NULL)) {
         if (run) free(run->ranks);
         free(run);
         return NULL;

@@ -256,8 +256,10 @@ static void start_written(void *arg, const Err *err) {
     Err perr = {0};
     int gpus = astraid.devices.gpu && astraid.site->takes_devices && j->devices;
     long left = j->total_steps > j->step ? j->total_steps - j->step : 0;
+    JobSpec run;
     if (!err->msg[0] && j->state == JOB_QUEUED && j->version == l->version && !astraid.stopping) {
-        if (!preflight_run(j->spec, j->ckpt_dir, left, gpus ? j->devices : NULL,
+        if (!job_run_spec(j, &run, &perr) &&
+            !preflight_run(&run, j->ckpt_dir, left, gpus ? j->devices : NULL,
                            gpus ? (int)j->n_devices : 0, preflight_done, l, &perr))
             return;
         log_warn("job %ld: %s; started without it", j->id, perr.msg);

@@ -188,9 +188,9 @@ static void shell_quote(Buf *b, const char *s) {
     buf_append(b, "\"", 1);
 }
 
-static long spec_long(const Job *j, const char *key, long dflt) {
-    const cJSON *v = cJSON_GetObjectItemCaseSensitive(j->spec, key);
-    return cJSON_IsNumber(v) ? (long)v->valuedouble : dflt;
+// A count of the spec (0: not given) or dflt.
+static long given_or(long value, long dflt) {
+    return value > 0 ? value : dflt;
 }
 
 // The job's nodes and tasks (ranks) per node. GPU jobs (gpus_per_node, or the daemon's
@@ -199,13 +199,13 @@ static long spec_long(const Job *j, const char *key, long dflt) {
 // the job's nodes (or --slurm-nodes).
 static void job_layout(const Job *j, long *nodes, long *per_node, long *gpus) {
     long n = j->n_devices;
-    *gpus = spec_long(j, "gpus_per_node", astraid.cfg.slurm_gpus_per_node);
+    *gpus = given_or(j->js.gpus_per_node, astraid.cfg.slurm_gpus_per_node);
     if (*gpus) {
         *per_node = *gpus = *gpus < n ? *gpus : n;
-        *nodes = spec_long(j, "nodes", (n + *per_node - 1) / *per_node);
+        *nodes = given_or(j->js.nodes, (n + *per_node - 1) / *per_node);
         return;
     }
-    *nodes = spec_long(j, "nodes", astraid.cfg.slurm_nodes);
+    *nodes = given_or(j->js.nodes, astraid.cfg.slurm_nodes);
     if (*nodes > n) *nodes = n;
     *per_node = (n + *nodes - 1) / *nodes;
 }
@@ -341,15 +341,13 @@ static void sbatch_work(uv_work_t *req) {
 
 static Sbatch *sbatch_new(const Job *j, long run_no, int test_only, Err *err) {
     Sbatch *s = calloc(1, sizeof *s);
-    JobSpec js;
+    JobSpec run; // the job's spec, resuming when the job resumes (its strings are the job's)
     if (!s) return err_resource(err, "out of memory"), NULL;
-    if (job_spec_parse(&js, j->spec, err)) {
+    if (job_run_spec(j, &run, err)) {
         free(s);
-        return err_prefix(err, "job spec"), NULL;
+        return NULL;
     }
-    if (j->resume) js.train.resume = true;
-    char **argv = job_spec_argv(&js, astraid.cfg.train_binary);
-    job_spec_free(&js);
+    char **argv = job_spec_argv(&run, astraid.cfg.train_binary);
     s->job = j->id;
     s->test_only = test_only;
     if (argv && !job_run_dir(j, s->run_dir, sizeof s->run_dir)) {

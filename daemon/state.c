@@ -577,7 +577,10 @@ static Job *job_from_row(sqlite3_stmt *st) {
     j->hangs = (long)sqlite3_column_int64(st, i++);
     j->run_time_s = sqlite3_column_double(st, i++);
     j->pause_reason = column_text(st, i++);
-    if (!j->name || !j->spec || !j->ckpt_dir) {
+    Err why = {0}; // a spec an older astraid took: the job is shown, no run of it starts
+    int bad_spec = j->spec && job_spec_parse(&j->js, j->spec, &why);
+    if (bad_spec) j->spec_error = strdup(why.msg);
+    if (!j->name || !j->spec || !j->ckpt_dir || (bad_spec && !j->spec_error)) {
         job_free(j);
         return NULL;
     }

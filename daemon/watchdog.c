@@ -46,7 +46,7 @@ static uv_timer_t tick;
 static double last_tick; // clock_mono_s() of the previous tick
 
 double job_time_left_s(const Job *j) {
-    double max_h = job_spec_number(j, "max_duration_hours");
+    double max_h = j->js.max_duration_hours;
     if (max_h <= 0) return -1;
     double used = j->run_time_s + (j->run_start_mono > 0 ? clock_mono_s() - j->run_start_mono : 0);
     return fmax(0, max_h * 3600 - used);
@@ -69,7 +69,7 @@ void job_watch_run_ended(Job *j) {
 }
 
 static double hang_limit_s(const Job *j) {
-    double given = job_spec_number(j, "hang_timeout_s");
+    double given = j->js.hang_timeout_s;
     double limit = given > 0 ? given : fmax(HANG_FLOOR_S, HANG_STEP_FACTOR * j->step_median_s);
     return j->phase ? fmax(PHASE_FACTOR * limit, PHASE_FLOOR_S) : limit;
 }
@@ -235,7 +235,7 @@ static void silent_rank(const Job *j, char *out, size_t cap) {
 static void hang_found(Job *j, double silent_s) {
     char who[128], cause[512];
     silent_rank(j, who, sizeof who);
-    double given = job_spec_number(j, "hang_timeout_s");
+    double given = j->js.hang_timeout_s;
     snprintf(cause, sizeof cause,
              "hang at step %ld: no new optimizer step for %.1f s (limit %.0f s%s%s%s); silent "
              "rank: %s",
@@ -263,7 +263,7 @@ static void hang_found(Job *j, double silent_s) {
 
 static void time_limit_reached(Job *j) {
     char reason[256];
-    double max_h = job_spec_number(j, "max_duration_hours");
+    double max_h = j->js.max_duration_hours;
     snprintf(
         reason, sizeof reason,
         "max_duration_hours %g (%.1f s of running) reached at step %ld: paused with a checkpoint "
