@@ -136,17 +136,17 @@ static int check_param_path(const char *dir, Err *err) {
 }
 
 // A dataset directory (astrai-data prep); dpo and grpo also read a record file.
-static int check_data_root(const char *path, const char *train_type, Err *err) {
-    int records = !strcmp(train_type, "dpo") || !strcmp(train_type, "grpo");
+static int check_data_root(const char *path, const TrainSpec *t, Err *err) {
+    int records = t->is.train_type == TRAIN_DPO || t->is.train_type == TRAIN_GRPO;
     if (records && fs_is_file(path))
         return access(path, R_OK)
                    ? err_errno(err, errno, "data_root_path: %s cannot be read by astraid's user",
                                path)
                    : 0;
     if (readable_dir("data_root_path", path, err))
-        return records
-                   ? err_prefix(err, "(dpo/grpo: record shards or a .jsonl file)")
-                   : err_prefix(err, "(%s: a dataset directory of astrai-data prep)", train_type);
+        return records ? err_prefix(err, "(dpo/grpo: record shards or a .jsonl file)")
+                       : err_prefix(err, "(%s: a dataset directory of astrai-data prep)",
+                                    t->train_type);
     return 0;
 }
 
@@ -246,10 +246,9 @@ int job_ckpt_dir_free(const Job *j, Err *err) {
 
 int job_paths_check(Job *j, Err *err) {
     const char *param = j->js.train.param_path, *data = j->js.train.data_root_path;
-    const char *train_type = j->js.train.train_type;
-    if (!param || !data || !train_type)
+    if (!param || !data || j->js.train.is.train_type == TRAIN_UNSET)
         return err_set(err, "param_path, data_root_path and train_type are required");
-    if (check_param_path(param, err) || check_data_root(data, train_type, err))
+    if (check_param_path(param, err) || check_data_root(data, &j->js.train, err))
         return spec_path_refused(err);
     if (job_ckpt_dir_resolve(j, err)) return -1; // refused, or out of memory
     if (check_ckpt_place(j, j->ckpt_real, err) || job_ckpt_dir_usable(j, err) ||

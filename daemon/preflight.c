@@ -301,8 +301,8 @@ int preflight_run(const JobSpec *js, const char *ckpt_dir, long steps_left, cons
     if (p) {
         p->param_path = strdup(js->train.param_path);
         p->ckpt_dir = strdup(ckpt_dir);
-        p->weight_bytes = !strcmp(js->train.ckpt_dtype, "bf16") ? 2 : 4;
-        p->muon = !strcmp(js->train.optimizer, "muon");
+        p->weight_bytes = js->train.is.ckpt_dtype == CKPT_BF16 ? 2 : 4;
+        p->muon = js->train.is.optimizer == OPTIMIZER_MUON;
         p->keep_last = js->train.checkpoint_keep_last;
         p->ckpt_interval = js->train.ckpt_interval;
     }

@@ -126,15 +126,21 @@ static int unknown_key(const char *name, Err *err) {
     return err_set(err, "unknown key '%s' (see --help for the valid keys)", name);
 }
 
-static int choice_ok(const char *choices, const char *value) {
+// The position of value in choices ("a|b|c": b is 1); -1 when it is not one (the unset "").
+static int choice_index(const char *choices, const char *value) {
     size_t n = strlen(value);
-    for (const char *p = choices; *p;) {
+    int i = 0;
+    for (const char *p = choices; *p; i++) {
         const char *bar = strchr(p, '|');
         size_t len = bar ? (size_t)(bar - p) : strlen(p);
-        if (len == n && strncmp(p, value, n) == 0) return 1;
+        if (len == n && strncmp(p, value, n) == 0) return i;
         p += len + (bar != NULL);
     }
-    return 0;
+    return -1;
+}
+
+static int choice_ok(const char *choices, const char *value) {
+    return choice_index(choices, value) >= 0;
 }
 
 static int check_range(const KeyDef *k, double v, const char *text, Err *err) {
@@ -177,7 +183,34 @@ static int set_float(const KeyDef *k, double *dst, const char *value, Err *err) 
     return 0;
 }
 
-static int set_str(const KeyDef *k, char **dst, const char *value, Err *err) {
+// The enumerated keys and their decoded fields (TrainChoices).
+#define C(field) offsetof(TrainSpec, is.field)
+static const struct {
+    const char *key;
+    size_t offset;
+} CHOICE_FIELDS[] = {
+    {"train_type", C(train_type)},         {"optimizer", C(optimizer)},
+    {"schedule_type", C(schedule_type)},   {"ckpt_dtype", C(ckpt_dtype)},
+    {"ckpt_format", C(ckpt_format)},       {"parallel_mode", C(parallel_mode)},
+    {"device_type", C(device_type)},       {"dtype", C(dtype)},
+    {"muon_adjust_lr", C(muon_adjust_lr)}, {"backend", C(backend)},
+    {"pp_schedule", C(pp_schedule)},
+};
+#undef C
+
+_Static_assert(sizeof(TrainType) == sizeof(int) && sizeof(PipelineChoice) == sizeof(int),
+               "decode_choice stores an int");
+
+// Keeps the decoded choice of an enumerated key that has a TrainChoices field.
+static void decode_choice(TrainSpec *s, const KeyDef *k, const char *value) {
+    for (size_t i = 0; i < sizeof CHOICE_FIELDS / sizeof *CHOICE_FIELDS; i++)
+        if (!strcmp(CHOICE_FIELDS[i].key, k->name)) {
+            int at = choice_index(k->choices, value);
+            memcpy((char *)s + CHOICE_FIELDS[i].offset, &at, sizeof at);
+        }
+}
+
+static int set_str(TrainSpec *s, const KeyDef *k, char **dst, const char *value, Err *err) {
     // "" is the unset value of a key whose default is "" (job_spec_argv passes it on).
     if (k->choices && !(!*value && !*k->def) && !choice_ok(k->choices, value))
         return err_set(err, "%s: '%s' is not one of %s", k->name, value, k->choices);
@@ -185,6 +218,7 @@ static int set_str(const KeyDef *k, char **dst, const char *value, Err *err) {
     if (!copy) return err_resource(err, "%s: out of memory", k->name);
     free(*dst);
     *dst = copy;
+    if (k->choices) decode_choice(s, k, value);
     return 0;
 }
 
@@ -198,7 +232,7 @@ static int set_key(TrainSpec *s, const KeyDef *k, const char *value, Err *err) {
     case KEY_FLOAT:
         return set_float(k, (double *)field, value, err);
     case KEY_STR:
-        return set_str(k, (char **)field, value, err);
+        return set_str(s, k, (char **)field, value, err);
     }
     return err_set(err, "%s: unknown key type", k->name);
 }

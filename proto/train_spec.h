@@ -10,6 +10,43 @@
 
 typedef struct cJSON cJSON;
 
+// The choices of the enumerated keys, decoded as each is set (train_spec_set, the defaults):
+// what code switches on, never the strings, which are what is shown and written. Each enum
+// lists its key's values in the order of the key's choices (tests/test_job_spec.c checks).
+typedef enum {
+    TRAIN_UNSET = -1, // train_type not given yet
+    TRAIN_SEQ,
+    TRAIN_SFT,
+    TRAIN_DPO,
+    TRAIN_GRPO,
+    TRAIN_ONLINE_GRPO,
+    TRAIN_ONLINE_DPO
+} TrainType;
+typedef enum { OPTIMIZER_MUON, OPTIMIZER_ADAMW } OptimizerChoice;
+typedef enum { SCHEDULE_COSINE, SCHEDULE_WSD, SCHEDULE_SGDR } ScheduleChoice;
+typedef enum { CKPT_FP32, CKPT_BF16 } CkptDtypeChoice;
+typedef enum { CKPT_FULL, CKPT_SHARDED } CkptFormatChoice;
+typedef enum { PARALLEL_NONE, PARALLEL_DDP, PARALLEL_FSDP } ParallelChoice;
+typedef enum { DEVICE_AUTO, DEVICE_CPU, DEVICE_CUDA } DeviceChoice;
+typedef enum { DTYPE_AUTO, DTYPE_BF16, DTYPE_FP16, DTYPE_FP32 } DtypeChoice;
+typedef enum { MUON_LR_ORIGINAL, MUON_LR_MATCH_RMS_ADAMW } MuonLrChoice;
+typedef enum { COLLECTIVES_NCCL, COLLECTIVES_GLOO } CollectivesChoice;
+typedef enum { PIPELINE_1F1B, PIPELINE_GPIPE } PipelineChoice;
+
+typedef struct {
+    TrainType train_type;
+    OptimizerChoice optimizer;
+    ScheduleChoice schedule_type;
+    CkptDtypeChoice ckpt_dtype;
+    CkptFormatChoice ckpt_format;
+    ParallelChoice parallel_mode;
+    DeviceChoice device_type;
+    DtypeChoice dtype;
+    MuonLrChoice muon_adjust_lr;
+    CollectivesChoice backend;
+    PipelineChoice pp_schedule;
+} TrainChoices;
+
 typedef struct {
     // what to train
     char *train_type;      // seq | sft | dpo | grpo (online_*: refused)
@@ -91,6 +128,7 @@ typedef struct {
     long checkpoint_keep_last; // retention: the newest N checkpoints (0: all)
     long checkpoint_keep_best; // and the N of lowest val_loss
     char *pp_schedule;         // 1f1b | gpipe
+    TrainChoices is;           // the enumerated keys above, decoded
     // command line only (not keys of the table)
     bool dry_run;                 // --dry-run: validate and print, do not train
     unsigned char given[128 / 8]; // bit i: key i of the table was set (flag, YAML or JSON)

@@ -148,7 +148,64 @@ static void test_argv_round_trip(void) {
     cJSON_Delete(obj);
 }
 
+// Every value of every enumerated key decodes to its enum (TrainChoices), in the order of the
+// key's choices; the defaults decode too, and train_type starts unset.
+static void test_choices_decoded(void) {
+    TrainSpec t;
+    Err err = {0};
+    CHECK(train_spec_defaults(&t, &err) == 0);
+    CHECK(t.is.train_type == TRAIN_UNSET && t.is.optimizer == OPTIMIZER_MUON &&
+          t.is.parallel_mode == PARALLEL_FSDP && t.is.dtype == DTYPE_AUTO &&
+          t.is.device_type == DEVICE_AUTO && t.is.muon_adjust_lr == MUON_LR_MATCH_RMS_ADAMW);
+    const struct {
+        const char *key, *value;
+        const int *field;
+        int want;
+    } cases[] = {
+        {"train_type", "seq", (int *)&t.is.train_type, TRAIN_SEQ},
+        {"train_type", "sft", (int *)&t.is.train_type, TRAIN_SFT},
+        {"train_type", "dpo", (int *)&t.is.train_type, TRAIN_DPO},
+        {"train_type", "grpo", (int *)&t.is.train_type, TRAIN_GRPO},
+        {"train_type", "online_grpo", (int *)&t.is.train_type, TRAIN_ONLINE_GRPO},
+        {"train_type", "online_dpo", (int *)&t.is.train_type, TRAIN_ONLINE_DPO},
+        {"optimizer", "adamw", (int *)&t.is.optimizer, OPTIMIZER_ADAMW},
+        {"optimizer", "muon", (int *)&t.is.optimizer, OPTIMIZER_MUON},
+        {"schedule_type", "wsd", (int *)&t.is.schedule_type, SCHEDULE_WSD},
+        {"schedule_type", "sgdr", (int *)&t.is.schedule_type, SCHEDULE_SGDR},
+        {"schedule_type", "cosine", (int *)&t.is.schedule_type, SCHEDULE_COSINE},
+        {"ckpt_dtype", "bf16", (int *)&t.is.ckpt_dtype, CKPT_BF16},
+        {"ckpt_dtype", "fp32", (int *)&t.is.ckpt_dtype, CKPT_FP32},
+        {"ckpt_format", "sharded", (int *)&t.is.ckpt_format, CKPT_SHARDED},
+        {"ckpt_format", "full", (int *)&t.is.ckpt_format, CKPT_FULL},
+        {"parallel_mode", "none", (int *)&t.is.parallel_mode, PARALLEL_NONE},
+        {"parallel_mode", "ddp", (int *)&t.is.parallel_mode, PARALLEL_DDP},
+        {"parallel_mode", "fsdp", (int *)&t.is.parallel_mode, PARALLEL_FSDP},
+        {"device_type", "cpu", (int *)&t.is.device_type, DEVICE_CPU},
+        {"device_type", "cuda", (int *)&t.is.device_type, DEVICE_CUDA},
+        {"device_type", "auto", (int *)&t.is.device_type, DEVICE_AUTO},
+        {"dtype", "bf16", (int *)&t.is.dtype, DTYPE_BF16},
+        {"dtype", "fp16", (int *)&t.is.dtype, DTYPE_FP16},
+        {"dtype", "fp32", (int *)&t.is.dtype, DTYPE_FP32},
+        {"dtype", "auto", (int *)&t.is.dtype, DTYPE_AUTO},
+        {"muon_adjust_lr", "original", (int *)&t.is.muon_adjust_lr, MUON_LR_ORIGINAL},
+        {"muon_adjust_lr", "match_rms_adamw", (int *)&t.is.muon_adjust_lr, MUON_LR_MATCH_RMS_ADAMW},
+        {"backend", "gloo", (int *)&t.is.backend, COLLECTIVES_GLOO},
+        {"backend", "nccl", (int *)&t.is.backend, COLLECTIVES_NCCL},
+        {"pp_schedule", "gpipe", (int *)&t.is.pp_schedule, PIPELINE_GPIPE},
+        {"pp_schedule", "1f1b", (int *)&t.is.pp_schedule, PIPELINE_1F1B},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        CHECK(train_spec_set(&t, cases[i].key, cases[i].value, &err) == 0);
+        CHECK_MSG(*cases[i].field == cases[i].want, "%s=%s decoded as %d, not %d", cases[i].key,
+                  cases[i].value, *cases[i].field, cases[i].want);
+    }
+    // a refused value leaves the decoded choice as it was
+    CHECK(train_spec_set(&t, "dtype", "int8", &err) == -1 && t.is.dtype == DTYPE_AUTO);
+    train_spec_free(&t);
+}
+
 int main(void) {
+    test_choices_decoded();
     test_invalid_specs();
     test_valid_specs();
     test_argv_round_trip();

@@ -410,11 +410,6 @@ static void test_refusals_and_names(void) {
     CHECK(pp_schedule_build(PP_1F1B, 0, 0, 4, ops) == -1);
     CHECK(pp_schedule_build((PpScheduleKind)7, 0, 2, 4, ops) == -1);
     CHECK(pp_schedule_forward_only(3, 3, 2, ops) == -1);
-    CHECK(pp_schedule_kind("1f1b") == PP_1F1B);
-    CHECK(pp_schedule_kind("gpipe") == PP_GPIPE);
-    CHECK(pp_schedule_kind("1F1B") == -1);
-    CHECK(pp_schedule_kind("") == -1);
-    CHECK(pp_schedule_kind(NULL) == -1);
     CHECK(pp_bubble_fraction(1, 8) == 0.0);
     CHECK(pp_bubble_fraction(4, 8) == 3.0 / 11.0);
 }

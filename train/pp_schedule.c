@@ -114,10 +114,3 @@ void pp_schedule_waits(const PpOp *ops, int n, int sets, bool *wait) {
 double pp_bubble_fraction(int stages, int micro) {
     return (double)(stages - 1) / (double)(micro + stages - 1);
 }
-
-int pp_schedule_kind(const char *name) {
-    if (!name) return -1;
-    if (!strcmp(name, "1f1b")) return PP_1F1B;
-    if (!strcmp(name, "gpipe")) return PP_GPIPE;
-    return -1;
-}

@@ -207,7 +207,7 @@ static void free_texts(char *texts[CKPT_N_TEXTS]) {
 }
 
 static DType ckpt_dtype(const Trainer *t) {
-    return !strcmp(t->spec->ckpt_dtype, "bf16") ? DT_BF16 : DT_F32;
+    return t->spec->is.ckpt_dtype == CKPT_BF16 ? DT_BF16 : DT_F32;
 }
 
 // --ckpt_format full: every rank takes part in gathering the full weights and optimizer state
@@ -353,8 +353,8 @@ int train_ckpt_save(Trainer *t, char *path_out, size_t cap, bool *background, Er
     char name[128];
     snprintf(name, sizeof name, "epoch_%ld_step_%ld", t->epoch, t->step);
     *background = false;
-    int rc = !strcmp(t->spec->ckpt_format, "sharded") ? save_sharded(t, name, background, err)
-                                                      : save_full(t, name, background, err);
+    int rc = t->spec->is.ckpt_format == CKPT_SHARDED ? save_sharded(t, name, background, err)
+                                                     : save_full(t, name, background, err);
     // Every rank learns whether rank 0 wrote it (or took its copy), so none trains on alone.
     float failed = rc != 0;
     if (executor_sum(&t->exec, &failed, 1, rc ? NULL : err)) return -1;

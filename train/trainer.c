@@ -56,7 +56,7 @@ static int open_windows(Trainer *t, const ModelConfig *cfg, Err *err) {
 // The records of dpo/grpo: every record is one sample.
 static int open_records(Trainer *t, const ModelConfig *cfg, Err *err) {
     const TrainSpec *s = t->spec;
-    RecordKind kind = !strcmp(s->train_type, "dpo") ? RECORDS_DPO : RECORDS_GRPO;
+    RecordKind kind = s->is.train_type == TRAIN_DPO ? RECORDS_DPO : RECORDS_GRPO;
     if (records_open(&t->records, s->data_root_path, kind, (int)s->group_size, cfg->vocab_size,
                      s->skip_bad_records, err))
         return -1;
@@ -84,10 +84,19 @@ static int open_data(Trainer *t, const ModelConfig *cfg, Err *err) {
                               (uint64_t)s->random_seed, s->shuffle, err);
 }
 
-static ScheduleKind schedule_kind(const char *name) {
-    if (!strcmp(name, "wsd")) return SCHED_WSD;
-    if (!strcmp(name, "sgdr")) return SCHED_SGDR;
-    return SCHED_COSINE;
+// ---------------------------------------------------------------- the spec's choices, as the
+// engine and the executor name them
+
+static ScheduleKind schedule_kind(ScheduleChoice c) {
+    return c == SCHEDULE_WSD ? SCHED_WSD : c == SCHEDULE_SGDR ? SCHED_SGDR : SCHED_COSINE;
+}
+
+static ExecMode exec_mode(ParallelChoice c) {
+    return c == PARALLEL_DDP ? EXEC_DDP : c == PARALLEL_FSDP ? EXEC_FSDP : EXEC_NONE;
+}
+
+static PpScheduleKind pipeline_kind(PipelineChoice c) {
+    return c == PIPELINE_GPIPE ? PP_GPIPE : PP_1F1B;
 }
 
 static int alloc_batch(Trainer *t, Err *err) {
@@ -101,12 +110,6 @@ static int alloc_batch(Trainer *t, Err *err) {
     if (!t->inputs || !t->targets || !t->loss_mask || !t->position_ids)
         return err_resource(err, "batch buffers: out of memory");
     return 0;
-}
-
-static ExecMode exec_mode(const char *name) {
-    if (!strcmp(name, "ddp")) return EXEC_DDP;
-    if (!strcmp(name, "fsdp")) return EXEC_FSDP;
-    return EXEC_NONE;
 }
 
 // A "FIELD: N kB" line of /proc/self/status in bytes; 0 if unknown.
@@ -159,7 +162,7 @@ static int setup_pipeline(Trainer *t, const ModelConfig *cfg, const TrainerOptio
     const TrainSpec *s = t->spec;
     if (s->pp_size <= 1) return 0;
     if (opt->dry_run) return pipeline_check(cfg, (int)s->pp_size, err);
-    if (pipeline_init(&t->pipe, opt->comm, (int)s->pp_size, pp_schedule_kind(s->pp_schedule), cfg,
+    if (pipeline_init(&t->pipe, opt->comm, (int)s->pp_size, pipeline_kind(s->is.pp_schedule), cfg,
                       (long)window_of(s, cfg), opt->be, err))
         return -1;
     t->pipelined = true;
@@ -189,8 +192,8 @@ static void open_control(Trainer *t, int fd) {
 int trainer_init(Trainer *t, const TrainSpec *spec, const TrainerOptions *opt, Err *err) {
     memset(t, 0, sizeof *t);
     t->spec = spec;
-    t->sft = !strcmp(spec->train_type, "sft");
-    t->pref = !strcmp(spec->train_type, "dpo") || !strcmp(spec->train_type, "grpo");
+    t->sft = spec->is.train_type == TRAIN_SFT;
+    t->pref = spec->is.train_type == TRAIN_DPO || spec->is.train_type == TRAIN_GRPO;
     t->rank = opt->comm ? comm_rank(opt->comm) : 0;
     t->world = opt->comm ? comm_world_size(opt->comm) : 1;
     t->replica = t->rank;
@@ -225,7 +228,7 @@ int trainer_init(Trainer *t, const TrainSpec *spec, const TrainerOptions *opt, E
     if (train_ckpt_load_model(&t->model, &cfg, first, end, opt->be, first_dir, err)) return -1;
     t->model.grad_checkpointing = spec->gradient_checkpointing;
     t->model.neftune_alpha = (float)spec->neftune_alpha;
-    if (executor_init(&t->exec, exec_mode(spec->parallel_mode),
+    if (executor_init(&t->exec, exec_mode(spec->is.parallel_mode),
                       t->pipelined ? t->pipe.group : opt->comm, opt->comm, &t->model,
                       (size_t)(spec->bucket_mb * (1 << 20)), err))
         return -1;
@@ -239,17 +242,17 @@ int trainer_init(Trainer *t, const TrainSpec *spec, const TrainerOptions *opt, E
         pref_init(&t->pref_loss, t->records.kind == RECORDS_DPO ? PREF_DPO : PREF_GRPO,
                   (float)spec->dpo_beta, (float)spec->grpo_clip_eps, (float)spec->grpo_kl_coef,
                   opt->be);
-    schedule_init(&t->sched, schedule_kind(spec->schedule_type), t->total_steps, spec->warmup_ratio,
-                  spec->min_rate, spec->stable_steps, spec->decay_steps, spec->cycle_length,
-                  spec->t_mult);
+    schedule_init(&t->sched, schedule_kind(spec->is.schedule_type), t->total_steps,
+                  spec->warmup_ratio, spec->min_rate, spec->stable_steps, spec->decay_steps,
+                  spec->cycle_length, spec->t_mult);
     if (grad_scaler_init(&t->scaler, spec, err)) return -1;
-    OptimizerKind kind = !strcmp(spec->optimizer, "adamw") ? OPT_ADAMW : OPT_MUON;
+    OptimizerKind kind = spec->is.optimizer == OPTIMIZER_ADAMW ? OPT_ADAMW : OPT_MUON;
     ParamView view = executor_view(&t->exec, &t->model);
     if (optim_create(&t->opt, kind, &view, (float)spec->weight_decay, err)) return -1;
     t->opt.momentum = (float)spec->muon_momentum;
     t->opt.nesterov = spec->muon_nesterov;
     t->opt.ns_steps = (int)spec->muon_ns_steps;
-    t->opt.adjust_lr_original = !strcmp(spec->muon_adjust_lr, "original");
+    t->opt.adjust_lr_original = spec->is.muon_adjust_lr == MUON_LR_ORIGINAL;
     if (!*resume_dir) { // a fresh run starts where --start_epoch/--start_samples say (AstrAI)
         t->epoch = spec->start_epoch;
         t->consumed_samples = spec->start_samples * t->replicas;

@@ -53,15 +53,15 @@ static void install_signals(void) {
 // --dtype (auto: bf16 on cuda, fp32 on the CPU). A rank drives GPU LOCAL_RANK of the
 // GPUs CUDA_VISIBLE_DEVICES shows it (as under torchrun).
 static int open_backend(const LaunchInfo *li, const TrainSpec *spec, const Backend **be, Err *err) {
-    const char *type = spec->device_type;
-    if (!strcmp(type, "auto")) type = backend_cuda_available() ? "cuda" : "cpu";
-    const char *d = spec->dtype;
-    DType dtype = !strcmp(d, "fp16")                                                    ? DT_F16
-                  : !strcmp(d, "bf16") || (!strcmp(d, "auto") && !strcmp(type, "cuda")) ? DT_BF16
-                                                                                        : DT_F32;
-    if (!backend_open(be, type, li->local_rank, dtype, err)) {
+    bool cuda = spec->is.device_type == DEVICE_CUDA ||
+                (spec->is.device_type == DEVICE_AUTO && backend_cuda_available());
+    DtypeChoice d = spec->is.dtype;
+    DType dtype = d == DTYPE_FP16                                ? DT_F16
+                  : d == DTYPE_BF16 || (d == DTYPE_AUTO && cuda) ? DT_BF16
+                                                                 : DT_F32;
+    if (!backend_open(be, cuda ? "cuda" : "cpu", li->local_rank, dtype, err)) {
         // Once per job (rank 0): which GEMMs a reduced-precision CPU run uses (docs/training.md).
-        if (li->rank == 0 && !strcmp(type, "cpu") && dtype != DT_F32)
+        if (li->rank == 0 && !cuda && dtype != DT_F32)
             fprintf(stderr, "cpu %s GEMM: %s\n", dtype_name(dtype), backend_cpu_gemm_path(dtype));
         return 0;
     }
@@ -77,7 +77,7 @@ static int connect_ranks(LaunchInfo *li, const TrainSpec *spec, const Backend *b
                          Err *err) {
     *comm = NULL;
     if (li->world_size == 1) return 0;
-    if (!strcmp(spec->parallel_mode, "none") && li->world_size > spec->pp_size)
+    if (spec->is.parallel_mode == PARALLEL_NONE && li->world_size > spec->pp_size)
         return err_set(err,
                        "parallel_mode: 'none' cannot run %d ranks (%s) in pipelines of pp_size "
                        "%ld; use ddp or fsdp",
@@ -179,8 +179,9 @@ static int run(const TrainSpec *spec, const TrainerOptions *env, char **argv) {
 // --backend given explicitly chooses device_type auto's device (gloo: our CPU collectives,
 // nccl: GPUs).
 static int resolve_backend(TrainSpec *spec, Err *err) {
-    if (train_spec_given(spec, "backend") && !strcmp(spec->device_type, "auto") &&
-        train_spec_set(spec, "device_type", !strcmp(spec->backend, "gloo") ? "cpu" : "cuda", err))
+    if (train_spec_given(spec, "backend") && spec->is.device_type == DEVICE_AUTO &&
+        train_spec_set(spec, "device_type", spec->is.backend == COLLECTIVES_GLOO ? "cpu" : "cuda",
+                       err))
         return -1;
     return 0;
 }
