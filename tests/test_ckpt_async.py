@@ -22,12 +22,12 @@ WINDOW = 32
 N_BYTES = 48 * WINDOW + 1  # 48 windows: 12 steps of 4
 
 
-def args(model, data, ckpt, **extra):
+def args(model, data, ckpt, binary="astrai-train", **extra):
     a = {"train_type": "seq", "param_path": model, "data_root_path": data,
          "batch_per_device": 4, "window_size": WINDOW, "ckpt_dir": ckpt, "max_lr": 3e-3,
          "threads": 1, "ckpt_interval": 3}
     a.update(extra)
-    return [tu.binary("astrai-train")] + [f"--{k}={v}" for k, v in a.items()]
+    return [tu.binary(binary)] + [f"--{k}={v}" for k, v in a.items()]
 
 
 def files(ckpt):
@@ -69,7 +69,9 @@ def held(root, model, data, name, **extra):
     ckpt = os.path.join(root, name)
     hold = os.path.join(root, name + ".hold")
     env = dict(os.environ, ASTRAI_TEST_CKPT_HOLD=hold)
-    proc = subprocess.Popen(args(model, data, ckpt, async_checkpoint="true", n_epoch=40, **extra),
+    # astrai-train with the tests' seams (train/test_seam.h) takes ASTRAI_TEST_CKPT_HOLD
+    proc = subprocess.Popen(args(model, data, ckpt, "astrai-train-seams", async_checkpoint="true",
+                                 n_epoch=40, **extra),
                             stderr=subprocess.PIPE, text=True, env=env)
     return ckpt, hold, proc
 

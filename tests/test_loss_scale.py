@@ -115,7 +115,8 @@ def one_rank_overflows(root, model, data, failures):
                              ("fsdp", {"nprocs": 2, "parallel_mode": "fsdp"}, "1:5")):
         ckpt = os.path.join(root, f"overflow-{name}")
         a = args(model, data, ckpt, init_loss_scale=2.0 ** 16, **extra)
-        cmd = [tu.binary("astrai-train")] + [f"--{k}={v}" for k, v in a.items()]
+        # astrai-train with the tests' seams (train/test_seam.h) takes ASTRAI_TEST_OVERFLOW
+        cmd = [tu.binary("astrai-train-seams")] + [f"--{k}={v}" for k, v in a.items()]
         tu.run(cmd, env=dict(os.environ, ASTRAI_TEST_OVERFLOW=who))
         env_run[name] = scaler_rows(ckpt)
     base = env_run["one"]

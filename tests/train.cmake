@@ -4,6 +4,16 @@ astrai_py_test(train_ref test_train_ref.py)
 astrai_py_test(train_resume test_train_resume.py)
 # Checkpoint retention: --checkpoint_keep_last / --checkpoint_keep_best.
 astrai_py_test(ckpt_retention test_ckpt_retention.py)
+# astrai-train-seams: astrai-train with the tests' seams compiled in (train/test_seam.h), for the
+# tests that reach into a run (loss_scale's overflow on one rank, ckpt_async's held write).
+get_target_property(_train_src astrai_train SOURCES)
+get_target_property(_train_deps astrai_train INTERFACE_LINK_LIBRARIES)
+add_library(astrai_train_seams STATIC ${_train_src})
+target_compile_definitions(astrai_train_seams PRIVATE ASTRAI_TEST_SEAMS)
+target_include_directories(astrai_train_seams PUBLIC ${CMAKE_SOURCE_DIR})
+target_link_libraries(astrai_train_seams PUBLIC ${_train_deps})
+add_executable(astrai-train-seams ${CMAKE_SOURCE_DIR}/tools/astrai-train/main.c)
+target_link_libraries(astrai-train-seams PRIVATE astrai_train_seams)
 # --async_checkpoint: rank 0 writes in the background; the same files, training goes on.
 astrai_py_test(ckpt_async test_ckpt_async.py)
 astrai_py_test(ckpt_sharded test_ckpt_sharded.py)

@@ -13,6 +13,7 @@
 #include "common/fsutil.h"
 #include "common/path.h"
 #include "engine/backend.h"
+#include "train/test_seam.h"
 
 const char *const CKPT_TEXT_NAMES[CKPT_N_TEXTS] = {"meta.json", "config.json", "scheduler.json",
                                                    "sampler.json", "metric.jsonl"};
@@ -143,14 +144,6 @@ static int copy_content(CkptWriter *w, const CkptContent *c, Err *err) {
 
 // ---------------------------------------------------------------- the thread
 
-// A test's hold: the write waits until the file exists (tests/test_ckpt_async.py).
-static void wait_hold(const char *path) {
-    while (path && access(path, F_OK) != 0) {
-        struct timespec ts = {0, 10 * 1000 * 1000};
-        nanosleep(&ts, NULL);
-    }
-}
-
 static void *write_in_background(void *arg) {
     CkptWriter *w = arg;
     char *texts[CKPT_N_TEXTS];
@@ -165,7 +158,7 @@ static void *write_in_background(void *arg) {
                      .shard_tmp = w->shard_tmp[0] ? w->shard_tmp : NULL,
                      .model_file = w->model_file,
                      .optim_file = w->optim_file};
-    wait_hold(w->hold_path);
+    test_seam_ckpt_hold();
     w->rc = ckpt_write(&c, &w->err);
     if (!w->rc) w->rc = path_join(w->dir, sizeof w->dir, w->ckpt_dir, w->name, &w->err);
     atomic_store(&w->finished, true); // after rc: a reader that sees it finished sees rc

@@ -41,11 +41,10 @@ int ckpt_write_texts(char *const *texts, const char *dir, Err *err);
 
 typedef struct {
     pthread_t thread;
-    bool running;          // a write was started and not yet collected (ckpt_writer_collect)
-    atomic_bool finished;  // the thread is done with it
-    long step, epoch;      // of the checkpoint in flight
-    char dir[4096];        // its path, once committed
-    const char *hold_path; // a test's: the write waits until this file exists (NULL: none)
+    bool running;         // a write was started and not yet collected (ckpt_writer_collect)
+    atomic_bool finished; // the thread is done with it
+    long step, epoch;     // of the checkpoint in flight
+    char dir[4096];       // its path, once committed
     int rc;
     Err err;
     // the host copy the thread writes from, in host memory of `host` (pinned on GPUs)

@@ -60,4 +60,3 @@ void pp_schedule_waits(const PpOp *ops, int n, int sets, bool *wait);
 
 // The idle share of a step in theory, (P-1)/(M+P-1).
 double pp_bubble_fraction(int stages, int micro);
-

@@ -23,6 +23,7 @@
 #include "common/fsutil.h"
 #include "common/path.h"
 #include "engine/counter_rng.h"
+#include "train/test_seam.h"
 #include "train/train_ckpt.h"
 
 volatile sig_atomic_t trainer_stop_requested = 0;
@@ -216,9 +217,6 @@ int trainer_init(Trainer *t, const TrainSpec *spec, const TrainerOptions *opt, E
         open_data(t, &cfg, err) || set_total_steps(t, err))
         return -1;
     t->memory_report = opt->memory_report;
-    t->writer.hold_path = opt->ckpt_hold;
-    t->overflow_rank = opt->overflow_rank;
-    t->overflow_step = opt->overflow_step;
     if (t->memory_report) t->rss_baseline = resident_bytes();
     t->rss_ckpt_max = -1;
     // DPO/GRPO: the reference's weights first, kept frozen; then the policy's when they differ.
@@ -286,8 +284,8 @@ static void fill_batch(Trainer *t, const int64_t *ids, int64_t stride, int nb) {
 // optimizer_step divides out of the gradients again. An S too large for a float gives inf: an
 // overflow, which the scaler backs off from.
 static float micro_weight(const Trainer *t) {
-    if (t->rank == t->overflow_rank && t->step + 1 == t->overflow_step) return INFINITY;
-    return (float)(t->scaler.scale / (double)t->spec->grad_accum_steps);
+    return test_seam_loss_weight(t->rank, t->step + 1,
+                                 (float)(t->scaler.scale / (double)t->spec->grad_accum_steps));
 }
 
 // The forward of the batch of nb samples with the loss into the model's stats; begins the

@@ -42,13 +42,6 @@ typedef struct {
     // --dry-run: one process checks a job of any number of ranks (a pipeline's settings are
     // checked against the model, its stages not built).
     bool dry_run;
-    // Tests (ASTRAI_TEST_CKPT_HOLD): a background checkpoint write waits until this file exists,
-    // so a test sees training go on while a write is in flight. NULL: none.
-    const char *ckpt_hold;
-    // Tests (ASTRAI_TEST_OVERFLOW): rank overflow_rank's backward of step overflow_step (1-based)
-    // overflows (an infinite loss weight), as fp16 gradients can on one rank. -1: none.
-    int overflow_rank;
-    long overflow_step;
 } TrainerOptions;
 
 // A micro-batch of a pipelined optimizer step, staged until the step's last one arrives.
@@ -73,8 +66,6 @@ typedef struct Trainer {
     Optimizer opt;
     Schedule sched;
     GradScaler scaler; // --loss_scale
-    int overflow_rank; // TrainerOptions'
-    long overflow_step;
     Dataset data;
     Sampler sampler;
     int sft;  // train_type == sft

@@ -238,22 +238,13 @@ static int dry_run(const TrainSpec *spec) {
 
 // What a supervisor (astraid) hands a rank in its environment, read here once:
 // ASTRAI_RUN_DIR (where progress.db goes), ASTRAI_MEMORY_REPORT (a directory for the ranks'
-// resident memory reports), ASTRAI_CONTROL_FD (the control pipe); and a test's
-// ASTRAI_TEST_CKPT_HOLD (TrainerOptions.ckpt_hold) and ASTRAI_TEST_OVERFLOW=RANK:STEP
-// (TrainerOptions.overflow_rank, overflow_step). Unset or empty: none.
+// resident memory reports), ASTRAI_CONTROL_FD (the control pipe). Unset or empty: none.
 static TrainerOptions supervisor_env(void) {
     const char *run_dir = getenv("ASTRAI_RUN_DIR"), *report = getenv("ASTRAI_MEMORY_REPORT");
-    const char *fd = getenv("ASTRAI_CONTROL_FD"), *hold = getenv("ASTRAI_TEST_CKPT_HOLD");
-    const char *overflow = getenv("ASTRAI_TEST_OVERFLOW");
-    int rank = -1;
-    long step = 0;
-    if (overflow && sscanf(overflow, "%d:%ld", &rank, &step) != 2) rank = -1;
+    const char *fd = getenv("ASTRAI_CONTROL_FD");
     return (TrainerOptions){.run_dir = run_dir && *run_dir ? run_dir : NULL,
                             .memory_report = report && *report ? report : NULL,
-                            .control_fd = fd && *fd ? atoi(fd) : -1,
-                            .ckpt_hold = hold && *hold ? hold : NULL,
-                            .overflow_rank = rank,
-                            .overflow_step = step};
+                            .control_fd = fd && *fd ? atoi(fd) : -1};
 }
 
 int main(int argc, char **argv) {
