@@ -45,8 +45,9 @@
 // included: the bearer header, or the HttpOnly login cookie POST /login sets (may_act).
 //
 // Actions and GPUs: the HTTP threads may not touch the jobs, so an action (and /api/gpus, the
-// GPUs of daemon.info) is a request on astraid's own control socket, answered by the loop as
-// astraictl's is: the same checks, the same records, the same reply. An action is a POST
+// GPUs of daemon.info) is a call the loop makes for them ("calls on the loop" below) of the
+// very functions the control socket's verbs call: the same checks, the same records, the same
+// reply (JOB, or the error with its code). An action is a POST
 // (never a GET, which browsers send on their own: links, prefetches) under the access rule
 // above, and one whose Origin names another site than the Host is refused (403): a page on
 // any site the user visits could otherwise post a form to the loopback listener.
@@ -66,14 +67,12 @@
 #include <sys/ioctl.h>
 #include <sys/socket.h>
 #include <sys/time.h>
-#include <sys/un.h>
 #include <time.h>
 #include <unistd.h>
 
 #include <cjson/cJSON.h>
 #include <microhttpd.h>
 
-#include "common/buf.h"
 #include "daemon/daemon.h"
 #include "web/web.h"
 
@@ -96,7 +95,7 @@
 #define SNAPSHOT_MAX_AGE_S 0.25 // older: the loop is asked for new progress numbers
 #define SNAPSHOT_WAIT_S 2.0     // for the loop's new snapshot; then the old one serves
 #define API_FINISHED 100        // finished jobs in /api/jobs and /metrics: the newest ones
-#define CONTROL_TIMEOUT_S 10    // for astraid's reply on its own control socket (an action)
+#define CALL_TIMEOUT_S 10       // for the loop's answer to an action
 
 static struct MHD_Daemon *mhd;
 static uv_async_t wake;
@@ -650,74 +649,150 @@ static enum MHD_Result get_history(struct MHD_Connection *conn, const Snapshot *
     return respond_json(conn, MHD_HTTP_OK, o);
 }
 
-// ---------------------------------------------------------------- through the control socket
+// ---------------------------------------------------------------- calls on the loop
 
-// A connection to astraid's own control socket (the --socket path it listens on), each send
-// and receive bounded by CONTROL_TIMEOUT_S; -1 with err naming the path.
-static int control_connect(Err *err) {
-    const char *path = astraid.cfg.socket_path;
-    struct sockaddr_un addr = {.sun_family = AF_UNIX};
-    snprintf(addr.sun_path, sizeof addr.sun_path, "%s", path);
-    struct timeval limit = {.tv_sec = CONTROL_TIMEOUT_S};
-    int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    if (fd >= 0 && !setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &limit, sizeof limit) &&
-        !setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &limit, sizeof limit) &&
-        !connect(fd, (struct sockaddr *)&addr, sizeof addr))
-        return fd;
-    err_errno(err, errno, "control socket %s", path);
-    if (fd >= 0) close(fd);
-    return -1;
+// An action (and /api/gpus) is a call the loop makes for an HTTP thread, of the very functions
+// the control socket's verbs call (jobs.c): the thread queues it under mu and wakes the loop;
+// the loop runs it, and its answer (a JSON result, or an RPC error code and its message) is
+// handed back under mu. The thread waits at most CALL_TIMEOUT_S; a call the loop finishes
+// after that is freed by the loop (refs). Counted in /metrics under the verb's method, as the
+// control socket counts its requests.
+typedef struct LoopCall {
+    const char *verb; // "pause", "resume", "checkpoint", "cancel"; NULL: the GPUs
+    long job;
+    double t0;
+    int refs, done, code; // under mu; code 0: result
+    char msg[ERR_MSG_MAX];
+    cJSON *result;
+    struct LoopCall *next; // queued for the loop, under mu
+} LoopCall;
+
+static uv_async_t call_wake;
+static LoopCall *queued;        // under mu
+static pthread_cond_t answered; // a call was answered (CLOCK_MONOTONIC)
+
+static void call_release(LoopCall *c) { // under mu
+    if (--c->refs) return;
+    cJSON_Delete(c->result);
+    free(c);
 }
 
-static int send_line(int fd, const char *line, Err *err) {
-    for (size_t off = 0, n = strlen(line); off < n;) {
-        ssize_t w = send(fd, line + off, n - off, MSG_NOSIGNAL);
-        if (w < 0 && errno == EINTR) continue;
-        if (w < 0) return err_errno(err, errno, "sending to the control socket");
-        off += (size_t)w;
-    }
-    return 0;
+// Loop thread: c's answer (takes result).
+static void call_finish(LoopCall *c, int code, const char *msg, cJSON *result) {
+    if (c->verb) metrics_request(c->verb, 1, code, clock_mono_s() - c->t0);
+    pthread_mutex_lock(&mu);
+    c->code = code;
+    snprintf(c->msg, sizeof c->msg, "%s", msg);
+    c->result = result;
+    c->done = 1;
+    pthread_cond_broadcast(&answered);
+    call_release(c);
+    pthread_mutex_unlock(&mu);
 }
 
-// The first line fd sends (without its newline) in *in; -1 with err when it closes, is silent
-// past CONTROL_TIMEOUT_S or sends more than RPC_MAX_LINE.
-static int read_line(int fd, Buf *in, size_t *len, Err *err) {
-    char chunk[16384];
-    for (;;) {
-        char *nl = in->data ? memchr(in->data, '\n', in->len) : NULL;
-        if (nl) {
-            *len = (size_t)(nl - in->data);
-            return 0;
+// The ChangeDone of a verb: the job as it is now, as the control socket answers.
+static void verb_done(void *arg, int code, const Err *err) {
+    LoopCall *c = arg;
+    Job *j = job_find(c->job);
+    cJSON *result = !code && j ? job_to_raw_json(j) : NULL;
+    call_finish(c,
+                code     ? code
+                : result ? 0
+                         : RPC_INTERNAL_ERROR,
+                code ? err->msg
+                : j  ? "out of memory"
+                     : "the job is gone",
+                result);
+}
+
+static void run_call(LoopCall *c) {
+    if (!c->verb) {
+        cJSON *o = cJSON_CreateObject(), *gpus = gpus_to_json();
+        if (o && gpus && cJSON_AddItemToObject(o, "gpus", gpus)) {
+            call_finish(c, 0, "", o);
+        } else {
+            cJSON_Delete(gpus);
+            cJSON_Delete(o);
+            call_finish(c, RPC_INTERNAL_ERROR, "out of memory", NULL);
         }
-        if (in->len > RPC_MAX_LINE) return err_set(err, "a reply past %u bytes", RPC_MAX_LINE);
-        ssize_t r = recv(fd, chunk, sizeof chunk, 0);
-        if (r < 0 && errno == EINTR) continue;
-        if (r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
-            return err_set(err, "no reply within %d s", CONTROL_TIMEOUT_S);
-        if (r <= 0) return err_errno(err, r ? errno : ECONNRESET, "reading the reply");
-        if (buf_append(in, chunk, (size_t)r)) return err_resource(err, "out of memory");
+        return;
+    }
+    Job *j = job_find(c->job);
+    int code = 0;
+    Err err = {0};
+    if (!j) {
+        snprintf(err.msg, sizeof err.msg, "no such job: %ld", c->job);
+        call_finish(c, RPC_NO_SUCH_JOB, err.msg, NULL);
+        return;
+    }
+    if (!strcmp(c->verb, "checkpoint")) { // no state change: answered at once
+        if (job_checkpoint(j, &code, &err))
+            call_finish(c, code, err.msg, NULL);
+        else
+            verb_done(c, 0, &err);
+        return;
+    }
+    int (*verb)(Job *, ChangeDone, void *, int *, Err *) = !strcmp(c->verb, "pause") ? job_pause
+                                                           : !strcmp(c->verb, "resume")
+                                                               ? job_resume
+                                                               : job_cancel;
+    if (verb(j, verb_done, c, &code, &err)) call_finish(c, code, err.msg, NULL);
+}
+
+// Loop thread: the queued calls, in order.
+static void on_call_wake(uv_async_t *h) {
+    (void)h;
+    pthread_mutex_lock(&mu);
+    LoopCall *list = NULL;
+    while (queued) { // reversed: queued is newest first
+        LoopCall *c = queued;
+        queued = c->next;
+        c->next = list;
+        list = c;
+    }
+    pthread_mutex_unlock(&mu);
+    while (list) {
+        LoopCall *c = list;
+        list = c->next;
+        run_call(c);
     }
 }
 
-// The reply object to one request (takes params) on the control socket: what astraictl gets
-// for it. -1 with err when astraid does not answer.
-static int control_call(const char *method, cJSON *params, cJSON **reply, Err *err) {
-    *reply = NULL;
-    char *request = rpc_request(1, method, params);
-    if (!request) return err_resource(err, "out of memory");
-    int fd = control_connect(err);
-    Buf in = {0};
-    size_t len = 0;
-    int rc = fd < 0 || send_line(fd, request, err) || read_line(fd, &in, &len, err) ? -1 : 0;
-    if (fd >= 0) close(fd);
-    free(request);
-    if (!rc && !cJSON_IsObject(*reply = cJSON_ParseWithLength(in.data, len)))
-        rc = err_set(err, "a reply that is not a JSON object");
-    buf_free(&in);
-    if (rc) {
-        cJSON_Delete(*reply);
-        *reply = NULL;
+// HTTP thread: the loop's answer to verb (NULL: the GPUs) of job, within CALL_TIMEOUT_S.
+// -1 with the code RPC_BUSY when the loop did not answer in time (or astraid is stopping).
+static int loop_call(const char *verb, long job, int *code, char *msg, size_t cap, cJSON **result) {
+    *result = NULL;
+    LoopCall *c = calloc(1, sizeof *c);
+    if (!c) {
+        *code = RPC_INTERNAL_ERROR;
+        snprintf(msg, cap, "out of memory");
+        return -1;
     }
+    *c = (LoopCall){.verb = verb, .job = job, .t0 = clock_mono_s(), .refs = 2};
+    pthread_mutex_lock(&mu);
+    int rc = 0;
+    if (stopping) {
+        c->refs = 1, rc = -1;
+    } else {
+        c->next = queued;
+        queued = c;
+        uv_async_send(&call_wake);
+        struct timespec until = mono_timespec(clock_mono_s() + CALL_TIMEOUT_S);
+        while (!c->done && !stopping)
+            if (pthread_cond_timedwait(&answered, &mu, &until) == ETIMEDOUT) break;
+        rc = c->done ? 0 : -1;
+    }
+    if (rc) {
+        *code = RPC_BUSY;
+        snprintf(msg, cap, "astraid did not answer within %d s", CALL_TIMEOUT_S);
+    } else {
+        *code = c->code;
+        snprintf(msg, cap, "%s", c->msg);
+        *result = c->result;
+        c->result = NULL;
+    }
+    call_release(c);
+    pthread_mutex_unlock(&mu);
     return rc;
 }
 
@@ -737,44 +812,18 @@ static unsigned status_of_rpc_error(int code) {
     }
 }
 
-// The answer to method (takes params) asked on the control socket: 200 with its result (with
-// member, {member: that member of it}), or its error as {"error": message} with the status
-// that says the same (404 no such job, 409 bad state, ...); 503 when astraid does not answer.
-static enum MHD_Result respond_control(struct MHD_Connection *conn, const char *method,
-                                       cJSON *params, const char *member) {
+// The answer to verb of job (NULL: the GPUs) on the loop: 200 with its result, or its error as
+// {"error": message} with the status that says the same (404 no such job, 409 bad state, ...);
+// 503 when the loop does not answer.
+static enum MHD_Result respond_call(struct MHD_Connection *conn, const char *verb, long job) {
     client_answering(conn); // not held to the request's deadline while the loop answers
-    Err err = {0};
-    cJSON *reply = NULL;
-    if (control_call(method, params, &reply, &err)) {
-        char msg[ERR_MSG_MAX + 64];
-        snprintf(msg, sizeof msg, "astraid does not answer: %s", err.msg);
-        return respond_error(conn, MHD_HTTP_SERVICE_UNAVAILABLE, msg);
-    }
-    const cJSON *error = cJSON_GetObjectItemCaseSensitive(reply, "error");
-    if (error) {
-        const cJSON *code = cJSON_GetObjectItemCaseSensitive(error, "code");
-        const cJSON *message = cJSON_GetObjectItemCaseSensitive(error, "message");
-        enum MHD_Result rc =
-            respond_error(conn, status_of_rpc_error(cJSON_IsNumber(code) ? code->valueint : 0),
-                          cJSON_IsString(message) ? message->valuestring : "error");
-        cJSON_Delete(reply);
-        return rc;
-    }
-    cJSON *result = cJSON_DetachItemFromObjectCaseSensitive(reply, "result"), *out = result;
-    if (result && member) {
-        out = cJSON_CreateObject();
-        cJSON *part = cJSON_DetachItemFromObjectCaseSensitive(result, member);
-        if (!part) part = cJSON_CreateNull(); // not in the result: null
-        if (!out || !part || !cJSON_AddItemToObject(out, member, part)) {
-            cJSON_Delete(part);
-            cJSON_Delete(out);
-            out = NULL;
-        }
-        cJSON_Delete(result);
-    }
-    cJSON_Delete(reply);
-    if (!out) return respond_text(conn, MHD_HTTP_INTERNAL_SERVER_ERROR, "out of memory\n");
-    return respond_json(conn, MHD_HTTP_OK, out);
+    int code = 0;
+    char msg[ERR_MSG_MAX];
+    cJSON *result = NULL;
+    loop_call(verb, job, &code, msg, sizeof msg, &result);
+    if (code) return respond_error(conn, status_of_rpc_error(code), msg);
+    if (!result) return respond_text(conn, MHD_HTTP_INTERNAL_SERVER_ERROR, "out of memory\n");
+    return respond_json(conn, MHD_HTTP_OK, result);
 }
 
 static const char *const ACTIONS[] = {"pause", "resume", "checkpoint", "cancel"};
@@ -791,12 +840,7 @@ static enum MHD_Result post_action(struct MHD_Connection *conn, const char *verb
     Err err = {0};
     long job = 0;
     if (query_job(conn, &job, &err)) return respond_error(conn, MHD_HTTP_BAD_REQUEST, err.msg);
-    cJSON *params = cJSON_CreateObject();
-    if (!params || !cJSON_AddNumberToObject(params, "job", (double)job)) {
-        cJSON_Delete(params);
-        return respond_text(conn, MHD_HTTP_INTERNAL_SERVER_ERROR, "out of memory\n");
-    }
-    return respond_control(conn, verb, params, NULL);
+    return respond_call(conn, verb, job);
 }
 
 // ---------------------------------------------------------------- access
@@ -1012,7 +1056,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
                        web_index_html_len, MHD_RESPMEM_PERSISTENT);
     if (logging_in) return login(conn);
     if (verb) return post_action(conn, verb);
-    if (!strcmp(url, "/api/gpus")) return respond_control(conn, "daemon.info", NULL, "gpus");
+    if (!strcmp(url, "/api/gpus")) return respond_call(conn, NULL, 0);
     int metrics = !strcmp(url, "/metrics"), jobs = !strcmp(url, "/api/jobs");
     int history = !strcmp(url, "/api/history");
     if (!metrics && !jobs && !history) return respond_text(conn, MHD_HTTP_NOT_FOUND, "not found\n");
@@ -1062,7 +1106,9 @@ int http_start(Err *err) {
     if (server_parse_address("http", astraid.cfg.http, &ss, err)) return -1;
     cond_init_monotonic(&fresh);
     cond_init_monotonic(&deadline_near);
+    cond_init_monotonic(&answered);
     uv_async_init(astraid.loop, &wake, on_wake);
+    uv_async_init(astraid.loop, &call_wake, on_call_wake);
     wake_open = 1;
     if (reaper_start(err)) return -1;
     unsigned flags = MHD_USE_POLL_INTERNAL_THREAD | MHD_USE_ERROR_LOG;
@@ -1088,11 +1134,19 @@ void http_stop(void) {
     pthread_mutex_lock(&mu);
     stopping = 1; // a reader waiting for the loop takes what there is
     pthread_cond_broadcast(&fresh);
+    pthread_cond_broadcast(&answered);
     pthread_mutex_unlock(&mu);
     if (mhd) MHD_stop_daemon(mhd); // its threads are gone: nothing reads the snapshot
     mhd = NULL;
     reaper_stop(); // after: every connection is closed
     if (!uv_is_closing((uv_handle_t *)&wake)) uv_close((uv_handle_t *)&wake, NULL);
+    if (!uv_is_closing((uv_handle_t *)&call_wake)) uv_close((uv_handle_t *)&call_wake, NULL);
+    while (queued) { // queued after the loop's last turn: their threads are gone (MHD stopped)
+        LoopCall *c = queued;
+        queued = c->next;
+        c->refs = 1;
+        call_release(c);
+    }
     snapshot_release(current);
     current = NULL;
 }
