@@ -172,57 +172,21 @@ typedef struct Run Run;
 typedef struct JobText JobText;
 typedef struct SlurmRun SlurmRun;
 
-typedef struct Job {
-    long id;
-    char *name;
-    JobState state;
-    JobState shown_state; // the state of its last row written: what clients see
-    cJSON *spec;          // as submitted, plus the defaulted ckpt_dir: what is shown of it
-    JobSpec js;           // spec parsed once (at submit, or at recovery): what is read of it
-    char *spec_error;     // why a stored spec no longer parses (recovery): no run starts; NULL
-    char *spec_text;      // spec printed (by jobs_adopt), for the JOB objects
-    char *ckpt_dir;
-    char *ckpt_real; // ckpt_dir's canonical form (job_ckpt_dir_resolve), NULL: did not resolve
-    // progress (from progress.db)
+// What progress.db says of a job's runs (progress_reader.c's, applied by progress_apply).
+typedef struct {
     long step, total_steps, epoch;
     double loss, lr, grad_norm, tokens_per_s, eta_s, val_loss;
-    int has_progress, has_val_loss;
+    int has_step, has_val_loss;
     double loss_scale; // --loss_scale: the newest step's (has_loss_scale) and the skipped steps
     long skipped_steps;
     int has_loss_scale;
-    int progress_seen; // its progress.db was read by this astraid (val_loss is known)
-    long restarts, max_restarts, priority, n_devices;
-    // restarts since this astraid started, for /metrics' counter: never reset, unlike
-    // restarts (reset by resume and by a run that saved new progress)
-    long restarts_total;
-    int *want_ids; // (n_devices,) device ids the spec names, or NULL for any
-    int *devices;  // (n_devices,) ids held while a run is alive, else NULL
-    char *last_checkpoint, *error;
-    char *progress_error; // why its progress.db cannot be read (progress_reader.c), NULL: it can
-    long submitted_by;    // uid, -1 when unknown (tcp)
-    double created_at, started_at, finished_at; // unix seconds, 0: not yet
-    int resume;                                 // the next run adds --resume=true
-    long runs;                                  // runs started so far (run<N>-rank<R>.log)
-    double hold_until;  // restart backoff: not started before this clock_mono_s()
-    long start_retries; // runs in a row that could not start for want of a resource (fds, memory)
-    int unsubmitted;    // slurm: its last run's sbatch failed, so the next try takes its number
-    Run *run;           // the ranks of its run under the local executor, while they live
-    SlurmRun *slurm;    // its Slurm job under the slurm executor, until it ended
-    long slurm_id;      // the Slurm job id of its last run (slurm executor), 0: none
-    int ending;         // its run ended: what it left (progress, checkpoints) is being read
-    // Changes on their way to the database (state.c's writer): a verb's change is made once
-    // its row committed, if version (bumped by every change written) is still the one it
-    // was planned on; changing counts them. unsaved: a submit not committed yet; removing:
-    // rm or the retention, its rows being deleted. Neither is shown to clients.
-    long version;
-    int changing, unsaved, removing;
-    int launching; // its start is on its way: the row that must commit before it (scheduler.c)
-    int row_stale; // its last row did not commit: it is written again (jobs.c, resave)
-    LogLine *log;  // (JOB_LOG_LINES,) ring of the last output lines, NULL until the first
-                   // one and again once the job is final (its logs are then read from disk)
-    int log_start, log_len;
-    JobText *text; // its JOB object's last text (job_to_raw_json), NULL: none kept
-    // watchdog.c: the spec's hang_timeout_s and max_duration_hours are read from spec.
+    int seen;    // its progress.db was read by this astraid (val_loss is known)
+    char *error; // why its progress.db cannot be read, NULL: it can
+} JobProgressView;
+
+// The hang watchdog's and the time limit's view of a job (watchdog.c; progress_reader.c places
+// the ranks' progress in it). The limits themselves are the spec's (js).
+typedef struct {
     long hangs;            // runs stopped as hung (JOB "hangs")
     double seen_mono;      // clock_mono_s() of the run's last progress (a new step or phase,
                            // placed by the ranks' own timestamp), 0: none yet (the watch starts
@@ -237,7 +201,62 @@ typedef struct Job {
     char *hang_cause;      // the watchdog stopped the run as hung: why, until the run's end
     double run_time_s;     // seconds its runs took since submit or the last resume
     double run_start_mono; // clock_mono_s() when its current run started, 0: none
-    char *pause_reason;    // why astraid paused it (its time limit), NULL: none
+} JobWatch;
+
+// Changes on their way to the database (state.c's writer; jobs.c, scheduler.c, history.c): a
+// verb's change is made once its row committed, if version (bumped by every change written) is
+// still the one it was planned on; changing counts them. unsaved: a submit not committed yet;
+// removing: rm or the retention, its rows being deleted. Neither is shown to clients.
+typedef struct {
+    long version;
+    int changing, unsaved, removing;
+    int launching; // its start is on its way: the row that must commit before it (scheduler.c)
+    int row_stale; // its last row did not commit: it is written again (jobs.c, resave)
+} JobRows;
+
+// Its run as the run site keeps it (runner.c, slurm.c): opaque to the rest.
+typedef struct {
+    Run *run;        // the ranks of its run under the local site, while they live
+    SlurmRun *slurm; // its Slurm job under the slurm site, until it ended
+    long slurm_id;   // the Slurm job id of its last run (slurm site), 0: none
+    int unsubmitted; // slurm: its last run's sbatch failed, so the next try takes its number
+} JobSiteRun;
+
+typedef struct Job {
+    long id;
+    char *name;
+    JobState state;
+    JobState shown_state; // the state of its last row written: what clients see
+    cJSON *spec;          // as submitted, plus the defaulted ckpt_dir: what is shown of it
+    JobSpec js;           // spec parsed once (at submit, or at recovery): what is read of it
+    char *spec_error;     // why a stored spec no longer parses (recovery): no run starts; NULL
+    char *spec_text;      // spec printed (by jobs_adopt), for the JOB objects
+    char *ckpt_dir;
+    char *ckpt_real; // ckpt_dir's canonical form (job_ckpt_dir_resolve), NULL: did not resolve
+    long restarts, max_restarts, priority, n_devices;
+    // restarts since this astraid started, for /metrics' counter: never reset, unlike
+    // restarts (reset by resume and by a run that saved new progress)
+    long restarts_total;
+    int *want_ids; // (n_devices,) device ids the spec names, or NULL for any
+    int *devices;  // (n_devices,) ids held while a run is alive, else NULL
+    char *last_checkpoint, *error;
+    long submitted_by;                          // uid, -1 when unknown (tcp)
+    double created_at, started_at, finished_at; // unix seconds, 0: not yet
+    int resume;                                 // the next run adds --resume=true
+    long runs;                                  // runs started so far (run<N>-rank<R>.log)
+    double hold_until;  // restart backoff: not started before this clock_mono_s()
+    long start_retries; // runs in a row that could not start for want of a resource (fds, memory)
+    int ending;         // its run ended: what it left (progress, checkpoints) is being read
+    char *pause_reason; // why astraid paused it (its time limit), NULL: none
+    LogLine *log;       // (JOB_LOG_LINES,) ring of the last output lines, NULL until the first
+                        // one and again once the job is final (its logs are then read from disk)
+    int log_start, log_len;
+    JobText *text; // its JOB object's last text (job_to_raw_json), NULL: none kept
+    // the parts each owned by one file
+    JobProgressView progress; // progress_reader.c
+    JobWatch watch;           // watchdog.c
+    JobRows rows;             // the state file's writes
+    JobSiteRun site;          // runner.c or slurm.c
     struct Job *next;
 } Job;
 

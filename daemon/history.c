@@ -135,7 +135,7 @@ static void rows_removed(void *arg, const Err *err) {
     job_changed(NULL, JOB_GONE, NULL); // the jobs are gone, or shown again (the database failed)
     for (size_t i = 0; i < r->n; i++) {
         Job *j = r->jobs[i];
-        j->removing = 0;
+        j->rows.removing = 0;
         if (err->msg[0]) continue; // the database failed: the job stays
         log_info("job %ld removed%s", j->id, r->done ? "" : " (keep-finished)");
         remove_run_dir(j);
@@ -163,15 +163,15 @@ static int remove_jobs(Deletion *r, Err *err) {
         return -1;
     }
     for (size_t i = 0; i < r->n; i++)
-        r->jobs[i]->removing = 1;
+        r->jobs[i]->rows.removing = 1;
     job_changed(NULL, JOB_GONE, NULL); // hidden from now on
     return 0;
 }
 
 // A final job whose ranks are gone and that no change or removal is under way for.
 static int removable(const Job *j) {
-    return job_is_final(j->state) && !job_has_run(j) && !j->ending && !j->changing &&
-           !j->removing && !j->launching; // its start's preflight holds it
+    return job_is_final(j->state) && !job_has_run(j) && !j->ending && !j->rows.changing &&
+           !j->rows.removing && !j->rows.launching; // its start's preflight holds it
 }
 
 int job_remove(Job *j, ChangeDone done, void *arg, int *code, Err *err) {
@@ -181,8 +181,8 @@ int job_remove(Job *j, ChangeDone done, void *arg, int *code, Err *err) {
                        "job %ld is %s%s: cannot rm (only a completed, failed or cancelled job)",
                        j->id, job_state_name(j->state),
                        job_has_run(j) || j->ending ? " and its ranks are still exiting"
-                       : j->changing               ? " and a change of it is being written"
-                       : j->launching              ? " and its start is being checked"
+                       : j->rows.changing          ? " and a change of it is being written"
+                       : j->rows.launching         ? " and its start is being checked"
                                                    : "");
     }
     Deletion *r = malloc(sizeof *r);

@@ -122,25 +122,26 @@ static void describe(const Job *j, Out *o, cJSON *obj) {
     if (o->tree)
         tree_add(obj, "spec",
                  j->spec_text ? cJSON_CreateRaw(j->spec_text) : cJSON_Duplicate(j->spec, 1));
-    out_number(o, obj, "step", (double)j->step, 1);
-    out_number(o, obj, "total_steps", (double)j->total_steps, 1);
-    out_number(o, obj, "epoch", (double)j->epoch, 1);
-    out_metric(o, obj, "loss", j->loss, j->has_progress);
-    out_metric(o, obj, "lr", j->lr, j->has_progress);
-    out_metric(o, obj, "grad_norm", j->grad_norm, j->has_progress);
-    out_metric(o, obj, "tokens_per_s", j->tokens_per_s, j->has_progress);
-    out_metric(o, obj, "eta_s", j->eta_s, j->has_progress && j->eta_s >= 0);
-    out_metric(o, obj, "val_loss", j->val_loss, j->has_val_loss);
-    out_metric(o, obj, "loss_scale", j->loss_scale, j->has_loss_scale);
-    out_number(o, obj, "skipped_steps", (double)j->skipped_steps, j->has_loss_scale);
+    out_number(o, obj, "step", (double)j->progress.step, 1);
+    out_number(o, obj, "total_steps", (double)j->progress.total_steps, 1);
+    out_number(o, obj, "epoch", (double)j->progress.epoch, 1);
+    out_metric(o, obj, "loss", j->progress.loss, j->progress.has_step);
+    out_metric(o, obj, "lr", j->progress.lr, j->progress.has_step);
+    out_metric(o, obj, "grad_norm", j->progress.grad_norm, j->progress.has_step);
+    out_metric(o, obj, "tokens_per_s", j->progress.tokens_per_s, j->progress.has_step);
+    out_metric(o, obj, "eta_s", j->progress.eta_s, j->progress.has_step && j->progress.eta_s >= 0);
+    out_metric(o, obj, "val_loss", j->progress.val_loss, j->progress.has_val_loss);
+    out_metric(o, obj, "loss_scale", j->progress.loss_scale, j->progress.has_loss_scale);
+    out_number(o, obj, "skipped_steps", (double)j->progress.skipped_steps,
+               j->progress.has_loss_scale);
     out_number(o, obj, "restarts", (double)j->restarts, 1);
-    out_number(o, obj, "hangs", (double)j->hangs, 1);
-    out_string(o, obj, "phase", j->phase);
+    out_number(o, obj, "hangs", (double)j->watch.hangs, 1);
+    out_string(o, obj, "phase", j->watch.phase);
     double left = job_time_left_s(j); // whole seconds: the text is not printed anew each time
     out_number(o, obj, "time_left_s", floor(left), left >= 0);
     out_string(o, obj, "pause_reason", j->pause_reason);
     if (astraid.site->run_state) {
-        out_number(o, obj, "slurm_job", (double)j->slurm_id, j->slurm_id > 0);
+        out_number(o, obj, "slurm_job", (double)j->site.slurm_id, j->site.slurm_id > 0);
         out_string(o, obj, "slurm_state", astraid.site->run_state(j));
     }
     long n_devices = j->devices ? j->n_devices : 0;
@@ -153,7 +154,7 @@ static void describe(const Job *j, Out *o, cJSON *obj) {
     describe_ranks(j, o, obj);
     out_string(o, obj, "last_checkpoint", j->last_checkpoint);
     out_string(o, obj, "error", j->error);
-    out_string(o, obj, "progress_error", j->progress_error);
+    out_string(o, obj, "progress_error", j->progress.error);
     out_number(o, obj, "submitted_by", (double)j->submitted_by, j->submitted_by >= 0);
     out_time(o, obj, "created_at", j->created_at);
     out_time(o, obj, "started_at", j->started_at);

@@ -66,7 +66,7 @@ int job_state_parse(const char *name, JobState *out) {
 }
 
 int job_visible(const Job *j) {
-    return !j->unsaved && !j->removing;
+    return !j->rows.unsaved && !j->rows.removing;
 }
 
 // The adopted jobs by ascending id, as in astraid.jobs: a request finds its job in
@@ -399,7 +399,7 @@ static void submit_written(void *arg, const Err *err) {
         submit_refused(s, RPC_INTERNAL_ERROR, err);
         return;
     }
-    j->unsaved = 0;
+    j->rows.unsaved = 0;
     state_event(j->id, "submitted", j->name);
     log_info("job %ld (%s) submitted by uid %ld", j->id, j->name, j->submitted_by);
     shown_changed(j);
@@ -442,7 +442,7 @@ int jobs_submit(const cJSON *spec, long uid, ChangeDone done, void *arg, long *i
         return -1;
     }
     *s = (Submit){j, done, arg}; // before the check or write completes: both run off the loop
-    j->unsaved = 1;
+    j->rows.unsaved = 1;
     astraid.next_id = j->id + 1;
     jobs_adopt(j);
     *id = j->id;
@@ -486,11 +486,11 @@ static long resave_tries; // in a row since a row last committed
 static void resave(uv_timer_t *t) {
     (void)t;
     for (Job *j = astraid.jobs; j; j = j->next)
-        if (j->row_stale && !j->removing) job_save(j);
+        if (j->rows.row_stale && !j->rows.removing) job_save(j);
 }
 
 static void resave_later(Job *j) {
-    j->row_stale = 1;
+    j->rows.row_stale = 1;
     if (astraid.stopping || state_damage()) return;
     if (!resave_ready) {
         uv_timer_init(astraid.loop, &resave_timer);
@@ -515,8 +515,8 @@ static void saved(void *arg, const Err *err) {
     s->job->shown_state = s->state; // shown whatever the disk said (the failure is logged)
     if (err->msg[0]) {
         resave_later(s->job);
-    } else if (s->version == s->job->version) {
-        s->job->row_stale = 0;
+    } else if (s->version == s->job->rows.version) {
+        s->job->rows.row_stale = 0;
         resave_tries = 0;
     }
     shown_changed(s->job);
@@ -524,9 +524,9 @@ static void saved(void *arg, const Err *err) {
 }
 
 void job_save(Job *j) {
-    j->version++;
+    j->rows.version++;
     Saved *s = malloc(sizeof *s);
-    if (s) *s = (Saved){j, j->state, j->version};
+    if (s) *s = (Saved){j, j->state, j->rows.version};
     if (!s || state_save_job(j, saved, s, NULL)) {
         free(s);
         j->shown_state = j->state; // not written: shown as it is
@@ -570,14 +570,14 @@ static void change_written(void *arg, const Err *err);
 
 // Checks the verb on j as it is and queues its row: the job as the verb makes it.
 static int plan(Job *j, Change *c, int *code, Err *err) {
-    if (j->removing) {
+    if (j->rows.removing) {
         *code = RPC_BAD_STATE;
         return err_set(err, "job %ld is being removed: cannot %s", j->id, c->verb->name);
     }
     if (c->verb->check(j, code, err)) return -1;
     Job next = *j;
     c->verb->change(&next, 0);
-    c->version = j->version;
+    c->version = j->rows.version;
     if (state_save_job(&next, change_written, c, err)) {
         *code = RPC_INTERNAL_ERROR;
         return -1;
@@ -586,7 +586,7 @@ static int plan(Job *j, Change *c, int *code, Err *err) {
 }
 
 static void change_finish(Change *c, int code, const Err *err) {
-    c->job->changing--;
+    c->job->rows.changing--;
     c->done(c->arg, code, err);
     free(c);
 }
@@ -603,7 +603,7 @@ static void change_written(void *arg, const Err *err) {
         change_finish(c, code, err);
         return;
     }
-    if (j->version != c->version) {
+    if (j->rows.version != c->version) {
         if (plan(j, c, &code, &again)) {
             job_save(j);
             change_finish(c, code, &again);
@@ -612,7 +612,7 @@ static void change_written(void *arg, const Err *err) {
     }
     JobState from = j->state;
     c->verb->change(j, 1);
-    j->version++;
+    j->rows.version++;
     j->shown_state = j->state;
     announce_state(j, from);
     shown_changed(j);
@@ -631,7 +631,7 @@ static int change_job(Job *j, const Verb *verb, ChangeDone done, void *arg, int 
         free(c);
         return -1;
     }
-    j->changing++;
+    j->rows.changing++;
     return 0;
 }
 
@@ -675,7 +675,7 @@ static void resume_change(Job *j, int real) {
     j->restarts = 0;
     j->hold_until = 0;
     j->finished_at = 0;
-    j->run_time_s = 0; // max_duration_hours counts from the resume
+    j->watch.run_time_s = 0; // max_duration_hours counts from the resume
     if (real) {
         free(j->error);
         free(j->pause_reason);
@@ -815,9 +815,9 @@ int job_run_spec(const Job *j, JobSpec *run, Err *err) {
 // the ranks' exit status alone tells.
 static int reached_end(const Job *j) {
     if (j->js.train.start_epoch > 0 || j->js.train.start_samples > 0) return 1;
-    long end = j->total_steps, max_steps = j->js.train.max_steps;
+    long end = j->progress.total_steps, max_steps = j->js.train.max_steps;
     if (max_steps > 0 && max_steps < end) end = max_steps;
-    return j->has_progress && end > 0 && j->step >= end;
+    return j->progress.has_step && end > 0 && j->progress.step >= end;
 }
 
 // Why a run that astraid did not stop ended before its end: a rank stopped by a signal from
@@ -827,11 +827,11 @@ static char *interrupted_cause(const Job *j, const RunOutcome *o) {
     snprintf(head, sizeof head,
              "interrupted at step %ld of %ld by a stop astraid did not send (SIGTERM/SIGINT from "
              "outside)",
-             j->step, j->total_steps);
+             j->progress.step, j->progress.total_steps);
     if (o->interrupted && o->cause) return join(head, o->cause);
     snprintf(head, sizeof head,
-             "the run ended at step %ld of %ld, before its end, with exit code 0", j->step,
-             j->total_steps);
+             "the run ended at step %ld of %ld, before its end, with exit code 0", j->progress.step,
+             j->progress.total_steps);
     return strdup(head);
 }
 
@@ -876,7 +876,7 @@ static void run_end_decide(Job *j, RunOutcome o) {
     else if ((o.stop == STOP_NONE || o.stop == STOP_HANG) && j->state == JOB_PAUSING &&
              (o.failed || !reached_end(j)))
         o.stop = STOP_PAUSE;
-    j->eta_s = -1; // until a run measures it again
+    j->progress.eta_s = -1; // until a run measures it again
     if (!o.transient) j->start_retries = 0;
     int short_end = o.stop == STOP_NONE && !o.failed && (o.interrupted || !reached_end(j));
     const char *outcome = o.stop == STOP_CANCEL     ? "cancelled"
@@ -895,7 +895,7 @@ static void run_end_decide(Job *j, RunOutcome o) {
         job_set_state(j, JOB_PAUSED);
         if (j->pause_reason) job_changed(j, JOB_EVENT, "time_limit");
     } else if (o.stop == STOP_HANG)
-        on_failure(j, j->hang_cause ? j->hang_cause : "hang", 0, o.started_from);
+        on_failure(j, j->watch.hang_cause ? j->watch.hang_cause : "hang", 0, o.started_from);
     else if (o.failed && o.transient)
         start_later(j, o.cause ? o.cause : "a rank could not be started");
     else if (o.failed)
@@ -907,14 +907,14 @@ static void run_end_decide(Job *j, RunOutcome o) {
     } else {
         free(j->error);
         j->error = NULL;
-        j->eta_s = 0;
+        j->progress.eta_s = 0;
         free(j->pause_reason); // a time limit reached as the run got to its end
         j->pause_reason = NULL;
         job_set_state(j, JOB_COMPLETED);
         job_changed(j, JOB_EVENT, "completed");
     }
-    free(j->hang_cause);
-    j->hang_cause = NULL;
+    free(j->watch.hang_cause);
+    j->watch.hang_cause = NULL;
     if (astraid.stopping)
         daemon_maybe_finish();
     else
@@ -948,7 +948,7 @@ void job_run_ended(Job *j, const RunOutcome *o) {
         e->o.cause = e->cause = o->cause ? strdup(o->cause) : NULL;
         e->o.started_from = e->started_from = o->started_from ? strdup(o->started_from) : NULL;
         e->ckpt_dir = strdup(j->ckpt_dir);
-        e->total_steps = j->total_steps;
+        e->total_steps = j->progress.total_steps;
     }
     if (!e || !e->ckpt_dir || job_run_dir(j, e->run_dir, sizeof e->run_dir) ||
         state_queue_work(run_end_read, run_end_read_done, e, &err)) {
@@ -975,13 +975,13 @@ void job_free(Job *j) {
     job_text_free(j->text);
     free(j->want_ids);
     free(j->devices);
-    free(j->progress_error);
+    free(j->progress.error);
     job_spec_free(&j->js);
     free(j->spec_error);
     free(j->last_checkpoint);
     free(j->error);
-    free(j->phase);
-    free(j->hang_cause);
+    free(j->watch.phase);
+    free(j->watch.hang_cause);
     free(j->pause_reason);
     free(j);
 }

@@ -205,7 +205,7 @@ void progress_read_dir(const char *run_dir, long total_steps, JobProgress *p) {
 // poll) never takes the ranks for silent. Never after the read, never before the run's
 // progress seen before: a wall clock set meanwhile moves it no further.
 static double progress_mono(const Job *j, const JobProgress *p, double wall) {
-    double since = fmax(j->seen_mono, j->run_start_mono);
+    double since = fmax(j->watch.seen_mono, j->watch.run_start_mono);
     return fmax(since, p->read_mono - fmax(0, p->read_wall - wall));
 }
 
@@ -217,68 +217,69 @@ static int watch_progress(Job *j, JobProgress *p) {
         free(p->phase);
         p->phase = NULL;
     }
-    int phase = !j->phase != !p->phase ||
-                (p->phase && (strcmp(j->phase, p->phase) || j->phase_since != p->phase_since));
-    int step = p->has_step && p->step_wall >= j->started_at && p->step != j->seen_step;
+    int phase =
+        !j->watch.phase != !p->phase ||
+        (p->phase && (strcmp(j->watch.phase, p->phase) || j->watch.phase_since != p->phase_since));
+    int step = p->has_step && p->step_wall >= j->started_at && p->step != j->watch.seen_step;
     if (step || phase)
-        j->seen_mono =
+        j->watch.seen_mono =
             progress_mono(j, p, fmax(step ? p->step_wall : 0, phase ? p->phase_since : 0));
-    if (p->has_step) j->read_mono = p->read_mono;
-    if (step) j->seen_step = p->step;
-    if (p->step_median_s > 0) j->step_median_s = p->step_median_s;
+    if (p->has_step) j->watch.read_mono = p->read_mono;
+    if (step) j->watch.seen_step = p->step;
+    if (p->step_median_s > 0) j->watch.step_median_s = p->step_median_s;
     if (phase) {
-        free(j->phase);
-        j->phase = p->phase;
-        j->phase_since = p->phase_since;
+        free(j->watch.phase);
+        j->watch.phase = p->phase;
+        j->watch.phase_since = p->phase_since;
         p->phase = NULL;
     }
     return phase;
 }
 
 int progress_apply(Job *j, JobProgress *p) {
-    int changed = !j->progress_seen;
-    j->progress_seen = 1;
+    int changed = !j->progress.seen;
+    j->progress.seen = 1;
     if (!p->opened) return changed;
-    if (!p->error != !j->progress_error ||
-        (p->error && strcmp(p->error, j->progress_error))) { // news: a new failure, or over
+    if (!p->error != !j->progress.error ||
+        (p->error && strcmp(p->error, j->progress.error))) { // news: a new failure, or over
         if (p->error) log_warn("job %ld: %s", j->id, p->error);
-        free(j->progress_error);
-        j->progress_error = p->error;
+        free(j->progress.error);
+        j->progress.error = p->error;
         p->error = NULL;
         changed = 1;
     }
     changed |= watch_progress(j, p);
-    if (p->has_total && p->total_steps != j->total_steps) {
-        j->total_steps = p->total_steps;
+    if (p->has_total && p->total_steps != j->progress.total_steps) {
+        j->progress.total_steps = p->total_steps;
         changed = 1;
     }
     if (p->has_step) {
-        changed |= p->step != j->step;
-        j->step = p->step;
-        j->epoch = p->epoch;
-        j->loss = p->loss;
-        j->lr = p->lr;
-        j->grad_norm = p->grad_norm;
-        j->tokens_per_s = p->tokens_per_s;
-        j->has_progress = 1;
+        changed |= p->step != j->progress.step;
+        j->progress.step = p->step;
+        j->progress.epoch = p->epoch;
+        j->progress.loss = p->loss;
+        j->progress.lr = p->lr;
+        j->progress.grad_norm = p->grad_norm;
+        j->progress.tokens_per_s = p->tokens_per_s;
+        j->progress.has_step = 1;
     }
-    j->eta_s = p->eta_s;
+    j->progress.eta_s = p->eta_s;
     if (p->checkpoint && (!j->last_checkpoint || strcmp(p->checkpoint, j->last_checkpoint))) {
         free(j->last_checkpoint);
         j->last_checkpoint = p->checkpoint;
         p->checkpoint = NULL;
         changed = 1;
     }
-    if (p->has_val && (!j->has_val_loss || p->val_loss != j->val_loss)) {
-        j->val_loss = p->val_loss;
-        j->has_val_loss = 1;
+    if (p->has_val && (!j->progress.has_val_loss || p->val_loss != j->progress.val_loss)) {
+        j->progress.val_loss = p->val_loss;
+        j->progress.has_val_loss = 1;
         changed = 1;
     }
-    if (p->has_scale && (!j->has_loss_scale || p->loss_scale != j->loss_scale ||
-                         p->skipped_steps != j->skipped_steps)) {
-        j->loss_scale = p->loss_scale;
-        j->skipped_steps = p->skipped_steps;
-        j->has_loss_scale = 1;
+    if (p->has_scale && (!j->progress.has_loss_scale || p->loss_scale != j->progress.loss_scale ||
+                         p->skipped_steps != j->progress.skipped_steps)) {
+        j->progress.loss_scale = p->loss_scale;
+        j->progress.skipped_steps = p->skipped_steps;
+        j->progress.has_loss_scale = 1;
         changed = 1;
     }
     free(p->checkpoint);
@@ -390,7 +391,7 @@ static void poll_done(uv_work_t *req, int status) {
         PollItem *it = &poll->items[k];
         while (j && j->id < it->id)
             j = j->next;
-        int current = j && j->id == it->id && (it->running ? job_has_run(j) : !j->progress_seen);
+        int current = j && j->id == it->id && (it->running ? job_has_run(j) : !j->progress.seen);
         if (!status && current && progress_apply(j, &it->p) && it->running)
             job_changed(j, JOB_PROGRESS, NULL);
         free(it->p.checkpoint);
@@ -407,7 +408,7 @@ static void poll_start(void) {
     if (polling) return; // a slow disk: the next tick after that poll is done
     size_t n = 0;
     for (Job *j = astraid.jobs; j; j = j->next)
-        n += job_has_run(j) || (!j->progress_seen && !j->ending && !j->unsaved);
+        n += job_has_run(j) || (!j->progress.seen && !j->ending && !j->rows.unsaved);
     if (!n) return;
     Poll *poll = calloc(1, sizeof *poll);
     PollItem *items = poll ? calloc(n, sizeof *items) : NULL;
@@ -416,11 +417,11 @@ static void poll_start(void) {
         return;
     }
     for (Job *j = astraid.jobs; j; j = j->next) {
-        if (!job_has_run(j) && (j->progress_seen || j->ending || j->unsaved)) continue;
+        if (!job_has_run(j) && (j->progress.seen || j->ending || j->rows.unsaved)) continue;
         PollItem *it = &items[poll->n];
         it->id = j->id;
         it->running = job_has_run(j);
-        it->total_steps = j->total_steps;
+        it->total_steps = j->progress.total_steps;
         if (!job_run_dir(j, it->run_dir, sizeof it->run_dir)) poll->n++;
     }
     poll->items = items;

@@ -83,12 +83,12 @@ int runner_alive(void) {
 }
 
 int runner_ranks(const Job *j) {
-    return j->run && !j->run->ended ? j->run->n : 0;
+    return j->site.run && !j->site.run->ended ? j->site.run->n : 0;
 }
 
 pid_t runner_rank_pid(const Job *j, int r) {
     if (r < 0 || r >= runner_ranks(j)) return 0;
-    const RankExit *rk = &j->run->g.rank[r];
+    const RankExit *rk = &j->site.run->g.rank[r];
     return rk->alive ? rk->pid : 0;
 }
 
@@ -180,7 +180,7 @@ static void run_end(Run *run) {
                     .cause = cause,
                     .started_from = run->started_from};
     Job *j = run->job;
-    j->run = NULL;
+    j->site.run = NULL;
     job_run_ended(j, &o);
     free(cause);
 }
@@ -445,7 +445,7 @@ static int local_start(Job *j, Err *err) {
     memcpy(run->shm_name, l.shm_name, sizeof run->shm_name);
     run->n = (int)j->n_devices;
     run->started_from = j->last_checkpoint ? strdup(j->last_checkpoint) : NULL;
-    j->run = run;
+    j->site.run = run;
     j->runs++;
     runs_alive++;
     job_set_state(j, JOB_STARTING);
@@ -470,7 +470,7 @@ static int local_start(Job *j, Err *err) {
 // ---------------------------------------------------------------- control
 
 static void local_stop(Job *j, StopKind why) {
-    Run *run = j->run;
+    Run *run = j->site.run;
     if (!run || run->ended) return;
     ranks_stop_asked(&run->g); // their exits from now on are expected
     if (why == STOP_CANCEL || (why == STOP_SHUTDOWN && run->shutdown_asked)) {
@@ -491,11 +491,11 @@ static void local_stop(Job *j, StopKind why) {
 }
 
 static void local_checkpoint(Job *j) {
-    if (j->run) send_control(j->run, "checkpoint\n");
+    if (j->site.run) send_control(j->site.run, "checkpoint\n");
 }
 
 static int local_has_run(const Job *j) {
-    return j->run != NULL;
+    return j->site.run != NULL;
 }
 
 const RunSite LOCAL_SITE = {.name = "local",

@@ -178,7 +178,8 @@ static Job *queue_head(double now, double *earliest) {
     Job *best = NULL;
     for (Job *j = astraid.jobs; j; j = j->next) {
         // unsaved: not acknowledged yet; a run: a Slurm job pending in Slurm's own queue
-        if (j->state != JOB_QUEUED || j->unsaved || j->launching || job_has_run(j)) continue;
+        if (j->state != JOB_QUEUED || j->rows.unsaved || j->rows.launching || job_has_run(j))
+            continue;
         if (j->hold_until > now) {
             if (!*earliest || j->hold_until < *earliest) *earliest = j->hold_until;
             continue;
@@ -216,9 +217,9 @@ typedef struct {
 static void start_or_release(Launch *l, const Err *err) {
     Job *j = l->job;
     Err serr = {0};
-    if (j->state != JOB_QUEUED || j->version != l->version) {
+    if (j->state != JOB_QUEUED || j->rows.version != l->version) {
         devices_release(j);
-        if (!j->removing) job_save(j); // (a removed job's rows go)
+        if (!j->rows.removing) job_save(j); // (a removed job's rows go)
     } else if (err->msg[0]) {
         devices_release(j);
         job_start_failed(j, err); // queued again after a backoff
@@ -233,7 +234,7 @@ static void start_or_release(Launch *l, const Err *err) {
 }
 
 static void start_decided(Launch *l, const Err *err) {
-    l->job->launching = 0;
+    l->job->rows.launching = 0;
     // Cancelled while its preflight ran: the retention, which could not remove it then, may now.
     if (job_is_final(l->job->state)) job_changed(l->job, JOB_FINAL, NULL);
     start_or_release(l, err);
@@ -255,9 +256,11 @@ static void start_written(void *arg, const Err *err) {
     Job *j = l->job;
     Err perr = {0};
     int gpus = astraid.devices.gpu && astraid.site->takes_devices && j->devices;
-    long left = j->total_steps > j->step ? j->total_steps - j->step : 0;
+    long left =
+        j->progress.total_steps > j->progress.step ? j->progress.total_steps - j->progress.step : 0;
     JobSpec run;
-    if (!err->msg[0] && j->state == JOB_QUEUED && j->version == l->version && !astraid.stopping) {
+    if (!err->msg[0] && j->state == JOB_QUEUED && j->rows.version == l->version &&
+        !astraid.stopping) {
         if (!job_run_spec(j, &run, &perr) &&
             !preflight_run(&run, j->ckpt_dir, left, gpus ? j->devices : NULL,
                            gpus ? (int)j->n_devices : 0, preflight_done, l, &perr))
@@ -283,7 +286,7 @@ void scheduler_kick(void) {
         int taken = !j ? 0 : !astraid.site->takes_devices ? 1 : devices_take(j, &err);
         if (!taken) return;
         Launch *l = taken > 0 ? malloc(sizeof *l) : NULL;
-        if (l) *l = (Launch){j, j->version};
+        if (l) *l = (Launch){j, j->rows.version};
         if (!l || state_save_job(j, start_written, l, &err)) {
             if (!err.msg[0]) err_resource(&err, "out of memory starting job %ld", j->id);
             free(l);
@@ -291,6 +294,6 @@ void scheduler_kick(void) {
             job_start_failed(j, &err);
             continue;
         }
-        j->launching = 1;
+        j->rows.launching = 1;
     }
 }

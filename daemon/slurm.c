@@ -414,7 +414,7 @@ static void send_asks(void);
 
 // The run is over for astraid: the job decides what comes next.
 static void run_over(SlurmRun *r, const RunOutcome *o) {
-    r->job->slurm = NULL;
+    r->job->site.slurm = NULL;
     job_run_ended(r->job, o);
     run_free(r);
 }
@@ -430,7 +430,7 @@ static void start_failed(Job *j, SlurmRun *r, Err *err) {
                     .bad_input = !err->resource,
                     .cause = err->msg,
                     .started_from = r->started_from};
-    j->unsubmitted = 1;
+    j->site.unsubmitted = 1;
     run_over(r, &o);
 }
 
@@ -438,13 +438,13 @@ static void start_done(uv_work_t *req, int status) {
     (void)status;
     Sbatch *s = req->data;
     Job *j = job_find(s->job);
-    SlurmRun *r = j ? j->slurm : NULL;
+    SlurmRun *r = j ? j->site.slurm : NULL;
     if (r && s->err.msg[0]) {
         start_failed(j, r, &s->err);
     } else if (r) {
-        j->slurm_id = s->slurm_id;
-        j->unsubmitted = 0;
-        log_info("job %ld: run %ld is Slurm job %ld", j->id, r->run_no, j->slurm_id);
+        j->site.slurm_id = s->slurm_id;
+        j->site.unsubmitted = 0;
+        log_info("job %ld: run %ld is Slurm job %ld", j->id, r->run_no, j->site.slurm_id);
         state_event(j->id, "slurm", s->path);
         job_save(j); // its Slurm id, before anything is asked of that job
         send_asks(); // what was asked while sbatch ran
@@ -457,7 +457,7 @@ static void start_done(uv_work_t *req, int status) {
 // running). Ends through job_run_ended like a local run.
 static int slurm_start(Job *j, Err *err) {
     // A run whose sbatch failed never was a Slurm job: its next try takes its number again.
-    long run_no = j->unsubmitted ? j->runs : j->runs + 1;
+    long run_no = j->site.unsubmitted ? j->runs : j->runs + 1;
     SlurmRun *r = run_new(j);
     Sbatch *s = r ? sbatch_new(j, run_no, 0, err) : NULL;
     if (!s) {
@@ -469,12 +469,12 @@ static int slurm_start(Job *j, Err *err) {
     }
     j->runs = run_no;
     r->run_no = j->runs;
-    j->slurm = r;
-    j->slurm_id = 0;
+    j->site.slurm = r;
+    j->site.slurm_id = 0;
     state_run_started(j, NULL, 0); // open until the run ends: at a restart, astraid looks for it
     if (uv_queue_work(astraid.loop, &s->req, sbatch_work, start_done)) {
-        j->slurm = NULL;
-        j->unsubmitted = 1;
+        j->site.slurm = NULL;
+        j->site.unsubmitted = 1;
         run_free(r);
         sbatch_free(s);
         return err_resource(err, "cannot queue sbatch");
@@ -521,9 +521,9 @@ static Job *next_ask(void) {
     double now = clock_mono_s();
     Job *pick = NULL;
     for (Job *j = astraid.jobs; j; j = j->next) {
-        const SlurmRun *r = j->slurm;
-        if (r && j->slurm_id && r->ask && r->ask_at <= now && ask_signal(r) &&
-            (!pick || r->ask_at < pick->slurm->ask_at))
+        const SlurmRun *r = j->site.slurm;
+        if (r && j->site.slurm_id && r->ask && r->ask_at <= now && ask_signal(r) &&
+            (!pick || r->ask_at < pick->site.slurm->ask_at))
             pick = j;
     }
     return pick;
@@ -533,10 +533,10 @@ static void scancel_done(uv_work_t *req, int status) {
     (void)status;
     Scancel *c = req->data;
     Job *j = job_find(c->job);
-    SlurmRun *r = j ? j->slurm : NULL;
+    SlurmRun *r = j ? j->site.slurm : NULL;
     scancel_busy = 0;
     // Of the run it was sent to, and not replaced meanwhile by a stronger ask.
-    if (r && r->run_no == c->run_no && j->slurm_id == c->slurm_id && r->ask == c->ask) {
+    if (r && r->run_no == c->run_no && j->site.slurm_id == c->slurm_id && r->ask == c->ask) {
         if (!c->err.msg[0]) {
             if (r->ask_tries)
                 log_info("job %ld: Slurm job %ld took the %s (after %ld failed tr%s)", j->id,
@@ -561,8 +561,8 @@ static void send_asks(void) {
     Job *j = scancel_busy || astraid.stopping ? NULL : next_ask();
     Scancel *c = j ? calloc(1, sizeof *c) : NULL;
     if (!c) return; // none due, or no memory: the next poll tries again
-    const SlurmRun *r = j->slurm;
-    *c = (Scancel){.job = j->id, .slurm_id = j->slurm_id, .run_no = r->run_no, .ask = r->ask};
+    const SlurmRun *r = j->site.slurm;
+    *c = (Scancel){.job = j->id, .slurm_id = j->site.slurm_id, .run_no = r->run_no, .ask = r->ask};
     snprintf(c->signal, sizeof c->signal, "%s", ask_signal(r));
     c->req.data = c;
     if (uv_queue_work(astraid.loop, &c->req, scancel_work, scancel_done)) {
@@ -585,7 +585,7 @@ static void ask(SlurmRun *r, Ask a) {
 // its next start). cancel: scancel. What Slurm did not confirm (scancel failed: slurmctld
 // or munge down) is tried again with a backoff until it does or the Slurm job ended.
 static void slurm_stop(Job *j, StopKind why) {
-    SlurmRun *r = j->slurm;
+    SlurmRun *r = j->site.slurm;
     if (!r) return;
     if (why == STOP_SHUTDOWN) return; // the cluster keeps it; astraid tracks it again at start
     if (r->stop == STOP_NONE || why == STOP_CANCEL) r->stop = why;
@@ -594,7 +594,7 @@ static void slurm_stop(Job *j, StopKind why) {
 
 // scancel --signal=USR1, tried again like a stop.
 static void slurm_checkpoint(Job *j) {
-    if (j->slurm) ask(j->slurm, ASK_CHECKPOINT);
+    if (j->site.slurm) ask(j->site.slurm, ASK_CHECKPOINT);
 }
 
 // ---------------------------------------------------------------- the poll
@@ -789,8 +789,8 @@ static void apply_end(SlurmRun *r, const Watch *w) {
 
 static void apply_watch(const Watch *w) {
     Job *j = job_find(w->job);
-    SlurmRun *r = j ? j->slurm : NULL;
-    if (!r || r->run_no != w->run_no || j->slurm_id != w->slurm_id) return;
+    SlurmRun *r = j ? j->site.slurm : NULL;
+    if (!r || r->run_no != w->run_no || j->site.slurm_id != w->slurm_id) return;
     for (int rank = 0; rank < w->n_ranks && rank < r->n_ranks; rank++) {
         r->log_off[rank] = w->log_off[rank];
         if (w->lines[rank]) take_lines(j, rank, w->lines[rank]);
@@ -829,7 +829,7 @@ static void poll_free(Poll *p) {
 // squeue answers again: what waited for Slurm is asked now, not after its backoff.
 static void asks_due_now(void) {
     for (Job *j = astraid.jobs; j; j = j->next)
-        if (j->slurm) j->slurm->ask_at = 0;
+        if (j->site.slurm) j->site.slurm->ask_at = 0;
 }
 
 static void poll_done(uv_work_t *req, int status) {
@@ -850,7 +850,7 @@ static void on_poll(uv_timer_t *t) {
     send_asks(); // those whose backoff ended
     int n = 0;
     for (Job *j = astraid.jobs; j; j = j->next)
-        n += j->slurm && j->slurm_id;
+        n += j->site.slurm && j->site.slurm_id;
     if (poll_busy || n == 0) return;
     Poll *p = calloc(1, sizeof *p);
     if (p) p->w = calloc((size_t)n, sizeof *p->w);
@@ -859,11 +859,11 @@ static void on_poll(uv_timer_t *t) {
         return;
     }
     for (Job *j = astraid.jobs; j; j = j->next) {
-        SlurmRun *r = j->slurm;
-        if (!r || !j->slurm_id) continue;
+        SlurmRun *r = j->site.slurm;
+        if (!r || !j->site.slurm_id) continue;
         Watch *w = &p->w[p->n];
         *w = (Watch){.job = j->id,
-                     .slurm_id = j->slurm_id,
+                     .slurm_id = j->site.slurm_id,
                      .run_no = r->run_no,
                      .n_ranks = r->n_ranks,
                      .exit_code = -1};
@@ -919,9 +919,9 @@ static void slurm_init(void) {
 
 void slurm_free(void) {
     for (Job *j = astraid.jobs; j; j = j->next)
-        if (j->slurm) {
-            run_free(j->slurm);
-            j->slurm = NULL;
+        if (j->site.slurm) {
+            run_free(j->site.slurm);
+            j->site.slurm = NULL;
         }
 }
 
@@ -952,10 +952,10 @@ static long find_submitted(const Job *j, long run_no) {
 // died before sbatch answered, the job squeue lists with that run's script) is tracked
 // again. -1 when it has none (the run is over: the job is recovered as a local one).
 static int slurm_attach(Job *j) {
-    if (!j->slurm_id && !(j->slurm_id = find_submitted(j, j->runs))) return -1;
+    if (!j->site.slurm_id && !(j->site.slurm_id = find_submitted(j, j->runs))) return -1;
     SlurmRun *r = run_new(j);
     if (!r) return -1;
-    j->slurm = r;
+    j->site.slurm = r;
     // Its logs were taken into the ring before astraid stopped: new lines only.
     char run_dir[PATH_MAX], path[PATH_MAX + 64];
     for (int rank = 0; !job_run_dir(j, run_dir, sizeof run_dir) && rank < r->n_ranks; rank++) {
@@ -970,18 +970,18 @@ static int slurm_attach(Job *j) {
         r->stop = cancel ? STOP_CANCEL : STOP_PAUSE;
         r->ask = cancel ? ASK_CANCEL : ASK_PAUSE;
     }
-    log_info("job %ld: tracking Slurm job %ld again%s%s", j->id, j->slurm_id,
+    log_info("job %ld: tracking Slurm job %ld again%s%s", j->id, j->site.slurm_id,
              r->ask ? ", asking again for its " : "", ASK_NAMES[r->ask]);
     return 0;
 }
 
 // Slurm's word for its live run ("RUNNING"), or NULL.
 static const char *slurm_state(const Job *j) {
-    return j->slurm ? j->slurm->state : NULL;
+    return j->site.slurm ? j->site.slurm->state : NULL;
 }
 
 static int slurm_has_run(const Job *j) {
-    return j->slurm != NULL;
+    return j->site.slurm != NULL;
 }
 
 const RunSite SLURM_SITE = {

@@ -392,13 +392,14 @@ int state_save_job(const Job *j, StateDone done, void *arg, Err *err) {
     put_text(s, job_state_name(j->state));
     put_owned(s, cJSON_PrintUnformatted(j->spec));
     put_text(s, j->ckpt_dir);
-    put_int(s, j->step);
-    put_int(s, j->total_steps);
-    put_int(s, j->epoch);
-    double metrics[] = {j->loss, j->lr, j->grad_norm, j->tokens_per_s, j->eta_s};
+    put_int(s, j->progress.step);
+    put_int(s, j->progress.total_steps);
+    put_int(s, j->progress.epoch);
+    double metrics[] = {j->progress.loss, j->progress.lr, j->progress.grad_norm,
+                        j->progress.tokens_per_s, j->progress.eta_s};
     for (size_t k = 0; k < sizeof metrics / sizeof *metrics; k++)
         put_double(s, metrics[k]);
-    long ints[] = {j->has_progress, j->restarts, j->max_restarts, j->priority, j->n_devices};
+    long ints[] = {j->progress.has_step, j->restarts, j->max_restarts, j->priority, j->n_devices};
     for (size_t k = 0; k < sizeof ints / sizeof *ints; k++)
         put_int(s, ints[k]);
     put_owned(s, ids_json(j->want_ids, j->n_devices));
@@ -410,10 +411,10 @@ int state_save_job(const Job *j, StateDone done, void *arg, Err *err) {
     put_double(s, j->finished_at);
     put_int(s, j->resume);
     put_int(s, j->runs);
-    put_int(s, j->slurm_id);
-    put_int(s, j->hangs);
-    double run_time =
-        j->run_time_s + (j->run_start_mono > 0 ? clock_mono_s() - j->run_start_mono : 0);
+    put_int(s, j->site.slurm_id);
+    put_int(s, j->watch.hangs);
+    double run_time = j->watch.run_time_s +
+                      (j->watch.run_start_mono > 0 ? clock_mono_s() - j->watch.run_start_mono : 0);
     put_double(s, run_time);
     put_text(s, j->pause_reason);
     enqueue(w);
@@ -554,13 +555,14 @@ static Job *job_from_row(sqlite3_stmt *st) {
     const char *spec = (const char *)sqlite3_column_text(st, i++);
     j->spec = spec ? cJSON_Parse(spec) : NULL;
     j->ckpt_dir = column_text(st, i++);
-    j->step = (long)sqlite3_column_int64(st, i++);
-    j->total_steps = (long)sqlite3_column_int64(st, i++);
-    j->epoch = (long)sqlite3_column_int64(st, i++);
-    double *metrics[] = {&j->loss, &j->lr, &j->grad_norm, &j->tokens_per_s, &j->eta_s};
+    j->progress.step = (long)sqlite3_column_int64(st, i++);
+    j->progress.total_steps = (long)sqlite3_column_int64(st, i++);
+    j->progress.epoch = (long)sqlite3_column_int64(st, i++);
+    double *metrics[] = {&j->progress.loss, &j->progress.lr, &j->progress.grad_norm,
+                         &j->progress.tokens_per_s, &j->progress.eta_s};
     for (size_t k = 0; k < sizeof metrics / sizeof *metrics; k++)
         *metrics[k] = sqlite3_column_double(st, i++);
-    j->has_progress = sqlite3_column_int(st, i++);
+    j->progress.has_step = sqlite3_column_int(st, i++);
     long *ints[] = {&j->restarts, &j->max_restarts, &j->priority, &j->n_devices};
     for (size_t k = 0; k < sizeof ints / sizeof *ints; k++)
         *ints[k] = (long)sqlite3_column_int64(st, i++);
@@ -573,9 +575,9 @@ static Job *job_from_row(sqlite3_stmt *st) {
     j->finished_at = sqlite3_column_double(st, i++);
     j->resume = sqlite3_column_int(st, i++);
     j->runs = (long)sqlite3_column_int64(st, i++);
-    j->slurm_id = (long)sqlite3_column_int64(st, i++);
-    j->hangs = (long)sqlite3_column_int64(st, i++);
-    j->run_time_s = sqlite3_column_double(st, i++);
+    j->site.slurm_id = (long)sqlite3_column_int64(st, i++);
+    j->watch.hangs = (long)sqlite3_column_int64(st, i++);
+    j->watch.run_time_s = sqlite3_column_double(st, i++);
     j->pause_reason = column_text(st, i++);
     Err why = {0}; // a spec an older astraid took: the job is shown, no run of it starts
     int bad_spec = j->spec && job_spec_parse(&j->js, j->spec, &why);

@@ -48,30 +48,33 @@ static double last_tick; // clock_mono_s() of the previous tick
 double job_time_left_s(const Job *j) {
     double max_h = j->js.max_duration_hours;
     if (max_h <= 0) return -1;
-    double used = j->run_time_s + (j->run_start_mono > 0 ? clock_mono_s() - j->run_start_mono : 0);
+    double used = j->watch.run_time_s +
+                  (j->watch.run_start_mono > 0 ? clock_mono_s() - j->watch.run_start_mono : 0);
     return fmax(0, max_h * 3600 - used);
 }
 
 void job_watch_run_started(Job *j) {
-    j->run_start_mono = clock_mono_s();
-    j->seen_mono = 0;
-    j->verdict_mono = 0;
-    j->seen_step = j->step;
-    free(j->phase);
-    j->phase = NULL;
+    j->watch.run_start_mono = clock_mono_s();
+    j->watch.seen_mono = 0;
+    j->watch.verdict_mono = 0;
+    j->watch.seen_step = j->progress.step;
+    free(j->watch.phase);
+    j->watch.phase = NULL;
 }
 
 void job_watch_run_ended(Job *j) {
-    if (j->run_start_mono > 0) j->run_time_s += clock_mono_s() - j->run_start_mono;
-    j->run_start_mono = 0;
-    free(j->phase);
-    j->phase = NULL;
+    if (j->watch.run_start_mono > 0)
+        j->watch.run_time_s += clock_mono_s() - j->watch.run_start_mono;
+    j->watch.run_start_mono = 0;
+    free(j->watch.phase);
+    j->watch.phase = NULL;
 }
 
 static double hang_limit_s(const Job *j) {
     double given = j->js.hang_timeout_s;
-    double limit = given > 0 ? given : fmax(HANG_FLOOR_S, HANG_STEP_FACTOR * j->step_median_s);
-    return j->phase ? fmax(PHASE_FACTOR * limit, PHASE_FLOOR_S) : limit;
+    double limit =
+        given > 0 ? given : fmax(HANG_FLOOR_S, HANG_STEP_FACTOR * j->watch.step_median_s);
+    return j->watch.phase ? fmax(PHASE_FACTOR * limit, PHASE_FLOOR_S) : limit;
 }
 
 // ---------------------------------------------------------------- the ranks' stacks
@@ -159,7 +162,7 @@ static void log_to_rank(const Capture *c, int rank, const char *text, size_t len
 static void capture_done(Capture *c) {
     if (--c->pending > 0) return;
     Job *j = job_find(c->job_id);
-    if (j && j->runs == c->run_no && runner_ranks(j) && j->hang_cause)
+    if (j && j->runs == c->run_no && runner_ranks(j) && j->watch.hang_cause)
         astraid.site->stop(j, STOP_HANG);
     free(c);
 }
@@ -239,11 +242,11 @@ static void hang_found(Job *j, double silent_s) {
     snprintf(cause, sizeof cause,
              "hang at step %ld: no new optimizer step for %.1f s (limit %.0f s%s%s%s); silent "
              "rank: %s",
-             j->seen_step, silent_s, hang_limit_s(j), given > 0 ? ", hang_timeout_s" : "",
-             j->phase ? ", in " : "", j->phase ? j->phase : "", who);
-    j->hang_cause = strdup(cause);
-    if (!j->hang_cause) return; // out of memory: found again at the next tick
-    j->hangs++;
+             j->watch.seen_step, silent_s, hang_limit_s(j), given > 0 ? ", hang_timeout_s" : "",
+             j->watch.phase ? ", in " : "", j->watch.phase ? j->watch.phase : "", who);
+    j->watch.hang_cause = strdup(cause);
+    if (!j->watch.hang_cause) return; // out of memory: found again at the next tick
+    j->watch.hangs++;
     log_warn("job %ld: %s; recording the ranks' stacks, then restarting it", j->id, cause);
     state_event(j->id, "hang", cause);
     job_changed(j, JOB_EVENT, "hang");
@@ -253,7 +256,8 @@ static void hang_found(Job *j, double silent_s) {
         astraid.site->stop(j, STOP_HANG);
         return;
     }
-    *c = (Capture){.job_id = j->id, .run_no = j->runs, .step = j->seen_step, .pending = n + 1};
+    *c =
+        (Capture){.job_id = j->id, .run_no = j->runs, .step = j->watch.seen_step, .pending = n + 1};
     for (int r = 0; r < n; r++)
         capture_rank(c, r, runner_rank_pid(j, r));
     capture_done(c); // its own count: the run stops once every rank's stack is recorded
@@ -268,7 +272,7 @@ static void time_limit_reached(Job *j) {
         reason, sizeof reason,
         "max_duration_hours %g (%.1f s of running) reached at step %ld: paused with a checkpoint "
         "at the next step; resume continues",
-        max_h, max_h * 3600, j->step);
+        max_h, max_h * 3600, j->progress.step);
     free(j->pause_reason);
     j->pause_reason = strdup(reason);
     log_warn("job %ld: %s", j->id, reason);
@@ -282,13 +286,13 @@ static void time_limit_reached(Job *j) {
 // A run silent past its limit is hung once a read of its progress begun then (not one under
 // way since before) still shows the silence.
 static void watch_hang(Job *j, double now) {
-    double silent_s = now - j->seen_mono;
+    double silent_s = now - j->watch.seen_mono;
     if (silent_s <= hang_limit_s(j)) {
-        j->verdict_mono = 0;
-    } else if (!j->verdict_mono) {
-        j->verdict_mono = now;
+        j->watch.verdict_mono = 0;
+    } else if (!j->watch.verdict_mono) {
+        j->watch.verdict_mono = now;
         progress_reader_poll_now();
-    } else if (j->read_mono > j->verdict_mono) {
+    } else if (j->watch.read_mono > j->watch.verdict_mono) {
         hang_found(j, silent_s);
     }
 }
@@ -309,15 +313,16 @@ static void on_tick(uv_timer_t *t) {
     double now = clock_mono_s();
     int late = loop_was_late(now);
     for (Job *j = astraid.jobs; j; j = j->next) {
-        if (j->state != JOB_RUNNING || !job_has_run(j) || j->hang_cause || j->changing) continue;
+        if (j->state != JOB_RUNNING || !job_has_run(j) || j->watch.hang_cause || j->rows.changing)
+            continue;
         if (job_time_left_s(j) == 0) {
             time_limit_reached(j);
             continue;
         }
-        if (!runner_ranks(j) || j->seen_mono <= 0) continue;
+        if (!runner_ranks(j) || j->watch.seen_mono <= 0) continue;
         if (late) {
-            j->seen_mono = now;
-            j->verdict_mono = 0;
+            j->watch.seen_mono = now;
+            j->watch.verdict_mono = 0;
         } else {
             watch_hang(j, now);
         }
