@@ -165,6 +165,10 @@ def main():
                B=2, T=24, seed=11, sft=True, doc_starts=[[0, 3, 12], [0]], bf16=True)
     check_case("sliding window 1 (each token itself) causal",
                make_config(sliding_window=1), B=1, T=12, seed=12)
+    # Mistral 7B v0.1's case: a window (4096) longer than the sequence changes nothing
+    check_case("sliding window 4096 over T=40 (none in effect), packed",
+               make_config(sliding_window=4096), B=2, T=40, seed=13,
+               doc_starts=[[0, 17], [0]])
     check_load_errors()
 
 
