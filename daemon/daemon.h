@@ -296,6 +296,7 @@ cJSON *jobs_unknown_dirs(void); // daemon.info "unknown_job_dirs"
 int jobs_submit(const cJSON *spec, long uid, ChangeDone done, void *arg, long *id, Err *err);
 // The verbs of docs/design.md §5: -1 with *code (RPC_BAD_STATE, ...) and err on refusal; else 0,
 // and done once the change is written and made (a reply waits for it).
+typedef int (*JobVerb)(Job *j, ChangeDone done, void *arg, int *code, Err *err);
 int job_pause(Job *j, ChangeDone done, void *arg, int *code, Err *err);
 int job_resume(Job *j, ChangeDone done, void *arg, int *code, Err *err);
 int job_cancel(Job *j, ChangeDone done, void *arg, int *code, Err *err);
@@ -686,4 +687,4 @@ void daemon_maybe_finish(void);
 // Closes the listeners, the connections, the HTTP threads and every loop handle: uv_run returns.
 void daemon_close_all(void);
 // Installs the SIGTERM/SIGINT handlers that stop every job, then the loop.
-void shutdown_watch_signals(void);
+void daemon_watch_signals(void);

@@ -258,9 +258,6 @@ static cJSON *do_status(Conn *c, const cJSON *params, int *code, Err *err) {
     return status || !j ? status : out_of_memory(code, err);
 }
 
-typedef int (*Verb)(Job *j, ChangeDone done, void *arg, int *code, Err *err);
-
-// A verb's reply is the JOB once its change is written.
 // Whether uid is in the group named `group` (its primary group or a listed member).
 static bool in_group(long uid, const char *group) {
     const struct group *g = getgrnam(group);
@@ -294,7 +291,8 @@ static Job *owned_job(Conn *c, const cJSON *params, const char *verb, int *code,
     return NULL;
 }
 
-static cJSON *do_verb(Conn *c, const cJSON *params, Verb verb, const char *name, int *code,
+// A verb's reply is the JOB once its change is written.
+static cJSON *do_verb(Conn *c, const cJSON *params, JobVerb verb, const char *name, int *code,
                       Err *err) {
     Job *j = owned_job(c, params, name, code, err);
     if (!j) return NULL;

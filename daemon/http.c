@@ -657,8 +657,18 @@ static enum MHD_Result get_history(struct MHD_Connection *conn, const Snapshot *
 // handed back under mu. The thread waits at most CALL_TIMEOUT_S; a call the loop finishes
 // after that is freed by the loop (refs). Counted in /metrics under the verb's method, as the
 // control socket counts its requests.
+// The action routes, /api/NAME, and the verb each calls (NULL: job_checkpoint, which changes no
+// state and is answered at once).
+typedef struct {
+    const char *name;
+    JobVerb verb;
+} Action;
+
+static const Action ACTIONS[] = {
+    {"pause", job_pause}, {"resume", job_resume}, {"checkpoint", NULL}, {"cancel", job_cancel}};
+
 typedef struct LoopCall {
-    const char *verb; // "pause", "resume", "checkpoint", "cancel"; NULL: the GPUs
+    const Action *action; // NULL: the GPUs
     long job;
     double t0;
     int refs, done, code; // under mu; code 0: result
@@ -679,7 +689,7 @@ static void call_release(LoopCall *c) { // under mu
 
 // Loop thread: c's answer (takes result).
 static void call_finish(LoopCall *c, int code, const char *msg, cJSON *result) {
-    if (c->verb) metrics_request(c->verb, 1, code, clock_mono_s() - c->t0);
+    if (c->action) metrics_request(c->action->name, 1, code, clock_mono_s() - c->t0);
     pthread_mutex_lock(&mu);
     c->code = code;
     snprintf(c->msg, sizeof c->msg, "%s", msg);
@@ -706,7 +716,7 @@ static void verb_done(void *arg, int code, const Err *err) {
 }
 
 static void run_call(LoopCall *c) {
-    if (!c->verb) {
+    if (!c->action) {
         cJSON *o = cJSON_CreateObject(), *gpus = gpus_to_json();
         if (o && gpus && cJSON_AddItemToObject(o, "gpus", gpus)) {
             call_finish(c, 0, "", o);
@@ -725,18 +735,14 @@ static void run_call(LoopCall *c) {
         call_finish(c, RPC_NO_SUCH_JOB, err.msg, NULL);
         return;
     }
-    if (!strcmp(c->verb, "checkpoint")) { // no state change: answered at once
+    if (!c->action->verb) { // checkpoint: no state change, answered at once
         if (job_checkpoint(j, &code, &err))
             call_finish(c, code, err.msg, NULL);
         else
             verb_done(c, 0, &err);
         return;
     }
-    int (*verb)(Job *, ChangeDone, void *, int *, Err *) = !strcmp(c->verb, "pause") ? job_pause
-                                                           : !strcmp(c->verb, "resume")
-                                                               ? job_resume
-                                                               : job_cancel;
-    if (verb(j, verb_done, c, &code, &err)) call_finish(c, code, err.msg, NULL);
+    if (c->action->verb(j, verb_done, c, &code, &err)) call_finish(c, code, err.msg, NULL);
 }
 
 // Loop thread: the queued calls, in order.
@@ -758,9 +764,10 @@ static void on_call_wake(uv_async_t *h) {
     }
 }
 
-// HTTP thread: the loop's answer to verb (NULL: the GPUs) of job, within CALL_TIMEOUT_S.
+// HTTP thread: the loop's answer to action (NULL: the GPUs) of job, within CALL_TIMEOUT_S.
 // -1 with the code RPC_BUSY when the loop did not answer in time (or astraid is stopping).
-static int loop_call(const char *verb, long job, int *code, char *msg, size_t cap, cJSON **result) {
+static int loop_call(const Action *action, long job, int *code, char *msg, size_t cap,
+                     cJSON **result) {
     *result = NULL;
     LoopCall *c = calloc(1, sizeof *c);
     if (!c) {
@@ -768,7 +775,7 @@ static int loop_call(const char *verb, long job, int *code, char *msg, size_t ca
         snprintf(msg, cap, "out of memory");
         return -1;
     }
-    *c = (LoopCall){.verb = verb, .job = job, .t0 = clock_mono_s(), .refs = 2};
+    *c = (LoopCall){.action = action, .job = job, .t0 = clock_mono_s(), .refs = 2};
     pthread_mutex_lock(&mu);
     int rc = 0;
     if (stopping) {
@@ -812,35 +819,33 @@ static unsigned status_of_rpc_error(int code) {
     }
 }
 
-// The answer to verb of job (NULL: the GPUs) on the loop: 200 with its result, or its error as
-// {"error": message} with the status that says the same (404 no such job, 409 bad state, ...);
-// 503 when the loop does not answer.
-static enum MHD_Result respond_call(struct MHD_Connection *conn, const char *verb, long job) {
+// The answer to action of job (NULL: the GPUs) on the loop: 200 with its result, or its error
+// as {"error": message} with the status that says the same (404 no such job, 409 bad state,
+// ...); 503 when the loop does not answer.
+static enum MHD_Result respond_call(struct MHD_Connection *conn, const Action *action, long job) {
     client_answering(conn); // not held to the request's deadline while the loop answers
     int code = 0;
     char msg[ERR_MSG_MAX];
     cJSON *result = NULL;
-    loop_call(verb, job, &code, msg, sizeof msg, &result);
+    loop_call(action, job, &code, msg, sizeof msg, &result);
     if (code) return respond_error(conn, status_of_rpc_error(code), msg);
     if (!result) return respond_text(conn, MHD_HTTP_INTERNAL_SERVER_ERROR, "out of memory\n");
     return respond_json(conn, MHD_HTTP_OK, result);
 }
 
-static const char *const ACTIONS[] = {"pause", "resume", "checkpoint", "cancel"};
-
-// The verb of an action route (/api/pause, ...), NULL for any other path.
-static const char *action_of(const char *url) {
+// The action of a route (/api/pause, ...), NULL for any other path.
+static const Action *action_of(const char *url) {
     for (size_t i = 0; !strncmp(url, "/api/", 5) && i < sizeof ACTIONS / sizeof *ACTIONS; i++)
-        if (!strcmp(url + 5, ACTIONS[i])) return ACTIONS[i];
+        if (!strcmp(url + 5, ACTIONS[i].name)) return &ACTIONS[i];
     return NULL;
 }
 
-// POST /api/VERB?job=ID: the verb's JOB, as the control socket answers it.
-static enum MHD_Result post_action(struct MHD_Connection *conn, const char *verb) {
+// POST /api/NAME?job=ID: the action's JOB, as the control socket answers its verb.
+static enum MHD_Result post_action(struct MHD_Connection *conn, const Action *action) {
     Err err = {0};
     long job = 0;
     if (query_job(conn, &job, &err)) return respond_error(conn, MHD_HTTP_BAD_REQUEST, err.msg);
-    return respond_call(conn, verb, job);
+    return respond_call(conn, action, job);
 }
 
 // ---------------------------------------------------------------- access
@@ -1015,13 +1020,13 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
     // A method the path does not take (POST for actions, GET and HEAD for the rest): answered
     // at once, its body unread (the connection then closes). A HEAD is served as a GET:
     // libmicrohttpd sends the response's headers only.
-    const char *verb = action_of(url);
+    const Action *action = action_of(url);
     int logging_in = !strcmp(url, "/login");
     int reads = !strcmp(method, MHD_HTTP_METHOD_GET) || !strcmp(method, MHD_HTTP_METHOD_HEAD);
-    if ((verb || logging_in) && strcmp(method, MHD_HTTP_METHOD_POST))
+    if ((action || logging_in) && strcmp(method, MHD_HTTP_METHOD_POST))
         return respond_allow(conn, MHD_HTTP_METHOD_NOT_ALLOWED, "text/plain; charset=utf-8",
                              "only POST\n", strlen("only POST\n"), MHD_RESPMEM_PERSISTENT, "POST");
-    if (!verb && !logging_in && !reads)
+    if (!action && !logging_in && !reads)
         return respond_text(conn, MHD_HTTP_METHOD_NOT_ALLOWED, "only GET and HEAD\n");
     if (too_big(conn))
         return respond_text(conn, MHD_HTTP_REQUEST_HEADER_FIELDS_TOO_LARGE,
@@ -1030,12 +1035,12 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
         return respond_text(conn, MHD_HTTP_BAD_REQUEST, "bad request: no Host header\n");
     if (loopback_listener && !host_is_loopback(host_of(conn))) return misdirected(conn);
     int page = !strcmp(url, "/");
-    if ((verb || logging_in) && !same_origin(conn))
+    if ((action || logging_in) && !same_origin(conn))
         return respond_error(conn, MHD_HTTP_FORBIDDEN,
                              "forbidden: an action from a page of another origin");
-    if (!page && !logging_in && !(verb ? may_act(conn) : authorized(conn)))
+    if (!page && !logging_in && !(action ? may_act(conn) : authorized(conn)))
         return respond_text(conn, MHD_HTTP_UNAUTHORIZED,
-                            verb && astraid.cfg.token_file
+                            action && astraid.cfg.token_file
                                 ? "unauthorized: with --token-file every action needs the token "
                                   "(Authorization: Bearer TOKEN, or log in: POST /login)\n"
                                 : "unauthorized: send Authorization: Bearer TOKEN\n");
@@ -1055,7 +1060,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
         return respond(conn, MHD_HTTP_OK, "text/html; charset=utf-8", (char *)web_index_html,
                        web_index_html_len, MHD_RESPMEM_PERSISTENT);
     if (logging_in) return login(conn);
-    if (verb) return post_action(conn, verb);
+    if (action) return post_action(conn, action);
     if (!strcmp(url, "/api/gpus")) return respond_call(conn, NULL, 0);
     int metrics = !strcmp(url, "/metrics"), jobs = !strcmp(url, "/api/jobs");
     int history = !strcmp(url, "/api/history");

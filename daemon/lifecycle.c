@@ -45,7 +45,7 @@ static void on_stop_signal(uv_signal_t *h, int signum) {
     daemon_maybe_finish();
 }
 
-void shutdown_watch_signals(void) {
+void daemon_watch_signals(void) {
     uv_signal_init(astraid.loop, &sig_term);
     uv_signal_init(astraid.loop, &sig_int);
     uv_signal_start(&sig_term, on_stop_signal, SIGTERM);

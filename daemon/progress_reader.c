@@ -20,6 +20,13 @@
 
 #define ETA_WINDOW 16 // steps the ETA's pace is measured over
 
+// p's error: "progress.db: " and what sqlite says of db.
+static void set_error(sqlite3 *db, JobProgress *p) {
+    char msg[300];
+    snprintf(msg, sizeof msg, PROGRESS_DB_FILE ": %s", sqlite3_errmsg(db));
+    p->error = strdup(msg);
+}
+
 // NULL when there is none yet (the run is still starting) or it cannot be opened: then, when
 // the file exists, p's error says why.
 static sqlite3 *open_progress(const char *run_dir, JobProgress *p) {
@@ -29,9 +36,8 @@ static sqlite3 *open_progress(const char *run_dir, JobProgress *p) {
     sqlite3 *db = NULL;
     if (sqlite3_open_v2(path, &db, SQLITE_OPEN_READONLY, NULL) != SQLITE_OK) {
         if (access(path, F_OK) == 0) {
-            char msg[300];
-            snprintf(msg, sizeof msg, PROGRESS_DB_FILE ": %s", sqlite3_errmsg(db));
-            *p = (JobProgress){.opened = 1, .eta_s = -1, .error = strdup(msg)};
+            *p = (JobProgress){.opened = 1, .eta_s = -1};
+            set_error(db, p);
         }
         sqlite3_close(db);
         return NULL;
@@ -46,11 +52,8 @@ static sqlite3 *open_progress(const char *run_dir, JobProgress *p) {
 // this read, "progress.db: file is not a database".
 static void note_failure(sqlite3 *db, int rc, JobProgress *p) {
     int primary = rc & 0xff;
-    if (primary == SQLITE_BUSY || primary == SQLITE_LOCKED || primary == SQLITE_ERROR || p->error)
-        return;
-    char msg[300];
-    snprintf(msg, sizeof msg, PROGRESS_DB_FILE ": %s", sqlite3_errmsg(db));
-    p->error = strdup(msg);
+    if (primary != SQLITE_BUSY && primary != SQLITE_LOCKED && primary != SQLITE_ERROR && !p->error)
+        set_error(db, p);
 }
 
 static int prepare(sqlite3 *db, const char *sql, sqlite3_stmt **st, JobProgress *p) {
