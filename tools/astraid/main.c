@@ -229,7 +229,7 @@ static int start(Err *err) {
         return -1;
     retention_apply();
     if (server_start(err) || http_start(err)) return -1;
-    shutdown_watch_signals();
+    daemon_watch_signals();
     progress_reader_start();
     job_watch_start();
     if (astraid.site->init) astraid.site->init();
