@@ -42,3 +42,6 @@ astrai_py_test(train_neftune test_train_neftune.py)
 astrai_c_test(test_pp_schedule tests/test_pp_schedule.c)
 # The pipeline's split of the blocks into stages against every split there is.
 astrai_c_test(test_pipeline_partition tests/test_pipeline_partition.c)
+# An objective table alone (a toy objective) through the one step function (train/step.h): the
+# order of its calls, the gradients against the model's own, evaluation, a reference, a failure.
+astrai_c_test(test_objective tests/test_objective.c)

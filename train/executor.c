@@ -685,6 +685,10 @@ int executor_agree_step(Executor *x, const Model *m, float *vals, int n, int nor
     return 0;
 }
 
+int executor_job_ranks(const Executor *x) {
+    return one_rank(x) ? 1 : comm_world_size(x->world_comm);
+}
+
 int executor_mean(Executor *x, double sum, double count, double *mean, Err *err) {
     float both[2] = {(float)sum, (float)count};
     if (executor_sum(x, both, 2, err)) return -1;

@@ -169,6 +169,8 @@ int executor_after_step(Executor *x, Model *m, Err *err);
 // Sums vals[0..n) (n <= EXEC_AGREE_MAX, host memory) over ranks in place (losses, stop
 // flags, counts); one rank: no-op. A separate small collective after the gradients'.
 int executor_sum(Executor *x, float *vals, int n, Err *err);
+// The ranks of the job, over which the sums run.
+int executor_job_ranks(const Executor *x);
 // The mean over ranks of values of which this rank holds `count` summing to `sum` (every rank
 // calls it), by the rule above.
 int executor_mean(Executor *x, double sum, double count, double *mean, Err *err);

@@ -95,7 +95,9 @@ int pipeline_init(Pipeline *p, Comm *world, int stages, PpScheduleKind kind, con
         return p->blocks ? -1 : err_resource(err, "pipeline: out of memory");
     p->first_block = p->blocks[p->stage];
     p->end_block = p->blocks[p->stage + 1];
-    if (p->replicas > 1 && comm_split(world, p->stage, p->replica, &p->group, err))
+    if (stages == 1)
+        p->group = world; // every rank a replica of the whole model
+    else if (p->replicas > 1 && comm_split(world, p->stage, p->replica, &p->group, err))
         return err_prefix(err, "pipeline stage %d: the group of its %d replicas", p->stage,
                           p->replicas);
     if (split_tied(p, cfg, rank, err))
@@ -113,7 +115,7 @@ void pipeline_free(Pipeline *p) {
     free(p->waits);
     free(p->blocks);
     comm_destroy(p->tied);
-    comm_destroy(p->group);
+    if (p->group != p->world) comm_destroy(p->group);
     memset(p, 0, sizeof *p);
 }
 
@@ -220,8 +222,7 @@ static int compute(Run *r, const PpOp *op, bool wait, Err *err) {
         return -1;
     if (op->kind == PP_BACKWARD) {
         m->stage_dout = r->p->grad_in;
-        r->w->backward(r->w->ctx, op->micro);
-        return 0;
+        return r->w->backward(r->w->ctx, op->micro, err);
     }
     m->stage_input = r->p->act_in[op->micro % r->sets];
     return r->w->forward(r->w->ctx, op->micro, err);
@@ -245,7 +246,7 @@ int pipeline_run(Pipeline *p, Model *m, const PipelineWork *w, int n, bool train
         i = j > i ? j : i + 1;
     }
     m->stage_input = m->stage_dout = NULL;
-    if (!rc && comm_wait(p->world, err))
+    if (!rc && p->world && comm_wait(p->world, err))
         rc = err_prefix(err, "pipeline stage %d of %d (replica %d): the run's transfers", p->stage,
                         p->stages, p->replica);
     if (!rc) rc = model_select_acts(m, 0, err);

@@ -28,10 +28,10 @@ typedef struct {
     int *blocks;                // (P+1) the first block of each stage; blocks[P] = the blocks
     int first_block, end_block; // this stage's decoder blocks
     Comm *world;                // every rank (not owned)
-    Comm *group;                // this stage's D replicas (owned; NULL when D is 1)
-    int prev, next;             // global ranks of this replica's neighbouring stages, -1: none
-    int tied_peer; // tied embeddings, on the first and the last stage: the other one, -1: none
-    Comm *tied;    // tied embeddings with P > 1: the replica's first and last stage (owned)
+    Comm *group; // this stage's D replicas (owned; NULL when D is 1; one stage: world, not owned)
+    int prev, next; // global ranks of this replica's neighbouring stages, -1: none
+    int tied_peer;  // tied embeddings, on the first and the last stage: the other one, -1: none
+    Comm *tied;     // tied embeddings with P > 1: the replica's first and last stage (owned)
     const Backend *be;
     PpOp *ops;   // the schedule being run
     bool *waits; // its computations that wait for the transfers before them (pp_schedule_waits)
@@ -56,7 +56,8 @@ int pipeline_partition(const ModelConfig *cfg, int stages, long window, int *blo
 int pipeline_check(const ModelConfig *cfg, int stages, Err *err);
 
 // This rank's place (world: every rank, NULL for one; stages divides its size) and the group of
-// its stage's replicas (collective over world). kind: the schedule of training windows.
+// its stage's replicas (collective over world; with one stage, world itself). kind: the schedule
+// of training windows.
 int pipeline_init(Pipeline *p, Comm *world, int stages, PpScheduleKind kind, const ModelConfig *cfg,
                   long window, const Backend *be, Err *err);
 void pipeline_free(Pipeline *p);
@@ -68,7 +69,7 @@ typedef struct {
     // Its forward on the stage's model (the model's batch filled; the loss on the last stage).
     int (*forward)(void *ctx, int k, Err *err);
     // Its backward (training runs only).
-    void (*backward)(void *ctx, int k);
+    int (*backward)(void *ctx, int k, Err *err);
     void *ctx;
 } PipelineWork;
 

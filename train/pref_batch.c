@@ -70,29 +70,3 @@ void pref_batch_fill(PrefBatch *b, const RecordSet *rs, const int64_t *ids, int6
     }
     compact_rows(b);
 }
-
-// GRPO's token_norm (engine/preference.h).
-static int token_norm(const PrefBatch *b, const PrefLoss *p, Executor *x, bool across_ranks,
-                      float *norm, Err *err) {
-    *norm = (float)b->counted;
-    if (p->kind != PREF_GRPO || !across_ranks || x->world == 1) return 0;
-    if (executor_sum(x, norm, 1, err)) return -1;
-    *norm /= (float)x->world;
-    return 0;
-}
-
-int pref_batch_forward(const PrefBatch *b, PrefLoss *p, Executor *x, Model *m, MicroStep kind,
-                       float loss_scale, Err *err) {
-    float norm;
-    if (token_norm(b, p, x, kind != MICRO_EVAL, &norm, err)) return -1;
-    float alpha = m->neftune_alpha;
-    m->neftune_alpha = 0.0f;
-    int rc = executor_begin_reference(x, m, err) ||
-             model_forward_tokens(m, b->inputs, b->targets, b->loss_mask, b->rows, b->T, err) < 0 ||
-             pref_keep_reference(p, m, b->rows, b->T, err) || executor_end_reference(x, m, err);
-    m->neftune_alpha = alpha;
-    if (rc || executor_begin_micro(x, m, kind, err) ||
-        model_forward_tokens(m, b->inputs, b->targets, b->loss_mask, b->rows, b->T, err) < 0)
-        return -1;
-    return pref_loss(p, m, b->rows, b->T, b->advantages, norm, loss_scale, err);
-}

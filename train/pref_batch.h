@@ -9,7 +9,6 @@
 #include "common/error.h"
 #include "data/records.h"
 #include "engine/preference.h"
-#include "train/executor.h"
 
 typedef struct {
     int rows, T;         // the batch in flight: rows of T tokens
@@ -30,13 +29,3 @@ void pref_batch_free(PrefBatch *b);
 
 // Fills the batch with the n records ids[0], ids[stride], ..., ids[(n-1)*stride].
 void pref_batch_fill(PrefBatch *b, const RecordSet *rs, const int64_t *ids, int64_t stride, int n);
-
-// The batch's forward: the frozen reference's pass (as in evaluation: no NEFTune noise), then
-// the policy's in a micro-step of the executor (executor_begin_micro(kind)), whose loss and
-// metrics pref_loss adds to the model's stats; loss_scale weighs the token weights of the
-// backward that may follow (model_backward_weighted(m, p->scale)). Training (kind other than
-// MICRO_EVAL): the ranks' batches are one batch, so GRPO's token mean runs over all of their
-// response tokens (their count is summed over ranks first: every rank must call it);
-// evaluation: over this rank's.
-int pref_batch_forward(const PrefBatch *b, PrefLoss *p, Executor *x, Model *m, MicroStep kind,
-                       float loss_scale, Err *err);

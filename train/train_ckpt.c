@@ -147,7 +147,7 @@ static char *meta_text(const Trainer *t) {
                   .step = t->step,
                   .config = train_spec_to_json(t->spec)};
     // DPO/GRPO: where the frozen reference comes from when this checkpoint is resumed.
-    if (m.config && t->pref &&
+    if (m.config && t->obj.ops->reference &&
         !cJSON_AddStringToObject(m.config, "reference_path", t->reference_dir))
         cJSON_Delete(m.config), m.config = NULL;
     meta_stamp_now(&m);
@@ -182,7 +182,7 @@ static char *sampler_text(const Trainer *t) {
     cJSON *o = cJSON_CreateObject();
     cJSON_AddNumberToObject(o, "epoch", (double)t->epoch);
     cJSON_AddNumberToObject(o, "epoch_samples", (double)(t->epoch_pos * t->replicas));
-    cJSON_AddNumberToObject(o, "n_samples", (double)t->n_samples);
+    cJSON_AddNumberToObject(o, "n_samples", (double)t->obj.n_samples);
     cJSON_AddNumberToObject(o, "seed", (double)t->spec->random_seed);
     cJSON_AddBoolToObject(o, "shuffle", t->spec->shuffle);
     return json_text(o);
@@ -220,7 +220,7 @@ static int save_full(Trainer *t, const char *name, bool *background, Err *err) {
     PipelineParts parts = {0};
     *background = t->spec->async_checkpoint && t->rank == 0;
     int rc = executor_gather_full(&t->exec, &t->model, &t->opt, &full, err);
-    if (!rc && t->pipelined) {
+    if (!rc && t->pipe.stages > 1) {
         rc = pipeline_collect(&t->pipe, &t->model, full, &parts, err);
     } else if (!rc) {
         whole = model_view(&t->model);
@@ -240,7 +240,7 @@ static int save_full(Trainer *t, const char *name, bool *background, Err *err) {
                          : ckpt_write(&c, err);
         free_texts(texts);
     }
-    if (t->pipelined) pipeline_parts_free(&parts);
+    if (t->pipe.stages > 1) pipeline_parts_free(&parts);
     executor_drop_full(&t->exec, &t->model);
     return rc;
 }
@@ -464,11 +464,11 @@ static int load_sampler_position(Trainer *t, const char *dir, Err *err) {
              json_long(o, "n_samples", &n, path, err);
     cJSON_Delete(o);
     if (rc) return -1;
-    if (n != t->n_samples)
+    if (n != t->obj.n_samples)
         return err_set(err,
                        "%s: the checkpoint was trained on %ld samples, data_root_path now "
                        "gives %lld (a different dataset or window_size)",
-                       path, n, (long long)t->n_samples);
+                       path, n, (long long)t->obj.n_samples);
     t->epoch = epoch;
     t->epoch_pos = (samples + world - 1) / world;
     return 0;

@@ -23,6 +23,7 @@
 #include "common/fsutil.h"
 #include "common/path.h"
 #include "engine/counter_rng.h"
+#include "train/step.h"
 #include "train/test_seam.h"
 #include "train/train_ckpt.h"
 
@@ -40,48 +41,29 @@ static void set_threads(long n) {
     openblas_set_num_threads((int)n);
 }
 
-// The token windows of a seq/sft dataset.
-static int open_windows(Trainer *t, const ModelConfig *cfg, Err *err) {
-    const TrainSpec *s = t->spec;
-    if (dataset_open(&t->data, s->data_root_path, t->sft, err)) return -1;
-    if (dataset_check_vocab(&t->data, cfg->vocab_size, err) ||
-        dataset_check_positions(&t->data, cfg->max_position_embeddings, err))
-        return err_prefix(err, "data_root_path %s", s->data_root_path);
-    t->n_samples = dataset_num_windows(t->data.n_tokens, t->window, t->stride);
-    if (t->n_samples == 0)
-        return err_set(err, "data_root_path %s: %lld tokens give no sample of window_size %lld",
-                       s->data_root_path, (long long)t->data.n_tokens, (long long)t->window);
-    return 0;
-}
-
-// The records of dpo/grpo: every record is one sample.
-static int open_records(Trainer *t, const ModelConfig *cfg, Err *err) {
-    const TrainSpec *s = t->spec;
-    RecordKind kind = s->is.train_type == TRAIN_DPO ? RECORDS_DPO : RECORDS_GRPO;
-    if (records_open(&t->records, s->data_root_path, kind, (int)s->group_size, cfg->vocab_size,
-                     s->skip_bad_records, err))
-        return -1;
-    if (t->records.skipped && t->rank == 0)
-        fprintf(stderr, "warning: %s: %lld bad record(s) skipped; the first: %s\n",
-                s->data_root_path, (long long)t->records.skipped, t->records.first_skipped.msg);
-    t->n_samples = t->records.n_records;
-    return 0;
-}
-
 // Tokens per sample window: window_size, or the model's context.
 static int64_t window_of(const TrainSpec *s, const ModelConfig *cfg) {
     return s->window_size ? s->window_size : cfg->max_position_embeddings;
 }
 
-static int open_data(Trainer *t, const ModelConfig *cfg, Err *err) {
+// The objective's samples (windows of the token stream; dpo, grpo: records in rows of at most a
+// window) and the sampler's split of them.
+static int open_data(Trainer *t, const ObjectiveOps *ops, const ModelConfig *cfg, const Backend *be,
+                     Err *err) {
     const TrainSpec *s = t->spec;
-    t->window = window_of(s, cfg);
-    if (t->window > cfg->max_position_embeddings)
+    int64_t window = window_of(s, cfg);
+    if (window > cfg->max_position_embeddings)
         return err_set(err, "window_size: %ld is larger than max_position_embeddings %d",
-                       (long)t->window, cfg->max_position_embeddings);
-    t->stride = s->stride ? s->stride : t->window;
-    if (t->pref ? open_records(t, cfg, err) : open_windows(t, cfg, err)) return -1;
-    return sampler_init_split(&t->sampler, t->n_samples, s->val_split, t->replicas, t->replica,
+                       (long)window, cfg->max_position_embeddings);
+    ObjectiveSetup setup = {.spec = s,
+                            .cfg = cfg,
+                            .window = window,
+                            .stride = s->stride ? s->stride : window,
+                            .batch = (int)s->batch_per_device,
+                            .rank = t->rank,
+                            .be = be};
+    if (objective_open(&t->obj, ops, &setup, err)) return -1;
+    return sampler_init_split(&t->sampler, t->obj.n_samples, s->val_split, t->replicas, t->replica,
                               (uint64_t)s->random_seed, s->shuffle, err);
 }
 
@@ -100,16 +82,15 @@ static PpScheduleKind pipeline_kind(PipelineChoice c) {
     return c == PIPELINE_GPIPE ? PP_GPIPE : PP_1F1B;
 }
 
-static int alloc_batch(Trainer *t, Err *err) {
-    if (t->pref)
-        return pref_batch_init(&t->pb, &t->records, (int)t->spec->batch_per_device, t->window, err);
-    size_t n = (size_t)t->spec->batch_per_device * (size_t)t->window;
-    t->inputs = malloc(n * sizeof(int32_t));
-    t->targets = malloc(n * sizeof(int32_t));
-    t->loss_mask = malloc(n * sizeof(int32_t));
-    t->position_ids = malloc(n * sizeof(int32_t));
-    if (!t->inputs || !t->targets || !t->loss_mask || !t->position_ids)
-        return err_resource(err, "batch buffers: out of memory");
+// The optimizer step's micro-batches, staged until its last one arrives.
+static int alloc_step(Trainer *t, Err *err) {
+    size_t M = (size_t)t->spec->grad_accum_steps, B = (size_t)t->spec->batch_per_device;
+    t->batches = calloc(M, sizeof *t->batches);
+    t->batch_ids = malloc(M * B * sizeof *t->batch_ids);
+    if (!t->batches || !t->batch_ids)
+        return err_resource(err, "the %zu micro-batches of a step: out of memory", M);
+    for (size_t k = 0; k < M; k++)
+        t->batches[k] = (MicroBatch){.ids = t->batch_ids + k * B, .stride = 1};
     return 0;
 }
 
@@ -157,24 +138,19 @@ static int set_total_steps(Trainer *t, Err *err) {
                    s->batch_per_device);
 }
 
-// pp_size > 1: this rank's stage and replica (train/pipeline.h) and the staging of a step's
-// micro-batches (--dry-run: only the check of pp_size against the model).
+// This rank's stage of pp_size (the one stage of the whole model without a pipeline) and its
+// replica (train/pipeline.h). --dry-run: one process, whose pp_size is only checked against the
+// model.
 static int setup_pipeline(Trainer *t, const ModelConfig *cfg, const TrainerOptions *opt, Err *err) {
     const TrainSpec *s = t->spec;
-    if (s->pp_size <= 1) return 0;
-    if (opt->dry_run) return pipeline_check(cfg, (int)s->pp_size, err);
-    if (pipeline_init(&t->pipe, opt->comm, (int)s->pp_size, pipeline_kind(s->is.pp_schedule), cfg,
-                      (long)window_of(s, cfg), opt->be, err))
+    int stages = s->pp_size > 1 && !opt->dry_run ? (int)s->pp_size : 1;
+    if (opt->dry_run && s->pp_size > 1 && pipeline_check(cfg, (int)s->pp_size, err)) return -1;
+    if (pipeline_init(&t->pipe, opt->dry_run ? NULL : opt->comm, stages,
+                      pipeline_kind(s->is.pp_schedule), cfg, (long)window_of(s, cfg), opt->be, err))
         return -1;
-    t->pipelined = true;
     t->replica = t->pipe.replica;
     t->replicas = t->pipe.replicas;
-    if (!(t->staged = calloc((size_t)s->grad_accum_steps, sizeof *t->staged)))
-        return err_resource(err, "pipeline: out of memory");
-    for (long k = 0; k < s->grad_accum_steps; k++)
-        if (!(t->staged[k].ids = malloc((size_t)s->batch_per_device * sizeof(int64_t))))
-            return err_resource(err, "pipeline: out of memory");
-    if (s->grad_accum_steps < s->pp_size && t->rank == 0)
+    if (stages > 1 && s->grad_accum_steps < s->pp_size && t->rank == 0)
         fprintf(stderr,
                 "warning: grad_accum_steps %ld < pp_size %ld: each optimizer step's %ld "
                 "micro-batch(es) fill the %ld stages only in part; the stages idle %.0f%% of a "
@@ -193,8 +169,8 @@ static void open_control(Trainer *t, int fd) {
 int trainer_init(Trainer *t, const TrainSpec *spec, const TrainerOptions *opt, Err *err) {
     memset(t, 0, sizeof *t);
     t->spec = spec;
-    t->sft = spec->is.train_type == TRAIN_SFT;
-    t->pref = spec->is.train_type == TRAIN_DPO || spec->is.train_type == TRAIN_GRPO;
+    const ObjectiveOps *objective = objective_of(spec->is.train_type);
+    bool reference = objective && objective->reference;
     t->rank = opt->comm ? comm_rank(opt->comm) : 0;
     t->world = opt->comm ? comm_world_size(opt->comm) : 1;
     t->replica = t->rank;
@@ -210,36 +186,31 @@ int trainer_init(Trainer *t, const TrainSpec *spec, const TrainerOptions *opt, E
     train_ckpt_choose_run(spec, resume_dir, t->rank);
     const char *model_dir = *resume_dir ? resume_dir : spec->param_path;
     ModelConfig cfg;
-    if (t->pref && train_ckpt_reference_dir(spec, resume_dir, t->rank, t->reference_dir,
-                                            sizeof t->reference_dir, err))
+    if (reference && train_ckpt_reference_dir(spec, resume_dir, t->rank, t->reference_dir,
+                                              sizeof t->reference_dir, err))
         return -1;
     if (ckpt_model_config(&cfg, model_dir, err) || setup_pipeline(t, &cfg, opt, err) ||
-        open_data(t, &cfg, err) || set_total_steps(t, err))
+        open_data(t, objective, &cfg, opt->be, err) || set_total_steps(t, err))
         return -1;
     t->memory_report = opt->memory_report;
     if (t->memory_report) t->rss_baseline = resident_bytes();
     t->rss_ckpt_max = -1;
     // DPO/GRPO: the reference's weights first, kept frozen; then the policy's when they differ.
-    const char *first_dir = t->pref ? t->reference_dir : model_dir;
-    int first = t->pipelined ? t->pipe.first_block : 0,
-        end = t->pipelined ? t->pipe.end_block : cfg.num_hidden_layers;
-    if (train_ckpt_load_model(&t->model, &cfg, first, end, opt->be, first_dir, err)) return -1;
+    const char *first_dir = reference ? t->reference_dir : model_dir;
+    if (train_ckpt_load_model(&t->model, &cfg, t->pipe.first_block, t->pipe.end_block, opt->be,
+                              first_dir, err))
+        return -1;
     t->model.grad_checkpointing = spec->gradient_checkpointing;
     t->model.neftune_alpha = (float)spec->neftune_alpha;
-    if (executor_init(&t->exec, exec_mode(spec->is.parallel_mode),
-                      t->pipelined ? t->pipe.group : opt->comm, opt->comm, &t->model,
-                      (size_t)(spec->bucket_mb * (1 << 20)), err))
+    if (executor_init(&t->exec, exec_mode(spec->is.parallel_mode), t->pipe.group, opt->comm,
+                      &t->model, (size_t)(spec->bucket_mb * (1 << 20)), err))
         return -1;
-    if (t->pipelined) t->exec.norm_skip = pipeline_norm_skip(&t->pipe, &t->model);
-    if (t->pref &&
+    t->exec.norm_skip = pipeline_norm_skip(&t->pipe, &t->model);
+    if (reference &&
         (executor_keep_reference(&t->exec, &t->model, err) ||
          (strcmp(first_dir, model_dir) && train_ckpt_load_weights(&t->model, model_dir, err))))
         return -1;
     if (executor_adopt_weights(&t->exec, &t->model, err)) return -1;
-    if (t->pref)
-        pref_init(&t->pref_loss, t->records.kind == RECORDS_DPO ? PREF_DPO : PREF_GRPO,
-                  (float)spec->dpo_beta, (float)spec->grpo_clip_eps, (float)spec->grpo_kl_coef,
-                  opt->be);
     schedule_init(&t->sched, schedule_kind(spec->is.schedule_type), t->total_steps,
                   spec->warmup_ratio, spec->min_rate, spec->stable_steps, spec->decay_steps,
                   spec->cycle_length, spec->t_mult);
@@ -262,21 +233,12 @@ int trainer_init(Trainer *t, const TrainSpec *spec, const TrainerOptions *opt, E
     if (t->rank == 0 && progress_open(&t->progress, opt->run_dir ? opt->run_dir : spec->ckpt_dir,
                                       t->total_steps, t->step, err))
         return -1;
-    return alloc_batch(t, err);
+    return alloc_step(t, err);
 }
 
-// Fills the batch with the nb samples ids[0], ids[stride], ...: token windows, or (dpo, grpo)
-// records as model rows.
-static void fill_batch(Trainer *t, const int64_t *ids, int64_t stride, int nb) {
-    if (t->pref) {
-        pref_batch_fill(&t->pb, &t->records, ids, stride, nb);
-        return;
-    }
-    int64_t w = t->window;
-    for (int b = 0; b < nb; b++)
-        dataset_window(&t->data, ids[b * stride], w, t->stride, t->inputs + b * w,
-                       t->targets + b * w, t->sft ? t->loss_mask + b * w : NULL,
-                       t->sft ? t->position_ids + b * w : NULL);
+// What runs this rank's passes of micro-batches.
+static StepRunner step_runner(Trainer *t) {
+    return (StepRunner){.pipe = &t->pipe, .exec = &t->exec, .model = &t->model, .obj = &t->obj};
 }
 
 // The weight of a micro-batch's loss in backward: 1/grad_accum_steps (the step's loss is the
@@ -286,20 +248,6 @@ static void fill_batch(Trainer *t, const int64_t *ids, int64_t stride, int nb) {
 static float micro_weight(const Trainer *t) {
     return test_seam_loss_weight(t->rank, t->step + 1,
                                  (float)(t->scaler.scale / (double)t->spec->grad_accum_steps));
-}
-
-// The forward of the batch of nb samples with the loss into the model's stats; begins the
-// executor's micro-step of that kind. Training: every rank runs it (validation: not all of
-// them).
-
-static int forward_batch(Trainer *t, int nb, MicroStep kind, float loss_scale, Err *err) {
-    if (t->pref)
-        return pref_batch_forward(&t->pb, &t->pref_loss, &t->exec, &t->model, kind, loss_scale,
-                                  err);
-    return executor_begin_micro(&t->exec, &t->model, kind, err) ||
-           model_forward_accumulate(&t->model, t->inputs, t->targets, t->sft ? t->loss_mask : NULL,
-                                    t->sft ? t->position_ids : NULL, nb, (int)t->window,
-                                    (float)t->spec->label_smoothing, err);
 }
 
 // Rank 0, a checkpoint committed: it counts from now on (progress.db, the line, retention).
@@ -369,22 +317,20 @@ typedef struct {
     double run_start;  // clock_mono_s() when this process began training
     long steps_run;    // optimizer steps done by this process
     long tokens;       // tokens of the current optimizer step
-    double reward_sum; // GRPO: the sum of its micro-batches' mean rewards
 } StepClock;
 
 // Summed over ranks at a step boundary: the step's losses, the requests (docs/design.md §5): a
 // request that reached any rank applies to all, so they stop or checkpoint at the same step; and
 // the executor's slot, where it sums the squared norms of the gradients (executor_agree_step).
-// DPO/GRPO add their metrics: two from the model's stats and GRPO's mean reward.
+// The objective adds its metrics' sums (ObjectiveOps.step_metrics).
 enum {
     AGREE_LOSS,
     AGREE_STOP,
     AGREE_CKPT,
     AGREE_NORM,
-    AGREE_PREF_A,
-    AGREE_PREF_B,
-    AGREE_REWARD,
-    AGREE_CKPT_FAILED,    // a rank's background checkpoint write failed: every rank stops
+    AGREE_METRICS,                                             // OBJECTIVE_MAX_METRICS slots
+    AGREE_CKPT_FAILED = AGREE_METRICS + OBJECTIVE_MAX_METRICS, // a rank's background checkpoint
+                                                               // write failed: every rank stops
     AGREE_BACKEND_FAILED, // an op of a rank's backend failed this step: every rank stops
     AGREE_CKPT_WRITTEN,   // ranks whose files of the pending sharded checkpoint are written
     AGREE_N
@@ -413,11 +359,11 @@ typedef struct {
     float loss;  // the mean of the micro-step losses over ranks
     double norm; // the global gradient norm
     int stop, ckpt;
-    double pref[3]; // DPO: reward margin, accuracy; GRPO: KL, clip fraction, mean reward
-    bool overflow;  // the loss or a gradient on some rank is not finite
+    double metrics[OBJECTIVE_MAX_METRICS]; // the objective's, means over the micro-steps
+    bool overflow;                         // the loss or a gradient on some rank is not finite
 } StepTotals;
 
-static int agree_step(Trainer *t, StepTotals *out, StepClock *c, Err *err) {
+static int agree_step(Trainer *t, StepTotals *out, Err *err) {
     double stats[MODEL_N_STATS];
     model_read_stats(&t->model, stats);
     poll_control(t);
@@ -427,18 +373,14 @@ static int agree_step(Trainer *t, StepTotals *out, StepClock *c, Err *err) {
     // the step is applied or written.
     Err backend_err = {0};
     bool backend_failed = t->model.be->failure(&backend_err) != 0;
-    float agreed[AGREE_N] = {(float)stats[MODEL_STAT_LOSS],
-                             (float)(trainer_stop_requested != 0),
-                             (float)(trainer_checkpoint_requested != 0),
-                             0.0f, // AGREE_NORM: the executor's
-                             (float)stats[MODEL_STAT_PREF_A],
-                             (float)stats[MODEL_STAT_PREF_B],
-                             (float)c->reward_sum,
-                             (float)t->ckpt_failed,
-                             (float)backend_failed,
-                             (float)written};
+    float agreed[AGREE_N] = {[AGREE_LOSS] = (float)stats[MODEL_STAT_LOSS],
+                             [AGREE_STOP] = (float)(trainer_stop_requested != 0),
+                             [AGREE_CKPT] = (float)(trainer_checkpoint_requested != 0),
+                             [AGREE_CKPT_FAILED] = (float)t->ckpt_failed,
+                             [AGREE_BACKEND_FAILED] = (float)backend_failed,
+                             [AGREE_CKPT_WRITTEN] = (float)written};
+    if (t->obj.ops->step_metrics) t->obj.ops->step_metrics(&t->obj, stats, agreed + AGREE_METRICS);
     trainer_checkpoint_requested = 0;
-    c->reward_sum = 0;
     if (executor_agree_step(&t->exec, &t->model, agreed, AGREE_N, AGREE_NORM, &out->norm, err))
         return -1;
     float micro_steps = (float)(t->spec->grad_accum_steps * t->replicas);
@@ -463,8 +405,8 @@ static int agree_step(Trainer *t, StepTotals *out, StepClock *c, Err *err) {
     out->stop = agreed[AGREE_STOP] > 0;
     out->ckpt = agreed[AGREE_CKPT] > 0;
     out->loss = agreed[AGREE_LOSS] / micro_steps;
-    for (int k = 0; k < 3; k++)
-        out->pref[k] = agreed[AGREE_PREF_A + k] / micro_steps;
+    for (int k = 0; k < OBJECTIVE_MAX_METRICS; k++)
+        out->metrics[k] = agreed[AGREE_METRICS + k] / micro_steps;
     // Under dynamic loss scaling a number that is not finite is an overflow to back off from
     // (optimizer_step), not a failure.
     out->overflow = !isfinite(out->loss) || !isfinite(out->norm);
@@ -476,176 +418,6 @@ static int agree_step(Trainer *t, StepTotals *out, StepClock *c, Err *err) {
         return err_set(err, "gradient norm is %f at step %ld (diverged: lower max_lr?)", out->norm,
                        t->step + 1);
     return 0;
-}
-
-// A validation micro-batch: the nb samples ids[0], ids[stride], ...; nb 0: a forward of one
-// sample that counts nothing (where every rank must run every forward).
-typedef struct {
-    const int64_t *ids;
-    int64_t stride;
-    int nb;
-} EvalBatch;
-
-// The samples a batch's forward runs on.
-static int eval_nb(const EvalBatch *b) {
-    return b->nb ? b->nb : 1;
-}
-
-static int eval_batches(Trainer *t, const EvalBatch *list, int n, double *sum, Err *err) {
-    int rc = 0;
-    for (int k = 0; !rc && k < n; k++) {
-        double stats[MODEL_N_STATS];
-        fill_batch(t, list[k].ids, list[k].stride, eval_nb(&list[k]));
-        rc = forward_batch(t, eval_nb(&list[k]), MICRO_EVAL, 1.0f, err);
-        if (!rc) model_read_stats(&t->model, stats); // the batch's mean loss; resets the sums
-        if (!rc) rc = executor_end_micro(&t->exec, &t->model, MICRO_EVAL, err);
-        if (!rc) *sum += stats[MODEL_STAT_LOSS] * (double)list[k].nb;
-    }
-    return rc;
-}
-
-// ---------------------------------------------------------------- pipelined runs
-
-// The passes of micro-batches through a pipeline (train/pipeline.h): a training step's forwards
-// and backwards, validation's forwards, and (dpo, grpo) the frozen reference's forwards that
-// come first, whose per-token NLL the last stage keeps for each micro-batch.
-typedef enum { PASS_TRAIN, PASS_EVAL, PASS_REFERENCE } PassKind;
-
-typedef struct {
-    Trainer *t;
-    PassKind pass;
-    const EvalBatch *list; // the run's micro-batches
-    const float *norms;    // grpo training: each micro-batch's token norm (over the replicas)
-    double *sum;           // eval: the losses, each weighted by its batch's samples
-} PipeRun;
-
-// The last stage's per-micro-batch state of the preference losses: the reference's NLL (from
-// the reference pass to the policy's forward) and the token weights (from the forward to its
-// backward, which 1F1B and GPipe run later).
-typedef struct PipePref PipePref;
-struct PipePref {
-    float *ref, *scale;            // backend
-    size_t ref_bytes, scale_bytes; // their capacities
-};
-
-static int pipe_pref_reserve(Trainer *t, int k, size_t n, Err *err) {
-    if (k >= t->n_pipe_pref) {
-        PipePref *more = realloc(t->pipe_pref, (size_t)(k + 1) * sizeof *more);
-        if (!more) return err_resource(err, "pipeline: out of memory");
-        memset(more + t->n_pipe_pref, 0, (size_t)(k + 1 - t->n_pipe_pref) * sizeof *more);
-        t->pipe_pref = more;
-        t->n_pipe_pref = k + 1;
-    }
-    PipePref *pp = &t->pipe_pref[k];
-    const Backend *be = t->model.be;
-    if (backend_reserve(be, (void **)&pp->ref, &pp->ref_bytes, n * sizeof(float), err) ||
-        backend_reserve(be, (void **)&pp->scale, &pp->scale_bytes, n * sizeof(float), err))
-        return err_prefix(err, "pipeline: the preference state of micro-batch %d", k);
-    return 0;
-}
-
-static void pipe_pref_free(Trainer *t) {
-    for (int k = 0; k < t->n_pipe_pref; k++) {
-        t->model.be->free(t->pipe_pref[k].ref);
-        t->model.be->free(t->pipe_pref[k].scale);
-    }
-    free(t->pipe_pref);
-}
-
-// Fills the batch of micro-batch k (every stage reads the samples itself).
-static void fill_micro(const PipeRun *r, int k) {
-    fill_batch(r->t, r->list[k].ids, r->list[k].stride, eval_nb(&r->list[k]));
-}
-
-// Token rows of micro-batch k: windows of the run's length, or (dpo, grpo) the rows of its
-// records at their longest length, which filling the batch tells.
-static long pipe_rows(void *ctx, int k) {
-    const PipeRun *r = ctx;
-    if (!r->t->pref) return (long)eval_nb(&r->list[k]) * (long)r->t->window;
-    fill_micro(r, k);
-    return (long)r->t->pb.rows * r->t->pb.T;
-}
-
-// The last stage's preference loss of micro-batch k after its policy forward (or the reference's
-// NLL after the reference's).
-static int pipe_pref_loss(PipeRun *r, int k, Err *err) {
-    Trainer *t = r->t;
-    const PrefBatch *b = &t->pb;
-    size_t n = (size_t)b->rows * b->T;
-    if (pipe_pref_reserve(t, k, n, err)) return -1;
-    PipePref *pp = &t->pipe_pref[k];
-    const Backend *be = t->model.be;
-    if (r->pass == PASS_REFERENCE) {
-        if (pref_keep_reference(&t->pref_loss, &t->model, b->rows, b->T, err)) return -1;
-        be->copy(pp->ref, t->pref_loss.ref_nll, n * sizeof(float));
-        return 0;
-    }
-    be->copy(t->pref_loss.ref_nll, pp->ref, n * sizeof(float));
-    bool train = r->pass == PASS_TRAIN;
-    float norm = train && r->norms ? r->norms[k] : (float)b->counted;
-    float scale = train ? micro_weight(t) : 1.0f;
-    if (pref_loss(&t->pref_loss, &t->model, b->rows, b->T, b->advantages, norm, scale, err))
-        return -1;
-    if (train) be->copy(pp->scale, t->pref_loss.scale, n * sizeof(float));
-    return 0;
-}
-
-static int pipe_forward(void *ctx, int k, Err *err) {
-    PipeRun *r = ctx;
-    Trainer *t = r->t;
-    Model *m = &t->model;
-    int nb = eval_nb(&r->list[k]);
-    fill_micro(r, k);
-    if (r->pass == PASS_TRAIN) m->noise_seed = t->staged[k].noise_seed;
-    int rc = t->pref
-                 ? model_forward_tokens(m, t->pb.inputs, t->pb.targets, t->pb.loss_mask, t->pb.rows,
-                                        t->pb.T, err) < 0
-                 : model_forward_accumulate(m, t->inputs, t->targets, t->sft ? t->loss_mask : NULL,
-                                            t->sft ? t->position_ids : NULL, nb, (int)t->window,
-                                            (float)t->spec->label_smoothing, err);
-    if (rc || !m->has_head) return rc ? -1 : 0;
-    if (t->pref && pipe_pref_loss(r, k, err)) return -1;
-    if (r->pass == PASS_EVAL) {
-        double stats[MODEL_N_STATS];
-        model_read_stats(m, stats);
-        *r->sum += stats[MODEL_STAT_LOSS] * (double)r->list[k].nb;
-    }
-    return 0;
-}
-
-static void pipe_backward(void *ctx, int k) {
-    PipeRun *r = ctx;
-    Model *m = &r->t->model;
-    if (r->t->pref)
-        model_backward_weighted(m, m->has_head ? r->t->pipe_pref[k].scale : NULL);
-    else
-        model_backward(m, micro_weight(r->t));
-}
-
-// A forward-only pass of the frozen reference (dpo, grpo) over the micro-batches, as in
-// evaluation: no NEFTune noise.
-static int reference_pass(Trainer *t, const EvalBatch *list, int n, Err *err) {
-    if (!t->pref) return 0;
-    PipeRun r = {.t = t, .pass = PASS_REFERENCE, .list = list};
-    PipelineWork w = {.rows = pipe_rows, .forward = pipe_forward, .ctx = &r};
-    float alpha = t->model.neftune_alpha;
-    t->model.neftune_alpha = 0.0f;
-    int rc = executor_begin_reference(&t->exec, &t->model, err) ||
-             pipeline_run(&t->pipe, &t->model, &w, n, false, err);
-    int end = executor_end_reference(&t->exec, &t->model, rc ? NULL : err);
-    t->model.neftune_alpha = alpha;
-    return rc || end ? -1 : 0;
-}
-
-static int eval_pipelined(Trainer *t, const EvalBatch *list, int n, double *sum, Err *err) {
-    PipeRun r = {.t = t, .pass = PASS_EVAL, .list = list, .sum = sum};
-    PipelineWork w = {.rows = pipe_rows, .forward = pipe_forward, .ctx = &r};
-    if (reference_pass(t, list, n, err) ||
-        executor_begin_micro(&t->exec, &t->model, MICRO_EVAL, err))
-        return -1;
-    int rc = pipeline_run(&t->pipe, &t->model, &w, n, false, err);
-    int end = executor_end_micro(&t->exec, &t->model, MICRO_EVAL, rc ? NULL : err);
-    return rc || end ? -1 : 0;
 }
 
 // The held-out windows' mean loss (--val_split), the same on every rank: replica r evaluates
@@ -661,22 +433,20 @@ static int validate(Trainer *t, double *val_loss, Err *err) {
     int64_t B = t->spec->batch_per_device, R = t->replicas, r = t->replica;
     int64_t per_rank = (sp->n_val + R - 1) / R;
     int64_t mine = sp->n_val > r ? (sp->n_val - r + R - 1) / R : 0;
-    EvalBatch *list = malloc((size_t)((per_rank + B - 1) / B + 1) * sizeof *list);
+    MicroBatch *list = malloc((size_t)((per_rank + B - 1) / B + 1) * sizeof *list);
     if (!list) return err_resource(err, "validation: out of memory");
     int n = 0;
     for (int64_t first = 0; first < per_rank; first += B) {
         int64_t nb = mine - first < B ? mine - first : B;
         if (nb < 0) nb = 0;
         if (nb == 0 && !executor_forward_collective(&t->exec)) continue;
-        list[n++] = nb ? (EvalBatch){sp->val_ids + first * R + r, R, (int)nb}
-                       : (EvalBatch){sp->val_ids, 1, 0};
+        list[n++] =
+            nb ? (MicroBatch){.ids = sp->val_ids + first * R + r, .stride = R, .nb = (int)nb}
+               : (MicroBatch){.ids = sp->val_ids, .stride = 1};
     }
     double sum = 0;
-    float alpha = t->model.neftune_alpha; // evaluation: no NEFTune noise
-    t->model.neftune_alpha = 0.0f;
-    int rc =
-        t->pipelined ? eval_pipelined(t, list, n, &sum, err) : eval_batches(t, list, n, &sum, err);
-    t->model.neftune_alpha = alpha;
+    StepRunner runner = step_runner(t);
+    int rc = step_eval(&runner, list, n, &sum, err);
     free(list);
     double counted = t->model.has_head ? (double)mine : 0; // a pipeline: the last stage's
     return rc ? -1 : executor_mean(&t->exec, sum, counted, val_loss, err);
@@ -691,15 +461,11 @@ static int validation_due(const Trainer *t) {
            (s->max_steps > 0 && t->step == s->max_steps);
 }
 
-// The per-step numbers of DPO and GRPO, after grad_norm in the step row.
-static void add_pref_metrics(const Trainer *t, StepRow *row, const double pref[3]) {
-    static const char *const DPO[] = {"reward_margin", "reward_accuracy"};
-    static const char *const GRPO[] = {"kl", "clip_fraction", "reward_mean"};
-    if (!t->pref) return;
-    int grpo = t->records.kind == RECORDS_GRPO;
-    row->n_extra = grpo ? 3 : 2;
+// The objective's numbers of the step, after grad_norm in the step row.
+static void add_objective_metrics(const Trainer *t, StepRow *row, const double *metrics) {
+    row->n_extra = objective_n_metrics(&t->obj);
     for (int k = 0; k < row->n_extra; k++)
-        row->extra[k] = (StepExtra){.name = grpo ? GRPO[k] : DPO[k], .value = pref[k]};
+        row->extra[k] = (StepExtra){.name = t->obj.metrics[k], .value = metrics[k]};
 }
 
 // Under loss scaling, the scale the step's backward ran with and whether it was skipped.
@@ -713,7 +479,7 @@ static int optimizer_step(Trainer *t, StepClock *c, int *stop, int *ckpt, Err *e
     const TrainSpec *s = t->spec;
     ParamView view = executor_view(&t->exec, &t->model);
     StepTotals tot;
-    if (agree_step(t, &tot, c, err)) return -1;
+    if (agree_step(t, &tot, err)) return -1;
     *stop = tot.stop;
     *ckpt = tot.ckpt;
     double lr = s->max_lr * schedule_factor(&t->sched, t->step);
@@ -745,7 +511,7 @@ static int optimizer_step(Trainer *t, StepClock *c, int *stop, int *ckpt, Err *e
                        (double)c->tokens * t->replicas / fmax(now - c->step_start, 1e-9),
                    .wall_time = clock_wall_s(),
                    .skipped = skipped};
-    add_pref_metrics(t, &row, tot.pref);
+    add_objective_metrics(t, &row, tot.metrics);
     add_scaler_metrics(t, &row, scale, skipped);
     c->steps_run++;
     if (t->memory_report) {
@@ -790,94 +556,21 @@ static uint64_t noise_seed(const Trainer *t) {
                           ((uint64_t)t->consumed_samples << 16 | (uint64_t)t->replica));
 }
 
-// GRPO: each staged micro-batch's token norm, its response tokens (counted when it was staged)
-// summed over the replicas (every rank adds its count; each replica's P stages count the same)
-// and divided by them, as pref_batch_forward does without a pipeline.
-static int grpo_norms(Trainer *t, int n, float *norms, Err *err) {
-    for (int k = 0; k < n; k++)
-        norms[k] = (float)t->staged[k].counted;
-    for (int k = 0; k < n; k += EXEC_AGREE_MAX)
-        if (executor_sum(&t->exec, norms + k, n - k < EXEC_AGREE_MAX ? n - k : EXEC_AGREE_MAX, err))
-            return -1;
-    for (int k = 0; k < n; k++)
-        norms[k] /= (float)t->world;
-    return 0;
-}
-
-// The window of a pipelined optimizer step: (dpo, grpo: the reference's pass first) one
-// accumulation window of the executor over the schedule's forwards and backwards, the tied
-// embedding's gradient summed between its two stages, then the gradients reduced over the
-// stage's replicas.
-static int run_pipelined_step(Trainer *t, Err *err) {
-    int M = (int)t->spec->grad_accum_steps;
-    EvalBatch *list = malloc((size_t)M * sizeof *list);
-    float *norms = malloc((size_t)M * sizeof *norms);
-    if (!list || !norms) {
-        free(list);
-        free(norms);
-        return err_resource(err, "pipeline: out of memory for %d micro-batches", M);
-    }
-    for (int k = 0; k < M; k++)
-        list[k] = (EvalBatch){t->staged[k].ids, 1, t->staged[k].nb};
-    bool grpo = t->pref && t->records.kind == RECORDS_GRPO;
-    PipeRun r = {.t = t, .pass = PASS_TRAIN, .list = list, .norms = grpo ? norms : NULL};
-    PipelineWork w = {
-        .rows = pipe_rows, .forward = pipe_forward, .backward = pipe_backward, .ctx = &r};
-    Model *m = &t->model;
-    int rc = (grpo && grpo_norms(t, M, norms, err)) || reference_pass(t, list, M, err) ||
-             executor_begin_micro(&t->exec, m, MICRO_ACCUMULATE, err) ||
-             pipeline_run(&t->pipe, m, &w, M, true, err) ||
-             executor_end_micro(&t->exec, m, MICRO_ACCUMULATE, err) ||
-             pipeline_sum_tied(&t->pipe, m, err) || executor_sync_grads(&t->exec, m, err);
-    free(list);
-    free(norms);
-    return rc ? -1 : 0;
-}
-
-// Pipelined: the micro-batch is staged (its samples, its noise stream) with the bookkeeping a
-// micro-step does; the step's last one runs them all through the pipeline. The rewards of GRPO
-// count once per replica: on its last stage.
-static int stage_micro(Trainer *t, StepClock *c, int nb, Err *err) {
-    StagedMicro *s = &t->staged[t->micro];
-    memcpy(s->ids, t->sampler.order + t->epoch_pos, (size_t)nb * sizeof *s->ids);
-    s->nb = nb;
-    s->noise_seed = noise_seed(t);
-    if (t->pref) {
-        fill_batch(t, s->ids, 1, nb);
-        s->counted = t->pb.counted;
-        c->tokens += t->pb.tokens;
-        if (t->model.has_head) c->reward_sum += t->pb.reward_sum / t->pb.rows;
-    } else {
-        c->tokens += (long)nb * (long)t->window;
-    }
-    t->epoch_pos += nb;
-    t->consumed_samples += (long)nb * t->replicas;
-    t->micro++;
-    return t->micro == t->spec->grad_accum_steps ? run_pipelined_step(t, err) : 0;
-}
-
-// One micro-step: forward, backward (weighted by micro_weight), bookkeeping,
-// and on a sync micro-step the gradient exchange between ranks.
+// A micro-batch joins the optimizer step (its samples, its noise stream, what the objective
+// counts of it); the step's last one runs them all through this rank's stage (train/step.h).
 static int micro_step(Trainer *t, StepClock *c, int nb, Err *err) {
-    const TrainSpec *s = t->spec;
-    if (t->pipelined) return stage_micro(t, c, nb, err);
-    fill_batch(t, t->sampler.order + t->epoch_pos, 1, nb);
-    MicroStep kind = t->micro + 1 == s->grad_accum_steps ? MICRO_SYNC : MICRO_ACCUMULATE;
-    float weight = micro_weight(t);
-    t->model.noise_seed = noise_seed(t);
-    if (forward_batch(t, nb, kind, weight, err)) return -1;
-    if (t->pref) {
-        model_backward_weighted(&t->model, t->pref_loss.scale);
-        c->tokens += t->pb.tokens;
-        c->reward_sum += t->pb.reward_sum / t->pb.rows;
-    } else {
-        model_backward(&t->model, weight);
-        c->tokens += (long)nb * (long)t->window;
-    }
+    MicroBatch *mb = &t->batches[t->micro];
+    int64_t *ids = t->batch_ids + t->micro * t->spec->batch_per_device;
+    memcpy(ids, t->sampler.order + t->epoch_pos, (size_t)nb * sizeof *ids);
+    mb->nb = nb;
+    mb->noise_seed = noise_seed(t);
+    c->tokens += t->obj.ops->stage(&t->obj, mb, t->model.has_head);
     t->epoch_pos += nb;
     t->consumed_samples += (long)nb * t->replicas;
     t->micro++;
-    return executor_end_micro(&t->exec, &t->model, kind, err);
+    if (t->micro < t->spec->grad_accum_steps) return 0;
+    StepRunner runner = step_runner(t);
+    return step_train(&runner, t->batches, (int)t->micro, micro_weight(t), err);
 }
 
 // How the epochs loop ended.
@@ -910,9 +603,8 @@ static int write_memory_report(const Trainer *t, Err *err) {
                      "{\"rank\": %d, \"state_bytes\": %ld, \"activation_bytes\": %zu, "
                      "\"stage\": %d, \"compute_s\": %.6f, \"transfer_s\": %.6f, "
                      "\"ckpt_bytes\": %ld}\n",
-                     t->rank, t->rss_state_max, model_activation_bytes(&t->model),
-                     t->pipelined ? t->pipe.stage : 0, t->pipe.compute_s, t->pipe.transfer_s,
-                     t->rss_ckpt_max);
+                     t->rank, t->rss_state_max, model_activation_bytes(&t->model), t->pipe.stage,
+                     t->pipe.compute_s, t->pipe.transfer_s, t->rss_ckpt_max);
     return path_join(path, sizeof path, dir, name, err) ||
            fs_write_file_atomic(path, text, (size_t)n, err);
 }
@@ -967,21 +659,12 @@ void trainer_free(Trainer *t) {
     train_ckpt_pending_free(&t->pending);
     progress_close(&t->progress);
     metric_log_free(&t->metrics);
-    free(t->inputs);
-    free(t->targets);
-    free(t->loss_mask);
-    free(t->position_ids);
-    pref_batch_free(&t->pb);
-    pref_free(&t->pref_loss);
-    records_free(&t->records);
+    free(t->batches);
+    free(t->batch_ids);
+    objective_close(&t->obj);
     optim_free(&t->opt);
     executor_free(&t->exec);
-    for (long k = 0; t->staged && k < t->spec->grad_accum_steps; k++)
-        free(t->staged[k].ids);
-    free(t->staged);
-    pipe_pref_free(t);
     pipeline_free(&t->pipe); // also what a pipeline_init that failed half-way made
     sampler_free(&t->sampler);
-    dataset_close(&t->data);
     model_free(&t->model);
 }

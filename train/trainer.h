@@ -1,25 +1,23 @@
 // trainer.h: the training loop of one rank (docs/design.md §8): micro-batches, gradient
 // accumulation, clipping, optimizer and scheduler steps, progress, checkpoints,
-// resume. The parallel mode is the executor's (train/executor.h); the loop is the same
-// for all of them.
+// resume. The parallel mode is the executor's (train/executor.h), the objective its table's
+// (train/objective.h), the passes of micro-batches one pipeline schedule (train/step.h): the loop
+// is the same for all of them.
 #pragma once
 #include <signal.h>
 #include <stdint.h>
 
 #include "common/error.h"
-#include "data/dataset.h"
-#include "data/records.h"
 #include "data/sampler.h"
 #include "engine/model.h"
 #include "engine/optim.h"
-#include "engine/preference.h"
 #include "engine/schedule.h"
 #include "proto/train_spec.h"
 #include "train/ckpt_writer.h"
 #include "train/executor.h"
 #include "train/grad_scaler.h"
+#include "train/objective.h"
 #include "train/pipeline.h"
-#include "train/pref_batch.h"
 #include "train/progress.h"
 #include "train/train_ckpt.h"
 
@@ -44,37 +42,20 @@ typedef struct {
     bool dry_run;
 } TrainerOptions;
 
-// A micro-batch of a pipelined optimizer step, staged until the step's last one arrives.
-typedef struct {
-    int64_t *ids; // (batch_per_device) its samples
-    int nb;
-    int counted; // dpo, grpo: its response tokens
-    uint64_t noise_seed;
-} StagedMicro;
-
 typedef struct Trainer {
     const TrainSpec *spec;
     Executor exec;         // none / ddp / fsdp over the ranks that hold this model
     int rank, world;       // in the job
     int replica, replicas; // the data-parallel replicas (of the pipeline; the ranks without one)
-    bool pipelined;        // pp_size > 1
-    Pipeline pipe;
-    StagedMicro *staged;        // (grad_accum_steps) pipelined: the current step's micro-batches
-    struct PipePref *pipe_pref; // (n_pipe_pref) pipelined dpo/grpo, the last stage: per micro-batch
-    int n_pipe_pref;
+    Pipeline pipe;         // this rank's stage: the whole model in a pipeline of one stage
+    Objective obj;         // what training optimises: seq / sft / dpo / grpo
+    MicroBatch *batches;   // (grad_accum_steps) the current optimizer step's micro-batches
+    int64_t *batch_ids;    // (grad_accum_steps, batch_per_device) their samples
     Model model;
     Optimizer opt;
     Schedule sched;
     GradScaler scaler; // --loss_scale
-    Dataset data;
     Sampler sampler;
-    int sft;  // train_type == sft
-    int pref; // train_type dpo or grpo: samples are records (data/records.h), not windows
-    int64_t window, stride;
-    int64_t n_samples; // windows (or records) in the dataset
-    RecordSet records; // dpo, grpo
-    PrefBatch pb;      // dpo, grpo: the micro-batch as model rows
-    PrefLoss pref_loss;
     char reference_dir[4096]; // dpo, grpo: the frozen reference's model directory
     char resumed_from[4096];  // the checkpoint this run resumed from ("": a fresh run)
     CkptWriter writer;        // --async_checkpoint: the write in flight (full format: rank 0's)
@@ -89,8 +70,6 @@ typedef struct Trainer {
     long micro;            // micro-steps done since the last optimizer step
     long consumed_samples; // samples consumed by all ranks, cumulative
     long last_ckpt_step;
-    // batch buffers: (B, window)
-    int32_t *inputs, *targets, *loss_mask, *position_ids;
     MetricLog metrics;         // rank 0 only
     ProgressDb progress;       // rank 0 only
     int control_fd;            // TrainerOptions' control pipe; -1: none (or it reached EOF)

@@ -1,0 +1,185 @@
+// objective_pref.c: the preference objectives (train/objective.h), DPO and GRPO
+// (engine/preference.h). A sample is a record (data/records.h), a micro-batch its rows
+// (train/pref_batch.h). Every pass's forwards first run the frozen reference (PASS_REFERENCE),
+// whose per-token NLL the last stage keeps for each micro-batch until the policy's forward of
+// that micro-batch; training keeps the policy's token weights from that forward to its
+// backward, which a pipeline's schedule runs later.
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "train/objective.h"
+#include "train/pref_batch.h"
+
+// The last stage's state of micro-batch k of a pass.
+typedef struct {
+    float *ref, *scale;            // backend: the reference's NLL; d loss / d nll per token
+    size_t ref_bytes, scale_bytes; // their capacities
+} Kept;
+
+typedef struct {
+    RecordSet records;
+    PrefBatch pb;
+    PrefLoss loss;
+    Kept *kept; // (n_kept)
+    int n_kept;
+    float *norms; // (cap_norms) grpo training: each micro-batch's token norm over the ranks
+    int cap_norms;
+    bool use_norms;    // the pass in flight is grpo training's
+    double reward_sum; // grpo, the last stage: the sum of the step's micro-batches' mean rewards
+} Pref;
+
+static const char *const DPO_METRICS[] = {"reward_margin", "reward_accuracy", NULL};
+static const char *const GRPO_METRICS[] = {"kl", "clip_fraction", "reward_mean", NULL};
+
+static int pref_open(Objective *o, const ObjectiveSetup *s, Err *err) {
+    const TrainSpec *sp = s->spec;
+    RecordKind kind = sp->is.train_type == TRAIN_DPO ? RECORDS_DPO : RECORDS_GRPO;
+    o->metrics = kind == RECORDS_DPO ? DPO_METRICS : GRPO_METRICS;
+    Pref *p = calloc(1, sizeof *p);
+    if (!p) return err_resource(err, "objective: out of memory");
+    o->state = p;
+    if (records_open(&p->records, sp->data_root_path, kind, (int)sp->group_size, s->cfg->vocab_size,
+                     sp->skip_bad_records, err))
+        return -1;
+    if (p->records.skipped && s->rank == 0)
+        fprintf(stderr, "warning: %s: %lld bad record(s) skipped; the first: %s\n",
+                sp->data_root_path, (long long)p->records.skipped, p->records.first_skipped.msg);
+    o->n_samples = p->records.n_records;
+    pref_init(&p->loss, kind == RECORDS_DPO ? PREF_DPO : PREF_GRPO, (float)sp->dpo_beta,
+              (float)sp->grpo_clip_eps, (float)sp->grpo_kl_coef, s->be);
+    return pref_batch_init(&p->pb, &p->records, s->batch, s->window, err);
+}
+
+static void pref_close(Objective *o) {
+    Pref *p = o->state;
+    if (!p) return;
+    for (int k = 0; k < p->n_kept; k++) {
+        p->loss.be->free(p->kept[k].ref);
+        p->loss.be->free(p->kept[k].scale);
+    }
+    free(p->kept);
+    free(p->norms);
+    pref_batch_free(&p->pb);
+    pref_free(&p->loss);
+    records_free(&p->records);
+    free(p);
+}
+
+static long pref_fill(Objective *o, const MicroBatch *mb) {
+    Pref *p = o->state;
+    pref_batch_fill(&p->pb, &p->records, mb->ids, mb->stride, micro_samples(mb));
+    return (long)p->pb.rows * p->pb.T;
+}
+
+// Its response tokens, its real tokens, and (the last stage) its mean reward for GRPO's metric:
+// counted once per replica.
+static long pref_stage(Objective *o, MicroBatch *mb, bool last_stage) {
+    Pref *p = o->state;
+    pref_fill(o, mb);
+    mb->counted = p->pb.counted;
+    if (last_stage) p->reward_sum += p->pb.reward_sum / p->pb.rows;
+    return p->pb.tokens;
+}
+
+static int reserve_norms(Pref *p, int n, Err *err) {
+    if (n <= p->cap_norms) return 0;
+    float *more = realloc(p->norms, (size_t)n * sizeof *more);
+    if (!more) return err_resource(err, "grpo: out of memory for %d token norms", n);
+    p->norms = more;
+    p->cap_norms = n;
+    return 0;
+}
+
+// GRPO training: the ranks' batches are one batch, so each micro-batch's token mean runs over
+// the response tokens of all of them: its count (from staging) summed over the job's ranks and
+// divided by them (a pipeline replica's stages count the same tokens). Evaluation and DPO: each
+// rank's own count.
+static int pref_begin_pass(Objective *o, Executor *x, const MicroBatch *list, int n, PassKind pass,
+                           Err *err) {
+    Pref *p = o->state;
+    p->use_norms = pass == PASS_TRAIN && p->loss.kind == PREF_GRPO;
+    if (!p->use_norms) return 0;
+    if (reserve_norms(p, n, err)) return -1;
+    for (int k = 0; k < n; k++)
+        p->norms[k] = (float)list[k].counted;
+    for (int k = 0; k < n; k += EXEC_AGREE_MAX)
+        if (executor_sum(x, p->norms + k, n - k < EXEC_AGREE_MAX ? n - k : EXEC_AGREE_MAX, err))
+            return -1;
+    int ranks = executor_job_ranks(x);
+    for (int k = 0; k < n; k++)
+        p->norms[k] /= (float)ranks;
+    return 0;
+}
+
+static int reserve_kept(Pref *p, int k, size_t n, Err *err) {
+    if (k >= p->n_kept) {
+        Kept *more = realloc(p->kept, (size_t)(k + 1) * sizeof *more);
+        if (!more) return err_resource(err, "preference: out of memory");
+        memset(more + p->n_kept, 0, (size_t)(k + 1 - p->n_kept) * sizeof *more);
+        p->kept = more;
+        p->n_kept = k + 1;
+    }
+    Kept *kp = &p->kept[k];
+    const Backend *be = p->loss.be;
+    if (backend_reserve(be, (void **)&kp->ref, &kp->ref_bytes, n * sizeof(float), err) ||
+        backend_reserve(be, (void **)&kp->scale, &kp->scale_bytes, n * sizeof(float), err))
+        return err_prefix(err, "preference: the state of micro-batch %d", k);
+    return 0;
+}
+
+// The last stage's loss of micro-batch k after the policy's forward, or (the reference pass) the
+// reference's NLL kept for it.
+static int last_stage_loss(Pref *p, Model *m, int k, PassKind pass, float weight, Err *err) {
+    const PrefBatch *b = &p->pb;
+    size_t n = (size_t)b->rows * b->T;
+    if (reserve_kept(p, k, n, err)) return -1;
+    Kept *kp = &p->kept[k];
+    const Backend *be = m->be;
+    if (pass == PASS_REFERENCE) {
+        if (pref_keep_reference(&p->loss, m, b->rows, b->T, err)) return -1;
+        be->copy(kp->ref, p->loss.ref_nll, n * sizeof(float));
+        return 0;
+    }
+    be->copy(p->loss.ref_nll, kp->ref, n * sizeof(float));
+    bool train = pass == PASS_TRAIN;
+    float norm = p->use_norms ? p->norms[k] : (float)b->counted;
+    if (pref_loss(&p->loss, m, b->rows, b->T, b->advantages, norm, train ? weight : 1.0f, err))
+        return -1;
+    if (train) be->copy(kp->scale, p->loss.scale, n * sizeof(float));
+    return 0;
+}
+
+static int pref_forward(Objective *o, Model *m, int k, PassKind pass, float weight, Err *err) {
+    Pref *p = o->state;
+    const PrefBatch *b = &p->pb;
+    if (model_forward_tokens(m, b->inputs, b->targets, b->loss_mask, b->rows, b->T, err) < 0)
+        return -1;
+    return m->has_head ? last_stage_loss(p, m, k, pass, weight, err) : 0;
+}
+
+static void pref_backward(Objective *o, Model *m, int k, float weight) {
+    (void)weight; // in the token weights already
+    Pref *p = o->state;
+    model_backward_weighted(m, m->has_head ? p->kept[k].scale : NULL);
+}
+
+// DPO: the reward margin and accuracy of the model's stats; GRPO: its KL and clip fraction, and
+// the mean reward the step's micro-batches staged.
+static void pref_step_metrics(Objective *o, const double stats[MODEL_N_STATS], float *sums) {
+    Pref *p = o->state;
+    sums[0] = (float)stats[MODEL_STAT_PREF_A];
+    sums[1] = (float)stats[MODEL_STAT_PREF_B];
+    if (p->loss.kind == PREF_GRPO) sums[2] = (float)p->reward_sum;
+    p->reward_sum = 0;
+}
+
+const ObjectiveOps OBJECTIVE_PREF = {.reference = true,
+                                     .open = pref_open,
+                                     .close = pref_close,
+                                     .fill = pref_fill,
+                                     .stage = pref_stage,
+                                     .begin_pass = pref_begin_pass,
+                                     .forward = pref_forward,
+                                     .backward = pref_backward,
+                                     .step_metrics = pref_step_metrics};
