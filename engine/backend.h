@@ -219,10 +219,12 @@ int backend_reserve(const Backend *be, void **buf, size_t *cap, size_t bytes, Er
 // Gram matrix and the polynomial as (r, r), r = min(rows, cols), and 2 doubles of norms.
 size_t muon_scratch_floats(int rows, int cols);
 
-// The backend of a rank: device_type "cpu" (dtype fp32, bf16 or fp16) or "cuda" (the CUDA
-// device ordinal `device`, dtype bf16 or fp32). Fails with a clear error when CUDA was
-// not built in or no such GPU is usable.
-int backend_open(const Backend **out, const char *device_type, int device, DType dtype, Err *err);
+// The devices a rank computes on.
+typedef enum { BACKEND_CPU, BACKEND_CUDA } BackendKind;
+// The backend of a rank: the CPU (dtype fp32, bf16 or fp16) or CUDA (the device ordinal
+// `device`, dtype bf16 or fp32). Fails with a clear error when CUDA was not built in or no such
+// GPU is usable.
+int backend_open(const Backend **out, BackendKind kind, int device, DType dtype, Err *err);
 // Whether this build has the CUDA backend and a GPU is visible (for --device_type auto).
 int backend_cuda_available(void);
 

@@ -1,6 +1,5 @@
 // backend_open.c: choosing a rank's backend (engine/backend.h): the CPU one, or the CUDA
 // one when it was built in (engine/cuda/, ASTRAI_HAVE_CUDA) and the GPU is usable.
-#include <string.h>
 
 #include "engine/backend.h"
 #ifdef ASTRAI_HAVE_CUDA
@@ -41,10 +40,8 @@ static int open_cuda(const Backend **out, int device, DType dtype, Err *err) {
 #endif
 }
 
-int backend_open(const Backend **out, const char *device_type, int device, DType dtype, Err *err) {
-    if (!strcmp(device_type, "cuda")) return open_cuda(out, device, dtype, err);
-    if (strcmp(device_type, "cpu"))
-        return err_set(err, "device_type: '%s' is not cpu or cuda", device_type);
+int backend_open(const Backend **out, BackendKind kind, int device, DType dtype, Err *err) {
+    if (kind == BACKEND_CUDA) return open_cuda(out, device, dtype, err);
     if (!(*out = backend_cpu_dtype(dtype)))
         return err_set(err, "dtype %s: the CPU backend computes in fp32, bf16 or fp16",
                        dtype_name(dtype));

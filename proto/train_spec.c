@@ -561,7 +561,7 @@ static int check_port(const char *port, Err *err) {
 
 int train_spec_loss_scale(const TrainSpec *s, double *fixed, Err *err) {
     const char *v = s->loss_scale;
-    if (!strcmp(v, "dynamic") || (!strcmp(v, "auto") && !strcmp(s->dtype, "fp16")))
+    if (!strcmp(v, "dynamic") || (!strcmp(v, "auto") && s->is.dtype == DTYPE_FP16))
         return LOSS_SCALE_DYNAMIC;
     if (!strcmp(v, "none") || !strcmp(v, "auto")) return LOSS_SCALE_NONE;
     char *end;
@@ -575,7 +575,7 @@ int train_spec_loss_scale(const TrainSpec *s, double *fixed, Err *err) {
 int train_spec_validate(const TrainSpec *s, Err *err) {
     if (!*s->train_type)
         return err_set(err, "train_type: required (seq|sft|dpo|grpo|online_grpo|online_dpo)");
-    if (!strncmp(s->train_type, "online_", 7))
+    if (s->is.train_type == TRAIN_ONLINE_GRPO || s->is.train_type == TRAIN_ONLINE_DPO)
         return err_set(err,
                        "train_type: %s is refused: AstrAI's online strategies need a Python "
                        "reward callable (TrainConfig.reward_model_fn) that no command line gives",
@@ -588,7 +588,7 @@ int train_spec_validate(const TrainSpec *s, Err *err) {
     // trainer checks)
     if (s->nprocs > 1 && s->nprocs % s->pp_size)
         return err_set(err, "pp_size: %ld does not divide nprocs %ld", s->pp_size, s->nprocs);
-    if (s->nprocs / s->pp_size > 1 && !strcmp(s->parallel_mode, "none"))
+    if (s->nprocs / s->pp_size > 1 && s->is.parallel_mode == PARALLEL_NONE)
         return s->pp_size == 1
                    ? err_set(err, "nprocs: %ld ranks need parallel_mode ddp or fsdp", s->nprocs)
                    : err_set(err,
@@ -601,11 +601,11 @@ int train_spec_validate(const TrainSpec *s, Err *err) {
                        "(AstrAI's train.py does not wire it either)",
                        s->tp_size);
     if (train_spec_given(s, "backend")) {
-        bool gloo = !strcmp(s->backend, "gloo");
-        if (gloo && !strcmp(s->device_type, "cuda"))
+        bool gloo = s->is.backend == COLLECTIVES_GLOO;
+        if (gloo && s->is.device_type == DEVICE_CUDA)
             return err_set(err, "backend: gloo means the CPU collectives here, but device_type "
                                 "is cuda (use --backend=nccl, or --device_type=cpu)");
-        if (!gloo && !strcmp(s->device_type, "cpu"))
+        if (!gloo && s->is.device_type == DEVICE_CPU)
             return err_set(err, "backend: nccl needs GPUs, but device_type is cpu (use "
                                 "--backend=gloo for the CPU collectives)");
     }

@@ -299,7 +299,7 @@ int main(void) {
     }
     signal(SIGALRM, on_alarm);
     Err err = {0};
-    if (backend_open(&gpu, "cuda", 0, DT_BF16, &err)) {
+    if (backend_open(&gpu, BACKEND_CUDA, 0, DT_BF16, &err)) {
         fprintf(stderr, "test_comm_nccl_gpu: backend_open(cuda): %s\n", err.msg);
         return 1;
     }

@@ -426,7 +426,7 @@ static void test_f16_overflow(void) {
 static void test_table(void) {
     const Backend *be = NULL;
     Err err = {0};
-    CHECK(!backend_open(&be, "cpu", -1, dt, &err) && be == lp && lp->dtype == dt);
+    CHECK(!backend_open(&be, BACKEND_CPU, -1, dt, &err) && be == lp && lp->dtype == dt);
     CHECK(!strcmp(lp->name, "cpu") && lp->device == -1);
     CHECK(lp->alloc == f32->alloc && lp->copy == f32->copy && lp->download == f32->download);
     CHECK(lp->sum_squares == f32->sum_squares && lp->adamw == f32->adamw && lp->muon == f32->muon);
@@ -561,7 +561,7 @@ int main(int argc, char **argv) {
     CHECK(backend_cpu_dtype(DT_F32) == f32 && !backend_cpu_dtype(DT_I32));
     const Backend *be;
     Err err = {0};
-    CHECK(backend_open(&be, "cpu", -1, DT_I32, &err) && strstr(err.msg, "int32"));
+    CHECK(backend_open(&be, BACKEND_CPU, -1, DT_I32, &err) && strstr(err.msg, "int32"));
     test_f16_converter();
     test_bf16_converter();
     run_dtype(DT_BF16);

@@ -1156,7 +1156,7 @@ int main(void) {
     for (int i = 0; i < 3; i++) {
         Err err = {0};
         const Backend *gpu = NULL;
-        if (backend_open(&gpu, "cuda", 0, dtypes[i], &err)) {
+        if (backend_open(&gpu, BACKEND_CUDA, 0, dtypes[i], &err)) {
             fprintf(stderr, "test_gpu_ops: backend_open(cuda, %s): %s\n", dtype_name(dtypes[i]),
                     err.msg);
             n_failed++;

@@ -182,7 +182,7 @@ int main(void) {
     for (int k = 0; k < 2 && backend_cuda_available(); k++) {
         const Backend *be;
         Err err = {0};
-        CHECK_MSG(backend_open(&be, "cuda", 0, cuda_dtypes[k], &err) == 0, "%s", err.msg);
+        CHECK_MSG(backend_open(&be, BACKEND_CUDA, 0, cuda_dtypes[k], &err) == 0, "%s", err.msg);
         if (!err.msg[0]) test_backend(be);
     }
     CHECK_DONE();

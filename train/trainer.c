@@ -166,6 +166,19 @@ static void open_control(Trainer *t, int fd) {
     if (fd >= 0) fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK);
 }
 
+// The optimizer over what this rank steps (the executor's view), with the spec's knobs.
+static int create_optimizer(Trainer *t, Err *err) {
+    const TrainSpec *s = t->spec;
+    OptimizerKind kind = s->is.optimizer == OPTIMIZER_ADAMW ? OPT_ADAMW : OPT_MUON;
+    ParamView view = executor_view(&t->exec, &t->model);
+    if (optim_create(&t->opt, kind, &view, (float)s->weight_decay, err)) return -1;
+    t->opt.momentum = (float)s->muon_momentum;
+    t->opt.nesterov = s->muon_nesterov;
+    t->opt.ns_steps = (int)s->muon_ns_steps;
+    t->opt.adjust_lr_original = s->is.muon_adjust_lr == MUON_LR_ORIGINAL;
+    return 0;
+}
+
 int trainer_init(Trainer *t, const TrainSpec *spec, const TrainerOptions *opt, Err *err) {
     memset(t, 0, sizeof *t);
     t->spec = spec;
@@ -215,13 +228,7 @@ int trainer_init(Trainer *t, const TrainSpec *spec, const TrainerOptions *opt, E
                   spec->warmup_ratio, spec->min_rate, spec->stable_steps, spec->decay_steps,
                   spec->cycle_length, spec->t_mult);
     if (grad_scaler_init(&t->scaler, spec, err)) return -1;
-    OptimizerKind kind = spec->is.optimizer == OPTIMIZER_ADAMW ? OPT_ADAMW : OPT_MUON;
-    ParamView view = executor_view(&t->exec, &t->model);
-    if (optim_create(&t->opt, kind, &view, (float)spec->weight_decay, err)) return -1;
-    t->opt.momentum = (float)spec->muon_momentum;
-    t->opt.nesterov = spec->muon_nesterov;
-    t->opt.ns_steps = (int)spec->muon_ns_steps;
-    t->opt.adjust_lr_original = spec->is.muon_adjust_lr == MUON_LR_ORIGINAL;
+    if (create_optimizer(t, err)) return -1;
     if (!*resume_dir) { // a fresh run starts where --start_epoch/--start_samples say (AstrAI)
         t->epoch = spec->start_epoch;
         t->consumed_samples = spec->start_samples * t->replicas;
@@ -475,6 +482,38 @@ static void add_scaler_metrics(const Trainer *t, StepRow *row, double scale, boo
     row->extra[row->n_extra++] = (StepExtra){.name = "skipped", .value = skipped};
 }
 
+// Validation's mean loss, recorded by rank 0 (metric.jsonl, progress.db, the log).
+static int validate_and_record(Trainer *t, Err *err) {
+    double val_loss;
+    if (report_phase(t, "validation", err) || validate(t, &val_loss, err) ||
+        t->model.be->failure(err))
+        return -1;
+    if ((t->rank == 0 && (metric_log_append_validation(&t->metrics, t->step, t->epoch,
+                                                       t->consumed_samples, val_loss, err) ||
+                          progress_add_validation(&t->progress, t->step, t->epoch,
+                                                  t->consumed_samples, val_loss, err))) ||
+        report_phase(t, "", err))
+        return -1;
+    if (t->rank == 0) fprintf(stderr, "step %ld | val_loss %.4f\n", t->step, val_loss);
+    return 0;
+}
+
+// Rank 0 records the step's row (metric.jsonl, progress.db) and logs every log_interval-th,
+// the first and the last.
+static int record_step(Trainer *t, const StepClock *c, const StepRow *row, double now, Err *err) {
+    if (t->rank != 0) return 0;
+    if (metric_log_append(&t->metrics, row, err) || progress_add_step(&t->progress, row, err))
+        return -1;
+    if (t->step % t->spec->log_interval == 0 || t->step == 1 || t->step == t->total_steps) {
+        char line[256];
+        double eta =
+            (now - c->run_start) / (double)c->steps_run * (double)(t->total_steps - t->step);
+        progress_format_line(line, sizeof line, row, t->total_steps, eta);
+        fprintf(stderr, "%s\n", line);
+    }
+    return 0;
+}
+
 static int optimizer_step(Trainer *t, StepClock *c, int *stop, int *ckpt, Err *err) {
     const TrainSpec *s = t->spec;
     ParamView view = executor_view(&t->exec, &t->model);
@@ -520,30 +559,8 @@ static int optimizer_step(Trainer *t, StepClock *c, int *stop, int *ckpt, Err *e
     }
     // The validation row goes first, as AstrAI's: a reader that sees the step sees its
     // validation too.
-    double val_loss;
-    if (validation_due(t)) {
-        if (report_phase(t, "validation", err) || validate(t, &val_loss, err) ||
-            t->model.be->failure(err))
-            return -1;
-        if ((t->rank == 0 && (metric_log_append_validation(&t->metrics, t->step, t->epoch,
-                                                           t->consumed_samples, val_loss, err) ||
-                              progress_add_validation(&t->progress, t->step, t->epoch,
-                                                      t->consumed_samples, val_loss, err))) ||
-            report_phase(t, "", err))
-            return -1;
-        if (t->rank == 0) fprintf(stderr, "step %ld | val_loss %.4f\n", t->step, val_loss);
-    }
-    if (t->rank == 0 &&
-        (metric_log_append(&t->metrics, &row, err) || progress_add_step(&t->progress, &row, err)))
+    if ((validation_due(t) && validate_and_record(t, err)) || record_step(t, c, &row, now, err))
         return -1;
-    if (t->rank == 0 &&
-        (t->step % s->log_interval == 0 || t->step == 1 || t->step == t->total_steps)) {
-        char line[256];
-        double eta =
-            (now - c->run_start) / (double)c->steps_run * (double)(t->total_steps - t->step);
-        progress_format_line(line, sizeof line, &row, t->total_steps, eta);
-        fprintf(stderr, "%s\n", line);
-    }
     c->tokens = 0;
     c->step_start = clock_mono_s(); // after any validation: the next step is timed alone
     return 0;

@@ -59,7 +59,7 @@ static int open_backend(const LaunchInfo *li, const TrainSpec *spec, const Backe
     DType dtype = d == DTYPE_FP16                                ? DT_F16
                   : d == DTYPE_BF16 || (d == DTYPE_AUTO && cuda) ? DT_BF16
                                                                  : DT_F32;
-    if (!backend_open(be, cuda ? "cuda" : "cpu", li->local_rank, dtype, err)) {
+    if (!backend_open(be, cuda ? BACKEND_CUDA : BACKEND_CPU, li->local_rank, dtype, err)) {
         // Once per job (rank 0): which GEMMs a reduced-precision CPU run uses (docs/training.md).
         if (li->rank == 0 && !cuda && dtype != DT_F32)
             fprintf(stderr, "cpu %s GEMM: %s\n", dtype_name(dtype), backend_cpu_gemm_path(dtype));
@@ -211,7 +211,7 @@ static int dry_run(const TrainSpec *spec) {
     train_spec_warn_ignored(spec, stderr); // one process, not a rank of a job
     const Backend *be;
     char scratch[] = "/tmp/astrai-dry-run-XXXXXX";
-    if (check_ckpt_dir(spec->ckpt_dir, &err) || backend_open(&be, "cpu", 0, DT_F32, &err)) {
+    if (check_ckpt_dir(spec->ckpt_dir, &err) || backend_open(&be, BACKEND_CPU, 0, DT_F32, &err)) {
         fprintf(stderr, "astrai-train: %s\n", err.msg);
         return setup_failed(&err);
     }
