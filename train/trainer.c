@@ -607,8 +607,9 @@ static int after_step(Trainer *t, int stop, int ckpt, Err *err) {
 // With a memory report directory DIR (TrainerOptions), each rank writes DIR/rank<R>.json: the most
 // resident bytes it held above its pre-model baseline between optimizer steps (parameters,
 // gradients, optimizer state, activations), as measured by the kernel; the bytes of its
-// activation sets (a pipeline stage holds one per micro-batch in flight); and, in a pipeline,
-// its stage and the seconds its training steps spent computing and in transfers; the most
+// activation sets (a pipeline stage holds one per micro-batch in flight); its stage (0 without
+// a pipeline) and the seconds its training steps spent computing and in transfers (0 without a
+// pipeline); the most
 // resident bytes a checkpoint added while it was taken (VmHWM over it above VmRSS before it; -1:
 // the kernel would not restart the peak).
 static int write_memory_report(const Trainer *t, Err *err) {
