@@ -2,8 +2,8 @@
 the seeded split (docs/training.md), training draws only from the others, and every
 validation row (at each val_step-th optimizer step and at the end) equals the reference's
 mean loss over the held-out windows within 1e-4; progress.db holds the same rows; ddp and
-fsdp over 2 ranks (the second rank with one window fewer), accumulation and a resumed run give
-the none run's rows; under
+fsdp over 2 ranks (the second rank with one window fewer; with one held-out window, ddp's second
+rank with none), accumulation and a resumed run give the none run's rows; under
 astraid the job's val_loss is the last validation row and `astraictl status` shows it."""
 
 import math
@@ -121,9 +121,27 @@ def main():
                 failures.append(f"{mode} step {a['step']}: val_loss {a['val_loss']} vs none "
                                 f"{b['val_loss']}")
         print(f"{mode}: validation {[(v['step'], round(v['val_loss'], 5)) for v in pvals]}")
+    check_lone_window(root, model_dir, data_dir, failures)
     check_accum_resume(root, model_dir, data_dir, vals, failures)
     check_daemon(root, model_dir, data_dir, failures)
     return tu.finish(failures)
+
+
+def check_lone_window(root, model_dir, data_dir, failures):
+    """One held-out window (floor(45 * 0.03)) over ddp's 2 ranks: the second rank evaluates
+    nothing, and the validation rows are the one-rank run's."""
+    runs = {}
+    for mode, nprocs in (("none", 1), ("ddp", 2)):
+        _, rows = run(root, model_dir, data_dir, f"lone-{mode}", mode, nprocs, BATCH // nprocs,
+                      val_split=0.03, max_steps=VAL_STEP)
+        runs[mode] = [r for r in rows if r["type"] == "validation"]
+    if len(runs["none"]) != 1 or [v["step"] for v in runs["ddp"]] != [VAL_STEP]:
+        failures.append(f"one held-out window: validation rows {runs}")
+    for a, b in zip(runs["ddp"], runs["none"]):
+        if tu.rel_err(a["val_loss"], b["val_loss"]) > 1e-4:
+            failures.append(f"one held-out window, ddp 2: val_loss {a['val_loss']} vs none "
+                            f"{b['val_loss']}")
+    print(f"one held-out window: ddp {runs['ddp']}, none {runs['none']}")
 
 
 def check_accum_resume(root, model_dir, data_dir, vals, failures):

@@ -229,6 +229,7 @@ static int compute(Run *r, const PpOp *op, bool wait, Err *err) {
 }
 
 int pipeline_run(Pipeline *p, Model *m, const PipelineWork *w, int n, bool train, Err *err) {
+    if (n == 0) return 0; // a replica without a validation sample where forwards are not collective
     int n_ops = build_ops(p, n, train, err);
     if (n_ops < 0) return -1;
     Run r = {.p = p, .m = m, .w = w, .sets = train ? pp_schedule_peak_held(p->ops, n_ops) : 1};

@@ -75,7 +75,8 @@ typedef struct {
 
 // Runs n micro-batches through the pipeline on m (the stage's model): the training schedule
 // (train: forward and backward of each), or forwards only. Every rank of the replica runs it
-// with the same n. A peer that fails or dies: an error naming it (the comm's timeout).
+// with the same n (0: nothing runs). A peer that fails or dies: an error naming it (the comm's
+// timeout).
 int pipeline_run(Pipeline *p, Model *m, const PipelineWork *w, int n, bool train, Err *err);
 
 // Tied embeddings: the first and the last stage of each replica add their gradients of the
