@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/buf.h"
 #include "train/objective.h"
 #include "train/pref_batch.h"
 
@@ -21,10 +22,10 @@ typedef struct {
     RecordSet records;
     PrefBatch pb;
     PrefLoss loss;
-    Kept *kept; // (n_kept)
-    int n_kept;
+    Kept *kept; // (n_kept) of cap_kept
+    size_t n_kept, cap_kept;
     float *norms; // (cap_norms) grpo training: each micro-batch's token norm over the ranks
-    int cap_norms;
+    size_t cap_norms;
     bool use_norms;    // the pass in flight is grpo training's
     double reward_sum; // grpo, the last stage: the sum of the step's micro-batches' mean rewards
 } Pref;
@@ -54,7 +55,7 @@ static int pref_open(Objective *o, const ObjectiveSetup *s, Err *err) {
 static void pref_close(Objective *o) {
     Pref *p = o->state;
     if (!p) return;
-    for (int k = 0; k < p->n_kept; k++) {
+    for (size_t k = 0; k < p->n_kept; k++) {
         p->loss.be->free(p->kept[k].ref);
         p->loss.be->free(p->kept[k].scale);
     }
@@ -82,15 +83,6 @@ static long pref_stage(Objective *o, MicroBatch *mb, bool last_stage) {
     return p->pb.tokens;
 }
 
-static int reserve_norms(Pref *p, int n, Err *err) {
-    if (n <= p->cap_norms) return 0;
-    float *more = realloc(p->norms, (size_t)n * sizeof *more);
-    if (!more) return err_resource(err, "grpo: out of memory for %d token norms", n);
-    p->norms = more;
-    p->cap_norms = n;
-    return 0;
-}
-
 // GRPO training: the ranks' batches are one batch, so each micro-batch's token mean runs over
 // the response tokens of all of them: its count (from staging) summed over the job's ranks and
 // divided by them (a pipeline replica's stages count the same tokens). Evaluation and DPO: each
@@ -100,7 +92,8 @@ static int pref_begin_pass(Objective *o, Executor *x, const MicroBatch *list, in
     Pref *p = o->state;
     p->use_norms = pass == PASS_TRAIN && p->loss.kind == PREF_GRPO;
     if (!p->use_norms) return 0;
-    if (reserve_norms(p, n, err)) return -1;
+    if (buf_reserve(&p->norms, &p->cap_norms, (size_t)n, sizeof *p->norms))
+        return err_resource(err, "grpo: out of memory for %d token norms", n);
     for (int k = 0; k < n; k++)
         p->norms[k] = (float)list[k].counted;
     for (int k = 0; k < n; k += EXEC_AGREE_MAX)
@@ -113,12 +106,11 @@ static int pref_begin_pass(Objective *o, Executor *x, const MicroBatch *list, in
 }
 
 static int reserve_kept(Pref *p, int k, size_t n, Err *err) {
-    if (k >= p->n_kept) {
-        Kept *more = realloc(p->kept, (size_t)(k + 1) * sizeof *more);
-        if (!more) return err_resource(err, "preference: out of memory");
-        memset(more + p->n_kept, 0, (size_t)(k + 1 - p->n_kept) * sizeof *more);
-        p->kept = more;
-        p->n_kept = k + 1;
+    if ((size_t)k >= p->n_kept) {
+        if (buf_reserve(&p->kept, &p->cap_kept, (size_t)k + 1, sizeof *p->kept))
+            return err_resource(err, "preference: out of memory");
+        memset(p->kept + p->n_kept, 0, ((size_t)k + 1 - p->n_kept) * sizeof *p->kept);
+        p->n_kept = (size_t)k + 1;
     }
     Kept *kp = &p->kept[k];
     const Backend *be = p->loss.be;

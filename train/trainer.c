@@ -89,8 +89,6 @@ static int alloc_step(Trainer *t, Err *err) {
     t->batch_ids = malloc(M * B * sizeof *t->batch_ids);
     if (!t->batches || !t->batch_ids)
         return err_resource(err, "the %zu micro-batches of a step: out of memory", M);
-    for (size_t k = 0; k < M; k++)
-        t->batches[k] = (MicroBatch){.ids = t->batch_ids + k * B, .stride = 1};
     return 0;
 }
 
@@ -186,8 +184,6 @@ int trainer_init(Trainer *t, const TrainSpec *spec, const TrainerOptions *opt, E
     bool reference = objective && objective->reference;
     t->rank = opt->comm ? comm_rank(opt->comm) : 0;
     t->world = opt->comm ? comm_world_size(opt->comm) : 1;
-    t->replica = t->rank;
-    t->replicas = t->world;
     open_control(t, opt->control_fd);
     set_threads(opt->threads);
     // Large buffers (fsdp's transient full weights and gradients) come from mmap and go
@@ -579,8 +575,7 @@ static int micro_step(Trainer *t, StepClock *c, int nb, Err *err) {
     MicroBatch *mb = &t->batches[t->micro];
     int64_t *ids = t->batch_ids + t->micro * t->spec->batch_per_device;
     memcpy(ids, t->sampler.order + t->epoch_pos, (size_t)nb * sizeof *ids);
-    mb->nb = nb;
-    mb->noise_seed = noise_seed(t);
+    *mb = (MicroBatch){.ids = ids, .stride = 1, .nb = nb, .noise_seed = noise_seed(t)};
     c->tokens += t->obj.ops->stage(&t->obj, mb, t->model.has_head);
     t->epoch_pos += nb;
     t->consumed_samples += (long)nb * t->replicas;
@@ -608,10 +603,9 @@ static int after_step(Trainer *t, int stop, int ckpt, Err *err) {
 // resident bytes it held above its pre-model baseline between optimizer steps (parameters,
 // gradients, optimizer state, activations), as measured by the kernel; the bytes of its
 // activation sets (a pipeline stage holds one per micro-batch in flight); its stage (0 without
-// a pipeline) and the seconds its training steps spent computing and in transfers (0 without a
-// pipeline); the most
-// resident bytes a checkpoint added while it was taken (VmHWM over it above VmRSS before it; -1:
-// the kernel would not restart the peak).
+// a pipeline) and the seconds its training steps spent computing and in transfers (none without
+// a pipeline); the most resident bytes a checkpoint added while it was taken (VmHWM over it above
+// VmRSS before it; -1: the kernel would not restart the peak).
 static int write_memory_report(const Trainer *t, Err *err) {
     const char *dir = t->memory_report;
     if (!dir) return 0;
