@@ -1,9 +1,12 @@
 // bench_comm: shm all_reduce bus bandwidth with 2 forked ranks, against this
-// machine's single-thread memcpy bandwidth measured in the same run.
+// machine's single-thread memcpy bandwidth measured in the same run; then shm
+// all_to_all bandwidth the same way.
 //
 // busbw = 2 (n-1)/n * bytes / time (nccl-tests' definition: the bytes each rank
 // must move for a ring all_reduce); memcpy bandwidth = bytes copied / time.
-// Times are the best of several runs (the machine is shared and noisy).
+// all_to_all: each rank sends `bytes` in all, half to itself (a copy), half to the
+// other rank (through the segment); bandwidth = bytes / time, against a memcpy of
+// the same bytes. Times are the best of several runs (the machine is shared and noisy).
 //
 // usage: bench_comm [chunk_bytes]   (default COMM_SHM_DEFAULT_CHUNK)
 #include <signal.h>
@@ -21,6 +24,8 @@
 #define MiB ((size_t)1 << 20)
 static const size_t SIZES_MIB[] = {1, 4, 16, 64, 256};
 #define NSIZES (sizeof SIZES_MIB / sizeof SIZES_MIB[0])
+static const size_t A2A_MIB[] = {1, 16, 64}; // per rank, all parts together
+#define NA2A (sizeof A2A_MIB / sizeof A2A_MIB[0])
 
 static double now_s(void) {
     struct timespec t;
@@ -36,6 +41,7 @@ static int reps_for(size_t bytes) {
 // Best times per size, written by rank 0 into shared memory.
 typedef struct {
     double all_reduce[NSIZES], memcpy[NSIZES];
+    double all_to_all[NA2A], a2a_memcpy[NA2A];
 } Times;
 
 static double memcpy_once(char *dst, const char *src, size_t bytes) {
@@ -70,6 +76,32 @@ static int measure(Comm *c, size_t k, Times *times, Err *err) {
     return rc;
 }
 
+// One size of all_to_all, as measure(): rounds of (rank 0 alone: memcpy of the bytes; both:
+// all_to_all of them, split evenly between the two ranks).
+static int measure_a2a(Comm *c, size_t k, Times *times, Err *err) {
+    size_t bytes = A2A_MIB[k] * MiB, parts[WORLD] = {bytes / WORLD, bytes / WORLD};
+    char *send = malloc(bytes), *recv = malloc(bytes);
+    if (!send || !recv) exit(1);
+    memset(send, comm_rank(c) + 1, bytes);
+    memset(recv, 0, bytes);
+    double best_a2a = 1e30, best_copy = 1e30;
+    int rc = 0;
+    for (int r = -1; r < reps_for(bytes) && rc == 0; r++) { // r = -1: warm-up
+        double t = comm_rank(c) == 0 ? memcpy_once(recv, send, bytes) : 1e30;
+        if (r >= 0 && t < best_copy) best_copy = t;
+        if ((rc = comm_barrier(c, err))) break;
+        t = now_s();
+        rc = comm_all_to_all(c, send, parts, recv, parts, err);
+        t = now_s() - t;
+        if (r >= 0 && t < best_a2a) best_a2a = t;
+    }
+    free(send);
+    free(recv);
+    times->all_to_all[k] = best_a2a;
+    times->a2a_memcpy[k] = best_copy;
+    return rc;
+}
+
 static int rank_main(int rank, const char *name, size_t chunk, Times *times) {
     CommConfig cfg = {.backend = "shm",
                       .rank = rank,
@@ -83,6 +115,8 @@ static int rank_main(int rank, const char *name, size_t chunk, Times *times) {
     Times ignored; // rank 1's
     for (size_t k = 0; k < NSIZES && rc == 0; k++)
         rc = measure(c, k, rank == 0 ? times : &ignored, &err);
+    for (size_t k = 0; k < NA2A && rc == 0; k++)
+        rc = measure_a2a(c, k, rank == 0 ? times : &ignored, &err);
     if (rc) fprintf(stderr, "rank %d: %s\n", rank, err.msg);
     if (c) comm_destroy(c);
     return rc ? 1 : 0;
@@ -101,6 +135,20 @@ static int run_ranks(size_t chunk, Times *times) {
         bad |= !WIFEXITED(status) || WEXITSTATUS(status);
     }
     return bad;
+}
+
+static void print_a2a(const Times *times) {
+    printf("\nshm all_to_all, %d ranks, each rank's bytes split evenly between the ranks (half "
+           "its own, copied; half to the other); memcpy of the same bytes in the same rounds\n",
+           WORLD);
+    printf("%10s %14s %14s %14s %8s\n", "per rank", "all_to_all ms", "GB/s", "memcpy GB/s",
+           "ratio");
+    for (size_t k = 0; k < NA2A; k++) {
+        double bytes = (double)(A2A_MIB[k] * MiB);
+        double bw = bytes / times->all_to_all[k] / 1e9, copy = bytes / times->a2a_memcpy[k] / 1e9;
+        printf("%7zu MiB %14.3f %14.2f %14.2f %7.0f%%\n", A2A_MIB[k], times->all_to_all[k] * 1e3,
+               bw, copy, 100 * bw / copy);
+    }
 }
 
 int main(int argc, char **argv) {
@@ -123,5 +171,6 @@ int main(int argc, char **argv) {
         if (SIZES_MIB[k] == 64) ratio64 = busbw / copy;
     }
     printf("at 64 MiB: busbw / memcpy = %.0f%% (target >= 50%%)\n", 100 * ratio64);
+    print_a2a(times);
     return 0;
 }

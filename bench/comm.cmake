@@ -1,4 +1,4 @@
-# bench_comm: shm all_reduce bus bandwidth (2 forked ranks) against this machine's
-# memcpy bandwidth, measured in the same run. Not a ctest test.
+# bench_comm: shm all_reduce bus bandwidth and all_to_all bandwidth (2 forked ranks) against
+# this machine's memcpy bandwidth, measured in the same run (bench/README.md). Not a ctest test.
 add_executable(bench_comm ${CMAKE_SOURCE_DIR}/bench/bench_comm.c)
 target_link_libraries(bench_comm PRIVATE astrai_core)

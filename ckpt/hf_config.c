@@ -146,11 +146,13 @@ static int check_rope_scaling(const cJSON *rs, const char *path, Err *err) {
     return 0;
 }
 
-// AstrAI's form of a valid rope_scaling: the five keys, "rope_type" named so (NULL: none).
+// AstrAI's form of a valid rope_scaling: the five keys, "rope_type" and "type" named so (AstrAI
+// reads only "type", and without it would take the object for NTK; NULL: none).
 static cJSON *astrai_rope_scaling(const cJSON *rs) {
     if (!rs) return cJSON_CreateNull();
     cJSON *o = cJSON_CreateObject();
     cJSON_AddStringToObject(o, "rope_type", "llama3");
+    cJSON_AddStringToObject(o, "type", "llama3");
     for (size_t i = 0; i < sizeof ROPE_NUMBERS / sizeof *ROPE_NUMBERS; i++)
         if (key_of(rs, ROPE_NUMBERS[i]))
             cJSON_AddItemToObject(o, ROPE_NUMBERS[i],
@@ -457,7 +459,7 @@ static int export_family(const cJSON *root, const ModelConfig *mc, const char *p
     if (mc->use_qk_norm != (bit == QWEN3))
         return err_set(err, "%s: use_qk_norm %s does not fit the family %s", path,
                        mc->use_qk_norm ? "true" : "false", name);
-    if (mc->rope_scaling.llama3 && bit == MISTRAL)
+    if (mc->rope_scaling.kind == ROPE_SCALING_LLAMA3 && bit == MISTRAL)
         return err_set(err, "%s: rope_scaling does not fit the family mistral", path);
     return 0;
 }

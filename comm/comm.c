@@ -201,6 +201,54 @@ int comm_barrier(Comm *c, Err *err) {
     return finish(c, c->ops->barrier(c, err), err);
 }
 
+// The sum of an all_to_all's sizes (what its buffer holds), or -1 with the error when a size
+// list is missing or its sum overflows.
+static int sum_sizes(Comm *c, const size_t *bytes, const char *what, size_t *total, Err *err) {
+    *total = 0;
+    if (!bytes) {
+        err_set(err, "all_to_all: %s is NULL (want %d sizes)", what, c->world);
+        return finish(c, -1, err);
+    }
+    for (int r = 0; r < c->world; r++) {
+        if (bytes[r] > SIZE_MAX - *total) {
+            err_set(err, "all_to_all: %s overflows at rank %d's %zu bytes (after %zu)", what, r,
+                    bytes[r], *total);
+            return finish(c, -1, err);
+        }
+        *total += bytes[r];
+    }
+    return 0;
+}
+
+static int check_bytes_buffer(Comm *c, const void *p, size_t bytes, const char *what, Err *err) {
+    if (!bytes || p) return 0;
+    err_set(err, "all_to_all: %s is NULL for %zu bytes", what, bytes);
+    return finish(c, -1, err);
+}
+
+// Overlap would let the copies read what they already overwrote (and NCCL forbids it).
+static int check_disjoint(Comm *c, const void *send, size_t send_total, const void *recv,
+                          size_t recv_total, Err *err) {
+    uintptr_t s = (uintptr_t)send, r = (uintptr_t)recv;
+    if (!send_total || !recv_total || s + send_total <= r || r + recv_total <= s) return 0;
+    err_set(err, "all_to_all: send (%p, %zu bytes) and recv (%p, %zu bytes) overlap", send,
+            send_total, recv, recv_total);
+    return finish(c, -1, err);
+}
+
+int comm_all_to_all(Comm *c, const void *send, const size_t *send_bytes, void *recv,
+                    const size_t *recv_bytes, Err *err) {
+    size_t send_total, recv_total;
+    if (usable(c, err) || sum_sizes(c, send_bytes, "send_bytes", &send_total, err) ||
+        sum_sizes(c, recv_bytes, "recv_bytes", &recv_total, err) ||
+        check_bytes_buffer(c, send, send_total, "send", err) ||
+        check_bytes_buffer(c, recv, recv_total, "recv", err) ||
+        check_disjoint(c, send, send_total, recv, recv_total, err))
+        return -1;
+    return finish(
+        c, c->ops->all_to_all(c, OR_EMPTY(send), send_bytes, OR_EMPTY(recv), recv_bytes, err), err);
+}
+
 // Bad transfers fail this rank only, as bad collective arguments do.
 static int check_p2p(Comm *c, const CommP2p *ops, int n, Err *err) {
     if (n <= 0 || !ops) {

@@ -4,11 +4,15 @@
 // memory: each rank reduces its slice of the buffer, then every rank gathers
 // the slices) and `nccl` (GPU, compiled when NCCL and CUDA are found).
 // Every call has a timeout: a dead or stuck peer gives a clear error naming it
-// (and a non-zero exit in the caller), never a silent hang. Results are
-// bitwise identical on every rank.
+// (and a non-zero exit in the caller), never a silent hang. Results of the
+// reductions, gathers and broadcasts are bitwise identical on every rank.
 //
+// Collectives: all_reduce, reduce_scatter, all_gather (also started without
+// waiting), broadcast, barrier, all_to_all (variable sizes), comm_split; besides
+// them, point-to-point transfers (comm_p2p), which are not collectives.
 // Every rank must call the same collectives in the same order with the same
-// sizes (the shm backend checks this and fails every rank on a mismatch).
+// sizes (all_to_all: sizes that agree per pair of ranks; the shm backend checks
+// this and fails every rank on a mismatch).
 // After any error the Comm is unusable: every later call fails with the first
 // error; comm_destroy() is still required.
 #pragma once
@@ -87,6 +91,15 @@ int comm_wait(Comm *c, Err *err);
 // bytes from root's buf to every rank's buf.
 int comm_broadcast(Comm *c, void *buf, size_t bytes, int root, Err *err);
 int comm_barrier(Comm *c, Err *err);
+// All-to-all of variable sizes (expert parallelism, docs/design.md §7a): rank r's send holds, one
+// after the other, send_bytes[0] bytes for rank 0, send_bytes[1] for rank 1, ...; its recv gets,
+// one after the other, recv_bytes[q] bytes from each rank q (its own part copied). Per ordered
+// pair, send_bytes[r] on rank q must equal recv_bytes[q] on rank r (shm checks this and fails both
+// ranks with both sizes named; nccl trusts it). Buffers: host memory (shm) or device memory (nccl),
+// send and recv must not overlap. A collective: every rank of c calls it, in the same order as the
+// others. Blocking; timeout and broken-Comm rules as for the other collectives.
+int comm_all_to_all(Comm *c, const void *send, const size_t *send_bytes, void *recv,
+                    const size_t *recv_bytes, Err *err);
 
 // Point-to-point (pipeline stages, docs/design.md §13). One transfer of a group:
 typedef struct {

@@ -18,6 +18,10 @@ typedef struct {
     int (*wait)(Comm *c, Err *err);
     int (*broadcast)(Comm *c, void *buf, size_t bytes, int root, Err *err);
     int (*barrier)(Comm *c, Err *err);
+    // send_bytes, recv_bytes: world entries each, their sums checked not to overflow; the
+    // buffers non-overlapping, NULL replaced by a valid address when their sum is 0.
+    int (*all_to_all)(Comm *c, const void *send, const size_t *send_bytes, void *recv,
+                      const size_t *recv_bytes, Err *err);
     // ops: checked (n > 0, peers in range and not this rank); buf is NULL only for 0 bytes.
     int (*p2p)(Comm *c, const CommP2p *ops, int n, Err *err);
     int (*p2p_start)(Comm *c, const CommP2p *ops, int n, Err *err); // NULL: p2p

@@ -14,7 +14,8 @@
 // unblocks the GPU when a peer died, and the Comm stays broken.
 //
 // Point-to-point transfers are one ncclGroupStart/End of ncclSend/ncclRecv, run and waited
-// for as a collective. Sub-communicators come from ncclCommSplit (NCCL 2.18 or later; loaded
+// for as a collective; so is all-to-all, a send to and a receive from every rank (itself
+// included) in one group. Sub-communicators come from ncclCommSplit (NCCL 2.18 or later; loaded
 // only when present, so an older library still runs everything else).
 #include <dlfcn.h>
 #include <nccl.h>
@@ -331,6 +332,36 @@ static int nccl_p2p_start(Comm *c, const CommP2p *ops, int n, Err *err) {
     return wait_comm_ready(c, (double)clock_mono_ms() + c->timeout_ms, what, err);
 }
 
+// One send and one receive per rank with bytes to move, as one p2p group: NCCL pairs a group's
+// sends and receives between two ranks whatever their order, and both sides skip the same
+// 0-byte pairs (the sizes agree per pair). ops: room for 2 * world.
+static int a2a_ops(Comm *c, const void *send, const size_t *send_bytes, void *recv,
+                   const size_t *recv_bytes, CommP2p *ops) {
+    int n = 0;
+    size_t sent = 0, got = 0;
+    for (int r = 0; r < c->world; r++) {
+        if (send_bytes[r]) ops[n++] = (CommP2p){r, 1, (char *)send + sent, send_bytes[r]};
+        if (recv_bytes[r]) ops[n++] = (CommP2p){r, 0, (char *)recv + got, recv_bytes[r]};
+        sent += send_bytes[r];
+        got += recv_bytes[r];
+    }
+    return n;
+}
+
+static int nccl_all_to_all(Comm *c, const void *send, const size_t *send_bytes, void *recv,
+                           const size_t *recv_bytes, Err *err) {
+    Nccl *x = c->state;
+    char what[96];
+    snprintf(what, sizeof what, "all_to_all (ncclSend/ncclRecv with each of %d ranks)", c->world);
+    if (aborted(c, err) || after_compute(c, what, err)) return -1;
+    CommP2p *ops = malloc(2 * (size_t)c->world * sizeof *ops);
+    if (!ops) return err_resource(err, "all_to_all: out of memory for %d ranks", c->world);
+    int n = a2a_ops(c, send, send_bytes, recv, recv_bytes, ops);
+    ncclResult_t r = n ? enqueue_p2p(x, ops, n) : ncclSuccess;
+    free(ops);
+    return run(c, r, what, err);
+}
+
 // ---------------------------------------------------------------- create / destroy
 
 static void nccl_destroy(Comm *c) {
@@ -367,6 +398,7 @@ static const CommBackend NCCL_OPS = {.device_memory = 1,
                                      .wait = nccl_wait,
                                      .broadcast = nccl_broadcast,
                                      .barrier = nccl_barrier,
+                                     .all_to_all = nccl_all_to_all,
                                      .p2p = nccl_p2p,
                                      .p2p_start = nccl_p2p_start,
                                      .split = nccl_split,

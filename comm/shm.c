@@ -7,6 +7,11 @@
 // one set, then waits at a barrier; steps alternate between the two sets, so a
 // rank may stage step k+1 while a slower peer still reads step k.
 //
+// All-to-all: a first step stages every rank's send and receive sizes (each rank checks every
+// pair, so all fail alike on a mismatch); then each step stages the next chunk of every rank's
+// send buffer, its own part cut out, and each rank copies its parts out of the others' slots,
+// located from the sizes. Steps follow the longest send buffer, not the largest part.
+//
 // Liveness: each rank holds an OFD write lock on byte `rank` of the segment.
 // The kernel drops it when the process dies (even while it is an unreaped
 // zombie, where kill(pid, 0) still succeeds), so "slot attached but lock free"
@@ -61,11 +66,12 @@ enum {
     OP_CREATE,
     OP_SPLIT,
     OP_P2P,
+    OP_ALL_TO_ALL,
     OP_COUNT
 };
 static const char *const OP_NAMES[OP_COUNT] = {"barrier",    "all_reduce", "reduce_scatter",
                                                "all_gather", "broadcast",  "comm_create",
-                                               "comm_split", "p2p"};
+                                               "comm_split", "p2p",        "all_to_all"};
 
 // What a rank is doing in its current collective, compared across ranks.
 typedef struct {
@@ -169,6 +175,10 @@ static void cpu_relax(void) {
 #if defined(__x86_64__) || defined(__i386__)
     __builtin_ia32_pause();
 #endif
+}
+
+static size_t min_size(size_t a, size_t b) {
+    return a < b ? a : b;
 }
 
 static size_t segment_size(int world, size_t chunk) {
@@ -538,6 +548,135 @@ static int shm_broadcast(Comm *c, void *buf, size_t bytes, int root, Err *err) {
     return 0;
 }
 
+// ---------------------------------------------------------------- all-to-all
+
+// A rank's stream: its send buffer without its own part (copied directly), staged a whole
+// chunk per step whatever the sizes per destination, so the steps are those of the largest
+// stream, not of the largest part.
+typedef struct {
+    uint64_t at, bytes; // this rank's part of the sender's stream: where, how long
+    uint64_t total;     // the sender's stream
+} A2aPart;
+
+// Rank q's sizes as staged by exchange_sizes: [0, W) what it sends, [W, 2W) what it receives.
+static const uint64_t *staged_sizes(Shm *s, int world, int q) {
+    return (const uint64_t *)slot_data(s, world, s->parity, q);
+}
+
+// Every pair, in the same order on every rank, so all fail with the same message.
+static int check_pair_sizes(Comm *c, Err *err) {
+    Shm *s = shm_of(c);
+    int W = c->world;
+    for (int q = 0; q < W; q++)
+        for (int r = 0; r < W; r++) {
+            uint64_t sent = staged_sizes(s, W, q)[r], got = staged_sizes(s, W, r)[W + q];
+            if (sent == got) continue;
+            err_set(err,
+                    "all_to_all: rank %d sends %llu bytes to rank %d, which receives %llu from "
+                    "rank %d",
+                    q, (unsigned long long)sent, r, (unsigned long long)got, q);
+            abort_group(c, err);
+            return -1;
+        }
+    return 0;
+}
+
+// Where this rank's part lies in rank q's stream (q's sizes staged). For q == this rank: where
+// its own part is cut out of its send buffer, and its stream's length.
+static A2aPart locate_part(Shm *s, int world, int q, int me) {
+    const uint64_t *sent = staged_sizes(s, world, q);
+    A2aPart p = {0, sent[me], 0};
+    for (int d = 0; d < world; d++)
+        if (d != q) {
+            p.at += d < me ? sent[d] : 0;
+            p.total += sent[d];
+        }
+    return p;
+}
+
+// The call's first step: every rank stages its sizes (2 * world * 8 bytes: a chunk holds at
+// least 64 * world), each checks every pair and locates its parts. *longest: the longest
+// stream, which sets the steps of every rank.
+static int exchange_sizes(Comm *c, const size_t *send_bytes, const size_t *recv_bytes,
+                          A2aPart *parts, uint64_t *longest, Err *err) {
+    Shm *s = shm_of(c);
+    int W = c->world;
+    uint64_t *mine = (uint64_t *)slot_data(s, W, s->parity, c->rank);
+    for (int r = 0; r < W; r++) {
+        mine[r] = send_bytes[r];
+        mine[W + r] = recv_bytes[r];
+    }
+    if (step_barrier(c, 1, err) || check_pair_sizes(c, err)) return -1;
+    *longest = 0;
+    for (int q = 0; q < W; q++) {
+        parts[q] = locate_part(s, W, q, c->rank);
+        if (parts[q].total > *longest) *longest = parts[q].total;
+    }
+    next_set(s);
+    return 0;
+}
+
+// Stages bytes [from, from + chunk) of my stream: send without its `skip` bytes at `cut`.
+static void stage_stream(Comm *c, const char *send, const A2aPart *mine, uint64_t from) {
+    Shm *s = shm_of(c);
+    if (from >= mine->total) return; // a shorter stream than the longest: done already
+    size_t m = min_size(s->chunk_floats * sizeof(float), (size_t)(mine->total - from));
+    size_t at = (size_t)from, cut = (size_t)mine->at, skip = (size_t)mine->bytes;
+    size_t first = at < cut ? min_size(m, cut - at) : 0;
+    char *dst = (char *)slot_data(s, c->world, s->parity, c->rank);
+    memcpy(dst, send + at, first);
+    memcpy(dst + first, send + at + first + skip, m - first);
+}
+
+// What of q's step (its stream's bytes [from, from + chunk)) is my part, into its place.
+static void take_part(char *dst, const char *slot, const A2aPart *p, uint64_t from, size_t chunk) {
+    uint64_t lo = p->at > from ? p->at : from, hi = p->at + p->bytes;
+    if (hi > from + chunk) hi = from + chunk;
+    if (lo < hi) memcpy(dst + (lo - p->at), slot + (lo - from), (size_t)(hi - lo));
+}
+
+// Per step: stage the next chunk of my stream, barrier, copy my parts out of every other
+// rank's.
+static int move_streams(Comm *c, const char *send, char *recv, const size_t *recv_bytes,
+                        const A2aPart *parts, uint64_t longest, Err *err) {
+    Shm *s = shm_of(c);
+    int W = c->world, me = c->rank;
+    size_t chunk = s->chunk_floats * sizeof(float);
+    for (uint64_t from = 0; from < longest; from += chunk) {
+        stage_stream(c, send, &parts[me], from);
+        if (step_barrier(c, 0, err)) return -1;
+        size_t at = 0;
+        for (int q = 0; q < W; at += recv_bytes[q++])
+            if (q != me)
+                take_part(recv + at, (const char *)slot_data(s, W, s->parity, q), &parts[q], from,
+                          chunk);
+        next_set(s);
+    }
+    return 0;
+}
+
+// Sizes first (one step, checked), then the streams; my own part is a plain copy.
+static int shm_all_to_all(Comm *c, const void *send, const size_t *send_bytes, void *recv,
+                          const size_t *recv_bytes, Err *err) {
+    int me = c->rank;
+    A2aPart *parts = malloc((size_t)c->world * sizeof *parts);
+    if (!parts) {
+        err_resource(err, "all_to_all: out of memory for %d ranks", c->world);
+        abort_group(c, err); // the others need not wait for the timeout
+        return -1;
+    }
+    begin_call(c, OP_ALL_TO_ALL, 0, 0); // the sizes differ by rank: exchange_sizes checks them
+    uint64_t longest;
+    int rc = exchange_sizes(c, send_bytes, recv_bytes, parts, &longest, err) ||
+             move_streams(c, send, recv, recv_bytes, parts, longest, err);
+    size_t own = 0; // where my own part goes in recv
+    for (int q = 0; q < me; q++)
+        own += recv_bytes[q];
+    if (rc == 0) memcpy((char *)recv + own, (const char *)send + parts[me].at, send_bytes[me]);
+    free(parts);
+    return rc ? -1 : 0;
+}
+
 // ---------------------------------------------------------------- create / attach / destroy
 
 static void release(Shm *s, size_t mapped) {
@@ -762,10 +901,6 @@ static void release_pairs(Comm *c) {
 
 // ---------------------------------------------------------------- point-to-point: transfers
 
-static size_t min_size(size_t a, size_t b) {
-    return a < b ? a : b;
-}
-
 // n bytes at stream position pos of a ring of cap bytes (wrapping).
 static void ring_put(char *ring, size_t cap, uint64_t pos, const void *src, size_t n) {
     size_t at = (size_t)(pos % cap), first = min_size(n, cap - at);
@@ -980,6 +1115,7 @@ static const CommBackend SHM_OPS = {.device_memory = 0,
                                     .all_gather = shm_all_gather,
                                     .broadcast = shm_broadcast,
                                     .barrier = shm_barrier,
+                                    .all_to_all = shm_all_to_all,
                                     .p2p = shm_p2p,
                                     .split = shm_split,
                                     .destroy = shm_destroy};

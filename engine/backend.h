@@ -96,8 +96,15 @@ struct Backend {
     void (*matmul_bwd)(void *dinp, float *dweight, const void *dout, const void *inp,
                        const void *weight, int N, int C, int OC, int accumulate_dinp);
 
+    // ---------------------------------------------------------------- strided copy
+    // dst[r*dst_stride + c] = src[r*src_stride + c] for r < rows, c < cols (compute dtype):
+    // MLA's q and per-head k, v moved between their projections and the q|k|v rows.
+    void (*copy_rows)(void *dst, int dst_stride, const void *src, int src_stride, int rows,
+                      int cols);
+
     // ---------------------------------------------------------------- embedding
-    // out: (N,C) = table[ids[n]]; table: (V,C).
+    // out: (N,C) = table[ids[n]]; table: (V,C). Also the gather of a mixture of experts'
+    // tokens into their experts' groups (ids = token_of of moe_route).
     void (*embedding_fwd)(void *out, const int32_t *ids, const void *table, int N, int C);
     // dtable[ids[n]] += dout[n]. by_id: (N) the token indices 0..N-1 stably sorted by
     // ids[n] (built on the host with the batch), so each table row is summed by one
@@ -144,6 +151,37 @@ struct Backend {
                           const float *lse, const void *q, const void *k, const void *v,
                           const int32_t *doc_start, int B, int T, int H, int KVH, int D,
                           int qkv_stride);
+
+    // ---------------------------------------------------------------- mixture of experts
+    // DeepSeekMoE's routing of N tokens to k of E experts (docs/design.md §7a). logits: (N,E)
+    // compute dtype, the router's output. probs: (N,E) fp32 = softmax(logits) in fp32, rounded
+    // to the compute dtype (kept for moe_route_bwd). Token n's experts: the k largest probs,
+    // chosen as torch.topk chooses them on the CPU (ties included: engine/topk.h), listed by
+    // increasing expert index in expert: (N*k) int32; weight: (N*k) fp32 = those probs / their
+    // sum (the sum, in fp32 in torch.topk's order, and each quotient rounded to the compute
+    // dtype). The (token, choice) pairs grouped by expert, in token order within an expert:
+    // counts: (E) int32, pairs per expert; token_of: (N*k) int32, the token of the p-th pair;
+    // slot: (N*k) int32, the pair index p of (n, j) (so token_of[slot[n*k+j]] = n).
+    void (*moe_route)(float *probs, float *weight, int32_t *expert, int32_t *counts,
+                      int32_t *token_of, int32_t *slot, const void *logits, int N, int E, int k);
+    // dlogits: (N,E) compute dtype = d loss / d logits from dweight: (N*k) fp32, d loss / d
+    // weight, through the renormalisation and the softmax (the roundings pass gradients
+    // unchanged); probs and expert as moe_route wrote them.
+    void (*moe_route_bwd)(void *dlogits, const float *dweight, const float *probs,
+                          const int32_t *expert, int N, int E, int k);
+    // out: (N,C) = resid + (shared_scale * shared + sum over j = 0..k-1 of weight[n*k+j] *
+    // rows[slot[n*k+j]]), in fp32, rounded once; rows: (N*k, C) the experts' outputs in pair
+    // order. resid and shared may be NULL (0), weight NULL (1s: the gather-sum of the tokens'
+    // gradients); out may be resid.
+    void (*moe_combine)(void *out, const void *resid, const void *shared, float shared_scale,
+                        const void *rows, const float *weight, const int32_t *slot, int N, int k,
+                        int C);
+    // moe_combine's transpose for dout: (N,C): drows: (N*k, C), row slot[n*k+j] = weight[n*k+j] *
+    // dout[n] (every row written); dweight: (N*k) fp32 = <dout[n], rows[slot[n*k+j]]> (fixed
+    // order); dshared: (N,C) = shared_scale * dout, skipped when NULL.
+    void (*moe_combine_bwd)(void *drows, float *dweight, void *dshared, const void *dout,
+                            const void *rows, const float *weight, const int32_t *slot,
+                            float shared_scale, int N, int k, int C);
 
     // ---------------------------------------------------------------- swiglu
     // h: (N, 2FF) = [up | gate] per row; out: (N,FF) = up * silu(gate).

@@ -72,11 +72,26 @@ struct ModelActs {
     void *gate, *gated;   // (S,N,C) gate pre-activation and att * sigmoid(gate)
     void *mid, *ln2;      // (S,N,C), (S,N,C)
     float *rstd2;         // (S,N)
-    void *h, *act;        // (S,N,2FF), (S,N,FF)
-    void *lnf, *logits;   // (N,C), (N,V)
-    float *rstdf, *lse_ce, *loss_rows; // (N), (N), (N)
+    void *h, *act;        // (S,M,N,2FF), (S,M,N,FF): the M dense MLPs (1, or MoE's shared ones)
+    // MLA, per slot: kv_a_proj's output, kv_norm's output and its rstd
+    void *kva, *kvc; // (S,N,R), (S,N,R)
+    float *rstdkv;   // (S,N)
+    // MoE, per slot (P = N*k (token, choice) pairs, in expert order: engine/backend.h moe_route)
+    void *rlogits;                      // (S,N,E) the router's output
+    float *probs, *topw;                // (S,N,E), (S,N*k)
+    int32_t *topi, *token_of, *pair_of; // (S,N*k) each: expert, token of pair, pair of choice
+    int32_t *counts;                    // (S,E) pairs per expert (backend)
+    int32_t *host_counts;               // (S,E) the same on the host (drives the GEMMs)
+    void *xp, *hp, *actp, *yp;          // (S,P,C), (S,P,2FF), (S,P,FF), (S,P,C)
+    void *lnf, *logits;                 // (N,C), (N,V)
+    float *rstdf, *lse_ce, *loss_rows;  // (N), (N), (N)
+    // scratch, reused by every layer: MLA's projections (N, max(H*D, K*2D)), MoE's shared sum
+    void *proj, *shared_sum;
     // backward scratch, reused by every layer
     void *dres, *dln, *dqkv, *dqkn, *dgated, *datt, *dgate, *dh, *dact, *dlogits;
+    void *dkvc, *dkva;                              // (N,R) MLA
+    void *drows, *dhp, *dactp, *drlogits, *dshared; // (P,C), (P,2FF), (P,FF), (N,E), (N,C) MoE
+    float *dtopw;                                   // (P) MoE
 };
 
 // Element i of a compute-dtype buffer.
@@ -111,14 +126,24 @@ static double llama3_frequency(double theta, const RopeScaling *rs) {
     return (1.0 - smooth) * theta / rs->factor + smooth * theta;
 }
 
-// cos/sin of position * base^(-2i/D) as AstrAI computes them (angle in fp64, then fp32),
-// the frequencies rescaled first where rope_scaling says so.
+// The RoPE base: rope_theta, or under NTK scaling (AstrAI's ntk_base) base * factor^(d/(d-2)),
+// d the rotated dimension.
+static double rope_base(const ModelConfig *c) {
+    double d = c->rope_dim;
+    if (c->rope_scaling.kind != ROPE_SCALING_NTK) return c->rope_theta;
+    return c->rope_theta * pow(c->rope_scaling.factor, d / (d - 2.0));
+}
+
+// cos/sin of position * base^(-2i/d) over the rotated dimensions d (rope_dim) as AstrAI computes
+// them (angle in fp64, then fp32), the frequencies rescaled first where rope_scaling says so.
 static void fill_rope_table(float *table, const ModelConfig *c) {
-    int half = c->head_dim / 2;
+    int half = c->rope_dim / 2;
+    double base = rope_base(c);
     for (int p = 0; p < c->max_position_embeddings; p++)
         for (int i = 0; i < half; i++) {
-            double theta = pow(c->rope_theta, -2.0 * i / c->head_dim);
-            if (c->rope_scaling.llama3) theta = llama3_frequency(theta, &c->rope_scaling);
+            double theta = pow(base, -2.0 * i / c->rope_dim);
+            if (c->rope_scaling.kind == ROPE_SCALING_LLAMA3)
+                theta = llama3_frequency(theta, &c->rope_scaling);
             float angle = (float)(p * theta);
             table[((size_t)p * half + i) * 2] = cosf(angle);
             table[((size_t)p * half + i) * 2 + 1] = sinf(angle);
@@ -186,7 +211,7 @@ int model_create_stage(Model *m, const ModelConfig *cfg, int first_block, int en
         return err_resource(err, "model: out of memory for the activations' table");
     }
     ModelPlan *pl = m->plan;
-    size_t rope_floats = (size_t)cfg->max_position_embeddings * cfg->head_dim;
+    size_t rope_floats = (size_t)cfg->max_position_embeddings * cfg->rope_dim;
     float *rope = malloc(rope_floats * sizeof *rope);
     pl->host_counts = malloc(((size_t)cfg->vocab_size + 1) * sizeof *pl->host_counts);
     int rc = !rope || !pl->host_counts
@@ -257,6 +282,18 @@ static int whole_table(const Model *m, ParamSpec **params, int *n, Err *err) {
     return model_stage_table(&m->cfg, 0, m->cfg.num_hidden_layers, params, n, &num_floats, err);
 }
 
+// AstrAI's init std of a 2-D weight: o_proj and the MLP's down 0.02/sqrt(2 L); an expert's down
+// 0.02/sqrt(2 L (1/max(S,1) + 1/k)) (DeepSeekMoE's down_init_std); everything else 0.02.
+static float init_std(const ModelConfig *c, const char *name) {
+    float L = (float)c->num_hidden_layers;
+    if (strstr(name, "_experts.") && strstr(name, ".down.")) {
+        float S = c->n_shared_experts > 1 ? (float)c->n_shared_experts : 1.0f;
+        return 0.02f / sqrtf(2.0f * L * (1.0f / S + 1.0f / (float)c->n_activated_experts));
+    }
+    if (strstr(name, "o_proj") || strstr(name, "mlp.down")) return 0.02f / sqrtf(2.0f * L);
+    return 0.02f;
+}
+
 // The draws run over the whole model's tensors in order, so that a stage gets the values the
 // whole model would.
 int model_init_random(Model *m, uint64_t seed, Err *err) {
@@ -273,13 +310,11 @@ int model_init_random(Model *m, uint64_t seed, Err *err) {
     }
     Rng rng;
     rng_seed(&rng, seed);
-    float std_out = 0.02f / sqrtf(2.0f * m->cfg.num_hidden_layers);
     for (int i = 0; i < n_all; i++) {
         const ParamSpec *p = &all[i];
-        int scaled = strstr(p->name, "o_proj") || strstr(p->name, "mlp.down");
-        float one = strstr(p->name, ".bias") ? 0.0f : 1.0f; // norms 1, biases 0
-        for (size_t j = 0; j < p->numel; j++)
-            host[j] = p->ndim == 1 ? one : rng_normal(&rng, 0.0f, scaled ? std_out : 0.02f);
+        float one = strstr(p->name, ".bias") ? 0.0f : 1.0f, std = init_std(&m->cfg, p->name);
+        for (size_t j = 0; j < p->numel; j++) // norms 1, biases 0
+            host[j] = p->ndim == 1 ? one : rng_normal(&rng, 0.0f, std);
         for (int k = 0; k < m->n_params; k++) // a tied head's copy shares the embedding's name
             if (!strcmp(m->params[k].name, p->name))
                 m->be->upload(m->master + m->params[k].offset, host, p->numel * sizeof *host);
@@ -395,6 +430,11 @@ static int activation_slots(const Model *m) {
     return m->grad_checkpointing ? 1 : n_blocks(m);
 }
 
+// The dense SwiGLU MLPs a block runs over every token: its MLP, or MoE's shared experts.
+static int dense_mlps(const ModelConfig *c) {
+    return c->ffn_type == FFN_MOE ? c->n_shared_experts : 1;
+}
+
 // Every backend activation buffer with its size for N token rows; one table for alloc
 // and free.
 static int activation_buffers(const Model *m, size_t N, Buffer *out) {
@@ -402,9 +442,12 @@ static int activation_buffers(const Model *m, size_t N, Buffer *out) {
     const ModelConfig *c = &m->cfg;
     size_t L = (size_t)n_blocks(m), S = (size_t)activation_slots(m), C = c->hidden_size,
            V = c->vocab_size, FF = c->intermediate_size, H = c->num_attention_heads,
-           KVH = c->num_key_value_heads, QKV = (H + 2 * KVH) * c->head_dim, qk = c->use_qk_norm,
-           gated = c->use_gated_attention, head = m->has_head,
-           bias = c->attention_bias || c->o_proj_bias;
+           KVH = c->num_key_value_heads, D = c->head_dim, QKV = (H + 2 * KVH) * D,
+           qk = c->use_qk_norm, gated = c->use_gated_attention, head = m->has_head,
+           bias = c->attention_bias || c->o_proj_bias, M = (size_t)dense_mlps(c),
+           mla = c->attn_type == ATTN_MLA, R = (size_t)c->kv_lora_rank,
+           proj = mla * (H * D > 2 * KVH * D ? H * D : 2 * KVH * D), moe = c->ffn_type == FFN_MOE,
+           E = (size_t)c->n_routed_experts, P = N * (size_t)c->n_activated_experts;
     const size_t A = dtype_size(m->be->dtype), f = sizeof(float), i32 = sizeof(int32_t);
     Buffer table[] = {
         {(void **)&a->batch, BATCH_FIELDS * N * i32},
@@ -423,8 +466,24 @@ static int activation_buffers(const Model *m, size_t N, Buffer *out) {
         {(void **)&a->mid, S * N * C * A},
         {(void **)&a->ln2, S * N * C * A},
         {(void **)&a->rstd2, S * N * f},
-        {(void **)&a->h, S * N * 2 * FF * A},
-        {(void **)&a->act, S * N * FF * A},
+        {(void **)&a->h, S * M * N * 2 * FF * A},
+        {(void **)&a->act, S * M * N * FF * A},
+        {(void **)&a->kva, S * N * R * A},
+        {(void **)&a->kvc, S * N * R * A},
+        {(void **)&a->rstdkv, mla * S * N * f},
+        {(void **)&a->rlogits, S * N * E * A},
+        {(void **)&a->probs, S * N * E * f},
+        {(void **)&a->topw, S * P * f},
+        {(void **)&a->topi, S * P * i32},
+        {(void **)&a->token_of, S * P * i32},
+        {(void **)&a->pair_of, S * P * i32},
+        {(void **)&a->counts, S * E * i32},
+        {(void **)&a->xp, S * P * C * A},
+        {(void **)&a->hp, S * P * 2 * FF * A},
+        {(void **)&a->actp, S * P * FF * A},
+        {(void **)&a->yp, S * P * C * A},
+        {(void **)&a->proj, N * proj * A},
+        {(void **)&a->shared_sum, (M > 0 && moe) * N * C * A},
         {(void **)&a->lnf, head * N * C * A},
         {(void **)&a->rstdf, head * N * f},
         {(void **)&a->logits, head * N * V * A},
@@ -440,13 +499,21 @@ static int activation_buffers(const Model *m, size_t N, Buffer *out) {
         {(void **)&a->dh, N * 2 * FF * A},
         {(void **)&a->dact, N * FF * A},
         {(void **)&a->dlogits, head * N * V * A},
+        {(void **)&a->dkvc, N * R * A},
+        {(void **)&a->dkva, N * R * A},
+        {(void **)&a->drows, P * C * A},
+        {(void **)&a->dhp, P * 2 * FF * A},
+        {(void **)&a->dactp, P * FF * A},
+        {(void **)&a->drlogits, N * E * A},
+        {(void **)&a->dshared, (M > 0 && moe) * N * C * A},
+        {(void **)&a->dtopw, P * f},
     };
     size_t n = sizeof table / sizeof table[0];
     if (out) memcpy(out, table, sizeof table);
     return (int)n;
 }
 
-enum { MAX_BUFFERS = 64 };
+enum { MAX_BUFFERS = 96 };
 
 static void free_activations(Model *m) {
     Buffer table[MAX_BUFFERS];
@@ -456,7 +523,9 @@ static void free_activations(Model *m) {
         *table[i].ptr = NULL;
     }
     free(m->acts->host_batch);
+    free(m->acts->host_counts);
     m->acts->host_batch = NULL;
+    m->acts->host_counts = NULL;
     m->acts->capacity = 0;
 }
 
@@ -481,8 +550,12 @@ static int ensure_activations(Model *m, size_t N, Err *err) {
     Buffer table[MAX_BUFFERS];
     int n = activation_buffers(m, N, table);
     a->host_batch = malloc(BATCH_FIELDS * N * sizeof *a->host_batch);
-    if (!a->host_batch)
+    a->host_counts = calloc((size_t)activation_slots(m) * (size_t)m->cfg.n_routed_experts + 1,
+                            sizeof *a->host_counts);
+    if (!a->host_batch || !a->host_counts) {
+        free_activations(m);
         return err_resource(err, "model: out of memory for a batch of %zu tokens", N);
+    }
     for (int i = 0; i < n; i++) {
         *table[i].ptr = table[i].bytes ? m->be->alloc(table[i].bytes, err) : NULL;
         if (table[i].bytes && !*table[i].ptr) {
@@ -674,38 +747,64 @@ static size_t qkv_width(const ModelConfig *c) {
 
 // The activations of one slot (engine/model.c header).
 typedef struct {
-    void *ln1, *qkv, *qkn, *att, *gate, *gated, *mid, *ln2, *h, *act;
-    float *rstd1, *rstdq, *rstdk, *lse, *rstd2;
+    void *ln1, *qkv, *qkn, *att, *gate, *gated, *mid, *ln2, *h, *act, *kva, *kvc;
+    float *rstd1, *rstdq, *rstdk, *lse, *rstd2, *rstdkv;
+    void *rlogits, *xp, *hp, *actp, *yp;
+    float *probs, *topw;
+    int32_t *topi, *token_of, *pair_of, *counts, *host_counts;
 } Slot;
+
+// Element k*n of a buffer of slots, NULL when the buffer is absent.
+static void *slot_part(const Model *m, void *base, size_t k, size_t n) {
+    return base ? at(m, base, k * n) : NULL;
+}
 
 static Slot slot_at(const Model *m, int s) {
     const ModelActs *a = m->acts;
     const ModelConfig *c = &m->cfg;
     size_t N = (size_t)a->B * a->T, nc = N * c->hidden_size, QKV = qkv_width(c),
-           FF = c->intermediate_size, H = c->num_attention_heads, KVH = c->num_key_value_heads;
+           FF = c->intermediate_size, H = c->num_attention_heads, KVH = c->num_key_value_heads,
+           M = (size_t)dense_mlps(c), R = (size_t)c->kv_lora_rank, E = (size_t)c->n_routed_experts,
+           P = N * (size_t)c->n_activated_experts;
     size_t k = (size_t)s;
     return (Slot){.ln1 = at(m, a->ln1, k * nc),
                   .qkv = at(m, a->qkv, k * N * QKV),
-                  .qkn = c->use_qk_norm ? at(m, a->qkn, k * N * QKV) : NULL,
+                  .qkn = slot_part(m, a->qkn, k, N * QKV),
                   .att = at(m, a->att, k * nc),
-                  .gate = c->use_gated_attention ? at(m, a->gate, k * nc) : NULL,
-                  .gated = c->use_gated_attention ? at(m, a->gated, k * nc) : NULL,
+                  .gate = slot_part(m, a->gate, k, nc),
+                  .gated = slot_part(m, a->gated, k, nc),
                   .mid = at(m, a->mid, k * nc),
                   .ln2 = at(m, a->ln2, k * nc),
-                  .h = at(m, a->h, k * N * 2 * FF),
-                  .act = at(m, a->act, k * N * FF),
+                  .h = slot_part(m, a->h, k, M * N * 2 * FF),
+                  .act = slot_part(m, a->act, k, M * N * FF),
+                  .kva = slot_part(m, a->kva, k, N * R),
+                  .kvc = slot_part(m, a->kvc, k, N * R),
                   .rstd1 = a->rstd1 + k * N,
                   .rstdq = c->use_qk_norm ? a->rstdq + k * N * H : NULL,
                   .rstdk = c->use_qk_norm ? a->rstdk + k * N * KVH : NULL,
                   .lse = a->lse + k * N * H,
-                  .rstd2 = a->rstd2 + k * N};
+                  .rstd2 = a->rstd2 + k * N,
+                  .rstdkv = a->rstdkv ? a->rstdkv + k * N : NULL,
+                  .rlogits = slot_part(m, a->rlogits, k, N * E),
+                  .xp = slot_part(m, a->xp, k, P * c->hidden_size),
+                  .hp = slot_part(m, a->hp, k, P * 2 * FF),
+                  .actp = slot_part(m, a->actp, k, P * FF),
+                  .yp = slot_part(m, a->yp, k, P * c->hidden_size),
+                  .probs = a->probs ? a->probs + k * N * E : NULL,
+                  .topw = a->topw ? a->topw + k * P : NULL,
+                  .topi = a->topi ? a->topi + k * P : NULL,
+                  .token_of = a->token_of ? a->token_of + k * P : NULL,
+                  .pair_of = a->pair_of ? a->pair_of + k * P : NULL,
+                  .counts = a->counts ? a->counts + k * E : NULL,
+                  .host_counts = a->host_counts + k * E};
 }
 
 static int slot_of_layer(const Model *m, int l) {
     return m->grad_checkpointing ? 0 : l - m->first_block;
 }
 
-// RoPE (forward, or its transpose for sign < 0) on the q and k heads of the (N, QKV) rows x.
+// RoPE (forward, or its transpose for sign < 0) on the q and k heads of the (N, QKV) rows x: all
+// of each head (GQA), or the last rope_dim dimensions of each (MLA's q_rope, k_rope).
 static void rope_heads(const Model *m, void *x, int sign) {
     const ModelActs *a = m->acts;
     const ModelConfig *c = &m->cfg;
@@ -713,54 +812,167 @@ static void rope_heads(const Model *m, void *x, int sign) {
         QKV = (int)qkv_width(c);
     void (*rope)(void *, const int32_t *, const float *, int, int, int, int) =
         sign > 0 ? m->be->rope_fwd : m->be->rope_bwd;
-    rope(x, a->pos, m->plan->rope, N, H, D, QKV);
-    rope(at(m, x, (size_t)H * D), a->pos, m->plan->rope, N, KVH, D, QKV);
+    if (c->rope_dim == D) {
+        rope(x, a->pos, m->plan->rope, N, H, D, QKV);
+        rope(at(m, x, (size_t)H * D), a->pos, m->plan->rope, N, KVH, D, QKV);
+        return;
+    }
+    for (int h = 0; h < H + KVH; h++)
+        rope(at(m, x, (size_t)h * D + (D - c->rope_dim)), a->pos, m->plan->rope, N, 1, c->rope_dim,
+             QKV);
 }
 
-// res[l+1] = res[l] + attn(input_norm(res[l])) + mlp(post_attention_norm(.)), layer l,
+// MLA's k and v of kv head h: columns [2hD, 2hD + D) and [2hD + D, 2(h+1)D) of the kv_b rows
+// (K*2D wide), columns (H + h)D and (H + K + h)D of the q|k|v rows. to_qkv: kv -> qkv, else back.
+static void mla_move_kv(const Model *m, void *qkv, void *kv, bool to_qkv) {
+    const ModelConfig *c = &m->cfg;
+    int N = m->acts->B * m->acts->T, H = c->num_attention_heads, K = c->num_key_value_heads,
+        D = c->head_dim, QKV = (int)qkv_width(c), KV = 2 * K * D;
+    for (int h = 0; h < K; h++)
+        for (int part = 0; part < 2; part++) {
+            void *q = at(m, qkv, (size_t)(H + part * K + h) * D),
+                 *v = at(m, kv, (size_t)(2 * h + part) * D);
+            if (to_qkv)
+                m->be->copy_rows(q, QKV, v, KV, N, D);
+            else
+                m->be->copy_rows(v, KV, q, QKV, N, D);
+        }
+}
+
+// x.qkv = the q|k|v rows of MLA (docs/design.md §7a) from x.ln1: q = q_proj(h); k, v per kv
+// head from kv_b_proj(kv_norm(kv_a_proj(h))).
+static void mla_project(Model *m, const LayerParams *p, const Slot *x) {
+    ModelActs *a = m->acts;
+    const Backend *be = m->be;
+    const ModelConfig *c = &m->cfg;
+    int N = a->B * a->T, C = c->hidden_size, HD = c->num_attention_heads * c->head_dim,
+        R = c->kv_lora_rank, KV = 2 * c->num_key_value_heads * c->head_dim, QKV = (int)qkv_width(c);
+    be->matmul_fwd(a->proj, x->ln1, weight(m, p->q_proj), N, C, HD, 0);
+    be->copy_rows(x->qkv, QKV, a->proj, HD, N, HD);
+    be->matmul_fwd(x->kva, x->ln1, weight(m, p->kv_a_proj), N, C, R, 0);
+    be->rmsnorm_fwd(x->kvc, x->rstdkv, x->kva, weight(m, p->kv_norm), N, 1, R, R, c->rms_norm_eps);
+    be->matmul_fwd(a->proj, x->kvc, weight(m, p->kv_b_proj), N, R, KV, 0);
+    mla_move_kv(m, x->qkv, a->proj, true);
+}
+
+// x.mid = res + attn(input_norm(res)) of layer l.
+static void attention_forward(Model *m, const LayerParams *p, const Slot *x, const void *res) {
+    ModelActs *a = m->acts;
+    const Backend *be = m->be;
+    const ModelConfig *c = &m->cfg;
+    int B = a->B, T = a->T, N = B * T, C = c->hidden_size, H = c->num_attention_heads,
+        KVH = c->num_key_value_heads, D = c->head_dim, QKV = (int)qkv_width(c);
+    size_t nc = (size_t)N * C;
+    be->rmsnorm_fwd(x->ln1, x->rstd1, res, weight(m, p->input_norm), N, 1, C, C, c->rms_norm_eps);
+    if (c->attn_type == ATTN_MLA) {
+        mla_project(m, p, x);
+    } else {
+        be->matmul_fwd(x->qkv, x->ln1, weight(m, p->q_proj), N, C, QKV, 0);
+        if (c->attention_bias)
+            be->matmul_fwd(x->qkv, a->ones, weight(m, p->qkv_bias), N, 1, QKV, 1);
+    }
+    // q and k as attention sees them: qkv after RoPE, then qk-norm into qkn; or (qk-norm
+    // before RoPE) normed into qkn and rotated there, qkv kept as the norm's input.
+    void *qk = c->use_qk_norm ? x->qkn : x->qkv;
+    if (!c->qk_norm_before_rope) rope_heads(m, x->qkv, 1);
+    if (c->use_qk_norm) {
+        be->rmsnorm_fwd(qk, x->rstdq, x->qkv, weight(m, p->q_norm), N, H, D, QKV, c->rms_norm_eps);
+        be->rmsnorm_fwd(at(m, qk, (size_t)H * D), x->rstdk, at(m, x->qkv, (size_t)H * D),
+                        weight(m, p->k_norm), N, KVH, D, QKV, c->rms_norm_eps);
+    }
+    if (c->qk_norm_before_rope) rope_heads(m, qk, 1);
+    be->attention_fwd(x->att, x->lse, qk, at(m, qk, (size_t)H * D),
+                      at(m, x->qkv, (size_t)(H + KVH) * D), a->doc_start, B, T, H, KVH, D, QKV);
+    void *o_in = x->att;
+    if (c->use_gated_attention) {
+        o_in = x->gated;
+        be->matmul_fwd(x->gate, x->ln1, weight(m, p->gate), N, C, C, 0);
+        be->sigmoid_gate_fwd(o_in, x->att, x->gate, nc);
+    }
+    be->copy(x->mid, res, nc * dtype_size(be->dtype));
+    be->matmul_fwd(x->mid, o_in, weight(m, p->o_proj), N, C, C, 1);
+    if (c->o_proj_bias) be->matmul_fwd(x->mid, a->ones, weight(m, p->o_bias), N, 1, C, 1);
+}
+
+// One SwiGLU MLP over the rows of x.ln2: h = [up | gate] rows, act; out (+)= down(act).
+static void swiglu_forward(Model *m, int up, const Slot *x, void *h, void *act, void *out,
+                           int accumulate) {
+    const ModelConfig *c = &m->cfg;
+    int N = m->acts->B * m->acts->T, C = c->hidden_size, FF = c->intermediate_size;
+    m->be->matmul_fwd(h, x->ln2, weight(m, up), N, C, 2 * FF, 0);
+    m->be->swiglu_fwd(act, h, N, FF);
+    m->be->matmul_fwd(out, act, weight(m, up + 2), N, FF, C, accumulate);
+}
+
+// Dense MLP i's activations of the slot (the MLP, or MoE's shared expert i).
+static void *dense_h(const Model *m, const Slot *x, int i) {
+    return at(m, x->h, (size_t)i * m->acts->B * m->acts->T * 2 * m->cfg.intermediate_size);
+}
+static void *dense_act(const Model *m, const Slot *x, int i) {
+    return at(m, x->act, (size_t)i * m->acts->B * m->acts->T * m->cfg.intermediate_size);
+}
+
+// The routed experts over their groups of pairs: yp rows = down(swiglu(up|gate(xp rows))), one
+// GEMM per expert and matrix; an expert without tokens computes nothing.
+static void experts_forward(Model *m, const LayerParams *p, const Slot *x) {
+    const Backend *be = m->be;
+    const ModelConfig *c = &m->cfg;
+    int C = c->hidden_size, FF = c->intermediate_size, E = c->n_routed_experts,
+        P = m->acts->B * m->acts->T * c->n_activated_experts;
+    for (int e = 0, first = 0; e < E; first += x->host_counts[e++]) {
+        if (!x->host_counts[e]) continue;
+        be->matmul_fwd(at(m, x->hp, (size_t)first * 2 * FF), at(m, x->xp, (size_t)first * C),
+                       weight(m, p->routed_experts + 3 * e), x->host_counts[e], C, 2 * FF, 0);
+    }
+    be->swiglu_fwd(x->actp, x->hp, P, FF);
+    for (int e = 0, first = 0; e < E; first += x->host_counts[e++]) {
+        if (!x->host_counts[e]) continue;
+        be->matmul_fwd(at(m, x->yp, (size_t)first * C), at(m, x->actp, (size_t)first * FF),
+                       weight(m, p->routed_experts + 3 * e + 2), x->host_counts[e], FF, C, 0);
+    }
+}
+
+// DeepSeekMoE (docs/design.md §7a): res_next = mid + (mean of the shared experts + sum of the
+// chosen experts' outputs, weighted).
+static void moe_forward(Model *m, const LayerParams *p, const Slot *x, void *res_next) {
+    ModelActs *a = m->acts;
+    const Backend *be = m->be;
+    const ModelConfig *c = &m->cfg;
+    int N = a->B * a->T, C = c->hidden_size, E = c->n_routed_experts, k = c->n_activated_experts,
+        S = c->n_shared_experts;
+    be->matmul_fwd(x->rlogits, x->ln2, weight(m, p->router), N, C, E, 0);
+    be->moe_route(x->probs, x->topw, x->topi, x->counts, x->token_of, x->pair_of, x->rlogits, N, E,
+                  k);
+    be->download(x->host_counts, x->counts, (size_t)E * sizeof *x->host_counts);
+    be->embedding_fwd(x->xp, x->token_of, x->ln2, N * k, C); // the pairs' token rows
+    experts_forward(m, p, x);
+    for (int i = 0; i < S; i++)
+        swiglu_forward(m, p->shared_experts + 3 * i, x, dense_h(m, x, i), dense_act(m, x, i),
+                       a->shared_sum, i > 0);
+    be->moe_combine(res_next, x->mid, S ? a->shared_sum : NULL, S ? 1.0f / (float)S : 0.0f, x->yp,
+                    x->topw, x->pair_of, N, k, C);
+}
+
+// res[l+1] = res[l] + attn(input_norm(res[l])) + ffn(post_attention_norm(.)), layer l,
 // activations into slot s.
 static void layer_forward(Model *m, int l, int s) {
     ModelActs *a = m->acts;
     const Backend *be = m->be;
     const ModelConfig *c = &m->cfg;
     const LayerParams *p = &m->plan->layer[l];
-    int B = a->B, T = a->T, N = B * T, C = c->hidden_size, H = c->num_attention_heads,
-        KVH = c->num_key_value_heads, D = c->head_dim, FF = c->intermediate_size,
-        QKV = (int)qkv_width(c);
+    int N = a->B * a->T, C = c->hidden_size;
     size_t nc = (size_t)N * C, r = (size_t)(l - m->first_block);
     Slot x = slot_at(m, s);
     void *res = at(m, a->res, r * nc), *res_next = at(m, a->res, (r + 1) * nc);
 
-    be->rmsnorm_fwd(x.ln1, x.rstd1, res, weight(m, p->input_norm), N, 1, C, C, c->rms_norm_eps);
-    be->matmul_fwd(x.qkv, x.ln1, weight(m, p->q_proj), N, C, QKV, 0);
-    if (c->attention_bias) be->matmul_fwd(x.qkv, a->ones, weight(m, p->qkv_bias), N, 1, QKV, 1);
-    // q and k as attention sees them: qkv after RoPE, then qk-norm into qkn; or (qk-norm
-    // before RoPE) normed into qkn and rotated there, qkv kept as the norm's input.
-    void *qk = c->use_qk_norm ? x.qkn : x.qkv;
-    if (!c->qk_norm_before_rope) rope_heads(m, x.qkv, 1);
-    if (c->use_qk_norm) {
-        be->rmsnorm_fwd(qk, x.rstdq, x.qkv, weight(m, p->q_norm), N, H, D, QKV, c->rms_norm_eps);
-        be->rmsnorm_fwd(at(m, qk, (size_t)H * D), x.rstdk, at(m, x.qkv, (size_t)H * D),
-                        weight(m, p->k_norm), N, KVH, D, QKV, c->rms_norm_eps);
-    }
-    if (c->qk_norm_before_rope) rope_heads(m, qk, 1);
-    be->attention_fwd(x.att, x.lse, qk, at(m, qk, (size_t)H * D),
-                      at(m, x.qkv, (size_t)(H + KVH) * D), a->doc_start, B, T, H, KVH, D, QKV);
-    void *o_in = x.att;
-    if (c->use_gated_attention) {
-        o_in = x.gated;
-        be->matmul_fwd(x.gate, x.ln1, weight(m, p->gate), N, C, C, 0);
-        be->sigmoid_gate_fwd(o_in, x.att, x.gate, nc);
-    }
-    be->copy(x.mid, res, nc * dtype_size(be->dtype));
-    be->matmul_fwd(x.mid, o_in, weight(m, p->o_proj), N, C, C, 1);
-    if (c->o_proj_bias) be->matmul_fwd(x.mid, a->ones, weight(m, p->o_bias), N, 1, C, 1);
-
+    attention_forward(m, p, &x, res);
     be->rmsnorm_fwd(x.ln2, x.rstd2, x.mid, weight(m, p->post_norm), N, 1, C, C, c->rms_norm_eps);
-    be->matmul_fwd(x.h, x.ln2, weight(m, p->mlp_up), N, C, 2 * FF, 0);
-    be->swiglu_fwd(x.act, x.h, N, FF);
+    if (c->ffn_type == FFN_MOE) {
+        moe_forward(m, p, &x, res_next);
+        return;
+    }
     be->copy(res_next, x.mid, nc * dtype_size(be->dtype));
-    be->matmul_fwd(res_next, x.act, weight(m, p->mlp_down), N, FF, C, 1);
+    swiglu_forward(m, p->mlp_up, &x, x.h, x.act, res_next, 1);
 }
 
 static int check_forward_args(int B, int T, float label_smoothing, Err *err) {
@@ -855,30 +1067,93 @@ float model_forward(Model *m, const int32_t *inputs, const int32_t *targets,
 
 // ---------------------------------------------------------------- backward
 
-// Takes dres = d loss / d res[l+1]; leaves d loss / d res[l] in it. Slot s holds
-// layer l's activations.
-static void layer_backward(Model *m, int l, int s) {
+// One SwiGLU MLP's backward from dout: (N,C) into dln (= or += with accumulate_dln), its gradients
+// added; h, act its forward's.
+static void swiglu_backward(Model *m, int up, const Slot *x, const void *h, const void *act,
+                            const void *dout, int accumulate_dln) {
+    ModelActs *a = m->acts;
+    const Backend *be = m->be;
+    int N = a->B * a->T, C = m->cfg.hidden_size, FF = m->cfg.intermediate_size;
+    be->matmul_bwd(a->dact, grad(m, up + 2), dout, act, weight(m, up + 2), N, FF, C, 0);
+    be->swiglu_bwd(a->dh, a->dact, h, N, FF);
+    be->matmul_bwd(a->dln, grad(m, up), a->dh, x->ln2, weight(m, up), N, C, 2 * FF, accumulate_dln);
+}
+
+// The routed experts' backward: drows holds d loss / d yp (pair rows) on entry and d loss / d xp
+// on return (the GEMMs of each expert read the first before the second is written).
+static void experts_backward(Model *m, const LayerParams *p, const Slot *x) {
     ModelActs *a = m->acts;
     const Backend *be = m->be;
     const ModelConfig *c = &m->cfg;
-    const LayerParams *p = &m->plan->layer[l];
+    int C = c->hidden_size, FF = c->intermediate_size, E = c->n_routed_experts,
+        P = a->B * a->T * c->n_activated_experts;
+    for (int e = 0, first = 0; e < E; first += x->host_counts[e++]) {
+        if (!x->host_counts[e]) continue;
+        int down = p->routed_experts + 3 * e + 2;
+        be->matmul_bwd(at(m, a->dactp, (size_t)first * FF), grad(m, down),
+                       at(m, a->drows, (size_t)first * C), at(m, x->actp, (size_t)first * FF),
+                       weight(m, down), x->host_counts[e], FF, C, 0);
+    }
+    be->swiglu_bwd(a->dhp, a->dactp, x->hp, P, FF);
+    for (int e = 0, first = 0; e < E; first += x->host_counts[e++]) {
+        if (!x->host_counts[e]) continue;
+        int up = p->routed_experts + 3 * e;
+        be->matmul_bwd(at(m, a->drows, (size_t)first * C), grad(m, up),
+                       at(m, a->dhp, (size_t)first * 2 * FF), at(m, x->xp, (size_t)first * C),
+                       weight(m, up), x->host_counts[e], C, 2 * FF, 0);
+    }
+}
+
+// DeepSeekMoE's backward from dres = d loss / d res_next into dln = d loss / d ln2: the routed
+// experts (through the combination's weights to the router) and the shared ones.
+static void moe_backward(Model *m, const LayerParams *p, const Slot *x) {
+    ModelActs *a = m->acts;
+    const Backend *be = m->be;
+    const ModelConfig *c = &m->cfg;
+    int N = a->B * a->T, C = c->hidden_size, E = c->n_routed_experts, k = c->n_activated_experts,
+        S = c->n_shared_experts;
+    float shared_scale = S ? 1.0f / (float)S : 0.0f;
+    be->moe_combine_bwd(a->drows, a->dtopw, S ? a->dshared : NULL, a->dres, x->yp, x->topw,
+                        x->pair_of, shared_scale, N, k, C);
+    experts_backward(m, p, x);
+    be->moe_combine(a->dln, NULL, NULL, 0.0f, a->drows, NULL, x->pair_of, N, k, C);
+    for (int i = 0; i < S; i++)
+        swiglu_backward(m, p->shared_experts + 3 * i, x, dense_h(m, x, i), dense_act(m, x, i),
+                        a->dshared, 1);
+    be->moe_route_bwd(a->drlogits, a->dtopw, x->probs, x->topi, N, E, k);
+    be->matmul_bwd(a->dln, grad(m, p->router), a->drlogits, x->ln2, weight(m, p->router), N, C, E,
+                   1);
+}
+
+// MLA's projections backward from dqkv (d loss / d the q|k|v rows) into dln (= or +=).
+static void mla_project_backward(Model *m, const LayerParams *p, const Slot *x, int have_dln) {
+    ModelActs *a = m->acts;
+    const Backend *be = m->be;
+    const ModelConfig *c = &m->cfg;
+    int N = a->B * a->T, C = c->hidden_size, HD = c->num_attention_heads * c->head_dim,
+        R = c->kv_lora_rank, KV = 2 * c->num_key_value_heads * c->head_dim, QKV = (int)qkv_width(c);
+    be->copy_rows(a->proj, HD, a->dqkv, QKV, N, HD);
+    be->matmul_bwd(a->dln, grad(m, p->q_proj), a->proj, x->ln1, weight(m, p->q_proj), N, C, HD,
+                   have_dln);
+    mla_move_kv(m, a->dqkv, a->proj, false);
+    be->matmul_bwd(a->dkvc, grad(m, p->kv_b_proj), a->proj, x->kvc, weight(m, p->kv_b_proj), N, R,
+                   KV, 0);
+    be->rmsnorm_bwd(a->dkva, grad(m, p->kv_norm), a->dkvc, x->kva, weight(m, p->kv_norm), x->rstdkv,
+                    N, 1, R, R, 0);
+    be->matmul_bwd(a->dln, grad(m, p->kv_a_proj), a->dkva, x->ln1, weight(m, p->kv_a_proj), N, C, R,
+                   1);
+}
+
+// The attention branch's backward: mid = res + o_proj(att [* sigmoid(gate(ln1))]); dres holds d
+// loss / d mid on entry and d loss / d res on return.
+static void attention_backward(Model *m, const LayerParams *p, const Slot *x, const void *res) {
+    ModelActs *a = m->acts;
+    const Backend *be = m->be;
+    const ModelConfig *c = &m->cfg;
     int B = a->B, T = a->T, N = B * T, C = c->hidden_size, H = c->num_attention_heads,
-        KVH = c->num_key_value_heads, D = c->head_dim, FF = c->intermediate_size,
-        QKV = (int)qkv_width(c);
+        KVH = c->num_key_value_heads, D = c->head_dim, QKV = (int)qkv_width(c);
     size_t nc = (size_t)N * C, hd = (size_t)H * D, kvd = (size_t)(H + KVH) * D;
-    Slot x = slot_at(m, s);
-    void *res = at(m, a->res, (size_t)(l - m->first_block) * nc);
-
-    // mlp branch: res[l+1] = mid + down(swiglu(up|gate(ln2)))
-    be->matmul_bwd(a->dact, grad(m, p->mlp_down), a->dres, x.act, weight(m, p->mlp_down), N, FF, C,
-                   0);
-    be->swiglu_bwd(a->dh, a->dact, x.h, N, FF);
-    be->matmul_bwd(a->dln, grad(m, p->mlp_up), a->dh, x.ln2, weight(m, p->mlp_up), N, C, 2 * FF, 0);
-    be->rmsnorm_bwd(a->dres, grad(m, p->post_norm), a->dln, x.mid, weight(m, p->post_norm), x.rstd2,
-                    N, 1, C, C, 1);
-
-    // attention branch: mid = res + o_proj(att [* sigmoid(gate(ln1))])
-    void *o_in = c->use_gated_attention ? x.gated : x.att;
+    void *o_in = c->use_gated_attention ? x->gated : x->att;
     if (c->o_proj_bias)
         be->matmul_bwd(NULL, grad(m, p->o_bias), a->dres, a->ones, weight(m, p->o_bias), N, 1, C,
                        0);
@@ -886,18 +1161,18 @@ static void layer_backward(Model *m, int l, int s) {
     void *datt = a->dgated;
     if (c->use_gated_attention) {
         datt = a->datt;
-        be->sigmoid_gate_bwd(datt, a->dgate, a->dgated, x.att, x.gate, nc);
+        be->sigmoid_gate_bwd(datt, a->dgate, a->dgated, x->att, x->gate, nc);
     }
-    void *qk = c->use_qk_norm ? x.qkn : x.qkv;
+    void *qk = c->use_qk_norm ? x->qkn : x->qkv;
     void *dqk = c->use_qk_norm ? a->dqkn : a->dqkv;
-    be->attention_bwd(dqk, at(m, dqk, hd), at(m, a->dqkv, kvd), datt, x.att, x.lse, qk,
-                      at(m, qk, hd), at(m, x.qkv, kvd), a->doc_start, B, T, H, KVH, D, QKV);
+    be->attention_bwd(dqk, at(m, dqk, hd), at(m, a->dqkv, kvd), datt, x->att, x->lse, qk,
+                      at(m, qk, hd), at(m, x->qkv, kvd), a->doc_start, B, T, H, KVH, D, QKV);
     if (c->qk_norm_before_rope) rope_heads(m, dqk, -1);
     if (c->use_qk_norm) {
-        be->rmsnorm_bwd(a->dqkv, grad(m, p->q_norm), dqk, x.qkv, weight(m, p->q_norm), x.rstdq, N,
+        be->rmsnorm_bwd(a->dqkv, grad(m, p->q_norm), dqk, x->qkv, weight(m, p->q_norm), x->rstdq, N,
                         H, D, QKV, 0);
-        be->rmsnorm_bwd(at(m, a->dqkv, hd), grad(m, p->k_norm), at(m, dqk, hd), at(m, x.qkv, hd),
-                        weight(m, p->k_norm), x.rstdk, N, KVH, D, QKV, 0);
+        be->rmsnorm_bwd(at(m, a->dqkv, hd), grad(m, p->k_norm), at(m, dqk, hd), at(m, x->qkv, hd),
+                        weight(m, p->k_norm), x->rstdk, N, KVH, D, QKV, 0);
     }
     if (!c->qk_norm_before_rope) rope_heads(m, a->dqkv, -1);
     if (c->attention_bias)
@@ -905,13 +1180,37 @@ static void layer_backward(Model *m, int l, int s) {
                        QKV, 0);
     int have_dln = 0;
     if (c->use_gated_attention) {
-        be->matmul_bwd(a->dln, grad(m, p->gate), a->dgate, x.ln1, weight(m, p->gate), N, C, C, 0);
+        be->matmul_bwd(a->dln, grad(m, p->gate), a->dgate, x->ln1, weight(m, p->gate), N, C, C, 0);
         have_dln = 1;
     }
-    be->matmul_bwd(a->dln, grad(m, p->q_proj), a->dqkv, x.ln1, weight(m, p->q_proj), N, C, QKV,
-                   have_dln);
-    be->rmsnorm_bwd(a->dres, grad(m, p->input_norm), a->dln, res, weight(m, p->input_norm), x.rstd1,
+    if (c->attn_type == ATTN_MLA)
+        mla_project_backward(m, p, x, have_dln);
+    else
+        be->matmul_bwd(a->dln, grad(m, p->q_proj), a->dqkv, x->ln1, weight(m, p->q_proj), N, C, QKV,
+                       have_dln);
+    be->rmsnorm_bwd(a->dres, grad(m, p->input_norm), a->dln, res, weight(m, p->input_norm),
+                    x->rstd1, N, 1, C, C, 1);
+}
+
+// Takes dres = d loss / d res[l+1]; leaves d loss / d res[l] in it. Slot s holds
+// layer l's activations.
+static void layer_backward(Model *m, int l, int s) {
+    ModelActs *a = m->acts;
+    const Backend *be = m->be;
+    const ModelConfig *c = &m->cfg;
+    const LayerParams *p = &m->plan->layer[l];
+    int N = a->B * a->T, C = c->hidden_size;
+    Slot x = slot_at(m, s);
+    void *res = at(m, a->res, (size_t)(l - m->first_block) * N * C);
+
+    // ffn branch: res[l+1] = mid + ffn(ln2)
+    if (c->ffn_type == FFN_MOE)
+        moe_backward(m, p, &x);
+    else
+        swiglu_backward(m, p->mlp_up, &x, x.h, x.act, a->dres, 0);
+    be->rmsnorm_bwd(a->dres, grad(m, p->post_norm), a->dln, x.mid, weight(m, p->post_norm), x.rstd2,
                     N, 1, C, C, 1);
+    attention_backward(m, p, &x, res);
 }
 
 // The head's backward from dlogits = dloss * row_scale[n] * d CE_n / d logits (row_scale NULL:

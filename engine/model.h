@@ -122,7 +122,8 @@ const ParamSpec *model_param(const Model *m, const char *name);
 // The whole model as the optimizer sees it.
 ParamView model_view(const Model *m);
 
-// AstrAI init: N(0, 0.02); o_proj and mlp.down N(0, 0.02/sqrt(2*n_layers)); norms 1.
+// AstrAI init: N(0, 0.02); o_proj and mlp.down N(0, 0.02/sqrt(2*n_layers)); an expert's down N(0,
+// 0.02/sqrt(2*n_layers*(1/max(S,1) + 1/k))) (docs/design.md §7a); norms 1.
 int model_init_random(Model *m, uint64_t seed, Err *err);
 
 // Loads the master weights from a safetensors file (bf16/f16/f32) and refreshes the

@@ -17,10 +17,16 @@ typedef struct {
     size_t numel;
 } ParamSpec;
 
-// Parameter indices inside one layer, in AstrAI key order (absent optional ones skipped).
+// Parameter indices inside one layer, in AstrAI key order (-1: absent). q_proj comes first in
+// every layer. GQA: q_proj, k_proj, v_proj adjacent (one (H+2K)*D x C block). MLA: q_proj,
+// kv_a_proj, kv_norm, kv_b_proj. MLP: mlp_up, mlp.gate (adjacent), mlp_down. MoE: the router,
+// then each expert's up, gate, down (3 tensors, up and gate adjacent): shared expert s at
+// shared_experts + 3s, routed expert e at routed_experts + 3e.
 typedef struct {
     int q_proj, qkv_bias, o_proj, o_bias, q_norm, k_norm, gate, input_norm, post_norm, mlp_up,
         mlp_down;
+    int kv_a_proj, kv_norm, kv_b_proj;
+    int router, shared_experts, routed_experts;
 } LayerParams;
 
 // 0 when [first, end) is a stage of cfg's blocks; else an error naming it.

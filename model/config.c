@@ -29,6 +29,12 @@ static const struct {
     {"intermediate_size", 1L << 20},
     {"max_position_embeddings", 1L << 24},
     {"sliding_window", 1L << 24},
+    {"kv_lora_rank", 1L << 16},
+    {"qk_nope_head_dim", 1L << 12},
+    {"qk_rope_head_dim", 1L << 12},
+    {"n_routed_experts", 1L << 12},
+    {"n_shared_experts", 1L << 8},
+    {"n_activated_experts", 1L << 12},
 };
 
 long model_config_size_limit(const char *key) {
@@ -86,33 +92,34 @@ static int config_bool(const cJSON *root, const char *key, const char *source, b
     return 0;
 }
 
-// Optional string key that must equal `only` when present.
-static int config_choice(const cJSON *root, const char *key, const char *only, const char *source,
-                         Err *err) {
+// Optional string key: absent or null is choices[0]; else the index of its value in choices
+// (n of them), an error naming the key and value when it is none of them.
+static int config_enum(const cJSON *root, const char *key, const char *const *choices, int n,
+                       const char *source, int *out, Err *err) {
     const cJSON *item = config_key(root, key);
+    *out = 0;
     if (!item) return 0;
     if (!cJSON_IsString(item)) return err_set(err, "%s: key '%s' must be a string", source, key);
-    if (strcmp(item->valuestring, only) != 0)
-        return err_set(err, "%s: %s '%s' is not supported (only '%s')", source, key,
-                       item->valuestring, only);
-    return 0;
+    for (int i = 0; i < n; i++)
+        if (!strcmp(item->valuestring, choices[i])) return *out = i, 0;
+    char only[128] = "";
+    for (int i = 0; i < n; i++)
+        snprintf(only + strlen(only), sizeof only - strlen(only), "%s'%s'", i ? " or " : "",
+                 choices[i]);
+    return err_set(err, "%s: %s '%s' is not supported (only %s)", source, key, item->valuestring,
+                   only);
 }
 
-// rope_scaling: null, or {"rope_type" (or "type"): "llama3", factor, low_freq_factor,
-// high_freq_factor, original_max_position_embeddings} as transformers reads it.
-static int config_rope_scaling(const cJSON *root, const char *source, RopeScaling *out, Err *err) {
-    const cJSON *rs = config_key(root, "rope_scaling");
-    *out = (RopeScaling){0};
-    if (!rs) return 0;
-    if (!cJSON_IsObject(rs))
-        return err_set(err, "%s: rope_scaling must be null or an object", source);
-    const cJSON *type = config_key(rs, "rope_type");
-    if (!type) type = config_key(rs, "type");
-    if (!cJSON_IsString(type) || strcmp(type->valuestring, "llama3") != 0)
-        return err_set(err, "%s: rope_scaling type '%s' is not supported (only 'llama3')", source,
-                       cJSON_IsString(type) ? type->valuestring : "(none)");
-    char where[256];
-    snprintf(where, sizeof where, "%s: rope_scaling", source);
+// A required count in [0, limit]: n_shared_experts may be 0.
+static int config_count(const cJSON *root, const char *key, const char *source, int *out,
+                        Err *err) {
+    const cJSON *item = config_key(root, key);
+    if (item && cJSON_IsNumber(item) && item->valuedouble == 0) return *out = 0, 0;
+    return config_size(root, key, model_config_size_limit(key), source, out, err);
+}
+
+// Llama 3's keys of rope_scaling (where: "<source>: rope_scaling").
+static int config_llama3_scaling(const cJSON *rs, const char *where, RopeScaling *out, Err *err) {
     double orig = 0;
     if (config_positive_number(rs, "factor", where, 0, &out->factor, err) ||
         config_positive_number(rs, "low_freq_factor", where, 0, &out->low_freq_factor, err) ||
@@ -126,8 +133,46 @@ static int config_rope_scaling(const cJSON *root, const char *source, RopeScalin
         return err_set(err, "%s: original_max_position_embeddings %g must be an integer", where,
                        orig);
     out->original_max_position_embeddings = (int)orig;
-    out->llama3 = true;
+    out->kind = ROPE_SCALING_LLAMA3;
     return 0;
+}
+
+// A type AstrAI does not compute (it leaves the base alone): kept verbatim for config.json.
+static int config_ignored_scaling(const cJSON *rs, const char *type, const char *where,
+                                  RopeScaling *out, Err *err) {
+    char *text = cJSON_PrintUnformatted(rs);
+    if (!text) return err_resource(err, "%s: out of memory", where);
+    int rc = 0;
+    if (strlen(text) >= sizeof out->raw)
+        rc = err_set(err, "%s: the object takes %zu bytes (at most %zu)", where, strlen(text),
+                     sizeof out->raw - 1);
+    else
+        snprintf(out->raw, sizeof out->raw, "%s", text);
+    snprintf(out->ignored_type, sizeof out->ignored_type, "%s", type);
+    out->kind = ROPE_SCALING_IGNORED;
+    free(text);
+    return rc;
+}
+
+// rope_scaling as AstrAI reads it (docs/design.md §7b; config.h).
+static int config_rope_scaling(const cJSON *root, const char *source, RopeScaling *out, Err *err) {
+    const cJSON *rs = config_key(root, "rope_scaling");
+    *out = (RopeScaling){0};
+    if (!rs) return 0;
+    if (!cJSON_IsObject(rs))
+        return err_set(err, "%s: rope_scaling must be null or an object", source);
+    char where[256];
+    snprintf(where, sizeof where, "%s: rope_scaling", source);
+    const cJSON *type = config_key(rs, "type"), *rope_type = config_key(rs, "rope_type");
+    if ((type && !cJSON_IsString(type)) || (rope_type && !cJSON_IsString(rope_type)))
+        return err_set(err, "%s: type and rope_type must be strings", where);
+    const char *name = type ? type->valuestring : rope_type ? rope_type->valuestring : "ntk";
+    if (!strcmp(name, "llama3") || (rope_type && !strcmp(rope_type->valuestring, "llama3")))
+        return config_llama3_scaling(rs, where, out, err);
+    if (strcmp(name, "ntk") != 0 || (!type && rope_type))
+        return config_ignored_scaling(rs, name, where, out, err);
+    out->kind = ROPE_SCALING_NTK;
+    return config_positive_number(rs, "factor", where, 1.0, &out->factor, err);
 }
 
 // The "hf_*" keys, kept verbatim as one JSON object's text in extra (CONFIG_EXTRA_MAX bytes).
@@ -174,14 +219,56 @@ static int config_read_sizes(ModelConfig *cfg, const cJSON *root, const char *so
     return 0;
 }
 
-static int config_check_shapes(ModelConfig *cfg, const char *source, Err *err) {
-    if (cfg->hidden_size % cfg->num_attention_heads)
-        return err_set(err, "%s: hidden_size %d is not divisible by num_attention_heads %d", source,
-                       cfg->hidden_size, cfg->num_attention_heads);
+// MLA's keys (docs/design.md §7a): the per-head dimension is nope + rope, and o_proj (hidden x
+// heads*head_dim) needs heads*head_dim = hidden_size.
+static int config_read_mla(ModelConfig *cfg, const cJSON *root, const char *source, Err *err) {
+    if (config_size(root, "kv_lora_rank", model_config_size_limit("kv_lora_rank"), source,
+                    &cfg->kv_lora_rank, err) ||
+        config_size(root, "qk_nope_head_dim", model_config_size_limit("qk_nope_head_dim"), source,
+                    &cfg->qk_nope_head_dim, err) ||
+        config_size(root, "qk_rope_head_dim", model_config_size_limit("qk_rope_head_dim"), source,
+                    &cfg->qk_rope_head_dim, err))
+        return -1;
+    cfg->head_dim = cfg->qk_nope_head_dim + cfg->qk_rope_head_dim;
+    cfg->rope_dim = cfg->qk_rope_head_dim;
+    if ((long)cfg->num_attention_heads * cfg->head_dim != cfg->hidden_size)
+        return err_set(err,
+                       "%s: attn_type 'mla' needs num_attention_heads %d * (qk_nope_head_dim %d + "
+                       "qk_rope_head_dim %d) = hidden_size %d (AstrAI's o_proj)",
+                       source, cfg->num_attention_heads, cfg->qk_nope_head_dim,
+                       cfg->qk_rope_head_dim, cfg->hidden_size);
+    if (cfg->rope_dim % 2)
+        return err_set(err, "%s: qk_rope_head_dim %d must be even for RoPE", source, cfg->rope_dim);
+    return 0;
+}
+
+// DeepSeekMoE's keys (docs/design.md §7a); topk_method "greedy" (null: greedy).
+static int config_read_moe(ModelConfig *cfg, const cJSON *root, const char *source, Err *err) {
+    static const char *const methods[] = {"greedy"};
+    int method;
+    if (config_size(root, "n_routed_experts", model_config_size_limit("n_routed_experts"), source,
+                    &cfg->n_routed_experts, err) ||
+        config_count(root, "n_shared_experts", source, &cfg->n_shared_experts, err) ||
+        config_size(root, "n_activated_experts", model_config_size_limit("n_activated_experts"),
+                    source, &cfg->n_activated_experts, err) ||
+        config_enum(root, "topk_method", methods, 1, source, &method, err))
+        return -1;
+    if (cfg->n_activated_experts > cfg->n_routed_experts)
+        return err_set(err, "%s: n_activated_experts %d exceeds n_routed_experts %d", source,
+                       cfg->n_activated_experts, cfg->n_routed_experts);
+    return 0;
+}
+
+static int config_check_shapes(ModelConfig *cfg, const cJSON *root, const char *source, Err *err) {
     if (cfg->num_attention_heads % cfg->num_key_value_heads)
         return err_set(err, "%s: num_attention_heads %d is not divisible by num_key_value_heads %d",
                        source, cfg->num_attention_heads, cfg->num_key_value_heads);
-    cfg->head_dim = cfg->hidden_size / cfg->num_attention_heads;
+    if (cfg->ffn_type == FFN_MOE && config_read_moe(cfg, root, source, err)) return -1;
+    if (cfg->attn_type == ATTN_MLA) return config_read_mla(cfg, root, source, err);
+    if (cfg->hidden_size % cfg->num_attention_heads)
+        return err_set(err, "%s: hidden_size %d is not divisible by num_attention_heads %d", source,
+                       cfg->hidden_size, cfg->num_attention_heads);
+    cfg->head_dim = cfg->rope_dim = cfg->hidden_size / cfg->num_attention_heads;
     if (cfg->head_dim % 2)
         return err_set(err,
                        "%s: head_dim %d (hidden_size / num_attention_heads) must be even "
@@ -193,10 +280,15 @@ static int config_check_shapes(ModelConfig *cfg, const char *source, Err *err) {
 static int config_from_json(ModelConfig *cfg, const cJSON *root, const char *source, Err *err) {
     if (!cJSON_IsObject(root)) return err_set(err, "%s: not a JSON object", source);
     memset(cfg, 0, sizeof *cfg);
-    if (config_choice(root, "model_type", "autoregressive_lm", source, err) ||
-        config_choice(root, "attn_type", "gqa", source, err) ||
-        config_choice(root, "ffn_type", "mlp", source, err))
+    static const char *const model_types[] = {"autoregressive_lm"}, *const attn[] = {"gqa", "mla"},
+                             *const ffn[] = {"mlp", "moe"};
+    int model_type, attn_type, ffn_type;
+    if (config_enum(root, "model_type", model_types, 1, source, &model_type, err) ||
+        config_enum(root, "attn_type", attn, 2, source, &attn_type, err) ||
+        config_enum(root, "ffn_type", ffn, 2, source, &ffn_type, err))
         return -1;
+    cfg->attn_type = (AttnType)attn_type;
+    cfg->ffn_type = (FfnType)ffn_type;
     double eps = 0;
     if (config_read_sizes(cfg, root, source, err) ||
         config_positive_number(root, "rms_norm_eps", source, 0, &eps, err) ||
@@ -218,7 +310,7 @@ static int config_from_json(ModelConfig *cfg, const cJSON *root, const char *sou
     if (alpha && !(cJSON_IsNumber(alpha) && alpha->valuedouble >= 0))
         return err_set(err, "%s: key 'neftune_alpha' must be a non-negative number", source);
     cfg->neftune_alpha = alpha ? alpha->valuedouble : 0.0;
-    return config_check_shapes(cfg, source, err);
+    return config_check_shapes(cfg, root, source, err);
 }
 
 int model_config_parse(ModelConfig *cfg, const char *json, const char *source, Err *err) {
@@ -252,18 +344,36 @@ static double float_as_short_decimal(float f) {
 }
 
 static void add_rope_scaling(cJSON *root, const RopeScaling *rs) {
-    if (!rs->llama3) {
+    if (rs->kind == ROPE_SCALING_NONE) {
         cJSON_AddNullToObject(root, "rope_scaling");
         return;
     }
-    cJSON *o = cJSON_AddObjectToObject(root, "rope_scaling");
-    if (!o) return;
-    cJSON_AddStringToObject(o, "rope_type", "llama3");
-    cJSON_AddNumberToObject(o, "factor", rs->factor);
-    cJSON_AddNumberToObject(o, "low_freq_factor", rs->low_freq_factor);
-    cJSON_AddNumberToObject(o, "high_freq_factor", rs->high_freq_factor);
-    cJSON_AddNumberToObject(o, "original_max_position_embeddings",
-                            rs->original_max_position_embeddings);
+    cJSON *o = rs->kind == ROPE_SCALING_IGNORED ? cJSON_Parse(rs->raw) : cJSON_CreateObject();
+    if (!o || !cJSON_AddItemToObject(root, "rope_scaling", o)) {
+        cJSON_Delete(o);
+        return;
+    }
+    if (rs->kind == ROPE_SCALING_NTK) {
+        cJSON_AddStringToObject(o, "type", "ntk");
+        cJSON_AddNumberToObject(o, "factor", rs->factor);
+    } else if (rs->kind == ROPE_SCALING_LLAMA3) {
+        // "type" too: AstrAI reads only "type", and without it would take the object for NTK.
+        cJSON_AddStringToObject(o, "rope_type", "llama3");
+        cJSON_AddStringToObject(o, "type", "llama3");
+        cJSON_AddNumberToObject(o, "factor", rs->factor);
+        cJSON_AddNumberToObject(o, "low_freq_factor", rs->low_freq_factor);
+        cJSON_AddNumberToObject(o, "high_freq_factor", rs->high_freq_factor);
+        cJSON_AddNumberToObject(o, "original_max_position_embeddings",
+                                rs->original_max_position_embeddings);
+    }
+}
+
+// An MLA or MoE key: its value where the model has that part, else null (as AstrAI writes it).
+static void add_size_or_null(cJSON *root, const char *key, bool present, int value) {
+    if (present)
+        cJSON_AddNumberToObject(root, key, value);
+    else
+        cJSON_AddNullToObject(root, key);
 }
 
 // The kept hf_* keys (text that config_keep_extra printed, so it parses).
@@ -288,20 +398,23 @@ char *model_config_to_json(const ModelConfig *cfg) {
     cJSON_AddNumberToObject(root, "max_position_embeddings", cfg->max_position_embeddings);
     cJSON_AddNumberToObject(root, "rope_theta", cfg->rope_theta);
     add_rope_scaling(root, &cfg->rope_scaling);
-    cJSON_AddStringToObject(root, "attn_type", "gqa");
+    bool mla = cfg->attn_type == ATTN_MLA, moe = cfg->ffn_type == FFN_MOE;
+    cJSON_AddStringToObject(root, "attn_type", mla ? "mla" : "gqa");
     cJSON_AddNumberToObject(root, "num_attention_heads", cfg->num_attention_heads);
     cJSON_AddNumberToObject(root, "num_key_value_heads", cfg->num_key_value_heads);
     cJSON_AddBoolToObject(root, "use_qk_norm", cfg->use_qk_norm);
     cJSON_AddBoolToObject(root, "use_gated_attention", cfg->use_gated_attention);
-    // MLA and MoE are not supported (attn_type gqa, ffn_type mlp): AstrAI writes them as null.
-    cJSON_AddNullToObject(root, "kv_lora_rank");
-    cJSON_AddNullToObject(root, "qk_nope_head_dim");
-    cJSON_AddNullToObject(root, "qk_rope_head_dim");
-    cJSON_AddStringToObject(root, "ffn_type", "mlp");
-    cJSON_AddNullToObject(root, "n_routed_experts");
-    cJSON_AddNullToObject(root, "n_shared_experts");
-    cJSON_AddNullToObject(root, "n_activated_experts");
-    cJSON_AddNullToObject(root, "topk_method");
+    add_size_or_null(root, "kv_lora_rank", mla, cfg->kv_lora_rank);
+    add_size_or_null(root, "qk_nope_head_dim", mla, cfg->qk_nope_head_dim);
+    add_size_or_null(root, "qk_rope_head_dim", mla, cfg->qk_rope_head_dim);
+    cJSON_AddStringToObject(root, "ffn_type", moe ? "moe" : "mlp");
+    add_size_or_null(root, "n_routed_experts", moe, cfg->n_routed_experts);
+    add_size_or_null(root, "n_shared_experts", moe, cfg->n_shared_experts);
+    add_size_or_null(root, "n_activated_experts", moe, cfg->n_activated_experts);
+    if (moe)
+        cJSON_AddStringToObject(root, "topk_method", "greedy");
+    else
+        cJSON_AddNullToObject(root, "topk_method");
     if (cfg->attention_bias) cJSON_AddBoolToObject(root, "attention_bias", true);
     if (cfg->o_proj_bias) cJSON_AddBoolToObject(root, "o_proj_bias", true);
     if (cfg->sliding_window) cJSON_AddNumberToObject(root, "sliding_window", cfg->sliding_window);

@@ -6,7 +6,7 @@
 # with the CPU reference kernels (engine/cpu/), in fp32, bf16 and fp16, and attention with a
 # float64 attention of its own.
 #
-# Emulated: embedding, rmsnorm, rope, elementwise, cross_entropy, preference, optim and
+# Emulated: embedding, rmsnorm, rope, elementwise, cross_entropy, preference, optim, moe and
 # attention (its tensor-core kernels too: ldmatrix, mma.sync and cp.async emulated from the
 # PTX ISA, tests/cuda_emu/mma.cpp and emu.cpp). Not: matmul.cu (cuBLASLt), context.cu and
 # backend.cu (runtime plumbing).
@@ -37,7 +37,7 @@ endif()
 set(_emu_src ${CMAKE_SOURCE_DIR}/tests/cuda_emu)
 set(_emu_gen ${CMAKE_BINARY_DIR}/cuda_emu)
 set(_emu_generated "")
-foreach(f embedding rmsnorm rope elementwise cross_entropy preference optim attention)
+foreach(f embedding rmsnorm rope elementwise cross_entropy preference optim attention moe)
   set(_out ${_emu_gen}/${f}.emu.cpp)
   add_custom_command(OUTPUT ${_out}
     COMMAND ${Python3_EXECUTABLE} ${_emu_src}/gen.py ${CMAKE_SOURCE_DIR}/engine/cuda/${f}.cu ${_out}

@@ -17,3 +17,8 @@ target_link_libraries(pref_dump PRIVATE astrai_core)
 
 # A model cut into pipeline stages computes the whole model's loss and gradients.
 astrai_c_test(test_model_stage tests/test_model_stage.c)
+
+# engine/topk.h against torch.topk: test_topk is the program that test_topk.py drives.
+add_executable(test_topk tests/test_topk.c)
+target_include_directories(test_topk PRIVATE ${CMAKE_SOURCE_DIR})
+astrai_py_test(test_topk test_topk.py)

@@ -11,7 +11,8 @@
 // gives a working communicator, and comm_p2p with this rank as its peer is refused clearly.
 // The communicator is given the CUDA backend's compute stream, as astrai-train does: no
 // explicit sync anywhere, so a collective that does not wait for the upload before it, or
-// returns before it finished, shows as wrong values.
+// returns before it finished, shows as wrong values. Expert parallelism's all_to_all at world
+// 1: its own part, an ncclSend/ncclRecv to itself.
 //
 // Exit 77 (ctest SKIP_RETURN_CODE) when built without NCCL or CUDA, or when no GPU is visible.
 #include <signal.h>
@@ -173,6 +174,24 @@ static void test_broadcast_barrier(Comm *c) {
     free(h);
 }
 
+// all_to_all at world 1: its own part, an ncclSend/ncclRecv to itself in one group; then an
+// exchange of 0 bytes (an empty group, NULL buffers).
+static void test_all_to_all(Comm *c) {
+    Err err = {0};
+    size_t bytes = 777781, none = 0;
+    unsigned char *h = malloc(bytes);
+    if (!h) exit(1);
+    for (size_t i = 0; i < bytes; i++)
+        h[i] = (unsigned char)(i * 13 + 5);
+    void *send = dev_with(h, bytes), *recv = dev_poisoned(bytes);
+    CHECK_MSG(comm_all_to_all(c, send, &bytes, recv, &bytes, &err) == 0, "%s", err.msg);
+    CHECK(same_as(recv, h, bytes, "all_to_all", "bytes"));
+    CHECK_MSG(comm_all_to_all(c, NULL, &none, NULL, &none, &err) == 0, "0 bytes: %s", err.msg);
+    gpu->free(send);
+    gpu->free(recv);
+    free(h);
+}
+
 // comm_split of a 1-rank communicator: a communicator of 1 whose all_reduce works; then
 // comm_p2p with peer == this rank is refused (which leaves c unusable: call it last).
 static void test_split_and_p2p(Comm *c) {
@@ -239,6 +258,7 @@ static void test_world1(void) {
     test_collectives(c, DT_F32);
     test_collectives(c, DT_BF16);
     test_broadcast_barrier(c);
+    test_all_to_all(c);
     test_split_and_p2p(c);
     comm_destroy(c);
 }

@@ -2,8 +2,9 @@
 // results against sums computed here, bitwise equal on every rank; a peer
 // killed mid-collective, a rank that never arrives, a stale segment, calls
 // that do not match, bad configs and arguments. Point-to-point transfers (rings of
-// ranks, both ways at once, FIFO order, sizes that differ, a peer killed or silent) and
-// sub-communicators.
+// ranks, both ways at once, FIFO order, sizes that differ, a peer killed or silent),
+// sub-communicators, and all-to-all (random sizes per pair from 0 to many chunks, checked
+// byte for byte; sizes that differ; a peer killed or late; in sub-communicators).
 #include <errno.h>
 #include <fcntl.h>
 #include <signal.h>
@@ -314,14 +315,27 @@ static void test_collectives(int world, size_t chunk, SizesCtx sizes) {
 
 // ---------------------------------------------------------------- a peer killed mid-collective
 
-static int body_reduce_until_error(Comm *c, void *ctx) {
-    (void)ctx;
-    size_t n = 1 << 16;
-    float *buf = calloc(n, sizeof(float));
+// The collective that the kill and lateness tests repeat: its name in messages, and one call
+// of it on a buffer of COLL_BYTES zero bytes.
+#define COLL_BYTES ((size_t)256 << 10)
+typedef struct {
+    const char *name;
+    int (*call)(Comm *c, void *buf, Err *err);
+} Collective;
+
+static int one_all_reduce(Comm *c, void *buf, Err *err) {
+    return comm_all_reduce(c, buf, COLL_BYTES / sizeof(float), DT_F32, COMM_SUM, err);
+}
+
+static const Collective ALL_REDUCE = {"all_reduce", one_all_reduce};
+
+static int body_until_error(Comm *c, void *ctx) {
+    const Collective *coll = ctx;
+    void *buf = calloc(1, COLL_BYTES);
     Err err;
     double end = now_ms() + 30000;
     while (now_ms() < end)
-        if (comm_all_reduce(c, buf, n, DT_F32, COMM_SUM, &err)) {
+        if (coll->call(c, buf, &err)) {
             report_failure(comm_rank(c), &err);
             free(buf);
             return 0; // the expected way out
@@ -330,7 +344,7 @@ static int body_reduce_until_error(Comm *c, void *ctx) {
     return 1;
 }
 
-static void test_peer_killed(int world, int victim) {
+static void test_peer_killed(int world, int victim, const Collective *coll) {
     char name[96];
     unique_name(name, sizeof name, "kill");
     int timeout_ms = 4000;
@@ -338,7 +352,7 @@ static void test_peer_killed(int world, int victim) {
     pid_t pids[MAX_WORLD];
     for (int r = 0; r < world; r++) {
         CommConfig cfg = group_config(name, world, r, timeout_ms, 4096);
-        pids[r] = spawn(&cfg, body_reduce_until_error, NULL);
+        pids[r] = spawn(&cfg, body_until_error, (void *)coll);
     }
     double until = now_ms() + 10000;
     for (int r = 0; r < world; r++)
@@ -352,8 +366,9 @@ static void test_peer_killed(int world, int victim) {
         if (r == victim) continue;
         int rc = wait_child(pids[r], 3 * timeout_ms);
         CHECK_MSG(rc == 0, "survivor rank %d exited %d (-1: hung)", r, rc);
-        char want[64];
-        snprintf(want, sizeof want, "rank %d (pid %d) died", victim, (int)pids[victim]);
+        char want[96];
+        snprintf(want, sizeof want, "rank %d (pid %d) died during %s", victim, (int)pids[victim],
+                 coll->name);
         CHECK_MSG(strstr(reports[r].msg, want), "rank %d's error does not say \"%s\": %s", r, want,
                   reports[r].msg);
         double took = reports[r].fail_ms - killed_at;
@@ -404,26 +419,29 @@ static void test_rank0_never_creates(void) {
 // it; rank 1, arriving once rank 0 has failed, fails too instead of waiting for
 // nobody.
 static int body_late_rank1(Comm *c, void *ctx) {
-    (void)ctx;
-    float x = 1;
+    const Collective *coll = ctx;
+    void *buf = calloc(1, COLL_BYTES);
     Err err;
     double until = now_ms() + 60000;
     while (comm_rank(c) == 1 && !__atomic_load_n(&reports[0].failed, __ATOMIC_ACQUIRE) &&
            now_ms() < until)
         sleep_ms(1);
-    if (comm_all_reduce(c, &x, 1, DT_F32, COMM_SUM, &err) == 0) return 1;
+    int rc = coll->call(c, buf, &err);
+    free(buf);
+    if (rc == 0) return 1;
     report_failure(comm_rank(c), &err);
     return 0;
 }
 
-static void test_rank_late_to_collective(void) {
-    char name[96];
+static void test_rank_late_to_collective(const Collective *coll) {
+    char name[96], want[64];
     unique_name(name, sizeof name, "late");
+    snprintf(want, sizeof want, "in %s", coll->name);
     double t0 = now_ms();
-    int bad = run_group(name, 2, 1000, 0, body_late_rank1, NULL);
-    CHECK_MSG(bad == 0, "%d rank(s) did not fail cleanly", bad);
+    int bad = run_group(name, 2, 1000, 0, body_late_rank1, (void *)coll);
+    CHECK_MSG(bad == 0, "%s: %d rank(s) did not fail cleanly", coll->name, bad);
     CHECK_MSG(strstr(reports[0].msg, "timed out after 1000 ms waiting for rank 1 (pid ") &&
-                  strstr(reports[0].msg, "in all_reduce"),
+                  strstr(reports[0].msg, want),
               "rank 0: %s", reports[0].msg);
     CHECK_MSG(reports[0].fail_ms - t0 < 3 * 1000, "rank 0 failed after %.0f ms",
               reports[0].fail_ms - t0);
@@ -489,7 +507,8 @@ static void test_stale_crashed_run(void) {
 
 // ---------------------------------------------------------------- mismatched calls
 
-// Rank 0: all_reduce(n=10); rank 1: all_reduce(n=9) (kind 0) or all_gather(n=10) (kind 1).
+// Rank 0: all_reduce(n=10); rank 1: all_reduce(n=9) (kind 0), all_gather(n=10) (kind 1) or
+// all_to_all (kind 2).
 static int body_mismatch(Comm *c, void *ctx) {
     const int *kind = ctx;
     float a[10] = {0}, b[20];
@@ -499,16 +518,18 @@ static int body_mismatch(Comm *c, void *ctx) {
         rc = comm_all_reduce(c, a, 10, DT_F32, COMM_SUM, &err);
     else if (*kind == 0)
         rc = comm_all_reduce(c, a, 9, DT_F32, COMM_SUM, &err);
-    else
+    else if (*kind == 1)
         rc = comm_all_gather(c, a, b, 10, DT_F32, &err);
+    else
+        rc = comm_all_to_all(c, a, (size_t[2]){4, 4}, b, (size_t[2]){4, 4}, &err);
     if (rc == 0) return 1;
     report_failure(comm_rank(c), &err);
     return 0;
 }
 
 static void test_mismatched_calls(void) {
-    int kinds[2] = {0, 1};
-    for (int k = 0; k < 2; k++) {
+    int kinds[3] = {0, 1, 2};
+    for (int k = 0; k < 3; k++) {
         char name[96];
         unique_name(name, sizeof name, "mismatch");
         int bad = run_group(name, 2, 5000, 0, body_mismatch, &kinds[k]);
@@ -776,6 +797,162 @@ static void test_split(void) {
     }
 }
 
+// ---------------------------------------------------------------- all-to-all
+
+// Bytes rank `from` sends rank `to` in exchange `seed` of a group of `world`: the same table on
+// every rank. Seed 0: nothing at all (NULL buffers); seed 1: only `big` bytes from the last rank
+// to rank 0 (one part of many chunks, the others idle); else a mix of 0, small, around the
+// 1 KiB chunk and several chunks.
+static size_t a2a_size(uint32_t seed, size_t big, int world, int from, int to) {
+    static const size_t SIZES[] = {0, 1, 63, 64, 1000, 1024, 1025, 3001, 9000};
+    if (seed == 0) return 0;
+    if (seed == 1) return from == world - 1 && to == 0 ? big : 0;
+    uint32_t h = seed * 2654435761u ^ (uint32_t)(from * world + to + 1) * 2246822519u;
+    h ^= h >> 15;
+    h *= 2654435761u;
+    return SIZES[(h >> 16) % (sizeof SIZES / sizeof SIZES[0])];
+}
+
+// Part `seed` of `from` for `to`: its bytes differ from every other part's.
+static uint32_t part_seed(uint32_t seed, int to) {
+    return 1000 + seed * MAX_WORLD + (uint32_t)to;
+}
+
+#define A2A_GUARD 64 // bytes past recv that must stay untouched
+
+// The parts of rank `me` to (to_me 0) or from (to_me 1) every rank; returns their sum.
+static size_t a2a_sizes(uint32_t seed, size_t big, int W, int me, int to_me, size_t *out) {
+    size_t total = 0;
+    for (int r = 0; r < W; r++)
+        total += out[r] = to_me ? a2a_size(seed, big, W, r, me) : a2a_size(seed, big, W, me, r);
+    return total;
+}
+
+// recv holds every rank's part for me, and nothing past its end moved.
+static int check_a2a_recv(Comm *c, const unsigned char *recv, const size_t *rb, size_t total,
+                          uint32_t seed) {
+    int me = comm_rank(c);
+    size_t at = 0;
+    for (int q = 0; q < comm_world_size(c); at += rb[q++])
+        if (check_message(c, recv + at, part_seed(seed, me), q, rb[q])) return 1;
+    for (size_t i = 0; i < A2A_GUARD; i++)
+        if (recv[total + i] != 0xa5) {
+            fprintf(stderr, "rank %d: all_to_all %u wrote past recv's %zu bytes\n", me, seed,
+                    total);
+            return 1;
+        }
+    return 0;
+}
+
+// One all_to_all of exchange `seed` on c, every byte checked; send must come back unchanged.
+static int a2a_exchange(Comm *c, uint32_t seed, size_t big) {
+    int me = comm_rank(c), W = comm_world_size(c);
+    size_t sb[MAX_WORLD], rb[MAX_WORLD];
+    size_t st = a2a_sizes(seed, big, W, me, 0, sb), rt = a2a_sizes(seed, big, W, me, 1, rb);
+    unsigned char *send = seed ? malloc(st + 1) : NULL,
+                  *recv = seed ? malloc(rt + A2A_GUARD) : NULL;
+    if (seed && (!send || !recv)) exit(1);
+    size_t at = 0;
+    for (int r = 0; seed && r < W; at += sb[r++])
+        for (size_t i = 0; i < sb[r]; i++)
+            send[at + i] = byte_of(part_seed(seed, r), me, i);
+    if (recv) memset(recv, 0xa5, rt + A2A_GUARD);
+    Err err;
+    int bad = comm_all_to_all(c, send, sb, recv, rb, &err) ? fail_call(c, &err)
+              : seed                                       ? check_a2a_recv(c, recv, rb, rt, seed)
+                                                           : 0;
+    at = 0;
+    for (int r = 0; !bad && seed && r < W; at += sb[r++])
+        bad = check_message(c, send + at, part_seed(seed, r), me, sb[r]);
+    free(send);
+    free(recv);
+    return bad;
+}
+
+// Exchanges 0..9, a barrier after the odd ones (another collective between them).
+static int body_all_to_all(Comm *c, void *ctx) {
+    size_t big = *(const size_t *)ctx;
+    Err err;
+    for (uint32_t seed = 0; seed < 10; seed++) {
+        if (a2a_exchange(c, seed, big)) return 1;
+        if (seed % 2 && comm_barrier(c, &err)) return fail_call(c, &err);
+    }
+    return 0;
+}
+
+static void test_all_to_all(int world, size_t chunk, size_t big) {
+    char name[96];
+    unique_name(name, sizeof name, "a2a");
+    int bad = run_group(name, world, 20000, chunk, body_all_to_all, &big);
+    CHECK_MSG(bad == 0, "all_to_all, world %d chunk %zu: %d rank(s) failed", world, chunk, bad);
+    CHECK_MSG(!segment_exists(name), "%s left behind", name);
+}
+
+// Rank 2 sends rank 1 100 bytes where rank 1 expects 99; every other part is 10 bytes.
+static int body_a2a_mismatch(Comm *c, void *ctx) {
+    (void)ctx;
+    int me = comm_rank(c);
+    size_t sb[3] = {10, 10, 10}, rb[3] = {10, 10, 10};
+    if (me == 2) sb[1] = 100;
+    if (me == 1) rb[2] = 99;
+    unsigned char send[120] = {0}, recv[120];
+    Err err;
+    if (comm_all_to_all(c, send, sb, recv, rb, &err) == 0) return 1;
+    report_failure(me, &err);
+    return 0;
+}
+
+static void test_a2a_size_mismatch(void) {
+    char name[96];
+    unique_name(name, sizeof name, "a2asize");
+    double t0 = now_ms();
+    int bad = run_group(name, 3, 5000, 0, body_a2a_mismatch, NULL);
+    CHECK_MSG(bad == 0, "all_to_all size mismatch: %d rank(s) did not fail", bad);
+    const char *want =
+        "all_to_all: rank 2 sends 100 bytes to rank 1, which receives 99 from rank 2";
+    for (int r = 0; r < 3; r++) {
+        CHECK_MSG(strstr(reports[r].msg, want), "rank %d: %s", r, reports[r].msg);
+        CHECK_MSG(reports[r].fail_ms - t0 < 2500, "rank %d failed after %.0f ms (timeout 5000)", r,
+                  reports[r].fail_ms - t0);
+    }
+}
+
+// COLL_BYTES: the first half sent, 20000 bytes to each rank; the second half received.
+static int one_all_to_all(Comm *c, void *buf, Err *err) {
+    size_t bytes[MAX_WORLD] = {20000, 20000, 20000, 20000};
+    return comm_all_to_all(c, buf, bytes, (char *)buf + COLL_BYTES / 2, bytes, err);
+}
+
+static const Collective ALL_TO_ALL = {"all_to_all", one_all_to_all};
+
+// 4 ranks: groups {0, 1, 2} and {3} (a group of one: its own part only), then {0, 2} and
+// {1, 3}; exchanges in each, and in the world between them.
+static int body_a2a_split(Comm *c, void *ctx) {
+    size_t big = *(const size_t *)ctx;
+    int me = comm_rank(c);
+    Comm *sub;
+    Err err;
+    for (int k = 0; k < 2; k++) {
+        int color = k == 0 ? me == 3 : me % 2;
+        if (comm_split(c, color, me, &sub, &err)) return fail_call(c, &err);
+        int bad = 0;
+        for (uint32_t seed = 0; seed < 6 && !bad; seed++)
+            bad = a2a_exchange(sub, seed + 10 * (uint32_t)k, big);
+        comm_destroy(sub);
+        if (bad || a2a_exchange(c, 7 + (uint32_t)k, big)) return 1;
+    }
+    return 0;
+}
+
+static void test_a2a_split(void) {
+    char name[96];
+    unique_name(name, sizeof name, "a2asplit");
+    size_t big = 50000;
+    int bad = run_group(name, 4, 20000, 1024, body_a2a_split, &big);
+    CHECK_MSG(bad == 0, "all_to_all in sub-communicators: %d rank(s) failed", bad);
+    CHECK_MSG(!segment_exists(name), "%s left behind", name);
+}
+
 // ---------------------------------------------------------------- bad configs and arguments
 
 static void expect_create_error(CommConfig cfg, const char *want) {
@@ -816,6 +993,40 @@ static void expect_p2p_error(const CommConfig *cfg, CommP2p op, int n, const cha
               err.msg, want);
     CHECK(comm_barrier(c, &err) == -1);
     comm_destroy(c);
+}
+
+// A fresh world-1 Comm refuses comm_all_to_all with `want`, and is unusable after.
+static void expect_a2a_error(const CommConfig *cfg, const void *send, const size_t *sb, void *recv,
+                             const size_t *rb, const char *want) {
+    Comm *c;
+    Err err = {0};
+    if (comm_create(&c, cfg, &err)) {
+        CHECK_MSG(0, "%s", err.msg);
+        return;
+    }
+    CHECK_MSG(comm_all_to_all(c, send, sb, recv, rb, &err) == -1 && strstr(err.msg, want),
+              "got \"%s\", want \"%s\"", err.msg, want);
+    CHECK(comm_barrier(c, &err) == -1);
+    comm_destroy(c);
+}
+
+// World 1: its own part copied; sizes that differ, NULL buffers or size lists, overlap.
+static void test_a2a_bad_arguments(const CommConfig *cfg) {
+    Comm *c;
+    Err err = {0};
+    unsigned char in[8] = "abcdefg", out[8] = {0};
+    size_t five = 5, four = 4, none = 0;
+    CHECK_MSG(comm_create(&c, cfg, &err) == 0, "%s", err.msg);
+    CHECK(comm_all_to_all(c, in, &five, out, &five, &err) == 0 && !memcmp(out, "abcde", 6));
+    CHECK(comm_all_to_all(c, NULL, &none, NULL, &none, &err) == 0);
+    comm_destroy(c);
+    expect_a2a_error(cfg, in, &five, out, &four,
+                     "all_to_all: rank 0 sends 5 bytes to rank 0, which receives 4 from rank 0");
+    expect_a2a_error(cfg, NULL, &five, out, &five, "all_to_all: send is NULL for 5 bytes");
+    expect_a2a_error(cfg, in, &five, NULL, &five, "all_to_all: recv is NULL for 5 bytes");
+    expect_a2a_error(cfg, in, NULL, out, &five, "all_to_all: send_bytes is NULL (want 1 sizes)");
+    expect_a2a_error(cfg, in, &five, out, NULL, "all_to_all: recv_bytes is NULL");
+    expect_a2a_error(cfg, in, &five, in + 4, &five, "bytes) overlap");
 }
 
 // World 1 runs in this process: argument errors, and a Comm unusable after one.
@@ -885,6 +1096,7 @@ static void test_bad_arguments(void) {
                      "p2p: transfer 0's buf (from rank 0) is NULL for 5 bytes");
     expect_p2p_error(&cfg, (CommP2p){0}, -1, "p2p: -1 transfers (want at least 1)");
     expect_p2p_error(&cfg, (CommP2p){0}, 0, "p2p: 0 transfers (want at least 1)");
+    test_a2a_bad_arguments(&cfg);
     CHECK_MSG(!segment_exists(name), "%s left behind", name);
     char sub_name[128];
     snprintf(sub_name, sizeof sub_name, "%s-g3", name);
@@ -902,11 +1114,11 @@ int main(void) {
     // The default chunk, with a buffer of two and a bit chunks.
     SizesCtx big = {{COMM_SHM_DEFAULT_CHUNK / sizeof(float) * 2 + 5}, 1};
     test_collectives(2, 0, big);
-    test_peer_killed(3, 2);
-    test_peer_killed(2, 0);
+    test_peer_killed(3, 2, &ALL_REDUCE);
+    test_peer_killed(2, 0, &ALL_REDUCE);
     test_rank_never_joins();
     test_rank0_never_creates();
-    test_rank_late_to_collective();
+    test_rank_late_to_collective(&ALL_REDUCE);
     test_stale_garbage();
     test_stale_crashed_run();
     test_mismatched_calls();
@@ -918,6 +1130,14 @@ int main(void) {
     test_p2p_peer_killed();
     test_p2p_never_sends();
     test_split();
+    // A 1 KiB chunk: parts of 0 to 9000 bytes, and one of 50000 alone.
+    for (int world = 2; world <= 4; world++)
+        test_all_to_all(world, 1024, 50000);
+    test_all_to_all(2, 0, 2 * COMM_SHM_DEFAULT_CHUNK + 5); // the default chunk, a part of 2+
+    test_a2a_size_mismatch();
+    test_peer_killed(3, 1, &ALL_TO_ALL);
+    test_rank_late_to_collective(&ALL_TO_ALL);
+    test_a2a_split();
     test_bad_configs();
     test_bad_arguments();
     CHECK_DONE();

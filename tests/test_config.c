@@ -58,7 +58,8 @@ static void test_family_keys_round_trip(void) {
                                  "}",
                                  "x", &err) == 0,
               "%s", err.msg);
-    CHECK(cfg.attention_bias && cfg.qk_norm_before_rope && cfg.rope_scaling.llama3);
+    CHECK(cfg.attention_bias && cfg.qk_norm_before_rope &&
+          cfg.rope_scaling.kind == ROPE_SCALING_LLAMA3);
     CHECK(cfg.o_proj_bias && cfg.sliding_window == 4096);
     CHECK(cfg.rope_scaling.factor == 8 && cfg.rope_scaling.high_freq_factor == 4 &&
           cfg.rope_scaling.original_max_position_embeddings == 8192);
@@ -73,10 +74,104 @@ static void test_family_keys_round_trip(void) {
     free(json);
 }
 
+#define MLA_KEYS                                                                                   \
+    "\"attn_type\": \"mla\", \"kv_lora_rank\": 24, \"qk_nope_head_dim\": 10, "                     \
+    "\"qk_rope_head_dim\": 6"
+#define MOE_KEYS                                                                                   \
+    "\"ffn_type\": \"moe\", \"n_routed_experts\": 8, \"n_shared_experts\": 0, "                    \
+    "\"n_activated_experts\": 2, \"topk_method\": \"greedy\""
+
+// MLA and MoE keys parse, derive the per-head and rotated dimensions and round-trip.
+static void test_mla_moe_round_trip(void) {
+    ModelConfig cfg, back;
+    Err err = {0};
+    CHECK_MSG(model_config_parse(&cfg,
+                                 "{" VALID ", " EPS_QK ", \"num_key_value_heads\": 1, " MLA_KEYS
+                                 ", " MOE_KEYS "}",
+                                 "x", &err) == 0,
+              "%s", err.msg);
+    CHECK(cfg.attn_type == ATTN_MLA && cfg.head_dim == 16 && cfg.rope_dim == 6 &&
+          cfg.kv_lora_rank == 24);
+    CHECK(cfg.ffn_type == FFN_MOE && cfg.n_routed_experts == 8 && cfg.n_shared_experts == 0 &&
+          cfg.n_activated_experts == 2);
+    char *json = model_config_to_json(&cfg);
+    CHECK_MSG(json && strstr(json, "\"attn_type\":\t\"mla\"") &&
+                  strstr(json, "\"ffn_type\":\t\"moe\"") &&
+                  strstr(json, "\"n_shared_experts\":\t0") &&
+                  strstr(json, "\"topk_method\":\t\"greedy\""),
+              "%s", json);
+    CHECK(model_config_parse(&back, json, "y", &err) == 0);
+    CHECK(memcmp(&cfg, &back, sizeof cfg) == 0);
+    free(json);
+}
+
+// rope_scaling as AstrAI reads it: "ntk" or no type is NTK (factor 1 by default), an unknown
+// type is kept verbatim and ignored.
+static void test_rope_scaling_kinds(void) {
+    static const struct {
+        const char *json;
+        RopeScalingKind kind;
+        double factor;
+    } cases[] = {
+        {"{\"type\": \"ntk\", \"factor\": 4}", ROPE_SCALING_NTK, 4},
+        {"{\"factor\": 2.5}", ROPE_SCALING_NTK, 2.5},
+        {"{}", ROPE_SCALING_NTK, 1},
+        {"{\"type\": \"linear\", \"factor\": 2}", ROPE_SCALING_IGNORED, 0},
+        {"{\"rope_type\": \"yarn\", \"factor\": 2}", ROPE_SCALING_IGNORED, 0},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        char text[1024];
+        snprintf(text, sizeof text,
+                 "{" VALID ", " EPS_QK ", \"num_key_value_heads\": 2, \"rope_scaling\": %s}",
+                 cases[i].json);
+        ModelConfig cfg, back;
+        Err err = {0};
+        CHECK_MSG(model_config_parse(&cfg, text, "x", &err) == 0, "%s: %s", cases[i].json, err.msg);
+        CHECK_MSG(cfg.rope_scaling.kind == cases[i].kind, "%s", cases[i].json);
+        CHECK_MSG(cases[i].kind != ROPE_SCALING_NTK || cfg.rope_scaling.factor == cases[i].factor,
+                  "%s: factor %g", cases[i].json, cfg.rope_scaling.factor);
+        CHECK(cases[i].kind != ROPE_SCALING_IGNORED || cfg.rope_scaling.ignored_type[0]);
+        char *json = model_config_to_json(&cfg);
+        CHECK(json && model_config_parse(&back, json, "y", &err) == 0);
+        CHECK_MSG(back.rope_scaling.kind == cfg.rope_scaling.kind &&
+                      back.rope_scaling.factor == cfg.rope_scaling.factor,
+                  "%s -> %s", cases[i].json, json);
+        free(json);
+    }
+}
+
+static void test_mla_moe_errors(void) {
+    const char *base = "{" VALID ", " EPS_QK ", \"num_key_value_heads\": 1, ";
+    char text[1024];
+#define MLA_MOE_ERROR(keys, frag1, frag2)                                                          \
+    snprintf(text, sizeof text, "%s%s}", base, keys);                                              \
+    expect_error(text, frag1, frag2)
+    MLA_MOE_ERROR("\"attn_type\": \"mla\", \"kv_lora_rank\": 24, \"qk_nope_head_dim\": 10",
+                  "qk_rope_head_dim", "missing");
+    MLA_MOE_ERROR("\"attn_type\": \"mla\", \"kv_lora_rank\": 24, \"qk_nope_head_dim\": 12, "
+                  "\"qk_rope_head_dim\": 6",
+                  "hidden_size 64", "o_proj");
+    MLA_MOE_ERROR("\"attn_type\": \"mla\", \"kv_lora_rank\": 24, \"qk_nope_head_dim\": 11, "
+                  "\"qk_rope_head_dim\": 5",
+                  "qk_rope_head_dim 5", "even");
+    MLA_MOE_ERROR("\"ffn_type\": \"moe\", \"n_routed_experts\": 8, \"n_shared_experts\": 1",
+                  "n_activated_experts", "missing");
+    MLA_MOE_ERROR("\"ffn_type\": \"moe\", \"n_routed_experts\": 4, \"n_shared_experts\": 1, "
+                  "\"n_activated_experts\": 5",
+                  "n_activated_experts 5", "n_routed_experts 4");
+    MLA_MOE_ERROR("\"ffn_type\": \"moe\", \"n_routed_experts\": 4, \"n_shared_experts\": 1, "
+                  "\"n_activated_experts\": 0",
+                  "n_activated_experts", "positive");
+    MLA_MOE_ERROR("\"ffn_type\": \"moe\", \"n_routed_experts\": 4, \"n_shared_experts\": -1, "
+                  "\"n_activated_experts\": 1",
+                  "n_shared_experts", "positive");
+    MLA_MOE_ERROR("\"ffn_type\": \"moe\", \"n_routed_experts\": 4, \"n_shared_experts\": 1, "
+                  "\"n_activated_experts\": 2, \"topk_method\": \"group_limited_greedy\"",
+                  "topk_method", "'group_limited_greedy'");
+#undef MLA_MOE_ERROR
+}
+
 static void test_errors(void) {
-    expect_error("{" VALID ", \"num_key_value_heads\": 2, \"rope_scaling\": {\"type\": \"linear\", "
-                 "\"factor\": 2}, " EPS_QK "}",
-                 "rope_scaling", "'linear'");
     expect_error(
         "{" VALID ", \"num_key_value_heads\": 2, \"rope_scaling\": {\"rope_type\": "
         "\"llama3\", \"factor\": 8, \"low_freq_factor\": 1, \"high_freq_factor\": 4}, " EPS_QK "}",
@@ -104,10 +199,13 @@ static void test_errors(void) {
                  "positive");
     expect_error("{" VALID ", \"num_key_value_heads\": 3, " EPS_QK "}", "num_key_value_heads",
                  "divisible");
-    expect_error("{" VALID ", \"num_key_value_heads\": 2, \"attn_type\": \"mla\", " EPS_QK "}",
-                 "attn_type", "'mla'");
-    expect_error("{" VALID ", \"num_key_value_heads\": 2, \"ffn_type\": \"moe\", " EPS_QK "}",
-                 "ffn_type", "'moe'");
+    expect_error("{" VALID ", \"num_key_value_heads\": 2, \"attn_type\": \"xla\", " EPS_QK "}",
+                 "attn_type", "'xla'");
+    expect_error("{" VALID ", \"num_key_value_heads\": 2, \"ffn_type\": \"dense\", " EPS_QK "}",
+                 "ffn_type", "'mlp' or 'moe'");
+    expect_error("{" VALID ", \"num_key_value_heads\": 2, \"rope_scaling\": {\"type\": \"ntk\", "
+                 "\"factor\": -2}, " EPS_QK "}",
+                 "rope_scaling", "factor");
     expect_error("{" VALID
                  ", \"num_key_value_heads\": 2, \"use_qk_norm\": 1, \"rms_norm_eps\": 1e-5}",
                  "use_qk_norm", "true or false");
@@ -141,6 +239,9 @@ static void test_load_from_file(void) {
 int main(void) {
     test_valid_and_round_trip();
     test_family_keys_round_trip();
+    test_mla_moe_round_trip();
+    test_rope_scaling_kinds();
+    test_mla_moe_errors();
     test_errors();
     test_missing_file();
     test_load_from_file();

@@ -77,6 +77,26 @@ void cpu_attention_bwd(void *dq, void *dk, void *dv, const void *dout, const voi
                        const int32_t *doc_start, int B, int T, int H, int KVH, int D,
                        int qkv_stride);
 
+// moe.c
+// rows rows of row_bytes, dst_stride / src_stride bytes apart: copy_rows in any dtype.
+void cpu_copy_rows_bytes(void *dst, size_t dst_stride, const void *src, size_t src_stride, int rows,
+                         size_t row_bytes);
+void cpu_copy_rows(void *dst, int dst_stride, const void *src, int src_stride, int rows, int cols);
+// moe_route over fp32 logits, the probabilities and weights rounded to dtype.
+void cpu_moe_route_dtype(DType dtype, float *probs, float *weight, int32_t *expert, int32_t *counts,
+                         int32_t *token_of, int32_t *slot, const float *logits, int N, int E,
+                         int k);
+void cpu_moe_route(float *probs, float *weight, int32_t *expert, int32_t *counts, int32_t *token_of,
+                   int32_t *slot, const void *logits, int N, int E, int k);
+void cpu_moe_route_bwd(void *dlogits, const float *dweight, const float *probs,
+                       const int32_t *expert, int N, int E, int k);
+void cpu_moe_combine(void *out, const void *resid, const void *shared, float shared_scale,
+                     const void *rows, const float *weight, const int32_t *slot, int N, int k,
+                     int C);
+void cpu_moe_combine_bwd(void *drows, float *dweight, void *dshared, const void *dout,
+                         const void *rows, const float *weight, const int32_t *slot,
+                         float shared_scale, int N, int k, int C);
+
 void cpu_swiglu_fwd(void *out, const void *h, int N, int FF);
 void cpu_swiglu_bwd(void *dh, const void *dout, const void *h, int N, int FF);
 void cpu_sigmoid_gate_fwd(void *out, const void *x, const void *g, size_t n);

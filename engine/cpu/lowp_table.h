@@ -110,6 +110,59 @@ static void LOWP_FN(attention_bwd)(void *dq, void *dk, void *dv, const void *dou
     lowp_store(&s, dv, fdv, vkv);
 }
 
+// A strided copy: no arithmetic to stage.
+static void LOWP_FN(copy_rows)(void *dst, int dst_stride, const void *src, int src_stride, int rows,
+                               int cols) {
+    size_t a = dtype_size(LOWP_DT);
+    cpu_copy_rows_bytes(dst, (size_t)dst_stride * a, src, (size_t)src_stride * a, rows,
+                        (size_t)cols * a);
+}
+
+static void LOWP_FN(moe_route)(float *probs, float *weight, int32_t *expert, int32_t *counts,
+                               int32_t *token_of, int32_t *slot, const void *logits, int N, int E,
+                               int k) {
+    LowpStage s = LOWP_STAGE;
+    const float *z = lowp_in(&s, logits, lowp_flat((size_t)N * E));
+    if (!s.failed)
+        cpu_moe_route_dtype(LOWP_DT, probs, weight, expert, counts, token_of, slot, z, N, E, k);
+}
+
+static void LOWP_FN(moe_route_bwd)(void *dlogits, const float *dweight, const float *probs,
+                                   const int32_t *expert, int N, int E, int k) {
+    LowpStage s = LOWP_STAGE;
+    LowpView v = lowp_flat((size_t)N * E);
+    float *dz = lowp_out(&s, dlogits, v, 0);
+    if (!s.failed) cpu_moe_route_bwd(dz, dweight, probs, expert, N, E, k);
+    lowp_store(&s, dlogits, dz, v);
+}
+
+// out may be resid: both are staged before the kernel, and out is stored after it.
+static void LOWP_FN(moe_combine)(void *out, const void *resid, const void *shared,
+                                 float shared_scale, const void *rows, const float *weight,
+                                 const int32_t *slot, int N, int k, int C) {
+    LowpStage s = LOWP_STAGE;
+    LowpView v = lowp_flat((size_t)N * C);
+    float *o = lowp_out(&s, out, v, 0);
+    const float *fr = resid ? lowp_in(&s, resid, v) : NULL,
+                *fs = shared ? lowp_in(&s, shared, v) : NULL,
+                *fy = lowp_in(&s, rows, lowp_flat((size_t)N * k * C));
+    if (!s.failed) cpu_moe_combine(o, fr, fs, shared_scale, fy, weight, slot, N, k, C);
+    lowp_store(&s, out, o, v);
+}
+
+static void LOWP_FN(moe_combine_bwd)(void *drows, float *dweight, void *dshared, const void *dout,
+                                     const void *rows, const float *weight, const int32_t *slot,
+                                     float shared_scale, int N, int k, int C) {
+    LowpStage s = LOWP_STAGE;
+    LowpView v = lowp_flat((size_t)N * C), vr = lowp_flat((size_t)N * k * C);
+    float *fdr = lowp_out(&s, drows, vr, 0), *fds = dshared ? lowp_out(&s, dshared, v, 0) : NULL;
+    const float *fd = lowp_in(&s, dout, v), *fy = lowp_in(&s, rows, vr);
+    if (!s.failed)
+        cpu_moe_combine_bwd(fdr, dweight, fds, fd, fy, weight, slot, shared_scale, N, k, C);
+    lowp_store(&s, drows, fdr, vr);
+    if (dshared) lowp_store(&s, dshared, fds, v);
+}
+
 static void LOWP_FN(swiglu_fwd)(void *out, const void *h, int N, int FF) {
     LowpStage s = LOWP_STAGE;
     LowpView vo = lowp_flat((size_t)N * FF);
@@ -183,6 +236,7 @@ static void LOWP_FN(fill)(Backend *b) {
     b->download_f32 = LOWP_FN(download_f32);
     b->matmul_fwd = LOWP_FN(matmul_fwd);
     b->matmul_bwd = LOWP_FN(matmul_bwd);
+    b->copy_rows = LOWP_FN(copy_rows);
     b->embedding_fwd = LOWP_FN(embedding_fwd);
     b->embedding_bwd = LOWP_FN(embedding_bwd);
     b->rmsnorm_fwd = LOWP_FN(rmsnorm_fwd);
@@ -191,6 +245,10 @@ static void LOWP_FN(fill)(Backend *b) {
     b->rope_bwd = LOWP_FN(rope_bwd);
     b->attention_fwd = LOWP_FN(attention_fwd);
     b->attention_bwd = LOWP_FN(attention_bwd);
+    b->moe_route = LOWP_FN(moe_route);
+    b->moe_route_bwd = LOWP_FN(moe_route_bwd);
+    b->moe_combine = LOWP_FN(moe_combine);
+    b->moe_combine_bwd = LOWP_FN(moe_combine_bwd);
     b->swiglu_fwd = LOWP_FN(swiglu_fwd);
     b->swiglu_bwd = LOWP_FN(swiglu_bwd);
     b->sigmoid_gate_fwd = LOWP_FN(sigmoid_gate_fwd);

@@ -108,6 +108,11 @@ static void cuda_sync(void) {
         (b)->rope_bwd = cuda_rope_bwd_##S;                                                         \
         (b)->attention_fwd = cuda_attention_fwd_##S;                                               \
         (b)->attention_bwd = cuda_attention_bwd_##S;                                               \
+        (b)->copy_rows = cuda_copy_rows_##S;                                                       \
+        (b)->moe_route = cuda_moe_route_##S;                                                       \
+        (b)->moe_route_bwd = cuda_moe_route_bwd_##S;                                               \
+        (b)->moe_combine = cuda_moe_combine_##S;                                                   \
+        (b)->moe_combine_bwd = cuda_moe_combine_bwd_##S;                                           \
         (b)->swiglu_fwd = cuda_swiglu_fwd_##S;                                                     \
         (b)->swiglu_bwd = cuda_swiglu_bwd_##S;                                                     \
         (b)->sigmoid_gate_fwd = cuda_sigmoid_gate_fwd_##S;                                         \

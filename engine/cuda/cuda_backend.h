@@ -89,6 +89,20 @@ const Backend *cuda_backend(DType dtype);
                                 const float *lse, const void *q, const void *k, const void *v,     \
                                 const int32_t *doc_start, int B, int T, int H, int KVH, int D,     \
                                 int qkv_stride);                                                   \
+    /* moe.cu */                                                                                   \
+    void cuda_copy_rows_##S(void *dst, int dst_stride, const void *src, int src_stride, int rows,  \
+                            int cols);                                                             \
+    void cuda_moe_route_##S(float *probs, float *weight, int32_t *expert, int32_t *counts,         \
+                            int32_t *token_of, int32_t *slot, const void *logits, int N, int E,    \
+                            int k);                                                                \
+    void cuda_moe_route_bwd_##S(void *dlogits, const float *dweight, const float *probs,           \
+                                const int32_t *expert, int N, int E, int k);                       \
+    void cuda_moe_combine_##S(void *out, const void *resid, const void *shared,                    \
+                              float shared_scale, const void *rows, const float *weight,           \
+                              const int32_t *slot, int N, int k, int C);                           \
+    void cuda_moe_combine_bwd_##S(void *drows, float *dweight, void *dshared, const void *dout,    \
+                                  const void *rows, const float *weight, const int32_t *slot,      \
+                                  float shared_scale, int N, int k, int C);                        \
     /* elementwise.cu */                                                                           \
     void cuda_swiglu_fwd_##S(void *out, const void *h, int N, int FF);                             \
     void cuda_swiglu_bwd_##S(void *dh, const void *dout, const void *h, int N, int FF);            \

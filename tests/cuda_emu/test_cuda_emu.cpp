@@ -1,14 +1,14 @@
 // test_cuda_emu.cpp: the CUDA kernels of engine/cuda/ (embedding, rmsnorm, rope,
-// elementwise, cross_entropy, optim, attention), run on the CPU emulator (emu.h; the sources
+// elementwise, cross_entropy, optim, attention, moe), run on the CPU emulator (emu.h; the sources
 // generated from the real .cu files by gen.py), against the CPU reference kernels
 // (engine/cpu/), in fp32, bf16 and fp16, and attention (its tensor-core and SIMT kernels)
 // against a float64 attention written here. Checks per op:
 // - the result matches the CPU's: bit for bit where the formulas promise it (copies, the
-//   embedding sums, casts, AdamW, scale), else within a tolerance (fp32 ~1e-5 relative; bf16
-//   and fp16 outputs one bf16 / fp16 rounding of the fp32 result, the CPU given the same
-//   rounded inputs; attention: per element, from the roundings its path makes, see
-//   attn_allowed); fp16 overflows to inf where the fp32 result is past its range, never to a
-//   clamped finite value (the trainer's loss scaling looks for the inf);
+//   embedding sums, casts, AdamW, scale, MoE's routing and combination), else within a
+//   tolerance (fp32 ~1e-5 relative; bf16 and fp16 outputs one bf16 / fp16 rounding of the fp32
+//   result, the CPU given the same rounded inputs; attention: per element, from the roundings
+//   its path makes, see attn_allowed); fp16 overflows to inf where the fp32 result is past
+//   its range, never to a clamped finite value (the trainer's loss scaling looks for the inf);
 // - run again with blocks and threads in reverse order, the bits are the same (no race or
 //   order dependence);
 // - nothing is written outside the buffers (guard bands around each);
@@ -74,6 +74,11 @@ template <typename T> struct Ops;
         static constexpr auto gaussian_noise_add = cuda_gaussian_noise_add_##S;                    \
         static constexpr auto attention_fwd = cuda_attention_fwd_##S;                              \
         static constexpr auto attention_bwd = cuda_attention_bwd_##S;                              \
+        static constexpr auto copy_rows = cuda_copy_rows_##S;                                      \
+        static constexpr auto moe_route = cuda_moe_route_##S;                                      \
+        static constexpr auto moe_route_bwd = cuda_moe_route_bwd_##S;                              \
+        static constexpr auto moe_combine = cuda_moe_combine_##S;                                  \
+        static constexpr auto moe_combine_bwd = cuda_moe_combine_bwd_##S;                          \
     };
 OPS(f32, float)
 OPS(bf16, bf16)
@@ -1318,6 +1323,237 @@ static void test_attention_f16() {
     test_attention<f16>(2, 130, 4, 2, 64, true, true, 0, 20);
 }
 
+// ---------------------------------------------------------------- mixture of experts
+
+template <typename T> DType dtype_of() {
+    return std::is_same<T, bf16>::value ? DT_BF16 : std::is_same<T, f16>::value ? DT_F16 : DT_F32;
+}
+
+template <typename V> static std::vector<float> as_floats(const V &v) {
+    return std::vector<float>(v.begin(), v.end()); // int32 indices < 2^24: exact
+}
+
+// copy_rows: dst rows between untouched gaps (strides wider than the rows), any alignment.
+template <typename T>
+void test_copy_rows(int rows, int cols, int dst_stride, int src_stride, int skew) {
+    std::string tag = fmt("%s rows%d cols%d dst_stride%d src_stride%d%s", Ops<T>::name, rows, cols,
+                          dst_stride, src_stride, skew ? " unaligned" : "");
+    std::vector<float> src = quant<T>(randn((size_t)rows * src_stride));
+    std::vector<float> dst0 = quant<T>(randn((size_t)rows * dst_stride));
+    Outs got = run_both("copy_rows " + tag, [&] {
+        Dev<T> d(dst0, skew), s(src, skew);
+        Ops<T>::copy_rows(d, dst_stride, s, src_stride, rows, cols);
+        return Outs{d.floats()};
+    });
+    std::vector<float> want = dst0;
+    cpu_copy_rows(want.data(), dst_stride, src.data(), src_stride, rows, cols);
+    check("copy_rows " + tag + " (exact)", got[0], want, kExact);
+}
+
+// The CPU's routing of the same (rounded) logits.
+struct Routing {
+    std::vector<float> probs, weight;
+    std::vector<int32_t> expert, counts, token_of, slot;
+};
+template <typename T> Routing route_ref(const std::vector<float> &z, int N, int E, int k) {
+    Routing r{std::vector<float>((size_t)N * E),   std::vector<float>((size_t)N * k),
+              std::vector<int32_t>((size_t)N * k), std::vector<int32_t>(E),
+              std::vector<int32_t>((size_t)N * k), std::vector<int32_t>((size_t)N * k)};
+    cpu_moe_route_dtype(dtype_of<T>(), r.probs.data(), r.weight.data(), r.expert.data(),
+                        r.counts.data(), r.token_of.data(), r.slot.data(), z.data(), N, E, k);
+    return r;
+}
+
+// Logits of N tokens over E experts for a routing case.
+enum RouteCase { kRandom, kOneExpert, kEmptyExpert, kTies };
+static const char *const kRouteCaseName[] = {"", " one expert", " an empty expert", " all tied"};
+static std::vector<float> route_logits(RouteCase c, int N, int E) {
+    std::vector<float> z = randn((size_t)N * E, 2.0f);
+    for (int n = 0; n < N; n++)
+        for (int e = 0; e < E; e++) {
+            float &v = z[(size_t)n * E + e];
+            if (c == kOneExpert && e == E / 2) v += 40.0f; // every token's first choice
+            if (c == kEmptyExpert && e == E - 1) v -= 40.0f;
+            if (c == kTies) v = 0.25f;
+        }
+    return z;
+}
+
+// moe_route against the CPU: every output bit for bit (the emulated expf is the host's, the
+// sums the CPU's order; on a GPU expf may differ by an ulp), then moe_route_bwd of those
+// probabilities (the CPU's order and roundings: exact when the CPU did not contract FMAs).
+template <typename T> void test_moe_route(int N, int E, int k, RouteCase c) {
+    std::string tag = fmt("%s N%d E%d k%d%s", Ops<T>::name, N, E, k, kRouteCaseName[c]);
+    std::vector<float> z = quant<T>(route_logits(c, N, E));
+    Outs got = run_both("moe_route " + tag, [&] {
+        Dev<T> zz(z);
+        Dev<float> probs((size_t)N * E), weight((size_t)N * k);
+        Dev<int32_t> expert((size_t)N * k), counts(E), token_of((size_t)N * k), slot((size_t)N * k);
+        Ops<T>::moe_route(probs, weight, expert, counts, token_of, slot, zz, N, E, k);
+        return Outs{probs.floats(),  weight.floats(),   expert.floats(),
+                    counts.floats(), token_of.floats(), slot.floats()};
+    });
+    Routing r = route_ref<T>(z, N, E, k);
+    check("moe_route " + tag + " probs (exact)", got[0], r.probs, kExact);
+    check("  weight (exact)", got[1], r.weight, kExact);
+    check("  expert (exact)", got[2], as_floats(r.expert), kExact);
+    check("  counts (exact)", got[3], as_floats(r.counts), kExact);
+    check("  token_of (exact)", got[4], as_floats(r.token_of), kExact);
+    check("  slot (exact)", got[5], as_floats(r.slot), kExact);
+    // The case holds: one expert takes every token first (so with k = 1 all of them), or the
+    // last one none.
+    int want_count = c == kOneExpert ? N : c == kEmptyExpert ? 0 : -1;
+    int at = c == kOneExpert ? E / 2 : E - 1;
+    if (want_count >= 0 && (r.counts[at] != want_count || got[3][at] != (float)want_count)) {
+        printf("FAIL moe_route %s: expert %d has %g pairs, want %d\n", tag.c_str(), at, got[3][at],
+               want_count);
+        failures++;
+    }
+
+    std::vector<float> dw = randn((size_t)N * k);
+    Outs bwd = run_both("moe_route_bwd " + tag, [&] {
+        Dev<T> dz((size_t)N * E);
+        Dev<float> d(dw), probs(r.probs);
+        Dev<int32_t> expert((size_t)N * k);
+        std::copy(r.expert.begin(), r.expert.end(), expert.get());
+        Ops<T>::moe_route_bwd(dz, d, probs, expert, N, E, k);
+        return Outs{dz.floats()};
+    });
+    std::vector<float> dz((size_t)N * E);
+    cpu_moe_route_bwd(dz.data(), dw.data(), r.probs.data(), r.expert.data(), N, E, k);
+    for (float &v : dz)
+        v = nearest<T>(v);
+    check(fmt("moe_route_bwd %s%s", tag.c_str(), ASTRAI_CPU_NO_FMA ? " (exact)" : ""), bwd[0], dz,
+          ASTRAI_CPU_NO_FMA ? kExact : out_tol<T>({1e-5, 1e-30, 1e-6}));
+}
+
+// The flags of a moe_combine case.
+enum { kResid = 1, kShared = 2, kWeight = 4, kInPlace = 8, kAll = 7 };
+
+// moe_combine and moe_combine_bwd over a routing of N tokens (the CPU's), rows (N*k, C) of
+// expert outputs. fwd: the CPU's order and roundings (exact when the CPU did not contract);
+// bwd: drows and dshared exact (one product each), dweight within fp32 summation error of
+// the dot products (a block tree, not the CPU's order).
+template <typename T> void test_moe_combine(int N, int E, int k, int C, int flags, int skew) {
+    std::string tag =
+        fmt("%s N%d k%d C%d%s%s%s%s%s", Ops<T>::name, N, k, C, flags & kResid ? " resid" : "",
+            flags & kShared ? " shared" : "", flags & kWeight ? " weighted" : "",
+            flags & kInPlace ? " in place" : "", skew ? " unaligned" : "");
+    Routing r = route_ref<T>(quant<T>(route_logits(kRandom, N, E)), N, E, k);
+    const size_t nc = (size_t)N * C, rc = (size_t)N * k * C;
+    std::vector<float> rows = quant<T>(randn(rc)), resid = quant<T>(randn(nc)),
+                       shared = quant<T>(randn(nc)), out0 = quant<T>(randn(nc));
+    const float scale = 0.5f;
+    const bool has_r = flags & kResid, has_s = flags & kShared, has_w = flags & kWeight;
+    Outs got = run_both("moe_combine " + tag, [&] {
+        Dev<T> out(out0, skew), rs(resid, skew), sh(shared, skew), y(rows, skew);
+        Dev<float> w(r.weight);
+        Dev<int32_t> slot(r.slot.size());
+        std::copy(r.slot.begin(), r.slot.end(), slot.get());
+        T *o = flags & kInPlace ? rs.get() : out.get();
+        Ops<T>::moe_combine(o, has_r ? rs.get() : nullptr, has_s ? sh.get() : nullptr, scale, y,
+                            has_w ? w.get() : nullptr, slot, N, k, C);
+        return Outs{flags & kInPlace ? rs.floats() : out.floats()};
+    });
+    std::vector<float> want(nc);
+    cpu_moe_combine(want.data(), has_r ? resid.data() : nullptr, has_s ? shared.data() : nullptr,
+                    scale, rows.data(), has_w ? r.weight.data() : nullptr, r.slot.data(), N, k, C);
+    for (float &v : want)
+        v = nearest<T>(v);
+    check(fmt("moe_combine %s%s", tag.c_str(), ASTRAI_CPU_NO_FMA ? " (exact)" : ""), got[0], want,
+          ASTRAI_CPU_NO_FMA ? kExact : out_tol<T>({2e-6, 1e-30, 1e-7}));
+    if (!has_w) return; // the gather-sum has no backward of its own
+
+    std::vector<float> dout = quant<T>(randn(nc)), drows0 = quant<T>(randn(rc));
+    Outs bwd = run_both("moe_combine_bwd " + tag, [&] {
+        Dev<T> drows(drows0, skew), dsh(out0, skew), d(dout, skew), y(rows, skew);
+        Dev<float> dw((size_t)N * k), w(r.weight);
+        Dev<int32_t> slot(r.slot.size());
+        std::copy(r.slot.begin(), r.slot.end(), slot.get());
+        Ops<T>::moe_combine_bwd(drows, dw, has_s ? dsh.get() : nullptr, d, y, w, slot, scale, N, k,
+                                C);
+        return Outs{drows.floats(), dw.floats(), dsh.floats()};
+    });
+    std::vector<float> drows(rc), dw((size_t)N * k), dsh = out0;
+    cpu_moe_combine_bwd(drows.data(), dw.data(), has_s ? dsh.data() : nullptr, dout.data(),
+                        rows.data(), r.weight.data(), r.slot.data(), scale, N, k, C);
+    for (float &v : drows)
+        v = nearest<T>(v);
+    for (float &v : dsh)
+        v = nearest<T>(v);
+    // A sum of C products in another order: C ulps of the sum of their magnitudes at most.
+    std::vector<double> allowed((size_t)N * k);
+    for (int n = 0; n < N; n++)
+        for (int j = 0; j < k; j++) {
+            double mag = 0;
+            const size_t p = (size_t)r.slot[(size_t)n * k + j];
+            for (int c = 0; c < C; c++)
+                mag += fabs((double)dout[(size_t)n * C + c] * rows[p * C + c]);
+            allowed[(size_t)n * k + j] = 0x1p-24 * C * mag + 1e-30;
+        }
+    check("moe_combine_bwd " + tag + " drows (exact)", bwd[0], drows, kExact);
+    check_within("  dweight (fp32)", bwd[1], dw, allowed);
+    check(has_s ? "  dshared (exact)" : "  dshared NULL: untouched", bwd[2], dsh, kExact);
+}
+
+template <typename T> void test_moe() {
+    test_copy_rows<T>(7, 64, 96, 192, 0); // 16-byte words
+    test_copy_rows<T>(5, 37, 40, 37, 0);  // element path
+    test_copy_rows<T>(9, 64, 64, 80, 1);
+    test_copy_rows<T>(3, 5, 5, 5, 0);
+
+    test_moe_route<T>(300, 16, 4, kRandom);    // N past a block; pairs past a rank chunk
+    test_moe_route<T>(130, 64, 6, kRandom);    // nth_element + sort (k * 64 > E)
+    test_moe_route<T>(40, 200, 3, kRandom);    // partial_sort (k * 64 <= E)
+    test_moe_route<T>(17, 512, 8, kRandom);    // the largest E
+    test_moe_route<T>(50, 8, 1, kOneExpert);   // every token to one expert
+    test_moe_route<T>(50, 8, 2, kOneExpert);   // ... and one more
+    test_moe_route<T>(70, 8, 2, kEmptyExpert); // an expert with no tokens
+    test_moe_route<T>(9, 16, 3, kTies);        // exact ties: torch's order decides
+    test_moe_route<T>(5, 300, 2, kTies);       // ties through partial_sort's heap
+    test_moe_route<T>(33, 4, 4, kRandom);      // k == E
+    test_moe_route<T>(1, 3, 1, kRandom);
+
+    test_moe_combine<T>(37, 8, 2, 64, kAll, 0);
+    test_moe_combine<T>(13, 6, 3, 40, kAll, 0); // C % 8 != 0: the scalar path for bf16
+    test_moe_combine<T>(21, 8, 2, 64, kAll | kInPlace, 0);
+    test_moe_combine<T>(21, 8, 2, 64, kWeight, 0);          // no resid, no shared
+    test_moe_combine<T>(19, 4, 4, 48, 0, 0);                // the gather-sum (weights 1)
+    test_moe_combine<T>(9, 8, 2, 700, kResid | kWeight, 0); // rows past one block's vectors
+    test_moe_combine<T>(11, 8, 3, 64, kAll, 1);
+}
+
+// A routing the kernels cannot take (E past their top-k scratch) is the backend's recorded
+// failure naming the op and the shape, and nothing is written.
+static void test_moe_failure_recorded() {
+    int status = 0;
+    std::string msg = child_stderr(
+        [] {
+            const int N = 3, E = 600, k = 2;
+            Dev<bf16> z(std::vector<float>((size_t)N * E, 0.5f));
+            Dev<float> probs(std::vector<float>((size_t)N * E, 7.0f)), weight((size_t)N * k);
+            Dev<int32_t> expert((size_t)N * k), counts(E), token_of((size_t)N * k),
+                slot((size_t)N * k);
+            Err err = {};
+            int before = cuda_failure(&err);
+            Ops<bf16>::moe_route(probs, weight, expert, counts, token_of, slot, z, N, E, k);
+            int after = cuda_failure(&err);
+            bool untouched = true;
+            for (float x : probs.floats())
+                untouched &= x == 7.0f;
+            fprintf(stderr, "before %d after %d untouched %d: %s\n", before, after, untouched,
+                    err.msg);
+        },
+        &status);
+    bool ok = WIFEXITED(status) && WEXITSTATUS(status) == 0 &&
+              msg.find("before 0 after -1 untouched 1: cuda backend: moe_route: unsupported "
+                       "shape N=3 E=600 k=2") != std::string::npos;
+    printf("%-4s a routing over 600 experts is the backend's recorded failure, nothing "
+           "launched%s%s\n",
+           ok ? "ok" : "FAIL", ok ? "" : ": ", ok ? "" : msg.c_str());
+    failures += !ok;
+}
+
 // ---------------------------------------------------------------- fp16 overflow
 
 // Where the fp32 result is past fp16's range (|x| >= 65520 rounds to inf), the fp16 output is
@@ -1516,6 +1752,11 @@ int main() {
     test_fallback_said<f16>();
     test_attention_f16();
     test_failure_recorded();
+    // MoE last, each dtype: the random inputs of everything before are those they always had.
+    test_moe<float>();
+    test_moe<bf16>();
+    test_moe<f16>();
+    test_moe_failure_recorded();
     clock_gettime(CLOCK_MONOTONIC, &t1);
     const emu::Stats &s = emu::stats_now();
     printf("%llu launches, %llu CUDA threads, %llu fiber switches, %llu block barriers; "

@@ -12,7 +12,8 @@
 #      test_model_stage    pipeline stages chained on the GPU give the whole model's loss and
 #                          gradients (bf16 and fp32);
 #   4. tests/gpu/train_checks.py  loss curves vs the CPU, determinism, GPU->CPU->GPU
-#                          checkpoints, exact --resume, SIGTERM, --gradient_checkpointing;
+#                          checkpoints, exact --resume, SIGTERM, --gradient_checkpointing,
+#                          an MLA + MoE model (cuda vs cpu, deterministic);
 #   5. bench/bench_gpu.py  tokens/s, MFU, peak memory, side by side with PyTorch.
 # Each part runs under `timeout`; a failed part does not stop the others. The report goes to
 # $OUT/gpu-report/ (OUT: set by the device tool; default ./gpu-report), 8 files at most:

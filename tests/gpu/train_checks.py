@@ -19,6 +19,10 @@ learnable synthetic token stream, in these checks:
                   in fp32 mode (cuda and cpu), within 1e-6 in bf16.
   (f) DPO, GRPO   offline DPO and GRPO (10 steps of 4 records, --train_type dpo|grpo, the
                   frozen reference on the device): cuda fp32 = cpu within 1e-4, bf16 within 2e-2.
+  (g) HF features q/k/v biases, qk-norm before RoPE, Llama 3 rope scaling: cuda vs cpu.
+  (h) MLA + MoE   attn_type mla and ffn_type moe (8 routed experts, top-2, 1 shared: the
+                  moe_route / moe_combine / copy_rows kernels of engine/cuda/moe.cu): cuda
+                  fp32 = cpu within 1e-4, bf16 within 2e-2, two cuda bf16 runs identical.
 
 Prints one PASS/FAIL line per check and writes REPORT/train.json (rewritten after each check,
 so a timeout leaves what was done). Exit 1 on any FAIL.
@@ -55,6 +59,12 @@ HF_CONFIG = dict(CONFIG, attention_bias=True, qk_norm_before_rope=True, use_gate
                  rope_theta=500000.0,
                  rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
                                "high_freq_factor": 4.0, "original_max_position_embeddings": 32})
+# (h) DeepSeek's attention and mixture of experts (docs/design.md §7a): per-head d = 32 + 32
+# (H * d = hidden), experts of intermediate 128, top-2 of 8 with one shared expert.
+MOE_CONFIG = dict(CONFIG, attn_type="mla", kv_lora_rank=64, qk_nope_head_dim=32,
+                  qk_rope_head_dim=32, num_key_value_heads=4, ffn_type="moe",
+                  intermediate_size=128, n_routed_experts=8, n_shared_experts=1,
+                  n_activated_experts=2, topk_method="greedy")
 WINDOW, BATCH, STEPS = 128, 8, 20
 # fp16: 3 more significand bits than bf16 (the CPU's fp16 curve is 1.5e-5 from its reference,
 # tests/test_train_lowp.py); not yet measured on a GPU.
@@ -284,6 +294,30 @@ class Checks:
             self.curve_check(f"g.hf_{dt}_vs_cpu", self.train(f"hf_cuda_{dt}", "cuda", dt, **hf),
                              hf_cpu, tol, f"biases, qk-norm before RoPE, llama3 rope: cuda {dt} "
                              "vs cpu")
+        self.mla_moe()
+
+    def mla_moe(self):
+        """(h) an MLA + MoE model: cuda against cpu, and two cuda bf16 runs bit for bit (the
+        routing's top-k, counts and pair order are integer work, its sums in fixed order)."""
+        moe = {"param_path": tu.make_model(os.path.join(self.root, "moe"), MOE_CONFIG)}
+        ref = self.train("moe_cpu", "cpu", **moe)
+        runs = {}
+        for dt, tol in (("fp32", TOL_FP32), ("bf16", TOL_BF16)):
+            runs[dt] = self.train(f"moe_cuda_{dt}", "cuda", dt, **moe)
+            self.curve_check(f"h.mla_moe_{dt}_vs_cpu", runs[dt], ref, tol,
+                             f"mla + moe: cuda {dt} vs cpu")
+        again = self.train("moe_cuda_bf16_again", "cuda", "bf16", **moe)
+        if runs["bf16"] is None or again is None:
+            self.add("h.mla_moe_determinism", False, "a run failed")
+            return
+        same_rows = [(r["loss"], r["grad_norm"]) for r in runs["bf16"]] == \
+            [(r["loss"], r["grad_norm"]) for r in again]
+        same_w = weights(tu.latest_checkpoint(os.path.join(self.root, "moe_cuda_bf16"))) == \
+            weights(tu.latest_checkpoint(os.path.join(self.root, "moe_cuda_bf16_again")))
+        self.add("h.mla_moe_determinism", same_rows and same_w,
+                 f"two cuda bf16 mla + moe runs: losses/grad norms "
+                 f"{'identical' if same_rows else 'DIFFER'}, final weights "
+                 f"{'identical' if same_w else 'DIFFER'}")
 
     def handoff(self, dtype, straight, cpu, tol):
         """cuda to step 10, cpu --resume to 15, cuda --resume to 20, one ckpt_dir."""
