@@ -227,6 +227,13 @@ int model_create_stage(Model *m, const ModelConfig *cfg, int first_block, int en
         model_free(m);
         return -1;
     }
+    if (cfg->ffn_type == FFN_MOE &&
+        !(m->expert_tokens = calloc((size_t)cfg->num_hidden_layers * cfg->n_routed_experts,
+                                    sizeof *m->expert_tokens))) {
+        free(rope);
+        model_free(m);
+        return err_resource(err, "model: out of memory for the experts' token counts");
+    }
     fill_rope_table(rope, cfg);
     be->upload(pl->rope, rope, rope_floats * sizeof(float));
     free(rope);
@@ -613,6 +620,7 @@ void model_free(Model *m) {
     }
     free(m->act_sets);
     free(m->params);
+    free(m->expert_tokens);
     memset(m, 0, sizeof *m);
 }
 
@@ -623,6 +631,13 @@ const void *model_stage_output(const Model *m) {
 
 const void *model_stage_dinput(const Model *m) {
     return m->acts->dres;
+}
+
+void model_reset_expert_tokens(Model *m) {
+    if (m->expert_tokens)
+        memset(m->expert_tokens, 0,
+               (size_t)m->cfg.num_hidden_layers * m->cfg.n_routed_experts *
+                   sizeof *m->expert_tokens);
 }
 
 void model_zero_grad(Model *m) {
@@ -975,6 +990,15 @@ static void layer_forward(Model *m, int l, int s) {
     swiglu_forward(m, p->mlp_up, &x, x.h, x.act, res_next, 1);
 }
 
+// Block l's pairs per expert, from its forward just run (m->expert_tokens).
+static void count_expert_tokens(Model *m, int l) {
+    if (!m->expert_tokens) return;
+    int E = m->cfg.n_routed_experts;
+    const int32_t *counts = slot_at(m, slot_of_layer(m, l)).host_counts;
+    for (int e = 0; e < E; e++)
+        m->expert_tokens[(size_t)l * E + e] += counts[e];
+}
+
 static int check_forward_args(int B, int T, float label_smoothing, Err *err) {
     if (B <= 0 || T <= 0 || (size_t)B * T > (size_t)1 << 30)
         return err_set(err, "model: bad batch shape B=%d T=%d", B, T);
@@ -1023,6 +1047,7 @@ static int forward(Model *m, const int32_t *inputs, const int32_t *targets,
     for (int l = m->first_block; l < m->end_block; l++) {
         weights_needed(m, pl->layer[l].q_proj, layer_params_end(m, l));
         layer_forward(m, l, slot_of_layer(m, l));
+        count_expert_tokens(m, l);
     }
     if (!m->has_head) return 0;
     weights_needed(m, pl->norm, m->n_params);

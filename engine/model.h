@@ -85,6 +85,11 @@ typedef struct {
     // the previous stage's output; a stage without the head starts backward from stage_dout:
     // (B*T, C), d loss / d its output. Backend memory the caller sets before each call.
     const void *stage_input, *stage_dout;
+    // MoE: the (token, choice) pairs each routed expert received, (num_hidden_layers, E), summed
+    // over the forwards since model_reset_expert_tokens (a block's recomputation under gradient
+    // checkpointing does not count again); zeros for blocks the stage does not hold. NULL
+    // without MoE.
+    int64_t *expert_tokens;
     ModelPlan *plan;
     ModelActs *acts;      // the activation set forward and backward use (model_select_acts)
     ModelActs **act_sets; // n_act_sets, each sized for the largest (B,T) it has seen
@@ -181,6 +186,8 @@ void model_backward(Model *m, float loss_scale);
 void model_backward_weighted(Model *m, const float *token_scale);
 
 void model_zero_grad(Model *m);
+
+void model_reset_expert_tokens(Model *m);
 
 // FSDP and checkpoints hold full buffers only while they need them: model_release frees
 // the chosen buffers (pointers become NULL), model_acquire allocates the missing ones

@@ -9,8 +9,10 @@
 #define PROGRESS_DB_FILE "progress.db" // in the run directory (or ckpt_dir, run alone)
 
 // One row per optimizer step, per checkpoint, per validation; step_metrics holds the named
-// extra numbers of a step (the DPO/GRPO terms); run holds keys of the whole run
-// ('total_steps').
+// extra numbers of a step (the DPO/GRPO terms, a mixture of experts' expert_load_max and
+// expert_load_min); run holds keys of the whole run ('total_steps'); expert_load holds, per step
+// of a mixture-of-experts model, the (token, choice) pairs each routed expert of each layer
+// received, summed over the step's micro-batches and ranks.
 #define PROGRESS_DB_SCHEMA                                                                         \
     "PRAGMA journal_mode=WAL;"                                                                     \
     "PRAGMA synchronous=NORMAL;"                                                                   \
@@ -23,16 +25,18 @@
     " consumed_samples INTEGER NOT NULL, val_loss REAL, wall_time REAL NOT NULL);"                 \
     "CREATE TABLE IF NOT EXISTS step_metrics(step INTEGER NOT NULL, name TEXT NOT NULL,"           \
     " value REAL, PRIMARY KEY(step, name));"                                                       \
-    "CREATE TABLE IF NOT EXISTS run(key TEXT PRIMARY KEY, value);"
+    "CREATE TABLE IF NOT EXISTS run(key TEXT PRIMARY KEY, value);"                                 \
+    "CREATE TABLE IF NOT EXISTS expert_load(step INTEGER NOT NULL, layer INTEGER NOT NULL,"        \
+    " expert INTEGER NOT NULL, tokens INTEGER NOT NULL, PRIMARY KEY(step, layer, expert));"
 
 // ---------------------------------------------------------------- the writer's statements
 
-// A resumed run forgets the rows after its checkpoint's step (%ld: the step, four times, then
+// A resumed run forgets the rows after its checkpoint's step (%ld: the step, five times, then
 // total_steps), so the curve is the run's own.
 #define PROGRESS_DB_FORGET_AFTER                                                                   \
     "BEGIN IMMEDIATE; DELETE FROM steps WHERE step > %ld;"                                         \
     " DELETE FROM checkpoints WHERE step > %ld; DELETE FROM validation WHERE step > %ld;"          \
-    " DELETE FROM step_metrics WHERE step > %ld;"                                                  \
+    " DELETE FROM step_metrics WHERE step > %ld; DELETE FROM expert_load WHERE step > %ld;"        \
     " INSERT OR REPLACE INTO run(key, value) VALUES('total_steps', %ld); COMMIT;"
 #define PROGRESS_DB_INSERT_STEP                                                                    \
     "INSERT OR REPLACE INTO steps(step, epoch, consumed_samples, loss, lr, grad_norm,"             \
@@ -50,6 +54,8 @@
 // astrai-train) has no phase.
 #define PROGRESS_DB_SET_PHASE                                                                      \
     "INSERT OR REPLACE INTO run(key, value) VALUES('phase', ?1), ('phase_since', ?2)"
+#define PROGRESS_DB_INSERT_EXPERT_LOAD                                                             \
+    "INSERT OR REPLACE INTO expert_load(step, layer, expert, tokens) VALUES(?1,?2,?3,?4)"
 #define PROGRESS_DB_INSERT_METRIC                                                                  \
     "INSERT OR REPLACE INTO step_metrics(step, name, value) VALUES(?1,?2,?3)"
 
@@ -64,7 +70,8 @@
 #define PROGRESS_DB_LAST_VALIDATION "SELECT val_loss FROM validation ORDER BY step DESC LIMIT 1"
 // Loss scaling (--loss_scale): the newest step's scale, and how many steps were skipped.
 #define PROGRESS_DB_LOSS_SCALE                                                                     \
-    "SELECT (SELECT value FROM step_metrics WHERE name = 'loss_scale' ORDER BY step DESC LIMIT 1)," \
+    "SELECT (SELECT value FROM step_metrics WHERE name = 'loss_scale' ORDER BY step DESC LIMIT "   \
+    "1),"                                                                                          \
     " (SELECT COUNT(*) FROM step_metrics WHERE name = 'skipped' AND value > 0)"
 // The numbers beyond the steps columns (step_metrics: loss_scale, skipped, the DPO/GRPO ones) of
 // the steps in (?1, ?2], in step order.

@@ -5,6 +5,8 @@ astrai_c_test(test_config tests/test_config.c)
 add_executable(model_dump tests/model_dump.c)
 target_link_libraries(model_dump PRIVATE astrai_core)
 astrai_py_test(test_model_ref test_model_ref.py)
+# MoE routing edge cases (one expert for all, none for one, ties, top-k = E) and 10-step curves.
+astrai_py_test(test_moe_ref test_moe_ref.py)
 
 # The CUDA attention kernels' tiling schedule replayed on the CPU against a naive attention:
 # the logic of engine/cuda/attention.cu checked where no GPU runs.

@@ -172,7 +172,10 @@ def check_errors(tmp, good):
          "astrai's limit of 4096"),
         (dict(CONFIG, hidden_size=2**40), "'hidden_size' = 1099511627776 is above astrai's "
          "limit of 65536"),
-        (dict(CONFIG, attn_type="mla"), "attn_type"),
+        (dict(CONFIG, attn_type="mla"), "missing required key 'kv_lora_rank'"),
+        (dict(CONFIG, attn_type="sparse"), "attn_type 'sparse'"),
+        (dict(CONFIG, ffn_type="moe", n_routed_experts=4, n_shared_experts=1,
+              n_activated_experts=5), "n_activated_experts 5 exceeds n_routed_experts 4"),
         (dict(CONFIG, num_key_value_heads=3), "num_key_value_heads"),
     ]:
         write_json(bad_cfg, broken)

@@ -36,7 +36,7 @@ static int exec_sql(ProgressDb *p, const char *sql, Err *err) {
 static int forget_after(ProgressDb *p, long total_steps, long resume_step, Err *err) {
     char sql[512];
     snprintf(sql, sizeof sql, PROGRESS_DB_FORGET_AFTER, resume_step, resume_step, resume_step,
-             resume_step, total_steps);
+             resume_step, resume_step, total_steps);
     return exec_sql(p, sql, err);
 }
 
@@ -60,6 +60,8 @@ int progress_open(ProgressDb *p, const char *dir, long total_steps, long resume_
         sqlite3_prepare_v2(p->db, PROGRESS_DB_INSERT_VALIDATION, -1, &p->insert_val, NULL) !=
             SQLITE_OK ||
         sqlite3_prepare_v2(p->db, PROGRESS_DB_INSERT_METRIC, -1, &p->insert_extra, NULL) !=
+            SQLITE_OK ||
+        sqlite3_prepare_v2(p->db, PROGRESS_DB_INSERT_EXPERT_LOAD, -1, &p->insert_load, NULL) !=
             SQLITE_OK ||
         sqlite3_prepare_v2(p->db, PROGRESS_DB_SET_PHASE, -1, &p->set_phase, NULL) != SQLITE_OK) {
         if (!err || !*err->msg || !strstr(err->msg, p->path)) db_fail(p, "prepare", err);
@@ -121,6 +123,25 @@ int progress_add_step(ProgressDb *p, const StepRow *r, Err *err) {
     return 0;
 }
 
+int progress_add_expert_load(ProgressDb *p, long step, int layers, int experts, const float *tokens,
+                             Err *err) {
+    if (exec_sql(p, "BEGIN IMMEDIATE", err)) return -1;
+    int rc = 0;
+    for (int l = 0; l < layers && !rc; l++)
+        for (int e = 0; e < experts && !rc; e++) {
+            sqlite3_bind_int64(p->insert_load, 1, step);
+            sqlite3_bind_int(p->insert_load, 2, l);
+            sqlite3_bind_int(p->insert_load, 3, e);
+            sqlite3_bind_int64(p->insert_load, 4, (sqlite3_int64)tokens[(size_t)l * experts + e]);
+            rc = run_insert(p, p->insert_load, err);
+        }
+    if (rc) {
+        exec_sql(p, "ROLLBACK", NULL);
+        return -1;
+    }
+    return exec_sql(p, "COMMIT", err);
+}
+
 int progress_add_checkpoint(ProgressDb *p, long step, long epoch, const char *path, Err *err) {
     sqlite3_stmt *st = p->insert_ckpt;
     sqlite3_bind_int64(st, 1, step);
@@ -158,6 +179,7 @@ void progress_close(ProgressDb *p) {
     sqlite3_finalize(p->set_phase);
     sqlite3_finalize(p->insert_val);
     sqlite3_finalize(p->insert_extra);
+    sqlite3_finalize(p->insert_load);
     sqlite3_finalize(p->insert_step);
     sqlite3_finalize(p->insert_ckpt);
     sqlite3_finalize(p->delete_ckpt);
@@ -227,8 +249,9 @@ int metric_log_select(MetricLog *m, const char *list, Err *err) {
 }
 
 const char *const METRIC_EXTRA_NAMES[METRIC_N_EXTRA] = {
-    "reward_margin", "reward_accuracy", "kl",     "clip_fraction",
-    "reward_mean",   "loss_scale",      "skipped"};
+    "reward_margin", "reward_accuracy", "kl",
+    "clip_fraction", "reward_mean",     "loss_scale",
+    "skipped",       "expert_load_max", "expert_load_min"};
 
 static int extra_index(const char *name) {
     for (int k = 0; k < METRIC_N_EXTRA; k++)

@@ -20,7 +20,7 @@ typedef struct {
     double value;
 } StepExtra;
 
-#define STEP_MAX_EXTRA 5
+#define STEP_MAX_EXTRA 7
 
 typedef struct {
     long step; // optimizer steps done after this one (1-based)
@@ -45,6 +45,7 @@ typedef struct {
     sqlite3_stmt *insert_val;
     sqlite3_stmt *insert_extra; // step_metrics(step, name, value): DPO/GRPO numbers
     sqlite3_stmt *set_phase;
+    sqlite3_stmt *insert_load; // expert_load(step, layer, expert, tokens)
     char path[4096];
 } ProgressDb;
 
@@ -55,6 +56,10 @@ typedef struct {
 int progress_open(ProgressDb *p, const char *dir, long total_steps, long resume_step, Err *err);
 int progress_add_step(ProgressDb *p, const StepRow *row, Err *err);
 int progress_add_checkpoint(ProgressDb *p, long step, long epoch, const char *path, Err *err);
+// A mixture of experts' step: tokens: (layers, experts) the pairs each routed expert received
+// (table expert_load), in one transaction.
+int progress_add_expert_load(ProgressDb *p, long step, int layers, int experts, const float *tokens,
+                             Err *err);
 // The checkpoint of `step` is gone (deleted by the retention): its row goes too.
 int progress_remove_checkpoint(ProgressDb *p, long step, Err *err);
 // A validation run (--val_split) at `step`: table validation(step, epoch,
@@ -84,9 +89,10 @@ enum { METRIC_HAS_LOSS = 1, METRIC_HAS_LR = 2, METRIC_HAS_GRAD_NORM = 4, METRIC_
 
 // The numbers DPO and GRPO add to their step rows (after grad_norm), by name:
 // reward_margin, reward_accuracy (dpo); kl, clip_fraction, reward_mean (grpo); and loss scaling
-// (--loss_scale): loss_scale (the step's S), skipped (1: an overflow skipped it). Row bit of
-// extra k: METRIC_HAS_EXTRA << k.
-#define METRIC_N_EXTRA 7
+// (--loss_scale): loss_scale (the step's S), skipped (1: an overflow skipped it); a mixture of
+// experts: expert_load_max and expert_load_min (the most and least loaded routed expert of any
+// layer, relative to its layer's mean). Row bit of extra k: METRIC_HAS_EXTRA << k.
+#define METRIC_N_EXTRA 9
 #define METRIC_HAS_EXTRA 16u
 extern const char *const METRIC_EXTRA_NAMES[METRIC_N_EXTRA];
 

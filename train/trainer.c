@@ -478,6 +478,53 @@ static void add_scaler_metrics(const Trainer *t, StepRow *row, double scale, boo
     row->extra[row->n_extra++] = (StepExtra){.name = "skipped", .value = skipped};
 }
 
+// The most and least loaded routed expert of any layer, relative to its layer's mean (load:
+// (L, E) pairs per expert), as the step row's expert_load_max and expert_load_min.
+static void add_load_extremes(StepRow *row, const float *load, int L, int E) {
+    double most = 0, least = INFINITY;
+    for (int l = 0; l < L; l++) {
+        double total = 0, hi = 0, lo = INFINITY;
+        for (int e = 0; e < E; e++) {
+            double v = load[(size_t)l * E + e];
+            total += v;
+            hi = fmax(hi, v);
+            lo = fmin(lo, v);
+        }
+        if (total <= 0) continue; // a layer without tokens this step (none in practice)
+        most = fmax(most, hi * E / total);
+        least = fmin(least, lo * E / total);
+    }
+    if (!isfinite(least)) return;
+    row->extra[row->n_extra++] = (StepExtra){.name = "expert_load_max", .value = most};
+    row->extra[row->n_extra++] = (StepExtra){.name = "expert_load_min", .value = least};
+}
+
+// A mixture of experts' load of the step (docs/design.md §7a): the pairs each routed expert of
+// each layer received in the step's training forwards, summed over ranks (every rank calls it;
+// a pipeline stage counts only its blocks); rank 0 records them (progress.db) and the extremes
+// (the step row). The counts start again at zero.
+static int record_expert_load(Trainer *t, StepRow *row, Err *err) {
+    Model *m = &t->model;
+    if (!m->expert_tokens) return 0;
+    int L = m->cfg.num_hidden_layers, E = m->cfg.n_routed_experts;
+    size_t n = (size_t)L * E;
+    float *load = malloc(n * sizeof *load);
+    if (!load) return err_resource(err, "expert load: out of memory for %zu counts", n);
+    for (size_t i = 0; i < n; i++)
+        load[i] = (float)m->expert_tokens[i];
+    int rc = 0;
+    for (size_t at = 0; at < n && !rc; at += EXEC_AGREE_MAX)
+        rc = executor_sum(&t->exec, load + at,
+                          (int)(n - at < EXEC_AGREE_MAX ? n - at : EXEC_AGREE_MAX), err);
+    if (!rc && t->rank == 0) {
+        add_load_extremes(row, load, L, E);
+        rc = progress_add_expert_load(&t->progress, row->step, L, E, load, err);
+    }
+    free(load);
+    model_reset_expert_tokens(m);
+    return rc;
+}
+
 // Validation's mean loss, recorded by rank 0 (metric.jsonl, progress.db, the log).
 static int validate_and_record(Trainer *t, Err *err) {
     double val_loss;
@@ -491,6 +538,7 @@ static int validate_and_record(Trainer *t, Err *err) {
         report_phase(t, "", err))
         return -1;
     if (t->rank == 0) fprintf(stderr, "step %ld | val_loss %.4f\n", t->step, val_loss);
+    model_reset_expert_tokens(&t->model); // the load counts training forwards only
     return 0;
 }
 
@@ -548,6 +596,7 @@ static int optimizer_step(Trainer *t, StepClock *c, int *stop, int *ckpt, Err *e
                    .skipped = skipped};
     add_objective_metrics(t, &row, tot.metrics);
     add_scaler_metrics(t, &row, scale, skipped);
+    if (record_expert_load(t, &row, err)) return -1;
     c->steps_run++;
     if (t->memory_report) {
         long rss = resident_bytes() - t->rss_baseline;
