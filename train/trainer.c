@@ -201,6 +201,11 @@ int trainer_init(Trainer *t, const TrainSpec *spec, const TrainerOptions *opt, E
     if (ckpt_model_config(&cfg, model_dir, err) || setup_pipeline(t, &cfg, opt, err) ||
         open_data(t, objective, &cfg, opt->be, err) || set_total_steps(t, err))
         return -1;
+    if (t->rank == 0 && cfg.rope_scaling.kind == ROPE_SCALING_IGNORED)
+        fprintf(stderr,
+                "warning: %s/config.json: rope_scaling type '%s' is not one astrai (or AstrAI) "
+                "computes: the RoPE base stays rope_theta, as AstrAI leaves it\n",
+                model_dir, cfg.rope_scaling.ignored_type);
     t->memory_report = opt->memory_report;
     if (t->memory_report) t->rss_baseline = resident_bytes();
     t->rss_ckpt_max = -1;
