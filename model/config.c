@@ -229,6 +229,11 @@ static int config_read_mla(ModelConfig *cfg, const cJSON *root, const char *sour
         config_size(root, "qk_rope_head_dim", model_config_size_limit("qk_rope_head_dim"), source,
                     &cfg->qk_rope_head_dim, err))
         return -1;
+    if (cfg->attention_bias)
+        return err_set(err,
+                       "%s: attention_bias does not apply to attn_type 'mla' (AstrAI's MLA "
+                       "projections have no biases)",
+                       source);
     cfg->head_dim = cfg->qk_nope_head_dim + cfg->qk_rope_head_dim;
     cfg->rope_dim = cfg->qk_rope_head_dim;
     if ((long)cfg->num_attention_heads * cfg->head_dim != cfg->hidden_size)

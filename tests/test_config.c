@@ -154,6 +154,7 @@ static void test_mla_moe_errors(void) {
     MLA_MOE_ERROR("\"attn_type\": \"mla\", \"kv_lora_rank\": 24, \"qk_nope_head_dim\": 11, "
                   "\"qk_rope_head_dim\": 5",
                   "qk_rope_head_dim 5", "even");
+    MLA_MOE_ERROR(MLA_KEYS ", \"attention_bias\": true", "attention_bias", "'mla'");
     MLA_MOE_ERROR("\"ffn_type\": \"moe\", \"n_routed_experts\": 8, \"n_shared_experts\": 1",
                   "n_activated_experts", "missing");
     MLA_MOE_ERROR("\"ffn_type\": \"moe\", \"n_routed_experts\": 4, \"n_shared_experts\": 1, "
