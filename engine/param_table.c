@@ -206,6 +206,13 @@ int model_stage_table(const ModelConfig *cfg, int first_block, int end_block, Pa
     return rc;
 }
 
+size_t model_active_params(const ModelConfig *c, size_t total) {
+    if (c->ffn_type != FFN_MOE) return total;
+    size_t expert = 3 * (size_t)c->intermediate_size * (size_t)c->hidden_size;
+    return total - (size_t)c->num_hidden_layers *
+                       (size_t)(c->n_routed_experts - c->n_activated_experts) * expert;
+}
+
 // MuonMix: Muon for 2-D weights whose names contain none of norm/bias/embed/lm_head.
 bool optim_muon_owns(const ParamSpec *p) {
     return p->ndim == 2 && !strstr(p->name, "norm") && !strstr(p->name, "bias") &&

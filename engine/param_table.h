@@ -44,6 +44,10 @@ int param_table_fill(const ModelConfig *cfg, int first_block, int end_block, Lay
 int model_stage_table(const ModelConfig *cfg, int first_block, int end_block, ParamSpec **params,
                       int *n, size_t *num_floats, Err *err);
 
+// The parameters one token computes with, of a model of `total` parameters: all of them, less the
+// (E - k) routed experts of each MoE layer it is not routed to.
+size_t model_active_params(const ModelConfig *cfg, size_t total);
+
 // Whether Muon steps p under OPT_MUON (else AdamW does; engine/optim.h): what the optimizer's
 // state holds for p, which astraid's preflight sizes without an optimizer.
 bool optim_muon_owns(const ParamSpec *p);

@@ -137,6 +137,32 @@ def check_info(out, weights):
     print("info lists every tensor")
 
 
+MOE_MLA_CONFIG = dict(CONFIG, attn_type="mla", kv_lora_rank=16, qk_nope_head_dim=10,
+                      qk_rope_head_dim=6, ffn_type="moe", n_routed_experts=6,
+                      n_shared_experts=2, n_activated_experts=2, topk_method="greedy")
+
+
+def check_moe_mla_init(tmp):
+    """An MLA + DeepSeekMoE model: AstrAI's tensors, the experts' down std, active parameters."""
+    cfg = dict(MOE_MLA_CONFIG, hidden_size=64, num_attention_heads=4, num_key_value_heads=2)
+    out = init(tmp, "moe_mla", cfg)
+    weights = check_files(out, cfg, "BF16")
+    L, S, k = cfg["num_hidden_layers"], cfg["n_shared_experts"], cfg["n_activated_experts"]
+    want = 0.02 / math.sqrt(2 * L * (1 / max(S, 1) + 1 / k))
+    downs = np.concatenate([w.astype(np.float64).reshape(-1) for n, w in weights.items()
+                            if "_experts." in n and n.endswith(".down.weight")])
+    assert abs(downs.std() / want - 1) < 0.05, (downs.std(), want)
+    router = np.concatenate([w.astype(np.float64).reshape(-1) for n, w in weights.items()
+                             if n.endswith("mlp.router.weight")])
+    assert abs(router.std() / 0.02 - 1) < 0.1, router.std()
+    info = json.loads(run("info", out, "--json").stdout)
+    total = sum(w.size for w in weights.values())
+    unused = L * (cfg["n_routed_experts"] - k) * 3 * cfg["intermediate_size"] * cfg["hidden_size"]
+    assert info["num_parameters"] == total and info["active_parameters"] == total - unused, info
+    assert f"{total - unused} active per token: 2 of 6 routed experts" in run("info", out).stdout
+    print("mla + moe init: AstrAI's tensors and stds, active parameters")
+
+
 def check_seeds_and_dtypes(tmp):
     a = init(tmp, "seed_a", CONFIG, "--seed", "11")
     b = init(tmp, "seed_b", CONFIG, "--seed=11")
@@ -464,6 +490,7 @@ def main():
         weights = check_files(out, CONFIG, "BF16")
         check_init_statistics(weights, CONFIG["num_hidden_layers"])
         check_info(out, weights)
+        check_moe_mla_init(tmp)
         check_seeds_and_dtypes(tmp)
         check_errors(tmp, out)
         check_sharded(tmp, failures)

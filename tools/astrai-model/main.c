@@ -505,6 +505,8 @@ static int print_info_json(const ModelDir *d, const char *dir) {
     cJSON_AddStringToObject(root, "dir", dir);
     cJSON_AddItemToObject(root, "config", cJSON_Parse(cfg_text ? cfg_text : "null"));
     cJSON_AddNumberToObject(root, "num_parameters", (double)d->n_params);
+    cJSON_AddNumberToObject(root, "active_parameters",
+                            (double)model_active_params(&d->cfg, d->n_params));
     add_format_json(root, &d->model);
     cJSON *list = cJSON_AddArrayToObject(root, "tensors");
     for (int i = 0; i < d->model.st.n_tensors; i++)
@@ -541,8 +543,13 @@ static void print_info_text(const ModelDir *d, const char *dir) {
         printf("checkpoint: epoch %ld, step %ld, consumed_samples %ld, timestamp %s\n",
                d->meta.epoch, d->meta.step, d->meta.consumed_samples, d->meta.timestamp);
     print_format(&d->model);
-    printf("parameters: %llu\n\n%-48s %-5s %-16s %12s%s\n", (unsigned long long)d->n_params, "name",
-           "dtype", "shape", "bytes", sharded(&d->model) ? "  file" : "");
+    printf("parameters: %llu", (unsigned long long)d->n_params);
+    if (d->cfg.ffn_type == FFN_MOE)
+        printf(" (%llu active per token: %d of %d routed experts)",
+               (unsigned long long)model_active_params(&d->cfg, d->n_params),
+               d->cfg.n_activated_experts, d->cfg.n_routed_experts);
+    printf("\n\n%-48s %-5s %-16s %12s%s\n", "name", "dtype", "shape", "bytes",
+           sharded(&d->model) ? "  file" : "");
     for (int i = 0; i < d->model.st.n_tensors; i++) {
         const Row *r = &d->model.rows[i];
         const StTensor *t = r->t;
