@@ -1,6 +1,7 @@
 """none / ddp / fsdp give the same training trajectory for the same global batch
 (nprocs x batch_per_device x grad_accum_steps), with adamw and muon; a checkpoint written under
-fsdp with 2 ranks resumes under none and under ddp and continues the same curve; fsdp holds about
+fsdp with 2 ranks resumes under none and under ddp and continues the same curve; an MLA + MoE model
+trains the same curve under none, ddp 2, fsdp 2 and pp 2; fsdp holds about
 1/N of the parameter + gradient + optimizer state per rank (measured resident memory)."""
 
 import json
@@ -49,6 +50,24 @@ def curves(root, model, data, failures):
             name = f"{mode}-b{batch}-a{accum}-{kind}"
             ck = run(root, model, data, name, mode, 2, batch, accum, kind)
             compare(tu.metric_rows(tu.latest_checkpoint(ck)), base, f"{name} vs none", failures)
+
+
+# MLA attention and DeepSeekMoE (3 routed experts of 8, 1 shared): the executors shard, reduce and
+# gather the router and the experts like any tensor, and a pipeline cuts between MoE blocks.
+MOE_MLA_CONFIG = dict(tu.SMALL_CONFIG, attn_type="mla", kv_lora_rank=24, qk_nope_head_dim=10,
+                      qk_rope_head_dim=6, ffn_type="moe", n_routed_experts=8, n_shared_experts=1,
+                      n_activated_experts=3, intermediate_size=48)
+
+
+def moe_curves(root, data, failures):
+    model = tu.make_model(os.path.join(root, "moe-model"), MOE_MLA_CONFIG)
+    none = run(root, model, data, "moe-none", "none", 1, 4, 1, "muon")
+    base = tu.metric_rows(tu.latest_checkpoint(none))
+    for mode, batch, accum, extra in (("ddp", 2, 1, {}), ("fsdp", 2, 1, {}),
+                                      ("none", 2, 2, {"pp_size": 2})):
+        name = f"moe-{mode}-b{batch}-a{accum}" + ("-pp2" if extra else "")
+        ck = run(root, model, data, name, mode, 2, batch, accum, "muon", **extra)
+        compare(tu.metric_rows(tu.latest_checkpoint(ck)), base, f"{name} vs none", failures)
 
 
 def resume_across_modes(root, model, data, failures):
@@ -103,6 +122,7 @@ def main():
     data, _ = tu.make_text_data(root, N_BYTES)
     curves(root, model, data, failures)
     resume_across_modes(root, model, data, failures)
+    moe_curves(root, data, failures)
     if os.environ.get("ASTRAI_SANITIZED") == "1":
         # ASan's allocator keeps freed memory in quarantine: resident memory no longer
         # tells what the process holds. The gcc build asserts it.
