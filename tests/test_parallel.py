@@ -1,8 +1,8 @@
 """none / ddp / fsdp give the same training trajectory for the same global batch
 (nprocs x batch_per_device x grad_accum_steps), with adamw and muon; a checkpoint written under
 fsdp with 2 ranks resumes under none and under ddp and continues the same curve; an MLA + MoE model
-trains the same curve under none, ddp 2, fsdp 2 and pp 2; fsdp holds about
-1/N of the parameter + gradient + optimizer state per rank (measured resident memory)."""
+trains the same curve under none, ddp 2, fsdp 2, pp 2 and with gradient checkpointing; fsdp holds
+about 1/N of the parameter + gradient + optimizer state per rank (measured resident memory)."""
 
 import json
 import os
@@ -63,10 +63,11 @@ def moe_curves(root, data, failures):
     model = tu.make_model(os.path.join(root, "moe-model"), MOE_MLA_CONFIG)
     none = run(root, model, data, "moe-none", "none", 1, 4, 1, "muon")
     base = tu.metric_rows(tu.latest_checkpoint(none))
-    for mode, batch, accum, extra in (("ddp", 2, 1, {}), ("fsdp", 2, 1, {}),
-                                      ("none", 2, 2, {"pp_size": 2})):
-        name = f"moe-{mode}-b{batch}-a{accum}" + ("-pp2" if extra else "")
-        ck = run(root, model, data, name, mode, 2, batch, accum, "muon", **extra)
+    for mode, nprocs, batch, accum, extra in (
+            ("ddp", 2, 2, 1, {}), ("fsdp", 2, 2, 1, {}), ("none", 2, 2, 2, {"pp_size": 2}),
+            ("none", 1, 4, 1, {"gradient_checkpointing": True})):
+        name = f"moe-{mode}-b{batch}-a{accum}" + "".join(f"-{k}" for k in extra)
+        ck = run(root, model, data, name, mode, nprocs, batch, accum, "muon", **extra)
         compare(tu.metric_rows(tu.latest_checkpoint(ck)), base, f"{name} vs none", failures)
 
 
