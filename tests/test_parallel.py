@@ -7,6 +7,7 @@ about 1/N of the parameter + gradient + optimizer state per rank (measured resid
 import json
 import os
 import shutil
+import sqlite3
 import sys
 
 import train_util as tu
@@ -59,16 +60,54 @@ MOE_MLA_CONFIG = dict(tu.SMALL_CONFIG, attn_type="mla", kv_lora_rank=24, qk_nope
                       n_activated_experts=3, intermediate_size=48)
 
 
+def expert_load(ckpt):
+    """{(step, layer): [tokens per expert]} of a run's progress.db."""
+    db = sqlite3.connect(os.path.join(ckpt, "progress.db"))
+    load = {}
+    for step, layer, expert, tokens in db.execute(
+            "SELECT step, layer, expert, tokens FROM expert_load ORDER BY step, layer, expert"):
+        load.setdefault((step, layer), []).append(tokens)
+    db.close()
+    return load
+
+
+def check_expert_load(ckpt, rows, base_load, what, failures):
+    """Every step routed the global batch's tokens k times per layer, the ranks' counts summed;
+    the step rows' extremes are the table's; the counts equal the one-rank run's."""
+    load = expert_load(ckpt)
+    cfg = MOE_MLA_CONFIG
+    pairs = 4 * WINDOW * cfg["n_activated_experts"]
+    bad = [key for key, v in load.items()
+           if len(v) != cfg["n_routed_experts"] or sum(v) != pairs]
+    steps = {s for s, _ in load}
+    if bad or len(steps) != len(rows) or (base_load is not None and load != base_load):
+        failures.append(f"{what}: expert_load wrong (bad {bad[:3]}, {len(steps)} steps)")
+        return load
+    for r in rows:
+        per_layer = [load[(r["step"], l)] for l in range(cfg["num_hidden_layers"])]
+        most = max(max(v) * len(v) / sum(v) for v in per_layer)
+        least = min(min(v) * len(v) / sum(v) for v in per_layer)
+        if abs(r["expert_load_max"] - most) > 1e-9 or abs(r["expert_load_min"] - least) > 1e-9:
+            failures.append(f"{what}: step {r['step']} extremes {r['expert_load_max']}, "
+                            f"{r['expert_load_min']} vs the table's {most}, {least}")
+            break
+    return load
+
+
 def moe_curves(root, data, failures):
     model = tu.make_model(os.path.join(root, "moe-model"), MOE_MLA_CONFIG)
     none = run(root, model, data, "moe-none", "none", 1, 4, 1, "muon")
     base = tu.metric_rows(tu.latest_checkpoint(none))
+    base_load = check_expert_load(none, base, None, "moe-none", failures)
     for mode, nprocs, batch, accum, extra in (
             ("ddp", 2, 2, 1, {}), ("fsdp", 2, 2, 1, {}), ("none", 2, 2, 2, {"pp_size": 2}),
             ("none", 1, 4, 1, {"gradient_checkpointing": True})):
         name = f"moe-{mode}-b{batch}-a{accum}" + "".join(f"-{k}" for k in extra)
         ck = run(root, model, data, name, mode, nprocs, batch, accum, "muon", **extra)
-        compare(tu.metric_rows(tu.latest_checkpoint(ck)), base, f"{name} vs none", failures)
+        rows = tu.metric_rows(tu.latest_checkpoint(ck))
+        compare(rows, base, f"{name} vs none", failures)
+        check_expert_load(ck, rows, base_load, name, failures)
+    print("moe: expert_load of every run as the one-rank run's, extremes as the table's")
 
 
 def resume_across_modes(root, model, data, failures):
