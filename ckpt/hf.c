@@ -38,6 +38,7 @@ struct HfConversion {
     int head_dim;
     HfEntry *entries;
     int n, n_shards;
+    int cap; // entries allocated: plan_add drops what would exceed it
     cJSON *config;
 };
 
@@ -45,16 +46,47 @@ struct HfConversion {
 
 static void plan_add(HfConversion *c, const char *astrai, const char *hf, const char *dims,
                      int64_t rows, int64_t cols, bool rope) {
+    if (c->n == c->cap) return;
     HfEntry *e = &c->entries[c->n++];
     *e = (HfEntry){.ndim = cols ? 2 : 1, .shape = {rows, cols}, .rope = rope, .dims = dims};
     snprintf(c->import ? e->src : e->dst, sizeof e->src, "%s", hf);
     snprintf(c->import ? e->dst : e->src, sizeof e->dst, "%s", astrai);
 }
 
+// Mixtral's feed-forward of block i as DeepSeekMoE's without shared experts (docs/design.md
+// §7a): the router is block_sparse_moe.gate, expert e's w1, w3, w2 its gate, up and down. The
+// shapes are named in the source's config terms (num_local_experts or n_routed_experts).
+static void plan_experts(HfConversion *c, const HfShape *s, int i) {
+    const int64_t H = s->hidden_size, I = s->intermediate_size, E = s->n_routed_experts;
+    char astrai[128], hf[128];
+    snprintf(astrai, sizeof astrai, "layers.%d.mlp.router.weight", i);
+    snprintf(hf, sizeof hf, "model.layers.%d.block_sparse_moe.gate.weight", i);
+    plan_add(c, astrai, hf,
+             c->import ? "(num_local_experts, hidden_size)" : "(n_routed_experts, hidden_size)", E,
+             H, false);
+    const struct {
+        const char *astrai, *hf, *dims;
+        int64_t rows, cols;
+    } T[] = {
+        {"up", "w3", "(intermediate_size, hidden_size)", I, H},
+        {"gate", "w1", "(intermediate_size, hidden_size)", I, H},
+        {"down", "w2", "(hidden_size, intermediate_size)", H, I},
+    };
+    for (int64_t e = 0; e < E && c->n < c->cap; e++)
+        for (size_t k = 0; k < sizeof T / sizeof *T; k++) {
+            snprintf(astrai, sizeof astrai, "layers.%d.mlp.routed_experts.%d.%s.weight", i, (int)e,
+                     T[k].astrai);
+            snprintf(hf, sizeof hf, "model.layers.%d.block_sparse_moe.experts.%d.%s.weight", i,
+                     (int)e, T[k].hf);
+            plan_add(c, astrai, hf, T[k].dims, T[k].rows, T[k].cols, false);
+        }
+}
+
 // The tensors of block i (docs/design.md §7's names; HF's model.layers.{i}.*).
 static void plan_block(HfConversion *c, const HfShape *s, int i) {
     const int64_t H = s->hidden_size, Q = (int64_t)s->num_attention_heads * s->head_dim,
                   KV = (int64_t)s->num_key_value_heads * s->head_dim, I = s->intermediate_size;
+    const bool moe = s->n_routed_experts > 0;
     const struct {
         const char *astrai, *hf, *dims;
         int64_t rows, cols;
@@ -84,11 +116,11 @@ static void plan_block(HfConversion *c, const HfShape *s, int i) {
         {"post_attention_norm.weight", "post_attention_layernorm.weight", "(hidden_size)", H, 0,
          false, true},
         {"mlp.up.weight", "mlp.up_proj.weight", "(intermediate_size, hidden_size)", I, H, false,
-         true},
+         !moe},
         {"mlp.gate.weight", "mlp.gate_proj.weight", "(intermediate_size, hidden_size)", I, H, false,
-         true},
+         !moe},
         {"mlp.down.weight", "mlp.down_proj.weight", "(hidden_size, intermediate_size)", H, I, false,
-         true},
+         !moe},
     };
     for (size_t k = 0; k < sizeof T / sizeof *T; k++) {
         if (!T[k].when) continue;
@@ -97,17 +129,25 @@ static void plan_block(HfConversion *c, const HfShape *s, int i) {
         snprintf(hf, sizeof hf, "model.layers.%d.%s", i, T[k].hf);
         plan_add(c, astrai, hf, T[k].dims, T[k].rows, T[k].cols, T[k].rope);
     }
+    if (moe) plan_experts(c, s, i);
 }
 
-// Every output tensor in HF's order: embedding, the blocks, the final norm, lm_head.
+// Every output tensor in HF's order: embedding, the blocks, the final norm, lm_head. The plan
+// stops at one entry more than the source has tensors: its names are distinct, so a longer plan
+// has a missing tensor among its first n_tensors + 1, which bind names, and a config of 4096
+// layers of 4096 experts (50 million tensors) costs what its weights file does.
 static int plan(HfConversion *c, const HfShape *s, Err *err) {
-    enum { MAX_PER_BLOCK = 15 };
-    c->entries = calloc((size_t)s->num_hidden_layers * MAX_PER_BLOCK + 3, sizeof *c->entries);
+    // 15 of the attention, norms and MLP; a router and 3 per expert instead of the MLP
+    size_t per_block = 15 + (s->n_routed_experts ? 1 + 3 * (size_t)s->n_routed_experts : 0);
+    size_t cap = (size_t)s->num_hidden_layers * per_block + 3;
+    if (cap > (size_t)c->src.n_tensors + 1) cap = (size_t)c->src.n_tensors + 1;
+    c->cap = (int)cap;
+    c->entries = calloc(cap, sizeof *c->entries);
     if (!c->entries) return err_resource(err, "out of memory for the tensor plan");
     c->head_dim = s->head_dim;
     plan_add(c, "embed_tokens.weight", "model.embed_tokens.weight", "(vocab_size, hidden_size)",
              s->vocab_size, s->hidden_size, false);
-    for (int i = 0; i < s->num_hidden_layers; i++)
+    for (int i = 0; i < s->num_hidden_layers && c->n < c->cap; i++)
         plan_block(c, s, i);
     plan_add(c, "norm.weight", "model.norm.weight", "(hidden_size)", s->hidden_size, 0, false);
     if (!s->tie_word_embeddings)

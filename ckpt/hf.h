@@ -2,8 +2,9 @@
 //
 // A conversion maps one directory's config.json and weights to the other side's:
 //
-//   import  HF dir (config.json with model_type llama/mistral/qwen2/qwen3, model.safetensors or
-//           the sharded set model.safetensors.index.json names) -> an AstrAI model
+//   import  HF dir (config.json with model_type llama/mistral/mixtral/qwen2/qwen3,
+//           model.safetensors or the sharded set model.safetensors.index.json names) -> an
+//           AstrAI model
 //   export  AstrAI model or checkpoint dir (config.json, model weights in either layout) -> HF
 //
 // Tensors are renamed, and the rows of q_proj and k_proj (their biases, the qk-norm weights)
@@ -31,7 +32,8 @@ typedef struct {
     bool attention_bias;      // q/k/v_proj biases (qwen2; llama's attention_bias)
     bool o_proj_bias;         // an o_proj bias too (llama's attention_bias)
     bool qk_norm;             // q_norm/k_norm, applied before RoPE (qwen3)
-    int sliding_window;       // 0: none (mistral's sliding_window)
+    int sliding_window;       // 0: none (mistral's and mixtral's sliding_window)
+    int n_routed_experts;     // 0: one MLP; else mixtral's experts, DeepSeekMoE without shared
 } HfShape;
 
 // HF config.json (path) -> the AstrAI config: the mapped keys, "hf_model_type" and "hf_config"
@@ -40,7 +42,8 @@ typedef struct {
 int hf_config_import(const char *path, struct cJSON **astrai, HfShape *shape, Err *err);
 
 // AstrAI config.json (path) -> an HF config with torch_dtype `dtype`: its hf_config with the
-// mapped keys updated when it has one, else a llama, qwen2 or qwen3 config by its features.
+// mapped keys updated when it has one, else a llama, mistral, mixtral, qwen2 or qwen3 config by
+// its features.
 int hf_config_export(const char *path, DType dtype, struct cJSON **hf, HfShape *shape, Err *err);
 
 // *hf: whether dir/config.json names an HF model_type (anything but AstrAI's

@@ -2,18 +2,24 @@
 
 - Tiny random models made by transformers (llama; llama saved bf16 in shards; llama in fp16;
   llama with Llama 3's rope_scaling and tied embeddings; mistral; qwen2 with q/k/v biases;
-  qwen3 written by hand: transformers 4.46 has none) are imported: every AstrAI tensor equals
-  the HF tensor renamed, its q/k rows (biases, qk-norm weights) permuted per head from halves
-  (i, i+D/2) to pairs (2i, 2i+1), bit for bit (--dtype fp32 / bf16: cast as torch's .to());
+  qwen3 written by hand: transformers 4.46 has none; mixtral, top-2 of 4 experts, and top-1 of
+  3 with a window, bf16 in shards) are imported: every AstrAI tensor equals the HF tensor
+  renamed (mixtral's router and experts as DeepSeekMoE's routed experts), its q/k rows (biases,
+  qk-norm weights) permuted per head from halves (i, i+D/2) to pairs (2i, 2i+1), bit for bit
+  (--dtype fp32 / bf16: cast as torch's .to());
   import then export gives back the HF tensors, config and tokenizer files bit for bit;
   transformers loads the export (model and tokenizer) and its logits equal the engine's on the
   imported directory (tests/model_dump) within 1e-4.
 - AstrAI models (astrai-model init, fp32 and bf16) exported, sharded or not, load in
   transformers with the engine's logits; export then import gives back their tensors bit for
-  bit; --dtype bf16 rounds as torch does.
+  bit; --dtype bf16 rounds as torch does. Likewise with a window (mistral), four attention
+  biases (llama) and routed experts without shared ones (mixtral).
 - `astrai-train --param_path HF_DIR` trains from the HF directory and leaves it unchanged; its
   checkpoints (full and sharded layout) export to models transformers loads.
-- Bad inputs exit 2 naming the file and key, and write nothing.
+- Bad inputs exit 2 naming the file and key, and write nothing: among them mixtral's
+  router_jitter_noise, the other mixture-of-experts families (qwen2_moe, deepseek_v2/v3, olmoe,
+  dbrx, jamba, ...) naming what differs, and exports of shared experts, MLA or NTK rope
+  scaling.
 """
 import hashlib
 import json
@@ -56,11 +62,19 @@ CASES = {  # name: (config class, overrides, save dtype, max_shard_size)
                              None),
     "qwen2": (transformers.Qwen2Config, {}, torch.float32, None),
     "qwen3": (None, {}, torch.float32, None),
+    "mixtral": (transformers.MixtralConfig, dict(num_local_experts=4, num_experts_per_tok=2,
+                                                 intermediate_size=48), torch.float32, None),
+    # top-1 routing, a window shorter than check_logits' 12 tokens, bf16 in shards
+    "mixtral top-1 sliding_window bf16 sharded": (transformers.MixtralConfig, dict(
+        num_local_experts=3, num_experts_per_tok=1, sliding_window=4), torch.bfloat16, "20KB"),
 }
 # The engine computes these families' functions (q/k/v biases, qk-norm before RoPE and Llama
 # 3's rope scaling are model/config.c's attention_bias, qk_norm_before_rope, rope_scaling).
+# Mixtral's routing is DeepSeekMoE's without shared experts (ffn_type moe; the engine takes
+# torch.topk's CPU order among ties, so random weights route alike).
 HF_PEER = {"llama", "llama bf16 sharded", "llama fp16", "llama3 rope_scaling tied", "mistral",
-           "mistral sliding_window", "llama attention_bias", "qwen2"}
+           "mistral sliding_window", "llama attention_bias", "qwen2", "mixtral",
+           "mixtral top-1 sliding_window bf16 sharded"}
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
 
 
@@ -201,10 +215,18 @@ def check_import(name, root, failures):
     cfg = read_json(os.path.join(ours, "config.json"))
     family = read_json(os.path.join(hf_dir, "config.json"))["model_type"]
     llama_bias = "attention_bias" in name
+    # import writes "type" beside "rope_type" (AstrAI reads only "type": docs/design.md §7b)
     want = {"hf_model_type": family, "attention_bias": family == "qwen2" or llama_bias,
             "o_proj_bias": llama_bias, "sliding_window": 4 if "sliding" in name else None,
             "use_qk_norm": family == "qwen3", "qk_norm_before_rope": family == "qwen3",
-            "rope_scaling": LLAMA3 if "llama3" in name else None}
+            "rope_scaling": dict(LLAMA3, type="llama3") if "llama3" in name else None}
+    over = CASES[name][1]
+    moe = family == "mixtral"
+    want.update({"ffn_type": "moe" if moe else "mlp",
+                 "n_routed_experts": over["num_local_experts"] if moe else None,
+                 "n_shared_experts": 0 if moe else None,
+                 "n_activated_experts": over["num_experts_per_tok"] if moe else None,
+                 "topk_method": "greedy" if moe else None})
     got = {k: cfg.get(k) for k in want}
     print(f"{name}: {len(hf)} tensors{' in shards' if CASES[name][3] else ''}, import "
           f"{'bit-identical to the permuted HF tensors' if not diff else diff}, config {got}")
@@ -248,6 +270,8 @@ def check_import(name, root, failures):
 
 ASTRAI_CONFIG = dict(BASE, rope_theta=10000.0, tie_word_embeddings=False, attn_type="gqa",
                      ffn_type="mlp", use_qk_norm=False, use_gated_attention=False)
+MOE = dict(ffn_type="moe", n_routed_experts=4, n_shared_experts=0, n_activated_experts=2,
+           topk_method="greedy")
 
 
 def check_astrai_export(root, failures):
@@ -274,7 +298,8 @@ def check_astrai_export(root, failures):
     # AstrAI configs with a window or with all four attention biases: Mistral and Llama exports
     for what, over, family in (("sliding_window 5", dict(sliding_window=5), "mistral"),
                                ("q/k/v/o biases", dict(attention_bias=True, o_proj_bias=True),
-                                "llama")):
+                                "llama"),
+                               ("top-2 of 4 routed experts", MOE, "mixtral")):
         d = os.path.join(root, family + "-features")
         os.makedirs(d)
         with open(os.path.join(d, "model.json"), "w") as f:
@@ -286,7 +311,8 @@ def check_astrai_export(root, failures):
                                                   if k.endswith(".bias")}))
         astrai_model(["export-hf", src, "--out", hf])
         cfg = read_json(os.path.join(hf, "config.json"))
-        got = {k: cfg.get(k) for k in ("model_type", "sliding_window", "attention_bias")}
+        got = {k: cfg.get(k) for k in ("model_type", "sliding_window", "attention_bias",
+                                       "num_local_experts", "num_experts_per_tok") if k in cfg}
         astrai_model(["import-hf", hf, "--out", back])
         diff = same_tensors(load_file(os.path.join(back, "model.safetensors")),
                             load_file(os.path.join(src, "model.safetensors")))
@@ -457,6 +483,44 @@ BAD = [  # (case, edit, substrings stderr must hold)
         d, lambda s: s.update({"lm_head.weight": s["model.embed_tokens.weight"].clone()})),
      ["unexpected tensor 'lm_head.weight'"]),
     ("llama", pickle_only, ["pytorch_model.bin", "pickle"]),
+    # mixtral: what the engine does not compute, sizes in HF terms
+    ("mixtral", lambda d: edit_config(d, router_jitter_noise=0.01),
+     ["config.json", "router_jitter_noise", "jitter noise"]),
+    ("mixtral", lambda d: edit_config(d, num_experts_per_tok=5),
+     ["config.json", "num_experts_per_tok 5 exceeds num_local_experts 4"]),
+    ("mixtral", lambda d: edit_config(d, num_local_experts=10**6),
+     ["config.json", "num_local_experts", "above astrai's limit of 4096"]),
+    ("mixtral", lambda d: edit_config(d, n_shared_experts=1),
+     ["config.json", "'n_shared_experts' is not mixtral's"]),
+    ("mixtral", lambda d: edit_config(d, output_router_logits="yes"),
+     ["config.json", "output_router_logits", "true or false"]),
+    ("mixtral", lambda d: edit_tensors(d, lambda s: s.update({
+        "model.layers.1.block_sparse_moe.gate.weight":
+            s["model.layers.1.block_sparse_moe.gate.weight"][:3]})),
+     ["model.safetensors", "model.layers.1.block_sparse_moe.gate.weight", "[3, 32]",
+      "(num_local_experts, hidden_size)"]),
+    ("mixtral", lambda d: edit_tensors(
+        d, lambda s: s.pop("model.layers.1.block_sparse_moe.experts.3.w2.weight")),
+     ["'model.layers.1.block_sparse_moe.experts.3.w2.weight' is missing",
+      "(hidden_size, intermediate_size)"]),
+    ("mixtral", lambda d: edit_tensors(d, lambda s: s.update({
+        "model.layers.0.mlp.up_proj.weight": torch.zeros(48, 32)})),
+     ["unexpected tensor 'model.layers.0.mlp.up_proj.weight'"]),
+    # 4096 layers of 4096 experts: the plan holds no more entries than the file has tensors
+    # (not 50 million, 15 GB), and the first that differs is named
+    ("mixtral", lambda d: edit_config(d, num_hidden_layers=4096, num_local_experts=4096),
+     ["model.safetensors", "model.layers.0.block_sparse_moe.gate.weight", "expected [4096, 32]"]),
+    # other mixture-of-experts families: refused naming what is not DeepSeekMoE's function
+    ("mixtral", lambda d: edit_config(d, model_type="qwen2_moe"),
+     ["config.json", "'qwen2_moe'", "shared_expert gating", "mean of shared experts"]),
+    ("mixtral", lambda d: edit_config(d, model_type="deepseek_v2"),
+     ["config.json", "'deepseek_v2'", "grouped top-k"]),
+    ("mixtral", lambda d: edit_config(d, model_type="deepseek_v3"),
+     ["config.json", "'deepseek_v3'", "sigmoid routing", "grouped top-k"]),
+    ("mixtral", lambda d: edit_config(d, model_type="olmoe"),
+     ["config.json", "'olmoe'", "not renormalised"]),
+    ("mixtral", lambda d: edit_config(d, model_type="dbrx"), ["config.json", "'dbrx'", "fused"]),
+    ("mixtral", lambda d: edit_config(d, model_type="jamba"), ["config.json", "'jamba'", "Mamba"]),
 ]
 
 
@@ -540,8 +604,17 @@ def check_bad(root, failures):
     for what, over, needle in (
             ("a window with qk-norm (qwen3)", dict(sliding_window=8, use_qk_norm=True,
                                                    qk_norm_before_rope=True), "sliding_window"),
-            ("an o_proj bias alone", dict(o_proj_bias=True), "o_proj_bias true")):
-        d = os.path.join(root, "export-" + needle.split()[0])
+            ("an o_proj bias alone", dict(o_proj_bias=True), "o_proj_bias true"),
+            ("shared experts", dict(MOE, n_shared_experts=1), "n_shared_experts 1"),
+            ("experts with qk-norm (qwen3)", dict(MOE, use_qk_norm=True,
+                                                  qk_norm_before_rope=True), "use_qk_norm true"),
+            ("MLA", dict(attn_type="mla", kv_lora_rank=16, qk_nope_head_dim=4,
+                         qk_rope_head_dim=4), "attn_type mla"),
+            # AstrAI's NTK (a larger base): transformers has no such type, and would read
+            # {"type": "ntk"} otherwise or refuse it
+            ("NTK rope scaling", dict(rope_scaling={"type": "ntk", "factor": 2.0}),
+             "rope_scaling ntk")):
+        d = os.path.join(root, "export-" + what.replace(" ", "-").replace("/", ""))
         os.makedirs(d)
         with open(os.path.join(d, "model.json"), "w") as f:
             json.dump(dict(ASTRAI_CONFIG, **over), f)

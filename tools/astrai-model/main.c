@@ -66,7 +66,7 @@ static const char USAGE[] =
     "      --force: replace an existing checkpoint in DIR.\n"
     "  astrai-model import-hf HF_DIR --out DIR [--dtype bf16|fp32|fp16] [--force]\n"
     "      converts a Hugging Face model (config.json with model_type llama, mistral,\n"
-    "      qwen2 or qwen3; model.safetensors or a sharded set with\n"
+    "      mixtral, qwen2 or qwen3; model.safetensors or a sharded set with\n"
     "      model.safetensors.index.json; never a pickle) into DIR/config.json and\n"
     "      DIR/model.safetensors, and copies its tokenizer files. q/k rows are permuted\n"
     "      from HF's RoPE halves to AstrAI's pairs; --dtype: cast (default: keep each\n"
@@ -75,9 +75,9 @@ static const char USAGE[] =
     "                         [--force]\n"
     "      the reverse, from a model or checkpoint directory (either layout): HF_DIR/\n"
     "      config.json (the imported HF config with the mapped keys updated, else a\n"
-    "      llama/qwen2/qwen3 config), model.safetensors or, above G GB (default 5),\n"
-    "      model-0000K-of-0000N.safetensors and model.safetensors.index.json, and the\n"
-    "      tokenizer files of DIR.\n"
+    "      llama/mistral/mixtral/qwen2/qwen3 config by the model's features),\n"
+    "      model.safetensors or, above G GB (default 5), model-0000K-of-0000N.safetensors\n"
+    "      and model.safetensors.index.json, and the tokenizer files of DIR.\n"
     "exit status: 0 ok, 1 i/o failure, 2 bad input\n";
 
 typedef struct {
