@@ -2,7 +2,8 @@
 """bench_moe.py: astrai-train's mixture-of-experts step against a dense step of the same active
 size, and against PyTorch running AstrAI's DeepSeekMoE (its per-expert python loop).
 
-One run measures, on the same threads and one after the other (never side by side):
+One run measures, on the same threads and one after the other (never side by side), in
+--rounds rounds that alternate the three sides:
   1. astrai dense: seq training, fp32, a SwiGLU MLP of intermediate (k+S)*I per layer;
   2. astrai moe: the same model with ffn_type "moe": E routed experts of intermediate I, top-k
      greedy routing, S shared experts, so a token runs through k+S experts of size I: the same
@@ -11,10 +12,11 @@ One run measures, on the same threads and one after the other (never side by sid
      (c8b1e40 astrai/model/components/mlp.py DeepSeekMoE) is: for each expert, nonzero of the
      top-k mask, gather, the expert's MLP, index_add_; full forward + backward + clipping +
      torch.optim.AdamW on the same weights and batches;
-and prints one JSON object and a summary: each side's step time and the ratios astrai moe /
-astrai dense (the issue's goal: <= 1.3) and astrai moe / PyTorch moe. See bench/README.md.
+and prints one JSON object and a summary: each side's step time (warm-up steps discarded) and
+the step-time ratios astrai moe / astrai dense (the issue's goal: <= 1.3) and astrai moe /
+PyTorch moe (below 1: astrai is faster). See bench/README.md.
 
-    /usr/bin/python3 bench/bench_moe.py --build build --steps 8 --threads 2
+    /usr/bin/python3 bench/bench_moe.py --build build --threads 2
 """
 import argparse
 import contextlib
@@ -22,6 +24,7 @@ import io
 import json
 import math
 import os
+import statistics
 import sys
 
 import numpy as np
@@ -31,15 +34,19 @@ import bench_train as bt
 # bench_pref's "small" shape (bench_train's config at hidden 256, 4 layers, 4 heads, 1 KV head).
 BASE = {**bt.CONFIG, "hidden_size": 256, "num_hidden_layers": 4, "num_attention_heads": 4,
         "num_key_value_heads": 1}
-GOAL_MOE_OVER_DENSE = 1.3  # the issue's: MoE step time <= 1.3x the dense step of the same active size
+# The issue's goal: a MoE step <= 1.3x the dense step of the same active size.
+GOAL_MOE_OVER_DENSE = 1.3
 
 
 def parse_args(argv):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--build", default="build", help="build directory with the binaries")
-    p.add_argument("--steps", type=int, default=8, help="timed optimizer steps (default 8)")
+    p.add_argument("--steps", type=int, default=6,
+                   help="timed optimizer steps per run (default 6)")
     p.add_argument("--warmup", type=int, default=2, help="untimed first steps, >= 1 (default 2)")
     p.add_argument("--threads", type=int, default=2, help="threads for every side (default 2)")
+    p.add_argument("--rounds", type=int, default=2,
+                   help="runs of each side, alternating dense, moe, pytorch (default 2)")
     p.add_argument("--batch", type=int, default=4, help="sequences per step (default 4)")
     p.add_argument("--window", type=int, default=256, help="tokens per sequence (default 256)")
     p.add_argument("--experts", type=int, default=8, help="routed experts E (default 8)")
@@ -54,7 +61,8 @@ def parse_args(argv):
     p.add_argument("--model", help=argparse.SUPPRESS)
     p.add_argument("--data", help=argparse.SUPPRESS)
     a = p.parse_args(argv)
-    for name in ("steps", "threads", "batch", "window", "experts", "topk", "intermediate"):
+    for name in ("steps", "threads", "rounds", "batch", "window", "experts", "topk",
+                 "intermediate"):
         if getattr(a, name) < 1:
             p.error(f"--{name} must be >= 1")
     if a.shared < 0:
@@ -91,28 +99,45 @@ def active_params(params, cfg):
 
 
 def run_astrai(args, root, name, model_dir, data):
+    """One astrai-train run: its per-step wall times and losses (progress.db), peak RSS."""
     side_root = os.path.join(root, name)  # its ckpt-seq/ (progress.db) and log
-    os.makedirs(side_root, exist_ok=True)
-    rows, rss, seconds = bt.train_astrai(args, side_root, "seq", model_dir, data, args.batch,
-                                         "astrai-train.log", {"dtype": "fp32",
-                                                              "device_type": "cpu"})
-    r = bt.steady_rate([w for _, _, w in rows], [l for l, _, _ in rows], args)
-    r.update(peak_rss_bytes=rss, process_seconds=seconds)
-    return r
+    os.makedirs(side_root)
+    rows, rss, _ = bt.train_astrai(args, side_root, "seq", model_dir, data, args.batch,
+                                   "astrai-train.log", {"dtype": "fp32", "device_type": "cpu"})
+    return {"times": [w for _, _, w in rows], "losses": [l for l, _, _ in rows],
+            "peak_rss_bytes": rss}
 
 
-def run_peer(args, root, model_dir, data):
+def run_peer(args, root, name, model_dir, data):
     cmd = [sys.executable, os.path.abspath(__file__), "--peer-worker", "--model", model_dir,
            "--data", data, "--steps", str(args.steps), "--warmup", str(args.warmup),
            "--threads", str(args.threads), "--batch", str(args.batch),
            "--window", str(args.window)]
-    out, rss, seconds = bt.run_child(cmd, os.path.join(root, "pytorch.log"), args.threads)
+    out, rss, _ = bt.run_child(cmd, os.path.join(root, name + ".log"), args.threads)
     peer = json.loads(out)
-    r = bt.steady_rate(peer["times"], peer["losses"], args)
-    r.update(peak_rss_bytes=rss, process_seconds=seconds,
-             rss_after_import_bytes=peer["rss_after_import_bytes"],
-             first_step_tokens_per_expert=peer["tokens_per_expert"])
-    return r
+    return {"times": peer["times"], "losses": peer["losses"], "peak_rss_bytes": rss,
+            "rss_after_import_bytes": peer["rss_after_import_bytes"],
+            "first_step_tokens_per_expert": peer["tokens_per_expert"]}
+
+
+def summarize(args, runs):
+    """The timed steps of every round of one side (warm-up steps of each run discarded): mean
+    step time (the wall time of the timed span over its steps, bench_train's tokens/s), median,
+    fastest and slowest step."""
+    steps = []
+    for r in runs:
+        t = r["times"]
+        steps += [b - a for a, b in zip(t[args.warmup - 1:-1], t[args.warmup:])]
+    mean = sum(steps) / len(steps)
+    out = {"step_s": mean, "step_s_median": statistics.median(steps),
+           "step_s_min": min(steps), "step_s_max": max(steps), "steps": len(steps),
+           "step_s_all": steps, "tokens_per_s": args.batch * args.window / mean,
+           "loss_first": runs[0]["losses"][0], "loss_last": runs[0]["losses"][-1],
+           "peak_rss_mib": max(r["peak_rss_bytes"] for r in runs) / bt.MIB}
+    for key in ("rss_after_import_bytes", "first_step_tokens_per_expert"):
+        if key in runs[0]:
+            out[key] = runs[0][key]
+    return out
 
 
 # ------------------------------------------------------------------ the PyTorch peer
@@ -310,27 +335,28 @@ def main(argv):
         params = {n: bt.count_params(os.path.join(d, "model.safetensors"))
                   for n, d in models.items()}
         load = {"start": os.getloadavg()[0]}
-        dense = run_astrai(args, root, "dense", models["dense"], data)
-        load["after_astrai_dense"] = os.getloadavg()[0]
-        moe = run_astrai(args, root, "moe", models["moe"], data)
-        load["after_astrai_moe"] = os.getloadavg()[0]
-        peer = run_peer(args, root, models["moe"], data)
-        load["after_pytorch_moe"] = os.getloadavg()[0]
-
-        sides = {"astrai_dense": dense, "astrai_moe": moe, "pytorch_moe": peer}
-        for s in sides.values():
-            s["step_s"] = s["seconds"] / s["steps"]
-            s["peak_rss_mib"] = s["peak_rss_bytes"] / bt.MIB
-        ratios = {"astrai_moe/astrai_dense": moe["step_s"] / dense["step_s"],
-                  "astrai_moe/pytorch_moe": moe["step_s"] / peer["step_s"],
-                  "best_step: astrai_moe/astrai_dense": moe["step_s_min"] / dense["step_s_min"],
-                  "best_step: astrai_moe/pytorch_moe": moe["step_s_min"] / peer["step_s_min"]}
+        runs = {"astrai_dense": [], "astrai_moe": [], "pytorch_moe": []}
+        # Rounds alternate the sides (dense, moe, pytorch, dense, ...), so a burst of other
+        # load falls on all of them rather than on one.
+        for i in range(args.rounds):
+            for name, fn, model in (("astrai_dense", run_astrai, "dense"),
+                                    ("astrai_moe", run_astrai, "moe"),
+                                    ("pytorch_moe", run_peer, "moe")):
+                runs[name].append(fn(args, root, f"{name}-{i}", models[model], data))
+                load[f"after_{name}_{i}"] = os.getloadavg()[0]
+        sides = {name: summarize(args, r) for name, r in runs.items()}
+        dense, moe, peer = sides["astrai_dense"], sides["astrai_moe"], sides["pytorch_moe"]
+        ratios = {}
+        for key, label in (("step_s", ""), ("step_s_median", "median_step: "),
+                           ("step_s_min", "best_step: ")):
+            ratios[label + "astrai_moe/astrai_dense"] = moe[key] / dense[key]
+            ratios[label + "astrai_moe/pytorch_moe"] = moe[key] / peer[key]
         result = {"configs": {"dense": dense_cfg, "moe": moe_cfg},
                   "params": {n: sum(p.values()) for n, p in params.items()},
                   "active_params_per_token": {"dense": active_params(params["dense"], dense_cfg),
                                               "moe": active_params(params["moe"], moe_cfg)},
                   "batch": args.batch, "window": args.window, "threads": args.threads,
-                  "warmup_steps": args.warmup, "timed_steps": args.steps,
+                  "warmup_steps": args.warmup, "timed_steps": args.steps, "rounds": args.rounds,
                   "load_average_1min": load, **sides, "step_time_ratios": ratios,
                   "goal": {"astrai_moe/astrai_dense_max": GOAL_MOE_OVER_DENSE,
                            "met": ratios["astrai_moe/astrai_dense"] <= GOAL_MOE_OVER_DENSE}}
@@ -342,14 +368,17 @@ def main(argv):
               f"(active {act['dense']/1e6:.2f}M); batch {args.batch}x{args.window}, "
               f"{args.threads} threads")
         for name, s in sides.items():
-            print(f"{name:13s} step {s['step_s']:.3f} s (fastest {s['step_s_min']:.3f}, slowest "
-                  f"{s['step_s_max']:.3f}), {s['tokens_per_s']:.0f} tok/s, peak RSS "
+            print(f"{name:13s} step {s['step_s']:.3f} s (median {s['step_s_median']:.3f}, fastest "
+                  f"{s['step_s_min']:.3f}, slowest {s['step_s_max']:.3f}; {s['steps']} steps), "
+                  f"{s['tokens_per_s']:.0f} tok/s, peak RSS "
                   f"{s['peak_rss_mib']:.0f} MiB, first loss {s['loss_first']:.5f}")
         print(f"astrai moe / astrai dense step time {ratios['astrai_moe/astrai_dense']:.2f}x "
               f"(goal <= {GOAL_MOE_OVER_DENSE}: {'met' if result['goal']['met'] else 'NOT met'};"
-              f" fastest steps {ratios['best_step: astrai_moe/astrai_dense']:.2f}x); "
-              f"astrai moe / pytorch moe {ratios['astrai_moe/pytorch_moe']:.2f}x "
-              f"(fastest steps {ratios['best_step: astrai_moe/pytorch_moe']:.2f}x)")
+              f" median steps {ratios['median_step: astrai_moe/astrai_dense']:.2f}x, fastest "
+              f"{ratios['best_step: astrai_moe/astrai_dense']:.2f}x); astrai moe / pytorch moe "
+              f"{ratios['astrai_moe/pytorch_moe']:.2f}x (median steps "
+              f"{ratios['median_step: astrai_moe/pytorch_moe']:.2f}x, fastest "
+              f"{ratios['best_step: astrai_moe/pytorch_moe']:.2f}x)")
         if abs(moe["loss_first"] - peer["loss_first"]) > 1e-3 * abs(peer["loss_first"]):
             print(f"warning: first-step losses differ (astrai {moe['loss_first']:.5f}, pytorch "
                   f"{peer['loss_first']:.5f}): the two sides did not train the same step")
