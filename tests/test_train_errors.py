@@ -106,8 +106,15 @@ def cases(root, model, data):
     with open(os.path.join(bad_json, "config.json"), "w") as f:
         f.write('{"vocab_size": 256, "hidden_size": ')
     out.append(("malformed config", {"param_path": bad_json}, ["config.json"]))
-    model_case("attn-mla", ["config.json", "attn_type", "mla"], config={"attn_type": "mla"})
-    model_case("ffn-moe", ["config.json", "ffn_type", "moe"], config={"ffn_type": "moe"})
+    model_case("attn-mla", ["config.json", "missing required key 'kv_lora_rank'"],
+               config={"attn_type": "mla"})
+    model_case("ffn-moe", ["config.json", "missing required key 'n_routed_experts'"],
+               config={"ffn_type": "moe"})
+    model_case("attn-unknown", ["config.json", "attn_type", "'sparse'"],
+               config={"attn_type": "sparse"})
+    model_case("moe-topk", ["config.json", "n_activated_experts 9", "n_routed_experts 8"],
+               config={"ffn_type": "moe", "n_routed_experts": 8, "n_shared_experts": 1,
+                       "n_activated_experts": 9})
     model_case("no-hidden", ["config.json", "hidden_size"], config={"hidden_size": None})
     model_case("truncated", ["model.safetensors"], weights="truncated")
     model_case("past-end", ["model.safetensors"], weights="past_end")
