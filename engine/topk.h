@@ -282,14 +282,15 @@ TOPK_FN void topk_nth_element(TopkPair *first, TopkPair *nth, TopkPair *last) {
     topk_introselect(first, nth, last, topk_lg((int)(last - first)) * 2);
 }
 
-// idx: (k) the indices torch.topk(vals, k) returns, in its order; scratch: (E) pairs. 1 <= k <= E.
-TOPK_FN void topk_torch_cpu(const float *vals, int E, int k, TopkPair *scratch, int32_t *idx) {
+// torch.topk's selection by one of its two paths: partial_sort (partial != 0), or nth_element then
+// a sort of the first k-1. idx: (k) the chosen indices in order; scratch: (E) pairs. 1 <= k <= E.
+TOPK_FN void topk_select_path(const float *vals, int E, int k, int partial, TopkPair *scratch,
+                              int32_t *idx) {
     for (int j = 0; j < E; j++) {
         scratch[j].value = vals[j];
         scratch[j].index = j;
     }
-    // torch: use_partial_sort = k * 64 <= dim_size (in int64, so no overflow here either).
-    if ((int64_t)k * 64 <= (int64_t)E) {
+    if (partial) {
         topk_partial_sort(scratch, scratch + k, scratch + E);
     } else {
         topk_nth_element(scratch, scratch + k - 1, scratch + E);
@@ -297,4 +298,10 @@ TOPK_FN void topk_torch_cpu(const float *vals, int E, int k, TopkPair *scratch, 
     }
     for (int j = 0; j < k; j++)
         idx[j] = scratch[j].index;
+}
+
+// idx: (k) the indices torch.topk(vals, k) returns, in its order; scratch: (E) pairs. 1 <= k <= E.
+// torch: use_partial_sort = k * 64 <= dim_size (in int64, so no overflow here either).
+TOPK_FN void topk_torch_cpu(const float *vals, int E, int k, TopkPair *scratch, int32_t *idx) {
+    topk_select_path(vals, E, k, (int64_t)k * 64 <= (int64_t)E, scratch, idx);
 }

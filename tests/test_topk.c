@@ -20,18 +20,7 @@ enum { MODE_TORCH, MODE_PARTIAL, MODE_NTH };
 // One of torch's two paths, forced, for the threshold check.
 static void topk_forced(const float *vals, int E, int k, int mode, TopkPair *scratch,
                         int32_t *idx) {
-    for (int j = 0; j < E; j++) {
-        scratch[j].value = vals[j];
-        scratch[j].index = j;
-    }
-    if (mode == MODE_PARTIAL) {
-        topk_partial_sort(scratch, scratch + k, scratch + E);
-    } else {
-        topk_nth_element(scratch, scratch + k - 1, scratch + E);
-        topk_sort(scratch, scratch + k - 1);
-    }
-    for (int j = 0; j < k; j++)
-        idx[j] = scratch[j].index;
+    topk_select_path(vals, E, k, mode == MODE_PARTIAL, scratch, idx);
 }
 
 // One record: its rows through the chosen path. 0 on success, -1 at the end of the input.
