@@ -48,6 +48,16 @@ struct ModelPlan {
     int32_t *host_counts;     // (vocab_size + 1) counting sort of ids (by_id)
 };
 
+// Expert parallelism (engine/expert_group.h), one slot's: the rows this rank's experts received,
+// in expert order, and what backward needs to move their gradients back.
+typedef struct {
+    int32_t *from;            // host (size, El) pairs each rank of the group sent per local expert
+    int32_t *per_expert;      // host (El) their sum per local expert
+    size_t rows, cap;         // pairs received; rows the buffers below hold
+    int32_t *order, *inverse; // backend (cap) expert_order's
+    void *x, *h, *act;        // backend (cap, C), (cap, 2FF), (cap, FF)
+} ExpertSlot;
+
 // One micro-batch's activations. Tensors of the compute dtype are `void *` (bytes through at());
 // fp32 ones `float *`. Block l's tensors are at index l - first_block.
 struct ModelActs {
@@ -92,6 +102,15 @@ struct ModelActs {
     void *dkvc, *dkva;                              // (N,R) MLA
     void *drows, *dhp, *dactp, *drlogits, *dshared; // (P,C), (P,2FF), (P,FF), (N,E), (N,C) MoE
     float *dtopw;                                   // (P) MoE
+    // Expert parallelism: per slot (S), and the exchanges' scratch, reused by every layer:
+    // send, recv, y (the experts' outputs, in backward their gradients): (cap, C); dh, dact:
+    // (cap, 2FF), (cap, FF); from: backend (size, El) the counts received; bytes: host (2, size).
+    ExpertSlot *ep;
+    int ep_slots;
+    void *ep_send, *ep_recv, *ep_y, *ep_dh, *ep_dact;
+    size_t ep_cap;
+    int32_t *ep_from;
+    size_t *ep_bytes;
 };
 
 // Element i of a compute-dtype buffer.
@@ -522,6 +541,93 @@ static int activation_buffers(const Model *m, size_t N, Buffer *out) {
 
 enum { MAX_BUFFERS = 96 };
 
+// ---------------------------------------------------------------- expert parallelism's buffers
+
+static int expert_parallel(const Model *m) {
+    return m->experts.size > 1;
+}
+
+static void free_expert_slot(const Backend *be, ExpertSlot *es) {
+    be->free(es->order);
+    be->free(es->inverse);
+    be->free(es->x);
+    be->free(es->h);
+    be->free(es->act);
+    free(es->from);
+    free(es->per_expert);
+}
+
+static void free_expert_scratch(Model *m) {
+    ModelActs *a = m->acts;
+    void **scratch[] = {&a->ep_send, &a->ep_recv, &a->ep_y, &a->ep_dh, &a->ep_dact};
+    for (size_t i = 0; i < sizeof scratch / sizeof *scratch; i++) {
+        m->be->free(*scratch[i]);
+        *scratch[i] = NULL;
+    }
+    a->ep_cap = 0;
+}
+
+static void free_expert_slots(Model *m) {
+    ModelActs *a = m->acts;
+    for (int s = 0; s < a->ep_slots; s++)
+        free_expert_slot(m->be, &a->ep[s]);
+    free(a->ep);
+    free_expert_scratch(m);
+    m->be->free(a->ep_from);
+    free(a->ep_bytes);
+    a->ep = NULL;
+    a->ep_slots = 0;
+    a->ep_from = NULL;
+    a->ep_bytes = NULL;
+}
+
+static int alloc_expert_slots(Model *m, Err *err) {
+    ModelActs *a = m->acts;
+    int G = m->experts.size, S = activation_slots(m), El = m->cfg.n_routed_experts / G;
+    a->ep = calloc((size_t)S, sizeof *a->ep);
+    a->ep_bytes = calloc(2 * (size_t)G, sizeof *a->ep_bytes);
+    int rc = !a->ep || !a->ep_bytes;
+    if (!rc) a->ep_slots = S;
+    for (int s = 0; !rc && s < S; s++) {
+        a->ep[s].from = calloc((size_t)G * El, sizeof *a->ep[s].from);
+        a->ep[s].per_expert = calloc((size_t)El, sizeof *a->ep[s].per_expert);
+        rc = !a->ep[s].from || !a->ep[s].per_expert;
+    }
+    if (rc) return err_resource(err, "model: out of memory for the expert group's counts");
+    return (a->ep_from = m->be->alloc((size_t)G * El * sizeof *a->ep_from, err)) ? 0 : -1;
+}
+
+// Grows the buffers of n entries of sizes[i] bytes each to hold `rows` rows (contents dropped).
+static int grow_rows(const Backend *be, void **bufs[], const size_t *sizes, int n, size_t rows,
+                     Err *err) {
+    for (int i = 0; i < n; i++) {
+        be->free(*bufs[i]);
+        if (!(*bufs[i] = be->alloc(rows * sizes[i] + 1, err)))
+            return err_prefix(err, "model: %zu rows of the expert group's exchange", rows);
+    }
+    return 0;
+}
+
+// The slot's and the scratch's buffers for `rows` received pairs.
+static int reserve_expert_rows(Model *m, ExpertSlot *es, size_t rows, Err *err) {
+    ModelActs *a = m->acts;
+    size_t A = dtype_size(m->be->dtype), C = (size_t)m->cfg.hidden_size,
+           FF = (size_t)m->cfg.intermediate_size, i32 = sizeof(int32_t);
+    if (rows > es->cap) {
+        void **bufs[] = {(void **)&es->order, (void **)&es->inverse, &es->x, &es->h, &es->act};
+        size_t sizes[] = {i32, i32, C * A, 2 * FF * A, FF * A};
+        if (grow_rows(m->be, bufs, sizes, 5, rows, err)) return -1;
+        es->cap = rows;
+    }
+    if (rows > a->ep_cap) {
+        void **bufs[] = {&a->ep_send, &a->ep_recv, &a->ep_y, &a->ep_dh, &a->ep_dact};
+        size_t sizes[] = {C * A, C * A, C * A, 2 * FF * A, FF * A};
+        if (grow_rows(m->be, bufs, sizes, 5, rows, err)) return -1;
+        a->ep_cap = rows;
+    }
+    return 0;
+}
+
 static void free_activations(Model *m) {
     Buffer table[MAX_BUFFERS];
     int n = activation_buffers(m, 0, table);
@@ -529,6 +635,7 @@ static void free_activations(Model *m) {
         m->be->free(*table[i].ptr);
         *table[i].ptr = NULL;
     }
+    free_expert_slots(m);
     free(m->acts->host_batch);
     free(m->acts->host_counts);
     m->acts->host_batch = NULL;
@@ -570,12 +677,36 @@ static int ensure_activations(Model *m, size_t N, Err *err) {
             return err_prefix(err, "model: activations of %zu tokens", N);
         }
     }
-    if (a->ones && fill_ones(m, N, err)) {
+    if ((a->ones && fill_ones(m, N, err)) || (expert_parallel(m) && alloc_expert_slots(m, err))) {
         free_activations(m);
         return -1;
     }
     a->capacity = N;
     return 0;
+}
+
+int model_set_expert_group(Model *m, const ExpertGroup *g, Err *err) {
+    const ModelConfig *c = &m->cfg;
+    if (g->size > 1 && c->ffn_type != FFN_MOE)
+        return err_set(err, "ep_size: %d needs a mixture of experts (ffn_type 'moe')", g->size);
+    if (g->size > 1 && c->n_routed_experts % g->size)
+        return err_set(err, "ep_size: %d does not divide n_routed_experts %d", g->size,
+                       c->n_routed_experts);
+    ModelActs *current = m->acts;
+    for (int k = 0; k < m->n_act_sets; k++) { // the next forward sizes them for the group
+        m->acts = m->act_sets[k];
+        free_activations(m);
+    }
+    m->acts = current;
+    m->experts = *g;
+    return 0;
+}
+
+int model_take_fault(Model *m, Err *err) {
+    if (!m->faulted) return 0;
+    m->faulted = false;
+    if (err) *err = m->fault;
+    return -1;
 }
 
 int model_select_acts(Model *m, int k, Err *err) {
@@ -927,29 +1058,165 @@ static void *dense_act(const Model *m, const Slot *x, int i) {
     return at(m, x->act, (size_t)i * m->acts->B * m->acts->T * m->cfg.intermediate_size);
 }
 
-// The routed experts over their groups of pairs: yp rows = down(swiglu(up|gate(xp rows))), one
-// GEMM per expert and matrix; an expert without tokens computes nothing.
-static void experts_forward(Model *m, const LayerParams *p, const Slot *x) {
+// The routed experts [first, first + n) of a layer over `rows` rows in expert order (counts[j] rows
+// of expert first + j): y = down(swiglu(up|gate(x))), one GEMM per expert and matrix (an expert
+// without rows computes nothing). Backward: d holds d loss / d y on entry and d loss / d x on
+// return (dh, dact its scratch; h, act forward's).
+typedef struct {
+    int first, n;
+    const int32_t *counts;
+    size_t rows;
+    void *x, *h, *act, *y;
+    void *d, *dh, *dact;
+} ExpertRows;
+
+// Every routed expert over this rank's own pairs (no expert parallelism).
+static ExpertRows own_pairs(const Model *m, const Slot *x) {
+    ModelActs *a = m->acts;
+    return (ExpertRows){.first = 0,
+                        .n = m->cfg.n_routed_experts,
+                        .counts = x->host_counts,
+                        .rows = (size_t)a->B * a->T * m->cfg.n_activated_experts,
+                        .x = x->xp,
+                        .h = x->hp,
+                        .act = x->actp,
+                        .y = x->yp,
+                        .d = a->drows,
+                        .dh = a->dhp,
+                        .dact = a->dactp};
+}
+
+static void experts_forward(Model *m, const LayerParams *p, const ExpertRows *r) {
     const Backend *be = m->be;
-    const ModelConfig *c = &m->cfg;
-    int C = c->hidden_size, FF = c->intermediate_size, E = c->n_routed_experts,
-        P = m->acts->B * m->acts->T * c->n_activated_experts;
-    for (int e = 0, first = 0; e < E; first += x->host_counts[e++]) {
-        if (!x->host_counts[e]) continue;
-        be->matmul_fwd(at(m, x->hp, (size_t)first * 2 * FF), at(m, x->xp, (size_t)first * C),
-                       weight(m, p->routed_experts + 3 * e), x->host_counts[e], C, 2 * FF, 0);
+    int C = m->cfg.hidden_size, FF = m->cfg.intermediate_size;
+    for (int j = 0, first = 0; j < r->n; first += r->counts[j++]) {
+        if (!r->counts[j]) continue;
+        be->matmul_fwd(at(m, r->h, (size_t)first * 2 * FF), at(m, r->x, (size_t)first * C),
+                       weight(m, p->routed_experts + 3 * (r->first + j)), r->counts[j], C, 2 * FF,
+                       0);
     }
-    be->swiglu_fwd(x->actp, x->hp, P, FF);
-    for (int e = 0, first = 0; e < E; first += x->host_counts[e++]) {
-        if (!x->host_counts[e]) continue;
-        be->matmul_fwd(at(m, x->yp, (size_t)first * C), at(m, x->actp, (size_t)first * FF),
-                       weight(m, p->routed_experts + 3 * e + 2), x->host_counts[e], FF, C, 0);
+    if (r->rows) be->swiglu_fwd(r->act, r->h, (int)r->rows, FF);
+    for (int j = 0, first = 0; j < r->n; first += r->counts[j++]) {
+        if (!r->counts[j]) continue;
+        be->matmul_fwd(at(m, r->y, (size_t)first * C), at(m, r->act, (size_t)first * FF),
+                       weight(m, p->routed_experts + 3 * (r->first + j) + 2), r->counts[j], FF, C,
+                       0);
     }
+}
+
+// ---------------------------------------------------------------- expert parallelism
+
+static void record_fault(Model *m, const Err *e) {
+    if (m->faulted) return;
+    m->faulted = true;
+    m->fault = *e;
+}
+
+// What the slot's exchange moves: bytes[q] = rows to rank q (to) or from it, of `width` elements.
+static size_t *exchange_bytes(const Model *m, const ExpertSlot *es, const Slot *x, bool to,
+                              size_t width) {
+    const ExpertGroup *g = &m->experts;
+    size_t *bytes = m->acts->ep_bytes + (to ? 0 : g->size);
+    if (to)
+        expert_rows_to(g, m->cfg.n_routed_experts, x->host_counts, bytes);
+    else
+        expert_rows_from(g, m->cfg.n_routed_experts / g->size, es->from, bytes);
+    for (int q = 0; q < g->size; q++)
+        bytes[q] *= width * dtype_size(m->be->dtype);
+    return bytes;
+}
+
+// Forward: the pairs each rank of the group sends this rank's experts (counts first), and the
+// expert order of the rows to come (es).
+static int plan_exchange(Model *m, const Slot *x, ExpertSlot *es, Err *err) {
+    const ExpertGroup *g = &m->experts;
+    ModelActs *a = m->acts;
+    int El = m->cfg.n_routed_experts / g->size;
+    size_t *bytes = a->ep_bytes;
+    for (int q = 0; q < 2 * g->size; q++)
+        bytes[q] = (size_t)El * sizeof(int32_t);
+    if (g->all_to_all(g->ctx, x->counts, bytes, a->ep_from, bytes + g->size, err))
+        return err_prefix(err, "expert parallelism: the pair counts");
+    m->be->download(es->from, a->ep_from, (size_t)g->size * El * sizeof *es->from);
+    es->rows = expert_rows_from(g, El, es->from, bytes);
+    if (reserve_expert_rows(m, es, es->rows, err)) return -1;
+    int32_t *order = malloc((2 * es->rows + 1) * sizeof *order);
+    if (!order) return err_resource(err, "model: out of memory for %zu pairs' order", es->rows);
+    expert_order(g, El, es->from, order, order + es->rows, es->per_expert);
+    m->be->upload(es->order, order, es->rows * sizeof *order);
+    m->be->upload(es->inverse, order + es->rows, es->rows * sizeof *order);
+    free(order);
+    return 0;
+}
+
+// This rank's pairs' rows (pair order, (P,C)) to their experts' ranks: `rows` gets what this
+// rank's experts receive, in expert order ((es->rows, C)).
+static int pairs_to_experts(Model *m, const Slot *x, const ExpertSlot *es, const void *pairs,
+                            void *rows, Err *err) {
+    const ExpertGroup *g = &m->experts;
+    ModelActs *a = m->acts;
+    int C = m->cfg.hidden_size;
+    size_t *to = exchange_bytes(m, es, x, true, (size_t)C);
+    size_t *from = exchange_bytes(m, es, x, false, (size_t)C);
+    if (g->all_to_all(g->ctx, pairs, to, a->ep_recv, from, err))
+        return err_prefix(err, "expert parallelism: the pairs to their experts");
+    if (es->rows) m->be->embedding_fwd(rows, es->order, a->ep_recv, (int)es->rows, C);
+    return 0;
+}
+
+// The way back: rows of this rank's experts (expert order) to the pairs' ranks, into `pairs`.
+static int experts_to_pairs(Model *m, const Slot *x, const ExpertSlot *es, const void *rows,
+                            void *pairs, Err *err) {
+    const ExpertGroup *g = &m->experts;
+    ModelActs *a = m->acts;
+    int C = m->cfg.hidden_size;
+    if (es->rows) m->be->embedding_fwd(a->ep_send, es->inverse, rows, (int)es->rows, C);
+    size_t *to = exchange_bytes(m, es, x, true, (size_t)C);
+    size_t *from = exchange_bytes(m, es, x, false, (size_t)C);
+    if (g->all_to_all(g->ctx, a->ep_send, from, pairs, to, err))
+        return err_prefix(err, "expert parallelism: the experts' rows back");
+    return 0;
+}
+
+// This rank's experts over the rows of the slot's exchange.
+static ExpertRows received_pairs(const Model *m, const ExpertSlot *es) {
+    ModelActs *a = m->acts;
+    int El = m->cfg.n_routed_experts / m->experts.size;
+    return (ExpertRows){.first = m->experts.rank * El,
+                        .n = El,
+                        .counts = es->per_expert,
+                        .rows = es->rows,
+                        .x = es->x,
+                        .h = es->h,
+                        .act = es->act,
+                        .y = a->ep_y,
+                        .d = a->ep_y,
+                        .dh = a->ep_dh,
+                        .dact = a->ep_dact};
+}
+
+// The routed experts' outputs of the slot's pairs (x->yp, pair order): computed here, or by
+// their ranks of the expert group. A failed exchange is recorded (m->fault).
+static void routed_forward(Model *m, const LayerParams *p, const Slot *x, int s) {
+    if (!expert_parallel(m)) {
+        ExpertRows r = own_pairs(m, x);
+        experts_forward(m, p, &r);
+        return;
+    }
+    Err err = {0};
+    ExpertSlot *es = &m->acts->ep[s];
+    if (plan_exchange(m, x, es, &err) || pairs_to_experts(m, x, es, x->xp, es->x, &err)) {
+        record_fault(m, &err);
+        return;
+    }
+    ExpertRows r = received_pairs(m, es);
+    experts_forward(m, p, &r);
+    if (experts_to_pairs(m, x, es, r.y, x->yp, &err)) record_fault(m, &err);
 }
 
 // DeepSeekMoE (docs/design.md §7a): res_next = mid + (mean of the shared experts + sum of the
 // chosen experts' outputs, weighted).
-static void moe_forward(Model *m, const LayerParams *p, const Slot *x, void *res_next) {
+static void moe_forward(Model *m, const LayerParams *p, const Slot *x, int s, void *res_next) {
     ModelActs *a = m->acts;
     const Backend *be = m->be;
     const ModelConfig *c = &m->cfg;
@@ -960,7 +1227,7 @@ static void moe_forward(Model *m, const LayerParams *p, const Slot *x, void *res
                   k);
     be->download(x->host_counts, x->counts, (size_t)E * sizeof *x->host_counts);
     be->embedding_fwd(x->xp, x->token_of, x->ln2, N * k, C); // the pairs' token rows
-    experts_forward(m, p, x);
+    routed_forward(m, p, x, s);
     for (int i = 0; i < S; i++)
         swiglu_forward(m, p->shared_experts + 3 * i, x, dense_h(m, x, i), dense_act(m, x, i),
                        a->shared_sum, i > 0);
@@ -983,7 +1250,7 @@ static void layer_forward(Model *m, int l, int s) {
     attention_forward(m, p, &x, res);
     be->rmsnorm_fwd(x.ln2, x.rstd2, x.mid, weight(m, p->post_norm), N, 1, C, C, c->rms_norm_eps);
     if (c->ffn_type == FFN_MOE) {
-        moe_forward(m, p, &x, res_next);
+        moe_forward(m, p, &x, s, res_next);
         return;
     }
     be->copy(res_next, x.mid, nc * dtype_size(be->dtype));
@@ -1049,6 +1316,7 @@ static int forward(Model *m, const int32_t *inputs, const int32_t *targets,
         layer_forward(m, l, slot_of_layer(m, l));
         count_expert_tokens(m, l);
     }
+    if (m->faulted) return model_take_fault(m, err);
     if (!m->has_head) return 0;
     weights_needed(m, pl->norm, m->n_params);
     be->rmsnorm_fwd(a->lnf, a->rstdf, at(m, a->res, (size_t)L * N * C), weight(m, pl->norm), N, 1,
@@ -1104,34 +1372,48 @@ static void swiglu_backward(Model *m, int up, const Slot *x, const void *h, cons
     be->matmul_bwd(a->dln, grad(m, up), a->dh, x->ln2, weight(m, up), N, C, 2 * FF, accumulate_dln);
 }
 
-// The routed experts' backward: drows holds d loss / d yp (pair rows) on entry and d loss / d xp
-// on return (the GEMMs of each expert read the first before the second is written).
-static void experts_backward(Model *m, const LayerParams *p, const Slot *x) {
-    ModelActs *a = m->acts;
+static void experts_backward(Model *m, const LayerParams *p, const ExpertRows *r) {
     const Backend *be = m->be;
-    const ModelConfig *c = &m->cfg;
-    int C = c->hidden_size, FF = c->intermediate_size, E = c->n_routed_experts,
-        P = a->B * a->T * c->n_activated_experts;
-    for (int e = 0, first = 0; e < E; first += x->host_counts[e++]) {
-        if (!x->host_counts[e]) continue;
-        int down = p->routed_experts + 3 * e + 2;
-        be->matmul_bwd(at(m, a->dactp, (size_t)first * FF), grad(m, down),
-                       at(m, a->drows, (size_t)first * C), at(m, x->actp, (size_t)first * FF),
-                       weight(m, down), x->host_counts[e], FF, C, 0);
+    int C = m->cfg.hidden_size, FF = m->cfg.intermediate_size;
+    for (int j = 0, first = 0; j < r->n; first += r->counts[j++]) {
+        if (!r->counts[j]) continue;
+        int down = p->routed_experts + 3 * (r->first + j) + 2;
+        be->matmul_bwd(at(m, r->dact, (size_t)first * FF), grad(m, down),
+                       at(m, r->d, (size_t)first * C), at(m, r->act, (size_t)first * FF),
+                       weight(m, down), r->counts[j], FF, C, 0);
     }
-    be->swiglu_bwd(a->dhp, a->dactp, x->hp, P, FF);
-    for (int e = 0, first = 0; e < E; first += x->host_counts[e++]) {
-        if (!x->host_counts[e]) continue;
-        int up = p->routed_experts + 3 * e;
-        be->matmul_bwd(at(m, a->drows, (size_t)first * C), grad(m, up),
-                       at(m, a->dhp, (size_t)first * 2 * FF), at(m, x->xp, (size_t)first * C),
-                       weight(m, up), x->host_counts[e], C, 2 * FF, 0);
+    if (r->rows) be->swiglu_bwd(r->dh, r->dact, r->h, (int)r->rows, FF);
+    for (int j = 0, first = 0; j < r->n; first += r->counts[j++]) {
+        if (!r->counts[j]) continue;
+        int up = p->routed_experts + 3 * (r->first + j);
+        be->matmul_bwd(at(m, r->d, (size_t)first * C), grad(m, up),
+                       at(m, r->dh, (size_t)first * 2 * FF), at(m, r->x, (size_t)first * C),
+                       weight(m, up), r->counts[j], C, 2 * FF, 0);
     }
+}
+
+// a->drows from d loss / d the routed experts' outputs to d loss / d their inputs (pair order),
+// through this rank's experts or their ranks' (expert parallelism: a failure is recorded).
+static void routed_backward(Model *m, const LayerParams *p, const Slot *x, int s) {
+    if (!expert_parallel(m)) {
+        ExpertRows r = own_pairs(m, x);
+        experts_backward(m, p, &r);
+        return;
+    }
+    Err err = {0};
+    const ExpertSlot *es = &m->acts->ep[s];
+    ExpertRows r = received_pairs(m, es);
+    if (pairs_to_experts(m, x, es, m->acts->drows, r.d, &err)) {
+        record_fault(m, &err);
+        return;
+    }
+    experts_backward(m, p, &r);
+    if (experts_to_pairs(m, x, es, r.d, m->acts->drows, &err)) record_fault(m, &err);
 }
 
 // DeepSeekMoE's backward from dres = d loss / d res_next into dln = d loss / d ln2: the routed
 // experts (through the combination's weights to the router) and the shared ones.
-static void moe_backward(Model *m, const LayerParams *p, const Slot *x) {
+static void moe_backward(Model *m, const LayerParams *p, const Slot *x, int s) {
     ModelActs *a = m->acts;
     const Backend *be = m->be;
     const ModelConfig *c = &m->cfg;
@@ -1140,7 +1422,7 @@ static void moe_backward(Model *m, const LayerParams *p, const Slot *x) {
     float shared_scale = S ? 1.0f / (float)S : 0.0f;
     be->moe_combine_bwd(a->drows, a->dtopw, S ? a->dshared : NULL, a->dres, x->yp, x->topw,
                         x->pair_of, shared_scale, N, k, C);
-    experts_backward(m, p, x);
+    routed_backward(m, p, x, s);
     be->moe_combine(a->dln, NULL, NULL, 0.0f, a->drows, NULL, x->pair_of, N, k, C);
     for (int i = 0; i < S; i++)
         swiglu_backward(m, p->shared_experts + 3 * i, x, dense_h(m, x, i), dense_act(m, x, i),
@@ -1230,7 +1512,7 @@ static void layer_backward(Model *m, int l, int s) {
 
     // ffn branch: res[l+1] = mid + ffn(ln2)
     if (c->ffn_type == FFN_MOE)
-        moe_backward(m, p, &x);
+        moe_backward(m, p, &x, s);
     else
         swiglu_backward(m, p->mlp_up, &x, x.h, x.act, a->dres, 0);
     be->rmsnorm_bwd(a->dres, grad(m, p->post_norm), a->dln, x.mid, weight(m, p->post_norm), x.rstd2,

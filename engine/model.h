@@ -21,6 +21,7 @@
 #include "ckpt/safetensors.h"
 #include "common/error.h"
 #include "engine/backend.h"
+#include "engine/expert_group.h"
 #include "engine/param_table.h"
 #include "model/config.h"
 
@@ -90,6 +91,13 @@ typedef struct {
     // checkpointing does not count again); zeros for blocks the stage does not hold. NULL
     // without MoE.
     int64_t *expert_tokens;
+    // Expert parallelism (engine/expert_group.h, model_set_expert_group); size 0 or 1: every
+    // routed expert is computed here.
+    ExpertGroup experts;
+    // The first failure of the expert group's exchanges since model_take_fault: forward reports
+    // it itself; backward, which returns nothing, leaves it for its caller.
+    bool faulted;
+    Err fault;
     ModelPlan *plan;
     ModelActs *acts;      // the activation set forward and backward use (model_select_acts)
     ModelActs **act_sets; // n_act_sets, each sized for the largest (B,T) it has seen
@@ -110,6 +118,14 @@ int model_create_stage(Model *m, const ModelConfig *cfg, int first_block, int en
 // The parameter table of a stage without a model: model_stage_table (engine/param_table.h).
 // Whether m is a part of the model (a pipeline stage) rather than all of it.
 bool model_is_stage(const Model *m);
+
+// Splits the routed experts of every MoE layer over the expert group g (g->size divides
+// n_routed_experts): from now on forward and backward exchange pairs with the group's other
+// ranks, so every rank of the group must run the same forwards and backwards in the same order.
+int model_set_expert_group(Model *m, const ExpertGroup *g, Err *err);
+// The first failure of an exchange of the expert group since the last call (a backward's, which
+// cannot return it): -1 with err set; 0 when there was none.
+int model_take_fault(Model *m, Err *err);
 
 // Pipelines keep several micro-batches' activations at once: forward and backward use set k
 // from now on (created empty on first use; a backward uses the set of its forward).

@@ -108,6 +108,7 @@ static const KeyDef KEYS[] = {
     {"compile", KEY_STR, F(compile), "", 0, 0, "default|reduce-overhead|max-autotune", "torch.compile mode (accepted; no effect: the kernels are compiled C)", "model"},
     {"tp_size", KEY_INT, F(tp_size), "0", 0, 4096, NULL, "tensor parallelism (0: None; > 1 refused)", "parallel"},
     {"pp_size", KEY_INT, F(pp_size), "1", 1, 4096, NULL, "pipeline stages: nprocs = pp_size x data-parallel replicas, parallel_mode spans each stage's replicas", "parallel"},
+    {"ep_size", KEY_INT, F(ep_size), "1", 1, 4096, NULL, "expert parallelism: each MoE layer's routed experts split over ep_size of a stage's data-parallel replicas", "parallel"},
     {"pp_schedule", KEY_STR, F(pp_schedule), "1f1b", 0, 0, "1f1b|gpipe", "pipeline schedule of an optimizer step's grad_accum_steps micro-batches", "parallel"},
 };
 // clang-format on
@@ -595,6 +596,16 @@ int train_spec_validate(const TrainSpec *s, Err *err) {
                              "nprocs: %ld ranks are %ld replicas of a pipeline of pp_size %ld: "
                              "they need parallel_mode ddp or fsdp",
                              s->nprocs, s->nprocs / s->pp_size, s->pp_size);
+    if (s->ep_size > 1 && s->is.parallel_mode == PARALLEL_NONE)
+        return err_set(err,
+                       "ep_size: %ld needs parallel_mode ddp or fsdp (the ranks that share the "
+                       "experts are data-parallel replicas)",
+                       s->ep_size);
+    if (s->nprocs > 1 && (s->nprocs / s->pp_size) % s->ep_size)
+        return err_set(err,
+                       "ep_size: %ld does not divide the %ld data-parallel replicas (nprocs %ld / "
+                       "pp_size %ld)",
+                       s->ep_size, s->nprocs / s->pp_size, s->nprocs, s->pp_size);
     if (s->tp_size > 1)
         return err_set(err,
                        "tp_size: %ld is refused: tensor parallelism is not implemented "

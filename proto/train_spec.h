@@ -124,6 +124,7 @@ typedef struct {
     char *compile;             // accepted, no effect (warning); "" = off
     long tp_size;              // 0 (None) or 1; > 1 refused
     long pp_size;              // pipeline stages (1: none), docs/design.md §13
+    long ep_size;              // expert parallelism (1: none), docs/design.md §7a
     bool async_checkpoint;     // rank 0 writes checkpoints on a background thread
     long checkpoint_keep_last; // retention: the newest N checkpoints (0: all)
     long checkpoint_keep_best; // and the N of lowest val_loss

@@ -1,7 +1,9 @@
 """none / ddp / fsdp give the same training trajectory for the same global batch
 (nprocs x batch_per_device x grad_accum_steps), with adamw and muon; a checkpoint written under
 fsdp with 2 ranks resumes under none and under ddp and continues the same curve; an MLA + MoE model
-trains the same curve under none, ddp 2, fsdp 2, pp 2 and with gradient checkpointing; fsdp holds
+trains the same curve under none, ddp 2, fsdp 2, pp 2, with gradient checkpointing, expert
+parallelism ep 2 (ddp, fsdp), ep 2 x data parallel 2 and ep 2 within pp 2, and its ep 2 checkpoints
+(full, sharded) resume under none and under ep 4; fsdp holds
 about 1/N of the parameter + gradient + optimizer state per rank (measured resident memory)."""
 
 import json
@@ -101,13 +103,33 @@ def moe_curves(root, data, failures):
     base_load = check_expert_load(none, base, None, "moe-none", failures)
     for mode, nprocs, batch, accum, extra in (
             ("ddp", 2, 2, 1, {}), ("fsdp", 2, 2, 1, {}), ("none", 2, 2, 2, {"pp_size": 2}),
-            ("none", 1, 4, 1, {"gradient_checkpointing": True})):
-        name = f"moe-{mode}-b{batch}-a{accum}" + "".join(f"-{k}" for k in extra)
+            ("none", 1, 4, 1, {"gradient_checkpointing": True}),
+            ("ddp", 2, 2, 1, {"ep_size": 2}), ("fsdp", 4, 1, 1, {"ep_size": 2}),
+            ("fsdp", 2, 1, 2, {"ep_size": 2, "gradient_checkpointing": True}),
+            ("ddp", 4, 1, 2, {"ep_size": 2, "pp_size": 2})):
+        name = f"moe-{mode}{nprocs}-b{batch}-a{accum}" + "".join(f"-{k}" for k in extra)
         ck = run(root, model, data, name, mode, nprocs, batch, accum, "muon", **extra)
         rows = tu.metric_rows(tu.latest_checkpoint(ck))
         compare(rows, base, f"{name} vs none", failures)
         check_expert_load(ck, rows, base_load, name, failures)
     print("moe: expert_load of every run as the one-rank run's, extremes as the table's")
+    resume_across_experts(root, model, data, base, failures)
+
+
+def resume_across_experts(root, model, data, base, failures):
+    """Checkpoints of an ep_size 2 run (full and sharded) resume with another ep_size (and none)
+    and continue the one-rank curve."""
+    for fmt in ("full", "sharded"):
+        ep2 = run(root, model, data, f"moe-ep2-{fmt}", "fsdp", 2, 2, 1, "muon", ep_size=2,
+                  ckpt_format=fmt, max_steps=10)
+        for mode, nprocs, batch, ep in (("none", 1, 4, 1), ("ddp", 4, 1, 4)):
+            name = f"moe-ep2-{fmt}-resumed-{mode}{nprocs}-ep{ep}"
+            ck = os.path.join(root, name)
+            shutil.copytree(os.path.join(ep2, "epoch_0_step_10"), os.path.join(ck, "epoch_0_step_10"))
+            run(root, model, data, name, mode, nprocs, batch, 1, "muon", resume="true", ep_size=ep)
+            compare(tu.metric_rows(tu.latest_checkpoint(ck)), base,
+                    f"ep 2 {fmt} checkpoint at step 10 resumed under {mode} {nprocs} ep {ep}",
+                    failures)
 
 
 def resume_across_modes(root, model, data, failures):

@@ -122,6 +122,22 @@ def cases(root, model, data):
     model_case("bad-dtype", ["model.safetensors", "Q7"], weights="dtype")
     model_case("bad-shape", ["model.safetensors", "norm.weight"], weights="shape")
     model_case("missing-tensor", ["model.safetensors", "norm.weight"], weights="missing")
+    # expert parallelism: ep_size needs replicas it divides, a MoE model whose routed experts it
+    # divides, and ranks that share gradients
+    out.append(("ep with none", {"ep_size": "2", "parallel_mode": "none"},
+                ["ep_size: 2", "parallel_mode ddp or fsdp"]))
+    out.append(("ep of one rank", {"ep_size": "2", "parallel_mode": "ddp"},
+                ["ep_size: 2", "does not divide the job's 1 data-parallel replica"]))
+    out.append(("ep over the replicas", {"ep_size": "4", "parallel_mode": "ddp", "nprocs": "2"},
+                ["ep_size: 4", "does not divide the 2 data-parallel replicas"]))
+    out.append(("ep of a dense model", {"ep_size": "2", "parallel_mode": "ddp", "nprocs": "2"},
+                ["ep_size: 2", "ffn_type 'moe'"]))
+    moe3 = tu.make_model(os.path.join(root, "moe3"), dict(
+        tu.SMALL_CONFIG, ffn_type="moe", n_routed_experts=3, n_shared_experts=0,
+        n_activated_experts=2, topk_method="greedy"))
+    out.append(("ep over the experts", {"param_path": moe3, "ep_size": "2", "parallel_mode": "fsdp",
+                                        "nprocs": "2"},
+                ["ep_size: 2", "does not divide n_routed_experts 3"]))
     small = tu.make_model(os.path.join(root, "small-vocab"), dict(tu.SMALL_CONFIG, vocab_size=64))
     out.append(("small vocab", {"param_path": small}, [data, "vocab"]))
     out.append(("sft on text data", {"train_type": "sft"}, ["loss_mask"]))

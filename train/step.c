@@ -47,6 +47,7 @@ static int pass_backward(void *ctx, int k, Err *err) {
     const Pass *p = ctx;
     Model *m = p->r->model;
     p->r->obj->ops->backward(p->r->obj, m, k, p->weight);
+    if (model_take_fault(m, err)) return -1; // the experts' exchanges (expert parallelism)
     return p->apart ? executor_end_micro(p->r->exec, m, micro_kind(p, k), err) : 0;
 }
 

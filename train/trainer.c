@@ -158,6 +158,34 @@ static int setup_pipeline(Trainer *t, const ModelConfig *cfg, const TrainerOptio
     return 0;
 }
 
+static int experts_all_to_all(void *comm, const void *send, const size_t *send_bytes, void *recv,
+                              const size_t *recv_bytes, Err *err) {
+    return comm_all_to_all(comm, send, send_bytes, recv, recv_bytes, err);
+}
+
+// Expert parallelism (--ep_size E, docs/design.md §7a): the stage's replicas in groups of E
+// consecutive ones, each group sharing out the routed experts of every MoE layer. The executor
+// still spans every replica: a rank's gradients of the experts it does not compute stay zero, so
+// the average over replicas gives each expert the sum over the groups that computed it.
+// --dry-run: checked against the model only.
+static int setup_experts(Trainer *t, const TrainerOptions *opt, Err *err) {
+    int E = (int)t->spec->ep_size;
+    if (E == 1) return 0;
+    if (!opt->dry_run && t->replicas % E)
+        return err_set(err, "ep_size: %d does not divide the job's %d data-parallel replica(s)", E,
+                       t->replicas);
+    if (!opt->dry_run && comm_split(t->pipe.group, t->replica / E, t->replica, &t->experts, err))
+        return err_prefix(err, "ep_size %d: the expert group", E);
+    ExpertGroup g = {
+        .size = E, .rank = t->replica % E, .all_to_all = experts_all_to_all, .ctx = t->experts};
+    return model_set_expert_group(&t->model, &g, err);
+}
+
+// Whether every rank must run every forward: the executor's gathers, or the experts' exchanges.
+static bool forwards_collective(const Trainer *t) {
+    return executor_forward_collective(&t->exec) || t->model.experts.size > 1;
+}
+
 // The supervisor's control pipe, read without blocking (poll_control).
 static void open_control(Trainer *t, int fd) {
     t->control_fd = fd;
@@ -216,6 +244,7 @@ int trainer_init(Trainer *t, const TrainSpec *spec, const TrainerOptions *opt, E
         return -1;
     t->model.grad_checkpointing = spec->gradient_checkpointing;
     t->model.neftune_alpha = (float)spec->neftune_alpha;
+    if (setup_experts(t, opt, err)) return -1;
     if (executor_init(&t->exec, exec_mode(spec->is.parallel_mode), t->pipe.group, opt->comm,
                       &t->model, (size_t)(spec->bucket_mb * (1 << 20)), err))
         return -1;
@@ -432,8 +461,8 @@ static int agree_step(Trainer *t, StepTotals *out, Err *err) {
 // windows val_ids[r], val_ids[r + replicas], ... in micro-batches of batch_per_device, forward
 // only. A batch's mean loss counts once per window in it (for seq, every window has the
 // same number of target tokens, so this is the mean of the windows' own losses); the sum
-// and the window count are added over ranks (in a pipeline, the last stage's). Where the
-// executor's forward is collective (fsdp gathers the weights in each), every replica runs the
+// and the window count are added over ranks (in a pipeline, the last stage's). Where forward is
+// collective (fsdp gathers the weights in each; experts exchange pairs), every replica runs the
 // same number of micro-batches: one left without a window in one evaluates val_ids[0] with
 // weight 0.
 static int validate(Trainer *t, double *val_loss, Err *err) {
@@ -447,7 +476,7 @@ static int validate(Trainer *t, double *val_loss, Err *err) {
     for (int64_t first = 0; first < per_rank; first += B) {
         int64_t nb = mine - first < B ? mine - first : B;
         if (nb < 0) nb = 0;
-        if (nb == 0 && !executor_forward_collective(&t->exec)) continue;
+        if (nb == 0 && !forwards_collective(t)) continue;
         list[n++] =
             nb ? (MicroBatch){.ids = sp->val_ids + first * R + r, .stride = R, .nb = (int)nb}
                : (MicroBatch){.ids = sp->val_ids, .stride = 1};
@@ -730,6 +759,7 @@ void trainer_free(Trainer *t) {
     objective_close(&t->obj);
     optim_free(&t->opt);
     executor_free(&t->exec);
+    if (t->experts) comm_destroy(t->experts);
     pipeline_free(&t->pipe); // also what a pipeline_init that failed half-way made
     sampler_free(&t->sampler);
     model_free(&t->model);

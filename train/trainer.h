@@ -48,6 +48,7 @@ typedef struct Trainer {
     int rank, world;       // in the job
     int replica, replicas; // the data-parallel replicas (of the pipeline; the ranks without one)
     Pipeline pipe;         // this rank's stage: the whole model in a pipeline of one stage
+    Comm *experts;         // --ep_size > 1: the replicas sharing the routed experts (owned)
     Objective obj;         // what training optimises: seq / sft / dpo / grpo
     MicroBatch *batches;   // (grad_accum_steps) the current optimizer step's micro-batches
     int64_t *batch_ids;    // (grad_accum_steps, batch_per_device) their samples
