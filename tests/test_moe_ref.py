@@ -165,38 +165,43 @@ WINDOW, BATCH, STEPS = 32, 4, 10
 
 
 def check_curves():
-    """10 adamw steps (40 windows of 32 bytes, batches of 4) of astrai-train and of the
-    reference from the same astrai-model init."""
+    """10 steps (40 windows of 32 bytes, batches of 4) of astrai-train and of the reference from
+    the same astrai-model init: adamw for every config, and muon (AstrAI's MuonMix: which tensors
+    Muon steps, the router's and every expert's matrices among them) for mla+moe."""
     import train_util as tu
     failures = []
-    for name, over in CURVE_CONFIGS.items():
-        cfg = dict(tu.SMALL_CONFIG, **over)
-        root = tu.tmpdir()
-        model_dir = tu.make_model(root, cfg)
-        data_dir, tokens = tu.make_text_data(root, STEPS * BATCH * WINDOW + 1)
-        ckpt_dir = os.path.join(root, "ckpt")
-        lr, wd = 3e-3, 0.1
-        tu.train({"train_type": "seq", "param_path": model_dir, "data_root_path": data_dir,
-                  "batch_per_device": BATCH, "window_size": WINDOW, "optimizer": "adamw",
-                  "max_lr": lr, "weight_decay": wd, "max_grad_norm": 1.0,
-                  "ckpt_dir": ckpt_dir, "ckpt_interval": 1000, "threads": 2})
-        ours = tu.metric_rows(tu.latest_checkpoint(ckpt_dir))
-        ref, _ = tu.reference_training(model_dir, tokens, WINDOW, BATCH, 1, 0, "adamw", lr, wd,
-                                       1.0, seed=3407)
-        if len(ours) != STEPS or len(ref) != STEPS:
-            failures.append(f"{name}: {len(ours)} steps, reference {len(ref)}, expected {STEPS}")
-            continue
-        worst = 0.0
-        for a, b in zip(ours, ref):
-            for key in ("loss", "grad_norm", "lr"):
-                err = tu.rel_err(a[key], b[key])
-                worst = max(worst, err)
-                if err > 1e-4:
-                    failures.append(f"{name} step {a['step']}: {key} {a[key]} vs reference "
-                                    f"{b[key]}")
-        print(f"{name}: {STEPS} steps, loss {ours[0]['loss']:.4f} -> {ours[-1]['loss']:.4f}, "
-              f"worst relative error {worst:.2e}")
+    runs = [(name, over, "adamw") for name, over in CURVE_CONFIGS.items()]
+    runs.append(("mla+moe", CURVE_CONFIGS["mla+moe"], "muon"))
+    for name, over, kind in runs:
+        curve(tu, f"{name} {kind}", dict(tu.SMALL_CONFIG, **over), kind, failures)
     return tu.finish(failures)
+
+
+def curve(tu, name, cfg, kind, failures):
+    root = tu.tmpdir()
+    model_dir = tu.make_model(root, cfg)
+    data_dir, tokens = tu.make_text_data(root, STEPS * BATCH * WINDOW + 1)
+    ckpt_dir = os.path.join(root, "ckpt")
+    lr, wd = 3e-3, 0.1
+    tu.train({"train_type": "seq", "param_path": model_dir, "data_root_path": data_dir,
+              "batch_per_device": BATCH, "window_size": WINDOW, "optimizer": kind,
+              "max_lr": lr, "weight_decay": wd, "max_grad_norm": 1.0,
+              "ckpt_dir": ckpt_dir, "ckpt_interval": 1000, "threads": 2})
+    ours = tu.metric_rows(tu.latest_checkpoint(ckpt_dir))
+    ref, _ = tu.reference_training(model_dir, tokens, WINDOW, BATCH, 1, 0, kind, lr, wd, 1.0,
+                                   seed=3407)
+    if len(ours) != STEPS or len(ref) != STEPS:
+        failures.append(f"{name}: {len(ours)} steps, reference {len(ref)}, expected {STEPS}")
+        return
+    worst = 0.0
+    for a, b in zip(ours, ref):
+        for key in ("loss", "grad_norm", "lr"):
+            err = tu.rel_err(a[key], b[key])
+            worst = max(worst, err)
+            if err > 1e-4:
+                failures.append(f"{name} step {a['step']}: {key} {a[key]} vs reference {b[key]}")
+    print(f"{name}: {STEPS} steps, loss {ours[0]['loss']:.4f} -> {ours[-1]['loss']:.4f}, "
+          f"worst relative error {worst:.2e}")
 
 
 def main(argv):
