@@ -5,8 +5,9 @@ an expert no token chooses; exact ties in the router (all-zero router weights, s
 probability is 1/E; duplicated router rows), where torch.topk's own tie order picks the
 experts and the C engine reproduces it (engine/topk.h: insertion sort, introsort's
 nth_element and partial_sort, by E and k); top-k = n_routed_experts. Then 10 optimizer steps
-of astrai-train (gqa+moe, mla+mlp, mla+moe) against the reference's training loop, as
-tests/test_train_ref.py does for the dense model: the same loss, grad norm and lr per step.
+of astrai-train (gqa+moe, mla+mlp, mla+moe with adamw; mla+moe with muon) against the
+reference's training loop, as tests/test_train_ref.py does for the dense model: the same loss,
+grad norm and lr per step.
 
     ASTRAI_BUILD=build python3 tests/test_moe_ref.py [routing|curves]
 """
