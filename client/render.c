@@ -72,9 +72,26 @@ static void fmt_steps(const cJSON *job, char *buf, size_t cap) {
 // Every job column as text, shared by the table and the progress lines.
 typedef struct {
     char id[24], name[136], steps[48], loss[24], rate[24], eta[24];
-    char val[96]; // " val_loss 3.1234", " loss_scale 65536 (2 skipped)" where the job has them
+    // " val_loss 3.1234", " loss_scale 65536 (2 skipped)", " expert_load max 1.42x min 0.61x of
+    // mean" (a mixture of experts) where the job has them
+    char val[136];
     const char *state;
 } JobText;
+
+// Appends the numbers after the loss the job has (t->val, empty for none).
+static void fmt_extras(const cJSON *job, JobText *t) {
+    size_t cap = sizeof t->val, n = 0;
+    double v = num_field(job, "val_loss"), s = num_field(job, "loss_scale");
+    double hi = num_field(job, "expert_load_max"), lo = num_field(job, "expert_load_min");
+    t->val[0] = '\0';
+    if (!isnan(v)) n += (size_t)snprintf(t->val + n, cap - n, " val_loss %.4f", v);
+    if (!isnan(s) && n < cap)
+        n += (size_t)snprintf(t->val + n, cap - n, " loss_scale %g (%.0f skipped)", s,
+                              num_field(job, "skipped_steps"));
+    // Over the layer's mean: 1.00x both is a perfectly balanced router.
+    if (!isnan(hi) && !isnan(lo) && n < cap)
+        snprintf(t->val + n, cap - n, " expert_load max %.2fx min %.2fx of mean", hi, lo);
+}
 
 static void job_text(const cJSON *job, JobText *t) {
     snprintf(t->id, sizeof t->id, "%.0f", num_field(job, "id"));
@@ -84,12 +101,7 @@ static void job_text(const cJSON *job, JobText *t) {
     fmt_loss(num_field(job, "loss"), t->loss, sizeof t->loss);
     fmt_count(num_field(job, "tokens_per_s"), t->rate, sizeof t->rate);
     fmt_duration(num_field(job, "eta_s"), t->eta, sizeof t->eta);
-    double v = num_field(job, "val_loss"), s = num_field(job, "loss_scale");
-    int n = isnan(v) ? 0 : snprintf(t->val, sizeof t->val, " val_loss %.4f", v);
-    t->val[n] = '\0';
-    if (!isnan(s))
-        snprintf(t->val + n, sizeof t->val - (size_t)n, " loss_scale %g (%.0f skipped)", s,
-                 num_field(job, "skipped_steps"));
+    fmt_extras(job, t);
 }
 
 // Columns: 5+1+16+1+11+1+13+1+8+1+9+1+8 = 76 characters.
@@ -177,7 +189,7 @@ static void render_time_left(FILE *out, const cJSON *job) {
 void render_job_detail(FILE *out, const cJSON *job) {
     JobText t;
     job_text(job, &t);
-    char val[104] = "";
+    char val[sizeof t.val + 1] = "";
     if (*t.val) snprintf(val, sizeof val, ",%s", t.val);
     fprintf(out, "job %s (%s): %s, step %s, loss %s%s, %s tok/s, ETA %s\n", t.id, t.name, t.state,
             t.steps, t.loss, val, t.rate, t.eta);
@@ -247,7 +259,7 @@ void render_progress_line(const cJSON *job, bool bar, int width, char *buf, size
                  t.steps, t.loss, t.val, t.rate, t.eta);
         return;
     }
-    char tail[160], bars[512];
+    char tail[224], bars[512];
     int n = snprintf(tail, sizeof tail, " %s loss %s%s %s tok/s ETA %s", t.steps, t.loss, t.val,
                      t.rate, t.eta);
     // "ID NAME STATE " takes 5+11+10 columns, the brackets 2; the bar gets what is left.

@@ -180,6 +180,10 @@ typedef struct {
     double loss_scale; // --loss_scale: the newest step's (has_loss_scale) and the skipped steps
     long skipped_steps;
     int has_loss_scale;
+    // a mixture of experts: the newest step's most and least loaded routed expert over its
+    // layer's mean (has_expert_load; a dense model has none)
+    double expert_load_max, expert_load_min;
+    int has_expert_load;
     int seen;    // its progress.db was read by this astraid (val_loss is known)
     char *error; // why its progress.db cannot be read, NULL: it can
 } JobProgressView;
@@ -463,6 +467,8 @@ typedef struct {
     int has_scale; // loss scaling: the newest step's scale and the steps skipped
     double loss_scale;
     long skipped_steps;
+    int has_expert_load; // a mixture of experts: the newest step's load extremes (over the mean)
+    double expert_load_max, expert_load_min;
     double step_wall;     // unix time of the newest step row
     double step_median_s; // median seconds per step of the newest steps, 0: unknown
     char *phase;          // the trainer's phase, NULL: none ("" is read as none)
@@ -598,8 +604,9 @@ typedef struct {
     JobState state; // as clients see it
     // values as /metrics writes them (doubles: a table of offsets renders them all)
     double step, total_steps, restarts, loss, lr, grad_norm, tokens_per_s, val_loss;
-    double eta_s; // < 0: unknown
-    int has_progress, has_val_loss;
+    double eta_s;                            // < 0: unknown
+    double expert_load_max, expert_load_min; // a mixture of experts' (has_expert_load)
+    int has_progress, has_val_loss, has_expert_load;
     char *last_checkpoint; // its path (the mtime is read when rendering, off the loop); NULL
 } JobGauge;
 

@@ -134,6 +134,8 @@ static void describe(const Job *j, Out *o, cJSON *obj) {
     out_metric(o, obj, "loss_scale", j->progress.loss_scale, j->progress.has_loss_scale);
     out_number(o, obj, "skipped_steps", (double)j->progress.skipped_steps,
                j->progress.has_loss_scale);
+    out_metric(o, obj, "expert_load_max", j->progress.expert_load_max, j->progress.has_expert_load);
+    out_metric(o, obj, "expert_load_min", j->progress.expert_load_min, j->progress.has_expert_load);
     out_number(o, obj, "restarts", (double)j->restarts, 1);
     out_number(o, obj, "hangs", (double)j->watch.hangs, 1);
     out_string(o, obj, "phase", j->watch.phase);

@@ -109,7 +109,7 @@ static void job_labels(Text *t, const char *name, const JobGauge *j) {
 }
 
 // A family of one series per job: the double at `offset` in a JobGauge, where known.
-typedef enum { KNOWN_ALWAYS, KNOWN_PROGRESS, KNOWN_VAL, KNOWN_ETA } Known;
+typedef enum { KNOWN_ALWAYS, KNOWN_PROGRESS, KNOWN_VAL, KNOWN_ETA, KNOWN_EXPERTS } Known;
 typedef struct {
     const char *name, *type, *help;
     size_t offset;
@@ -133,6 +133,12 @@ static const JobFamily JOB_FAMILIES[] = {
      offsetof(JobGauge, tokens_per_s), KNOWN_PROGRESS},
     {"astrai_job_eta_seconds", "gauge", "Seconds the job's run still needs (estimate).",
      offsetof(JobGauge, eta_s), KNOWN_ETA},
+    {"astrai_job_expert_load_max", "gauge",
+     "Load of the most loaded routed expert of any layer over its layer's mean, last step (MoE).",
+     offsetof(JobGauge, expert_load_max), KNOWN_EXPERTS},
+    {"astrai_job_expert_load_min", "gauge",
+     "Load of the least loaded routed expert of any layer over its layer's mean, last step (MoE).",
+     offsetof(JobGauge, expert_load_min), KNOWN_EXPERTS},
     {"astrai_job_restarts_total", "counter",
      "Restarts of the job after a failed run, since astraid started.", offsetof(JobGauge, restarts),
      KNOWN_ALWAYS},
@@ -141,7 +147,8 @@ static const JobFamily JOB_FAMILIES[] = {
 static int known(const JobGauge *j, Known k) {
     return k == KNOWN_ALWAYS || (k == KNOWN_PROGRESS && j->has_progress) ||
            (k == KNOWN_VAL && j->has_val_loss) ||
-           (k == KNOWN_ETA && j->has_progress && j->eta_s >= 0);
+           (k == KNOWN_ETA && j->has_progress && j->eta_s >= 0) ||
+           (k == KNOWN_EXPERTS && j->has_expert_load);
 }
 
 // When its last checkpoint was written: the mtime of its directory (a stat: HTTP threads

@@ -169,6 +169,20 @@ static void read_loss_scale(sqlite3 *db, JobProgress *p) {
     sqlite3_finalize(st);
 }
 
+// A mixture of experts' newest load extremes; none for a dense model (no such rows), nor for a
+// database from before step_metrics (a prepare failing with SQLITE_ERROR is no news).
+static void read_expert_load(sqlite3 *db, JobProgress *p) {
+    sqlite3_stmt *st;
+    if (prepare(db, PROGRESS_DB_EXPERT_LOAD, &st, p)) return;
+    if (step_row(db, st, p) && sqlite3_column_type(st, 0) != SQLITE_NULL &&
+        sqlite3_column_type(st, 1) != SQLITE_NULL) {
+        p->expert_load_max = sqlite3_column_double(st, 0);
+        p->expert_load_min = sqlite3_column_double(st, 1);
+        p->has_expert_load = 1;
+    }
+    sqlite3_finalize(st);
+}
+
 // The trainer's phase (validation, a checkpoint write), none without one or before the keys.
 static void read_phase(sqlite3 *db, JobProgress *p) {
     sqlite3_stmt *st;
@@ -193,6 +207,7 @@ static void read_db(sqlite3 *db, long total_steps, JobProgress *p) {
     read_checkpoint(db, p);
     read_validation(db, p);
     read_loss_scale(db, p);
+    read_expert_load(db, p);
     read_phase(db, p);
 }
 
@@ -237,6 +252,19 @@ static int watch_progress(Job *j, JobProgress *p) {
         p->phase = NULL;
     }
     return phase;
+}
+
+// A mixture of experts' load extremes, kept once known (a read that failed keeps the last); 1 if
+// they changed.
+static int apply_expert_load(Job *j, const JobProgress *p) {
+    JobProgressView *v = &j->progress;
+    if (!p->has_expert_load || (v->has_expert_load && p->expert_load_max == v->expert_load_max &&
+                                p->expert_load_min == v->expert_load_min))
+        return 0;
+    v->expert_load_max = p->expert_load_max;
+    v->expert_load_min = p->expert_load_min;
+    v->has_expert_load = 1;
+    return 1;
 }
 
 int progress_apply(Job *j, JobProgress *p) {
@@ -285,6 +313,7 @@ int progress_apply(Job *j, JobProgress *p) {
         j->progress.has_loss_scale = 1;
         changed = 1;
     }
+    changed |= apply_expert_load(j, p);
     free(p->checkpoint);
     free(p->phase);
     free(p->error);

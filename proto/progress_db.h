@@ -73,6 +73,12 @@
     "SELECT (SELECT value FROM step_metrics WHERE name = 'loss_scale' ORDER BY step DESC LIMIT "   \
     "1),"                                                                                          \
     " (SELECT COUNT(*) FROM step_metrics WHERE name = 'skipped' AND value > 0)"
+// A mixture of experts' load (train/trainer.c writes both names in the step's row, so the newest
+// of each is the same step): the most and least loaded routed expert over its layer's mean.
+#define PROGRESS_DB_EXPERT_LOAD                                                                    \
+    "SELECT (SELECT value FROM step_metrics WHERE name = 'expert_load_max' ORDER BY step DESC"     \
+    " LIMIT 1),"                                                                                   \
+    " (SELECT value FROM step_metrics WHERE name = 'expert_load_min' ORDER BY step DESC LIMIT 1)"
 // The numbers beyond the steps columns (step_metrics: loss_scale, skipped, the DPO/GRPO ones) of
 // the steps in (?1, ?2], in step order.
 #define PROGRESS_DB_CURVE_METRICS                                                                  \

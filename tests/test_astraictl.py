@@ -186,6 +186,17 @@ def test_status():
     server.close()
     check("job 3 (tiny): running, step 120/400, loss 3.4172" in p.stdout, p.stdout)
     check("\nlast_checkpoint  null\n" in p.stdout, p.stdout)
+    check("expert_load" not in p.stdout.splitlines()[0], "a dense job's line: " + p.stdout)
+
+    # A mixture of experts' load extremes after the loss (and the loss scale), over the mean.
+    moe = dict(job(4, "moe", "running"), loss_scale=65536, skipped_steps=2,
+               expert_load_max=1.4237, expert_load_min=0.6149)
+    server = FakeServer([[reply(1, moe)]])
+    p = run(["status", "4"], server, expect_rc=0)
+    server.close()
+    check(p.stdout.splitlines()[0] == "job 4 (moe): running, step 120/400, loss 3.4172, "
+          "loss_scale 65536 (2 skipped) expert_load max 1.42x min 0.61x of mean, 51.2k tok/s, "
+          "ETA 5m12s", p.stdout)
 
     # status without a job is list
     server = FakeServer([[reply(1, {"jobs": []})]])

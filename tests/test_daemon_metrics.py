@@ -3,7 +3,9 @@ a real Prometheus server scraping astraid every second returns through its HTTP 
 loss `status` shows for a job that trained. Also: the job's series (one-hot state, step,
 escaped labels), GPU memory and utilisation from NVML's samples (a stand-in
 libnvidia-ml.so.1, as in test_daemon_gpu.py), the request counters moving with the requests made (unknown methods
-under one label value), astrai_job_restarts_total never going down (a resume resets the
+under one label value), a mixture of experts' load extremes (status, /metrics and `astraictl
+status` say the newest step's, as its progress.db's expert_load table gives them; a dense job
+has none), astrai_job_restarts_total never going down (a resume resets the
 restarts of status, not the counter), and the listener's token rule (a non-loopback --http needs
 --token-file; off loopback, 401 without or with a wrong bearer token, except for the page
 itself).
@@ -17,6 +19,7 @@ import re
 import shutil
 import signal
 import socket
+import sqlite3
 import stat
 import subprocess
 import sys
@@ -315,6 +318,61 @@ def check_restarts_monotonic(port, c, model, data):
     du.wait_job(c, job, ["cancelled"])
 
 
+# A tiny DeepSeekMoE feed-forward (docs/design.md §7a): 4 routed experts, 2 of them per token.
+MOE_KEYS = dict(ffn_type="moe", n_routed_experts=4, n_shared_experts=1, n_activated_experts=2,
+                topk_method="greedy", intermediate_size=32)
+
+
+def newest_load_extremes(db_path):
+    """(step, most, least) of the newest step of progress.db's expert_load table: the most and
+    least loaded routed expert of any layer over its layer's mean, computed here."""
+    db = sqlite3.connect(f"file:{db_path}?mode=ro", uri=True)
+    try:
+        step = db.execute("SELECT MAX(step) FROM expert_load").fetchone()[0]
+        layers = {}
+        for layer, tokens in db.execute(
+                "SELECT layer, tokens FROM expert_load WHERE step = ? ORDER BY layer, expert",
+                (step,)):
+            layers.setdefault(layer, []).append(tokens)
+    finally:
+        db.close()
+    assert step is not None and layers, f"{db_path}: no expert_load rows"
+    most = max(max(t) * len(t) / sum(t) for t in layers.values())
+    least = min(min(t) * len(t) / sum(t) for t in layers.values())
+    return step, most, least
+
+
+def status_line(d, job):
+    out, _ = tu.run([tu.binary("astraictl"), "--socket", d.socket, "status", str(job)])
+    return out.splitlines()[0]
+
+
+def check_experts(root, d, port, c, data, dense):
+    """A mixture of experts' job: status, /metrics and `astraictl status` carry the newest
+    step's load extremes; the dense job has none of them."""
+    model = tu.make_model(os.path.join(root, "moe"), dict(tu.SMALL_CONFIG, **MOE_KEYS))
+    job = c.call("submit", du.spec(model, data, name="moe"))["job"]
+    st = du.wait_job(c, job, ["completed"])
+    step, most, least = newest_load_extremes(du.progress_db(d, job))
+    assert step == st["step"] and most > least, (step, most, least, st)
+    text = scrape(port)
+    check_promtool(text)  # the families with a series
+    samples = parse(text)
+    keys = ["expert_load_max", "expert_load_min"]
+    for key, want in zip(keys, [most, least]):
+        assert math.isclose(st[key], want, rel_tol=1e-12), (key, st[key], want)
+        got = value(samples, f"astrai_job_{key}", job_id=job, job_name="moe")
+        assert got == st[key], (key, got, st[key])
+    dense_st = c.call("status", {"job": dense})
+    assert all(dense_st.get(k) is None for k in keys), dense_st
+    assert not [k for k in samples if k[0].startswith("astrai_job_expert_load") and
+                ("job_id", str(dense)) in k[1]], "a dense job has expert load series"
+    line = status_line(d, job)
+    assert f"expert_load max {most:.2f}x min {least:.2f}x of mean" in line, line
+    assert "expert_load" not in status_line(d, dense)
+    print(f"moe: step {step} expert load max {most:.4f} min {least:.4f}; status: {line}")
+
+
 def main():
     missing = [t for t in ("prometheus", "promtool") if not shutil.which(t)]
     if missing:
@@ -335,6 +393,7 @@ def main():
         timed("request counters", check_requests, port, c, job)
         timed("prometheus", check_prometheus, root, port, c.call("status", {"job": job}))
         timed("restarts counter", check_restarts_monotonic, port, c, model, data)
+        timed("experts", check_experts, root, d, port, c, data, job)
         c.close()
         assert d.stop() == 0
     timed("gpus", check_gpus, root)
