@@ -722,6 +722,15 @@ int model_select_acts(Model *m, int k, Err *err) {
     return 0;
 }
 
+// Bytes of a set's expert-parallel rows: its slots' and the exchange scratch (their capacities).
+static size_t expert_rows_bytes(const Model *m, const ModelActs *a) {
+    size_t A = dtype_size(m->be->dtype), C = (size_t)m->cfg.hidden_size,
+           FF = (size_t)m->cfg.intermediate_size, bytes = a->ep_cap * (3 * C + 3 * FF) * A;
+    for (int s = 0; s < a->ep_slots; s++)
+        bytes += a->ep[s].cap * (2 * sizeof(int32_t) + (C + 3 * FF) * A);
+    return bytes;
+}
+
 size_t model_activation_bytes(const Model *m) {
     Buffer table[MAX_BUFFERS];
     size_t bytes = 0;
@@ -729,6 +738,7 @@ size_t model_activation_bytes(const Model *m) {
         int n = activation_buffers(m, m->act_sets[k]->capacity, table);
         for (int i = 0; i < n; i++)
             bytes += table[i].bytes;
+        bytes += expert_rows_bytes(m, m->act_sets[k]);
     }
     return bytes;
 }
