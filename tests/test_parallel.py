@@ -3,7 +3,8 @@
 fsdp with 2 ranks resumes under none and under ddp and continues the same curve; an MLA + MoE model
 trains the same curve under none, ddp 2, fsdp 2, pp 2, with gradient checkpointing, expert
 parallelism ep 2 (ddp, fsdp), ep 2 x data parallel 2 and ep 2 within pp 2, and its ep 2 checkpoints
-(full, sharded) resume under none and under ep 4; fsdp holds
+(full, sharded) resume under none and under ep 4, and its validation (a replica padded) is ddp's;
+fsdp holds
 about 1/N of the parameter + gradient + optimizer state per rank (measured resident memory)."""
 
 import json
@@ -114,6 +115,25 @@ def moe_curves(root, data, failures):
         check_expert_load(ck, rows, base_load, name, failures)
     print("moe: expert_load of every run as the one-rank run's, extremes as the table's")
     resume_across_experts(root, model, data, base, failures)
+    validation_with_experts(root, model, data, failures)
+
+
+def validation_with_experts(root, model, data, failures):
+    """Validation under ep 2 pads the replica left without a window (every forward exchanges
+    pairs): 3 held-out windows over 2 replicas in batches of 1 give the val_loss of ddp 2."""
+    def val_rows(ck):
+        return [{k: v for k, v in r.items() if k != "timestamp"}
+                for r in tu.all_metric_rows(tu.latest_checkpoint(ck)) if r.get("type") == "validation"]
+    runs = [run(root, model, data, f"moe-val-ep{ep}", "ddp", 2, 1, 2, "muon", val_split=0.04,
+                val_step=5, ep_size=ep) for ep in (1, 2)]
+    rows = [val_rows(ck) for ck in runs]
+    worst = max((tu.rel_err(a["val_loss"], b["val_loss"]) for a, b in zip(*rows)), default=1.0)
+    if len(rows[0]) < 2 or len(rows[0]) != len(rows[1]) or worst > 1e-5:
+        failures.append(f"validation: ep 2 {rows[1]} vs ddp 2 {rows[0]}")
+    compare(tu.metric_rows(tu.latest_checkpoint(runs[1])),
+            tu.metric_rows(tu.latest_checkpoint(runs[0])), "moe ep 2 vs ddp 2 with validation",
+            failures)
+    print(f"validation: ep 2 = ddp 2 over {len(rows[0])} validations, worst {worst:.2e}")
 
 
 def resume_across_experts(root, model, data, base, failures):
