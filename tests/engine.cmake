@@ -24,3 +24,8 @@ astrai_c_test(test_model_stage tests/test_model_stage.c)
 add_executable(test_topk tests/test_topk.c)
 target_include_directories(test_topk PRIVATE ${CMAKE_SOURCE_DIR})
 astrai_py_test(test_topk test_topk.py)
+
+# engine/sample.h: each strategy against a direct implementation, greedy, determinism and
+# chi-square tests of the draws; `test_sample dump` is what test_sample.py compares with torch.
+astrai_c_test(test_sample tests/test_sample.c)
+astrai_py_test(test_sample_torch test_sample.py)
