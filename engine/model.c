@@ -812,12 +812,9 @@ static int layer_params_end(const Model *m, int l) {
 
 int model_grad_ranges(const Model *m, int (*ranges)[2]) {
     const ModelPlan *pl = m->plan;
-    int n = 0;
-    if (m->has_head) ranges[n][0] = pl->norm, ranges[n++][1] = m->n_params;
-    for (int l = m->end_block - 1; l >= m->first_block; l--)
-        ranges[n][0] = pl->layer[l].q_proj, ranges[n++][1] = layer_params_end(m, l);
-    if (m->has_embed) ranges[n][0] = pl->embed, ranges[n++][1] = pl->embed + 1;
-    return n;
+    const int ends[3] = {pl->embed, pl->norm, pl->lm_head};
+    return param_table_grad_ranges(&m->cfg, m->first_block, m->end_block, pl->layer, ends,
+                                   m->n_params, ranges);
 }
 
 void model_set_hooks(Model *m, const ModelHooks *hooks) {

@@ -218,3 +218,17 @@ bool optim_muon_owns(const ParamSpec *p) {
     return p->ndim == 2 && !strstr(p->name, "norm") && !strstr(p->name, "bias") &&
            !strstr(p->name, "embed") && !strstr(p->name, "lm_head");
 }
+
+int param_table_grad_ranges(const ModelConfig *cfg, int first_block, int end_block,
+                            const LayerParams *layer, const int ends[3], int n_params,
+                            int (*ranges)[2]) {
+    int n = 0;
+    bool head = end_block == cfg->num_hidden_layers;
+    if (head) ranges[n][0] = ends[1], ranges[n++][1] = n_params;
+    for (int l = end_block - 1; l >= first_block; l--) {
+        int next = l + 1 < end_block ? layer[l + 1].q_proj : head ? ends[1] : n_params;
+        ranges[n][0] = layer[l].q_proj, ranges[n++][1] = next;
+    }
+    if (first_block == 0) ranges[n][0] = ends[0], ranges[n++][1] = ends[0] + 1;
+    return n;
+}

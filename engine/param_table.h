@@ -40,6 +40,14 @@ int param_table_check_stage(const ModelConfig *cfg, int first, int end, Err *err
 int param_table_fill(const ModelConfig *cfg, int first_block, int end_block, LayerParams *layer,
                      ParamSpec **params, int *n, size_t *num_floats, int ends[3], Err *err);
 
+// The table's grads_ready ranges (engine/model.h model_grad_ranges) in the order backward
+// completes them: the final norm and head, each block from the last, the embedding (those the
+// stage holds); layer and ends as param_table_fill gave them. Returns how many (at most
+// end_block - first_block + 2 entries of ranges).
+int param_table_grad_ranges(const ModelConfig *cfg, int first_block, int end_block,
+                            const LayerParams *layer, const int ends[3], int n_params,
+                            int (*ranges)[2]);
+
 // The same table without the layer indices, as model_create_stage lays it out.
 int model_stage_table(const ModelConfig *cfg, int first_block, int end_block, ParamSpec **params,
                       int *n, size_t *num_floats, Err *err);

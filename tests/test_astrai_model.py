@@ -10,7 +10,10 @@
 - consolidate turns astrai-train's sharded checkpoint (fsdp, 2 ranks) into the full one the same
   run writes with --ckpt_format full, byte for byte (model and optimizer, fp32 and bf16); info
   describes the sharded checkpoint (its files, each tensor once); a broken or hostile index, a
-  truncated shard, mixed dtypes, an occupied --out are refused naming the culprit (exit 2).
+  truncated shard, mixed dtypes, an occupied --out are refused naming the culprit (exit 2);
+  the same for a MoE model (MLA + DeepSeekMoE) sharded under fsdp with ep_size 2, ddp, and ddp in
+  a pipeline of 2 stages, whose ranks' shards are what astrai-train --dry-run says each rank
+  steps.
 """
 
 import json
@@ -243,13 +246,18 @@ WINDOW = 16
 SHARDED_STEP = "epoch_0_step_2"
 
 
-def train_checkpoints(root, model, data, fmt, dtype):
-    """A 2-step fsdp run over 2 ranks, a checkpoint after each step; returns the last one."""
-    ckpt_dir = os.path.join(root, f"ckpt-{fmt}-{dtype}")
-    tu.train({"train_type": "seq", "param_path": model, "data_root_path": data,
-              "ckpt_dir": ckpt_dir, "parallel_mode": "fsdp", "nprocs": 2, "ckpt_format": fmt,
-              "ckpt_dtype": dtype, "max_steps": 2, "ckpt_interval": 1, "threads": 1,
-              "batch_per_device": 2, "window_size": WINDOW, "random_seed": 7})
+def train_args(model, data, ckpt_dir, fmt, dtype, **extra):
+    return dict({"train_type": "seq", "param_path": model, "data_root_path": data,
+                 "ckpt_dir": ckpt_dir, "parallel_mode": "fsdp", "nprocs": 2, "ckpt_format": fmt,
+                 "ckpt_dtype": dtype, "max_steps": 2, "ckpt_interval": 1, "threads": 1,
+                 "batch_per_device": 2, "window_size": WINDOW, "random_seed": 7}, **extra)
+
+
+def train_checkpoints(root, model, data, fmt, dtype, name="", **extra):
+    """A 2-step fsdp run over 2 ranks (extra: other flags), a checkpoint after each step; returns
+    the last one."""
+    ckpt_dir = os.path.join(root, f"ckpt-{name}{fmt}-{dtype}")
+    tu.train(train_args(model, data, ckpt_dir, fmt, dtype, **extra))
     return os.path.join(ckpt_dir, SHARDED_STEP)
 
 
@@ -467,6 +475,62 @@ def check_sharded_errors(root, sharded, sharded_bf16, full, failures):
     print("occupied --out refused without --force, replaced with it")
 
 
+# A DeepSeekMoE model with MLA attention (docs/design.md §7a): its router and every expert are
+# tensors of their own, each whole in one rank's shard.
+MOE_TRAIN_CONFIG = dict(tu.SMALL_CONFIG, attn_type="mla", kv_lora_rank=24, qk_nope_head_dim=12,
+                        qk_rope_head_dim=4, num_key_value_heads=4, ffn_type="moe",
+                        n_routed_experts=4, n_shared_experts=1, n_activated_experts=2,
+                        topk_method="greedy", intermediate_size=32)
+
+
+def shard_contents(sharded, world):
+    """[(parameters, tensors)] of each rank's model-RRRRR-of-NNNNN.safetensors (fp32)."""
+    out = []
+    for k in range(1, world + 1):
+        h = header_of(os.path.join(sharded, f"model-{k:05d}-of-{world:05d}.safetensors"))
+        t = {n: v for n, v in h.items() if n != "__metadata__"}
+        out.append((sum((v["data_offsets"][1] - v["data_offsets"][0]) // 4 for v in t.values()),
+                     len(t)))
+    return out
+
+
+def check_sharded_moe(tmp, failures):
+    """The MoE model's sharded checkpoints under fsdp (ep_size 2, gradient buckets of 0.1 MiB),
+    ddp over 2 ranks, and ddp 2 x pp_size 2: consolidate writes the full format's files byte for
+    byte, which hold every tensor of the config (each expert's); each rank's shard is what
+    --dry-run says the rank steps."""
+    import re
+    model = tu.make_model(os.path.join(tmp, "sharded-moe"), MOE_TRAIN_CONFIG)
+    data, _ = tu.make_text_data(os.path.join(tmp, "sharded-moe"), 12 * WINDOW + 1)
+    want = set(param_shapes(MOE_TRAIN_CONFIG))
+    # bucket_mb 0.1: the plan in buckets (a few blocks' gradients each), as on GPUs
+    for label, mode, extra in (("fsdp ep 2", "fsdp", {"ep_size": 2, "bucket_mb": 0.1}),
+                               ("ddp", "ddp", {}),
+                               ("ddp pp 2", "ddp", {"pp_size": 2, "nprocs": 4})):
+        name = "moe-" + label.replace(" ", "") + "-"
+        full = train_checkpoints(tmp, model, data, "full", "fp32", name, parallel_mode=mode,
+                                 **extra)
+        sharded = train_checkpoints(tmp, model, data, "sharded", "fp32", name,
+                                    parallel_mode=mode, **extra)
+        out = check_consolidate(tmp, full, sharded, f"moe {label.replace(' ', '')} fp32",
+                                failures)
+        got = {n for n in header_of(os.path.join(out, "model.safetensors")) if n != "__metadata__"}
+        if got != want:
+            failures.append(f"moe {label}: consolidated tensors differ from the config's: "
+                            f"{sorted(got ^ want)}")
+        args = train_args(model, data, os.path.join(tmp, "dry"), "sharded", "fp32",
+                          parallel_mode=mode, **extra)
+        dry, _ = tu.run([tu.binary("astrai-train"), "--dry-run"] +
+                        [f"--{k}={v}" for k, v in args.items()])
+        said = [tuple(int(x) for x in m.groups()) for m in
+                re.finditer(r"^# rank \d+: .*?steps (\d+) \((\d+) tensors\)", dry, re.M)]
+        files = shard_contents(sharded, args["nprocs"])
+        print(f"moe {label}: rank shards (parameters, tensors) {files}, --dry-run says {said}")
+        if said != files:
+            failures.append(f"moe {label}: the ranks' shards {files} are not what --dry-run says "
+                            f"they step: {said}")
+
+
 def check_sharded(tmp, failures):
     model = tu.make_model(os.path.join(tmp, "sharded"))
     data, _ = tu.make_text_data(os.path.join(tmp, "sharded"), 12 * WINDOW + 1)
@@ -481,6 +545,7 @@ def check_sharded(tmp, failures):
         ckpts[dtype] = full, sharded
     check_sharded_info(*ckpts["fp32"], failures)
     check_sharded_errors(tmp, ckpts["fp32"][1], ckpts["bf16"][1], ckpts["fp32"][0], failures)
+    check_sharded_moe(tmp, failures)
 
 
 def main():

@@ -5,9 +5,9 @@ an expert no token chooses; exact ties in the router (all-zero router weights, s
 probability is 1/E; duplicated router rows), where torch.topk's own tie order picks the
 experts and the C engine reproduces it (engine/topk.h: insertion sort, introsort's
 nth_element and partial_sort, by E and k); top-k = n_routed_experts. Then 10 optimizer steps
-of astrai-train (gqa+moe, mla+mlp, mla+moe with adamw; mla+moe with muon) against the
-reference's training loop, as tests/test_train_ref.py does for the dense model: the same loss,
-grad norm and lr per step.
+of astrai-train (gqa+moe, mla+mlp, mla+moe with adamw; mla+moe with muon; sft, packed
+documents and a loss mask, for gqa+moe and mla+moe) against the reference's training loop, as
+tests/test_train_ref.py does for the dense model: the same loss, grad norm and lr per step.
 
     ASTRAI_BUILD=build python3 tests/test_moe_ref.py [routing|curves]
 """
@@ -167,30 +167,43 @@ WINDOW, BATCH, STEPS = 32, 4, 10
 
 def check_curves():
     """10 steps (40 windows of 32 bytes, batches of 4) of astrai-train and of the reference from
-    the same astrai-model init: adamw for every config, and muon (AstrAI's MuonMix: which tensors
-    Muon steps, the router's and every expert's matrices among them) for mla+moe."""
+    the same astrai-model init: adamw for every config, muon (AstrAI's MuonMix: which tensors
+    Muon steps, the router's and every expert's matrices among them) for mla+moe, and sft (packed
+    documents, a loss mask) for gqa+moe and mla+moe."""
     import train_util as tu
     failures = []
-    runs = [(name, over, "adamw") for name, over in CURVE_CONFIGS.items()]
-    runs.append(("mla+moe", CURVE_CONFIGS["mla+moe"], "muon"))
-    for name, over, kind in runs:
-        curve(tu, f"{name} {kind}", dict(tu.SMALL_CONFIG, **over), kind, failures)
+    runs = [(name, over, "adamw", "seq") for name, over in CURVE_CONFIGS.items()]
+    runs.append(("mla+moe", CURVE_CONFIGS["mla+moe"], "muon", "seq"))
+    # sft: packed documents (position ids restarting inside windows) and half the targets
+    # masked, through the router and experts of both attention types
+    runs += [(name, CURVE_CONFIGS[name], "adamw", "sft") for name in ("gqa+moe", "mla+moe")]
+    for name, over, kind, train_type in runs:
+        curve(tu, f"{name} {kind} {train_type}", dict(tu.SMALL_CONFIG, **over), kind,
+              train_type, failures)
     return tu.finish(failures)
 
 
-def curve(tu, name, cfg, kind, failures):
+def curve(tu, name, cfg, kind, train_type, failures):
     root = tu.tmpdir()
     model_dir = tu.make_model(root, cfg)
-    data_dir, tokens = tu.make_text_data(root, STEPS * BATCH * WINDOW + 1)
+    n_tokens = STEPS * BATCH * WINDOW + 1
+    sft = {}
+    if train_type == "sft":
+        data_dir = tu.make_sft_data(root, n_tokens)
+        tokens, mask, pos = tu.sft_arrays(n_tokens)
+        sft = {"loss_mask": mask, "position_ids": pos}
+        assert (pos[1:] <= pos[:-1]).sum() > STEPS * BATCH, "too few packed documents"
+    else:
+        data_dir, tokens = tu.make_text_data(root, n_tokens)
     ckpt_dir = os.path.join(root, "ckpt")
     lr, wd = 3e-3, 0.1
-    tu.train({"train_type": "seq", "param_path": model_dir, "data_root_path": data_dir,
+    tu.train({"train_type": train_type, "param_path": model_dir, "data_root_path": data_dir,
               "batch_per_device": BATCH, "window_size": WINDOW, "optimizer": kind,
               "max_lr": lr, "weight_decay": wd, "max_grad_norm": 1.0,
               "ckpt_dir": ckpt_dir, "ckpt_interval": 1000, "threads": 2})
     ours = tu.metric_rows(tu.latest_checkpoint(ckpt_dir))
     ref, _ = tu.reference_training(model_dir, tokens, WINDOW, BATCH, 1, 0, kind, lr, wd, 1.0,
-                                   seed=3407)
+                                   seed=3407, **sft)
     if len(ours) != STEPS or len(ref) != STEPS:
         failures.append(f"{name}: {len(ours)} steps, reference {len(ref)}, expected {STEPS}")
         return

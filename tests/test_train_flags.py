@@ -3,7 +3,9 @@ AstrAI's spelling and default (checked through --dry-run's resolved configuratio
 non-default value either changes the configuration, warns (one stderr line), or is refused with
 exit 2 and a reason. Also: --metrics (the step rows' keys, resume), -c/--config YAML (the
 command line wins), --x v / --no-x forms, the position-id bad-input case (exit 2), and AstrAI's
-documented command lines for a few steps."""
+documented command lines for a few steps; --dry-run's account of the parameters (a MoE model's
+active ones per token) and of what each rank holds (stage, ddp/fsdp share, experts under
+ep_size), checked against the config's shapes."""
 
 import json
 import os
@@ -197,6 +199,149 @@ def check_table(model, data, root):
         check("not writable" in p.stderr, f"dry-run ro ckpt_dir: {p.stderr!r}")
     check(not os.path.exists(os.path.join(root, "ck", "progress.db")),
           "--dry-run wrote progress.db into ckpt_dir")
+
+
+# ------------------------------------------------------------- --dry-run's account of the ranks
+
+MOE_CONFIG = dict(tu.SMALL_CONFIG, num_hidden_layers=4, tie_word_embeddings=True,
+                  attn_type="mla", kv_lora_rank=24, qk_nope_head_dim=12, qk_rope_head_dim=4,
+                  num_key_value_heads=4, intermediate_size=32, ffn_type="moe",
+                  n_routed_experts=4, n_shared_experts=1, n_activated_experts=2,
+                  topk_method="greedy")
+RANK_LINE = (r"# rank (\d+): stage (\d+) of (\d+), blocks? (\d+)(?:-(\d+))?(, embedding)?"
+             r"(, head)?: (\d+) parameters \((\d+) tensors\)(?:, (\d+) active per token)?; (.*)")
+
+
+def inactive(cfg, blocks):
+    """Parameters of `blocks` MoE blocks a token does not compute with: the E - k routed experts
+    it is not sent to (up, gate, down: 3 x intermediate x hidden each)."""
+    if cfg.get("ffn_type") != "moe":
+        return 0
+    return blocks * (cfg["n_routed_experts"] - cfg["n_activated_experts"]) * 3 * \
+        cfg["intermediate_size"] * cfg["hidden_size"]
+
+
+def stage_tensors(cfg, first, end):
+    """[(name, numel)] of a pipeline stage of blocks [first, end) in AstrAI order
+    (docs/design.md §13): the embedding on the first, the final norm and the head on the last
+    (a tied head there, without the embedding, is a copy of it)."""
+    from ref.model import param_shapes
+    shapes = {k: int(np.prod(v)) for k, v in param_shapes(cfg).items()}
+    L = cfg["num_hidden_layers"]
+    out = [("embed_tokens.weight", shapes["embed_tokens.weight"])] if first == 0 else []
+    out += [(k, n) for k, n in shapes.items()
+            if k.startswith("layers.") and first <= int(k.split(".")[1]) < end]
+    if end == L:
+        out.append(("norm.weight", shapes["norm.weight"]))
+        if not cfg["tie_word_embeddings"]:
+            out.append(("lm_head.weight", shapes["lm_head.weight"]))
+        elif first > 0:
+            out.append(("embed_tokens.weight", shapes["embed_tokens.weight"]))
+    return out
+
+
+def greedy_owners(tensors, world):
+    """train/executor.h's ownership by whole tensors (one gradient bucket, as CPU ranks and
+    models under 25 MiB have): the largest first (ties in table order), each to the rank with the
+    fewest parameters so far (the lowest such rank)."""
+    load, owner = [0] * world, [0] * len(tensors)
+    for i in sorted(range(len(tensors)), key=lambda i: -tensors[i][1]):
+        r = min(range(world), key=lambda r: (load[r], r))
+        owner[i] = r
+        load[r] += tensors[i][1]
+    return owner
+
+
+def dry_run_ranks(stdout):
+    """(the "# model:" line, {rank: the fields of its "# rank" line})."""
+    import re
+    model = [ln for ln in stdout.splitlines() if ln.startswith("# model: ")]
+    ranks = {}
+    for ln in stdout.splitlines():
+        m = re.fullmatch(RANK_LINE, ln)
+        if m:
+            g, st, P, a, b, emb, head, n, nt, active, share = m.groups()
+            ranks[int(g)] = dict(stage=int(st), stages=int(P), first=int(a),
+                                 end=int(b if b is not None else a) + 1, embedding=bool(emb),
+                                 head=bool(head), params=int(n), tensors=int(nt),
+                                 active=None if active is None else int(active), share=share)
+        elif ln.startswith("# rank"):
+            check(False, f"--dry-run: a rank line not in the expected form: {ln!r}")
+    return (model[0] if len(model) == 1 else None), ranks
+
+
+def expected_share(cfg, mode, stage_t, owner, replica, replicas, ep):
+    """What the "# rank" line says after the stage's parameters."""
+    mine = [t for t, o in zip(stage_t, owner) if o == replica]
+    n, nt = sum(x for _, x in mine), len(mine)
+    if replicas == 1 or mode == "none":
+        text = "holds and steps all of them"
+    elif mode == "ddp":
+        text = f"ddp: holds all of them, steps {n} ({nt} tensors)"
+    else:
+        text = f"fsdp: holds and steps {n} ({nt} tensors), gathers the rest for each micro-batch"
+    if ep > 1:
+        per = cfg["n_routed_experts"] // ep
+        q = replica % ep
+        text += f"; ep: computes routed experts {q * per}-{(q + 1) * per - 1} of each MoE layer"
+    return text
+
+
+def check_dry_run_ranks(model, data, root):
+    """--dry-run prints the model's parameters (a MoE model's active ones per token too) and what
+    each rank of the job holds: its pipeline stage's blocks and parameters, the tensors it owns
+    under ddp/fsdp (whole tensors, greedy by size), the routed experts it computes under ep_size.
+    Every number is computed here from the config's shapes."""
+    from ref.model import param_shapes
+    moe = tu.make_model(os.path.join(root, "moe"), MOE_CONFIG)
+    dense_total = sum(int(np.prod(v)) for v in param_shapes(tu.SMALL_CONFIG).values())
+    out = run(base(model, data, root) + ["--dry-run"], 0).stdout
+    line, ranks = dry_run_ranks(out)
+    check(line == f"# model: {dense_total} parameters" and list(ranks) == [0] and
+          ranks[0]["share"] == "holds and steps all of them" and ranks[0]["active"] is None,
+          f"--dry-run of the dense model: {line!r}, {ranks}")
+    cfg, L = MOE_CONFIG, MOE_CONFIG["num_hidden_layers"]
+    total = sum(int(np.prod(v)) for v in param_shapes(cfg).values())
+    active = total - inactive(cfg, L)
+    for mode, nprocs, pp, ep in (("none", 1, 1, 1), ("ddp", 2, 1, 1), ("fsdp", 3, 1, 1),
+                                 ("fsdp", 4, 2, 2), ("none", 2, 2, 1), ("ddp", 4, 1, 2),
+                                 ("none", 4, 4, 1)):
+        what = f"--dry-run of the MoE model, {mode} nprocs {nprocs} pp_size {pp} ep_size {ep}"
+        p = run(base(moe, data, root) + [f"--parallel_mode={mode}", f"--nprocs={nprocs}",
+                                         f"--pp_size={pp}", f"--ep_size={ep}", "--dry-run"])
+        if p.returncode != 0:
+            check(False, f"{what}: exit {p.returncode}: {p.stderr}")
+            continue
+        line, ranks = dry_run_ranks(p.stdout)
+        want = f"# model: {total} parameters ({active} active per token: 2 of 4 routed experts)"
+        check(line == want, f"{what}: {line!r}, want {want!r}")
+        check(sorted(ranks) == list(range(nprocs)), f"{what}: rank lines {sorted(ranks)}")
+        if sorted(ranks) != list(range(nprocs)):
+            continue
+        replicas = nprocs // pp
+        stages = sorted({(r["stage"], r["first"], r["end"]) for r in ranks.values()})
+        check([s for s, _, _ in stages] == list(range(pp)) and stages[0][1] == 0 and
+              stages[-1][2] == L and all(a[2] == b[1] and a[1] < a[2]
+                                         for a, b in zip(stages, stages[1:] + [(0, L, 0)])),
+              f"{what}: stages {stages} do not cut the {L} blocks in {pp}")
+        for g, r in ranks.items():
+            stage, replica = g % pp, g // pp
+            tensors = stage_tensors(cfg, r["first"], r["end"])
+            owner = greedy_owners(tensors, replicas)
+            n = sum(x for _, x in tensors)
+            got = (r["stage"], r["stages"], r["embedding"], r["head"], r["params"], r["tensors"],
+                   r["active"], r["share"])
+            exp = (stage, pp, r["first"] == 0, r["end"] == L, n, len(tensors),
+                   n - inactive(cfg, r["end"] - r["first"]),
+                   expected_share(cfg, mode, tensors, owner, replica, replicas, ep))
+            check(got == exp, f"{what}: rank {g}: {got}, want {exp}")
+        if mode != "none" and replicas > 1:  # the shares add up to the stage, each tensor once
+            for st in range(pp):
+                tensors = stage_tensors(cfg, *[(a, b) for s, a, b in stages if s == st][0])
+                owned = sorted(greedy_owners(tensors, replicas))
+                check(set(owned) == set(range(replicas)), f"{what}: a replica of stage {st} "
+                      f"owns nothing: {owned}")
+    print("ok? --dry-run: parameters, active per token, each rank's stage and share")
 
 
 def check_changes(model, data, root):
@@ -398,6 +543,7 @@ def main():
     model = tu.make_model(root)
     data, _ = tu.make_text_data(root, 3000)
     check_table(model, data, root)
+    check_dry_run_ranks(model, data, root)
     check_changes(model, data, root)
     check_metrics(model, data, root)
     check_yaml(model, data, root)

@@ -9,7 +9,10 @@ fp32 master weights, optimizer state, accumulation and loss.
   CPUs with bf16/fp16 instructions) agree; the path each dtype ran is printed;
 - fp16 trains with dynamic loss scaling by default: started at 2^24 it skips its first steps
   (the activation gradients overflow fp16) and backs off exactly as GradScaler's rule says;
-- a checkpoint of a bf16 run holds fp32 masters and resumes in fp32 and vice versa."""
+- a checkpoint of a bf16 run holds fp32 masters and resumes in fp32 and vice versa;
+- MoE models (gqa+moe, mla+moe): 10-step curves in bf16 and fp16 (loss scaling) against the
+  reference scheme, the loss within TOL (the grad norm within 10 TOL: MOE_NORM_TOL); fp16
+  started at 2^24 backs off as GradScaler does and then follows the reference."""
 
 import math
 import os
@@ -19,6 +22,7 @@ import torch
 
 import train_util as tu
 from ref.grad_scaler import GradScaler
+from test_model_ref import moe_keys
 
 WINDOW, BATCH, STEPS = 32, 4, 20
 N_BYTES = 80 * WINDOW + 1  # 80 windows: 20 steps of 4
@@ -80,6 +84,74 @@ def curves(root, model, data, tokens, failures):
     return out
 
 
+# DeepSeekMoE models (docs/design.md §7a): the router's softmax in fp32 rounded to the dtype, the
+# experts' rows gathered, computed and combined in it (the configs of tests/test_moe_ref.py).
+MOE_CONFIGS = {
+    "gqa+moe": dict(tu.SMALL_CONFIG, **moe_keys(4, 1, 2), intermediate_size=64),
+    "mla+moe": dict(tu.SMALL_CONFIG, attn_type="mla", kv_lora_rank=24, qk_nope_head_dim=12,
+                    qk_rope_head_dim=4, num_key_value_heads=4, **moe_keys(4, 2, 2),
+                    intermediate_size=64),
+}
+MOE_STEPS = 10
+# A token whose k-th and (k+1)-th router probabilities are within an ulp of the dtype picks its
+# experts by the last rounding, which the two implementations reach in their own summation
+# orders: the grad norm moves more than the loss (the reference's own bf16 grad norm moves by
+# 2e-3 when its initial weights move by 1e-6 relative), so it is held to 10 TOL.
+MOE_NORM_TOL = {dt: 10 * tol for dt, tol in TOL.items()}
+
+
+def moe_curves(root, data, tokens, failures):
+    """10 steps of each MoE model in bf16 and in fp16 (dynamic loss scaling, its default) against
+    the reference scheme: the loss within TOL, the grad norm within MOE_NORM_TOL, the loss within
+    3e-2 of the model's fp32 curve."""
+    for name, cfg in MOE_CONFIGS.items():
+        model = tu.make_model(os.path.join(root, name), cfg)
+        fp32, _ = run(root, model, data, f"{name}-fp32", max_steps=MOE_STEPS)
+        for dt in DTYPES:
+            rows, _ = run(root, model, data, f"{name}-{dt}", dtype=dt, max_steps=MOE_STEPS)
+            ref, _ = tu.reference_training(
+                model, tokens, WINDOW, BATCH, 1, MOE_STEPS, "adamw", 3e-3, 0.1, 1.0, 3407,
+                dtype=DTYPES[dt], scaler=GradScaler(65536, 2000) if dt == "fp16" else None)
+            w_ref, w_norm = worst(rows, ref), worst(rows, ref, ("grad_norm",))
+            w_fp32 = worst(rows, fp32)
+            scales = sorted({r.get("loss_scale") for r in rows})
+            print(f"{name} {dt}: {len(rows)} steps, worst difference from the reference: loss "
+                  f"{w_ref:.2e} (tolerance {TOL[dt]}), grad_norm {w_norm:.2e} (tolerance "
+                  f"{MOE_NORM_TOL[dt]:g}); loss from fp32 {w_fp32:.2e}; loss scales {scales}")
+            if len(rows) != MOE_STEPS or len(ref) != MOE_STEPS or w_ref > TOL[dt] or \
+                    w_norm > MOE_NORM_TOL[dt] or w_fp32 > 3e-2:
+                failures.append(f"{name} {dt}: {len(rows)} rows, loss {w_ref:.2e} and grad_norm "
+                                f"{w_norm:.2e} from the reference, loss {w_fp32:.2e} from fp32")
+            if dt == "fp16" and (scales != [65536] or any(r["skipped"] for r in rows)):
+                failures.append(f"{name} fp16: loss scales {scales}, skipped "
+                                f"{[r['step'] for r in rows if r['skipped']]}: expected 65536 "
+                                "throughout, none skipped (as the reference)")
+        if name == "mla+moe":
+            moe_fp16_backoff(root, model, data, tokens, name, failures)
+
+
+def moe_fp16_backoff(root, model, data, tokens, name, failures):
+    """fp16 from 2^24 (the activation gradients overflow): the skipped steps, the back-off by
+    GradScaler's rule, and the curve after it equal the reference's skipping the same steps."""
+    init, interval = 2.0 ** 24, 4
+    rows, _ = run(root, model, data, f"{name}-fp16-2e24", dtype="fp16", max_steps=MOE_STEPS,
+                  init_loss_scale=init, loss_scale_growth_interval=interval)
+    skipped = [r["step"] for r in rows if r["skipped"]]
+    ref, _ = tu.reference_training(model, tokens, WINDOW, BATCH, 1, MOE_STEPS, "adamw", 3e-3,
+                                   0.1, 1.0, 3407, dtype=torch.float16,
+                                   scaler=GradScaler(init, interval), overflows=skipped)
+    trained = [(a, b) for a, b in zip(rows, ref) if not a["skipped"]]
+    w = max((tu.rel_err(a["loss"], b["loss"]) for a, b in trained), default=math.inf)
+    print(f"{name} fp16 from 2^24: skipped {skipped}, scales (log2) "
+          f"{[round(math.log2(r['loss_scale'])) for r in rows]}, worst loss difference from the "
+          f"reference over the {len(trained)} trained steps {w:.2e}")
+    if [r["loss_scale"] for r in rows] != [r["loss_scale"] for r in ref] or not skipped or \
+            skipped[0] != 1 or len(trained) < 3 or w > TOL["fp16"]:
+        failures.append(f"{name} fp16 from 2^24: skipped {skipped}, scales "
+                        f"{[r['loss_scale'] for r in rows]} vs the reference's "
+                        f"{[r['loss_scale'] for r in ref]}, worst loss difference {w:.2e}")
+
+
 def fp16_scaling(root, model, data, failures):
     """2^24 overflows fp16's activation gradients (its largest finite value is 65504): the first
     steps are skipped, then the scale settles where they fit."""
@@ -123,6 +195,7 @@ def main():
     model = tu.make_model(root)
     data, tokens = tu.make_text_data(root, N_BYTES)
     straight = curves(root, model, data, tokens, failures)
+    moe_curves(root, data, tokens, failures)
     fp16_scaling(root, model, data, failures)
     handoff(root, model, data, straight, failures)
     return tu.finish(failures)

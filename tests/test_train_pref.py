@@ -2,6 +2,7 @@
 
 - 10 optimizer steps give the reference's rows (loss and metrics within 1e-4, lr exact, grad
   norm within 1e-3), with the records as `astrai-data prep` shards and as the .jsonl itself;
+  and so do DeepSeekMoE models (gqa+moe, mla+moe) for both;
 - ddp and fsdp with 2 ranks equal none for the same global batch (DPO: a mean over pairs;
   GRPO: a mean over the response tokens of all ranks' records, whose count the ranks sum);
 - grad_accum_steps 2 equals the reference;
@@ -21,6 +22,7 @@ import torch
 
 import train_util as tu
 from ref.pref import METRICS, reference_pref_training
+from test_model_ref import moe_keys
 from test_pref_ref import dpo_records, grpo_records, metric_err, write_jsonl
 
 torch.set_num_threads(2)
@@ -171,6 +173,31 @@ def curves(root, model, kind, failures):
     compare(resumed, none, kind, f"{kind} stopped at 5 and resumed", failures, tol=1e-6)
 
 
+# Tiny DeepSeekMoE models (docs/design.md §7a): the policy and the frozen reference both route
+# their tokens through the experts (GQA and MLA attention).
+MOE_CONFIGS = {
+    "gqa+moe": dict(CONFIG, **moe_keys(4, 1, 2), intermediate_size=32),
+    "mla+moe": dict(CONFIG, attn_type="mla", kv_lora_rank=16, qk_nope_head_dim=6,
+                    qk_rope_head_dim=2, num_key_value_heads=1, **moe_keys(4, 2, 2),
+                    intermediate_size=32),
+}
+
+
+def moe_curves(root, failures):
+    """10 steps of dpo and grpo on each MoE model against the reference (the records of
+    curves())."""
+    for name, cfg in MOE_CONFIGS.items():
+        model = tu.make_model(os.path.join(root, name), cfg)
+        for kind in ("dpo", "grpo"):
+            rng = np.random.default_rng(5 if kind == "dpo" else 6)
+            make_objects, to_records = RECORDS[kind]
+            objects = make_objects(rng, N_RECORDS)
+            _, shards = make_data(root, kind, objects, f"{kind}-{name}-data")
+            compare(run(root, f"{kind}-{name}", model, kind, shards),
+                    reference(model, kind, to_records(objects)), kind, f"{kind} {name}",
+                    failures)
+
+
 def synthetic_objects(rng, n):
     """chosen continues the prompt's pattern (ascending letters, or a repeated unit); rejected
     is the same bytes shuffled."""
@@ -235,6 +262,7 @@ def main():
     model = tu.make_model(root, CONFIG)
     for kind in ("dpo", "grpo"):
         curves(root, model, kind, failures)
+    moe_curves(root, failures)
     synthetic(root, model, failures)
     bad_data(root, model, failures)
     return tu.finish(failures)

@@ -82,12 +82,18 @@ def make_text_data(root, n_bytes, name="data"):
     return out, np.frombuffer(text, dtype=np.uint8).astype(np.int64)
 
 
-def make_sft_data(root, n):
-    """Packed documents: position ids restart inside windows, half the tokens masked."""
+def sft_arrays(n):
+    """(sequence, loss_mask, position_ids) of make_sft_data's n tokens (int32)."""
     rng = np.random.default_rng(7)
     seq = rng.integers(0, 256, n, dtype=np.int32)
     pos = np.concatenate([np.arange(k) for k in rng.integers(5, 20, n)])[:n].astype(np.int32)
     mask = (rng.random(n) < 0.5).astype(np.int32)
+    return seq, mask, pos
+
+
+def make_sft_data(root, n):
+    """Packed documents: position ids restart inside windows, half the tokens masked."""
+    seq, mask, pos = sft_arrays(n)
     out = os.path.join(root, "sft")
     os.makedirs(out)
     for key, arr in (("sequence", seq), ("loss_mask", mask), ("position_ids", pos)):
@@ -122,15 +128,20 @@ def latest_checkpoint(ckpt_dir):
     return os.path.join(ckpt_dir, max(names, key=lambda n: int(n.rsplit("_", 1)[1])))
 
 
-def windows(tokens, window, stride):
-    """docs/design.md §8 windowing: (inputs, targets) per sample index."""
+def windows(tokens, window, stride, loss_mask=None, position_ids=None):
+    """docs/design.md §8 windowing: (inputs, targets) per sample index; with sft's loss_mask and
+    position_ids (docs/data.md), (inputs, targets, loss_mask[begin+1:end+1],
+    position_ids[begin:end])."""
     T = len(tokens)
     n = (T - 1 - window) // stride + 1 if T > window else 0
     out = []
     for i in range(n):
         begin = min(i * stride, T - 1 - window)
         end = min(begin + window, T - 1)
-        out.append((tokens[begin:end], tokens[begin + 1:end + 1]))
+        sample = (tokens[begin:end], tokens[begin + 1:end + 1])
+        if loss_mask is not None:
+            sample += (loss_mask[begin + 1:end + 1], position_ids[begin:end])
+        out.append(sample)
     return out
 
 
@@ -208,21 +219,26 @@ def reference_loop(model, n, batch, accum, steps_limit, optimizer, max_lr, weigh
 def reference_training(model_dir, tokens, window, batch, accum, steps_limit, optimizer, max_lr,
                        weight_decay, max_grad_norm, seed, shuffle=True, warmup_ratio=0.05,
                        min_rate=0.01, n_epoch=1, neftune_alpha=0.0, scaler=None,
-                       overflows=None, dtype=None):
+                       overflows=None, dtype=None, loss_mask=None, position_ids=None):
     """Trains RefModel like astrai-train does (one rank); returns (rows, model). dtype: the
-    compute dtype of RefModel's reduced-precision scheme (None: fp32)."""
+    compute dtype of RefModel's reduced-precision scheme (None: fp32). loss_mask and
+    position_ids (arrays as long as tokens): sft, the loss over the masked targets of each
+    micro-batch, attention within the packed documents."""
     torch.manual_seed(0)
     model = RefModel.from_dir(model_dir, dtype)
-    samples = windows(tokens, window, window)
+    samples = windows(tokens, window, window, loss_mask, position_ids)
+
+    def stacked(idx, k):
+        return torch.tensor(np.stack([samples[i][k] for i in idx]).astype(np.int64))
 
     def micro_loss(idx, consumed):
-        x = torch.tensor(np.stack([samples[i][0] for i in idx]))
-        y = torch.tensor(np.stack([samples[i][1] for i in idx]))
+        x, y = stacked(idx, 0), stacked(idx, 1)
+        mask, pos = (stacked(idx, 2), stacked(idx, 3)) if loss_mask is not None else (None, None)
         noise = None
         if neftune_alpha > 0:
             noise = ref_noise.neftune_noise(neftune_alpha, seed, consumed, x.shape[0],
                                             x.shape[1], model.cfg["hidden_size"])
-        return ref_loss(model.forward(x, embed_noise=noise), y), {}
+        return ref_loss(model.forward(x, pos, embed_noise=noise), y, mask), {}
 
     rows = reference_loop(model, len(samples), batch, accum, steps_limit, optimizer, max_lr,
                           weight_decay, max_grad_norm, seed, micro_loss, shuffle, warmup_ratio,

@@ -10,16 +10,21 @@
 
 // ---------------------------------------------------------------- shard plan (ddp, fsdp)
 
-// Buckets: runs of consecutive grads_ready ranges (engine/model.h) of at least `cap`
-// bytes of gradients; in the order backward completes them.
-static int plan_buckets(Executor *x, const Model *m, size_t cap, Err *err) {
-    int(*ranges)[2] = malloc(((size_t)m->cfg.num_hidden_layers + 2) * sizeof *ranges);
-    x->buckets = calloc((size_t)m->cfg.num_hidden_layers + 2, sizeof *x->buckets);
-    if (!ranges || !x->buckets) {
-        free(ranges);
+// Gradients reduced together by default: PyTorch DDP's 25 MiB buckets on GPUs, where the
+// reduction overlaps the rest of backward; one bucket on CPU ranks, where the collectives
+// run on the same cores as the compute and fewer, larger calls are faster.
+#define GPU_BUCKET_BYTES ((size_t)25 << 20)
+
+static size_t bucket_cap(size_t bucket_bytes, bool gpu) {
+    return bucket_bytes ? bucket_bytes : gpu ? GPU_BUCKET_BYTES : SIZE_MAX;
+}
+
+// Buckets: runs of consecutive grads_ready ranges (engine/model.h; ranges[0..n)) of at least
+// `cap` bytes of gradients; in the order backward completes them.
+static int plan_buckets(Executor *x, const ParamSpec *params, const int (*ranges)[2], int n,
+                        size_t cap, Err *err) {
+    if (!(x->buckets = calloc((size_t)n + 1, sizeof *x->buckets)))
         return err_resource(err, "shard plan: out of memory");
-    }
-    int n = model_grad_ranges(m, ranges);
     size_t bytes = 0;
     for (int k = 0; k < n; k++) {
         if (x->n_buckets == 0 || bytes >= cap) {
@@ -28,23 +33,22 @@ static int plan_buckets(Executor *x, const Model *m, size_t cap, Err *err) {
         }
         x->buckets[x->n_buckets - 1].first = ranges[k][0]; // ranges descend contiguously
         for (int i = ranges[k][0]; i < ranges[k][1]; i++)
-            bytes += m->params[i].numel * sizeof(float);
+            bytes += params[i].numel * sizeof(float);
     }
-    free(ranges);
     return 0;
 }
 
 // Within bucket b, greedy: largest tensors first (ties keep AstrAI order), each to the rank
 // with the fewest floats of the bucket so far; then each rank's tensors in AstrAI order.
 // The bucket's part of every region is as long as the largest rank's share.
-static int assign_bucket(Executor *x, const Model *m, Bucket *b, size_t *load) {
+static int assign_bucket(Executor *x, const ParamSpec *params, Bucket *b, size_t *load) {
     int n = b->end - b->first;
     int *order = malloc((size_t)n * sizeof *order);
     if (!order) return -1;
     for (int i = 0; i < n; i++)
         order[i] = b->first + i;
     for (int i = 1; i < n; i++) // insertion sort by numel desc, stable
-        for (int j = i; j > 0 && m->params[order[j]].numel > m->params[order[j - 1]].numel; j--) {
+        for (int j = i; j > 0 && params[order[j]].numel > params[order[j - 1]].numel; j--) {
             int t = order[j];
             order[j] = order[j - 1];
             order[j - 1] = t;
@@ -55,13 +59,13 @@ static int assign_bucket(Executor *x, const Model *m, Bucket *b, size_t *load) {
         for (int r = 1; r < x->world; r++)
             if (load[r] < load[best]) best = r;
         x->owner[order[k]] = best;
-        load[best] += m->params[order[k]].numel;
+        load[best] += params[order[k]].numel;
     }
     free(order);
     memset(load, 0, (size_t)x->world * sizeof *load);
     for (int i = b->first; i < b->end; i++) {
         x->region_off[i] = b->base + load[x->owner[i]];
-        load[x->owner[i]] += m->params[i].numel;
+        load[x->owner[i]] += params[i].numel;
     }
     for (int r = 0; r < x->world; r++)
         if (load[r] > b->size) b->size = load[r];
@@ -90,20 +94,43 @@ static int build_shard(Executor *x, const Model *m, Err *err) {
     return 0;
 }
 
-static int plan_shards(Executor *x, const Model *m, size_t cap, Err *err) {
-    x->owner = calloc((size_t)m->n_params, sizeof *x->owner);
-    x->region_off = calloc((size_t)m->n_params, sizeof *x->region_off);
+// The owners and region offsets of the table's tensors (params[0..n)), bucket by bucket.
+static int plan_owners(Executor *x, const ParamSpec *params, int n, const int (*ranges)[2],
+                       int n_ranges, size_t cap, Err *err) {
+    x->owner = calloc((size_t)n + 1, sizeof *x->owner);
+    x->region_off = calloc((size_t)n + 1, sizeof *x->region_off);
     size_t *load = calloc((size_t)x->world, sizeof *load);
-    int rc = !x->owner || !x->region_off || !load ? err_resource(err, "shard plan: out of memory")
-                                                  : plan_buckets(x, m, cap, err);
+    int rc = !x->owner || !x->region_off || !load
+                 ? err_resource(err, "shard plan: out of memory")
+                 : plan_buckets(x, params, ranges, n_ranges, cap, err);
     for (int k = 0; !rc && k < x->n_buckets; k++) {
         x->buckets[k].base = x->region;
-        if (assign_bucket(x, m, &x->buckets[k], load))
+        if (assign_bucket(x, params, &x->buckets[k], load))
             rc = err_resource(err, "shard plan: out of memory");
         x->region += x->buckets[k].size;
     }
     free(load);
+    return rc;
+}
+
+static int plan_shards(Executor *x, const Model *m, size_t cap, Err *err) {
+    int(*ranges)[2] = malloc(((size_t)m->cfg.num_hidden_layers + 2) * sizeof *ranges);
+    if (!ranges) return err_resource(err, "shard plan: out of memory");
+    int rc = plan_owners(x, m->params, m->n_params, (const int(*)[2])ranges,
+                         model_grad_ranges(m, ranges), cap, err);
+    free(ranges);
     return rc ? rc : build_shard(x, m, err);
+}
+
+int executor_plan_owners(const ParamSpec *params, int n, const int (*ranges)[2], int n_ranges,
+                         int world, bool gpu, size_t bucket_bytes, int *owner, Err *err) {
+    Executor x = {.world = world};
+    int rc = plan_owners(&x, params, n, ranges, n_ranges, bucket_cap(bucket_bytes, gpu), err);
+    if (!rc) memcpy(owner, x.owner, (size_t)n * sizeof *owner);
+    free(x.owner);
+    free(x.region_off);
+    free(x.buckets);
+    return rc;
 }
 
 static size_t regions_bytes(const Executor *x) {
@@ -359,14 +386,8 @@ static int whole_end_reference(Executor *x, Model *m, Err *err) {
 
 // ---------------------------------------------------------------- ddp and fsdp
 
-// Gradients reduced together by default: PyTorch DDP's 25 MiB buckets on GPUs, where the
-// reduction overlaps the rest of backward; one bucket on CPU ranks, where the collectives
-// run on the same cores as the compute and fewer, larger calls are faster.
-#define GPU_BUCKET_BYTES ((size_t)25 << 20)
-
 static int shard_init(Executor *x, Model *m, size_t bucket_bytes, Err *err) {
-    if (!bucket_bytes) bucket_bytes = comm_device_memory(x->comm) ? GPU_BUCKET_BYTES : SIZE_MAX;
-    return plan_shards(x, m, bucket_bytes, err);
+    return plan_shards(x, m, bucket_cap(bucket_bytes, comm_device_memory(x->comm)), err);
 }
 
 static ParamView shard_view(const Executor *x, const Model *m) {

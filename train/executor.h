@@ -128,6 +128,12 @@ struct ExecutorOps {
 // mode.
 int executor_init(Executor *x, ExecMode mode, Comm *group, Comm *world, Model *m,
                   size_t bucket_bytes, Err *err);
+// The owner rank of each tensor of a table (params[0..n), grads_ready ranges[0..n_ranges) as
+// model_grad_ranges / param_table_grad_ranges give them) under ddp/fsdp over `world` ranks, as
+// executor_init plans it: bucket_bytes as there (0: the default of GPU ranks when gpu, else of CPU
+// ranks). For --dry-run's account of a job it does not run. owner: (n).
+int executor_plan_owners(const ParamSpec *params, int n, const int (*ranges)[2], int n_ranges,
+                         int world, bool gpu, size_t bucket_bytes, int *owner, Err *err);
 // Frees every buffer the executor allocated.
 void executor_free(Executor *x);
 

@@ -19,8 +19,11 @@
 #include "common/fsutil.h"
 #include "common/json.h"
 #include "engine/backend.h"
+#include "engine/param_table.h"
 #include "proto/train_spec.h"
+#include "train/executor.h"
 #include "train/launch.h"
+#include "train/pipeline.h"
 #include "train/train_ckpt.h"
 #include "train/trainer.h"
 
@@ -203,9 +206,122 @@ static int check_ckpt_dir(const char *dir, Err *err) {
     return 0;
 }
 
+// ---------------------------------------------------------------- --dry-run's account of the ranks
+
+// What one rank of the job keeps: its stage's tensors, those whose weights it holds between steps
+// and those whose optimizer state it keeps (parameters and tensors of each).
+typedef struct {
+    size_t stage, held, stepped;
+    int stage_n, held_n, stepped_n;
+} RankShare;
+
+// The parameters of `blocks` blocks of c, `total` in all, that one token computes with
+// (model_active_params of a model of those blocks).
+static size_t stage_active(const ModelConfig *c, int blocks, size_t total) {
+    ModelConfig part = *c;
+    part.num_hidden_layers = blocks;
+    return model_active_params(&part, total);
+}
+
+// Whether the job's ranks are GPUs (their default gradient buckets, train/executor.h).
+static bool job_on_gpus(const TrainSpec *spec) {
+    return spec->is.device_type == DEVICE_CUDA ||
+           (spec->is.device_type == DEVICE_AUTO && backend_cuda_available());
+}
+
+// share[d] for each replica d of the stage of blocks [first, end) in a job of `replicas`
+// data-parallel replicas.
+static int stage_shares(const TrainSpec *spec, const ModelConfig *c, int first, int end,
+                        int replicas, RankShare *share, Err *err) {
+    LayerParams *layer = calloc((size_t)c->num_hidden_layers, sizeof *layer);
+    int(*ranges)[2] = malloc(((size_t)(end - first) + 2) * sizeof *ranges);
+    ParamSpec *p = NULL;
+    int *owner = NULL, n = 0, ends[3];
+    size_t floats = 0;
+    int rc = !layer || !ranges ? err_resource(err, "--dry-run: out of memory for a stage's table")
+                               : param_table_fill(c, first, end, layer, &p, &n, &floats, ends, err);
+    bool sharded = !rc && replicas > 1 && spec->is.parallel_mode != PARALLEL_NONE;
+    if (sharded && !(owner = calloc((size_t)n, sizeof *owner)))
+        rc = err_resource(err, "--dry-run: out of memory for the shard plan");
+    if (sharded && !rc)
+        rc = executor_plan_owners(p, n, (const int(*)[2])ranges,
+                                  param_table_grad_ranges(c, first, end, layer, ends, n, ranges),
+                                  replicas, job_on_gpus(spec),
+                                  (size_t)(spec->bucket_mb * (1 << 20)), owner, err);
+    for (int d = 0; !rc && d < replicas; d++) {
+        RankShare *s = &share[d];
+        *s = (RankShare){.stage = floats, .stage_n = n};
+        for (int i = 0; i < n; i++) {
+            bool owns = !sharded || owner[i] == d;
+            bool holds = owns || spec->is.parallel_mode != PARALLEL_FSDP;
+            s->held += holds ? p[i].numel : 0, s->held_n += holds;
+            s->stepped += owns ? p[i].numel : 0, s->stepped_n += owns;
+        }
+    }
+    free(owner);
+    free(p);
+    free(ranges);
+    free(layer);
+    return rc;
+}
+
+// One "# rank" line: its stage, the stage's parameters, what it holds and steps (its executor's
+// share), and under --ep_size the routed experts it computes.
+static void print_rank(const TrainSpec *spec, const ModelConfig *c, int g, int stage,
+                       const int *blocks, int replica, int replicas, const RankShare *s) {
+    int P = (int)spec->pp_size, first = blocks[stage], end = blocks[stage + 1];
+    bool moe = c->ffn_type == FFN_MOE;
+    printf("# rank %d: stage %d of %d, ", g, stage, P);
+    if (end - first == 1)
+        printf("block %d", first);
+    else
+        printf("blocks %d-%d", first, end - 1);
+    printf("%s%s: %zu parameters (%d tensors)", first == 0 ? ", embedding" : "",
+           end == c->num_hidden_layers ? ", head" : "", s->stage, s->stage_n);
+    if (moe) printf(", %zu active per token", stage_active(c, end - first, s->stage));
+    bool sharded = replicas > 1 && spec->is.parallel_mode != PARALLEL_NONE;
+    if (!sharded)
+        printf("; holds and steps all of them");
+    else if (spec->is.parallel_mode == PARALLEL_DDP)
+        printf("; ddp: holds all of them, steps %zu (%d tensors)", s->stepped, s->stepped_n);
+    else
+        printf("; fsdp: holds and steps %zu (%d tensors), gathers the rest for each micro-batch",
+               s->held, s->held_n);
+    if (moe && spec->ep_size > 1) {
+        int E = (int)spec->ep_size, q = replica % E, per = c->n_routed_experts / E;
+        printf("; ep: computes routed experts %d-%d of each MoE layer", q * per, (q + 1) * per - 1);
+    }
+    printf("\n");
+}
+
+// The model's parameters (and a MoE model's active ones per token), then what each rank of the
+// job (nprocs ranks: replica d of stage s is rank d * pp_size + s) holds.
+static int print_ranks(const TrainSpec *spec, const ModelConfig *c, size_t total, Err *err) {
+    printf("# model: %zu parameters", total);
+    if (c->ffn_type == FFN_MOE)
+        printf(" (%zu active per token: %d of %d routed experts)", model_active_params(c, total),
+               c->n_activated_experts, c->n_routed_experts);
+    printf("\n");
+    int P = (int)spec->pp_size, D = (int)(spec->nprocs / spec->pp_size);
+    if (D < 1) D = 1;
+    int *blocks = malloc(((size_t)P + 1) * sizeof *blocks);
+    RankShare *share = calloc((size_t)D * (size_t)P, sizeof *share); // [stage * D + replica]
+    int64_t window = spec->window_size ? spec->window_size : c->max_position_embeddings;
+    int rc = !blocks || !share ? err_resource(err, "--dry-run: out of memory for %d ranks", D * P)
+                               : pipeline_partition(c, P, (long)window, blocks, err);
+    for (int st = 0; !rc && st < P; st++)
+        rc = stage_shares(spec, c, blocks[st], blocks[st + 1], D, share + (size_t)st * D, err);
+    for (int g = 0; !rc && g < D * P; g++)
+        print_rank(spec, c, g, g % P, blocks, g / P, D, &share[(size_t)(g % P) * D + g / P]);
+    free(share);
+    free(blocks);
+    return rc;
+}
+
 // --dry-run: sets up everything a rank would (model config and weights, dataset shards and
 // their ids, checkpoint to resume, optimizer) on the CPU, with progress.db in a scratch
-// directory, then prints the resolved configuration. 0, or 2 on bad input.
+// directory, then prints the model's parameters (a MoE model's active ones per token too), what
+// each rank holds and the resolved configuration. 0, or 2 on bad input.
 static int dry_run(const TrainSpec *spec) {
     Err err = {0};
     train_spec_warn_ignored(spec, stderr); // one process, not a rank of a job
@@ -229,7 +345,12 @@ static int dry_run(const TrainSpec *spec) {
     } else {
         printf("# astrai-train --dry-run: valid; %ld optimizer steps per the schedule\n",
                t.total_steps);
-        train_spec_print(spec, stdout);
+        if (print_ranks(spec, &t.model.cfg, t.model.num_floats, &err)) {
+            fprintf(stderr, "astrai-train: %s\n", err.msg);
+            rc = setup_failed(&err);
+        } else {
+            train_spec_print(spec, stdout);
+        }
     }
     trainer_free(&t);
     if (fs_remove_tree(scratch, &err)) fprintf(stderr, "warning: %s\n", err.msg);
