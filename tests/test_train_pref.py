@@ -2,7 +2,7 @@
 
 - 10 optimizer steps give the reference's rows (loss and metrics within 1e-4, lr exact, grad
   norm within 1e-3), with the records as `astrai-data prep` shards and as the .jsonl itself;
-  and so do DeepSeekMoE models (gqa+moe, mla+moe) for both;
+  and so do DeepSeekMoE models (gqa+moe, mla+moe) for both, mla+moe also under ep_size 2;
 - ddp and fsdp with 2 ranks equal none for the same global batch (DPO: a mean over pairs;
   GRPO: a mean over the response tokens of all ranks' records, whose count the ranks sum);
 - grad_accum_steps 2 equals the reference;
@@ -185,7 +185,7 @@ MOE_CONFIGS = {
 
 def moe_curves(root, failures):
     """10 steps of dpo and grpo on each MoE model against the reference (the records of
-    curves())."""
+    curves()); mla+moe also with its experts split over 2 ranks (ep_size 2)."""
     for name, cfg in MOE_CONFIGS.items():
         model = tu.make_model(os.path.join(root, name), cfg)
         for kind in ("dpo", "grpo"):
@@ -193,9 +193,13 @@ def moe_curves(root, failures):
             make_objects, to_records = RECORDS[kind]
             objects = make_objects(rng, N_RECORDS)
             _, shards = make_data(root, kind, objects, f"{kind}-{name}-data")
-            compare(run(root, f"{kind}-{name}", model, kind, shards),
-                    reference(model, kind, to_records(objects)), kind, f"{kind} {name}",
-                    failures)
+            ref = reference(model, kind, to_records(objects))
+            compare(run(root, f"{kind}-{name}", model, kind, shards), ref, kind,
+                    f"{kind} {name}", failures)
+            if name == "mla+moe":  # expert parallelism: the reference's forwards exchange too
+                compare(run(root, f"{kind}-{name}-ep2", model, kind, shards, parallel_mode="ddp",
+                            nprocs=2, batch_per_device=BATCH // 2, ep_size=2), ref, kind,
+                        f"{kind} {name} ep 2", failures)
 
 
 def synthetic_objects(rng, n):
