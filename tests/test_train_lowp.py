@@ -11,7 +11,7 @@ fp32 master weights, optimizer state, accumulation and loss.
   (the activation gradients overflow fp16) and backs off exactly as GradScaler's rule says;
 - a checkpoint of a bf16 run holds fp32 masters and resumes in fp32 and vice versa;
 - MoE models (gqa+moe, mla+moe): 10-step curves in bf16 and fp16 (loss scaling) against the
-  reference scheme, the loss within TOL (the grad norm within 10 TOL: MOE_NORM_TOL); fp16
+  reference scheme (mla+moe also under ep_size 2 against its one-rank curve), the loss within TOL (the grad norm within 10 TOL: MOE_NORM_TOL); fp16
   started at 2^24 backs off as GradScaler does and then follows the reference."""
 
 import math
@@ -122,6 +122,14 @@ def moe_curves(root, data, tokens, failures):
                     w_norm > MOE_NORM_TOL[dt] or w_fp32 > 3e-2:
                 failures.append(f"{name} {dt}: {len(rows)} rows, loss {w_ref:.2e} and grad_norm "
                                 f"{w_norm:.2e} from the reference, loss {w_fp32:.2e} from fp32")
+            if name == "mla+moe":  # the experts' rows travel in the compute dtype
+                ep, _ = run(root, model, data, f"{name}-{dt}-ep2", dtype=dt, max_steps=MOE_STEPS,
+                            parallel_mode="ddp", nprocs=2, batch_per_device=BATCH // 2, ep_size=2)
+                w_ep = worst(ep, rows)
+                print(f"{name} {dt}: ep_size 2 over 2 ranks vs one rank: worst loss {w_ep:.2e}")
+                if len(ep) != MOE_STEPS or w_ep > TOL[dt]:
+                    failures.append(f"{name} {dt} ep 2: {len(ep)} rows, loss {w_ep:.2e} from one "
+                                    "rank's")
             if dt == "fp16" and (scales != [65536] or any(r["skipped"] for r in rows)):
                 failures.append(f"{name} fp16: loss scales {scales}, skipped "
                                 f"{[r['step'] for r in rows if r['skipped']]}: expected 65536 "
