@@ -8,6 +8,12 @@
 #include <math.h>
 #include <stdlib.h>
 
+// Each step rounds as torch's separate tensor ops do: no fused multiply-add across them (clang
+// contracts a * b + c by default; gcc in ISO C mode does not).
+#ifdef __clang__
+#pragma STDC FP_CONTRACT OFF
+#endif
+
 // A logit and its token, ordered by pair_before: larger value first, then lower index, a total
 // order (no NaN reaches here), so every selection and sort below gives one answer.
 typedef struct {

@@ -21,6 +21,11 @@
 #include "common/splitmix64.h"
 #include "engine/sample.h"
 
+// The direct implementations round each step as engine/sample.c does (no fused multiply-add).
+#ifdef __clang__
+#pragma STDC FP_CONTRACT OFF
+#endif
+
 // ---------------------------------------------------------------- helpers
 
 static uint64_t rng_state = 12345;
