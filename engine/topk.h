@@ -305,3 +305,14 @@ TOPK_FN void topk_select_path(const float *vals, int E, int k, int partial, Topk
 TOPK_FN void topk_torch_cpu(const float *vals, int E, int k, TopkPair *scratch, int32_t *idx) {
     topk_select_path(vals, E, k, (int64_t)k * 64 <= (int64_t)E, scratch, idx);
 }
+
+// idx[0..k) sorted ascending in place (an insertion sort: k is small): a token's chosen experts
+// listed by index, the order their outputs are combined in (AstrAI's index_add_ over experts).
+TOPK_FN void topk_by_index(int32_t *idx, int k) {
+    for (int j = 1; j < k; j++)
+        for (int i = j; i > 0 && idx[i - 1] > idx[i]; i--) {
+            int32_t t = idx[i];
+            idx[i] = idx[i - 1];
+            idx[i - 1] = t;
+        }
+}

@@ -13,6 +13,14 @@
 // op's bound. fp16 mode also checks that outputs past fp16's range are inf, not clamped
 // (f16_overflow: the trainer's loss scaling finds an overflowed gradient by its inf).
 //
+// The mixture of experts' router (moe_route) rounds its probabilities to the compute dtype
+// before its top-k, so that rounding is part of what it computes: it is compared with the CPU
+// backend in the same dtype (backend_cpu_dtype), its integer outputs (experts, counts, pair
+// order) exactly, on logits whose choices are decisive on both backends whatever the last bit
+// of their expf (exact ties included, which torch.topk's order decides: engine/topk.h); on
+// continuous logits, where that last bit may decide a near tie, the GPU's routing must be the
+// CPU's routing of the GPU's own probabilities.
+//
 // Prints one line per output tensor (name, case, dtype, max rel err, tolerance, PASS/FAIL),
 // a "test_gpu_ops: DTYPE: ..." line per dtype and a total; when ASTRAI_GPU_REPORT_DIR is set,
 // writes the same as JSON to $ASTRAI_GPU_REPORT_DIR/ops.json. Exit 0 all passed, 1 any
@@ -26,6 +34,7 @@
 #include "common/dtype.h"
 #include "common/splitmix64.h"
 #include "engine/backend.h"
+#include "engine/topk.h" // the CPU's top-k, for routings computed on the host
 #ifdef ASTRAI_HAVE_CUDA
 #include "engine/cuda/cuda_backend.h" // cuda_attention_kernels: which kernels ran
 #endif
@@ -64,6 +73,17 @@ static const Tolerance TOLERANCES[] = {
     {"attention_kernels", 0, 0, 0, "16-bit at D=64/128: the tensor-core kernels ran (fp32: SIMT)"},
     {"swiglu_fwd", 1e-5, 1e-2, 2.5e-3, "16-bit output, fp32 math"},
     {"swiglu_bwd", 1e-5, 1e-2, 2.5e-3, "16-bit output, fp32 math"},
+    {"copy_rows", 0, 0, 0, "a strided row copy: bit-exact"},
+    {"moe_route", 0, 0, 0, "experts, counts, token_of, slot: integers, exact"},
+    // Against the CPU in the same dtype: both round; a last-ulp expf difference may move an
+    // element across a rounding boundary: one 16-bit ulp, 2^-7 (bf16) or 2^-10 (fp16) of it.
+    {"moe_route.probs", 1e-5, 1e-2, 2.5e-3, "fp32 softmax rounded to 16 bits on both sides"},
+    {"moe_route.weight", 1e-5, 1e-2, 2.5e-3, "p / sum of the chosen, rounded on both sides"},
+    {"moe_route_bwd", 1e-5, 1e-2, 2.5e-3, "16-bit dlogits, fp32 math"},
+    {"moe_combine", 1e-5, 1e-2, 2.5e-3, "16-bit output, fp32 sums in the CPU's order"},
+    {"moe_combine_bwd.drows", 1e-5, 1e-2, 2.5e-3, "16-bit output of one product"},
+    {"moe_combine_bwd.dshared", 1e-5, 1e-2, 2.5e-3, "16-bit output of one product"},
+    {"moe_combine_bwd.dweight", 1e-5, 1e-4, 1e-4, "fp32 dots of 16-bit-exact rows: tree order"},
     {"sigmoid_gate_fwd", 1e-5, 1e-2, 2.5e-3, "16-bit output, fp32 math"},
     {"sigmoid_gate_bwd", 1e-5, 1e-2, 2.5e-3, "16-bit output, fp32 math"},
     {"cross_entropy_fwd", 1e-5, 1e-4, 1e-4, "fp32 outputs from 16-bit-exact logits: order of sums"},
@@ -112,7 +132,7 @@ typedef struct {
     int pass;
 } Result;
 
-enum { MAX_RESULTS = 512 };
+enum { MAX_RESULTS = 1024 };
 static Result results[MAX_RESULTS];
 static int n_results, n_failed;
 
@@ -266,6 +286,7 @@ typedef struct {
 
 typedef struct {
     const Backend *cpu, *gpu;
+    const Backend *cpu_dt; // the CPU backend in the compute dtype (moe_route's reference)
     DType dt;
     // Buffers to free at the end of a case (after a sync: the GPU may still be using them).
     struct {
@@ -637,6 +658,275 @@ static void test_sigmoid_gate(Ctx *c, size_t n) {
     free(x), free(g), free(out0), free(dout), free(dx0), free(dg0);
 }
 
+// ---------------------------------------------------------------- MLA and MoE
+// copy_rows: rows of cols elements from a wider source row to a wider destination row, each
+// at an offset (MLA's per-head k, v into the q|k|v rows and out of them). The whole
+// destination is compared: what lies between the rows stays untouched.
+static void test_copy_rows(Ctx *c, int rows, int cols, int dst_stride, int dst_off, int src_stride,
+                           int src_off) {
+    char sh[80];
+    snprintf(sh, sizeof sh, "rows=%d cols=%d dst=%d+%d src=%d+%d", rows, cols, dst_stride, dst_off,
+             src_stride, src_off);
+    size_t nd = (size_t)rows * dst_stride, ns = (size_t)rows * src_stride;
+    float *dst = host_rand(nd, -1, 1), *src = host_rand(ns, -2, 2);
+    Pair pd = pair_act(c, dst, nd), ps = pair_act(c, src, ns);
+    c->cpu->copy_rows(at(c->cpu, pd.cpu, dst_off), dst_stride, at(c->cpu, ps.cpu, src_off),
+                      src_stride, rows, cols);
+    c->gpu->copy_rows(at(c->gpu, pd.gpu, dst_off), dst_stride, at(c->gpu, ps.gpu, src_off),
+                      src_stride, rows, cols);
+    compare(c, "copy_rows", sh, &pd);
+    release(c);
+    free(dst), free(src);
+}
+
+// Integer outputs: err = the fraction of elements of got that differ from want, the first
+// difference printed.
+static void record_i32(Ctx *c, const char *name, const char *shape, const int32_t *got,
+                       const int32_t *want, size_t n) {
+    size_t diff = 0, first = n;
+    for (size_t i = 0; i < n; i++)
+        if (got[i] != want[i]) diff++, first = first < n ? first : i;
+    if (diff)
+        printf("%s %s: element %zu is %d, want %d\n", name, shape, first, (int)got[first],
+               (int)want[first]);
+    record(c->dt, name, shape, (double)diff / (double)(n ? n : 1));
+}
+
+static int32_t *download_i32(const Backend *be, const void *p, size_t n) {
+    int32_t *x = xmalloc(n * 4);
+    be->download(x, p, n * 4);
+    return x;
+}
+
+static void compare_i32(Ctx *c, const char *name, const char *shape, const Pair *p) {
+    int32_t *a = download_i32(c->gpu, p->gpu, p->n), *b = download_i32(c->cpu, p->cpu, p->n);
+    record_i32(c, name, shape, a, b, p->n);
+    free(a), free(b);
+}
+
+static int32_t *i32_filled(size_t n, int32_t v) {
+    int32_t *x = xmalloc(n * 4);
+    for (size_t i = 0; i < n; i++)
+        x[i] = v;
+    return x;
+}
+
+// The CPU backend's routing (engine/cpu/moe.c) of given probabilities (N,E), on the host:
+// torch.topk's choice (engine/topk.h) listed by expert index, the weights p / (their sum in
+// torch.topk's order) rounded to dt, and the (token, choice) pairs grouped by expert in token
+// order.
+static void host_route(DType dt, const float *probs, int N, int E, int k, float *weight,
+                       int32_t *expert, int32_t *counts, int32_t *token_of, int32_t *slot) {
+    TopkPair *scratch = xmalloc((size_t)E * sizeof *scratch);
+    for (int n = 0; n < N; n++) {
+        const float *p = probs + (size_t)n * E;
+        int32_t *ex = expert + (size_t)n * k;
+        topk_torch_cpu(p, E, k, scratch, ex);
+        float total = 0.0f;
+        for (int j = 0; j < k; j++)
+            total += p[ex[j]];
+        topk_by_index(ex, k);
+        for (int j = 0; j < k; j++)
+            weight[(size_t)n * k + j] = dtype_round(dt, p[ex[j]] / total);
+    }
+    int32_t *next = xmalloc((size_t)E * 4);
+    memset(counts, 0, (size_t)E * 4);
+    for (size_t p = 0; p < (size_t)N * k; p++)
+        counts[expert[p]]++;
+    for (int e = 0, sum = 0; e < E; e++)
+        next[e] = sum, sum += counts[e];
+    for (int n = 0; n < N; n++)
+        for (int j = 0; j < k; j++) {
+            int32_t p = next[expert[(size_t)n * k + j]]++;
+            token_of[p] = n;
+            slot[(size_t)n * k + j] = p;
+        }
+    free(scratch), free(next);
+}
+
+// Router logits: ROUTE_LEVELS takes 8 levels 0.5 apart (probabilities a factor e^0.5 apart,
+// far past any rounding), so a token's experts tie exactly in groups, whose order torch.topk's
+// algorithm decides, and every other comparison is decisive on both backends whatever the last
+// bit of their expf; ONE_EXPERT: the levels with expert E/2 8 higher (every token's first
+// choice, the others left with the rest or none); EMPTY_EXPERT: expert E-1 8 lower (no token
+// chooses it while k < E); TIED: all equal (every probability 1/E); RANDOM: uniform in [-4, 4].
+enum { ROUTE_RANDOM, ROUTE_LEVELS, ROUTE_ONE_EXPERT, ROUTE_EMPTY_EXPERT, ROUTE_TIED };
+static const char *const ROUTE_CASE[] = {"random", "tied levels", "one expert for all",
+                                         "an empty expert", "all tied"};
+
+static float *route_logits(int kind, int N, int E) {
+    float *z = xmalloc((size_t)N * E * 4);
+    for (int n = 0; n < N; n++)
+        for (int e = 0; e < E; e++) {
+            float v = kind == ROUTE_RANDOM ? rng_uniform(-4, 4)
+                      : kind == ROUTE_TIED ? 0.25f
+                                           : 0.5f * (float)rng_int(8) - 2.0f;
+            if (kind == ROUTE_ONE_EXPERT && e == E / 2) v += 8.0f;
+            if (kind == ROUTE_EMPTY_EXPERT && e == E - 1) v -= 8.0f;
+            z[(size_t)n * E + e] = v; // exact in bf16 and fp16 but for RANDOM
+        }
+    return z;
+}
+
+// moe_route against the CPU backend in the compute dtype (see the top of the file): probs and
+// weight within tolerance, experts, counts, token_of and slot exactly (every output starts as
+// garbage, so one left unwritten fails); on RANDOM logits the integer outputs and weights
+// against the host's routing of the GPU's probabilities. Then moe_route_bwd from the CPU's
+// probs and experts on both sides, against the fp32 CPU.
+static void test_moe_route(Ctx *c, int N, int E, int k, int kind) {
+    char sh[80];
+    snprintf(sh, sizeof sh, "N=%d E=%d k=%d %s", N, E, k, ROUTE_CASE[kind]);
+    size_t ne = (size_t)N * E, nk = (size_t)N * k;
+    float *z = route_logits(kind, N, E), *probs0 = host_rand(ne, -1, 1);
+    float *w0 = host_rand(nk, -1, 1);
+    int32_t *garbage = i32_filled(nk > (size_t)E ? nk : (size_t)E, -7);
+    Pair pz = pair_act(c, z, ne); // rounds z to the compute dtype
+    void *zc = be_alloc(c, c->cpu_dt, ne * dtype_size(c->dt));
+    c->cpu_dt->cast_from_f32(zc, z, ne); // exact: z is in the compute dtype already
+    Pair pp = pair_f32(c, probs0, ne), pw = pair_f32(c, w0, nk);
+    Pair pe = pair_i32(c, garbage, nk), pc = pair_i32(c, garbage, E);
+    Pair pt = pair_i32(c, garbage, nk), ps = pair_i32(c, garbage, nk);
+    // The CPU tables share their memory ops, so pp.cpu etc. serve c->cpu_dt as well.
+    c->cpu_dt->moe_route(pp.cpu, pw.cpu, pe.cpu, pc.cpu, pt.cpu, ps.cpu, zc, N, E, k);
+    c->gpu->moe_route(pp.gpu, pw.gpu, pe.gpu, pc.gpu, pt.gpu, ps.gpu, pz.gpu, N, E, k);
+    compare(c, "moe_route.probs", sh, &pp);
+    if (kind != ROUTE_RANDOM) {
+        compare(c, "moe_route.weight", sh, &pw);
+        compare_i32(c, "moe_route.expert", sh, &pe);
+        compare_i32(c, "moe_route.counts", sh, &pc);
+        compare_i32(c, "moe_route.token_of", sh, &pt);
+        compare_i32(c, "moe_route.slot", sh, &ps);
+    } else { // a last-ulp expf difference may decide a near tie: the GPU's probs, routed here
+        char rsh[80];
+        snprintf(rsh, sizeof rsh, "N=%d E=%d k=%d random, of its probs", N, E, k);
+        float *gp = xmalloc(ne * 4), *gw = xmalloc(nk * 4), *hw = xmalloc(nk * 4);
+        c->gpu->download(gp, pp.gpu, ne * 4);
+        c->gpu->download(gw, pw.gpu, nk * 4);
+        int32_t *he = xmalloc(nk * 4), *hc = xmalloc((size_t)E * 4), *ht = xmalloc(nk * 4),
+                *hs = xmalloc(nk * 4);
+        host_route(c->dt, gp, N, E, k, hw, he, hc, ht, hs);
+        record(c->dt, "moe_route.weight", rsh, rel_err(gw, hw, nk));
+        const int32_t *want[] = {he, hc, ht, hs};
+        const Pair *got[] = {&pe, &pc, &pt, &ps};
+        static const char *const NAME[] = {"moe_route.expert", "moe_route.counts",
+                                           "moe_route.token_of", "moe_route.slot"};
+        for (int i = 0; i < 4; i++) {
+            int32_t *g = download_i32(c->gpu, got[i]->gpu, got[i]->n);
+            record_i32(c, NAME[i], rsh, g, want[i], got[i]->n);
+            free(g);
+        }
+        free(gp), free(gw), free(hw), free(he), free(hc), free(ht), free(hs);
+    }
+    // The inputs make the case: one expert has every token, or one has none.
+    if (kind == ROUTE_ONE_EXPERT || kind == ROUTE_EMPTY_EXPERT) {
+        int32_t *counts = download_i32(c->cpu, pc.cpu, E);
+        int e = kind == ROUTE_ONE_EXPERT ? E / 2 : E - 1, want = kind == ROUTE_ONE_EXPERT ? N : 0;
+        if (counts[e] != want)
+            printf("moe_route %s: expert %d has %d pairs, want %d\n", sh, e, (int)counts[e], want);
+        record(c->dt, "moe_route.case", sh, counts[e] != want);
+        free(counts);
+    }
+
+    float *probs = xmalloc(ne * 4), *dw = host_rand(nk, -1, 1), *dz0 = host_rand(ne, -1, 1);
+    int32_t *expert = download_i32(c->cpu, pe.cpu, nk);
+    c->cpu->download(probs, pp.cpu, ne * 4);
+    Pair pbp = pair_f32(c, probs, ne), pbe = pair_i32(c, expert, nk);
+    Pair pdw = pair_f32(c, dw, nk), pdz = pair_act(c, dz0, ne);
+    c->cpu->moe_route_bwd(pdz.cpu, pdw.cpu, pbp.cpu, pbe.cpu, N, E, k);
+    c->gpu->moe_route_bwd(pdz.gpu, pdw.gpu, pbp.gpu, pbe.gpu, N, E, k);
+    compare(c, "moe_route_bwd.dlogits", sh, &pdz);
+    release(c);
+    free(z), free(probs0), free(w0), free(garbage), free(probs), free(dw), free(dz0), free(expert);
+}
+
+// The flags of a moe_combine case; UNALIGNED moves every compute-dtype tensor one element off
+// its allocation (the kernels' scalar path).
+enum { MOE_RESID = 1, MOE_SHARED = 2, MOE_WEIGHT = 4, MOE_IN_PLACE = 8, MOE_UNALIGNED = 16 };
+enum { MOE_ALL = MOE_RESID | MOE_SHARED | MOE_WEIGHT };
+
+// moe_combine over the CPU's routing of N tokens to k of E experts (rows: (N*k, C) the
+// experts' outputs in pair order), and with weights its backward: drows and dweight of every
+// pair, dshared (or, without shared, dshared untouched).
+static void test_moe_combine(Ctx *c, int N, int E, int k, int C, int flags) {
+    char sh[80];
+    snprintf(sh, sizeof sh, "N=%d k=%d C=%d%s%s%s%s%s", N, k, C, flags & MOE_RESID ? " resid" : "",
+             flags & MOE_SHARED ? " shared" : "", flags & MOE_WEIGHT ? " weighted" : "",
+             flags & MOE_IN_PLACE ? " in-place" : "", flags & MOE_UNALIGNED ? " unaligned" : "");
+    const int off = flags & MOE_UNALIGNED ? 1 : 0;
+    const size_t nc = (size_t)N * C + off, rc = (size_t)N * k * C + off, nk = (size_t)N * k;
+    const float scale = 0.5f; // 1 / n_shared_experts
+    // The routing: the fp32 CPU's of random logits, on the host.
+    float *z = route_logits(ROUTE_RANDOM, N, E), *probs = xmalloc((size_t)N * E * 4);
+    float *weight = xmalloc(nk * 4);
+    int32_t *expert = xmalloc(nk * 4), *counts = xmalloc((size_t)E * 4);
+    int32_t *token_of = xmalloc(nk * 4), *slot = xmalloc(nk * 4);
+    c->cpu->moe_route(probs, weight, expert, counts, token_of, slot, z, N, E, k);
+    float *rows = host_rand(rc, -2, 2), *resid = host_rand(nc, -2, 2);
+    float *shared = host_rand(nc, -2, 2), *out0 = host_rand(nc, -1, 1);
+    Pair pw = pair_f32(c, weight, nk), pslot = pair_i32(c, slot, nk);
+    Pair prows = pair_act(c, rows, rc), pr = pair_act(c, resid, nc);
+    Pair pshared = pair_act(c, shared, nc), pout = pair_act(c, out0, nc);
+    const Pair *po = flags & MOE_IN_PLACE ? &pr : &pout;
+    const int has_r = flags & MOE_RESID, has_s = flags & MOE_SHARED, has_w = flags & MOE_WEIGHT;
+    c->cpu->moe_combine(at(c->cpu, po->cpu, off), has_r ? at(c->cpu, pr.cpu, off) : NULL,
+                        has_s ? at(c->cpu, pshared.cpu, off) : NULL, scale,
+                        at(c->cpu, prows.cpu, off), has_w ? pw.cpu : NULL, pslot.cpu, N, k, C);
+    c->gpu->moe_combine(at(c->gpu, po->gpu, off), has_r ? at(c->gpu, pr.gpu, off) : NULL,
+                        has_s ? at(c->gpu, pshared.gpu, off) : NULL, scale,
+                        at(c->gpu, prows.gpu, off), has_w ? pw.gpu : NULL, pslot.gpu, N, k, C);
+    compare(c, "moe_combine.out", sh, po);
+    if (has_w) { // the gather-sum (weight NULL) has no backward of its own
+        float *dout = host_rand(nc, -1, 1), *drows0 = host_rand(rc, -1, 1);
+        float *dshared0 = host_rand(nc, -1, 1), *dw0 = host_rand(nk, -1, 1);
+        Pair pd = pair_act(c, dout, nc), pdr = pair_act(c, drows0, rc);
+        Pair pds = pair_act(c, dshared0, nc), pdw = pair_f32(c, dw0, nk);
+        c->cpu->moe_combine_bwd(at(c->cpu, pdr.cpu, off), pdw.cpu,
+                                has_s ? at(c->cpu, pds.cpu, off) : NULL, at(c->cpu, pd.cpu, off),
+                                at(c->cpu, prows.cpu, off), pw.cpu, pslot.cpu, scale, N, k, C);
+        c->gpu->moe_combine_bwd(at(c->gpu, pdr.gpu, off), pdw.gpu,
+                                has_s ? at(c->gpu, pds.gpu, off) : NULL, at(c->gpu, pd.gpu, off),
+                                at(c->gpu, prows.gpu, off), pw.gpu, pslot.gpu, scale, N, k, C);
+        compare(c, "moe_combine_bwd.drows", sh, &pdr);
+        compare(c, "moe_combine_bwd.dweight", sh, &pdw);
+        compare(c, "moe_combine_bwd.dshared", sh, &pds);
+        free(dout), free(drows0), free(dshared0), free(dw0);
+    }
+    release(c);
+    free(z), free(probs), free(weight), free(expert), free(counts), free(token_of), free(slot);
+    free(rows), free(resid), free(shared), free(out0);
+}
+
+static void test_moe(Ctx *c) {
+    test_copy_rows(c, 600, 64, 768, 512, 192, 128); // a head's k or v: 16-byte words
+    test_copy_rows(c, 600, 512, 768, 0, 512, 0);    // the q rows of an MLA projection
+    test_copy_rows(c, 300, 37, 101, 3, 40, 1);      // odd sizes: the element path
+    test_copy_rows(c, 600, 64, 768, 1, 192, 0);     // a destination off 16 bytes
+    test_copy_rows(c, 5, 64, 64, 0, 64, 0);         // contiguous rows
+
+    test_moe_route(c, 300, 16, 4, ROUTE_LEVELS);  // N past a block, pairs past a chunk
+    test_moe_route(c, 130, 64, 6, ROUTE_LEVELS);  // nth_element + sort (k * 64 > E)
+    test_moe_route(c, 40, 200, 3, ROUTE_LEVELS);  // partial_sort (k * 64 <= E)
+    test_moe_route(c, 17, 512, 8, ROUTE_LEVELS);  // the largest E
+    test_moe_route(c, 2048, 64, 6, ROUTE_RANDOM); // a training batch, continuous logits
+    test_moe_route(c, 300, 16, 2, ROUTE_RANDOM);
+    test_moe_route(c, 50, 8, 1, ROUTE_ONE_EXPERT);   // every token to one expert, alone
+    test_moe_route(c, 50, 8, 2, ROUTE_ONE_EXPERT);   // ... and one more each
+    test_moe_route(c, 70, 8, 2, ROUTE_EMPTY_EXPERT); // an expert no token chooses
+    test_moe_route(c, 9, 16, 3, ROUTE_TIED);         // all tied: torch's order decides
+    test_moe_route(c, 5, 300, 2, ROUTE_TIED);        // ties through partial_sort's heap
+    test_moe_route(c, 33, 4, 4, ROUTE_LEVELS);       // k == E
+    test_moe_route(c, 1, 3, 1, ROUTE_LEVELS);
+
+    test_moe_combine(c, 256, 8, 2, 768, MOE_ALL); // the model's: resid + shared + experts
+    test_moe_combine(c, 37, 6, 3, 100, MOE_ALL);  // C % 8 != 0: the scalar path for 16 bits
+    test_moe_combine(c, 64, 8, 2, 768, MOE_ALL | MOE_IN_PLACE);
+    test_moe_combine(c, 64, 8, 2, 768, MOE_WEIGHT);             // no resid, no shared
+    test_moe_combine(c, 64, 8, 2, 768, 0);                      // the gather-sum (weights 1)
+    test_moe_combine(c, 9, 8, 2, 2100, MOE_RESID | MOE_WEIGHT); // rows past a block's vectors
+    test_moe_combine(c, 33, 4, 4, 99, MOE_ALL);                 // k == E, odd C
+    test_moe_combine(c, 40, 8, 2, 256, MOE_ALL | MOE_UNALIGNED);
+}
+
 // Logits uniform in [-4, 4], every 5th row confident (+12 on its target); every 7th row
 // (n % 7 == 3) masked out.
 static float *ce_inputs(int N, int V, int32_t *targets, int32_t *mask, int *counted) {
@@ -977,6 +1267,27 @@ static void test_f16_overflow(Ctx *c) {
     compare_overflow(c, "f16_overflow.cross_entropy_bwd", sh, &pdl);
     release(c);
     free(targets), free(mask), free(logits), free(lse);
+
+    // moe_combine as the backward's gather-sum of the experts' input gradients (weights 1):
+    // both rows of every 3rd token +-40000 (fp16-exact), summing to +-80000; the others small.
+    const int K = 2, MC = 256;
+    size_t nk = (size_t)N * K;
+    int32_t *slot = xmalloc(nk * 4);
+    for (size_t p = 0; p < nk; p++) // pair p of token p / K, the last first: a permutation
+        slot[p] = (int32_t)(nk - 1 - p);
+    float *rows = host_rand(nk * MC, -1, 1);
+    for (size_t p = 0; p < nk; p++)
+        if (((nk - 1 - p) / K) % 3 == 0)
+            for (int k = 0; k < MC; k++)
+                rows[p * MC + k] = ((nk - 1 - p) / K) % 2 ? -40000.0f : 40000.0f;
+    Pair pslot = pair_i32(c, slot, nk), prows = pair_act(c, rows, nk * MC);
+    Pair pmo = pair_act(c, rows, (size_t)N * MC); // any initial contents: overwritten
+    c->cpu->moe_combine(pmo.cpu, NULL, NULL, 0.0f, prows.cpu, NULL, pslot.cpu, N, K, MC);
+    c->gpu->moe_combine(pmo.gpu, NULL, NULL, 0.0f, prows.gpu, NULL, pslot.gpu, N, K, MC);
+    snprintf(sh, sizeof sh, "N=%d k=%d C=%d gather-sum", N, K, MC);
+    compare_overflow(c, "f16_overflow.moe_combine", sh, &pmo);
+    release(c);
+    free(slot), free(rows);
 }
 
 // ---------------------------------------------------------------- determinism (GPU only)
@@ -1092,6 +1403,42 @@ static void test_determinism(Ctx *c) {
         release(c);
         free(targets), free(mask), free(logits);
     }
+    // moe_route (the rank scan's pair order) and moe_combine_bwd (dweight: a block tree).
+    {
+        int N = 2048, E = 64, k = 6, C = 768;
+        size_t ne = (size_t)N * E, nk = (size_t)N * k;
+        float *z = route_logits(ROUTE_RANDOM, N, E), *rows = host_rand(nk * C, -1, 1);
+        float *dout = host_rand((size_t)N * C, -1, 1);
+        Pair pz = pair_act(c, z, ne), py = pair_act(c, rows, nk * C);
+        Pair pd = pair_act(c, dout, (size_t)N * C);
+        float *probs[2], *weight[2], *dw[2];
+        int32_t *expert[2], *counts[2], *token_of[2], *slot[2];
+        void *drows[2];
+        for (int r = 0; r < 2; r++) {
+            probs[r] = be_alloc(c, c->gpu, ne * 4);
+            weight[r] = be_alloc(c, c->gpu, nk * 4);
+            expert[r] = be_alloc(c, c->gpu, nk * 4);
+            counts[r] = be_alloc(c, c->gpu, (size_t)E * 4);
+            token_of[r] = be_alloc(c, c->gpu, nk * 4);
+            slot[r] = be_alloc(c, c->gpu, nk * 4);
+            c->gpu->moe_route(probs[r], weight[r], expert[r], counts[r], token_of[r], slot[r],
+                              pz.gpu, N, E, k);
+            drows[r] = be_alloc(c, c->gpu, nk * C * es);
+            dw[r] = be_alloc(c, c->gpu, nk * 4);
+            c->gpu->moe_combine_bwd(drows[r], dw[r], NULL, pd.gpu, py.gpu, weight[0], slot[0], 0.0f,
+                                    N, k, C);
+        }
+        const char *sh = "N=2048 E=64 k=6 random", *shc = "N=2048 k=6 C=768";
+        same_bits(c, "determinism.moe_route.probs", sh, probs[0], probs[1], ne * 4);
+        same_bits(c, "determinism.moe_route.weight", sh, weight[0], weight[1], nk * 4);
+        same_bits(c, "determinism.moe_route.expert", sh, expert[0], expert[1], nk * 4);
+        same_bits(c, "determinism.moe_route.counts", sh, counts[0], counts[1], (size_t)E * 4);
+        same_bits(c, "determinism.moe_route.token_of", sh, token_of[0], token_of[1], nk * 4);
+        same_bits(c, "determinism.moe_route.slot", sh, slot[0], slot[1], nk * 4);
+        same_bits(c, "determinism.moe_combine_bwd.dweight", shc, dw[0], dw[1], nk * 4);
+        release(c);
+        free(z), free(rows), free(dout);
+    }
     // sum_squares and loss_mean_add: reductions in a fixed order.
     {
         size_t n = 3000017;
@@ -1127,6 +1474,7 @@ static void run_all(Ctx *c) {
     test_attention(c, 1, 70, 4, 2, 96, DOCS); // SIMT in every dtype (the 16-bit fallback is logged)
     test_swiglu(c, 300, 1408);
     test_sigmoid_gate(c, (size_t)300 * 768 + 5);
+    test_moe(c);
     test_cross_entropy(c, 128, 32000, 0.0f);
     test_cross_entropy(c, 128, 32000, 0.1f);
     test_reductions(c);
@@ -1165,6 +1513,7 @@ int main(void) {
         Ctx *c = calloc(1, sizeof *c);
         if (!c) return 1;
         c->cpu = cpu, c->gpu = gpu, c->dt = dtypes[i];
+        c->cpu_dt = backend_cpu_dtype(dtypes[i]);
         rng_state = 0x5eed5eed12345678ull; // the same inputs in every mode
         int results0 = n_results, failed0 = n_failed;
         run_all(c);

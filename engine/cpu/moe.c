@@ -49,12 +49,7 @@ static void route_token(float *probs, float *weight, int32_t *expert, const floa
     float total = 0.0f; // in torch.topk's order, as AstrAI's topk_weights.sum()
     for (int j = 0; j < k; j++)
         total += probs[chosen[j]];
-    for (int j = 1; j < k; j++) // insertion sort by expert index (k is small)
-        for (int i = j; i > 0 && chosen[i - 1] > chosen[i]; i--) {
-            int32_t t = chosen[i];
-            chosen[i] = chosen[i - 1];
-            chosen[i - 1] = t;
-        }
+    topk_by_index(chosen, k);
     for (int j = 0; j < k; j++) {
         expert[j] = chosen[j];
         weight[j] = round_to(dtype, probs[chosen[j]] / total);

@@ -126,12 +126,7 @@ __global__ void __launch_bounds__(kRouteThreads)
     float total = 0.0f;
     for (int j = 0; j < k; j++)
         total = __fadd_rn(total, p[ex[j]]);
-    for (int j = 1; j < k; j++)
-        for (int i = j; i > 0 && ex[i - 1] > ex[i]; i--) {
-            int32_t t = ex[i];
-            ex[i] = ex[i - 1];
-            ex[i - 1] = t;
-        }
+    topk_by_index(ex, k);
     for (int j = 0; j < k; j++)
         weight[(size_t)n * k + j] = round_to<T>(__fdiv_rn(p[ex[j]], total));
 }

@@ -13,7 +13,11 @@
 #                          gradients (bf16 and fp32);
 #   4. tests/gpu/train_checks.py  loss curves vs the CPU, determinism, GPU->CPU->GPU
 #                          checkpoints, exact --resume, SIGTERM, --gradient_checkpointing,
-#                          an MLA + MoE model (cuda vs cpu, deterministic);
+#                          DPO/GRPO, the Hugging Face families' features (--group dense);
+#      train_checks.py --group moe  MLA and DeepSeekMoE: mla+mlp, gqa+moe and mla+moe models,
+#                          cuda (fp32, bf16, fp16) vs cpu, expert loads, determinism,
+#                          --gradient_checkpointing (a part of its own, so that the dense
+#                          checks cannot use up its time);
 #   5. bench/bench_gpu.py  tokens/s, MFU, peak memory, side by side with PyTorch.
 # Each part runs under `timeout`; a failed part does not stop the others. The report goes to
 # $OUT/gpu-report/ (OUT: set by the device tool; default ./gpu-report), 8 files at most:
@@ -210,7 +214,8 @@ FAILED=0
         2>&1 | tail -n1 || true
 } >>"$SUMMARY"
 
-# Seconds kept for the parts after each: ops 60 (three dtypes), comm 15, train 90, bench 100.
+# Seconds kept for the parts after each: ops 60 (three dtypes), comm 15, train 90, train_moe
+# 40, bench 60.
 BUILT=0
 if part build "$(limit 240 265)" "$REPORT/build.log" bash "$ROOT/tests/gpu/run.sh" --build-step
 then
@@ -246,7 +251,12 @@ if ((BUILT)); then
     # still write their JSON.
     t=$(limit 180 100)
     part train_checks "$t" "$REPORT/train.log" "${RUNENV[@]}" python3 \
-        tests/gpu/train_checks.py --build "$BUILD" --report "$REPORT" \
+        tests/gpu/train_checks.py --build "$BUILD" --report "$REPORT" --group dense \
+        --time-limit $((t > 30 ? t - 15 : t / 2)) || true
+    # Into the same train.log, and train.json's key "moe" (the report's 8 files at most).
+    t=$(limit 90 60)
+    part train_moe "$t" "$REPORT/train.log" "${RUNENV[@]}" python3 \
+        tests/gpu/train_checks.py --build "$BUILD" --report "$REPORT" --group moe \
         --time-limit $((t > 30 ? t - 15 : t / 2)) || true
     t=$(limit 240 0)
     # shellcheck disable=SC2086 # ASTRAI_GPU_BENCH_ARGS: flags, split on purpose
@@ -254,7 +264,8 @@ if ((BUILT)); then
         --build "$BUILD" --json "$REPORT/bench.json" --time-limit $((t > 30 ? t - 15 : t / 2)) \
         ${ASTRAI_GPU_BENCH_ARGS:-} || true
 else
-    for name in test_gpu_ops test_comm_nccl_gpu test_model_stage train_checks bench_gpu; do
+    for name in test_gpu_ops test_comm_nccl_gpu test_model_stage train_checks train_moe \
+        bench_gpu; do
         say "FAIL $name: not run (the build failed; see build.log)"
         FAILED=$((FAILED + 1))
     done
@@ -267,7 +278,7 @@ fi
     echo "---- details"
     grep -hE '^test_gpu_ops:|^test_comm_nccl_gpu:|^test_model_stage:|FAIL' "$REPORT/tests.log" 2>/dev/null |
         head -n 60 || true
-    grep -hE '^(PASS|FAIL) ' "$REPORT/train.log" 2>/dev/null | head -n 40 || true
+    grep -hE '^(PASS|FAIL) ' "$REPORT/train.log" 2>/dev/null | head -n 60 || true
     grep -hE '^bench_gpu' "$REPORT/bench.log" 2>/dev/null | tail -n 6 || true
     echo
     echo "wall time $((SECONDS - T0))s of ${BUDGET}s"
