@@ -142,15 +142,24 @@ struct Backend {
     void (*attention_fwd)(void *out, float *lse, const void *q, const void *k, const void *v,
                           const int32_t *doc_start, int B, int T, int H, int KVH, int D,
                           int qkv_stride);
-    // Reserves the scratch the two attention ops need for up to T tokens of head dimension
-    // D (kept for later calls): before them, since they cannot fail. NULL where they need
-    // none (CUDA).
+    // Reserves the scratch the attention ops need for up to T tokens (attention_decode: cached
+    // keys) of head dimension D (kept for later calls): before them, since they cannot fail.
+    // NULL where they need none (CUDA).
     int (*attention_reserve)(int T, int D, Err *err);
     // dq, dk, dv: same layout as q, k, v (overwritten); recomputes the probabilities.
     void (*attention_bwd)(void *dq, void *dk, void *dv, const void *dout, const void *out,
                           const float *lse, const void *q, const void *k, const void *v,
                           const int32_t *doc_start, int B, int T, int H, int KVH, int D,
                           int qkv_stride);
+    // Generation's step (engine/generate.h): one new query per sequence over its KV cache.
+    // q: (B,H,D) with row stride q_stride (elements); k_cache, v_cache: (B, max_len, KVH, D)
+    // contiguous; span: (2,B), query b sees the keys [span[b], span[B+b]) of its sequence
+    // (0 <= span[b] < span[B+b] <= max_len); out: (B,H,D) contiguous. Scale and head sharing as
+    // attention_fwd's, the same arithmetic per query row. attention_reserve(max_len, D) first.
+    // NULL where generation is not implemented (CUDA): the model refuses to generate there.
+    void (*attention_decode)(void *out, const void *q, const void *k_cache, const void *v_cache,
+                             const int32_t *span, int B, int H, int KVH, int D, int q_stride,
+                             int max_len);
 
     // ---------------------------------------------------------------- mixture of experts
     // DeepSeekMoE's routing of N tokens to k of E experts (docs/design.md §7a). logits: (N,E)

@@ -29,3 +29,7 @@ astrai_py_test(test_topk test_topk.py)
 # chi-square tests of the draws; `test_sample dump` is what test_sample.py compares with torch.
 astrai_c_test(test_sample tests/test_sample.c)
 astrai_py_test(test_sample_torch test_sample.py)
+
+# attention_decode over a KV cache gives attention_fwd's rows bit for bit (CPU).
+astrai_c_test(test_attention_decode tests/test_attention_decode.c)
+

@@ -350,6 +350,24 @@ static void test_attention(int B, int T, int H, int KVH, int D) {
     act_free(&qkv), act_free(&out), act_free(&dout), act_free(&dqkv);
 }
 
+// Sequence b of B sees the keys [b, 3b + 2) of its cache of max_len (at most its end).
+static void test_attention_decode(int B, int H, int KVH, int D, int max_len) {
+    int S = (H + 2 * KVH) * D;
+    size_t nc = (size_t)B * max_len * KVH * D, no = (size_t)B * H * D;
+    Act q = act((size_t)B * S, 1), k = act(nc, 1), v = act(nc, 1), out = act(no, 1);
+    int32_t span[2 * 8];
+    for (int b = 0; b < B; b++) {
+        span[b] = b;
+        span[B + b] = 3 * b + 2 < max_len ? 3 * b + 2 : max_len;
+    }
+    Err err = {0};
+    CHECK(!lp->attention_reserve(max_len, D, &err));
+    lp->attention_decode(out.h, q.h, k.h, v.h, span, B, H, KVH, D, S, max_len);
+    f32->attention_decode(out.f, q.f, k.f, v.f, span, B, H, KVH, D, S, max_len);
+    check_act("attention_decode", &out, MAX_ULP);
+    act_free(&q), act_free(&k), act_free(&v), act_free(&out);
+}
+
 static void test_swiglu(int N, int FF) {
     size_t n = (size_t)N * FF;
     Act h = act(2 * n, 3), out = act(n, 1), dout = act(n, 1), dh = act(2 * n, 1);
@@ -525,6 +543,8 @@ static void run_dtype(DType d) {
     test_rope(11, 2, 6, 30, 12); // k's heads, further along the row
     test_attention(2, 13, 4, 2, 8);
     test_attention(1, 37, 2, 1, 24);
+    test_attention_decode(3, 4, 2, 8, 9);
+    test_attention_decode(8, 6, 1, 24, 40);
     test_swiglu(7, 23);
     test_sigmoid_gate(101);
     test_sigmoid_gate(70001);

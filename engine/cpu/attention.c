@@ -5,7 +5,9 @@
 // loop runs over consecutive keys (no horizontal sums), and their outputs from one pass over
 // the value rows. Only each row's logsumexp is kept; no (T,T) score matrix exists. Backward
 // works on the same tiles: it recomputes the probabilities p = exp(s - lse) from that
-// logsumexp and adds the whole tile's dk and dv to each key row in one pass.
+// logsumexp and adds the whole tile's dk and dv to each key row in one pass. Decoding (one
+// query per sequence over its KV cache) runs forward's tiles with the query heads that share a
+// kv head as the rows.
 //
 // The ops allocate nothing: each thread's scratch is a slice of one block that
 // cpu_attention_reserve allocated ahead (the model reserves before each forward), and the
@@ -244,6 +246,58 @@ void cpu_attention_fwd(void *out_, float *lse, const void *q_, const void *k_, c
             for (int h = 0; h < H; h++)
                 attention_fwd_head(out, lse, q, k, v, doc_start, b, h, T, H, H / KVH, D, qkv_stride,
                                    &w);
+    }
+}
+
+// ---------------------------------------------------------------- decoding
+
+// The query heads of kv head kvh of sequence b over its cached keys [j0, j1): the forward's
+// tiles with the group's query heads as the tile's rows (they share the keys), so each row
+// gets attention_fwd's arithmetic for that query. kv: (max_len, KVH, D) of sequence b.
+static void attention_decode_kv_head(float *out, const float *q, const float *kc, const float *vc,
+                                     int j0, int j1, int kvh, int H, int KVH, int D,
+                                     const FwdScratch *w) {
+    float scale = 1.0f / sqrtf((float)D);
+    int group = H / KVH, stride = KVH * D;
+    transpose_rows(w->kt, w->Tp, kc + (size_t)kvh * D, j1, D, stride);
+    copy_rows_padded(w->vp + (size_t)j0 * w->Dp, w->Dp, vc + (size_t)j0 * stride + (size_t)kvh * D,
+                     j1 - j0, D, stride);
+    for (int h0 = kvh * group; h0 < (kvh + 1) * group; h0 += QBLOCK) {
+        int rows = (kvh + 1) * group - h0 < QBLOCK ? (kvh + 1) * group - h0 : QBLOCK;
+        const float *x[QBLOCK]; // a short tile repeats its last head
+        for (int r = 0; r < QBLOCK; r++)
+            x[r] = q + (size_t)(h0 + (r < rows ? r : rows - 1)) * D;
+        tile_scores(w->p, w->Tp, x, w->kt, D, j0, j1);
+        for (int r = 0; r < QBLOCK; r++)
+            softmax_row(w->p + (size_t)r * w->Tp, j0, j1, j0, j1, scale);
+        tile_weighted_values(w->o, w->Dp, w->p, w->Tp, w->vp, j0, j1);
+        for (int r = 0; r < rows; r++)
+            memcpy(out + (size_t)(h0 + r) * D, w->o + (size_t)r * w->Dp, (size_t)D * sizeof *out);
+    }
+}
+
+void cpu_attention_decode(void *out_, const void *q_, const void *k_cache, const void *v_cache,
+                          const int32_t *span, int B, int H, int KVH, int D, int q_stride,
+                          int max_len) {
+    float *out = out_;
+    const float *q = q_;
+    const float *kc = k_cache;
+    const float *vc = v_cache;
+    if (!scratch_fits("attention_decode", max_len, D)) return;
+    size_t seq = (size_t)max_len * KVH * D;
+#pragma omp parallel num_threads(scratch.threads ? scratch.threads : 1)
+    {
+        FwdScratch w = {.Tp = round_up(max_len, LANES), .Dp = round_up(D, LANES)};
+        w.kt = thread_scratch();
+        w.vp = w.kt + (size_t)D * w.Tp;
+        w.p = w.vp + (size_t)max_len * w.Dp;
+        w.o = w.p + (size_t)QBLOCK * w.Tp;
+#pragma omp for collapse(2) schedule(dynamic, 1)
+        for (int b = 0; b < B; b++)
+            for (int kvh = 0; kvh < KVH; kvh++)
+                attention_decode_kv_head(out + (size_t)b * H * D, q + (size_t)b * q_stride,
+                                         kc + b * seq, vc + b * seq, span[b], span[B + b], kvh, H,
+                                         KVH, D, &w);
     }
 }
 

@@ -116,6 +116,7 @@ static const Backend cpu_backend = {
     .attention_reserve = cpu_attention_reserve,
     .attention_fwd = cpu_attention_fwd,
     .attention_bwd = cpu_attention_bwd,
+    .attention_decode = cpu_attention_decode,
     .moe_route = cpu_moe_route,
     .moe_route_bwd = cpu_moe_route_bwd,
     .moe_combine = cpu_moe_combine,

@@ -76,6 +76,9 @@ void cpu_attention_bwd(void *dq, void *dk, void *dv, const void *dout, const voi
                        const float *lse, const void *q, const void *k, const void *v,
                        const int32_t *doc_start, int B, int T, int H, int KVH, int D,
                        int qkv_stride);
+void cpu_attention_decode(void *out, const void *q, const void *k_cache, const void *v_cache,
+                          const int32_t *span, int B, int H, int KVH, int D, int q_stride,
+                          int max_len);
 
 // moe.c
 // rows rows of row_bytes, dst_stride / src_stride bytes apart: copy_rows in any dtype.

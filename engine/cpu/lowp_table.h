@@ -110,6 +110,24 @@ static void LOWP_FN(attention_bwd)(void *dq, void *dk, void *dv, const void *dou
     lowp_store(&s, dv, fdv, vkv);
 }
 
+// Only the cached keys some query sees are staged: each sequence's first max(end) positions.
+static void LOWP_FN(attention_decode)(void *out, const void *q, const void *k_cache,
+                                      const void *v_cache, const int32_t *span, int B, int H,
+                                      int KVH, int D, int q_stride, int max_len) {
+    LowpStage s = LOWP_STAGE;
+    int end = 0;
+    for (int b = 0; b < B; b++)
+        end = span[B + b] > end ? span[B + b] : end;
+    LowpView vq = lowp_rows(B, H * D, q_stride),
+             vkv = lowp_rows(B, end * KVH * D, max_len * KVH * D),
+             vo = lowp_flat((size_t)B * H * D);
+    float *o = lowp_out(&s, out, vo, 0);
+    const float *fq = lowp_in(&s, q, vq), *fk = lowp_in(&s, k_cache, vkv),
+                *fv = lowp_in(&s, v_cache, vkv);
+    if (!s.failed) cpu_attention_decode(o, fq, fk, fv, span, B, H, KVH, D, q_stride, max_len);
+    lowp_store(&s, out, o, vo);
+}
+
 // A strided copy: no arithmetic to stage.
 static void LOWP_FN(copy_rows)(void *dst, int dst_stride, const void *src, int src_stride, int rows,
                                int cols) {
@@ -245,6 +263,7 @@ static void LOWP_FN(fill)(Backend *b) {
     b->rope_bwd = LOWP_FN(rope_bwd);
     b->attention_fwd = LOWP_FN(attention_fwd);
     b->attention_bwd = LOWP_FN(attention_bwd);
+    b->attention_decode = LOWP_FN(attention_decode);
     b->moe_route = LOWP_FN(moe_route);
     b->moe_route_bwd = LOWP_FN(moe_route_bwd);
     b->moe_combine = LOWP_FN(moe_combine);
