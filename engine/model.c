@@ -13,6 +13,9 @@
 // - The attention mask is one number per token: the first key it sees (its document's start,
 //   or the sliding window's, whichever is later), built on the host with the batch.
 //
+// Generation (model_prefill, model_decode) runs this forward with a KV cache: each layer stores
+// its k, v rows there, and a decode step (one row per sequence) attends over the cache.
+//
 // Activations of a block live in a slot: slot l for block l, or one shared slot 0 with
 // gradient checkpointing, where only the block inputs (res) are kept and backward runs
 // the block's forward again into slot 0 first (same ops, same bits).
@@ -1008,8 +1011,31 @@ static void mla_project(Model *m, const LayerParams *p, const Slot *x) {
     mla_move_kv(m, x->qkv, a->proj, true);
 }
 
-// x.mid = res + attn(input_norm(res)) of layer l.
-static void attention_forward(Model *m, const LayerParams *p, const Slot *x, const void *res) {
+// Generation: layer l's cached keys; its values follow them (KvCache).
+static void *cached_keys(const Model *m, int l) {
+    const KvCache *c = m->cache;
+    return at(m, c->kv, 2 * (size_t)(l - m->first_block) * c->layer_elems);
+}
+
+// The k and v rows (token stride QKV) of the forward into layer l's cache: a prefill's T rows of
+// each sequence at positions 0..T-1, a decode's one row per sequence at its position.
+static void cache_store(Model *m, int l, const void *k, const void *v) {
+    const ModelActs *a = m->acts;
+    const KvCache *c = m->cache;
+    int KVD = m->cfg.num_key_value_heads * m->cfg.head_dim, QKV = (int)qkv_width(&m->cfg);
+    void *keys = cached_keys(m, l), *values = at(m, keys, c->layer_elems);
+    for (int b = 0; b < a->B; b++) {
+        size_t dst = ((size_t)b * c->max_len + (c->pos ? c->pos[b] : 0)) * KVD,
+               src = (size_t)b * a->T * QKV;
+        m->be->copy_rows(at(m, keys, dst), KVD, at(m, k, src), QKV, a->T, KVD);
+        m->be->copy_rows(at(m, values, dst), KVD, at(m, v, src), QKV, a->T, KVD);
+    }
+}
+
+// x.mid = res + attn(input_norm(res)) of layer l; while decoding (m->cache->pos), attention over
+// the cache instead of the batch's own rows.
+static void attention_forward(Model *m, int l, const LayerParams *p, const Slot *x,
+                              const void *res) {
     ModelActs *a = m->acts;
     const Backend *be = m->be;
     const ModelConfig *c = &m->cfg;
@@ -1034,8 +1060,16 @@ static void attention_forward(Model *m, const LayerParams *p, const Slot *x, con
                         weight(m, p->k_norm), N, KVH, D, QKV, c->rms_norm_eps);
     }
     if (c->qk_norm_before_rope) rope_heads(m, qk, 1);
-    be->attention_fwd(x->att, x->lse, qk, at(m, qk, (size_t)H * D),
-                      at(m, x->qkv, (size_t)(H + KVH) * D), a->doc_start, B, T, H, KVH, D, QKV);
+    const void *k = at(m, qk, (size_t)H * D), *v = at(m, x->qkv, (size_t)(H + KVH) * D);
+    const KvCache *cache = m->cache;
+    if (cache) cache_store(m, l, k, v);
+    if (cache && cache->pos) {
+        void *keys = cached_keys(m, l);
+        be->attention_decode(x->att, qk, keys, at(m, keys, cache->layer_elems), cache->span, B, H,
+                             KVH, D, QKV, cache->max_len);
+    } else {
+        be->attention_fwd(x->att, x->lse, qk, k, v, a->doc_start, B, T, H, KVH, D, QKV);
+    }
     void *o_in = x->att;
     if (c->use_gated_attention) {
         o_in = x->gated;
@@ -1254,7 +1288,7 @@ static void layer_forward(Model *m, int l, int s) {
     Slot x = slot_at(m, s);
     void *res = at(m, a->res, r * nc), *res_next = at(m, a->res, (r + 1) * nc);
 
-    attention_forward(m, p, &x, res);
+    attention_forward(m, l, p, &x, res);
     be->rmsnorm_fwd(x.ln2, x.rstd2, x.mid, weight(m, p->post_norm), N, 1, C, C, c->rms_norm_eps);
     if (c->ffn_type == FFN_MOE) {
         moe_forward(m, p, &x, s, res_next);
@@ -1579,4 +1613,124 @@ void model_backward(Model *m, float loss_scale) {
 
 void model_backward_weighted(Model *m, const float *token_scale) {
     backward(m, token_scale, 1.0f);
+}
+
+// ---------------------------------------------------------------- generation
+
+static int check_generation(const Model *m, Err *err) {
+    if (model_is_stage(m))
+        return err_set(err,
+                       "generation: blocks [%d, %d) of %d are a pipeline stage; it needs the "
+                       "whole model",
+                       m->first_block, m->end_block, m->cfg.num_hidden_layers);
+    if (expert_parallel(m))
+        return err_set(err,
+                       "generation: ep_size %d: expert parallelism is not supported (each "
+                       "rank generates with all of its experts)",
+                       m->experts.size);
+    return 0;
+}
+
+void model_cache_free(const Model *m, KvCache *c) {
+    m->be->free(c->kv);
+    m->be->free(c->span);
+    free(c->host_span);
+    memset(c, 0, sizeof *c);
+}
+
+int model_cache_create(const Model *m, KvCache *c, int B, int max_len, Err *err) {
+    const ModelConfig *cf = &m->cfg;
+    memset(c, 0, sizeof *c);
+    if (check_generation(m, err)) return -1;
+    if (!m->be->attention_decode)
+        return err_set(err,
+                       "generation: the %s backend has no attention_decode (generation runs "
+                       "on the CPU backend)",
+                       m->be->name);
+    if (B < 1 || max_len < 1 || max_len > cf->max_position_embeddings)
+        return err_set(err,
+                       "generation: a KV cache of %d sequences of %d positions "
+                       "(max_position_embeddings %d)",
+                       B, max_len, cf->max_position_embeddings);
+    c->B = B;
+    c->max_len = max_len;
+    c->layer_elems = (size_t)B * max_len * cf->num_key_value_heads * cf->head_dim;
+    size_t bytes = 2 * (size_t)n_blocks(m) * c->layer_elems * dtype_size(m->be->dtype);
+    if (!(c->kv = m->be->alloc(bytes, err)) ||
+        !(c->span = m->be->alloc(2 * (size_t)B * sizeof *c->span, err))) {
+        model_cache_free(m, c);
+        return err_prefix(err, "generation: a KV cache of %d x %d positions", B, max_len);
+    }
+    if (!(c->host_span = malloc(2 * (size_t)B * sizeof *c->host_span))) {
+        model_cache_free(m, c);
+        return err_resource(err, "generation: out of memory for %d sequences' spans", B);
+    }
+    return 0;
+}
+
+// forward() as generation runs it, with the cache c (NULL: none): no NEFTune noise (AstrAI's
+// Embedding adds it in training mode only) and no expert-load counts (they are the training's).
+static int generation_forward(Model *m, KvCache *c, const int32_t *tokens, const int32_t *pos,
+                              int B, int T, Err *err) {
+    float alpha = m->neftune_alpha;
+    int64_t *loads = m->expert_tokens;
+    m->neftune_alpha = 0.0f;
+    m->expert_tokens = NULL;
+    m->cache = c;
+    int rc = forward(m, tokens, NULL, NULL, pos, B, T, 0.0f, err);
+    m->neftune_alpha = alpha;
+    m->expert_tokens = loads;
+    m->cache = NULL;
+    return rc < 0 ? -1 : 0;
+}
+
+// logits: (B,V) host fp32 = row (b, lens[b] - 1) of the last forward's (lens NULL: row (b, 0)).
+static void download_last_logits(const Model *m, const int *lens, float *logits) {
+    const ModelActs *a = m->acts;
+    size_t V = (size_t)m->cfg.vocab_size;
+    for (int b = 0; b < a->B; b++) {
+        size_t row = (size_t)b * a->T + (lens ? (size_t)lens[b] - 1 : 0);
+        m->be->download_f32(logits + b * V, at(m, a->logits, row * V), V);
+    }
+}
+
+int model_prefill(Model *m, KvCache *c, const int32_t *tokens, const int *lens, int B, int T,
+                  float *logits, Err *err) {
+    if (check_generation(m, err)) return -1;
+    if (c && (c->B != B || T > c->max_len))
+        return err_set(err,
+                       "generation: a prefill of %d sequences of %d tokens into a KV cache "
+                       "of %d x %d",
+                       B, T, c->B, c->max_len);
+    for (int b = 0; b < B; b++)
+        if (lens[b] < 1 || lens[b] > T)
+            return err_set(err, "generation: sequence %d of %d tokens in a prefill of %d", b,
+                           lens[b], T);
+    if (c) c->pos = NULL;
+    if (generation_forward(m, c, tokens, NULL, B, T, err)) return -1;
+    download_last_logits(m, lens, logits);
+    return 0;
+}
+
+int model_decode(Model *m, KvCache *c, const int32_t *tokens, const int32_t *pos, float *logits,
+                 Err *err) {
+    const ModelConfig *cf = &m->cfg;
+    int B = c->B, W = cf->sliding_window;
+    for (int b = 0; b < B; b++) {
+        if (pos[b] < 0 || pos[b] >= c->max_len)
+            return err_set(err, "generation: position %d of sequence %d outside its KV cache of %d",
+                           pos[b], b, c->max_len);
+        int first = W ? pos[b] - W + 1 : 0; // transformers' window: keys j > pos - W
+        c->host_span[b] = first > 0 ? first : 0;
+        c->host_span[B + b] = pos[b] + 1;
+    }
+    m->be->upload(c->span, c->host_span, 2 * (size_t)B * sizeof *c->span);
+    if (m->be->attention_reserve && m->be->attention_reserve(c->max_len, cf->head_dim, err))
+        return -1;
+    c->pos = pos;
+    int rc = generation_forward(m, c, tokens, pos, B, 1, err);
+    c->pos = NULL;
+    if (rc) return -1;
+    download_last_logits(m, NULL, logits);
+    return 0;
 }

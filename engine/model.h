@@ -56,6 +56,17 @@ typedef struct {
     void *ctx;
 } ModelHooks;
 
+// Generation's KV cache (engine/generate.h): every layer's keys (after RoPE and qk-norm, as
+// attention reads them) and values of B sequences, max_len positions each.
+typedef struct {
+    int B, max_len;
+    size_t layer_elems; // B * max_len * KVH * D: one layer's keys (its values follow them)
+    void *kv;           // backend (L, 2, B, max_len, KVH, D) compute dtype
+    int32_t *span;      // backend (2,B): the keys each decoded query sees (attention_decode)
+    int32_t *host_span; // host (2,B), its staging
+    const int32_t *pos; // host (B) the positions being decoded; NULL while prefilling
+} KvCache;
+
 // Flat buffers of model_acquire / model_release.
 enum { MODEL_WEIGHTS = 1, MODEL_MASTER = 2, MODEL_GRADS = 4 };
 
@@ -98,6 +109,7 @@ typedef struct {
     // it itself; backward, which returns nothing, leaves it for its caller.
     bool faulted;
     Err fault;
+    KvCache *cache; // set by model_prefill / model_decode for their forward only
     ModelPlan *plan;
     ModelActs *acts;      // the activation set forward and backward use (model_select_acts)
     ModelActs **act_sets; // n_act_sets, each sized for the largest (B,T) it has seen
@@ -202,6 +214,28 @@ void model_backward(Model *m, float loss_scale);
 void model_backward_weighted(Model *m, const float *token_scale);
 
 void model_zero_grad(Model *m);
+
+// ---------------------------------------------------------------- generation (engine/generate.h)
+// A whole model (no pipeline stage) without expert parallelism, on a backend with
+// attention_decode; errors name what is missing. The forwards below use the current activation
+// set, add no NEFTune noise and do not count expert loads.
+
+// A cache of B sequences of up to max_len positions (max_len <= max_position_embeddings).
+int model_cache_create(const Model *m, KvCache *c, int B, int max_len, Err *err);
+void model_cache_free(const Model *m, KvCache *c); // takes a zeroed or freed cache too
+
+// The forward of B sequences, right-padded to T: tokens (B,T) host, lens (B) their lengths (1..T;
+// positions 0..T-1, causal, so a sequence never sees its padding). logits: (B,V) host fp32, the
+// last real position's of each. With a cache (c->B == B, T <= c->max_len) every layer's keys
+// and values of positions [0, T) are stored in it; c NULL: the plain forward (generation
+// without a cache recomputes the whole sequences every step).
+int model_prefill(Model *m, KvCache *c, const int32_t *tokens, const int *lens, int B, int T,
+                  float *logits, Err *err);
+// One token per sequence: tokens (B), pos (B) host, sequence b's token at position pos[b] <
+// c->max_len, whose positions [0, pos[b]) the cache holds; stores its keys and values at pos[b]
+// and attends over them (the sliding window's part of them). logits: (B,V) host fp32.
+int model_decode(Model *m, KvCache *c, const int32_t *tokens, const int32_t *pos, float *logits,
+                 Err *err);
 
 void model_reset_expert_tokens(Model *m);
 
