@@ -33,3 +33,8 @@ astrai_py_test(test_sample_torch test_sample.py)
 # attention_decode over a KV cache gives attention_fwd's rows bit for bit (CPU).
 astrai_c_test(test_attention_decode tests/test_attention_decode.c)
 
+# gen_dump: engine/generate.h on prompts, driven by test_generate_ref.py (greedy against the
+# PyTorch reference, with and without the KV cache, batches against single prompts, seeds).
+add_executable(gen_dump tests/gen_dump.c)
+target_link_libraries(gen_dump PRIVATE astrai_core)
+astrai_py_test(test_generate_ref test_generate_ref.py)
