@@ -1,10 +1,11 @@
-// generate.h: text generation with the model (docs/design.md §17, issue 32): prefill of the
+// generate.h: text generation with the model (DESIGN.md §17, issue 32): prefill of the
 // prompts, then one token per sequence per step with a KV cache (engine/model.h model_prefill,
 // model_decode), each drawn by engine/sample.h.
 //
 // The prompts run as one batch, right-padded to the longest: causal attention keeps a sequence
 // from seeing its padding, so each gets what it would alone (up to the GEMMs' rounding, which
-// does not depend on the batch), while the projections stay one GEMM over all prompts. A
+// may change with their row count), while the projections stay one GEMM over all prompts
+// (running them one by one would make every GEMM of the prefill B times smaller). A
 // finished sequence's row keeps running (at position 0, its cache no longer read) until every
 // sequence has finished: the batch keeps its shape.
 //

@@ -33,6 +33,10 @@ astrai_py_test(test_sample_torch test_sample.py)
 # attention_decode over a KV cache gives attention_fwd's rows bit for bit (CPU).
 astrai_c_test(test_attention_decode tests/test_attention_decode.c)
 
+# What generation refuses (no attention_decode, a pipeline stage, expert parallelism, bad
+# options), by name; it leaves NEFTune and the expert loads alone.
+astrai_c_test(test_generate tests/test_generate.c)
+
 # gen_dump: engine/generate.h on prompts, driven by test_generate_ref.py (greedy against the
 # PyTorch reference, with and without the KV cache, batches against single prompts, seeds).
 add_executable(gen_dump tests/gen_dump.c)
