@@ -140,7 +140,7 @@ static int draw(Run *r, int b, Generation *g, Err *err) {
     g->n++;
     g->stopped = is_stop(o, token);
     r->seq[(size_t)b * r->cap + r->n[b]++] = token;
-    return 0;
+    return o->on_token ? o->on_token(o->on_token_ctx, b, g, err) : 0;
 }
 
 static int run_steps(Run *r, Generation *out, Err *err) {

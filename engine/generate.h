@@ -19,6 +19,8 @@
 #include "engine/model.h"
 #include "engine/sample.h"
 
+struct Generation;
+
 typedef struct {
     SampleOptions sample;
     int max_tokens;          // >= 1: the most tokens generated per sequence
@@ -26,10 +28,15 @@ typedef struct {
     int n_stop;              // >= 0
     uint64_t first_sequence; // the sampler's sequence index of prompt 0 (b + first_sequence)
     bool no_cache;           // recompute the whole sequences every step (tests, a reference)
+    // Called, when set, after each token is drawn for sequence b, with its output so far
+    // (out[b]: the token is its last); a non-zero return stops the generation with that
+    // failure in err (astrai-generate streams the text as it comes).
+    int (*on_token)(void *ctx, int b, const struct Generation *g, Err *err);
+    void *on_token_ctx;
 } GenerateOptions;
 
 // One sequence's output; a stop token, when one ended it, is its last token.
-typedef struct {
+typedef struct Generation {
     int32_t *tokens;       // (n)
     float *logprobs;       // (n) under the distribution each was drawn from (sample_token's)
     float *model_logprobs; // (n) under the untempered model (sample_model_logprob)

@@ -42,3 +42,8 @@ astrai_c_test(test_generate tests/test_generate.c)
 add_executable(gen_dump tests/gen_dump.c)
 target_link_libraries(gen_dump PRIVATE astrai_core)
 astrai_py_test(test_generate_ref test_generate_ref.py)
+# astrai-generate: its JSON lines against gen_dump (text, jsonl with a chat template, seeds)
+# and its refusals.
+if(TARGET astrai-generate)
+  astrai_py_test(test_astrai_generate test_astrai_generate.py)
+endif()

@@ -8,7 +8,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include "common/buf.h"
 #include "common/error.h"
@@ -16,6 +15,7 @@
 #include "common/fsutil.h"
 #include "common/json.h"
 #include "data/chat_template.h"
+#include "data/conversation.h"
 #include "data/dataset.h"
 #include "data/jsonl.h"
 #include "data/records.h"
@@ -184,65 +184,7 @@ static int append_text(const SftCtx *ctx, const char *text, size_t n, int loss, 
 // The template: --chat_template's file, else tokenizer_config.json's "chat_template".
 static int load_chat_template(SftCtx *ctx, Err *err) {
     if (ctx->chat_template) return 0;
-    const char *file = ctx->chat_template_file;
-    const char *source = file ? NULL : tokenizer_config_string(ctx->tok, "chat_template");
-    char *text = NULL;
-    size_t len;
-    if (file && fs_read_file(file, &text, &len, err) != 0)
-        return err_prefix(err, "--chat_template");
-    if (text && strlen(text) != len) {
-        free(text);
-        return err_set(err, "--chat_template %s: holds a NUL byte", file);
-    }
-    if (!file && !source)
-        return err_set(err, "a conversation (\"messages\") needs a chat template: the tokenizer "
-                            "has no tokenizer_config.json \"chat_template\" string; give "
-                            "--chat_template FILE");
-    int rc = chat_template_parse(file ? text : source,
-                                 file ? file : "tokenizer_config.json \"chat_template\"",
-                                 &ctx->chat_template, err);
-    free(text);
-    return rc;
-}
-
-static int check_message(const cJSON *m, int i, Err *err) {
-    if (!cJSON_IsObject(m)) return err_set(err, "\"messages\"[%d] is not an object", i);
-    for (const cJSON *e = m->child; e; e = e->next)
-        if (strcmp(e->string, "role") != 0 && strcmp(e->string, "content") != 0)
-            return err_set(err,
-                           "\"messages\"[%d]: unknown key \"%s\" (a message has \"role\" and "
-                           "\"content\")",
-                           i, e->string);
-    const cJSON *role = cJSON_GetObjectItemCaseSensitive(m, "role");
-    const cJSON *content = cJSON_GetObjectItemCaseSensitive(m, "content");
-    if (!cJSON_IsString(role))
-        return err_set(err, "\"messages\"[%d]: \"role\" is missing or not a string", i);
-    if (strcmp(role->valuestring, "system") != 0 && strcmp(role->valuestring, "user") != 0 &&
-        strcmp(role->valuestring, "assistant") != 0)
-        return err_set(err, "\"messages\"[%d]: unknown role \"%s\" (system, user or assistant)", i,
-                       role->valuestring);
-    if (!cJSON_IsString(content))
-        return err_set(err, "\"messages\"[%d]: \"content\" is missing or not a string", i);
-    return 0;
-}
-
-// A conversation's messages, pointing into the record (*msgs malloc'd).
-static int read_messages(const cJSON *list, ChatMessage **msgs, int *n, Err *err) {
-    if (!cJSON_IsArray(list) || !list->child)
-        return err_set(err, "\"messages\" must be a non-empty list of {\"role\", \"content\"}");
-    *n = cJSON_GetArraySize(list);
-    if (!(*msgs = malloc((size_t)*n * sizeof **msgs)))
-        return err_resource(err, "out of memory for %d messages", *n);
-    int i = 0;
-    for (const cJSON *m = list->child; m; m = m->next, i++) {
-        if (check_message(m, i, err) != 0) {
-            free(*msgs);
-            return -1;
-        }
-        (*msgs)[i] = (ChatMessage){cJSON_GetObjectItemCaseSensitive(m, "role")->valuestring,
-                                   cJSON_GetObjectItemCaseSensitive(m, "content")->valuestring};
-    }
-    return 0;
+    return conversation_template(ctx->tok, ctx->chat_template_file, &ctx->chat_template, err);
 }
 
 // A conversation = one document: the template's rendering, tokenized segment by segment
@@ -251,7 +193,7 @@ static int read_messages(const cJSON *list, ChatMessage **msgs, int *n, Err *err
 static int prep_conversation(SftCtx *ctx, const cJSON *messages, Err *err) {
     ChatMessage *msgs = NULL;
     int n = 0;
-    if (load_chat_template(ctx, err) != 0 || read_messages(messages, &msgs, &n, err) != 0)
+    if (load_chat_template(ctx, err) != 0 || conversation_messages(messages, &msgs, &n, err) != 0)
         return -1;
     char *text;
     size_t len;
@@ -300,29 +242,10 @@ static int prep_sft_record(const cJSON *rec, void *ctx_, Err *err) {
     return check_document_length(pos, err);
 }
 
-// The template's variables: the tokenizer's special tokens, and the time strftime_now
-// formats: $SOURCE_DATE_EPOCH if set, else now (one time for the whole file).
-static int chat_vars(const Tokenizer *tok, ChatVars *vars, Err *err) {
-    *vars = (ChatVars){.bos_token = tokenizer_config_string(tok, "bos_token"),
-                       .eos_token = tokenizer_config_string(tok, "eos_token"),
-                       .pad_token = tokenizer_config_string(tok, "pad_token"),
-                       .unk_token = tokenizer_config_string(tok, "unk_token"),
-                       .now = time(NULL)};
-    const char *epoch = getenv("SOURCE_DATE_EPOCH");
-    if (!epoch) return 0;
-    char *end;
-    errno = 0;
-    long long v = strtoll(epoch, &end, 10);
-    if (errno || end == epoch || *end || v < 0)
-        return err_set(err, "SOURCE_DATE_EPOCH: '%s' is not a number of seconds", epoch);
-    vars->now = (time_t)v;
-    return 0;
-}
-
 static int prep_sft_file(const char *path, const Tokenizer *tok, const char *chat_template,
                          const ChatLimits *limits, Stream *s, Err *err) {
     SftCtx ctx = {.tok = tok, .s = s, .chat_template_file = chat_template};
-    if (chat_vars(tok, &ctx.vars, err) != 0) return -1;
+    if (conversation_vars(tok, &ctx.vars, err) != 0) return -1;
     ctx.vars.limits = limits;
     int rc = jsonl_each(path, prep_sft_record, &ctx, NULL, NULL, err);
     chat_template_free(ctx.chat_template);
