@@ -156,7 +156,7 @@ struct Backend {
     // contiguous; span: (2,B), query b sees the keys [span[b], span[B+b]) of its sequence
     // (0 <= span[b] < span[B+b] <= max_len); out: (B,H,D) contiguous. Scale and head sharing as
     // attention_fwd's, the same arithmetic per query row. attention_reserve(max_len, D) first.
-    // NULL where generation is not implemented (CUDA): the model refuses to generate there.
+    // NULL where generation is not implemented: the model refuses to generate there.
     void (*attention_decode)(void *out, const void *q, const void *k_cache, const void *v_cache,
                              const int32_t *span, int B, int H, int KVH, int D, int q_stride,
                              int max_len);

@@ -1643,10 +1643,7 @@ int model_cache_create(const Model *m, KvCache *c, int B, int max_len, Err *err)
     memset(c, 0, sizeof *c);
     if (check_generation(m, err)) return -1;
     if (!m->be->attention_decode)
-        return err_set(err,
-                       "generation: the %s backend has no attention_decode (generation runs "
-                       "on the CPU backend)",
-                       m->be->name);
+        return err_set(err, "generation: the %s backend has no attention_decode", m->be->name);
     if (B < 1 || max_len < 1 || max_len > cf->max_position_embeddings)
         return err_set(err,
                        "generation: a KV cache of %d sequences of %d positions "

@@ -1,5 +1,5 @@
 // test_generate.c: what engine/generate.h refuses, each with a message naming the value at
-// fault: a backend without attention_decode (CUDA's case, here the CPU table without it; the
+// fault: a backend without attention_decode (here the CPU table without it; the
 // recomputation without a cache still runs there and gives the cached run's tokens), a pipeline
 // stage, expert parallelism, bad options; and that generation leaves the training's NEFTune
 // setting and expert-load counts as they were. The numbers themselves: test_generate_ref.py.

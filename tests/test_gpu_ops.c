@@ -2,7 +2,7 @@
 // (engine/backend.h), every op of the Backend table, on random inputs from a fixed seed, in
 // the three compute dtypes (fp32, bf16, fp16); and the determinism of the ops whose
 // reductions could be reordered. The memory ops (upload, download, copy, zero, cast_from_f32,
-// download_f32) must be exact.
+// download_f32) must be exact. Generation's attention_decode too (after the others).
 //
 // Metric, per output tensor: max|cuda - cpu| / max(1e-6, max|cpu|), the largest error
 // relative to the tensor's scale (so elements near 0 do not dominate), the CPU being the
@@ -71,6 +71,7 @@ static const Tolerance TOLERANCES[] = {
     {"attention_fwd.lse", 1e-5, 1e-3, 1e-3, "fp32 logsumexp of fp32-accumulated exact products"},
     {"attention_bwd", 1e-5, 3e-2, 8e-3, "16-bit outputs; P and dS rounded to 16 bits for GEMMs"},
     {"attention_kernels", 0, 0, 0, "16-bit at D=64/128: the tensor-core kernels ran (fp32: SIMT)"},
+    {"attention_decode", 1e-5, 1e-2, 2.5e-3, "16-bit output, fp32 math (P stays fp32)"},
     {"swiglu_fwd", 1e-5, 1e-2, 2.5e-3, "16-bit output, fp32 math"},
     {"swiglu_bwd", 1e-5, 1e-2, 2.5e-3, "16-bit output, fp32 math"},
     {"copy_rows", 0, 0, 0, "a strided row copy: bit-exact"},
@@ -1458,6 +1459,54 @@ static void test_determinism(Ctx *c) {
     }
 }
 
+// ---------------------------------------------------------------- generation
+// attention_decode: one query per sequence and head over a KV cache (B, max_len, KVH, D);
+// sequence b sees keys [end - window, end) (window 0: [0, end)) with end the full cache, one
+// key, 33 keys (one past the CUDA kernel's 32-key tile) or about half of it, in turn; every
+// other cached key is random (it must be ignored). q rows strided as the model's qkv rows.
+// Against the CPU, then twice on the GPU: the same bits.
+static void test_attention_decode(Ctx *c, int B, int H, int KVH, int D, int max_len, int window) {
+    int S = (H + 2 * KVH) * D;
+    size_t nq = (size_t)B * S, nc = (size_t)B * max_len * KVH * D, no = (size_t)B * H * D;
+    char sh[80];
+    snprintf(sh, sizeof sh, "B=%d H=%d KVH=%d D=%d max_len=%d window %d", B, H, KVH, D, max_len,
+             window);
+    int32_t *span = xmalloc(2 * (size_t)B * sizeof *span);
+    for (int b = 0; b < B; b++) {
+        int ends[4] = {max_len, 1, 33 < max_len ? 33 : max_len, max_len / 2 + 1};
+        int end = ends[b % 4], first = window ? end - window : 0;
+        span[b] = first > 0 ? first : 0;
+        span[B + b] = end;
+    }
+    float *q = host_rand(nq, -2, 2), *k = host_rand(nc, -2, 2), *v = host_rand(nc, -1, 1);
+    float *out0 = host_rand(no, -1, 1);
+    Pair pq = pair_act(c, q, nq), pk = pair_act(c, k, nc), pv = pair_act(c, v, nc);
+    Pair po = pair_act(c, out0, no), ps = pair_i32(c, span, 2 * (size_t)B);
+    Err err = {0};
+    if (c->cpu->attention_reserve(max_len, D, &err)) {
+        fprintf(stderr, "test_gpu_ops: %s\n", err.msg);
+        exit(1);
+    }
+    c->cpu->attention_decode(po.cpu, pq.cpu, pk.cpu, pv.cpu, ps.cpu, B, H, KVH, D, S, max_len);
+    c->gpu->attention_decode(po.gpu, pq.gpu, pk.gpu, pv.gpu, ps.gpu, B, H, KVH, D, S, max_len);
+    compare(c, "attention_decode", sh, &po);
+    size_t bytes = no * dtype_size(c->dt);
+    void *again = be_alloc(c, c->gpu, bytes);
+    c->gpu->attention_decode(again, pq.gpu, pk.gpu, pv.gpu, ps.gpu, B, H, KVH, D, S, max_len);
+    same_bits(c, "determinism.attention_decode", sh, po.gpu, again, bytes);
+    release(c);
+    free(span), free(q), free(k), free(v), free(out0);
+}
+
+static void test_generation_ops(Ctx *c) {
+    for (int D = 64; D <= 128; D *= 2) {
+        test_attention_decode(c, 4, 8, 2, D, 300, 0);   // groups of 4, causal
+        test_attention_decode(c, 4, 8, 1, D, 300, 100); // a group of 8, a sliding window
+    }
+    test_attention_decode(c, 3, 12, 1, 96, 130, 0); // a group of 12: two chunks of heads
+    test_attention_decode(c, 2, 6, 6, 37, 70, 20);  // no sharing, an odd head_dim
+}
+
 // ---------------------------------------------------------------- main
 static void run_all(Ctx *c) {
     test_memory(c);
@@ -1484,6 +1533,7 @@ static void run_all(Ctx *c) {
     test_muon(c, 768, 256); // rows > cols: transposed
     test_determinism(c);
     if (c->dt == DT_F16) test_f16_overflow(c); // last: the other modes' inputs stay as they were
+    test_generation_ops(c); // after all: the inputs before are those they always were
 }
 
 int main(void) {

@@ -1,5 +1,6 @@
 // attention.cu: flash-style causal GQA attention with document masks (CUDA), forward and
-// backward; see engine/backend.h (attention_fwd, attention_bwd) and engine/cpu/attention.c.
+// backward, and generation's decoding step over a KV cache; see engine/backend.h
+// (attention_fwd, attention_bwd, attention_decode) and engine/cpu/attention.c.
 //
 // No (T,T) matrix ever reaches global memory: a block holds a tile of queries and walks the
 // key tiles it can see, keeping a running max and sum per query row (online softmax); the
@@ -368,6 +369,99 @@ __global__ void __launch_bounds__(kSimtThreads)
     for (int e = tid; e < BQ * D; e += NT) {
         int r = e / D, d = e - r * D;
         if (i0 + r < T) dq[q_at + (size_t)(i0 + r) * stride + d] = from_float<E>(dQs[e]);
+    }
+}
+
+// ================================================================ decoding (SIMT)
+//
+// attention_decode: one new query per (sequence, head) over the sequence's cached keys
+// [span[b], span[B+b]). One block per (sequence, kv head, chunk of up to kDecRows of the
+// group's query heads), not per (sequence, head): the query heads of a GQA group see the same
+// keys and values, so each tile of the cache is read once into shared memory for all of them
+// (a decode step reads the whole cache and is bound by that read, not by its few FLOPs), and
+// the chunk keeps shared memory bounded for any group (a group past kDecRows heads reads the
+// tiles once per chunk). Per tile of kDecBK keys, as attn_fwd_simt per key tile: scores (one
+// thread per entry, fp32 FMAs in d order), online softmax (one warp per head, a lane per key),
+// O = O * rescale + P V (one thread per element, keys in order). No split over the keys: every
+// output element is written by one thread after sums in a fixed order, so the results are
+// bitwise reproducible. 16-bit storage is widened to fp32 on loading; no tensor-core path (a
+// chunk is at most 8 query rows, where an m16 tile would be at least half padding).
+constexpr int kDecRows = 8, kDecBK = 32; // query heads per block; keys per tile (one per lane)
+
+// Shared memory of attn_decode_simt, in floats: Q, O (kDecRows,D), K (BK,D+1), V (BK,D),
+// S/P (kDecRows,BK), row max, sum, rescale (kDecRows each).
+size_t simt_smem_decode(int D) {
+    return sizeof(float) * ((size_t)kDecRows * D * 2 + (size_t)kDecBK * (2 * D + 1) +
+                            kDecRows * kDecBK + 3 * kDecRows);
+}
+
+// out: (B,H,D); q: (B,H,D) of row stride q_stride; k_cache, v_cache: (B,max_len,KVH,D).
+// Grid (KVH * chunks, B): block x = kvh * chunks + chunk.
+template <typename E>
+__global__ void __launch_bounds__(kSimtThreads)
+    attn_decode_simt(E *out, const E *q, const E *k_cache, const E *v_cache, const int32_t *span,
+                     int B, int H, int KVH, int D, int q_stride, int max_len) {
+    constexpr int R = kDecRows, BK = kDecBK, NT = kSimtThreads;
+    extern __shared__ __align__(16) unsigned char smem_raw[];
+    float *Qs = (float *)smem_raw, *Os = Qs + R * D, *Ks = Os + R * D, *Vs = Ks + BK * (D + 1);
+    float *Ps = Vs + BK * D, *row_m = Ps + R * BK, *row_l = row_m + R, *row_a = row_l + R;
+
+    const int group = H / KVH, chunks = (group + R - 1) / R, b = blockIdx.y;
+    const int kvh = blockIdx.x / chunks, h0 = kvh * group + (blockIdx.x % chunks) * R;
+    const int rows = min(R, (kvh + 1) * group - h0);
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const float scale = 1.0f / sqrtf((float)D);
+    // The visible keys, clamped to the cache (a malformed span reads nothing outside it).
+    const int j_begin = max(span[b], 0), j_end = min(span[B + b], max_len);
+    const size_t kv_stride = (size_t)KVH * D;
+    const E *kb = k_cache + (size_t)b * max_len * kv_stride + (size_t)kvh * D;
+    const E *vb = v_cache + (size_t)b * max_len * kv_stride + (size_t)kvh * D;
+
+    // The chunk's query heads (rows past `rows` zero: their results are never stored).
+    load_rows_f32(Qs, D, q + (size_t)b * q_stride + (size_t)h0 * D, 0, R, rows, D, D);
+    for (int e = tid; e < R * D; e += NT)
+        Os[e] = 0.0f;
+    if (tid < R) {
+        row_m[tid] = -INFINITY;
+        row_l[tid] = 0.0f;
+    }
+    for (int j0 = j_begin; j0 < j_end; j0 += BK) {
+        load_rows_f32(Ks, D + 1, kb, j0, BK, j_end, D, (int)kv_stride); // keys >= j_end: zero
+        load_rows_f32(Vs, D, vb, j0, BK, j_end, D, (int)kv_stride);
+        __syncthreads(); // also orders the Q/O/row initialisation before the first use
+        for (int e = tid; e < R * BK; e += NT) {
+            int r = e / BK, c = e % BK;
+            Ps[e] = j0 + c < j_end ? dot_f32(Qs + r * D, Ks + c * (D + 1), D) * scale : -INFINITY;
+        }
+        __syncthreads();
+        for (int r = warp; r < R; r += NT / 32) {
+            float x = Ps[r * BK + lane];
+            float m_old = row_m[r], m_new = fmaxf(m_old, warp_reduce(x, MaxOp()));
+            float p = expf(x - m_new); // the tile's first key is visible: m_new is finite
+            float sum = warp_sum(p);
+            Ps[r * BK + lane] = p;
+            if (lane == 0) {
+                float alpha = expf(m_old - m_new); // 0 on the first tile (m_old = -inf)
+                row_l[r] = row_l[r] * alpha + sum;
+                row_m[r] = m_new;
+                row_a[r] = alpha;
+            }
+        }
+        __syncthreads();
+        for (int e = tid; e < R * D; e += NT) {
+            int r = e / D, d = e - r * D;
+            float acc = Os[e] * row_a[r];
+            for (int c = 0; c < BK; c++)
+                acc = fmaf(Ps[r * BK + c], Vs[c * D + d], acc);
+            Os[e] = acc;
+        }
+        __syncthreads(); // K, V, P and the row stats are rewritten by the next tile
+    }
+    __syncthreads(); // when no key tile ran: the initialisation above
+    E *ob = out + ((size_t)b * H + h0) * D;
+    for (int e = tid; e < rows * D; e += NT) {
+        float l = row_l[e / D];
+        ob[e] = from_float<E>(l > 0.0f ? Os[e] / l : 0.0f); // an empty span: zeros
     }
 }
 
@@ -1069,6 +1163,17 @@ void attention_bwd(E *dq, E *dk, E *dv, const E *dout, const E *out, const float
     }
 }
 
+// One launch; the SIMT kernel in every dtype (see attn_decode_simt).
+template <typename E>
+void attention_decode(E *out, const E *q, const E *k_cache, const E *v_cache, const int32_t *span,
+                      int B, int H, int KVH, int D, int q_stride, int max_len) {
+    if (!shape_ok("attention_decode", B, max_len, H, KVH, D) || B <= 0 || max_len <= 0) return;
+    last_kernels = "simt";
+    const int chunks = cu_ceil_div(H / KVH, kDecRows);
+    launch(attn_decode_simt<E>, dim3(KVH * chunks, B), kSimtThreads, simt_smem_decode(D), out, q,
+           k_cache, v_cache, span, B, H, KVH, D, q_stride, max_len);
+}
+
 } // namespace
 
 #define ATTENTION_OPS(S, E)                                                                        \
@@ -1085,6 +1190,12 @@ void attention_bwd(E *dq, E *dk, E *dv, const E *dout, const E *out, const float
         attention_bwd<E>((E *)dq, (E *)dk, (E *)dv, (const E *)dout, (const E *)out, lse,          \
                          (const E *)q, (const E *)k, (const E *)v, doc_start, B, T, H, KVH, D,     \
                          qkv_stride);                                                              \
+    }                                                                                              \
+    void cuda_attention_decode_##S(void *out, const void *q, const void *k_cache,                  \
+                                   const void *v_cache, const int32_t *span, int B, int H,         \
+                                   int KVH, int D, int q_stride, int max_len) {                    \
+        attention_decode<E>((E *)out, (const E *)q, (const E *)k_cache, (const E *)v_cache, span,  \
+                            B, H, KVH, D, q_stride, max_len);                                      \
     }
 
 ATTENTION_OPS(f32, float)

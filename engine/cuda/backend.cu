@@ -108,6 +108,7 @@ static void cuda_sync(void) {
         (b)->rope_bwd = cuda_rope_bwd_##S;                                                         \
         (b)->attention_fwd = cuda_attention_fwd_##S;                                               \
         (b)->attention_bwd = cuda_attention_bwd_##S;                                               \
+        (b)->attention_decode = cuda_attention_decode_##S;                                         \
         (b)->copy_rows = cuda_copy_rows_##S;                                                       \
         (b)->moe_route = cuda_moe_route_##S;                                                       \
         (b)->moe_route_bwd = cuda_moe_route_bwd_##S;                                               \

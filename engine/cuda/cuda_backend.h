@@ -51,7 +51,8 @@ void cuda_check_fail(int code, const char *call, const char *file, int line);
     } while (0)
 
 // The kernels the last attention op ran: "tensor-core", "simt" (the fallback is logged
-// once per reason), "none" before the first (attention.cu; for tests and benchmarks).
+// once per reason; attention_decode is always "simt"), "none" before the first (attention.cu;
+// for tests and benchmarks).
 const char *cuda_attention_kernels(void);
 
 // The Backend table of a compute dtype: DT_BF16, DT_F16, else fp32 (backend.cu); NULL
@@ -89,6 +90,9 @@ const Backend *cuda_backend(DType dtype);
                                 const float *lse, const void *q, const void *k, const void *v,     \
                                 const int32_t *doc_start, int B, int T, int H, int KVH, int D,     \
                                 int qkv_stride);                                                   \
+    void cuda_attention_decode_##S(void *out, const void *q, const void *k_cache,                  \
+                                   const void *v_cache, const int32_t *span, int B, int H,         \
+                                   int KVH, int D, int q_stride, int max_len);                     \
     /* moe.cu */                                                                                   \
     void cuda_copy_rows_##S(void *dst, int dst_stride, const void *src, int src_stride, int rows,  \
                             int cols);                                                             \

@@ -1,8 +1,9 @@
 // test_cuda_emu.cpp: the CUDA kernels of engine/cuda/ (embedding, rmsnorm, rope,
 // elementwise, cross_entropy, optim, attention, moe), run on the CPU emulator (emu.h; the sources
 // generated from the real .cu files by gen.py), against the CPU reference kernels
-// (engine/cpu/), in fp32, bf16 and fp16, and attention (its tensor-core and SIMT kernels)
-// against a float64 attention written here. Checks per op:
+// (engine/cpu/), in fp32, bf16 and fp16, and attention (its tensor-core and SIMT kernels, and
+// generation's attention_decode, which is checked against the CPU's too) against a float64
+// attention written here. Checks per op:
 // - the result matches the CPU's: bit for bit where the formulas promise it (copies, the
 //   embedding sums, casts, AdamW, scale, MoE's routing and combination), else within a
 //   tolerance (fp32 ~1e-5 relative; bf16 and fp16 outputs one bf16 / fp16 rounding of the fp32
@@ -74,6 +75,7 @@ template <typename T> struct Ops;
         static constexpr auto gaussian_noise_add = cuda_gaussian_noise_add_##S;                    \
         static constexpr auto attention_fwd = cuda_attention_fwd_##S;                              \
         static constexpr auto attention_bwd = cuda_attention_bwd_##S;                              \
+        static constexpr auto attention_decode = cuda_attention_decode_##S;                        \
         static constexpr auto copy_rows = cuda_copy_rows_##S;                                      \
         static constexpr auto moe_route = cuda_moe_route_##S;                                      \
         static constexpr auto moe_route_bwd = cuda_moe_route_bwd_##S;                              \
@@ -1323,6 +1325,112 @@ static void test_attention_f16() {
     test_attention<f16>(2, 130, 4, 2, 64, true, true, 0, 20);
 }
 
+// Generation's step (attention_decode): one query per sequence and head over its KV cache
+// (B, max_len, KVH, D), sequence b seeing keys [first, ends[b]) with first = ends[b] - window
+// (at least 0; window 0: causal), every other cached key random (it must be ignored). q rows
+// are strided as the model's fused qkv rows. Against the float64 attention (the SIMT path's
+// roundings: the stored output's only) and against the CPU's attention_decode given the same
+// rounded inputs (fp32 on both sides, then the output's rounding).
+template <typename T>
+void test_attention_decode(int H, int KVH, int D, int max_len, const std::vector<int> &ends,
+                           int window, int skew = 0) {
+    const int B = (int)ends.size(), S = (H + 2 * KVH) * D, group = H / KVH;
+    const size_t nc = (size_t)B * max_len * KVH * D, no = (size_t)B * H * D;
+    const std::vector<float> q = quant<T>(randn((size_t)B * S, 1.5f)),
+                             k = quant<T>(randn(nc, 1.5f)), v = quant<T>(randn(nc));
+    std::vector<int32_t> span(2 * (size_t)B);
+    std::string lens;
+    for (int b = 0; b < B; b++) {
+        span[B + b] = ends[b];
+        span[b] = window ? std::max(0, ends[b] - window) : 0;
+        lens += fmt("%s%d", b ? "," : "", ends[b]);
+    }
+    std::string tag = fmt(
+        "%s H%d KVH%d D%d max_len%d lens %s %s%s", Ops<T>::name, H, KVH, D, max_len, lens.c_str(),
+        window ? fmt("window %d", window).c_str() : "causal", skew ? " unaligned" : "");
+    const bool is_f16 = std::is_same<T, f16>::value;
+    const Rounding r = {sizeof(T) == 2 ? (is_f16 ? 0x1p-11 : 0x1p-8) : 0.0, 0.0,
+                        is_f16 ? 0x1p-25 : 0.0, 0.0};
+
+    // The float64 reference, with ref_attention_fwd's error magnitudes.
+    const double scale = 1.0 / sqrt((double)D);
+    Expect out(no);
+    std::vector<double> s(max_len), smag(max_len);
+    for (int b = 0; b < B; b++)
+        for (int h = 0; h < H; h++) {
+            const int kvh = h / group;
+            const float *qr = &q[(size_t)b * S + (size_t)h * D];
+            auto cached = [&](const std::vector<float> &c, int j) {
+                return &c[(((size_t)b * max_len + j) * KVH + kvh) * D];
+            };
+            double m = -INFINITY, l = 0, smax = 0;
+            for (int j = span[b]; j < span[B + b]; j++) {
+                s[j] = scale * dot_abs(qr, cached(k, j), D, &smag[j]);
+                smag[j] *= scale;
+                m = std::max(m, s[j]);
+                smax = std::max(smax, smag[j]);
+            }
+            for (int j = span[b]; j < span[B + b]; j++)
+                l += exp(s[j] - m);
+            for (int j = span[b]; j < span[B + b]; j++) {
+                const double pj = exp(s[j] - m) / l;
+                const float *vr = cached(v, j);
+                for (int d = 0; d < D; d++)
+                    out.add(((size_t)b * H + h) * D + d, pj * vr[d],
+                            (2 + 2 * smax) * fabs(pj * vr[d]), vr[d]);
+            }
+        }
+
+    Outs got = run_both("attention_decode " + tag, [&] {
+        Dev<T> dq(q, skew), dk(k, skew), dv(v, skew);
+        Dev<T> o(std::vector<float>(no, NAN), skew); // every element overwritten
+        Dev<int32_t> sp(span.size());
+        std::copy(span.begin(), span.end(), sp.get());
+        Ops<T>::attention_decode(o, dq, dk, dv, sp, B, H, KVH, D, S, max_len);
+        return Outs{o.floats()};
+    });
+    if (strcmp(cuda_attention_kernels(), "simt")) {
+        printf("FAIL attention_decode %s: ran the %s kernels, not the simt ones\n", tag.c_str(),
+               cuda_attention_kernels());
+        failures++;
+    }
+    check_within(fmt("attention_decode %s", tag.c_str()), got[0], out.floats(),
+                 attn_allowed(out, r));
+
+    Err err = {};
+    if (cpu_attention_reserve(max_len, D, &err)) {
+        printf("FAIL attention_decode %s: cpu_attention_reserve: %s\n", tag.c_str(), err.msg);
+        failures++;
+        return;
+    }
+    std::vector<float> cpu(no);
+    cpu_attention_decode(cpu.data(), q.data(), k.data(), v.data(), span.data(), B, H, KVH, D, S,
+                         max_len);
+    check("  vs the CPU's attention_decode", got[0], cpu, out_tol<T>(Tol{1e-5, 0, 1e-5}));
+}
+
+// Tiles of 32 keys and chunks of 8 query heads (attn_decode_simt): lengths 1, within, at and
+// past a tile (several tiles), spans not starting at a tile edge (windows), GQA groups 1 to 8
+// and 12 (two chunks, the second short), head dims 64 and 128 and odd ones, B > 1 with
+// different lengths, unaligned tensors. Run last: the random inputs before are unchanged.
+static void test_attention_decode_all() {
+    for (int g = 1; g <= 8; g++) // every group size, two sequences of different lengths
+        test_attention_decode<float>(2 * g, 2, 64, 72, {37, 70}, 0);
+    test_attention_decode<float>(8, 1, 128, 130, {130, 64, 1}, 0);
+    test_attention_decode<float>(12, 1, 37, 100, {45, 100}, 20);
+    test_attention_decode<float>(6, 2, 24, 97, {5, 40, 97}, 33);
+    test_attention_decode<float>(5, 5, 96, 8, {1, 2, 8}, 1); // each query sees its own key only
+    test_attention_decode<float>(4, 2, 256, 40, {33, 40}, 0);
+    test_attention_decode<float>(4, 1, 13, 50, {32, 33}, 100); // a window past the sequence
+    test_attention_decode<bf16>(4, 2, 64, 80, {70, 1, 33}, 0);
+    test_attention_decode<bf16>(8, 1, 128, 130, {130, 64}, 50);
+    test_attention_decode<bf16>(14, 2, 37, 60, {60, 17}, 0);
+    test_attention_decode<bf16>(6, 3, 64, 45, {40, 9}, 7, 1);
+    test_attention_decode<f16>(4, 2, 64, 80, {70, 1, 33}, 0);
+    test_attention_decode<f16>(16, 2, 128, 100, {100, 31}, 40);
+    test_attention_decode<f16>(3, 1, 24, 35, {35, 12}, 0, 1);
+}
+
 // ---------------------------------------------------------------- mixture of experts
 
 template <typename T> DType dtype_of() {
@@ -1757,6 +1865,7 @@ int main() {
     test_moe<bf16>();
     test_moe<f16>();
     test_moe_failure_recorded();
+    test_attention_decode_all();
     clock_gettime(CLOCK_MONOTONIC, &t1);
     const emu::Stats &s = emu::stats_now();
     printf("%llu launches, %llu CUDA threads, %llu fiber switches, %llu block barriers; "
