@@ -515,7 +515,7 @@ static int generate_batch(Model *m, const Args *a, const Tokenizer *tok, const P
 static int generate_all(Model *m, Args *a, const Tokenizer *tok, const PromptList *l, Err *err) {
     FILE *out = a->out ? fopen(a->out, "w") : stdout;
     if (!out) return err_errno(err, errno, "--out %s", a->out);
-    // CUDA has no attention_decode (docs/design.md §10): every step recomputes the sequences.
+    // A backend without attention_decode (docs/design.md §10): every step recomputes the sequences.
     a->gen.no_cache = !m->be->attention_decode;
     if (a->gen.no_cache) fprintf(stderr, "astrai-generate: no KV cache on this backend\n");
     int step = a->stream ? 1 : a->batch_size, rc = 0;
