@@ -1,6 +1,7 @@
 // flags.c: command-line flags from a table (flags.h).
 #include "common/flags.h"
 
+#include <errno.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -159,4 +160,14 @@ void flags_usage(FILE *out, const Flag *flags, size_t n) {
             snprintf(left, sizeof left, "--%s%s%s%s", f->name, before, value, after);
         fprintf(out, "  %-22s %s\n", left, f->help);
     }
+}
+
+int flags_parse_u64(const Flag *f, const char *value, Err *err) {
+    char *end;
+    errno = 0;
+    unsigned long long v = strtoull(value, &end, 10);
+    if (*value == '\0' || *value == '-' || *end != '\0' || errno)
+        return err_set(err, "--%s '%s' is not a non-negative integer", f->name, value);
+    *(uint64_t *)f->target = v;
+    return 0;
 }

@@ -44,6 +44,10 @@ struct Flag {
 // error. On error, err names the flag or argument at fault.
 int flags_parse(const Flag *flags, size_t n, int argc, char **argv, int *n_args, Err *err);
 
+// A FLAG_PARSED parser: a non-negative decimal integer (a seed) into *(uint64_t *)f->target; else
+// an error naming the flag and the value.
+int flags_parse_u64(const Flag *f, const char *value, Err *err);
+
 // Whether argv[0..argc) asks for help (-h, --help) before any "--".
 bool flags_want_help(int argc, char **argv);
 

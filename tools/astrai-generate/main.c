@@ -108,16 +108,6 @@ static int parse_float(const Flag *f, const char *s, Err *err) {
     return 0;
 }
 
-static int parse_seed(const Flag *f, const char *s, Err *err) {
-    char *end;
-    errno = 0;
-    unsigned long long v = strtoull(s, &end, 10);
-    if (*s == '\0' || *s == '-' || *end != '\0' || errno)
-        return err_set(err, "--seed '%s' is not a non-negative integer", s);
-    *(uint64_t *)f->target = v;
-    return 0;
-}
-
 static const Range TOKENS = {1, 1 << 20, false}, POSITIVE = {1, 1024, false},
                    COUNT = {0, 1 << 30, false}, TEMPERATURE = {0, 1e6, false}, PROB = {0, 1, true},
                    PENALTY = {-1e6, 1e6, false}, THREADS = {0, 4096, false};
@@ -153,7 +143,7 @@ static const Range TOKENS = {1, 1 << 20, false}, POSITIVE = {1, 1024, false},
                    "0: off (default)", "F"),                                                       \
             FLAG_P("rep_window", &(a)->gen.sample.rep_window, parse_int, &COUNT,                   \
                    "prompt tokens the penalty counts (default 64)", "W"),                          \
-            FLAG_P("seed", &(a)->gen.sample.seed, parse_seed, NULL,                                \
+            FLAG_P("seed", &(a)->gen.sample.seed, flags_parse_u64, NULL,                           \
                    "the draws' stream (default 0)", "S"),                                          \
             FLAG_P("batch_size", &(a)->batch_size, parse_int, &POSITIVE,                           \
                    "prompts generated together (default 16)", "N"),                                \

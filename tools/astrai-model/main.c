@@ -90,16 +90,6 @@ typedef struct {
 
 // ---------------------------------------------------------------- arguments
 
-static int parse_seed(const Flag *f, const char *s, Err *err) {
-    char *end;
-    errno = 0;
-    unsigned long long v = strtoull(s, &end, 10);
-    if (*s == '\0' || *s == '-' || *end != '\0' || errno)
-        return err_set(err, "--seed '%s' is not a non-negative integer", s);
-    *(uint64_t *)f->target = v;
-    return 0;
-}
-
 static int parse_dtype(const Flag *f, const char *s, Err *err) {
     DType *out = f->target;
     if (strcmp(s, "bf16") == 0) return *out = DT_BF16, 0;
@@ -138,7 +128,7 @@ static int parse_init_args(Args *a, int argc, char **argv, Err *err) {
         {.name = "config", .kind = FLAG_STRING, .target = &a->config},
         {.name = "out", .kind = FLAG_STRING, .target = &a->out},
         {.name = "dtype", .kind = FLAG_PARSED, .target = &a->dtype, .parse = parse_dtype},
-        {.name = "seed", .kind = FLAG_PARSED, .target = &a->seed, .parse = parse_seed},
+        {.name = "seed", .kind = FLAG_PARSED, .target = &a->seed, .parse = flags_parse_u64},
         {.name = "force", .kind = FLAG_SWITCH, .target = &a->force},
     };
     if (flags_parse(flags, sizeof flags / sizeof *flags, argc - 2, argv + 2, NULL, err))
