@@ -384,6 +384,16 @@ static int whole_end_reference(Executor *x, Model *m, Err *err) {
     return 0;
 }
 
+// none, ddp: the model holds its whole compute weights.
+static int whole_begin_generate(Executor *x, Model *m, Err *err) {
+    (void)x, (void)m, (void)err;
+    return 0;
+}
+
+static void whole_end_generate(Executor *x, Model *m) {
+    (void)x, (void)m;
+}
+
 // ---------------------------------------------------------------- ddp and fsdp
 
 static int shard_init(Executor *x, Model *m, size_t bucket_bytes, Err *err) {
@@ -539,6 +549,15 @@ static int fsdp_end_reference(Executor *x, Model *m, Err *err) {
     return rc;
 }
 
+static int fsdp_begin_generate(Executor *x, Model *m, Err *err) {
+    return model_acquire(m, MODEL_WEIGHTS, err) || gather_weights(x, m, err) ? -1 : 0;
+}
+
+static void fsdp_end_generate(Executor *x, Model *m) {
+    (void)x;
+    model_release(m, MODEL_WEIGHTS);
+}
+
 static int fsdp_adopt_weights(Executor *x, Model *m, Err *err) {
     (void)err;
     take_own(x, m, m->master, x->shard.master);
@@ -561,6 +580,8 @@ static const ExecutorOps NONE_OPS = {.forward_collective = false,
                                      .keep_reference = whole_keep_reference,
                                      .begin_reference = whole_begin_reference,
                                      .end_reference = whole_end_reference,
+                                     .begin_generate = whole_begin_generate,
+                                     .end_generate = whole_end_generate,
                                      .adopt_weights = none_adopt_weights};
 
 static const ExecutorOps DDP_OPS = {.forward_collective = false,
@@ -576,6 +597,8 @@ static const ExecutorOps DDP_OPS = {.forward_collective = false,
                                     .keep_reference = whole_keep_reference,
                                     .begin_reference = whole_begin_reference,
                                     .end_reference = whole_end_reference,
+                                    .begin_generate = whole_begin_generate,
+                                    .end_generate = whole_end_generate,
                                     .adopt_weights = ddp_adopt_weights};
 
 // Forward gathers the weights: every rank runs every forward.
@@ -592,6 +615,8 @@ static const ExecutorOps FSDP_OPS = {.forward_collective = true,
                                      .keep_reference = fsdp_keep_reference,
                                      .begin_reference = fsdp_begin_reference,
                                      .end_reference = fsdp_end_reference,
+                                     .begin_generate = fsdp_begin_generate,
+                                     .end_generate = fsdp_end_generate,
                                      .adopt_weights = fsdp_adopt_weights};
 
 static const ExecutorOps *const MODES[] = {
@@ -741,6 +766,14 @@ int executor_begin_reference(Executor *x, Model *m, Err *err) {
 
 int executor_end_reference(Executor *x, Model *m, Err *err) {
     return x->ops->end_reference(x, m, err);
+}
+
+int executor_begin_generate(Executor *x, Model *m, Err *err) {
+    return x->ops->begin_generate(x, m, err) ? err_prefix(err, "generation: the weights") : 0;
+}
+
+void executor_end_generate(Executor *x, Model *m) {
+    x->ops->end_generate(x, m);
 }
 
 int executor_adopt_weights(Executor *x, Model *m, Err *err) {

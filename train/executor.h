@@ -118,6 +118,8 @@ struct ExecutorOps {
     int (*keep_reference)(Executor *x, Model *m, Err *err);
     int (*begin_reference)(Executor *x, Model *m, Err *err);
     int (*end_reference)(Executor *x, Model *m, Err *err);
+    int (*begin_generate)(Executor *x, Model *m, Err *err);
+    void (*end_generate)(Executor *x, Model *m);
     int (*adopt_weights)(Executor *x, Model *m, Err *err);
 };
 
@@ -200,6 +202,13 @@ int executor_keep_reference(Executor *x, Model *m, Err *err);
 // policy's). No backward may run in between.
 int executor_begin_reference(Executor *x, Model *m, Err *err);
 int executor_end_reference(Executor *x, Model *m, Err *err);
+
+// Generation with the policy's current weights (samples, rollouts): between begin and end m holds
+// the whole model's compute weights (fsdp: gathered at once, every rank of the group taking part,
+// and freed at the end; none/ddp hold them already), so any number of forwards may run on any
+// rank without collectives. No training micro-step may run in between.
+int executor_begin_generate(Executor *x, Model *m, Err *err);
+void executor_end_generate(Executor *x, Model *m);
 
 // After the full model weights were loaded into m: ddp/fsdp copy the owned tensors
 // into the shard and free the full buffers the mode does not keep.

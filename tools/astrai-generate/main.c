@@ -25,15 +25,12 @@
 #include "common/fsutil.h"
 #include "common/json.h"
 #include "common/path.h"
-#include "data/conversation.h"
-#include "data/jsonl.h"
 #include "data/tokenizer.h"
 #include "engine/backend.h"
 #include "engine/generate.h"
 #include "proto/rpc.h" // rpc_utf8_sanitize: every line we print is valid UTF-8
+#include "train/prompts.h"
 #include "train/train_ckpt.h"
-
-enum { MAX_STOP = 16 };
 
 typedef struct {
     const char **v;
@@ -48,18 +45,6 @@ typedef struct {
     int batch_size, threads;
     bool stream;
 } Args;
-
-// One prompt: the text shown as "prompt" (a conversation's rendering) and its ids.
-typedef struct {
-    char *text;
-    int32_t *ids;
-    int n;
-} Prompt;
-
-typedef struct {
-    Prompt *v;
-    int n, cap;
-} PromptList;
 
 // ---------------------------------------------------------------- flags
 
@@ -231,184 +216,27 @@ static int open_tokenizer(const Args *a, Tokenizer **tok, Err *err) {
     return 0;
 }
 
-static int add_stop(GenerateOptions *g, int32_t *stop, long id, int V, const char *what, Err *err) {
-    if (id < 0 || id >= V)
-        return err_set(err, "%s: stop token %ld outside the model's vocab_size %d", what, id, V);
-    for (int i = 0; i < g->n_stop; i++)
-        if (stop[i] == id) return 0;
-    if (g->n_stop == MAX_STOP) return err_set(err, "%s: more than %d stop tokens", what, MAX_STOP);
-    stop[g->n_stop++] = (int32_t)id;
-    return 0;
-}
-
-// One id of generation_config.json's "eos_token_id".
-static int add_json_stop(GenerateOptions *g, int32_t *stop, const cJSON *x, int V, const char *path,
-                         Err *err) {
-    double v = cJSON_IsNumber(x) ? x->valuedouble : -1;
-    if (!(v >= 0 && v < V && v == (long)v))
-        return err_set(err, "%s: \"eos_token_id\": not a token id of the model's vocab_size %d",
-                       path, V);
-    return add_stop(g, stop, (long)v, V, path, err);
-}
-
-// generation_config.json's "eos_token_id" (an id or a list: a chat model's end-of-turn tokens
-// besides its EOS), when DIR has one.
-static int generation_config_stops(const char *dir, GenerateOptions *g, int32_t *stop, int V,
-                                   Err *err) {
-    char path[4096];
-    cJSON *root = NULL;
-    if (path_join(path, sizeof path, dir, "generation_config.json", err)) return -1;
-    if (!fs_is_file(path)) return 0;
-    if (json_read_file(path, &root, err)) return -1;
-    const cJSON *e = cJSON_GetObjectItemCaseSensitive(root, "eos_token_id"), *x;
-    int rc = 0;
-    if (cJSON_IsArray(e)) {
-        cJSON_ArrayForEach(x, e) if (!rc) rc = add_json_stop(g, stop, x, V, path, err);
-    } else if (e && !cJSON_IsNull(e)) {
-        rc = add_json_stop(g, stop, e, V, path, err);
-    }
-    cJSON_Delete(root);
-    return rc;
-}
-
-// The stop tokens: the tokenizer's eos_token (tokenizer_config.json) and generation_config.json's.
+// The stop tokens: the tokenizer's eos_token and DIR's generation_config.json's.
 static int find_stops(Args *a, const Tokenizer *tok, int V, int32_t *stop, Err *err) {
-    GenerateOptions *g = &a->gen;
-    const char *eos = tokenizer_config_string(tok, "eos_token");
-    int id = eos ? tokenizer_token_id(tok, eos) : -1;
-    if (eos && id < 0)
-        return err_set(err, "tokenizer_config.json: eos_token '%s' is not a token", eos);
-    if (id >= 0 && add_stop(g, stop, id, V, "tokenizer_config.json eos_token", err)) return -1;
-    if (generation_config_stops(a->param_path, g, stop, V, err)) return -1;
-    g->stop = stop;
+    if (prompts_stop_tokens(tok, a->param_path, V, stop, &a->gen.n_stop, err)) return -1;
+    a->gen.stop = stop;
     return 0;
 }
 
 // ---------------------------------------------------------------- prompts
 
-// What a prompt may hold: ids below the vocabulary, and room for max_tokens in the context.
-typedef struct {
-    int V, max_len, max_tokens, context;
-} PromptLimits;
-
-static int check_prompt(const Prompt *p, const PromptLimits *lim, Err *err) {
-    if (p->n == 0) return err_set(err, "the prompt has no tokens");
-    if (p->n > lim->max_len)
-        return err_set(err,
-                       "the prompt has %d tokens: with --max_tokens %d it passes the model's "
-                       "max_position_embeddings %d",
-                       p->n, lim->max_tokens, lim->context);
-    for (int i = 0; i < p->n; i++)
-        if (p->ids[i] >= lim->V)
-            return err_set(err,
-                           "the prompt's token %d is id %d, outside the model's vocab_size %d "
-                           "(a tokenizer of another model?)",
-                           i, p->ids[i], lim->V);
-    return 0;
-}
-
-static int prompt_add(PromptList *l, const Tokenizer *tok, const char *text, size_t len,
-                      const PromptLimits *lim, Err *err) {
-    if (l->n == l->cap) {
-        int cap = l->cap ? 2 * l->cap : 16;
-        Prompt *v = realloc(l->v, (size_t)cap * sizeof *v);
-        if (!v) return err_resource(err, "out of memory for %d prompts", cap);
-        l->v = v, l->cap = cap;
-    }
-    Prompt *p = &l->v[l->n];
-    int32_t *ids;
-    int64_t n;
-    if (!(p->text = strndup(text, len))) return err_resource(err, "out of memory for a prompt");
-    if (tokenizer_encode(tok, text, len, &ids, &n, err)) return free(p->text), -1;
-    if (n > INT32_MAX) return free(p->text), free(ids), err_set(err, "the prompt is too long");
-    p->ids = ids, p->n = (int)n, l->n++;
-    return check_prompt(p, lim, err);
-}
-
-static void prompts_free(PromptList *l) {
-    for (int i = 0; i < l->n; i++)
-        free(l->v[i].text), free(l->v[i].ids);
-    free(l->v);
-}
-
-typedef struct {
-    PromptList *l;
-    const Tokenizer *tok;
-    const char *template_file;
-    ChatTemplate *template; // at the first conversation
-    ChatVars vars;
-    const PromptLimits *lim;
-} JsonlCtx;
-
-static int render_messages(JsonlCtx *c, const cJSON *list, Err *err) {
-    ChatMessage *msgs = NULL;
-    int n = 0;
-    char *text = NULL;
-    size_t len = 0;
-    if (conversation_messages(list, &msgs, &n, err) ||
-        (!c->template && conversation_template(c->tok, c->template_file, &c->template, err)) ||
-        chat_template_render(c->template, msgs, n, &c->vars, &text, &len, err))
-        return free(msgs), -1;
-    int rc = prompt_add(c->l, c->tok, text, len, c->lim, err);
-    free(msgs);
-    free(text);
-    return rc;
-}
-
-// {"prompt": TEXT} or {"messages": [...]} (a jsonl_each callback).
-static int add_record(const cJSON *rec, void *ctx, Err *err) {
-    JsonlCtx *c = ctx;
-    const cJSON *prompt = cJSON_GetObjectItemCaseSensitive(rec, "prompt");
-    const cJSON *messages = cJSON_GetObjectItemCaseSensitive(rec, "messages");
-    if (!cJSON_IsObject(rec) || !rec->child || rec->child->next || (!prompt && !messages))
-        return err_set(err, "a line must be {\"prompt\": TEXT} or {\"messages\": [...]}");
-    if (messages) return render_messages(c, messages, err);
-    if (!cJSON_IsString(prompt)) return err_set(err, "\"prompt\" is not a string");
-    return prompt_add(c->l, c->tok, prompt->valuestring, strlen(prompt->valuestring), c->lim, err);
-}
-
 static int read_prompts(const Args *a, const Tokenizer *tok, const ModelConfig *cfg, PromptList *l,
                         Err *err) {
-    int P = cfg->max_position_embeddings, mt = a->gen.max_tokens;
-    PromptLimits lim = {cfg->vocab_size, P - mt + 1, mt, P};
+    PromptLimits lim = {cfg->vocab_size, cfg->max_position_embeddings, a->gen.max_tokens,
+                        "--max_tokens"};
     for (int i = 0; i < a->prompt.n; i++)
-        if (prompt_add(l, tok, a->prompt.v[i], strlen(a->prompt.v[i]), &lim, err))
+        if (prompts_add_text(l, tok, a->prompt.v[i], strlen(a->prompt.v[i]), &lim, err))
             return err_prefix(err, "--prompt %d", i + 1);
     if (!a->prompts_file) return 0;
-    JsonlCtx c = {.l = l, .tok = tok, .template_file = a->chat_template, .lim = &lim};
-    if (conversation_vars(tok, &c.vars, err)) return -1;
-    c.vars.add_generation_prompt = 1;
-    int rc = jsonl_each(a->prompts_file, add_record, &c, NULL, NULL, err);
-    chat_template_free(c.template);
-    if (!rc && !l->n) rc = err_set(err, "%s: no prompts", a->prompts_file);
-    return rc;
+    return prompts_read_jsonl(l, a->prompts_file, tok, a->chat_template, 0, &lim, err);
 }
 
 // ---------------------------------------------------------------- output
-
-// text[0..len) with each NUL byte (which a C string, and so a JSON line of ours, cannot hold)
-// as U+FFFD, into a new string (text freed); NULL when out of memory.
-static char *replace_nul(char *text, size_t len) {
-    size_t nul = 0;
-    for (size_t i = 0; i < len; i++)
-        nul += !text[i];
-    if (!nul) return text;
-    char *out = malloc(len + 2 * nul + 1), *o = out;
-    for (size_t i = 0; out && i < len; i++)
-        o = text[i] ? (*o = text[i], o + 1) : (memcpy(o, "\xEF\xBF\xBD", 3), o + 3);
-    if (out) *o = '\0';
-    free(text);
-    return out;
-}
-
-// The completion's text: its tokens but a stop token that ended it, special tokens skipped.
-static int completion_text(const Tokenizer *tok, const Generation *g, char **text, Err *err) {
-    size_t len;
-    if (tokenizer_decode(tok, g->tokens, g->n - g->stopped, 1, text, &len, err))
-        return err_prefix(err, "decoding the completion");
-    if (!(*text = replace_nul(*text, len))) return err_resource(err, "out of memory for a text");
-    return 0;
-}
 
 typedef struct {
     const Tokenizer *tok;
@@ -435,7 +263,7 @@ static int stream_token(void *ctx, int b, const Generation *g, Err *err) {
     (void)b;
     Stream *s = ctx;
     char *text, *part;
-    if (completion_text(s->tok, g, &text, err)) return -1;
+    if (prompts_completion_text(s->tok, g, &text, err)) return -1;
     size_t len = strlen(text);
     if (!g->stopped && g->n < s->max_tokens) len = settled_len(text, len);
     if (len > s->shown) {
@@ -467,7 +295,7 @@ static cJSON *json_result(const Prompt *p, const char *completion, const Generat
 static int write_result(FILE *out, const Tokenizer *tok, const Prompt *p, const Generation *g,
                         Err *err) {
     char *completion, *line = NULL;
-    if (completion_text(tok, g, &completion, err)) return -1;
+    if (prompts_completion_text(tok, g, &completion, err)) return -1;
     cJSON *o = json_result(p, completion, g);
     free(completion);
     if (!json_out_of_memory()) line = rpc_utf8_sanitize(cJSON_PrintUnformatted(o));
@@ -523,7 +351,7 @@ static int run(Args *a, Err *err) {
     Model m = {0};
     Tokenizer *tok = NULL;
     PromptList l = {0};
-    int32_t stop[MAX_STOP];
+    int32_t stop[PROMPTS_MAX_STOP];
     if (a->threads > 0) omp_set_num_threads(a->threads), openblas_set_num_threads(a->threads);
     int rc = load_model(a, &m, err) || open_tokenizer(a, &tok, err) ||
              find_stops(a, tok, m.cfg.vocab_size, stop, err) ||
