@@ -36,9 +36,10 @@ _Static_assert(offsetof(KeyDef, name) == 0, "flags_nearest reads the name first"
 
 // clang-format off
 static const KeyDef KEYS[] = {
-    {"train_type", KEY_STR, F(train_type), "", 0, 0, "seq|sft|dpo|grpo|online_grpo|online_dpo", "training type (required; online_*: refused)", "data"},
+    {"train_type", KEY_STR, F(train_type), "", 0, 0, "seq|sft|dpo|grpo|online_grpo|online_dpo", "training type (required; online_*: prompts in data_root_path, rewards from reward_command or reward_url)", "data"},
     {"param_path", KEY_STR, F(param_path), "", 0, 0, NULL, "model or checkpoint directory (required)", "model"},
     {"data_root_path", KEY_STR, F(data_root_path), "", 0, 0, NULL, "bin dataset root, or (dpo, grpo) record shards or a .jsonl file (required)", "data"},
+    {"tokenizer", KEY_STR, F(tokenizer), "", 0, 0, NULL, "bytes, or a tokenizer.json (or its directory) for the text a run reads or writes (online prompts, samples); default: param_path's tokenizer.json, else bytes", "data"},
     {"skip_bad_records", KEY_BOOL, F(skip_bad_records), "false", 0, 0, NULL, "dpo, grpo from .jsonl: skip and count bad records instead of failing", "data"},
     {"resume", KEY_BOOL, F(resume), "false", 0, 0, NULL, "continue from the checkpoint in param_path, else the latest in ckpt_dir", "training"},
     {"n_epoch", KEY_INT, F(n_epoch), "1", 1, 1e9, NULL, "number of epochs", "training"},
@@ -97,11 +98,15 @@ static const KeyDef KEYS[] = {
     {"group_size", KEY_INT, F(group_size), "4", 1, 1e6, NULL, "GRPO: responses per prompt", "training"},
     {"grpo_clip_eps", KEY_FLOAT, F(grpo_clip_eps), "0.2", 0, 1e6, NULL, "GRPO: ratio clip epsilon", "training"},
     {"grpo_kl_coef", KEY_FLOAT, F(grpo_kl_coef), "0.01", 0, 1e6, NULL, "GRPO: coefficient of the KL penalty to the reference", "training"},
-    {"rollout_interval", KEY_INT, F(rollout_interval), "512", 1, 1e12, NULL, "steps between rollouts (online_* only: no effect here)", "training"},
-    {"rollout_temperature", KEY_FLOAT, F(rollout_temperature), "0.7", 0, 1e6, NULL, "rollout temperature (online_* only: no effect here)", "training"},
-    {"rollout_top_k", KEY_INT, F(rollout_top_k), "0", 0, 1e9, NULL, "rollout top-k (0: off) (online_* only: no effect here)", "training"},
-    {"rollout_top_p", KEY_FLOAT, F(rollout_top_p), "0.9", 0, 1, NULL, "rollout top-p (online_* only: no effect here)", "training"},
-    {"rollout_max_tokens", KEY_INT, F(rollout_max_tokens), "1024", 1, 1e9, NULL, "max tokens per rollout (online_* only: no effect here)", "training"},
+    {"rollout_interval", KEY_INT, F(rollout_interval), "512", 1, 1e12, NULL, "steps between rollouts (online_*)", "training"},
+    {"rollout_temperature", KEY_FLOAT, F(rollout_temperature), "0.7", 0, 1e6, NULL, "rollout temperature (online_*)", "training"},
+    {"rollout_top_k", KEY_INT, F(rollout_top_k), "0", 0, 1e9, NULL, "rollout top-k (0: off) (online_*)", "training"},
+    {"rollout_top_p", KEY_FLOAT, F(rollout_top_p), "0.9", 0, 1, NULL, "rollout top-p (online_*)", "training"},
+    {"rollout_max_tokens", KEY_INT, F(rollout_max_tokens), "1024", 1, 1e9, NULL, "max tokens per rollout (online_*)", "training"},
+    {"reward_command", KEY_STR, F(reward_command), "", 0, 0, NULL, "online_*: the reward program, 'CMD ARGS' split into argv (no shell), one per rank, JSON lines on stdin/stdout", "training"},
+    {"reward_url", KEY_STR, F(reward_url), "", 0, 0, NULL, "online_*: an http://HOST[:PORT]/PATH endpoint taking the reward command's request as a POST and answering its reply", "training"},
+    {"reward_timeout_s", KEY_FLOAT, F(reward_timeout_s), "60", 0.001, 1e6, NULL, "online_*: seconds a reply may take before the step fails", "training"},
+    {"reward_restarts", KEY_INT, F(reward_restarts), "3", 0, 1000, NULL, "online_*: restarts of a reward command that died, in a row, before the step fails", "training"},
     {"num_workers", KEY_INT, F(num_workers), "4", 0, 4096, NULL, "DataLoader workers (accepted; no effect: windows are read from memory)", "data"},
     {"pin_memory", KEY_BOOL, F(pin_memory), "true", 0, 0, NULL, "pin memory (accepted; no effect: no DataLoader)", "data"},
     {"start_method", KEY_STR, F(start_method), "spawn", 0, 0, "spawn|fork|forkserver", "multiprocessing start method (accepted; no effect: ranks are fork+exec'd)", "parallel"},
@@ -573,14 +578,46 @@ int train_spec_loss_scale(const TrainSpec *s, double *fixed, Err *err) {
     return LOSS_SCALE_FIXED;
 }
 
+// The online strategies' reward source (exactly one), and what their rollouts cannot run under.
+static int check_online(const TrainSpec *s, Err *err) {
+    bool online = s->is.train_type == TRAIN_ONLINE_GRPO || s->is.train_type == TRAIN_ONLINE_DPO;
+    bool command = *s->reward_command, url = *s->reward_url;
+    if (!online) {
+        const char *k = command ? "reward_command" : url ? "reward_url" : NULL;
+        return k ? err_set(err, "%s: rewards belong to online_grpo/online_dpo, not train_type %s",
+                           k, s->train_type)
+                 : 0;
+    }
+    if (command == url)
+        return err_set(err,
+                       "train_type %s: give the rewards' source, reward_command or "
+                       "reward_url (one of them)",
+                       s->train_type);
+    if (s->pp_size > 1)
+        return err_set(err,
+                       "pp_size: %ld with train_type %s: rollouts generate with the whole "
+                       "model, which a pipeline stage does not hold",
+                       s->pp_size, s->train_type);
+    if (s->ep_size > 1)
+        return err_set(err,
+                       "ep_size: %ld with train_type %s: rollouts' forwards would have to "
+                       "exchange experts in step across ranks",
+                       s->ep_size, s->train_type);
+    if (s->val_split > 0)
+        return err_set(err, "val_split: %g with train_type %s: validation has no rollout",
+                       s->val_split, s->train_type);
+    if (s->is.train_type == TRAIN_ONLINE_DPO && s->group_size < 2)
+        return err_set(err,
+                       "group_size: %ld with online_dpo: the chosen and rejected responses "
+                       "are two of a prompt's group",
+                       s->group_size);
+    return 0;
+}
+
 int train_spec_validate(const TrainSpec *s, Err *err) {
     if (!*s->train_type)
         return err_set(err, "train_type: required (seq|sft|dpo|grpo|online_grpo|online_dpo)");
-    if (s->is.train_type == TRAIN_ONLINE_GRPO || s->is.train_type == TRAIN_ONLINE_DPO)
-        return err_set(err,
-                       "train_type: %s is refused: AstrAI's online strategies need a Python "
-                       "reward callable (TrainConfig.reward_model_fn) that no command line gives",
-                       s->train_type);
+    if (check_online(s, err)) return -1;
     if (!*s->param_path) return err_set(err, "param_path: required");
     if (!*s->data_root_path) return err_set(err, "data_root_path: required");
     if (!*s->ckpt_dir) return err_set(err, "ckpt_dir: must not be empty");
@@ -633,15 +670,19 @@ void train_spec_warn_ignored(const TrainSpec *s, FILE *out) {
         {"num_workers", "no DataLoader: windows are read straight from the shards in memory"},
         {"pin_memory", "no DataLoader: batches are copied to the device directly"},
         {"start_method", "ranks are started by fork+exec of astrai-train, never by Python"},
-        {"compile", "there is no torch.compile: the kernels are compiled C/CUDA already"},
-        {"rollout_interval", "rollouts belong to online_grpo/online_dpo, which are refused"},
-        {"rollout_temperature", "rollouts belong to online_grpo/online_dpo, which are refused"},
-        {"rollout_top_k", "rollouts belong to online_grpo/online_dpo, which are refused"},
-        {"rollout_top_p", "rollouts belong to online_grpo/online_dpo, which are refused"},
-        {"rollout_max_tokens", "rollouts belong to online_grpo/online_dpo, which are refused"}};
+        {"compile", "there is no torch.compile: the kernels are compiled C/CUDA already"}};
     for (size_t i = 0; i < sizeof WHY / sizeof *WHY; i++)
         if (train_spec_given(s, WHY[i][0]))
             fprintf(out, "warning: --%s changes nothing in astrai: %s\n", WHY[i][0], WHY[i][1]);
+    static const char *const ROLLOUT[] = {"rollout_interval", "rollout_temperature",
+                                          "rollout_top_k", "rollout_top_p", "rollout_max_tokens"};
+    bool online = s->is.train_type == TRAIN_ONLINE_GRPO || s->is.train_type == TRAIN_ONLINE_DPO;
+    for (size_t i = 0; !online && i < sizeof ROLLOUT / sizeof *ROLLOUT; i++)
+        if (train_spec_given(s, ROLLOUT[i]))
+            fprintf(out,
+                    "warning: --%s changes nothing for train_type %s: rollouts belong to "
+                    "online_grpo/online_dpo\n",
+                    ROLLOUT[i], s->train_type);
 }
 
 void train_spec_print(const TrainSpec *s, FILE *out) {

@@ -49,7 +49,7 @@ typedef struct {
 
 typedef struct {
     // what to train
-    char *train_type;      // seq | sft | dpo | grpo (online_*: refused)
+    char *train_type;      // seq | sft | dpo | grpo | online_grpo | online_dpo
     char *param_path;      // model directory or checkpoint directory
     char *data_root_path;  // bin dataset root; dpo/grpo: record shards or a .jsonl file
     bool skip_bad_records; // dpo/grpo .jsonl: skip bad records (counted) instead of failing
@@ -113,18 +113,23 @@ typedef struct {
     long group_size;
     double grpo_clip_eps;
     double grpo_kl_coef;
-    long rollout_interval; // rollout_*: online only (warning)
+    long rollout_interval; // rollout_*: online only (engine/sample.h)
     double rollout_temperature;
     long rollout_top_k;
     double rollout_top_p;
     long rollout_max_tokens;
-    long num_workers;          // accepted, no effect (warning)
-    bool pin_memory;           // accepted, no effect (warning)
-    char *start_method;        // accepted, no effect (warning)
-    char *compile;             // accepted, no effect (warning); "" = off
-    long tp_size;              // 0 (None) or 1; > 1 refused
-    long pp_size;              // pipeline stages (1: none), docs/design.md §13
-    long ep_size;              // expert parallelism (1: none), docs/design.md §7a
+    char *reward_command; // online: "CMD ARGS" (train/reward.h)
+    char *reward_url;     // online: http://HOST[:PORT]/PATH
+    double reward_timeout_s;
+    long reward_restarts;
+    char *tokenizer;    // bytes | a tokenizer.json or its directory; "": param_path's, else bytes
+    long num_workers;   // accepted, no effect (warning)
+    bool pin_memory;    // accepted, no effect (warning)
+    char *start_method; // accepted, no effect (warning)
+    char *compile;      // accepted, no effect (warning); "" = off
+    long tp_size;       // 0 (None) or 1; > 1 refused
+    long pp_size;       // pipeline stages (1: none), docs/design.md §13
+    long ep_size;       // expert parallelism (1: none), docs/design.md §7a
     bool async_checkpoint;     // rank 0 writes checkpoints on a background thread
     long checkpoint_keep_last; // retention: the newest N checkpoints (0: all)
     long checkpoint_keep_best; // and the N of lowest val_loss
