@@ -97,12 +97,6 @@ int config_set(Config *c, const ConfigOption *o, const char *value, Err *err);
 // Applies a config file's keys: text[0..len) is a JSON object, path names it in errors.
 int config_apply_json(Config *c, const char *text, size_t len, const char *path, Err *err);
 int config_apply_file(Config *c, const char *path, Err *err);
-// s split into words as sh would (blanks separate; '...' literal; "..." where \ escapes only
-// \ " $ `; \ outside quotes escapes any character), without expanding $, ` or globs. At most
-// max words in words[], their number in *n; they point into the returned copy (free it). err
-// names `option` and s.
-char *config_split_words(const char *option, const char *s, char **words, int max, int *n,
-                         Err *err);
 void config_free(Config *c); // its strings
 
 // ---------------------------------------------------------------- scheduler.c: devices

@@ -9,6 +9,7 @@
 
 #include <cjson/cJSON.h>
 
+#include "common/words.h"
 #include "daemon/daemon.h"
 
 #define NOTIFY_MAX_WORDS 64
@@ -17,7 +18,7 @@ int notify_check_config(const Config *c, Err *err) {
     char *words[NOTIFY_MAX_WORDS];
     int n;
     if (!c->notify_command) return 0;
-    char *copy = config_split_words("notify-command", c->notify_command, words,
+    char *copy = words_split("notify-command", c->notify_command, words,
                                     NOTIFY_MAX_WORDS - 2, &n, err);
     free(copy);
     if (!copy) return -1;
@@ -70,7 +71,7 @@ static void notify_job(const Job *j, const char *event) {
     int n;
     Err err = {0};
     char *copy =
-        config_split_words("notify-command", command, words, NOTIFY_MAX_WORDS - 2, &n, &err);
+        words_split("notify-command", command, words, NOTIFY_MAX_WORDS - 2, &n, &err);
     char *json = copy ? job_text_now(j) : NULL;
     Notice *notice = json ? malloc(sizeof *notice) : NULL;
     if (notice) {

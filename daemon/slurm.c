@@ -43,6 +43,7 @@
 
 #include "common/buf.h"
 #include "common/fsutil.h"
+#include "common/words.h"
 #include "daemon/daemon.h"
 #include "proto/job_spec.h"
 
@@ -252,10 +253,10 @@ static char *batch_script(const Job *j, long run_no, char **argv, const char *ru
 
 enum { SBATCH_MAX_ARGS = 56 }; // words of --slurm-sbatch-args (sbatch's argv: 8 more)
 
-// --slurm-sbatch-args split into words (config_split_words: a quoted value such as
+// --slurm-sbatch-args split into words (words_split: a quoted value such as
 // --comment="two words" stays one).
 static char *split_words(const char *s, char **words, int *n, Err *err) {
-    return config_split_words("slurm-sbatch-args", s, words, SBATCH_MAX_ARGS, n, err);
+    return words_split("slurm-sbatch-args", s, words, SBATCH_MAX_ARGS, n, err);
 }
 
 int slurm_check_config(const Config *c, Err *err) {

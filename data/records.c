@@ -150,6 +150,21 @@ static int append_record(RecordSet *rs, const char *prompt_where, Span prompt,
     return 0;
 }
 
+int records_add(RecordSet *rs, const int32_t *prompt, int64_t n_prompt,
+                const int32_t *const *responses, const int64_t *n_responses, const float *rewards,
+                int vocab_size, Err *err) {
+    if (check_group_size(rs, err)) return -1;
+    Span p = {prompt, n_prompt}, r[rs->group_size];
+    for (int j = 0; j < rs->group_size; j++)
+        r[j] = (Span){responses[j], n_responses[j]};
+    return append_record(rs, "the prompt", p, r, rs->kind == RECORDS_GRPO ? rewards : NULL,
+                         vocab_size, err);
+}
+
+void records_clear(RecordSet *rs) {
+    rs->n_records = 0; // the offsets start at 0 again; the buffers stay for the next records
+}
+
 // ------------------------------------------------------------ JSONL records
 
 typedef struct {

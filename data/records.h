@@ -46,6 +46,15 @@ void records_init(RecordSet *rs, RecordKind kind, int group_size);
 int records_parse_jsonl(RecordSet *rs, const char *path, const Tokenizer *tok, int vocab_size,
                         int skip_bad, Err *err);
 
+// Appends one record made elsewhere (an online rollout): the prompt's n_prompt ids, the group's
+// responses (group_size of them, each n_responses[j] ids: DPO's chosen then rejected) and, GRPO,
+// their rewards; checked as a parsed record is (ids against vocab_size when > 0).
+int records_add(RecordSet *rs, const int32_t *prompt, int64_t n_prompt,
+                const int32_t *const *responses, const int64_t *n_responses, const float *rewards,
+                int vocab_size, Err *err);
+// Empties the set, keeping its buffers for the records that come next.
+void records_clear(RecordSet *rs);
+
 // Writes records [first, first+n) as one shard directory, atomically (data/shard_writer.h).
 int records_write_shard(const RecordSet *rs, int64_t first, int64_t n, const char *dir, Err *err);
 

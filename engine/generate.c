@@ -34,10 +34,20 @@ static int check_options(const Model *m, const GenerateOptions *o, int B, Err *e
     return 0;
 }
 
+// Prompt b's most tokens.
+static int limit_of(const GenerateOptions *o, int b) {
+    return o->max_tokens_of ? o->max_tokens_of[b] : o->max_tokens;
+}
+
 // Positions 0 .. lens[b] + max_tokens - 2 are run (the last token drawn is not fed back).
-static int check_prompts(const Model *m, const int *lens, int B, int max_tokens, Err *err) {
+static int check_prompts(const Model *m, const int *lens, int B, const GenerateOptions *o,
+                         Err *err) {
     int P = m->cfg.max_position_embeddings;
     for (int b = 0; b < B; b++) {
+        int max_tokens = limit_of(o, b);
+        if (max_tokens < 1 || max_tokens > o->max_tokens)
+            return err_set(err, "generation: prompt %d's max_tokens %d is not in [1, %d]", b,
+                           max_tokens, o->max_tokens);
         if (lens[b] < 1) return err_set(err, "generation: prompt %d is empty", b);
         if (lens[b] > P - max_tokens + 1)
             return err_set(err,
@@ -86,8 +96,8 @@ static int run_alloc(Run *r, Generation *out, Err *err) {
     return r->o->no_cache ? 0 : model_cache_create(r->m, &r->cache, r->B, r->cap - 1, err);
 }
 
-static bool finished(const Run *r, const Generation *g) {
-    return g->stopped || g->n == r->o->max_tokens;
+static bool finished(const Run *r, const Generation *g, int b) {
+    return g->stopped || g->n == limit_of(r->o, b);
 }
 
 static bool is_stop(const GenerateOptions *o, int32_t token) {
@@ -114,14 +124,14 @@ static int next_logits(Run *r, const Generation *out, Err *err) {
         return model_prefill(r->m, NULL, r->batch, r->n, r->B, T, r->logits, err);
     }
     for (int b = 0; b < r->B; b++) {
-        bool done = finished(r, &out[b]);
+        bool done = finished(r, &out[b], b);
         r->pos[b] = done ? 0 : r->n[b] - 1;
         r->feed[b] = r->seq[(size_t)b * r->cap + r->pos[b]];
     }
     return model_decode(r->m, &r->cache, r->feed, r->pos, r->logits, err);
 }
 
-// Sequence b's next token from its logits, keyed (seed, first_sequence + b, its position); the
+// Sequence b's next token from its logits, keyed (seed, its sequence index, its position); the
 // penalty counts the prompt's last rep_window tokens and the output (engine/sample.h).
 static int draw(Run *r, int b, Generation *g, Err *err) {
     const GenerateOptions *o = r->o;
@@ -130,8 +140,9 @@ static int draw(Run *r, int b, Generation *g, Err *err) {
     SampleHistory h = {r->prompts[b] + L - w, w, g->tokens, g->n};
     int32_t token;
     float lp, model_lp;
-    if (sample_token(&o->sample, row, r->V, &h, o->first_sequence + (uint64_t)b,
-                     (uint64_t)(L + g->n), r->scratch, &token, &lp, err) ||
+    uint64_t sequence = o->sequences ? o->sequences[b] : o->first_sequence + (uint64_t)b;
+    if (sample_token(&o->sample, row, r->V, &h, sequence, (uint64_t)(L + g->n), r->scratch, &token,
+                     &lp, err) ||
         sample_model_logprob(row, r->V, token, &model_lp, err))
         return err_prefix(err, "generation: prompt %d, token %d", b, g->n);
     g->tokens[g->n] = token;
@@ -150,9 +161,9 @@ static int run_steps(Run *r, Generation *out, Err *err) {
     for (;;) {
         int left = 0;
         for (int b = 0; b < r->B; b++) {
-            if (finished(r, &out[b])) continue;
+            if (finished(r, &out[b], b)) continue;
             if (draw(r, b, &out[b], err)) return -1;
-            left += !finished(r, &out[b]);
+            left += !finished(r, &out[b], b);
         }
         if (!left) break;
         if (next_logits(r, out, err)) return -1;
@@ -163,7 +174,7 @@ static int run_steps(Run *r, Generation *out, Err *err) {
 int generate(Model *m, const int32_t *const *prompts, const int *lens, int B,
              const GenerateOptions *o, Generation *out, Err *err) {
     if (B > 0) memset(out, 0, (size_t)B * sizeof *out);
-    if (check_options(m, o, B, err) || check_prompts(m, lens, B, o->max_tokens, err)) return -1;
+    if (check_options(m, o, B, err) || check_prompts(m, lens, B, o, err)) return -1;
     Run r = {.m = m, .o = o, .prompts = prompts, .lens = lens, .B = B, .V = m->cfg.vocab_size};
     for (int b = 0; b < B; b++)
         r.cap = lens[b] + o->max_tokens > r.cap ? lens[b] + o->max_tokens : r.cap;

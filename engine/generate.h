@@ -23,11 +23,13 @@ struct Generation;
 
 typedef struct {
     SampleOptions sample;
-    int max_tokens;          // >= 1: the most tokens generated per sequence
-    const int32_t *stop;     // n_stop tokens that end a sequence (EOS and extra stop ids)
-    int n_stop;              // >= 0
-    uint64_t first_sequence; // the sampler's sequence index of prompt 0 (b + first_sequence)
-    bool no_cache;           // recompute the whole sequences every step (tests, a reference)
+    int max_tokens;            // >= 1: the most tokens generated per sequence
+    const int32_t *stop;       // n_stop tokens that end a sequence (EOS and extra stop ids)
+    int n_stop;                // >= 0
+    uint64_t first_sequence;   // the sampler's sequence index of prompt 0 (b + first_sequence)
+    const uint64_t *sequences; // (B) each prompt's sequence index instead; NULL: first_sequence + b
+    const int *max_tokens_of;  // (B) each prompt's own limit (1..max_tokens); NULL: max_tokens
+    bool no_cache;             // recompute the whole sequences every step (tests, a reference)
     // Called, when set, after each token is drawn for sequence b, with its output so far
     // (out[b]: the token is its last); a non-zero return stops the generation with that
     // failure in err (astrai-generate streams the text as it comes).

@@ -49,8 +49,8 @@ int pref_keep_reference(PrefLoss *p, const Model *m, int rows, int T, Err *err) 
     return 0;
 }
 
-int pref_loss(PrefLoss *p, Model *m, int rows, int T, const float *advantages, float token_norm,
-              float loss_scale, Err *err) {
+int pref_loss(PrefLoss *p, Model *m, int rows, int T, const float *advantages, const float *old_nll,
+              float token_norm, float loss_scale, Err *err) {
     size_t n = (size_t)rows * T;
     if (n > p->cap || (size_t)rows > p->cap_rows)
         return err_set(err, "pref_loss: %d rows of %d tokens without their reference", rows, T);
@@ -64,8 +64,8 @@ int pref_loss(PrefLoss *p, Model *m, int rows, int T, const float *advantages, f
     if (!(token_norm > 0)) return err_set(err, "grpo: the batch has no response token");
     be->upload(p->adv, advantages, (size_t)rows * sizeof(float));
     // Offline: the behaviour policy is the frozen reference (docs/design.md §8).
-    be->grpo_loss(m->stats, p->scale, nll, p->ref_nll, p->ref_nll, p->adv, model_token_mask(m),
-                  rows, T, token_norm, p->clip_eps, p->kl_coef, loss_scale);
+    be->grpo_loss(m->stats, p->scale, nll, old_nll ? old_nll : p->ref_nll, p->ref_nll, p->adv,
+                  model_token_mask(m), rows, T, token_norm, p->clip_eps, p->kl_coef, loss_scale);
     return 0;
 }
 

@@ -8,7 +8,8 @@
 //   DPO:  2P rows, [0,P) the chosen responses and [P,2P) the rejected ones of P records;
 //   GRPO: R = records * G rows, record r's response j at row r*G + j.
 // In offline GRPO the behaviour policy (π_old) and the reference are the same frozen initial
-// weights, so one reference forward serves both.
+// weights, so one reference forward serves both; online GRPO's behaviour policy is the policy
+// that made the rollout (its NLL given to pref_loss).
 #pragma once
 #include <stddef.h>
 
@@ -39,12 +40,13 @@ int pref_keep_reference(PrefLoss *p, const Model *m, int rows, int T, Err *err);
 // model_forward_accumulate adds its mean) to stats[MODEL_STAT_LOSS] and the metrics to
 // stats[MODEL_STAT_PREF_A/B] (DPO: reward margin, reward accuracy; GRPO: KL, clip fraction),
 // and leaves loss_scale * d loss / d nll in p->scale. GRPO: advantages (rows, host) of each
-// row, and token_norm, what its token sums are divided by: the batch's response tokens; when
+// row; old_nll (backend, rows x T) the behaviour policy's NLL, NULL: the reference's (offline);
+// and token_norm, what its token sums are divided by: the batch's response tokens; when
 // the ranks' batches are one batch spread over `world` ranks (data parallel, whose gradients
 // and losses are then averaged), the response tokens of all of them divided by world, so that
 // every mode computes the mean over the same tokens.
-int pref_loss(PrefLoss *p, Model *m, int rows, int T, const float *advantages, float token_norm,
-              float loss_scale, Err *err);
+int pref_loss(PrefLoss *p, Model *m, int rows, int T, const float *advantages, const float *old_nll,
+              float token_norm, float loss_scale, Err *err);
 
 // GRPO advantages of one record's G rewards: (r - mean) / (std + 1e-8), population std.
 void pref_group_advantages(const float *rewards, int G, float *out);

@@ -102,7 +102,8 @@ static int train_once(Model *m, Objective *o, const char *policy_dir, long windo
     int rc = pipeline_init(&pipe, NULL, 1, PP_1F1B, &m->cfg, window, m->be, err) ||
              executor_init(&x, EXEC_NONE, NULL, NULL, m, 0, err) ||
              executor_keep_reference(&x, m, err) || train_ckpt_load_weights(m, policy_dir, err);
-    if (!rc) o->ops->stage(o, &mb, true);
+    long tokens;
+    if (!rc) rc = o->ops->stage(o, &mb, true, &tokens, err);
     if (!rc) rc = step_train(&runner, &mb, 1, 1.0f, err);
     executor_free(&x);
     pipeline_free(&pipe);

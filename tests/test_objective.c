@@ -95,9 +95,10 @@ static long toy_fill(Objective *o, const MicroBatch *mb) {
     return (long)toy->nb * T;
 }
 
-static long toy_stage(Objective *o, MicroBatch *mb, bool last_stage) {
-    (void)o, (void)last_stage;
-    return (long)mb->nb * T;
+static int toy_stage(Objective *o, MicroBatch *mb, bool last_stage, long *tokens, Err *err) {
+    (void)o, (void)last_stage, (void)err;
+    *tokens = (long)mb->nb * T;
+    return 0;
 }
 
 static int toy_begin_pass(Objective *o, Executor *x, const MicroBatch *list, int n, PassKind pass,

@@ -37,6 +37,8 @@ astrai_py_test(train_val test_train_val.py)
 # PyTorch reference (tests/ref/pref.py).
 astrai_py_test(pref_ref test_pref_ref.py)
 astrai_py_test(train_pref test_train_pref.py)
+# online_grpo / online_dpo: rollouts, the reward command and endpoint, faults (issue 32).
+astrai_py_test(train_online test_train_online.py)
 astrai_py_test(train_neftune test_train_neftune.py)
 # The pipeline schedules (1F1B, GPipe) as a unit: orders, no deadlock, held activations (issue 19).
 astrai_c_test(test_pp_schedule tests/test_pp_schedule.c)

@@ -96,7 +96,7 @@ typedef struct {
     Err async_err;
 } Executor;
 
-#define EXEC_AGREE_MAX 12
+#define EXEC_AGREE_MAX 16
 
 // What a mode provides (executor.c holds one table per ExecMode). Each entry does for that
 // mode what the executor_* function of the same name does (init: the mode's part of

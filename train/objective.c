@@ -11,10 +11,13 @@ const ObjectiveOps *objective_of(TrainType train_type) {
         return &OBJECTIVE_LM;
     case TRAIN_DPO:
     case TRAIN_GRPO:
+    case TRAIN_ONLINE_DPO:
+    case TRAIN_ONLINE_GRPO:
         return &OBJECTIVE_PREF;
-    default:
-        return NULL; // the online types: refused when the spec is validated
+    case TRAIN_UNSET:
+        break;
     }
+    return NULL;
 }
 
 int objective_open(Objective *o, const ObjectiveOps *ops, const ObjectiveSetup *s, Err *err) {

@@ -72,10 +72,11 @@ static long lm_fill(Objective *o, const MicroBatch *mb) {
 }
 
 // Every window has window_size tokens: the micro-batch's count needs no filling.
-static long lm_stage(Objective *o, MicroBatch *mb, bool last_stage) {
-    (void)last_stage;
+static int lm_stage(Objective *o, MicroBatch *mb, bool last_stage, long *tokens, Err *err) {
+    (void)last_stage, (void)err;
     mb->counted = 0;
-    return (long)mb->nb * (long)((Lm *)o->state)->window;
+    *tokens = (long)mb->nb * (long)((Lm *)o->state)->window;
+    return 0;
 }
 
 static int lm_forward(Objective *o, Model *m, int k, PassKind pass, float weight, Err *err) {

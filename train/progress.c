@@ -249,9 +249,10 @@ int metric_log_select(MetricLog *m, const char *list, Err *err) {
 }
 
 const char *const METRIC_EXTRA_NAMES[METRIC_N_EXTRA] = {
-    "reward_margin", "reward_accuracy", "kl",
-    "clip_fraction", "reward_mean",     "loss_scale",
-    "skipped",       "expert_load_max", "expert_load_min"};
+    "reward_margin",   "reward_accuracy", "kl",           "clip_fraction",
+    "reward_mean",     "loss_scale",      "skipped",      "expert_load_max",
+    "expert_load_min", "reward_std",      "response_len", "equal_reward_groups",
+    "rollout_s",       "reward_s"};
 
 static int extra_index(const char *name) {
     for (int k = 0; k < METRIC_N_EXTRA; k++)

@@ -20,7 +20,7 @@ typedef struct {
     double value;
 } StepExtra;
 
-#define STEP_MAX_EXTRA 7
+#define STEP_MAX_EXTRA 12
 
 typedef struct {
     long step; // optimizer steps done after this one (1-based)
@@ -92,7 +92,7 @@ enum { METRIC_HAS_LOSS = 1, METRIC_HAS_LR = 2, METRIC_HAS_GRAD_NORM = 4, METRIC_
 // (--loss_scale): loss_scale (the step's S), skipped (1: an overflow skipped it); a mixture of
 // experts: expert_load_max and expert_load_min (the most and least loaded routed expert of any
 // layer, relative to its layer's mean). Row bit of extra k: METRIC_HAS_EXTRA << k.
-#define METRIC_N_EXTRA 9
+#define METRIC_N_EXTRA 14
 #define METRIC_HAS_EXTRA 16u
 extern const char *const METRIC_EXTRA_NAMES[METRIC_N_EXTRA];
 

@@ -11,6 +11,17 @@
 #include "data/conversation.h"
 #include "data/jsonl.h"
 
+int prompts_open_tokenizer(const char *spec, const char *model_dir, const char *flag,
+                           Tokenizer **tok, Err *err) {
+    char path[4096];
+    if (!spec || !*spec) {
+        if (path_join(path, sizeof path, model_dir, "tokenizer.json", err)) return -1;
+        spec = fs_is_file(path) ? model_dir : "bytes";
+    }
+    if (tokenizer_open(spec, tok, err)) return err_prefix(err, "%s %s", flag, spec);
+    return 0;
+}
+
 static int check_prompt(const Prompt *p, const PromptLimits *lim, Err *err) {
     if (p->n == 0) return err_set(err, "the prompt has no tokens");
     if (p->n > lim->context - lim->max_tokens + 1)

@@ -36,6 +36,12 @@ typedef struct {
     const char *max_tokens_flag; // names max_tokens in errors ("--max_tokens")
 } PromptLimits;
 
+// The tokenizer of a run's text: spec "bytes", a tokenizer.json or its directory; NULL or "":
+// model_dir's tokenizer.json (with its tokenizer_config.json) when it has one, else bytes. Errors
+// name the flag (`flag`, e.g. "--tokenizer") and the path.
+int prompts_open_tokenizer(const char *spec, const char *model_dir, const char *flag,
+                           Tokenizer **tok, Err *err);
+
 // Tokenizes text[0..len) as one more prompt; errors say why it cannot be generated from.
 int prompts_add_text(PromptList *l, const Tokenizer *tok, const char *text, size_t len,
                      const PromptLimits *lim, Err *err);

@@ -61,7 +61,10 @@ static int open_data(Trainer *t, const ObjectiveOps *ops, const ModelConfig *cfg
                             .stride = s->stride ? s->stride : window,
                             .batch = (int)s->batch_per_device,
                             .rank = t->rank,
-                            .be = be};
+                            .be = be,
+                            .slots = (int)s->grad_accum_steps,
+                            .exec = &t->exec,
+                            .model = &t->model};
     if (objective_open(&t->obj, ops, &setup, err)) return -1;
     return sampler_init_split(&t->sampler, t->obj.n_samples, s->val_split, t->replicas, t->replica,
                               (uint64_t)s->random_seed, s->shuffle, err);
@@ -658,8 +661,16 @@ static int micro_step(Trainer *t, StepClock *c, int nb, Err *err) {
     MicroBatch *mb = &t->batches[t->micro];
     int64_t *ids = t->batch_ids + t->micro * t->spec->batch_per_device;
     memcpy(ids, t->sampler.order + t->epoch_pos, (size_t)nb * sizeof *ids);
-    *mb = (MicroBatch){.ids = ids, .stride = 1, .nb = nb, .noise_seed = noise_seed(t)};
-    c->tokens += t->obj.ops->stage(&t->obj, mb, t->model.has_head);
+    *mb = (MicroBatch){.ids = ids,
+                       .stride = 1,
+                       .nb = nb,
+                       .noise_seed = noise_seed(t),
+                       .index = (int)t->micro,
+                       .step = t->step + 1};
+    if (t->micro == 0) t->step_from = (RunPosition){t->epoch, t->epoch_pos, t->consumed_samples};
+    long tokens;
+    if (t->obj.ops->stage(&t->obj, mb, t->model.has_head, &tokens, err)) return -1;
+    c->tokens += tokens;
     t->epoch_pos += nb;
     t->consumed_samples += (long)nb * t->replicas;
     t->micro++;
@@ -704,6 +715,23 @@ static int write_memory_report(const Trainer *t, Err *err) {
            fs_write_file_atomic(path, text, (size_t)n, err);
 }
 
+// A step the objective refused before anything of it was applied (ObjectiveOps.stage: a reward
+// that did not come, agreed by every rank): the run's position goes back to the step's start and
+// every rank checkpoints it, so that --resume retries the step; the failure stands.
+static int checkpoint_refused_step(Trainer *t) {
+    if (!t->obj.stop_checkpoint) return -1;
+    t->epoch = t->step_from.epoch;
+    t->epoch_pos = t->step_from.epoch_pos;
+    t->consumed_samples = t->step_from.consumed_samples;
+    t->micro = 0;
+    sampler_set_epoch(&t->sampler, t->epoch);
+    Err ckpt_err = {0};
+    if (t->step != t->last_ckpt_step &&
+        (save_checkpoint(t, &ckpt_err) || collect_checkpoint(t, &ckpt_err)) && t->rank == 0)
+        fprintf(stderr, "checkpoint after the refused step failed: %s\n", ckpt_err.msg);
+    return -1;
+}
+
 // Trains until the last epoch ends (RUN_DONE), max_steps (RUN_MAX_STEPS) or a stop is agreed
 // (RUN_STOPPED); -1 on error.
 static int run_epochs(Trainer *t, Err *err) {
@@ -714,7 +742,7 @@ static int run_epochs(Trainer *t, Err *err) {
         while (t->epoch_pos < t->sampler.per_replica) {
             int64_t left = t->sampler.per_replica - t->epoch_pos;
             int nb = (int)(left < s->batch_per_device ? left : s->batch_per_device);
-            if (micro_step(t, &clock, nb, err)) return -1;
+            if (micro_step(t, &clock, nb, err)) return checkpoint_refused_step(t);
             if (t->micro < s->grad_accum_steps) continue;
             t->micro = 0;
             int stop, ckpt;

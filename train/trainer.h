@@ -42,6 +42,13 @@ typedef struct {
     bool dry_run;
 } TrainerOptions;
 
+// Where a run is in its data.
+typedef struct {
+    long epoch;
+    int64_t epoch_pos;
+    long consumed_samples;
+} RunPosition;
+
 typedef struct Trainer {
     const TrainSpec *spec;
     Executor exec;         // none / ddp / fsdp over the ranks that hold this model
@@ -70,6 +77,7 @@ typedef struct Trainer {
     long step;             // optimizer steps done
     long micro;            // micro-steps done since the last optimizer step
     long consumed_samples; // samples consumed by all ranks, cumulative
+    RunPosition step_from; // the position the step in flight started at
     long last_ckpt_step;
     MetricLog metrics;         // rank 0 only
     ProgressDb progress;       // rank 0 only

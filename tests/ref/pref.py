@@ -75,17 +75,19 @@ def dpo_loss(policy, reference, records, window, beta=0.1):
                   "reward_accuracy": float((diff > 0).float().mean())}
 
 
-def grpo_loss(policy, reference, records, window, clip_eps=0.2, kl_coef=0.01):
-    """Rows: response j of record r is row r*G + j. The old policy and the KL's reference are
-    both the frozen initial weights (offline), so one no-grad forward serves as both."""
+def grpo_loss(policy, reference, records, window, clip_eps=0.2, kl_coef=0.01, old=None):
+    """Rows: response j of record r is row r*G + j. Offline the old policy and the KL's reference
+    are both the frozen initial weights, so one no-grad forward serves as both. old: the
+    behaviour policy's model instead (online: AstrAI's old_model, synced to the policy when the
+    rollout was made)."""
     G = len(records[0][1])
     rows = [build_row(p, resp, window) for p, responses, _ in records for resp in responses]
     ids, mask = pack_rows(rows)
     token_masks = mask[:, 1:]
     log_policy = get_logprobs(policy, ids, mask, "none")  # (B*G, S-1)
     with torch.no_grad():
-        log_old = get_logprobs(reference, ids, mask, "none")
-    log_ref = log_old
+        log_ref = get_logprobs(reference, ids, mask, "none")
+        log_old = log_ref if old is None else get_logprobs(old, ids, mask, "none")
 
     rewards = torch.tensor([list(r) for _, _, r in records], dtype=torch.float32)  # (B,G)
     mean = rewards.mean(dim=-1, keepdim=True)
