@@ -73,8 +73,9 @@ static void fmt_steps(const cJSON *job, char *buf, size_t cap) {
 typedef struct {
     char id[24], name[136], steps[48], loss[24], rate[24], eta[24];
     // " val_loss 3.1234", " loss_scale 65536 (2 skipped)", " expert_load max 1.42x min 0.61x of
-    // mean" (a mixture of experts) where the job has them
-    char val[136];
+    // mean" (a mixture of experts), " reward 3.25 (std 1.1), 42.0 tokens, 25% groups equal"
+    // (online) where the job has them
+    char val[200];
     const char *state;
 } JobText;
 
@@ -90,7 +91,12 @@ static void fmt_extras(const cJSON *job, JobText *t) {
                               num_field(job, "skipped_steps"));
     // Over the layer's mean: 1.00x both is a perfectly balanced router.
     if (!isnan(hi) && !isnan(lo) && n < cap)
-        snprintf(t->val + n, cap - n, " expert_load max %.2fx min %.2fx of mean", hi, lo);
+        n += (size_t)snprintf(t->val + n, cap - n, " expert_load max %.2fx min %.2fx of mean", hi,
+                              lo);
+    double r = num_field(job, "reward_mean"), len = num_field(job, "response_len");
+    if (!isnan(r) && !isnan(len) && n < cap)
+        snprintf(t->val + n, cap - n, " reward %.3g (std %.3g), %.1f tokens, %.0f%% groups equal",
+                 r, num_field(job, "reward_std"), len, 100 * num_field(job, "equal_reward_groups"));
 }
 
 static void job_text(const cJSON *job, JobText *t) {

@@ -167,6 +167,13 @@ typedef struct JobText JobText;
 typedef struct SlurmRun SlurmRun;
 
 // What progress.db says of a job's runs (progress_reader.c's, applied by progress_apply).
+// The online strategies' newest step's rollout statistics (docs/training.md "Online GRPO and
+// DPO"); has 0: not an online job, or no step yet.
+typedef struct {
+    double reward_mean, reward_std, response_len, equal_reward_groups;
+    int has;
+} RolloutNumbers;
+
 typedef struct {
     long step, total_steps, epoch;
     double loss, lr, grad_norm, tokens_per_s, eta_s, val_loss;
@@ -178,6 +185,7 @@ typedef struct {
     // layer's mean (has_expert_load; a dense model has none)
     double expert_load_max, expert_load_min;
     int has_expert_load;
+    RolloutNumbers rollout;
     int seen;    // its progress.db was read by this astraid (val_loss is known)
     char *error; // why its progress.db cannot be read, NULL: it can
 } JobProgressView;
@@ -463,6 +471,7 @@ typedef struct {
     long skipped_steps;
     int has_expert_load; // a mixture of experts: the newest step's load extremes (over the mean)
     double expert_load_max, expert_load_min;
+    RolloutNumbers rollout;
     double step_wall;     // unix time of the newest step row
     double step_median_s; // median seconds per step of the newest steps, 0: unknown
     char *phase;          // the trainer's phase, NULL: none ("" is read as none)
@@ -601,6 +610,7 @@ typedef struct {
     double eta_s;                            // < 0: unknown
     double expert_load_max, expert_load_min; // a mixture of experts' (has_expert_load)
     int has_progress, has_val_loss, has_expert_load;
+    RolloutNumbers rollout;
     char *last_checkpoint; // its path (the mtime is read when rendering, off the loop); NULL
 } JobGauge;
 

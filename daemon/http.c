@@ -189,6 +189,7 @@ static int add_job(Snapshot *s, cJSON *array, const Job *j) {
                     .expert_load_max = j->progress.expert_load_max,
                     .expert_load_min = j->progress.expert_load_min,
                     .has_expert_load = j->progress.has_expert_load,
+                    .rollout = j->progress.rollout,
                     .last_checkpoint = dup_or_null(j->last_checkpoint)};
     cJSON *o = job_to_raw_json(j); // the text status serves: no tree, no printing again
     if (!o || !cJSON_AddItemToArray(array, o)) {

@@ -136,6 +136,11 @@ static void describe(const Job *j, Out *o, cJSON *obj) {
                j->progress.has_loss_scale);
     out_metric(o, obj, "expert_load_max", j->progress.expert_load_max, j->progress.has_expert_load);
     out_metric(o, obj, "expert_load_min", j->progress.expert_load_min, j->progress.has_expert_load);
+    const RolloutNumbers *r = &j->progress.rollout;
+    out_metric(o, obj, "reward_mean", r->reward_mean, r->has);
+    out_metric(o, obj, "reward_std", r->reward_std, r->has);
+    out_metric(o, obj, "response_len", r->response_len, r->has);
+    out_metric(o, obj, "equal_reward_groups", r->equal_reward_groups, r->has);
     out_number(o, obj, "restarts", (double)j->restarts, 1);
     out_number(o, obj, "hangs", (double)j->watch.hangs, 1);
     out_string(o, obj, "phase", j->watch.phase);

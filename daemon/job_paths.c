@@ -135,9 +135,23 @@ static int check_param_path(const char *dir, Err *err) {
     return 0;
 }
 
-// A dataset directory (astrai-data prep); dpo and grpo also read a record file.
+// A dataset directory (astrai-data prep); dpo and grpo also read a record file; the online
+// strategies read a prompts file only.
 static int check_data_root(const char *path, const TrainSpec *t, Err *err) {
-    int records = t->is.train_type == TRAIN_DPO || t->is.train_type == TRAIN_GRPO;
+    TrainType tt = t->is.train_type;
+    int records = tt == TRAIN_DPO || tt == TRAIN_GRPO;
+    if (tt == TRAIN_ONLINE_GRPO || tt == TRAIN_ONLINE_DPO) {
+        if (!fs_is_file(path))
+            return access(path, F_OK) ? err_errno(err, errno, "data_root_path: %s", path)
+                                      : err_set(err,
+                                                "data_root_path: %s is not a file (%s: a "
+                                                "prompts .jsonl file)",
+                                                path, t->train_type);
+        return access(path, R_OK)
+                   ? err_errno(err, errno, "data_root_path: %s cannot be read by astraid's user",
+                               path)
+                   : 0;
+    }
     if (records && fs_is_file(path))
         return access(path, R_OK)
                    ? err_errno(err, errno, "data_root_path: %s cannot be read by astraid's user",

@@ -109,7 +109,14 @@ static void job_labels(Text *t, const char *name, const JobGauge *j) {
 }
 
 // A family of one series per job: the double at `offset` in a JobGauge, where known.
-typedef enum { KNOWN_ALWAYS, KNOWN_PROGRESS, KNOWN_VAL, KNOWN_ETA, KNOWN_EXPERTS } Known;
+typedef enum {
+    KNOWN_ALWAYS,
+    KNOWN_PROGRESS,
+    KNOWN_VAL,
+    KNOWN_ETA,
+    KNOWN_EXPERTS,
+    KNOWN_ROLLOUT
+} Known;
 typedef struct {
     const char *name, *type, *help;
     size_t offset;
@@ -139,6 +146,18 @@ static const JobFamily JOB_FAMILIES[] = {
     {"astrai_job_expert_load_min", "gauge",
      "Load of the least loaded routed expert of any layer over its layer's mean, last step (MoE).",
      offsetof(JobGauge, expert_load_min), KNOWN_EXPERTS},
+    {"astrai_job_reward_mean", "gauge",
+     "Mean reward of the last step's rollouts (online_grpo, online_dpo).",
+     offsetof(JobGauge, rollout.reward_mean), KNOWN_ROLLOUT},
+    {"astrai_job_reward_std", "gauge",
+     "Standard deviation of the last step's rewards (online_grpo, online_dpo).",
+     offsetof(JobGauge, rollout.reward_std), KNOWN_ROLLOUT},
+    {"astrai_job_response_tokens", "gauge",
+     "Mean tokens of the last step's rollout responses (online_grpo, online_dpo).",
+     offsetof(JobGauge, rollout.response_len), KNOWN_ROLLOUT},
+    {"astrai_job_equal_reward_groups", "gauge",
+     "Share of the last step's prompts whose responses got equal rewards (online).",
+     offsetof(JobGauge, rollout.equal_reward_groups), KNOWN_ROLLOUT},
     {"astrai_job_restarts_total", "counter",
      "Restarts of the job after a failed run, since astraid started.", offsetof(JobGauge, restarts),
      KNOWN_ALWAYS},
@@ -148,7 +167,7 @@ static int known(const JobGauge *j, Known k) {
     return k == KNOWN_ALWAYS || (k == KNOWN_PROGRESS && j->has_progress) ||
            (k == KNOWN_VAL && j->has_val_loss) ||
            (k == KNOWN_ETA && j->has_progress && j->eta_s >= 0) ||
-           (k == KNOWN_EXPERTS && j->has_expert_load);
+           (k == KNOWN_EXPERTS && j->has_expert_load) || (k == KNOWN_ROLLOUT && j->rollout.has);
 }
 
 // When its last checkpoint was written: the mtime of its directory (a stat: HTTP threads

@@ -18,8 +18,8 @@ int notify_check_config(const Config *c, Err *err) {
     char *words[NOTIFY_MAX_WORDS];
     int n;
     if (!c->notify_command) return 0;
-    char *copy = words_split("notify-command", c->notify_command, words,
-                                    NOTIFY_MAX_WORDS - 2, &n, err);
+    char *copy =
+        words_split("notify-command", c->notify_command, words, NOTIFY_MAX_WORDS - 2, &n, err);
     free(copy);
     if (!copy) return -1;
     return n ? 0 : err_set(err, "notify-command: no program in '%s'", c->notify_command);
@@ -70,8 +70,7 @@ static void notify_job(const Job *j, const char *event) {
     char *words[NOTIFY_MAX_WORDS];
     int n;
     Err err = {0};
-    char *copy =
-        words_split("notify-command", command, words, NOTIFY_MAX_WORDS - 2, &n, &err);
+    char *copy = words_split("notify-command", command, words, NOTIFY_MAX_WORDS - 2, &n, &err);
     char *json = copy ? job_text_now(j) : NULL;
     Notice *notice = json ? malloc(sizeof *notice) : NULL;
     if (notice) {

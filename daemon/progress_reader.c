@@ -183,6 +183,21 @@ static void read_expert_load(sqlite3 *db, JobProgress *p) {
     sqlite3_finalize(st);
 }
 
+// An online job's newest rollout statistics; none for the other train types.
+static void read_rollout(sqlite3 *db, JobProgress *p) {
+    sqlite3_stmt *st;
+    if (prepare(db, PROGRESS_DB_ROLLOUT, &st, p)) return;
+    if (step_row(db, st, p) && sqlite3_column_type(st, 2) != SQLITE_NULL) {
+        RolloutNumbers *r = &p->rollout;
+        r->reward_mean = sqlite3_column_double(st, 0);
+        r->reward_std = sqlite3_column_double(st, 1);
+        r->response_len = sqlite3_column_double(st, 2);
+        r->equal_reward_groups = sqlite3_column_double(st, 3);
+        r->has = 1;
+    }
+    sqlite3_finalize(st);
+}
+
 // The trainer's phase (validation, a checkpoint write), none without one or before the keys.
 static void read_phase(sqlite3 *db, JobProgress *p) {
     sqlite3_stmt *st;
@@ -208,6 +223,7 @@ static void read_db(sqlite3 *db, long total_steps, JobProgress *p) {
     read_validation(db, p);
     read_loss_scale(db, p);
     read_expert_load(db, p);
+    read_rollout(db, p);
     read_phase(db, p);
 }
 
@@ -267,6 +283,13 @@ static int apply_expert_load(Job *j, const JobProgress *p) {
     return 1;
 }
 
+// The rollout statistics, kept once known; 1 if they changed.
+static int apply_rollout(Job *j, const JobProgress *p) {
+    if (!p->rollout.has || !memcmp(&p->rollout, &j->progress.rollout, sizeof p->rollout)) return 0;
+    j->progress.rollout = p->rollout;
+    return 1;
+}
+
 int progress_apply(Job *j, JobProgress *p) {
     int changed = !j->progress.seen;
     j->progress.seen = 1;
@@ -314,6 +337,7 @@ int progress_apply(Job *j, JobProgress *p) {
         changed = 1;
     }
     changed |= apply_expert_load(j, p);
+    changed |= apply_rollout(j, p);
     free(p->checkpoint);
     free(p->phase);
     free(p->error);

@@ -79,6 +79,14 @@
     "SELECT (SELECT value FROM step_metrics WHERE name = 'expert_load_max' ORDER BY step DESC"     \
     " LIMIT 1),"                                                                                   \
     " (SELECT value FROM step_metrics WHERE name = 'expert_load_min' ORDER BY step DESC LIMIT 1)"
+// The online strategies' rollout statistics of the newest step that has them: reward_mean,
+// reward_std, response_len, equal_reward_groups (NULLs without).
+#define PROGRESS_DB_ROLLOUT                                                                        \
+    "SELECT (SELECT value FROM step_metrics WHERE name = 'reward_mean' AND step = n.s),"           \
+    " (SELECT value FROM step_metrics WHERE name = 'reward_std' AND step = n.s),"                  \
+    " (SELECT value FROM step_metrics WHERE name = 'response_len' AND step = n.s),"                \
+    " (SELECT value FROM step_metrics WHERE name = 'equal_reward_groups' AND step = n.s)"          \
+    " FROM (SELECT MAX(step) AS s FROM step_metrics WHERE name = 'response_len') n"
 // The numbers beyond the steps columns (step_metrics: loss_scale, skipped, the DPO/GRPO ones) of
 // the steps in (?1, ?2], in step order.
 #define PROGRESS_DB_CURVE_METRICS                                                                  \

@@ -17,8 +17,12 @@ reward command (train/reward.h), against the PyTorch reference (tests/ref/pref.p
   the steps before, from which --resume (with a good command) finishes the clean run's rows;
 - SIGTERM while a rollout waits for its rewards: the step completes, checkpoint, exit 3, and
   --resume finishes the clean run's rows exactly;
+- prompts as messages and instruction/input/output rendered with the chat template, responses
+  ending on the tokenizer's eos_token;
 - hostile prompt text reaches the command verbatim as JSON data, runs nothing; the command's
   words are split without a shell (quotes kept as one argument);
+- the same job through astraid completes with the same rows, its JOB showing the newest step's
+  reward statistics;
 - bad specs exit 2 naming the key.
 """
 
@@ -386,6 +390,38 @@ def hostile(root, setup_, failures):
         failures.append(f"hostile: the command's words are {words}")
 
 
+def chat_prompts(root, failures):
+    """Prompts as messages and as AstrAI's instruction/input/output, rendered by the model
+    directory's tokenizer and chat template with add_generation_prompt; its eos_token ends a
+    response (the token kept in response_ids, not in the text)."""
+    from test_astrai_generate import V, write_tokenizer
+    model = tu.make_model(os.path.join(root, "chat"), dict(CONFIG, vocab_size=V))
+    write_tokenizer(model)
+    prompts = os.path.join(root, "chat.jsonl")
+    lines = [{"messages": [{"role": "user", "content": "abc"}]},
+             {"instruction": "be brief", "input": "hi", "output": ""},
+             {"instruction": "only"}, {"prompt": "plain"}]
+    with open(prompts, "w") as f:
+        f.writelines(json.dumps(x) + "\n" for x in lines)
+    want = ["<user>abc\n<assistant>", "<system>be brief\n<user>hi\n<assistant>",
+            "<system>only\n<assistant>", "plain"]
+    log, script = os.path.join(root, "chat.log"), os.path.join(root, "reward.py")
+    run(args("online_grpo", model, prompts, script, os.path.join(root, "chat-ckpt"),
+             max_steps=2, shuffle="false", rollout_max_tokens=24, rollout_temperature=2.0),
+        env={"REWARD_LOG": log})
+    entries = read_log(log)
+    seen = [e["request"]["prompt"] for e in entries]
+    if seen != want:
+        failures.append(f"chat prompts: the reward command saw {seen}, expected {want}")
+    stopped = 0
+    for e in entries:
+        for ids, text in zip(e["request"]["meta"]["response_ids"], e["request"]["responses"]):
+            if V - 1 in ids[:-1] or (ids[-1] != V - 1 and len(ids) < 24) or "<eos>" in text:
+                failures.append(f"chat prompts: a response runs past its stop token: {ids}")
+            stopped += ids[-1] == V - 1
+    print(f"chat prompts: {stopped} of {len(entries) * G} responses ended on <eos>")
+
+
 def bad_specs(root, setup_, failures):
     model, prompts, script = setup_
     base = args("online_grpo", model, prompts, script, os.path.join(root, "bad"), max_steps=1)
@@ -406,6 +442,40 @@ def bad_specs(root, setup_, failures):
                             f"{p.stderr[-400:]}")
 
 
+def through_astraid(root, setup_, one_rank, failures):
+    """The same job submitted to astraid: completed, with the same rows; its JOB, /metrics and
+    `astraictl status` show the newest step's reward statistics."""
+    import daemon_util as du
+    from test_daemon_http import http_get
+    model, prompts, script = setup_
+    droot, port = os.path.join(root, "daemon"), tu.free_port()
+    os.makedirs(droot)
+    d = du.Daemon(droot, args=[f"--http=127.0.0.1:{port}"]).start()
+    with du.guarded(d):
+        c = d.client()
+        a = args("online_grpo", model, prompts, script, os.path.join(root, "via-daemon"),
+                 max_steps=5)
+        job = c.call("submit", dict(a, name="online"))["job"]
+        done = du.wait_job(c, job, ["completed"])
+        c.close()
+        metrics = http_get(port, "/metrics")[2].decode()
+        status, _ = tu.run([tu.binary("astraictl"), "--socket", d.socket, "status", str(job)])
+        d.stop()
+    last = one_rank[-1]
+    gauge = f'astrai_job_reward_mean{{job_id="{job}",job_name="online"}} '
+    line = next((x for x in metrics.splitlines() if x.startswith(gauge)), None)
+    if line is None or abs(float(line.split()[-1]) - last["reward_mean"]) > 1e-5:
+        failures.append(f"through astraid: /metrics has {line!r} for reward_mean "
+                        f"{last['reward_mean']}")
+    if f"reward {last['reward_mean']:.3g} (std {last['reward_std']:.3g})" not in status:
+        failures.append(f"through astraid: astraictl status does not show the reward:\n{status}")
+    same_rows(tu.metric_rows(done["last_checkpoint"]), one_rank, "through astraid", failures)
+    for key in ("reward_mean", "reward_std", "response_len", "equal_reward_groups"):
+        if done.get(key) is None or abs(done[key] - last[key]) > 1e-5 * max(1, abs(last[key])):
+            failures.append(f"through astraid: JOB {key} {done.get(key)}, the last step's "
+                            f"{last[key]}")
+
+
 def main():
     root = tu.tmpdir()
     setup_ = setup(root)
@@ -419,6 +489,8 @@ def main():
     faults(root, setup_, grpo, failures)
     sigterm_in_rollout(root, setup_, grpo, failures)
     hostile(root, setup_, failures)
+    through_astraid(root, setup_, grpo, failures)
+    chat_prompts(root, failures)
     bad_specs(root, setup_, failures)
     sys.exit(tu.finish(failures))
 
