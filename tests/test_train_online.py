@@ -7,6 +7,7 @@ reward command (train/reward.h), against the PyTorch reference (tests/ref/pref.p
   synced to the policy at each rollout; the reward statistics (mean, population std, response
   length, equal-reward groups) are those of the logged rewards;
 - online DPO likewise (chosen = the first highest reward, rejected = the first lowest);
+- grad_accum_steps 2 (a rollout per micro-batch) against the reference; bf16 runs it;
 - a short run raises the reward (lowercase letters written) from its start to near its most;
 - ddp on 2 ranks equals one rank with the same global batch, and so does fsdp: a prompt's
   responses are keyed by (seed, step, prompt), whichever rank generates them;
@@ -29,6 +30,7 @@ reward command (train/reward.h), against the PyTorch reference (tests/ref/pref.p
 import copy
 import http.server
 import json
+import math
 import os
 import signal
 import subprocess
@@ -148,12 +150,28 @@ def groups_by_step(log):
     return out
 
 
+def micro_row(kind, policy, reference, old, recs, knobs):
+    """One micro-batch's loss (backward run, weighted by `weight`) and its row numbers."""
+    if kind == "online_grpo":
+        loss, metrics = grpo_loss(policy, reference, recs, 64, old=old, **knobs)
+    else:
+        pairs = [(p, r[max(range(G), key=lambda j: (w[j], -j))],
+                  r[min(range(G), key=lambda j: (w[j], j))]) for p, r, w in recs]
+        loss, metrics = dpo_loss(policy, reference, pairs, 64, **knobs)
+    rewards = torch.tensor([w for _, _, w in recs])
+    lengths = torch.tensor([[len(x) for x in r] for _, r, _ in recs], dtype=torch.float64)
+    return loss, {"loss": float(loss), **metrics, "reward_mean": float(rewards.mean()),
+                  "reward_std": float(rewards.std(unbiased=False)),
+                  "response_len": float(lengths.mean()),
+                  "equal_reward_groups": sum(len(set(w)) == 1 for _, _, w in recs) / len(recs)}
+
+
 def reference_rows(kind, model_dir, log, steps, n_prompts=len(PROMPTS), n_epoch=2, lr=LR,
-                   knobs=None):
-    """AstrAI's strategy on the logged rollouts: each step's micro-batch is the prompts its
-    rollout's requests name, in order; a step without requests trains on the newest rollout
-    again (kept: the same prompts, rollout_interval); GRPO's old policy is the policy when the
-    rollout was made."""
+                   knobs=None, accum=1):
+    """AstrAI's strategy on the logged rollouts: a step's micro-batches are the prompts its
+    rollout's requests name, in order, BATCH a micro-batch; a step without requests trains on
+    the newest rollout again (kept: the same prompts, rollout_interval); GRPO's old policy is the
+    policy when the rollout was made. A row's numbers are the means over its micro-batches."""
     groups = groups_by_step(log)
     order = {}
     for entry in log:
@@ -164,30 +182,23 @@ def reference_rows(kind, model_dir, log, steps, n_prompts=len(PROMPTS), n_epoch=
         p.requires_grad_(False)
     knobs = knobs or REF_KNOBS[kind]
     opt = make_optimizer("adamw", list(policy.named_parameters()), lr=lr, weight_decay=WD)
-    total = n_epoch * ((n_prompts + BATCH - 1) // BATCH)
+    total = n_epoch * (((n_prompts + BATCH - 1) // BATCH) // accum)
     rows, made = [], 0
     for step in range(1, steps + 1):
         if step in order:
             made, old = step, copy.deepcopy(policy)
         recs = [groups[(made, i)] for i in order[made]]
-        if kind == "online_grpo":
-            loss, metrics = grpo_loss(policy, reference, recs, 64, old=old, **knobs)
-        else:
-            pairs = [(p, r[max(range(G), key=lambda j: (w[j], -j))],
-                      r[min(range(G), key=lambda j: (w[j], j))]) for p, r, w in recs]
-            loss, metrics = dpo_loss(policy, reference, pairs, 64, **knobs)
-        loss.backward()
+        sums = {}
+        for b0 in range(0, len(recs), BATCH):
+            loss, numbers = micro_row(kind, policy, reference, old, recs[b0:b0 + BATCH], knobs)
+            (loss / accum).backward()
+            for k, v in numbers.items():
+                sums[k] = sums.get(k, 0.0) + v / accum
         step_lr = lr * tu.cosine_factor(step - 1, total, 0.05, 0.01)
         norm = clip_grad_norm(list(policy.parameters()), CLIP)
         opt.step(step_lr)
         opt.zero_grad()
-        rewards = torch.tensor([w for _, _, w in recs])
-        lengths = torch.tensor([[len(x) for x in r] for _, r, _ in recs], dtype=torch.float64)
-        equal = sum(len(set(w)) == 1 for _, _, w in recs) / len(recs)
-        rows.append({"step": step, "loss": float(loss), "grad_norm": norm, "lr": step_lr, **metrics,
-                     "reward_mean": float(rewards.mean()),
-                     "reward_std": float(rewards.std(unbiased=False)),
-                     "response_len": float(lengths.mean()), "equal_reward_groups": equal})
+        rows.append({"step": step, "grad_norm": norm, "lr": step_lr, **sums})
     return rows
 
 
@@ -238,6 +249,23 @@ def against_reference(root, setup_, kind, failures):
         if not (r["rollout_s"] > 0 and r["reward_s"] > 0):
             failures.append(f"{kind} step {r['step']}: rollout_s/reward_s not positive: {r}")
     return ours
+
+
+def accumulation_bf16(root, setup_, failures):
+    """grad_accum_steps 2: each micro-batch slot has its rollout; the rows are the reference's
+    mean over the two (fp32). bf16 runs the same job to the end with finite numbers."""
+    model, prompts, script = setup_
+    log, ckpt = os.path.join(root, "accum.log"), os.path.join(root, "accum")
+    run(args("online_grpo", model, prompts, script, ckpt, max_steps=3, grad_accum_steps=2),
+        env={"REWARD_LOG": log})
+    ref = reference_rows("online_grpo", model, read_log(log), 3, accum=2)
+    compare(rows_of(ckpt), ref, "grad_accum_steps 2", failures)
+    ckpt = os.path.join(root, "bf16")
+    run(args("online_grpo", model, prompts, script, ckpt, max_steps=3, grad_accum_steps=2,
+             dtype="bf16"))
+    for r in rows_of(ckpt):
+        if not all(math.isfinite(r[k]) for k in ("loss", "grad_norm", "kl", "reward_mean")):
+            failures.append(f"bf16 step {r['step']}: not finite: {r}")
 
 
 def kept_rollouts(root, setup_, failures):
@@ -483,6 +511,7 @@ def main():
     grpo = against_reference(root, setup_, "online_grpo", failures)
     against_reference(root, setup_, "online_dpo", failures)
     kept_rollouts(root, setup_, failures)
+    accumulation_bf16(root, setup_, failures)
     reward_rises(root, setup_, failures)
     distributed(root, setup_, grpo, failures)
     reward_url(root, setup_, grpo, failures)
