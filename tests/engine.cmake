@@ -42,6 +42,9 @@ astrai_c_test(test_generate tests/test_generate.c)
 add_executable(gen_dump tests/gen_dump.c)
 target_link_libraries(gen_dump PRIVATE astrai_core)
 astrai_py_test(test_generate_ref test_generate_ref.py)
+# Sampled generation's token frequencies (first token, and second given the first) against
+# AstrAI's sampling over the reference's logits: chi-square at alpha 1e-4 per test, fixed seeds.
+astrai_py_test(test_generate_stats test_generate_stats.py)
 # astrai-generate: its JSON lines against gen_dump (text, jsonl with a chat template, seeds)
 # and its refusals.
 if(TARGET astrai-generate)

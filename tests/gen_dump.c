@@ -4,8 +4,10 @@
 //
 // PROMPTS.txt: one prompt per line, token ids separated by spaces. Keys: dtype (fp32, bf16,
 // fp16), no_cache (0/1), max_tokens, temperature, top_k, top_p, frequency_penalty, rep_window,
-// seed, first_sequence, stop (ids separated by commas). Prints one JSON object: per prompt its
-// "tokens", "logprobs", "model_logprobs" and "stopped".
+// seed, first_sequence, stop (ids separated by commas), repeat (each line stands for that many
+// prompts in a row: line l's copy c is prompt l * repeat + c, sequence index first_sequence plus
+// that; the sampling statistics of tests/test_generate_stats.py). Prints one JSON array: per
+// prompt its "tokens", "logprobs", "model_logprobs" and "stopped".
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -16,6 +18,7 @@ enum { MAX_PROMPTS = 64, MAX_PROMPT = 4096, MAX_STOP = 16 };
 
 typedef struct {
     DType dtype;
+    int repeat; // >= 1
     GenerateOptions gen;
     int32_t stop[MAX_STOP];
 } Args;
@@ -64,7 +67,10 @@ static int parse_arg(Args *a, const char *arg, Err *err) {
         a->gen.first_sequence = strtoull(v, NULL, 10);
     else if (key_is(arg, k, "stop"))
         return parse_stop(a, v, err);
-    else
+    else if (key_is(arg, k, "repeat")) {
+        a->repeat = atoi(v);
+        if (a->repeat < 1 || a->repeat > 1 << 20) return err_set(err, "repeat: '%s'", v);
+    } else
         return err_set(err, "argument '%s': unknown key", arg);
     return 0;
 }
@@ -110,6 +116,26 @@ static void print_generations(const Generation *g, int B) {
     printf("]\n");
 }
 
+// Generates each of the B prompts a->repeat times in a row into *g, which it allocates (the
+// caller frees it, also after a failure) and prints them.
+static int generate_repeated(Model *m, int B, int32_t *const *prompts, const int *lens,
+                             const Args *a, Generation **g, Err *err) {
+    int n = B * a->repeat;
+    const int32_t **seq = malloc((size_t)n * sizeof *seq);
+    int *seq_lens = malloc((size_t)n * sizeof *seq_lens);
+    *g = calloc((size_t)n, sizeof **g);
+    int rc = seq && seq_lens && *g ? 0 : err_set(err, "gen_dump: out of memory (%d prompts)", n);
+    for (int i = 0; !rc && i < n; i++) {
+        seq[i] = prompts[i / a->repeat];
+        seq_lens[i] = lens[i / a->repeat];
+    }
+    if (!rc) rc = generate(m, seq, seq_lens, n, &a->gen, *g, err);
+    if (!rc) print_generations(*g, n);
+    free(seq);
+    free(seq_lens);
+    return rc;
+}
+
 static int run(const char *dir, int B, int32_t *const *prompts, const int *lens, const Args *a,
                Err *err) {
     char path[4096];
@@ -119,11 +145,11 @@ static int run(const char *dir, int B, int32_t *const *prompts, const int *lens,
     Model m;
     if (model_create(&m, &cfg, backend_cpu_dtype(a->dtype), err)) return -1;
     snprintf(path, sizeof path, "%s/model.safetensors", dir);
-    Generation g[MAX_PROMPTS];
+    Generation *g = NULL;
     int rc = model_load(&m, path, err);
-    if (!rc) rc = generate(&m, (const int32_t *const *)prompts, lens, B, &a->gen, g, err);
-    if (!rc) print_generations(g, B);
-    generation_free(g, B);
+    if (!rc) rc = generate_repeated(&m, B, prompts, lens, a, &g, err);
+    if (g) generation_free(g, B * a->repeat);
+    free(g);
     model_free(&m);
     return rc;
 }
@@ -134,7 +160,8 @@ int main(int argc, char **argv) {
         return EXIT_BAD_INPUT;
     }
     Err err = {0};
-    Args a = {.dtype = DT_F32, .gen = {.sample = SAMPLE_OPTIONS_DEFAULT, .max_tokens = 8}};
+    Args a = {
+        .dtype = DT_F32, .repeat = 1, .gen = {.sample = SAMPLE_OPTIONS_DEFAULT, .max_tokens = 8}};
     a.gen.sample.temperature = 0.0f;
     int32_t *prompts[MAX_PROMPTS] = {0};
     int lens[MAX_PROMPTS] = {0}, rc = 0, B = 0;
