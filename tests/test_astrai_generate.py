@@ -230,12 +230,30 @@ def test_bad_input(tmp, d):
             "--prompt 1", "vocab_size 64")
 
 
+def test_ids_past_the_tokenizer(tmp):
+    """A model whose vocabulary is larger than its tokenizer's (bytes: 256 ids): the ids past the
+    tokenizer are U+FFFD in the completion, the others decoded, the tokens all there."""
+    d = os.path.join(tmp, "wide")
+    os.makedirs(d)
+    model(d, 1024)
+    out = generate("--param_path", d, "--tokenizer", "bytes", "--prompt", "hello",
+                   "--max_tokens", "12", "--temperature", "0")[0]
+    want = "".join("\ufffd" if t >= 256 else chr(t) for t in out["tokens"])
+    wide = sum(t >= 256 for t in out["tokens"])
+    assert wide, f"no id past 255 in {out['tokens']}: the case is not exercised"
+    ascii_only = all(t < 128 or t >= 256 for t in out["tokens"])
+    if ascii_only:
+        assert out["completion"] == want, f"{out['completion']!r} != {want!r}"
+    assert out["completion"].count("\ufffd") >= wide, out["completion"]
+
+
 def main():
     with tempfile.TemporaryDirectory() as tmp:
         d = test_text_prompts(tmp)
         test_jsonl_chat(tmp)
         test_seed(d)
         test_bad_input(tmp, d)
+        test_ids_past_the_tokenizer(tmp)
     print("ok")
 
 

@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/buf.h"
 #include "common/fsutil.h"
 #include "common/json.h"
 #include "common/path.h"
@@ -233,10 +234,36 @@ static char *replace_nul(char *text, size_t len) {
     return out;
 }
 
+// Appends the text of ids[0..n), each id the tokenizer does not have (a model whose vocabulary is
+// larger than its tokenizer's) as U+FFFD.
+static int decode_known(const Tokenizer *tok, const int32_t *ids, int n, Buf *out, Err *err) {
+    int V = tokenizer_vocab_size(tok);
+    for (int i = 0; i < n;) {
+        if (ids[i] < 0 || ids[i] >= V) {
+            if (buf_append(out, "\xEF\xBF\xBD", 3)) return err_resource(err, "out of memory");
+            i++;
+            continue;
+        }
+        int end = i;
+        while (end < n && ids[end] >= 0 && ids[end] < V)
+            end++;
+        char *text;
+        size_t len;
+        if (tokenizer_decode(tok, ids + i, end - i, 1, &text, &len, err))
+            return err_prefix(err, "decoding the completion");
+        int rc = buf_append(out, text, len) ? err_resource(err, "out of memory") : 0;
+        free(text);
+        if (rc) return -1;
+        i = end;
+    }
+    return 0;
+}
+
 int prompts_completion_text(const Tokenizer *tok, const Generation *g, char **text, Err *err) {
-    size_t len;
-    if (tokenizer_decode(tok, g->tokens, g->n - g->stopped, 1, text, &len, err))
-        return err_prefix(err, "decoding the completion");
-    if (!(*text = replace_nul(*text, len))) return err_resource(err, "out of memory for a text");
+    Buf b = {0};
+    if (decode_known(tok, g->tokens, g->n - g->stopped, &b, err)) return buf_free(&b), -1;
+    size_t len = b.len;
+    char *s = b.data ? buf_take(&b) : strdup(""); // no tokens: an empty text
+    if (!s || !(*text = replace_nul(s, len))) return err_resource(err, "out of memory for a text");
     return 0;
 }

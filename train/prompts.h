@@ -62,5 +62,6 @@ int prompts_stop_tokens(const Tokenizer *tok, const char *model_dir, int vocab, 
                         int *n, Err *err);
 
 // A completion's text: its tokens but a stop token that ended it, special tokens skipped, each
-// NUL byte (which a C string cannot hold) as U+FFFD; malloc'd.
+// NUL byte (which a C string cannot hold) and each id the tokenizer does not have (a model's
+// vocabulary larger than its tokenizer's) as U+FFFD; malloc'd.
 int prompts_completion_text(const Tokenizer *tok, const Generation *g, char **text, Err *err);
