@@ -186,17 +186,18 @@ static int follow_progress(Client *c, WatchView *p, const Options *o, Err *err) 
 // Relative paths in the job file are taken from the current directory (the daemon
 // runs elsewhere).
 static int absolutize_paths(cJSON *spec, Err *err) {
-    static const char *const keys[] = {"param_path", "data_root_path", "ckpt_dir"};
     char cwd[4096];
     if (!getcwd(cwd, sizeof cwd)) return err_set(err, "getcwd: %s", strerror(errno));
-    for (size_t i = 0; i < sizeof keys / sizeof keys[0]; i++) {
-        cJSON *v = cJSON_GetObjectItemCaseSensitive(spec, keys[i]);
-        if (!cJSON_IsString(v) || v->valuestring[0] == '/') continue;
+    for (const char *const *key = JOB_SPEC_PATH_KEYS; *key; key++) {
+        cJSON *v = cJSON_GetObjectItemCaseSensitive(spec, *key);
+        if (!cJSON_IsString(v) || v->valuestring[0] == '/' ||
+            !job_spec_value_is_path(*key, v->valuestring))
+            continue;
         size_t n = strlen(cwd) + strlen(v->valuestring) + 2;
         char *path = malloc(n);
         if (!path) return err_resource(err, "%s: out of memory", v->string);
         snprintf(path, n, "%s/%s", cwd, v->valuestring);
-        cJSON_ReplaceItemInObjectCaseSensitive(spec, keys[i], cJSON_CreateString(path));
+        cJSON_ReplaceItemInObjectCaseSensitive(spec, *key, cJSON_CreateString(path));
         free(path);
     }
     return 0;

@@ -205,6 +205,17 @@ int prompts_stop_tokens(const Tokenizer *tok, const char *model_dir, int vocab, 
     return generation_config_stops(&s, model_dir, err);
 }
 
+int prompts_open_tokenizer(const char *spec, const char *model_dir, const char *flag,
+                           Tokenizer **tok, Err *err) {
+    char path[4096];
+    if (!spec || !*spec) {
+        if (path_join(path, sizeof path, model_dir, "tokenizer.json", err)) return -1;
+        spec = fs_is_file(path) ? model_dir : "bytes";
+    }
+    if (tokenizer_open(spec, tok, err)) return err_prefix(err, "%s %s", flag, spec);
+    return 0;
+}
+
 // ---------------------------------------------------------------- completions
 
 // text[0..len) with each NUL byte as U+FFFD, into a new string (text freed); NULL when out of

@@ -46,6 +46,12 @@ int prompts_read_jsonl(PromptList *l, const char *path, const Tokenizer *tok,
                        Err *err);
 void prompts_free(PromptList *l);
 
+// The tokenizer of generation: spec ("bytes", a tokenizer.json or its directory), else
+// model_dir's tokenizer.json (with its tokenizer_config.json), else bytes. Errors name `flag`
+// (astrai-generate's "--tokenizer", the job key "tokenizer") with the spec.
+int prompts_open_tokenizer(const char *spec, const char *model_dir, const char *flag,
+                           Tokenizer **tok, Err *err);
+
 enum { PROMPTS_MAX_STOP = 16 };
 
 // The stop tokens of a model: its tokenizer's eos_token (tokenizer_config.json) and model_dir's

@@ -22,9 +22,7 @@
 #include "ckpt/model_dir.h"
 #include "common/error.h"
 #include "common/flags.h"
-#include "common/fsutil.h"
 #include "common/json.h"
-#include "common/path.h"
 #include "data/tokenizer.h"
 #include "engine/backend.h"
 #include "engine/generate.h"
@@ -206,14 +204,7 @@ static int load_model(const Args *a, Model *m, Err *err) {
 
 // --tokenizer, else DIR/tokenizer.json (with its tokenizer_config.json), else bytes.
 static int open_tokenizer(const Args *a, Tokenizer **tok, Err *err) {
-    char path[4096];
-    const char *spec = a->tokenizer;
-    if (!spec) {
-        if (path_join(path, sizeof path, a->param_path, "tokenizer.json", err)) return -1;
-        spec = fs_is_file(path) ? a->param_path : "bytes";
-    }
-    if (tokenizer_open(spec, tok, err)) return err_prefix(err, "--tokenizer %s", spec);
-    return 0;
+    return prompts_open_tokenizer(a->tokenizer, a->param_path, "--tokenizer", tok, err);
 }
 
 // The stop tokens: the tokenizer's eos_token and DIR's generation_config.json's.
