@@ -97,14 +97,12 @@
 #define PROGRESS_DB_PHASE                                                                          \
     "SELECT (SELECT value FROM run WHERE key = 'phase'),"                                          \
     " (SELECT CAST(value AS REAL) FROM run WHERE key = 'phase_since')"
-// Samples (daemon/samples.c), in (step, idx) order, at most ?4 rows: ?2 true: those of every
-// step after ?3; else those of step ?1, NULL: of the newest step that has samples. Columns step,
-// idx, prompt, completion, tokens.
+// Samples (daemon/samples.c), in (step, idx) order: ?2 true: those of every step after ?3; else
+// those of step ?1, NULL: of the newest step that has samples. Columns step, idx, prompt,
+// completion, tokens.
 #define PROGRESS_DB_SAMPLES                                                                        \
-    "SELECT step, idx, prompt, completion, tokens FROM samples"                                    \
-    " WHERE (?2 AND step > ?3) OR (NOT ?2 AND step = COALESCE(?1, (SELECT MAX(step) FROM "         \
-    "samples)))"                                                                                   \
-    " ORDER BY step, idx LIMIT ?4"
+    "SELECT step, idx, prompt, completion, tokens FROM samples WHERE (?2 AND step > ?3) OR"        \
+    " (NOT ?2 AND step = COALESCE(?1, (SELECT MAX(step) FROM samples))) ORDER BY step, idx"
 #define PROGRESS_DB_TOTAL_STEPS "SELECT CAST(value AS INTEGER) FROM run WHERE key='total_steps'"
 
 // The curve (curve.c): steps after ?1, at most ?2 of them, in order; columns step, loss, lr,
