@@ -2,6 +2,8 @@
 submitted with `astraictl submit --wait` (it returns on the job's final progress push), on a
 model whose tokenizer renders a {"messages"} prompt, a {"prompt"} line holding `<b>&`:
 
+- submit refuses a sample_prompts or chat_template that is missing or relative, and the
+  inconsistent pair, naming the key;
 - the `samples` method: the newest step's rows by default (the end, step 5), `step` selects one,
   `all` pages through every step (since_step); each row is progress.db's; an unknown job is
   -32001, bad params -32602 naming them;
@@ -43,14 +45,14 @@ def setup(root):
             "threads": 1, "name": "samples", "ckpt_dir": os.path.join(root, "ckpt"),
             "sample_interval": 2, "sample_prompts": prompts, "sample_max_tokens": 8}
     job_file = os.path.join(root, "job.json")
-    with open(job_file, "w") as f:
-        json.dump(spec, f)
-    return job_file
+    with open(job_file, "w") as f:  # relative: astraictl makes it absolute from its directory
+        json.dump(dict(spec, sample_prompts="prompts.jsonl"), f)
+    return job_file, spec
 
 
-def ctl(d, *args):
+def ctl(d, *args, cwd=None):
     p = subprocess.run([tu.binary("astraictl"), f"--socket={d.socket}", *args],
-                       capture_output=True, text=True, timeout=120)
+                       capture_output=True, text=True, timeout=120, cwd=cwd)
     assert p.returncode == 0, f"astraictl {args}: exit {p.returncode}\n{p.stderr}"
     return p.stdout
 
@@ -186,16 +188,33 @@ def check_pages(d, c, job):
     print(f"ok: samples pages {pages}")
 
 
+def check_submit_refusals(c, spec):
+    """astraid checks the samples' files at submit, naming the key; no job is queued."""
+    missing = spec["sample_prompts"] + ".missing"
+    du.expect_error(lambda: c.call("submit", dict(spec, sample_prompts=missing)), -32602,
+                    "sample_prompts", missing)
+    du.expect_error(lambda: c.call("submit", dict(spec, sample_prompts="prompts.jsonl")),
+                    -32602, "sample_prompts", "relative path")
+    du.expect_error(lambda: c.call("submit", dict(spec, chat_template=missing)), -32602,
+                    "chat_template", missing)
+    du.expect_error(lambda: c.call("submit", dict(spec, sample_interval=0)), -32602,
+                    "sample_prompts", "sample_interval")
+    assert c.call("list")["jobs"] == [], "a refused submit queued a job"
+    print("ok: submit refuses a missing or relative sample_prompts, a missing chat_template, "
+          "the inconsistent pair")
+
+
 def main():
     root = tu.tmpdir()
-    job_file = setup(root)
+    job_file, spec = setup(root)
     port = tu.free_port()
     d = du.Daemon(root, args=[f"--http=127.0.0.1:{port}"]).start()
     with du.guarded(d):
-        out = ctl(d, "submit", job_file, "--wait")
+        c = d.client()
+        check_submit_refusals(c, spec)
+        out = ctl(d, "submit", job_file, "--wait", cwd=root)
         job = int(out.split()[1])
         assert out.strip().endswith("completed"), out
-        c = d.client()
         rows = db_rows(d, job)
         at = check_method(c, job, rows)
         check_astraictl(d, job, rows, at)
