@@ -31,6 +31,8 @@ typedef struct {
     long rank, tail;          // -1 when not given
     const char *metric, *svg; // plot
     long width, height;       // plot: -1 when not given
+    long step;                // samples: -1 when not given
+    bool all;                 // samples
     unsigned given;           // OPT_* bits of the command options on the command line
 } Options;
 
@@ -44,6 +46,8 @@ enum {
     OPT_SVG = 64,
     OPT_WIDTH = 128,
     OPT_HEIGHT = 256,
+    OPT_STEP = 512,
+    OPT_ALL = 1024,
 };
 
 // Called for each server push (a message without id) while waiting.

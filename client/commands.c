@@ -186,17 +186,18 @@ static int follow_progress(Client *c, WatchView *p, const Options *o, Err *err) 
 // Relative paths in the job file are taken from the current directory (the daemon
 // runs elsewhere).
 static int absolutize_paths(cJSON *spec, Err *err) {
-    static const char *const keys[] = {"param_path", "data_root_path", "ckpt_dir"};
     char cwd[4096];
     if (!getcwd(cwd, sizeof cwd)) return err_set(err, "getcwd: %s", strerror(errno));
-    for (size_t i = 0; i < sizeof keys / sizeof keys[0]; i++) {
-        cJSON *v = cJSON_GetObjectItemCaseSensitive(spec, keys[i]);
-        if (!cJSON_IsString(v) || v->valuestring[0] == '/') continue;
+    for (const char *const *key = JOB_SPEC_PATH_KEYS; *key; key++) {
+        cJSON *v = cJSON_GetObjectItemCaseSensitive(spec, *key);
+        if (!cJSON_IsString(v) || v->valuestring[0] == '/' ||
+            !job_spec_value_is_path(*key, v->valuestring))
+            continue;
         size_t n = strlen(cwd) + strlen(v->valuestring) + 2;
         char *path = malloc(n);
         if (!path) return err_resource(err, "%s: out of memory", v->string);
         snprintf(path, n, "%s/%s", cwd, v->valuestring);
-        cJSON_ReplaceItemInObjectCaseSensitive(spec, keys[i], cJSON_CreateString(path));
+        cJSON_ReplaceItemInObjectCaseSensitive(spec, *key, cJSON_CreateString(path));
         free(path);
     }
     return 0;
@@ -404,6 +405,106 @@ static int cmd_daemon(const char *name, char **args, const Options *o) {
         render_daemon_info(stdout, result);
     cJSON_Delete(result);
     return rc;
+}
+
+// ---------------------------------------------------------------- samples
+
+// text on stdout with its line breaks, each line made safe for a terminal (text.h): a sample is
+// read as the model wrote it.
+static void print_lines(const char *text) {
+    for (const char *p = text;; p++) {
+        size_t n = strcspn(p, "\n");
+        char *line = strndup(p, n), *safe = line ? text_for_terminal(line) : NULL;
+        fputs(safe ? safe : "?", stdout);
+        free(line);
+        free(safe);
+        p += n;
+        if (!*p) break;
+        putchar('\n');
+    }
+}
+
+static const char *sample_string(const cJSON *s, const char *key) {
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(s, key);
+    return cJSON_IsString(v) ? v->valuestring : "";
+}
+
+static double sample_number(const cJSON *s, const char *key) {
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(s, key);
+    return cJSON_IsNumber(v) ? v->valuedouble : -1;
+}
+
+// "step 40, sample 1:" (sample N: the Nth prompt of sample_prompts), then "PROMPT → COMPLETION".
+static void render_samples(long job, const cJSON *samples, const Options *o) {
+    const cJSON *s;
+    if (!cJSON_GetArraySize(samples)) {
+        if (o->step >= 0)
+            printf("job %ld: no samples at step %ld\n", job, o->step);
+        else
+            printf("job %ld: no samples yet\n", job);
+    }
+    cJSON_ArrayForEach(s, samples) {
+        printf("%sstep %.0f, sample %.0f:\n", s == samples->child ? "" : "\n",
+               sample_number(s, "step"), sample_number(s, "index") + 1);
+        print_lines(sample_string(s, "prompt"));
+        fputs(" \u2192 ", stdout);
+        print_lines(sample_string(s, "completion"));
+        putchar('\n');
+    }
+}
+
+// One page of samples into `all`; *since: the step of its last row, *more: pages left (--all).
+static int fetch_samples(Client *c, long job, const Options *o, cJSON *all, long *since, bool *more,
+                         Err *err) {
+    cJSON *params = job_params(job), *result = NULL, *row;
+    if (o->step >= 0) cJSON_AddNumberToObject(params, "step", (double)o->step);
+    if (o->all) cJSON_AddTrueToObject(params, "all");
+    if (o->all) cJSON_AddNumberToObject(params, "since_step", (double)*since);
+    int rc = client_call(c, "samples", params, &result, err);
+    cJSON *page = cJSON_GetObjectItemCaseSensitive(result, "samples");
+    *more = false;
+    int n = 0;
+    while (!rc && (row = cJSON_DetachItemFromArray(page, 0))) {
+        *since = (long)sample_number(row, "step");
+        cJSON_AddItemToArray(all, row);
+        n++;
+    }
+    bool left = cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(result, "more"));
+    *more = o->all && left && n > 0;
+    if (!rc && left && !o->all)
+        fprintf(stderr, "astraictl: step %ld has more samples than one reply holds: %d shown\n",
+                *since, n);
+    cJSON_Delete(result);
+    return rc;
+}
+
+// samples JOB [--step N] [--all]: the texts as sent (shown line by line, made safe there), page
+// after page with --all (since_step: the last step received).
+static int cmd_samples(const char *name, char **args, const Options *o) {
+    Err err;
+    long id, since = 0;
+    if (parse_job_id(args[0], &id, &err)) return fail(EXIT_USAGE, &err);
+    if (o->all && o->step >= 0)
+        return err_set(&err, "%s: --step and --all exclude each other", name),
+               fail(EXIT_USAGE, &err);
+    Client c;
+    cJSON *all = cJSON_CreateArray();
+    int rc = client_open(&c, o, &err);
+    c.raw = true;
+    for (bool more = !rc; more;)
+        rc = fetch_samples(&c, id, o, all, &since, &more, &err);
+    client_close(&c);
+    if (!rc && o->json) {
+        cJSON *out = cJSON_CreateObject();
+        cJSON_AddNumberToObject(out, "job", (double)id);
+        cJSON_AddItemReferenceToObject(out, "samples", all);
+        print_json(out);
+        cJSON_Delete(out);
+    } else if (!rc) {
+        render_samples(id, all, o);
+    }
+    cJSON_Delete(all);
+    return rc ? fail(rc, &err) : EXIT_OK;
 }
 
 #define LOGS_KEPT 1000 // lines logs -f remembers: as many as one logs reply holds
@@ -820,6 +921,8 @@ static const Command COMMANDS[] = {
     {"plot", 1, 1, OPT_FOLLOW | OPT_METRIC | OPT_SVG | OPT_WIDTH | OPT_HEIGHT, cmd_plot,
      "plot JOB [--metric M] [--follow] [--svg FILE] [--width N] [--height N]",
      "a training curve of M (default loss; also val_loss, lr, grad_norm, tokens_per_s)"},
+    {"samples", 1, 1, OPT_STEP | OPT_ALL, cmd_samples, "samples JOB [--step N] [--all]",
+     "what the model wrote at the newest sampled step (or step N, or every one)"},
 };
 
 // Each command option's bit and flag, for "does not apply" (the bits are client.h's).
@@ -830,6 +933,7 @@ static const struct {
     {OPT_WAIT, "--wait"}, {OPT_FOLLOW, "--follow"}, {OPT_STATE, "--state"},
     {OPT_RANK, "--rank"}, {OPT_TAIL, "--tail"},     {OPT_METRIC, "--metric"},
     {OPT_SVG, "--svg"},   {OPT_WIDTH, "--width"},   {OPT_HEIGHT, "--height"},
+    {OPT_STEP, "--step"}, {OPT_ALL, "--all"},
 };
 
 void commands_usage(FILE *out) {

@@ -43,8 +43,7 @@ static int add_value(cJSON *row, const char *key, sqlite3_stmt *st, int col) {
     return cJSON_AddRawToObject(row, key, text) ? 0 : -1;
 }
 
-// 1 when the database has table `name`, 0 when not, -1 on a read error.
-static int has_table(sqlite3 *db, const char *name) {
+int progress_db_has_table(sqlite3 *db, const char *name) {
     sqlite3_stmt *st;
     if (sqlite3_prepare_v2(db, "SELECT 1 FROM sqlite_master WHERE type='table' AND name=?1", -1,
                            &st, NULL) != SQLITE_OK)
@@ -105,8 +104,9 @@ static int add_metrics(sqlite3 *db, long since_step, cJSON *steps) {
 // The rows of an open database (see curve_read).
 static int read_curve(sqlite3 *db, const char *path, long since_step, long limit, cJSON *steps,
                       int *more, Err *err) {
-    int has_steps = has_table(db, "steps"), has_val = has_table(db, "validation"),
-        has_metrics = has_table(db, "step_metrics");
+    int has_steps = progress_db_has_table(db, "steps"),
+        has_val = progress_db_has_table(db, "validation"),
+        has_metrics = progress_db_has_table(db, "step_metrics");
     if (has_steps < 0 || has_val < 0 || has_metrics < 0) return db_fail(db, path, "read", err);
     if (!has_steps) return 0; // rank 0 created the file and is creating its tables
     sqlite3_stmt *st;
@@ -123,28 +123,36 @@ static int read_curve(sqlite3 *db, const char *path, long since_step, long limit
     return rc == SQLITE_DONE ? 0 : db_fail(db, path, "read steps", err);
 }
 
-int curve_read(const char *run_dir, long since_step, long limit, cJSON **steps, int *more,
-               Err *err) {
-    char path[PATH_MAX];
-    *more = 0;
-    *steps = NULL;
-    if ((size_t)snprintf(path, sizeof path, "%s/" PROGRESS_DB_FILE, run_dir) >= sizeof path)
+int progress_db_open_read(const char *run_dir, sqlite3 **db, char *path, size_t cap, Err *err) {
+    *db = NULL;
+    if ((size_t)snprintf(path, cap, "%s/" PROGRESS_DB_FILE, run_dir) >= cap)
         return err_set(err, "%s: path too long", run_dir);
-    cJSON *rows = cJSON_CreateArray();
-    if (!rows) return err_resource(err, "%s: out of memory", path);
-    sqlite3 *db = NULL;
-    int rc = sqlite3_open_v2(path, &db, SQLITE_OPEN_READONLY, NULL);
+    int rc = sqlite3_open_v2(path, db, SQLITE_OPEN_READONLY, NULL);
     if (rc == SQLITE_CANTOPEN) { // no database yet: the first run has not started
-        sqlite3_close(db);
-        *steps = rows;
+        sqlite3_close(*db);
+        *db = NULL;
         return 0;
     }
     if (rc != SQLITE_OK) {
-        rc = db_fail(db, path, "open", err);
-    } else {
-        sqlite3_busy_timeout(db, CURVE_BUSY_MS);
-        rc = read_curve(db, path, since_step, limit, rows, more, err);
+        db_fail(*db, path, "open", err);
+        sqlite3_close(*db);
+        *db = NULL;
+        return -1;
     }
+    sqlite3_busy_timeout(*db, CURVE_BUSY_MS);
+    return 0;
+}
+
+int curve_read(const char *run_dir, long since_step, long limit, cJSON **steps, int *more,
+               Err *err) {
+    char path[PATH_MAX];
+    sqlite3 *db;
+    *more = 0;
+    *steps = NULL;
+    cJSON *rows = cJSON_CreateArray();
+    if (!rows) return err_resource(err, "%s: out of memory", run_dir);
+    int rc = progress_db_open_read(run_dir, &db, path, sizeof path, err);
+    if (!rc && db) rc = read_curve(db, path, since_step, limit, rows, more, err);
     sqlite3_close(db);
     if (rc) {
         cJSON_Delete(rows);

@@ -20,6 +20,7 @@
 //   state.c           the daemon database (sqlite: jobs, runs, events), its writer, recovery
 //   progress_reader.c each running job's progress.db, polled read-only off the loop
 //   curve.c           a job's training curve from its progress.db (history, the web page)
+//   samples.c         what a job's model wrote as it trained, from its progress.db (samples)
 //   watchdog.c        hangs (no new step: stacks recorded, run restarted) and time limits
 //   notify.c          notify_command: a program run on job events
 //   helper.c          short-lived helper programs (gdb, notify_command), bounded, never waited on
@@ -503,6 +504,30 @@ int curve_read(const char *run_dir, long since_step, long limit, cJSON **steps, 
                Err *err);
 #define HISTORY_LIMIT 2000      // steps of a history page (method, /api/history) unless asked
 #define HISTORY_LIMIT_MAX 10000 // the largest page asked for
+// The readers' way into run_dir/progress.db (curve.c, samples.c): opened read-only for one read
+// on any thread, never blocking the writer (a busy wal-index is waited for briefly); *db NULL (and
+// 0) when there is no database yet. path (cap bytes) gets its path for the errors.
+typedef struct sqlite3 sqlite3;
+int progress_db_open_read(const char *run_dir, sqlite3 **db, char *path, size_t cap, Err *err);
+// 1 when the database has table `name`, 0 when not, -1 on a read error.
+int progress_db_has_table(sqlite3 *db, const char *name);
+
+// ---------------------------------------------------------------- samples.c
+// What the model wrote as it trained (train/samples.h; the `samples` method, /api/samples): rows
+// of run_dir/progress.db's samples as a JSON array of {step, index, prompt, completion, tokens}
+// in (step, index) order: with `all` those of every step after since_step, else those of `step`
+// (-1: the newest step that has samples). A page holds at most SAMPLES_PAGE_BYTES of text (the
+// first row always goes; with `all`, whole steps unless the first alone is larger); *more is 1
+// when rows were left off. No database or no samples yet: none. Blocking, safe on any thread.
+typedef struct {
+    long step; // -1: the newest step with samples
+    bool all;
+    long since_step; // with all
+} SamplesQuery;
+int job_samples_read(const char *run_dir, const SamplesQuery *q, cJSON **rows, int *more, Err *err);
+// Of a page's prompts and completions: JSON writes a byte as 6 at most, so a page stays under the
+// line limit.
+#define SAMPLES_PAGE_BYTES (RPC_MAX_LINE / 8)
 // ---------------------------------------------------------------- slurm.c
 // At start: --slurm-sbatch-args splits into words (its quotes balanced).
 int slurm_check_config(const Config *c, Err *err);

@@ -5,7 +5,7 @@
 // A request that changes state (submit, pause, resume, cancel, rm) is answered once its
 // change is written (state.c's writer, off the loop): its handler returns ANSWER_LATER,
 // and its connection is served no further line until then, so replies stay in order.
-// So is one that reads a file (history: a progress.db), on libuv's threadpool.
+// So is one that reads a file (history, samples: a progress.db), on libuv's threadpool.
 #include <grp.h>
 #include <limits.h>
 #include <math.h>
@@ -320,19 +320,21 @@ static cJSON *do_cancel(Conn *c, const cJSON *p, int *code, Err *err) {
     return do_verb(c, p, job_cancel, "cancel", code, err);
 }
 
-// ---------------------------------------------------------------- history
+// ---------------------------------------------------------------- history, samples
 
-// A history read on the threadpool: its Later (LATER_RESULT) gets the result the read
-// makes, or code and err; the run directory is copied, so the job may go meanwhile (and
+// A read of a job's progress.db on the threadpool: its Later (LATER_RESULT) gets the result
+// `read` makes, or code and err; the run directory is copied, so the job may go meanwhile (and
 // the connection: conn_answer frees a closed one).
-typedef struct {
+typedef struct DbRead {
     uv_work_t req;
     Later *later;
     char run_dir[PATH_MAX];
-    long since_step, limit;
+    cJSON *(*read)(struct DbRead *r); // NULL with code and err on failure
+    long since_step, limit;           // history's
+    SamplesQuery samples;             // samples'
     int code;
     Err err;
-} HistoryRead;
+} DbRead;
 
 // steps printed as a JSON array (the rows, in order, while they fit in HISTORY_MAX_BYTES;
 // the first always goes): the reply's "steps", printed here rather than on the loop.
@@ -360,32 +362,63 @@ static char *print_steps(const cJSON *steps, int *more) {
     return buf_take(&out);
 }
 
-static void history_work(uv_work_t *req) {
-    HistoryRead *h = req->data;
+static cJSON *read_failed(DbRead *r, const char *what) {
+    r->code = RPC_INTERNAL_ERROR;
+    if (!*r->err.msg) err_resource(&r->err, "%s: out of memory", what);
+    return NULL;
+}
+
+static cJSON *history_read(DbRead *h) {
     cJSON *steps = NULL;
     int more = 0;
-    if (curve_read(h->run_dir, h->since_step, h->limit, &steps, &more, &h->err)) {
-        h->code = RPC_INTERNAL_ERROR;
-        return;
-    }
+    if (curve_read(h->run_dir, h->since_step, h->limit, &steps, &more, &h->err))
+        return read_failed(h, "history");
     char *text = print_steps(steps, &more);
     cJSON_Delete(steps);
     cJSON *r = text ? cJSON_CreateObject() : NULL;
     if (!r || !cJSON_AddRawToObject(r, "steps", text) || !cJSON_AddBoolToObject(r, "more", more)) {
         cJSON_Delete(r);
-        h->code = RPC_INTERNAL_ERROR;
-        err_resource(&h->err, "history: out of memory");
-    } else {
-        h->later->result = r;
+        r = NULL;
     }
     free(text);
+    return r ? r : read_failed(h, "history");
 }
 
-static void history_done(uv_work_t *req, int status) {
-    HistoryRead *h = req->data;
+static void db_read_work(uv_work_t *req) {
+    DbRead *r = req->data;
+    r->later->result = r->read(r);
+}
+
+static void db_read_done(uv_work_t *req, int status) {
+    DbRead *r = req->data;
     (void)status; // the loop is never closed under queued work: it always ran
-    later_done(h->later, h->code, &h->err);
-    free(h);
+    later_done(r->later, r->code, &r->err);
+    free(r);
+}
+
+// Queues r (taken) to read j's progress.db off the loop; the reply comes when it is done.
+static cJSON *queue_db_read(Conn *c, Job *j, DbRead *r, const char *method, int *code, Err *err) {
+    Later *l = later_new(c, LATER_RESULT, j->id, NULL);
+    if (!l) {
+        free(r);
+        return out_of_memory(code, err);
+    }
+    if (job_run_dir(j, r->run_dir, sizeof r->run_dir)) {
+        free(r);
+        later_free(l);
+        *code = RPC_INTERNAL_ERROR;
+        err_set(err, "%s: run directory path too long", method);
+        return NULL;
+    }
+    r->req.data = r;
+    r->later = l;
+    int rc = uv_queue_work(astraid.loop, &r->req, db_read_work, db_read_done);
+    if (rc) {
+        *code = RPC_INTERNAL_ERROR;
+        err_set(err, "%s: %s", method, uv_strerror(rc));
+        free(r);
+    }
+    return answer_later(c, l, rc, code);
 }
 
 // The steps of the job's curve after since_step (default 0), at most limit of them
@@ -396,27 +429,47 @@ static cJSON *do_history(Conn *c, const cJSON *params, int *code, Err *err) {
     if (!j || param_long(params, "since_step", 0, 1L << 53, &since_step, code, err) ||
         param_long(params, "limit", 1, HISTORY_LIMIT_MAX, &limit, code, err))
         return NULL;
-    HistoryRead *h = calloc(1, sizeof *h);
+    DbRead *h = calloc(1, sizeof *h);
     if (!h) return out_of_memory(code, err);
-    *h = (HistoryRead){.req.data = h, .since_step = since_step, .limit = limit};
-    Later *l = later_new(c, LATER_RESULT, j->id, NULL);
-    if (!l) {
-        free(h);
-        return out_of_memory(code, err);
+    *h = (DbRead){.read = history_read, .since_step = since_step, .limit = limit};
+    return queue_db_read(c, j, h, "history", code, err);
+}
+
+// {"job", "samples": [...], "more"}: job_samples_read's rows.
+static cJSON *samples_result(DbRead *r) {
+    cJSON *rows = NULL, *o = NULL;
+    int more = 0;
+    long job = r->later->job;
+    if (job_samples_read(r->run_dir, &r->samples, &rows, &more, &r->err))
+        return read_failed(r, "samples");
+    if (!(o = cJSON_CreateObject()) || !cJSON_AddNumberToObject(o, "job", (double)job) ||
+        !cJSON_AddItemToObject(o, "samples", rows)) {
+        cJSON_Delete(rows);
+        cJSON_Delete(o);
+        return read_failed(r, "samples");
     }
-    if (job_run_dir(j, h->run_dir, sizeof h->run_dir)) {
-        free(h);
-        later_free(l);
-        return fail(code, RPC_INTERNAL_ERROR, err, "history: run directory path too long");
-    }
-    h->later = l;
-    int rc = uv_queue_work(astraid.loop, &h->req, history_work, history_done);
-    if (rc) {
-        *code = RPC_INTERNAL_ERROR;
-        err_set(err, "history: %s", uv_strerror(rc));
-        free(h);
-    }
-    return answer_later(c, l, rc, code);
+    return cJSON_AddBoolToObject(o, "more", more) ? o
+                                                  : (cJSON_Delete(o), read_failed(r, "samples"));
+}
+
+// What the job's model wrote as it trained (docs/protocol.md): the samples of `step` (default:
+// the newest step that has some), or with all those of every step after since_step.
+static cJSON *do_samples(Conn *c, const cJSON *params, int *code, Err *err) {
+    Job *j = param_job(params, code, err);
+    SamplesQuery q = {.step = -1};
+    const cJSON *all = cJSON_GetObjectItemCaseSensitive(params, "all");
+    if (!j || param_long(params, "step", 0, 1L << 53, &q.step, code, err) ||
+        param_long(params, "since_step", 0, 1L << 53, &q.since_step, code, err))
+        return NULL;
+    if (all && !cJSON_IsBool(all))
+        return fail(code, RPC_INVALID_PARAMS, err, "all: expected true or false");
+    q.all = cJSON_IsTrue(all);
+    if (q.all && q.step >= 0)
+        return fail(code, RPC_INVALID_PARAMS, err, "step and all exclude each other");
+    DbRead *r = calloc(1, sizeof *r);
+    if (!r) return out_of_memory(code, err);
+    *r = (DbRead){.read = samples_result, .samples = q};
+    return queue_db_read(c, j, r, "samples", code, err);
 }
 
 // A final job's state and run directory go; its ckpt_dir, named in the reply, stays.
@@ -516,7 +569,7 @@ static const Method METHODS[] = {
     {"pause", do_pause},      {"resume", do_resume},       {"checkpoint", do_checkpoint},
     {"cancel", do_cancel},    {"logs", do_logs},           {"watch", do_watch},
     {"daemon.info", do_info}, {"auth", do_auth},           {"rm", do_rm},
-    {"history", do_history},  {"preflight", do_preflight},
+    {"history", do_history},  {"preflight", do_preflight}, {"samples", do_samples},
 };
 
 static const Method *find_method(const char *name) {

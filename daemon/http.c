@@ -1,6 +1,7 @@
 // http.c: astraid's HTTP listener (--http HOST:PORT, docs/monitoring.md): GET / (the web
-// page, web/web.h), /metrics (metrics.c), /api/jobs, /api/history and /api/gpus, and POST
-// /api/pause, /api/resume, /api/checkpoint and /api/cancel (the page's buttons) and /login.
+// page, web/web.h), /metrics (metrics.c), /api/jobs, /api/history, /api/samples and /api/gpus,
+// and POST /api/pause, /api/resume, /api/checkpoint and /api/cancel (the page's buttons) and
+// /login.
 //
 // libmicrohttpd parses HTTP on its own threads (HTTP_THREADS of them, each polling its share
 // of at most HTTP_CONNECTIONS connections; a connection silent for HTTP_TIMEOUT_S is
@@ -12,8 +13,9 @@
 // submitted, changed or removed, a request counted: what the control socket acknowledged is in the
 // next answer here), or, for the progress numbers that change at every step, older than
 // SNAPSHOT_MAX_AGE_S. Readers hold a reference, so a snapshot is freed by whoever drops the last
-// one. An idle listener costs the loop nothing. /api/history reads the job's progress.db
-// (curve_read) on the HTTP thread: blocking there holds no one else up.
+// one. An idle listener costs the loop nothing. /api/history and /api/samples read the job's
+// progress.db (curve_read, job_samples_read) on the HTTP thread: blocking there holds no one else
+// up.
 //
 // Slow clients (slowloris): a connection is "waiting" from its accept, or from the end of its
 // previous answer, until its whole request (line, headers, any body) is read; it must be read
@@ -627,6 +629,25 @@ static int query_job(struct MHD_Connection *conn, long *job, Err *err) {
     return query_long(conn, "job", 1, 1L << 53, job, err);
 }
 
+static enum MHD_Result no_such_job(struct MHD_Connection *conn, long job) {
+    char msg[64];
+    snprintf(msg, sizeof msg, "no such job: %ld", job);
+    return respond_error(conn, MHD_HTTP_NOT_FOUND, msg);
+}
+
+// {key: items, "more": more} (items taken), as the control socket's page of the same rows.
+static enum MHD_Result respond_page(struct MHD_Connection *conn, const char *key, cJSON *items,
+                                    int more) {
+    cJSON *o = cJSON_CreateObject();
+    if (!o || !cJSON_AddItemToObject(o, key, items)) {
+        cJSON_Delete(items);
+        cJSON_Delete(o);
+        return respond_text(conn, MHD_HTTP_INTERNAL_SERVER_ERROR, "out of memory\n");
+    }
+    cJSON_AddBoolToObject(o, "more", more);
+    return respond_json(conn, MHD_HTTP_OK, o);
+}
+
 static enum MHD_Result get_history(struct MHD_Connection *conn, const Snapshot *s) {
     Err err = {0};
     long job = 0, since = 0, limit = HISTORY_LIMIT;
@@ -634,23 +655,29 @@ static enum MHD_Result get_history(struct MHD_Connection *conn, const Snapshot *
         query_long(conn, "limit", 1, HISTORY_LIMIT_MAX, &limit, &err))
         return respond_error(conn, MHD_HTTP_BAD_REQUEST, err.msg);
     const char *run_dir = run_dir_of(s, job);
-    if (!run_dir) {
-        char msg[64];
-        snprintf(msg, sizeof msg, "no such job: %ld", job);
-        return respond_error(conn, MHD_HTTP_NOT_FOUND, msg);
-    }
+    if (!run_dir) return no_such_job(conn, job);
     cJSON *steps = NULL;
     int more = 0;
     if (curve_read(run_dir, since, limit, &steps, &more, &err))
         return respond_error(conn, MHD_HTTP_INTERNAL_SERVER_ERROR, err.msg);
-    cJSON *o = cJSON_CreateObject();
-    if (!o || !cJSON_AddItemToObject(o, "steps", steps)) {
-        cJSON_Delete(steps);
-        cJSON_Delete(o);
-        return respond_text(conn, MHD_HTTP_INTERNAL_SERVER_ERROR, "out of memory\n");
-    }
-    cJSON_AddBoolToObject(o, "more", more);
-    return respond_json(conn, MHD_HTTP_OK, o);
+    return respond_page(conn, "steps", steps, more);
+}
+
+// ?job=ID[&step=N]: the samples of step N, else of the newest step that has some (the page's
+// view beside the loss curve), as the `samples` method's.
+static enum MHD_Result get_samples(struct MHD_Connection *conn, const Snapshot *s) {
+    Err err = {0};
+    long job = 0;
+    SamplesQuery q = {.step = -1};
+    if (query_job(conn, &job, &err) || query_long(conn, "step", 0, 1L << 53, &q.step, &err))
+        return respond_error(conn, MHD_HTTP_BAD_REQUEST, err.msg);
+    const char *run_dir = run_dir_of(s, job);
+    if (!run_dir) return no_such_job(conn, job);
+    cJSON *rows = NULL;
+    int more = 0;
+    if (job_samples_read(run_dir, &q, &rows, &more, &err))
+        return respond_error(conn, MHD_HTTP_INTERNAL_SERVER_ERROR, err.msg);
+    return respond_page(conn, "samples", rows, more);
 }
 
 // ---------------------------------------------------------------- calls on the loop
@@ -1067,14 +1094,16 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
     if (action) return post_action(conn, action);
     if (!strcmp(url, "/api/gpus")) return respond_call(conn, NULL, 0);
     int metrics = !strcmp(url, "/metrics"), jobs = !strcmp(url, "/api/jobs");
-    int history = !strcmp(url, "/api/history");
-    if (!metrics && !jobs && !history) return respond_text(conn, MHD_HTTP_NOT_FOUND, "not found\n");
+    int history = !strcmp(url, "/api/history"), samples = !strcmp(url, "/api/samples");
+    if (!metrics && !jobs && !history && !samples)
+        return respond_text(conn, MHD_HTTP_NOT_FOUND, "not found\n");
     client_answering(conn); // not while it waits for the loop's snapshot
     Snapshot *s = snapshot_get();
     if (!s) return respond_text(conn, MHD_HTTP_SERVICE_UNAVAILABLE, "astraid is not answering\n");
-    enum MHD_Result rc = metrics ? get_metrics(conn, s)
-                         : jobs  ? get_jobs(conn, s)
-                                 : get_history(conn, s);
+    enum MHD_Result rc = metrics   ? get_metrics(conn, s)
+                         : jobs    ? get_jobs(conn, s)
+                         : history ? get_history(conn, s)
+                                   : get_samples(conn, s);
     snapshot_release(s);
     return rc;
 }

@@ -5,6 +5,7 @@
 //   param_path      a directory with config.json, and model.safetensors (or the index of a
 //                   sharded set) unless it is a checkpoint (meta.json): what a run loads
 //   data_root_path  a dataset directory; for dpo/grpo also a record file (.jsonl)
+//   sample_prompts, tokenizer, chat_template  when given (tokenizer: but "bytes"), readable
 //   ckpt_dir        can be created and written; not a system directory, not inside
 //                   astraid's state directory (but for the job's own run directory), and
 //                   no other live job's ckpt_dir, nor inside or around one
@@ -164,6 +165,26 @@ static int check_data_root(const char *path, const TrainSpec *t, Err *err) {
     return 0;
 }
 
+// What the samples read (train/samples.h), where the spec names it: readable, and a file but for
+// the tokenizer (a tokenizer.json or its directory, whose contents the run checks).
+static int check_sample_paths(const TrainSpec *t, Err *err) {
+    const struct {
+        const char *key, *path;
+        bool file;
+    } paths[] = {{"sample_prompts", t->sample_prompts, true},
+                 {"tokenizer", t->tokenizer, false},
+                 {"chat_template", t->chat_template, true}};
+    for (size_t i = 0; i < sizeof paths / sizeof *paths; i++) {
+        const char *key = paths[i].key, *path = paths[i].path;
+        if (!job_spec_value_is_path(key, path)) continue;
+        if (access(path, R_OK))
+            return err_errno(err, errno, "%s: %s cannot be read by astraid's user", key, path);
+        if (paths[i].file && !fs_is_file(path))
+            return err_set(err, "%s: %s is not a file", key, path);
+    }
+    return 0;
+}
+
 // ---------------------------------------------------------------- ckpt_dir
 
 int job_ckpt_dir_usable(const Job *j, Err *err) {
@@ -262,7 +283,8 @@ int job_paths_check(Job *j, Err *err) {
     const char *param = j->js.train.param_path, *data = j->js.train.data_root_path;
     if (!param || !data || j->js.train.is.train_type == TRAIN_UNSET)
         return err_set(err, "param_path, data_root_path and train_type are required");
-    if (check_param_path(param, err) || check_data_root(data, &j->js.train, err))
+    if (check_param_path(param, err) || check_data_root(data, &j->js.train, err) ||
+        check_sample_paths(&j->js.train, err))
         return spec_path_refused(err);
     if (job_ckpt_dir_resolve(j, err)) return -1; // refused, or out of memory
     if (check_ckpt_place(j, j->ckpt_real, err) || job_ckpt_dir_usable(j, err) ||

@@ -228,12 +228,12 @@ static long next_free_id(void) {
 
 // Paths in a spec are used by ranks whose working directory is not the client's.
 static int check_absolute(const cJSON *spec, Err *err) {
-    static const char *const PATH_KEYS[] = {"param_path", "data_root_path", "ckpt_dir"};
-    for (size_t i = 0; i < sizeof PATH_KEYS / sizeof *PATH_KEYS; i++) {
-        const cJSON *v = cJSON_GetObjectItemCaseSensitive(spec, PATH_KEYS[i]);
-        if (cJSON_IsString(v) && v->valuestring[0] != '/')
-            return err_set(err, "%s: '%s' is a relative path; astraid needs an absolute one",
-                           PATH_KEYS[i], v->valuestring);
+    for (const char *const *key = JOB_SPEC_PATH_KEYS; *key; key++) {
+        const cJSON *v = cJSON_GetObjectItemCaseSensitive(spec, *key);
+        if (cJSON_IsString(v) && v->valuestring[0] != '/' &&
+            job_spec_value_is_path(*key, v->valuestring))
+            return err_set(err, "%s: '%s' is a relative path; astraid needs an absolute one", *key,
+                           v->valuestring);
     }
     return 0;
 }

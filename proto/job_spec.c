@@ -17,6 +17,14 @@ static const char *const JOB_KEYS[] = {
     "name",          "devices",        "max_restarts",       "priority", "nodes",
     "gpus_per_node", "hang_timeout_s", "max_duration_hours", NULL};
 
+const char *const JOB_SPEC_PATH_KEYS[] = {
+    "param_path", "data_root_path", "ckpt_dir", "sample_prompts",
+    "tokenizer",  "chat_template",  NULL};
+
+bool job_spec_value_is_path(const char *key, const char *value) {
+    return *value && !(!strcmp(key, "tokenizer") && !strcmp(value, "bytes"));
+}
+
 static int is_job_key(const char *key) {
     for (const char *const *k = JOB_KEYS; *k; k++)
         if (!strcmp(*k, key)) return 1;

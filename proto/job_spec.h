@@ -18,6 +18,8 @@
 //   max_duration_hours number in [1e-4, 87600] (fractions allowed: 0.0003 is about a second):
 //                 hours a job runs before astraid pauses it with a checkpoint
 #pragma once
+#include <stdbool.h>
+
 #include "common/error.h"
 #include "proto/train_spec.h"
 
@@ -45,6 +47,12 @@ typedef struct {
 // nearest valid one for unknown keys; required training keys must be present.
 int job_spec_parse(JobSpec *spec, const cJSON *obj, Err *err);
 void job_spec_free(JobSpec *spec);
+
+// The training keys that name a file or directory, NULL-terminated: their relative values are
+// taken from astraictl's directory (the ranks run elsewhere) and astraid refuses any left.
+extern const char *const JOB_SPEC_PATH_KEYS[];
+// Whether `value` of path key `key` names a file: all but "" (unset) and tokenizer's "bytes".
+bool job_spec_value_is_path(const char *key, const char *value);
 
 // The astrai-train argv for the spec (NULL-terminated, malloc'd strings):
 // {binary, "--key=value", ..., NULL}. Free with job_spec_free_argv.

@@ -12,7 +12,9 @@
 // extra numbers of a step (the DPO/GRPO terms, a mixture of experts' expert_load_max and
 // expert_load_min); run holds keys of the whole run ('total_steps'); expert_load holds, per step
 // of a mixture-of-experts model, the (token, choice) pairs each routed expert of each layer
-// received, summed over the step's micro-batches and ranks.
+// received, summed over the step's micro-batches and ranks; samples holds what the model wrote for
+// each of sample_prompts at a step (train/samples.h): idx the prompt's line among them, prompt
+// its text (a conversation rendered), completion the text generated, tokens how many.
 #define PROGRESS_DB_SCHEMA                                                                         \
     "PRAGMA journal_mode=WAL;"                                                                     \
     "PRAGMA synchronous=NORMAL;"                                                                   \
@@ -27,16 +29,20 @@
     " value REAL, PRIMARY KEY(step, name));"                                                       \
     "CREATE TABLE IF NOT EXISTS run(key TEXT PRIMARY KEY, value);"                                 \
     "CREATE TABLE IF NOT EXISTS expert_load(step INTEGER NOT NULL, layer INTEGER NOT NULL,"        \
-    " expert INTEGER NOT NULL, tokens INTEGER NOT NULL, PRIMARY KEY(step, layer, expert));"
+    " expert INTEGER NOT NULL, tokens INTEGER NOT NULL, PRIMARY KEY(step, layer, expert));"        \
+    "CREATE TABLE IF NOT EXISTS samples(step INTEGER NOT NULL, idx INTEGER NOT NULL,"              \
+    " prompt TEXT NOT NULL, completion TEXT NOT NULL, tokens INTEGER NOT NULL,"                    \
+    " wall_time REAL NOT NULL, PRIMARY KEY(step, idx));"
 
 // ---------------------------------------------------------------- the writer's statements
 
-// A resumed run forgets the rows after its checkpoint's step (%ld: the step, five times, then
+// A resumed run forgets the rows after its checkpoint's step (%ld: the step, six times, then
 // total_steps), so the curve is the run's own.
 #define PROGRESS_DB_FORGET_AFTER                                                                   \
     "BEGIN IMMEDIATE; DELETE FROM steps WHERE step > %ld;"                                         \
     " DELETE FROM checkpoints WHERE step > %ld; DELETE FROM validation WHERE step > %ld;"          \
     " DELETE FROM step_metrics WHERE step > %ld; DELETE FROM expert_load WHERE step > %ld;"        \
+    " DELETE FROM samples WHERE step > %ld;"                                                       \
     " INSERT OR REPLACE INTO run(key, value) VALUES('total_steps', %ld); COMMIT;"
 #define PROGRESS_DB_INSERT_STEP                                                                    \
     "INSERT OR REPLACE INTO steps(step, epoch, consumed_samples, loss, lr, grad_norm,"             \
@@ -56,6 +62,10 @@
     "INSERT OR REPLACE INTO run(key, value) VALUES('phase', ?1), ('phase_since', ?2)"
 #define PROGRESS_DB_INSERT_EXPERT_LOAD                                                             \
     "INSERT OR REPLACE INTO expert_load(step, layer, expert, tokens) VALUES(?1,?2,?3,?4)"
+// One step's samples go in one transaction (train/progress.c progress_add_samples).
+#define PROGRESS_DB_INSERT_SAMPLE                                                                  \
+    "INSERT OR REPLACE INTO samples(step, idx, prompt, completion, tokens, wall_time)"             \
+    " VALUES(?1,?2,?3,?4,?5,?6)"
 #define PROGRESS_DB_INSERT_METRIC                                                                  \
     "INSERT OR REPLACE INTO step_metrics(step, name, value) VALUES(?1,?2,?3)"
 
@@ -95,6 +105,12 @@
 #define PROGRESS_DB_PHASE                                                                          \
     "SELECT (SELECT value FROM run WHERE key = 'phase'),"                                          \
     " (SELECT CAST(value AS REAL) FROM run WHERE key = 'phase_since')"
+// Samples (daemon/samples.c), in (step, idx) order: ?2 true: those of every step after ?3; else
+// those of step ?1, NULL: of the newest step that has samples. Columns step, idx, prompt,
+// completion, tokens.
+#define PROGRESS_DB_SAMPLES                                                                        \
+    "SELECT step, idx, prompt, completion, tokens FROM samples WHERE (?2 AND step > ?3) OR"        \
+    " (NOT ?2 AND step = COALESCE(?1, (SELECT MAX(step) FROM samples))) ORDER BY step, idx"
 #define PROGRESS_DB_TOTAL_STEPS "SELECT CAST(value AS INTEGER) FROM run WHERE key='total_steps'"
 
 // The curve (curve.c): steps after ?1, at most ?2 of them, in order; columns step, loss, lr,

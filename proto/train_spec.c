@@ -70,6 +70,13 @@ static const KeyDef KEYS[] = {
     {"checkpoint_keep_best", KEY_INT, F(checkpoint_keep_best), "0", 0, 1e9, NULL, "with checkpoint_keep_last: also keep the N of lowest val_loss (validated at their step)", "ckpt"},
     {"max_steps", KEY_INT, F(max_steps), "0", 0, 1e12, NULL, "stop after this many optimizer steps, with a checkpoint (0: run all epochs; the schedule still spans them)", "training"},
     {"log_interval", KEY_INT, F(log_interval), "10", 1, 1e12, NULL, "optimizer steps between progress lines", "log"},
+    {"sample_interval", KEY_INT, F(sample_interval), "0", 0, 1e12, NULL, "generate from the current weights for each of sample_prompts every N optimizer steps and at the end, into progress.db (0: off)", "log"},
+    {"sample_prompts", KEY_STR, F(sample_prompts), "", 0, 0, NULL, "the samples' prompts: one {\"prompt\": TEXT} or {\"messages\": [...]} a line (required with sample_interval)", "log"},
+    {"sample_max_tokens", KEY_INT, F(sample_max_tokens), "64", 1, 1048576, NULL, "the most tokens generated per sample", "log"},
+    {"sample_temperature", KEY_FLOAT, F(sample_temperature), "0", 0, 1e6, NULL, "the samples' temperature (0: greedy, so successive samples compare; else seeded by random_seed)", "log"},
+    {"sample_top_k", KEY_INT, F(sample_top_k), "0", 0, 1e9, NULL, "the samples' top-k (0: off)", "log"},
+    {"sample_top_p", KEY_FLOAT, F(sample_top_p), "1", 0, 1, NULL, "the samples' top-p, in (0, 1] (1: off)", "log"},
+    {"chat_template", KEY_STR, F(chat_template), "", 0, 0, NULL, "a Jinja chat template FILE that renders the \"messages\" of sample_prompts and of online prompts (default: the tokenizer's chat_template)", "data"},
     {"parallel_mode", KEY_STR, F(parallel_mode), "fsdp", 0, 0, "none|ddp|fsdp", "parallel executor (with one rank any mode runs as none)", "parallel"},
     {"nprocs", KEY_INT, F(nprocs), "1", 1, 4096, NULL, "number of ranks", "parallel"},
     {"bucket_mb", KEY_FLOAT, F(bucket_mb), "0", 0, 1e6, NULL, "ddp/fsdp: MiB of gradients reduced together while backward goes on (0: 25 with nccl, one bucket on CPU ranks)", "parallel"},
@@ -614,6 +621,34 @@ static int check_online(const TrainSpec *s, Err *err) {
     return 0;
 }
 
+// Samples during training (train/samples.h): the interval and the prompts come together, and
+// generation runs whole forwards on one rank, which a pipeline's stages and the expert groups'
+// exchanges do not have yet.
+static int check_samples(const TrainSpec *s, Err *err) {
+    if (s->sample_interval > 0 && !*s->sample_prompts)
+        return err_set(err, "sample_interval: %ld needs sample_prompts (the prompts' .jsonl file)",
+                       s->sample_interval);
+    if (s->sample_interval == 0 && *s->sample_prompts)
+        return err_set(err,
+                       "sample_prompts: '%s' is given without sample_interval (the optimizer "
+                       "steps between samples; 0 is off)",
+                       s->sample_prompts);
+    if (s->sample_interval == 0) return 0;
+    if (s->pp_size > 1)
+        return err_set(err,
+                       "sample_interval: samples with pp_size %ld are not supported yet (rank 0 "
+                       "generates with the whole model; a pipeline splits it over its stages)",
+                       s->pp_size);
+    if (s->ep_size > 1)
+        return err_set(err,
+                       "sample_interval: samples with ep_size %ld are not supported yet (rank 0 "
+                       "generates alone; expert parallelism spreads each MoE layer over ranks)",
+                       s->ep_size);
+    if (!(s->sample_top_p > 0))
+        return err_set(err, "sample_top_p: %g is not in (0, 1]", s->sample_top_p);
+    return 0;
+}
+
 int train_spec_validate(const TrainSpec *s, Err *err) {
     if (!*s->train_type)
         return err_set(err, "train_type: required (seq|sft|dpo|grpo|online_grpo|online_dpo)");
@@ -657,6 +692,7 @@ int train_spec_validate(const TrainSpec *s, Err *err) {
             return err_set(err, "backend: nccl needs GPUs, but device_type is cpu (use "
                                 "--backend=gloo for the CPU collectives)");
     }
+    if (check_samples(s, err)) return -1;
     if (check_port(s->master_port, err) || check_metrics(s->metrics, err)) return -1;
     if (!*s->master_addr) return err_set(err, "master_addr: must not be empty");
     if (strlen(s->master_addr) > 253)

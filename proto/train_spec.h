@@ -82,6 +82,15 @@ typedef struct {
     char *ckpt_format; // full | sharded (docs/design.md §14)
     long log_interval;
     long max_steps; // 0: run every epoch; else stop (with a checkpoint) after this many steps
+    // samples during training (train/samples.h)
+    long sample_interval;      // 0: none; else generate every N optimizer steps and at the end
+    char *sample_prompts;      // the prompts' .jsonl ("": none)
+    long sample_max_tokens;    // the most tokens of a sample
+    double sample_temperature; // 0: greedy
+    long sample_top_k;         // 0: off
+    double sample_top_p;       // 1: off
+    char *tokenizer;           // bytes, or a tokenizer.json (or its directory); "": param_path's
+    char *chat_template;       // renders the prompts' "messages" ("": the tokenizer's template)
     // parallelism
     char *parallel_mode; // none | ddp | fsdp
     long nprocs;
@@ -122,7 +131,6 @@ typedef struct {
     char *reward_url;     // online: http://HOST[:PORT]/PATH
     double reward_timeout_s;
     long reward_restarts;
-    char *tokenizer;    // bytes | a tokenizer.json or its directory; "": param_path's, else bytes
     long num_workers;   // accepted, no effect (warning)
     bool pin_memory;    // accepted, no effect (warning)
     char *start_method; // accepted, no effect (warning)

@@ -68,10 +68,11 @@ def model(d, vocab):
     return cfg, weights
 
 
-def write_tokenizer(d, eos="<eos>", template=TEMPLATE):
-    vocab = {c: i for i, c in enumerate(CHARS)}
-    vocab.update({f"<t{i}>": i for i in range(len(CHARS), V - 1)})
-    added = [{"id": V - 1, "content": "<eos>", "single_word": False, "lstrip": False,
+def write_tokenizer(d, eos="<eos>", template=TEMPLATE, chars=CHARS, size=V):
+    """tokenizer.json of chars, fillers <tN>, "<eos>" as id size - 1; tokenizer_config.json."""
+    vocab = {c: i for i, c in enumerate(chars)}
+    vocab.update({f"<t{i}>": i for i in range(len(chars), size - 1)})
+    added = [{"id": size - 1, "content": "<eos>", "single_word": False, "lstrip": False,
               "rstrip": False, "normalized": False, "special": True}]
     tok = {"version": "1.0", "truncation": None, "padding": None, "added_tokens": added,
            "normalizer": None, "pre_tokenizer": None, "post_processor": None, "decoder": None,

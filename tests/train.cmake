@@ -47,3 +47,6 @@ astrai_c_test(test_pipeline_partition tests/test_pipeline_partition.c)
 # An objective table alone (a toy objective) through the one step function (train/step.h): the
 # order of its calls, the gradients against the model's own, evaluation, a reference, a failure.
 astrai_c_test(test_objective tests/test_objective.c)
+# Samples during training (--sample_interval): progress.db rows = astrai-generate on each step's
+# checkpoint, one rank and fsdp; resume; bad input.
+astrai_py_test(train_samples test_train_samples.py)

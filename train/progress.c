@@ -34,9 +34,9 @@ static int exec_sql(ProgressDb *p, const char *sql, Err *err) {
 }
 
 static int forget_after(ProgressDb *p, long total_steps, long resume_step, Err *err) {
-    char sql[512];
+    char sql[1024];
     snprintf(sql, sizeof sql, PROGRESS_DB_FORGET_AFTER, resume_step, resume_step, resume_step,
-             resume_step, resume_step, total_steps);
+             resume_step, resume_step, resume_step, total_steps);
     return exec_sql(p, sql, err);
 }
 
@@ -123,6 +123,14 @@ int progress_add_step(ProgressDb *p, const StepRow *r, Err *err) {
     return 0;
 }
 
+// The end of a transaction of several rows: committed when every row went in (rc 0), else rolled
+// back, so that a reader sees all of them or none.
+static int end_transaction(ProgressDb *p, int rc, Err *err) {
+    if (!rc) return exec_sql(p, "COMMIT", err);
+    exec_sql(p, "ROLLBACK", NULL);
+    return -1;
+}
+
 int progress_add_expert_load(ProgressDb *p, long step, int layers, int experts, const float *tokens,
                              Err *err) {
     if (exec_sql(p, "BEGIN IMMEDIATE", err)) return -1;
@@ -135,11 +143,34 @@ int progress_add_expert_load(ProgressDb *p, long step, int layers, int experts, 
             sqlite3_bind_int64(p->insert_load, 4, (sqlite3_int64)tokens[(size_t)l * experts + e]);
             rc = run_insert(p, p->insert_load, err);
         }
-    if (rc) {
-        exec_sql(p, "ROLLBACK", NULL);
-        return -1;
-    }
-    return exec_sql(p, "COMMIT", err);
+    return end_transaction(p, rc, err);
+}
+
+// One sample's row; its texts are copies (SQLITE_TRANSIENT): a bind that cannot copy is memory.
+static int insert_sample(ProgressDb *p, sqlite3_stmt *st, long step, int idx, const SampleRow *r,
+                         double wall, Err *err) {
+    sqlite3_bind_int64(st, 1, step);
+    sqlite3_bind_int(st, 2, idx);
+    if (sqlite3_bind_text(st, 3, r->prompt, -1, SQLITE_TRANSIENT) != SQLITE_OK ||
+        sqlite3_bind_text(st, 4, r->completion, -1, SQLITE_TRANSIENT) != SQLITE_OK)
+        return db_fail(p, "sample text", err);
+    sqlite3_bind_int(st, 5, r->tokens);
+    sqlite3_bind_double(st, 6, wall);
+    return run_insert(p, st, err);
+}
+
+// Samples are rare (every sample_interval steps): their statement is prepared for each step's
+// rows rather than kept open with the others.
+int progress_add_samples(ProgressDb *p, long step, const SampleRow *rows, int n, Err *err) {
+    sqlite3_stmt *st = NULL;
+    if (sqlite3_prepare_v2(p->db, PROGRESS_DB_INSERT_SAMPLE, -1, &st, NULL) != SQLITE_OK)
+        return db_fail(p, "prepare samples", err);
+    int rc = exec_sql(p, "BEGIN IMMEDIATE", err);
+    double wall = clock_wall_s();
+    for (int i = 0; i < n && !rc; i++)
+        rc = insert_sample(p, st, step, i, &rows[i], wall, err);
+    sqlite3_finalize(st);
+    return end_transaction(p, rc, err);
 }
 
 int progress_add_checkpoint(ProgressDb *p, long step, long epoch, const char *path, Err *err) {

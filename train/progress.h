@@ -60,6 +60,14 @@ int progress_add_checkpoint(ProgressDb *p, long step, long epoch, const char *pa
 // (table expert_load), in one transaction.
 int progress_add_expert_load(ProgressDb *p, long step, int layers, int experts, const float *tokens,
                              Err *err);
+// One sample (train/samples.h): the prompt's text, the completion's, its token count.
+typedef struct {
+    const char *prompt, *completion;
+    int tokens;
+} SampleRow;
+// The samples of `step` (table samples, idx: each row's index in rows), in one transaction:
+// a crash leaves all of them or none.
+int progress_add_samples(ProgressDb *p, long step, const SampleRow *rows, int n, Err *err);
 // The checkpoint of `step` is gone (deleted by the retention): its row goes too.
 int progress_remove_checkpoint(ProgressDb *p, long step, Err *err);
 // A validation run (--val_split) at `step`: table validation(step, epoch,

@@ -30,7 +30,7 @@ struct Rollout {
     GenerateOptions gen;
     int32_t stop[PROMPTS_MAX_STOP];
     int G;
-    int context; // the model's max_position_embeddings
+    int context;   // the model's max_position_embeddings
     long requests; // reward requests made by this rank (their ids)
     Slot *slots;
     RolloutStats step; // the micro-batches' since rollout_take_stats
@@ -60,7 +60,8 @@ static int read_prompts(Rollout *r, Err *err) {
     const ModelConfig *c = r->s.cfg;
     PromptLimits lim = {c->vocab_size, c->max_position_embeddings, 1, "a generated token"};
     if (prompts_open_tokenizer(sp->tokenizer, sp->param_path, "tokenizer", &r->tok, err) ||
-        prompts_read_jsonl(&r->prompts, sp->data_root_path, r->tok, NULL, 1, &lim, err) ||
+        prompts_read_jsonl(&r->prompts, sp->data_root_path, r->tok,
+                           *sp->chat_template ? sp->chat_template : NULL, 1, &lim, err) ||
         prompts_stop_tokens(r->tok, sp->param_path, c->vocab_size, r->stop, &r->gen.n_stop, err))
         return err_prefix(err, "train_type %s", sp->train_type);
     return 0;

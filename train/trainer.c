@@ -273,6 +273,7 @@ int trainer_init(Trainer *t, const TrainSpec *spec, const TrainerOptions *opt, E
     if (t->rank == 0 && progress_open(&t->progress, opt->run_dir ? opt->run_dir : spec->ckpt_dir,
                                       t->total_steps, t->step, err))
         return -1;
+    if (samples_open(&t->samples, t, err)) return -1;
     return alloc_step(t, err);
 }
 
@@ -687,6 +688,10 @@ enum { RUN_DONE, RUN_STOPPED, RUN_MAX_STEPS };
 static int after_step(Trainer *t, int stop, int ckpt, Err *err) {
     int at_max = t->spec->max_steps > 0 && t->step >= t->spec->max_steps;
     int due = t->step - t->last_ckpt_step >= t->spec->ckpt_interval;
+    // Before the checkpoint: a crash between them leaves the samples to a step the resumed run
+    // forgets and generates again.
+    bool end = stop || at_max || t->step == t->total_steps;
+    if (samples_after_step(&t->samples, t, end, err)) return -1;
     if ((due || stop || ckpt || at_max) && save_checkpoint(t, err)) return -1;
     if ((stop || at_max) && t->rank == 0)
         fprintf(stderr, "stopped at step %ld of %ld\n", t->step, t->total_steps);
@@ -769,6 +774,8 @@ int trainer_run(Trainer *t, Err *err) {
         // The last epoch is complete.
         t->epoch = t->spec->n_epoch - 1;
         t->epoch_pos = t->sampler.per_replica;
+        // The end (its step's samples already taken unless the run ended short of total_steps).
+        if (samples_after_step(&t->samples, t, true, err)) return -1;
         if (t->step != t->last_ckpt_step && (save_checkpoint(t, err) || collect_checkpoint(t, err)))
             return -1;
         if (t->rank == 0) fprintf(stderr, "done: %ld optimizer steps\n", t->step);
@@ -781,6 +788,7 @@ void trainer_free(Trainer *t) {
     ckpt_writer_free(&t->writer);
     train_ckpt_pending_free(&t->pending);
     progress_close(&t->progress);
+    samples_close(&t->samples);
     metric_log_free(&t->metrics);
     free(t->batches);
     free(t->batch_ids);

@@ -19,6 +19,7 @@
 #include "train/objective.h"
 #include "train/pipeline.h"
 #include "train/progress.h"
+#include "train/samples.h"
 #include "train/train_ckpt.h"
 
 // Requests from signal handlers, polled at optimizer-step boundaries.
@@ -81,6 +82,7 @@ typedef struct Trainer {
     long last_ckpt_step;
     MetricLog metrics;         // rank 0 only
     ProgressDb progress;       // rank 0 only
+    Samples samples;           // --sample_interval: what the model writes as it trains
     int control_fd;            // TrainerOptions' control pipe; -1: none (or it reached EOF)
     const char *memory_report; // TrainerOptions', NULL: resident memory not tracked
     long rss_baseline;         // resident bytes before the model existed

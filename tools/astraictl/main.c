@@ -28,7 +28,7 @@ static int parse_timeout(const Flag *f, const char *text, Err *err) {
 }
 
 // The flags of astraictl, global and of the commands alike (they may stand anywhere).
-#define N_FLAGS 16
+#define N_FLAGS 18
 static void flag_table(Options *o, bool *help, Flag flags[N_FLAGS]) {
     const Flag table[N_FLAGS] = {
         {.name = "socket",
@@ -68,6 +68,8 @@ static void flag_table(Options *o, bool *help, Flag flags[N_FLAGS]) {
         {.name = "svg", .kind = FLAG_STRING, .target = &o->svg},
         {.name = "width", .kind = FLAG_PARSED, .target = &o->width, .parse = parse_count},
         {.name = "height", .kind = FLAG_PARSED, .target = &o->height, .parse = parse_count},
+        {.name = "step", .kind = FLAG_PARSED, .target = &o->step, .parse = parse_count},
+        {.name = "all", .kind = FLAG_SWITCH, .target = &o->all},
         {.name = "help", .kind = FLAG_SWITCH, .target = help, .short_name = 'h'},
     };
     memcpy(flags, table, sizeof table);
@@ -90,14 +92,20 @@ static unsigned given_options(const Options *o) {
     return (o->wait ? OPT_WAIT : 0) | (o->follow ? OPT_FOLLOW : 0) | (o->state ? OPT_STATE : 0) |
            (o->rank >= 0 ? OPT_RANK : 0) | (o->tail >= 0 ? OPT_TAIL : 0) |
            (o->metric ? OPT_METRIC : 0) | (o->svg ? OPT_SVG : 0) | (o->width >= 0 ? OPT_WIDTH : 0) |
-           (o->height >= 0 ? OPT_HEIGHT : 0);
+           (o->height >= 0 ? OPT_HEIGHT : 0) | (o->step >= 0 ? OPT_STEP : 0) |
+           (o->all ? OPT_ALL : 0);
 }
 
 int main(int argc, char **argv) {
     json_init();
     signal(SIGPIPE, SIG_IGN);
-    Options o = {
-        .timeout_s = 30, .reconnect_s = -1, .rank = -1, .tail = -1, .width = -1, .height = -1};
+    Options o = {.timeout_s = 30,
+                 .reconnect_s = -1,
+                 .rank = -1,
+                 .tail = -1,
+                 .width = -1,
+                 .height = -1,
+                 .step = -1};
     bool help = false;
     Flag flags[N_FLAGS];
     flag_table(&o, &help, flags);
