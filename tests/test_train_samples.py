@@ -8,9 +8,9 @@
   the check tells the steps' weights apart (a constant learning rate keeps them moving). The losses are those of the same run without samples
   (generation leaves training as it is).
 - Resumed from the step-2 checkpoint, the rows after step 2 are dropped and written again, equal.
-- fsdp on 2 ranks with max_steps 3: samples at steps 2 and 3 (max_steps ends the run), equal to
-  astrai-generate's from that run's checkpoints; its conversation rendered by the chat_template
-  key's file (astrai-generate's --chat_template).
+- ddp and fsdp on 2 ranks with max_steps 3: samples at steps 2 and 3 (max_steps ends the run),
+  equal to astrai-generate's from that run's checkpoints; fsdp's conversation rendered by the
+  chat_template key's file (astrai-generate's --chat_template).
 - Bad input exits 2 naming the key: sample_interval without sample_prompts and the reverse, a
   missing prompts file or chat template, a malformed line, pp_size 2, a temperature out of
   range, a prompt too long for sample_max_tokens.
@@ -123,16 +123,20 @@ def check_resume(model, data, prompts, ckpt, before):
     print("ok: resumed at step 2, samples 4 and 5 rewritten, equal")
 
 
-def check_fsdp(root, model, data, prompts):
-    """Also with the chat_template key's FILE in place of the tokenizer's template."""
-    ckpt, template = os.path.join(root, "fsdp"), os.path.join(root, "other.jinja")
+def check_parallel(root, model, data, prompts):
+    """2 ranks under ddp and fsdp (which gathers the weights for it), the latter with the
+    chat_template key's FILE in place of the tokenizer's template."""
+    template = os.path.join(root, "other.jinja")
     with open(template, "w") as f:
         f.write("{% for m in messages %}{{ m.content }}|{% endfor %}")
-    tu.train(args(model, data, ckpt, nprocs=2, parallel_mode="fsdp", max_steps=3,
-                  batch_per_device=1, chat_template=template, **sampling(prompts)))
-    check_against_checkpoints(ckpt, model, prompts, [2, 3], "fsdp 2 ranks", template,
-                              [RENDERED[0], "be brief|hi <b>&|"])
-    print("ok: fsdp on 2 ranks: samples at steps 2 and 3 (max_steps) = astrai-generate's")
+    for mode, tpl, rendered in (("ddp", None, RENDERED),
+                                ("fsdp", template, [RENDERED[0], "be brief|hi <b>&|"])):
+        ckpt = os.path.join(root, mode)
+        extra = {"chat_template": tpl} if tpl else {}
+        tu.train(args(model, data, ckpt, nprocs=2, parallel_mode=mode, max_steps=3,
+                      batch_per_device=1, **extra, **sampling(prompts)))
+        check_against_checkpoints(ckpt, model, prompts, [2, 3], f"{mode} 2 ranks", tpl, rendered)
+    print("ok: ddp and fsdp on 2 ranks: samples at steps 2 and 3 (max_steps) = astrai-generate's")
 
 
 def refused(a, *needles):
@@ -174,7 +178,7 @@ def main():
         f.writelines(json.dumps(p) + "\n" for p in PROMPTS)
     ckpt, got = check_run(root, model, data, prompts)
     check_resume(model, data, prompts, ckpt, got)
-    check_fsdp(root, model, data, prompts)
+    check_parallel(root, model, data, prompts)
     check_bad_input(root, model, data, prompts)
     shutil.rmtree(root, ignore_errors=True)
     print("ok")
