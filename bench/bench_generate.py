@@ -8,8 +8,8 @@ vocab 8192, max_position_embeddings 512, untied head: 30.9M parameters) made by 
 saved with save_pretrained (safetensors); astrai-generate reads that HF directory directly
 (--param_path). Its tokenizer.json is a hand-written BPE without merges whose first ids are
 single letters, so a prompt of L letters is L known ids, which transformers gets as they are
-(the `bytes` tokenizer would not do: astrai-generate cannot decode a generated id >= 256 with
-it). Prompts: --prompt-len random letters each, all of one length, so neither side pads.
+(with the `bytes` tokenizer, a generated id >= 256 of the 8192-id vocabulary would be text
+U+FFFD). Prompts: --prompt-len random letters each, all of one length, so neither side pads.
 
 No early stop on either side: the config has no eos_token_id (no generation_config.json
 stop ids, no tokenizer eos_token), so both generate exactly --new-tokens tokens per prompt
