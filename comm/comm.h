@@ -1,8 +1,9 @@
 // comm.h: collectives between the ranks of one job (docs/design.md §9).
 //
-// One interface, two backends: `shm` (CPU ranks on one host, process-shared
+// One interface, three backends: `shm` (CPU ranks on one host, process-shared
 // memory: each rank reduces its slice of the buffer, then every rank gathers
-// the slices) and `nccl` (GPU, compiled when NCCL and CUDA are found).
+// the slices), `gloo` (CPU ranks on any hosts: Facebook's Gloo over TCP, through
+// the C++ shim gloo.cc) and `nccl` (GPU, compiled when NCCL and CUDA are found).
 // Every call has a timeout: a dead or stuck peer gives a clear error naming it
 // (and a non-zero exit in the caller), never a silent hang. Results of the
 // reductions, gathers and broadcasts are bitwise identical on every rank.
@@ -29,8 +30,18 @@ typedef struct Comm Comm;
 // Size of the ncclUniqueId handed from rank 0 to every rank.
 #define COMM_NCCL_ID_BYTES 128
 
+// gloo: the store of Gloo's full-mesh connect. Every rank calls all_gather at the same point
+// with its own blob (mine, len bytes); on success *all (malloc'ed, the caller frees it) holds
+// every rank's blob one after the other in rank order and lens[r] (world_size entries) the size
+// of rank r's. train/rendezvous.h serves it over the meeting's connections.
 typedef struct {
-    const char *backend; // "shm" | "nccl"
+    int (*all_gather)(void *ctx, const void *mine, size_t len, uint8_t **all, size_t *lens,
+                      Err *err);
+    void *ctx;
+} CommExchange;
+
+typedef struct {
+    const char *backend; // "shm" | "gloo" | "nccl"
     int rank, world_size;
     int timeout_ms; // per collective call (and for comm_create to see every rank)
     // shm: the segment name, the same on every rank ("/astrai-<job>-<nonce>").
@@ -46,6 +57,13 @@ typedef struct {
     // the same on every rank, a multiple of 64 and at least 64 * world_size.
     // Buffers larger than this are processed in steps.
     size_t shm_chunk_bytes;
+    // gloo: the exchange of the connect (above), the local address its TCP device binds (the
+    // address this rank reached rank 0 from; NULL: GLOO_SOCKET_IFNAME's interface, else the
+    // host name's address), and each rank's host (world_size names, for the messages that
+    // name a peer; NULL: unknown).
+    const CommExchange *exchange;
+    const char *gloo_addr;
+    const char *const *hosts;
 } CommConfig;
 
 #define COMM_SHM_DEFAULT_CHUNK ((size_t)512 << 10)
