@@ -78,7 +78,10 @@ static const KeyDef KEYS[] = {
     {"sample_top_p", KEY_FLOAT, F(sample_top_p), "1", 0, 1, NULL, "the samples' top-p, in (0, 1] (1: off)", "log"},
     {"chat_template", KEY_STR, F(chat_template), "", 0, 0, NULL, "a Jinja chat template FILE that renders the \"messages\" of sample_prompts and of online prompts (default: the tokenizer's chat_template)", "data"},
     {"parallel_mode", KEY_STR, F(parallel_mode), "fsdp", 0, 0, "none|ddp|fsdp", "parallel executor (with one rank any mode runs as none)", "parallel"},
-    {"nprocs", KEY_INT, F(nprocs), "1", 1, 4096, NULL, "number of ranks", "parallel"},
+    {"nprocs", KEY_INT, F(nprocs), "1", 1, 4096, NULL, "number of ranks (of this node, with nnodes)", "parallel"},
+    {"nnodes", KEY_INT, F(nnodes), "1", 1, 4096, NULL, "nodes of a multi-node launch (torchrun's --nnodes): each node's astrai-train starts nproc_per_node ranks of the job's nnodes x nproc_per_node, meeting at master_addr:master_port (node 0)", "parallel"},
+    {"node_rank", KEY_INT, F(node_rank), "0", 0, 4095, NULL, "this node's place in a multi-node launch: its ranks are node_rank x nproc_per_node and on", "parallel"},
+    {"nproc_per_node", KEY_INT, F(nproc_per_node), "0", 0, 4096, NULL, "ranks started on this node (torchrun's name; 0: nprocs)", "parallel"},
     {"bucket_mb", KEY_FLOAT, F(bucket_mb), "0", 0, 1e6, NULL, "ddp/fsdp: MiB of gradients reduced together while backward goes on (0: 25 with nccl, one bucket on CPU ranks)", "parallel"},
     {"comm_timeout", KEY_INT, F(comm_timeout), "600", 1, 86400, NULL, "seconds a collective may wait for the other ranks", "parallel"},
     {"threads", KEY_INT, F(threads), "0", 0, 4096, NULL, "CPU threads per rank (0: cores / local ranks)", "parallel"},
@@ -94,9 +97,9 @@ static const KeyDef KEYS[] = {
     {"muon_adjust_lr", KEY_STR, F(muon_adjust_lr), "match_rms_adamw", 0, 0, "original|match_rms_adamw", "Muon lr adjustment (torch.optim.Muon adjust_lr_fn)", "training"},
     {"start_epoch", KEY_INT, F(start_epoch), "0", 0, 1e9, NULL, "fresh run: epoch to start in", "training"},
     {"start_samples", KEY_INT, F(start_samples), "0", 0, 1e15, NULL, "fresh run: samples per rank already consumed in start_epoch", "training"},
-    {"master_addr", KEY_STR, F(master_addr), "localhost", 0, 0, NULL, "rendezvous address (MASTER_ADDR): where rank 0 of a local multi-rank launch listens when given (else 127.0.0.1)", "parallel"},
-    {"master_port", KEY_STR, F(master_port), "29500", 0, 0, NULL, "rendezvous port (MASTER_PORT) rank 0 of a local launch listens on when given (the default lets it pick a free one)", "parallel"},
-    {"backend", KEY_STR, F(backend), "nccl", 0, 0, "nccl|gloo", "collectives: nccl (GPUs) or gloo (our CPU shared-memory collectives); given explicitly it picks device_type auto's device", "parallel"},
+    {"master_addr", KEY_STR, F(master_addr), "localhost", 0, 0, NULL, "rendezvous address (MASTER_ADDR): where rank 0 of a local multi-rank launch listens when given (else 127.0.0.1); with nnodes, node 0's address", "parallel"},
+    {"master_port", KEY_STR, F(master_port), "29500", 0, 0, NULL, "rendezvous port (MASTER_PORT) rank 0 of a local launch listens on when given (the default lets it pick a free one; with nnodes: 29500)", "parallel"},
+    {"backend", KEY_STR, F(backend), "nccl", 0, 0, "nccl|gloo", "collectives: nccl (GPUs) or gloo (CPUs: given explicitly, Gloo over TCP even on one host; by default CPU ranks use shared memory on one host and Gloo across hosts); given explicitly it picks device_type auto's device", "parallel"},
     {"val_split", KEY_FLOAT, F(val_split), "0", 0, 0.999999, NULL, "fraction of the windows held out for validation (0: None; a seeded split, docs/training.md)", "data"},
     {"val_step", KEY_INT, F(val_step), "1000", 1, 1e12, NULL, "steps between validation runs (used with val_split)", "log"},
     {"metrics", KEY_STR, F(metrics), "loss,lr,grad_norm", 0, 0, NULL, "keys of metric.jsonl's step rows among loss|lr|grad_norm, repeatable or comma-separated (val_loss: validation rows are written whenever validation runs)", "log"},
@@ -649,6 +652,10 @@ static int check_samples(const TrainSpec *s, Err *err) {
     return 0;
 }
 
+long train_spec_world(const TrainSpec *s) {
+    return s->nnodes * (s->nproc_per_node > 0 ? s->nproc_per_node : s->nprocs);
+}
+
 int train_spec_validate(const TrainSpec *s, Err *err) {
     if (!*s->train_type)
         return err_set(err, "train_type: required (seq|sft|dpo|grpo|online_grpo|online_dpo)");
@@ -659,25 +666,28 @@ int train_spec_validate(const TrainSpec *s, Err *err) {
     if (train_spec_loss_scale(s, NULL, err) < 0) return -1;
     // (nprocs 1: one process, or ranks from torchrun's or srun's environment, which the
     // trainer checks)
-    if (s->nprocs > 1 && s->nprocs % s->pp_size)
-        return err_set(err, "pp_size: %ld does not divide nprocs %ld", s->pp_size, s->nprocs);
-    if (s->nprocs / s->pp_size > 1 && s->is.parallel_mode == PARALLEL_NONE)
+    long world = train_spec_world(s);
+    if (s->node_rank >= s->nnodes)
+        return err_set(err, "node_rank: %ld is not below nnodes %ld", s->node_rank, s->nnodes);
+    if (world > 1 && world % s->pp_size)
+        return err_set(err, "pp_size: %ld does not divide nprocs %ld", s->pp_size, world);
+    if (world / s->pp_size > 1 && s->is.parallel_mode == PARALLEL_NONE)
         return s->pp_size == 1
-                   ? err_set(err, "nprocs: %ld ranks need parallel_mode ddp or fsdp", s->nprocs)
+                   ? err_set(err, "nprocs: %ld ranks need parallel_mode ddp or fsdp", world)
                    : err_set(err,
                              "nprocs: %ld ranks are %ld replicas of a pipeline of pp_size %ld: "
                              "they need parallel_mode ddp or fsdp",
-                             s->nprocs, s->nprocs / s->pp_size, s->pp_size);
+                             world, world / s->pp_size, s->pp_size);
     if (s->ep_size > 1 && s->is.parallel_mode == PARALLEL_NONE)
         return err_set(err,
                        "ep_size: %ld needs parallel_mode ddp or fsdp (the ranks that share the "
                        "experts are data-parallel replicas)",
                        s->ep_size);
-    if (s->nprocs > 1 && (s->nprocs / s->pp_size) % s->ep_size)
+    if (world > 1 && (world / s->pp_size) % s->ep_size)
         return err_set(err,
                        "ep_size: %ld does not divide the %ld data-parallel replicas (nprocs %ld / "
                        "pp_size %ld)",
-                       s->ep_size, s->nprocs / s->pp_size, s->nprocs, s->pp_size);
+                       s->ep_size, world / s->pp_size, world, s->pp_size);
     if (s->tp_size > 1)
         return err_set(err,
                        "tp_size: %ld is refused: tensor parallelism is not implemented "

@@ -93,7 +93,9 @@ typedef struct {
     char *chat_template;       // renders the prompts' "messages" ("": the tokenizer's template)
     // parallelism
     char *parallel_mode; // none | ddp | fsdp
-    long nprocs;
+    long nprocs;                 // ranks (of this node, with nnodes > 1)
+    long nnodes, node_rank;      // a multi-node launch (torchrun's names)
+    long nproc_per_node;         // 0: nprocs
     long threads;      // 0: cores / local ranks
     long comm_timeout; // seconds a collective may wait for the other ranks
     double bucket_mb;  // ddp/fsdp gradient bucket size (0: by backend)
@@ -166,6 +168,9 @@ int train_spec_parse_args(TrainSpec *s, int argc, char **argv, bool *help, Err *
 // e.g. the job keys name/devices/priority) are skipped.
 int train_spec_apply_json(TrainSpec *s, const cJSON *obj, const char *const *ignore, Err *err);
 
+// The job's ranks as the flags give them: nnodes x (nproc_per_node, else nprocs). Ranks of an
+// external launcher (torchrun, srun) take theirs from the environment instead.
+long train_spec_world(const TrainSpec *s);
 // Cross-field checks (required paths present, nprocs vs parallel_mode, ...).
 int train_spec_validate(const TrainSpec *s, Err *err);
 

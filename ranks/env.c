@@ -79,15 +79,17 @@ char **ranks_env(const RanksLaunch *l, int rank) {
     for (size_t i = 0; i < n_extra && !rc; i++)
         rc = env_add(env, &k, "%s", l->extra[i]);
     const char *master = l->master_addr && l->master_addr[0] ? l->master_addr : "127.0.0.1";
-    if (rc || env_add(env, &k, "RANK=%d", rank) ||
+    int local_world = l->local_world > 0 ? l->local_world : l->world_size;
+    if (rc || env_add(env, &k, "RANK=%d", l->rank_base + rank) ||
         env_add(env, &k, "WORLD_SIZE=%d", l->world_size) ||
         env_add(env, &k, "LOCAL_RANK=%d", rank) ||
-        env_add(env, &k, "LOCAL_WORLD_SIZE=%d", l->world_size) ||
+        env_add(env, &k, "LOCAL_WORLD_SIZE=%d", local_world) ||
         env_add(env, &k, "MASTER_ADDR=%s", master) || env_add(env, &k, "MASTER_PORT=%d", l->port) ||
         env_add(env, &k, "ASTRAI_LAUNCHED=1") ||
         env_add(env, &k, "ASTRAI_SHM_NAME=%s", l->shm_name) ||
         env_add(env, &k, "ASTRAI_LAUNCHER_PID=%d", (int)getpid()) ||
-        (rank == 0 && env_add(env, &k, "ASTRAI_RENDEZVOUS_FD=%d", l->listen_fd))) {
+        (rank == 0 && l->listen_fd >= 0 &&
+         env_add(env, &k, "ASTRAI_RENDEZVOUS_FD=%d", l->listen_fd))) {
         ranks_free_env(env);
         return NULL;
     }

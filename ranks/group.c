@@ -69,15 +69,16 @@ int ranks_exit_code(const RankGroup *g) {
 
 void ranks_describe(const RankGroup *g, int rank, char *out, size_t cap) {
     const RankExit *r = &g->rank[rank];
+    int global = g->first_rank + rank;
     // Under a pipeline the stage is what the user needs: the others' errors name it too.
     char who[96];
     if (g->stages > 1)
-        snprintf(who, sizeof who, "rank %d (pipeline stage %d of %d, pid %d)", rank,
-                 rank % g->stages, g->stages, (int)r->pid);
+        snprintf(who, sizeof who, "rank %d (pipeline stage %d of %d, pid %d)", global,
+                 global % g->stages, g->stages, (int)r->pid);
     else
-        snprintf(who, sizeof who, "rank %d (pid %d)", rank, (int)r->pid);
+        snprintf(who, sizeof who, "rank %d (pid %d)", global, (int)r->pid);
     if (!r->pid)
-        snprintf(out, cap, "rank %d could not be started", rank);
+        snprintf(out, cap, "rank %d could not be started", global);
     else if (r->term_signal)
         snprintf(out, cap, "%s was killed by signal %d (%s)", who, r->term_signal,
                  strsignal(r->term_signal));

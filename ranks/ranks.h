@@ -45,6 +45,8 @@ typedef struct {
     int interrupted; // the first rank that exited EXIT_INTERRUPTED, -1 when none
     int stopping;    // the ranks were told to stop (by the policy or the supervisor)
     int stop_asked;  // the supervisor stopped them itself: their exits are expected
+    int first_rank;  // the job's rank of this group's rank 0 (a node of a multi-node launch), for
+                     // messages; 0 by ranks_group_init
 } RankGroup;
 
 // What the supervisor does after an exit.
@@ -80,17 +82,19 @@ void ranks_describe(const RankGroup *g, int rank, char *out, size_t cap);
 // ---------------------------------------------------------------- a rank's environment
 
 // A local launch: every rank on this host, rank 0 serving the rendezvous on a socket it
-// inherits from its supervisor.
+// inherits from its supervisor; or this node's part of a multi-node launch (local_world ranks
+// from rank_base on).
 typedef struct {
     int world_size;
-    const char *master_addr;  // where rank 0 listens; NULL or "": 127.0.0.1
-    int port;                 // its port
-    int listen_fd;            // the listening socket's fd number in rank 0
+    int rank_base, local_world; // the job's rank of local rank 0, ranks on this node (0: all)
+    const char *master_addr;    // where rank 0 listens; NULL or "": 127.0.0.1
+    int port;                   // its port
+    int listen_fd;              // the listening socket's fd number in rank 0; -1: not on this node
     const char *shm_name;     // the collectives' shm segment (comm_shm_new_name)
     const char *const *extra; // more "NAME=value" for every rank, NULL-terminated; may be NULL
 } RanksLaunch;
 
-// The environment of rank `rank`: ours without inherited rank variables and without the
+// The environment of local rank `rank`: ours without inherited rank variables and without the
 // variables `extra` sets, then `extra`, then RANK/WORLD_SIZE/LOCAL_RANK/LOCAL_WORLD_SIZE,
 // MASTER_ADDR, MASTER_PORT, ASTRAI_LAUNCHED=1, ASTRAI_SHM_NAME, ASTRAI_LAUNCHER_PID (this
 // process: the rank arms PR_SET_PDEATHSIG against it) and for rank 0 ASTRAI_RENDEZVOUS_FD.

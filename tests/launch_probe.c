@@ -121,6 +121,7 @@ static int run_rank(const ProbeArgs *a, LaunchInfo *li) {
         fprintf(stderr, "launch_probe: rank %d: %s\n", li->rank, err.msg);
         return 1;
     }
+    launch_end_meeting(li);
     if (a->shm) {
         int fd = shm_open(li->shm_name, O_CREAT | O_RDWR, 0600);
         if (fd < 0 || ftruncate(fd, 4096)) return 1;

@@ -1,9 +1,12 @@
 """External launch: processes started by hand (RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT),
 by SLURM's variables, or by torchrun --no_python meet over TCP and get the same
-payload from rank 0; a disagreeing WORLD_SIZE, a rank used twice, a missing rank or
-an unreachable master is a clear error on every rank, within the timeout."""
+payload from rank 0; a disagreeing WORLD_SIZE, a missing rank or an unreachable master is
+a clear error on every rank, within the timeout. Hostile peers (garbage, a wrong magic, a
+hello replayed from another connection, a second claim on a rank) are refused and logged
+by rank 0 and never taken for a rank: the meeting goes on with the real ranks."""
 
 import socket
+import struct
 import subprocess
 import sys
 import time
@@ -95,11 +98,95 @@ def test_wrong_world_size(tmp):
 
 
 def test_rank_used_twice(tmp):
+    """Whichever claim on rank 1 comes second is refused (and told why); the meeting waits on
+    for rank 2 and ends at the timeout naming it."""
     port = lu.free_port()
     p0 = rank(tmp, 0, 3, port, TIMEOUT_S)
     p1 = rank(tmp, 1, 3, port, TIMEOUT_S)
     p2 = rank(tmp, 1, 3, port, TIMEOUT_S)
-    expect_failures([p0, p1, p2], "rendezvous: rank 1 connected twice", TIMEOUT_S + 3)
+    errs = [lu.finish(p) for p in (p0, p1, p2)]
+    assert all(rc == 1 for rc, _ in errs), errs
+    taken = [e for _, e in errs[1:] if "rendezvous: rank 1 is already taken (by 127.0.0.1:" in e]
+    assert len(taken) == 1, errs
+    for _, e in [errs[0]] + [x for x in errs[1:] if x[1] not in taken]:
+        assert "only 2 of 3 ranks arrived within" in e and "(missing: rank 2)" in e, errs
+    assert "refused a connection from 127.0.0.1:" in errs[0][1], errs[0][1]
+
+
+MAGIC, VERSION = 0x4153525A, 2
+
+
+def connect_retry(port, deadline_s=10):
+    deadline = time.monotonic() + deadline_s
+    while True:
+        try:
+            return socket.create_connection(("127.0.0.1", port))
+        except ConnectionRefusedError:
+            assert time.monotonic() < deadline, "rank 0 never listened"
+            time.sleep(0.05)
+
+
+def challenge(s):
+    """Rank 0's greeting on a new connection: (magic, version, nonce)."""
+    data = b""
+    while len(data) < 24:
+        chunk = s.recv(24 - len(data))
+        assert chunk, "rank 0 closed before its challenge"
+        data += chunk
+    magic, version = struct.unpack(">II", data[:8])
+    return magic, version, data[8:]
+
+
+def hello(r, world, nonce, ident=b"stranger 0 0"):
+    return struct.pack(">6I", MAGIC, VERSION, r, world, 64 + 128, len(ident)) + nonce + ident
+
+
+def closed(s):
+    """Rank 0 closed s without an answer (a reset when our bytes were still unread there)."""
+    try:
+        return s.recv(100) == b""
+    except ConnectionResetError:
+        return True
+
+
+def refusals(text):
+    return [l for l in text.splitlines() if "rendezvous: refused a connection from" in l]
+
+
+def test_hostile_peers(tmp):
+    port = lu.free_port()
+    p0 = rank(tmp, 0, 3, port)
+    with connect_retry(port) as s:  # garbage
+        challenge(s)
+        s.sendall(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n" + b"x" * 100)
+        assert closed(s)
+    with connect_retry(port) as s:  # the protocol's shape with a wrong magic
+        challenge(s)
+        s.sendall(struct.pack(">6I", 0x12345678, VERSION, 1, 3, 192, 0) + b"\0" * 16)
+        assert closed(s)
+    seen = connect_retry(port)
+    _, _, old_nonce = challenge(seen)
+    with connect_retry(port) as s:  # a hello answering another connection's challenge
+        magic, version, nonce = challenge(s)
+        assert (magic, version) == (MAGIC, VERSION) and nonce != old_nonce
+        s.sendall(hello(1, 3, old_nonce))
+        assert closed(s)
+    seen.close()
+    with connect_retry(port) as s:  # a valid hello for a rank that is taken: told so
+        _, _, nonce = challenge(s)
+        s.sendall(hello(0, 3, nonce))
+        answer = s.recv(4096)
+    assert answer[:8] == struct.pack(">II", MAGIC, 1), answer  # an error reply
+    assert b"rank 0 is already taken (by rank 0 itself" in answer, answer
+    p1, p2 = rank(tmp, 1, 3, port), rank(tmp, 2, 3, port)
+    errs = [lu.finish(p) for p in (p0, p1, p2)]
+    assert all(rc == 0 for rc, _ in errs), errs
+    got = refusals(errs[0][1])
+    assert len(got) == 4, errs[0][1]
+    for want, line in zip(("wrong magic", "wrong magic", "replayed or forged",
+                           "rank 0 is already taken"), got):
+        assert want in line, (want, got)
+    check_same_payload(tmp, 3, p0.pid)
 
 
 def test_missing_rank(tmp):

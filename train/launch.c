@@ -29,6 +29,7 @@
 #define KILL_WAIT_MS 5000    // after SIGKILL, how long to wait for a rank stuck in the kernel
 #define EXIT_LAUNCHER_GONE 1 // a child whose parent died before it could exec
 #define SHM_PAYLOAD 64       // bytes of the rendezvous payload that carry the shm name
+#define DEFAULT_MASTER_PORT 29500
 
 LaunchInfo *launch_info(void) {
     static LaunchInfo info = {.rendezvous_fd = -1};
@@ -195,6 +196,27 @@ static int local_rank_from_env(LaunchInfo *li, Err *err) {
     return launcher ? guard_parent(launcher, "the launcher", err) : 0;
 }
 
+// A node of a multi-node launch: its place, and node 0's address where the ranks meet.
+static int node_from_flags(LaunchInfo *li, const LaunchFlags *flags, Err *err) {
+    if (flags->nnodes > 4096 || flags->nprocs * flags->nnodes > INT_MAX)
+        return err_set(err, "nnodes: %ld nodes of %ld ranks are too many", flags->nnodes,
+                       flags->nprocs);
+    if (flags->node_rank < 0 || flags->node_rank >= flags->nnodes)
+        return err_set(err, "node_rank: %ld is not below nnodes %ld", flags->node_rank,
+                       flags->nnodes);
+    if (!flags->master_addr)
+        return err_set(err,
+                       "master_addr: --nnodes %ld needs node 0's address (--master_addr, as "
+                       "torchrun's), where the ranks of every node meet",
+                       flags->nnodes);
+    li->mode = LAUNCH_LOCAL_PARENT;
+    li->nnodes = (int)flags->nnodes;
+    li->node_rank = (int)flags->node_rank;
+    li->world_size = (int)(flags->nprocs * flags->nnodes);
+    li->source = "--nnodes";
+    return 0;
+}
+
 // No launcher: one process, or the local parent of flags->nprocs ranks, which listens where the
 // flags say.
 static int local_from_flags(LaunchInfo *li, const LaunchFlags *flags, Err *err) {
@@ -202,13 +224,19 @@ static int local_from_flags(LaunchInfo *li, const LaunchFlags *flags, Err *err) 
         return err_set(err, "nprocs: %ld is not a number of ranks", flags->nprocs);
     li->mode = flags->nprocs > 1 ? LAUNCH_LOCAL_PARENT : LAUNCH_SINGLE;
     li->world_size = li->local_world_size = (int)flags->nprocs;
+    li->nnodes = 1;
     li->source = "--nprocs";
+    if (flags->nnodes > 1 && node_from_flags(li, flags, err)) return -1;
     const char *addr = flags->master_addr;
     if (addr && strlen(addr) >= sizeof li->master_addr)
         return err_set(err, "master_addr: '%.40s...' is too long", addr);
     if (addr) strcpy(li->master_addr, addr);
     int given;
-    return int_value("master_port", flags->master_port, 1, 65535, &li->master_port, &given, err);
+    if (int_value("master_port", flags->master_port, 1, 65535, &li->master_port, &given, err))
+        return -1;
+    // Nodes must agree on the port without being told: torchrun's default.
+    if (li->nnodes > 1 && !given) li->master_port = DEFAULT_MASTER_PORT;
+    return 0;
 }
 
 int launch_detect_flags(LaunchInfo *li, const LaunchFlags *flags, Err *err) {
@@ -262,17 +290,26 @@ int launch_rendezvous(LaunchInfo *li, uint8_t *nccl_id, Err *err) {
                             .listen_fd = li->rendezvous_fd,
                             .timeout_ms = (int)(timeout_s * 1000),
                             .stop = li->stop};
-    int rc = rendezvous_run(&cfg, payload, len, err);
+    // Our own multi-node launch and torchrun's run as many ranks on every node.
+    if (li->local_world_size < li->world_size) cfg.node_size = li->local_world_size;
+    int rc = rendezvous_open(&cfg, payload, len, &li->meeting, err);
     if (li->rendezvous_fd >= 0) {
         close(li->rendezvous_fd);
         li->rendezvous_fd = -1;
     }
     if (rc || li->rank == 0) return rc;
-    if (payload[0] != '/' || !memchr(payload, 0, SHM_PAYLOAD))
+    if (payload[0] != '/' || !memchr(payload, 0, SHM_PAYLOAD)) {
+        launch_end_meeting(li);
         return err_set(err, "rendezvous: rank 0 sent no valid shm segment name");
+    }
     memcpy(li->shm_name, payload, sizeof li->shm_name);
     if (nccl_id) memcpy(nccl_id, payload + SHM_PAYLOAD, COMM_NCCL_ID_BYTES);
     return 0;
+}
+
+void launch_end_meeting(LaunchInfo *li) {
+    rendezvous_close(li->meeting);
+    li->meeting = NULL;
 }
 
 // ---------------------------------------------------------------- local launcher
@@ -411,23 +448,33 @@ static void supervise(Supervisor *s, const sigset_t *watched) {
 }
 
 // The parent binds the rendezvous socket before any rank exists, so a port in use fails
-// the launch at once; rank 0 inherits the socket and serves the meeting on it.
+// the launch at once; rank 0 inherits the socket and serves the meeting on it. Node 0 of a
+// multi-node launch listens on every address (master_addr is how the other nodes reach it);
+// the other nodes' ranks connect to it.
 static int spawn_all(Supervisor *s, const LaunchInfo *li, char **argv, Err *err) {
-    RanksLaunch l = {
-        .world_size = li->world_size, .master_addr = local_master(li), .shm_name = li->shm_name};
-    if (ranks_listen(l.master_addr, li->master_port, &l.listen_fd, &l.port, err)) return -1;
+    RanksLaunch l = {.world_size = li->world_size,
+                     .rank_base = li->node_rank * li->local_world_size,
+                     .local_world = li->local_world_size,
+                     .master_addr = local_master(li),
+                     .port = li->master_port,
+                     .listen_fd = -1,
+                     .shm_name = li->shm_name};
+    if (li->node_rank == 0 && ranks_listen(li->nnodes > 1 ? NULL : l.master_addr, li->master_port,
+                                           &l.listen_fd, &l.port, err))
+        return -1;
     int rc = 0;
-    for (int r = 0; r < li->world_size && !rc; r++)
+    for (int r = 0; r < li->local_world_size && !rc; r++)
         rc = spawn_rank(s, &l, r, argv, err);
-    close(l.listen_fd); // rank 0 has its own copy
+    if (l.listen_fd >= 0) close(l.listen_fd); // rank 0 has its own copy
     return rc;
 }
 
 int launch_local(const LaunchInfo *li, char **argv, Err *err) {
     Supervisor s = {0};
     if (env_seconds("ASTRAI_STOP_GRACE_S", RANKS_STOP_GRACE_S, &s.grace_s, err) ||
-        ranks_group_init(&s.g, li->world_size, li->stages, err))
+        ranks_group_init(&s.g, li->local_world_size, li->stages, err))
         return -1;
+    s.g.first_rank = li->node_rank * li->local_world_size;
     LaunchInfo job = *li;
     comm_shm_new_name(job.shm_name, sizeof job.shm_name);
     // Signals are taken synchronously (sigtimedwait), so none can slip in between

@@ -6,7 +6,11 @@
 //  - local parent: no rank variables and nprocs > 1: this process spawns nprocs
 //                  ranks (fork+exec of itself, same argv), supervises them and
 //                  exits with the first failure's code (3 when they were interrupted
-//                  and none failed); it never trains itself.
+//                  and none failed); it never trains itself. With --nnodes N > 1 (torchrun's
+//                  multi-node launch) it is node --node_rank R's launcher: it spawns
+//                  --nproc_per_node K ranks (default --nprocs), the job's ranks R·K .. R·K+K-1
+//                  of N·K, which meet at --master_addr:--master_port (node 0's address; node
+//                  0's launcher listens there, on every address).
 //  - rank:         RANK/WORLD_SIZE[/LOCAL_RANK/LOCAL_WORLD_SIZE] (torchrun, or by
 //                  hand) or SLURM_PROCID/SLURM_NTASKS[/SLURM_LOCALID] (srun), with
 //                  MASTER_ADDR/MASTER_PORT; or the same variables set by our own
@@ -42,6 +46,10 @@ typedef struct {
     // or chosen by rank 0 and handed out by launch_rendezvous().
     char shm_name[64];
     int stages; // --pp_size: the pipeline stages of a replica (1 without), for messages
+    int nnodes, node_rank; // a local parent of a multi-node launch: the nodes, this node's rank
+    // After launch_rendezvous (world_size > 1): the open meeting (its layout, and the exchange
+    // of the gloo backend's connect); launch_end_meeting closes it.
+    struct Rendezvous *meeting;
     // The rank's stop flag (set by its SIGTERM/SIGINT handler), or NULL: a rendezvous still
     // waiting for ranks gives up when it is set.
     const volatile sig_atomic_t *stop;
@@ -58,7 +66,8 @@ LaunchInfo *launch_info(void);
 // listens, and for a rank of another launcher (torchrun, srun, by hand) they stand in for
 // MASTER_ADDR/MASTER_PORT; a rank of our own local launch keeps what its parent set.
 typedef struct {
-    long nprocs;
+    long nprocs;                           // ranks of this node (--nproc_per_node, else --nprocs)
+    long nnodes, node_rank;                // 0 or 1 node: a one-host launch
     long pp_size;                          // 0 or 1: no pipeline
     const char *master_addr, *master_port; // master_port: digits (train_spec validates it)
 } LaunchFlags;
@@ -84,9 +93,12 @@ int launch_local(const LaunchInfo *li, char **argv, Err *err);
 
 // Ranks meet before the collectives exist (every mode; returns at once when there
 // is only one rank): rank 0 hands every rank the shm segment name (filling
-// li->shm_name) and, when nccl_id is not NULL, its COMM_NCCL_ID_BYTES bytes
-// (read on rank 0, written on the others). Every rank must pass nccl_id alike.
+// li->shm_name), the layout (li->meeting) and, when nccl_id is not NULL, its
+// COMM_NCCL_ID_BYTES bytes (read on rank 0, written on the others). Every rank must pass
+// nccl_id alike.
 int launch_rendezvous(LaunchInfo *li, uint8_t *nccl_id, Err *err);
+// Closes li->meeting (once the collectives are connected); nothing when there is none.
+void launch_end_meeting(LaunchInfo *li);
 
 // CPU threads for one rank: `threads` if > 0, else the usable cores divided by the
 // ranks on this host (at least 1).

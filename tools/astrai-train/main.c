@@ -24,6 +24,7 @@
 #include "train/executor.h"
 #include "train/launch.h"
 #include "train/pipeline.h"
+#include "train/rendezvous.h"
 #include "train/train_ckpt.h"
 #include "train/trainer.h"
 
@@ -73,9 +74,49 @@ static int open_backend(const LaunchInfo *li, const TrainSpec *spec, const Backe
                       visible ? visible : "unset");
 }
 
+// Each rank's host name from the meeting's layout (the gloo backend's messages name peers by
+// them), copied: the meeting closes once the Comm is connected; kept for the life of the
+// process (a name is "?" when out of memory).
+static const char *const *rank_hosts(const LaunchInfo *li) {
+    static char **hosts;
+    if (hosts) return (const char *const *)hosts;
+    hosts = calloc((size_t)li->world_size, sizeof *hosts);
+    for (int r = 0; hosts && r < li->world_size; r++)
+        if (!(hosts[r] =
+                  strdup(rendezvous_host_name(li->meeting, rendezvous_host_of(li->meeting, r)))))
+            hosts[r] = (char *)"?";
+    return (const char *const *)hosts;
+}
+
+// The CPU collectives: shared memory when every rank is on one host (the fastest), Gloo across
+// hosts, and Gloo whenever --backend gloo is given (AstrAI's meaning).
+static const char *cpu_backend(const LaunchInfo *li, const TrainSpec *spec) {
+    if (train_spec_given(spec, "backend") && spec->is.backend == COLLECTIVES_GLOO) return "gloo";
+    return rendezvous_hosts(li->meeting) > 1 ? "gloo" : "shm";
+}
+
+// Once per job (rank 0): which collectives, and where the ranks are when that is several hosts.
+static void print_layout(const LaunchInfo *li, const char *backend) {
+    const Rendezvous *m = li->meeting;
+    if (li->rank != 0 || rendezvous_hosts(m) == 1) {
+        if (li->rank == 0)
+            fprintf(stderr, "collectives: %s, %d ranks on one host\n", backend, li->world_size);
+        return;
+    }
+    fprintf(stderr, "collectives: %s, %d ranks on %d hosts:", backend, li->world_size,
+            rendezvous_hosts(m));
+    for (int h = 0; h < rendezvous_hosts(m); h++) {
+        fprintf(stderr, "%s %s (rank", h ? ";" : "", rendezvous_host_name(m, h));
+        for (int r = 0; r < li->world_size; r++)
+            if (rendezvous_host_of(m, r) == h) fprintf(stderr, " %d", r);
+        fprintf(stderr, ")");
+    }
+    fprintf(stderr, "\n");
+}
+
 // The collectives of a multi-rank job: ranks meet (rendezvous), then attach to the
-// shm segment rank 0 named (CPU), or join the NCCL communicator of the ncclUniqueId
-// rank 0 made (GPU).
+// shm segment rank 0 named or connect Gloo's mesh through the meeting (CPU), or join the NCCL
+// communicator of the ncclUniqueId rank 0 made (GPU).
 static int connect_ranks(LaunchInfo *li, const TrainSpec *spec, const Backend *be, Comm **comm,
                          Err *err) {
     *comm = NULL;
@@ -87,23 +128,30 @@ static int connect_ranks(LaunchInfo *li, const TrainSpec *spec, const Backend *b
                        li->world_size, li->source, spec->pp_size);
     bool gpu = be->device >= 0;
     uint8_t nccl_id[COMM_NCCL_ID_BYTES] = {0};
-    // shm_name and nccl_id are filled by the rendezvous.
-    CommConfig cfg = {.backend = gpu ? "nccl" : "shm",
-                      .rank = li->rank,
-                      .world_size = li->world_size,
-                      .timeout_ms = (int)(spec->comm_timeout * 1000),
-                      .shm_name = li->shm_name,
-                      .nccl_id = nccl_id,
-                      .cuda_device = be->device,
-                      .cuda_stream = be->stream()};
-    if ((gpu && li->rank == 0 && comm_nccl_unique_id(nccl_id, err)) ||
-        launch_rendezvous(li, gpu ? nccl_id : NULL, err) || comm_create(comm, &cfg, err)) {
-        // The job's failure (a rank that never came, a peer that died, no shm segment or
-        // NCCL), not its input: exit 1, which a supervisor may retry.
-        err->resource = 1;
-        return -1;
+    int rc = (gpu && li->rank == 0 && comm_nccl_unique_id(nccl_id, err)) ||
+             launch_rendezvous(li, gpu ? nccl_id : NULL, err);
+    if (!rc) {
+        // shm_name and nccl_id were filled by the rendezvous.
+        CommExchange exchange = {.all_gather = rendezvous_all_gather, .ctx = li->meeting};
+        CommConfig cfg = {.backend = gpu ? "nccl" : cpu_backend(li, spec),
+                          .rank = li->rank,
+                          .world_size = li->world_size,
+                          .timeout_ms = (int)(spec->comm_timeout * 1000),
+                          .shm_name = li->shm_name,
+                          .nccl_id = nccl_id,
+                          .cuda_device = be->device,
+                          .cuda_stream = be->stream(),
+                          .exchange = &exchange,
+                          .gloo_addr = rendezvous_local_addr(li->meeting),
+                          .hosts = rank_hosts(li)};
+        print_layout(li, cfg.backend);
+        rc = comm_create(comm, &cfg, err);
     }
-    return 0;
+    launch_end_meeting(li);
+    // The job's failure (a rank that never came, a peer that died, no shm segment or
+    // NCCL), not its input: exit 1, which a supervisor may retry.
+    if (rc) err->resource = 1;
+    return rc ? -1 : 0;
 }
 
 // Exit code of a failure before training: interrupted when a stop signal cut the setup short
@@ -147,7 +195,9 @@ static int train_rank(LaunchInfo *li, const TrainSpec *spec, const TrainerOption
 // The flags that say where the ranks meet, when given explicitly (LaunchFlags).
 static LaunchFlags launch_flags(const TrainSpec *spec) {
     return (LaunchFlags){
-        .nprocs = spec->nprocs,
+        .nprocs = spec->nproc_per_node > 0 ? spec->nproc_per_node : spec->nprocs,
+        .nnodes = spec->nnodes,
+        .node_rank = spec->node_rank,
         .pp_size = spec->pp_size,
         .master_addr = train_spec_given(spec, "master_addr") ? spec->master_addr : NULL,
         .master_port = train_spec_given(spec, "master_port") ? spec->master_port : NULL};
