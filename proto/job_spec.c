@@ -232,6 +232,19 @@ static int reconcile_devices(JobSpec *spec, const cJSON *obj, Err *err) {
     return 0;
 }
 
+// astrai-train's own multi-node launch flags have no place in a job: astraid (or Slurm) starts
+// the ranks, and the JOB key "nodes" says over how many nodes.
+static int refuse_launch_flags(const cJSON *obj, Err *err) {
+    static const char *const keys[] = {"nnodes", "node_rank", "nproc_per_node"};
+    for (size_t i = 0; i < sizeof keys / sizeof *keys; i++)
+        if (cJSON_HasObjectItem(obj, keys[i]))
+            return err_set(err,
+                           "%s: astraid starts a job's ranks itself; say how many nodes with "
+                           "\"nodes\" (the slurm executor; %s is astrai-train's own launch flag)",
+                           keys[i], keys[i]);
+    return 0;
+}
+
 int job_spec_parse(JobSpec *spec, const cJSON *obj, Err *err) {
     memset(spec, 0, sizeof *spec);
     if (train_spec_defaults(&spec->train, err)) return -1;
@@ -246,7 +259,9 @@ int job_spec_parse(JobSpec *spec, const cJSON *obj, Err *err) {
                                           : parse_train_key(spec, item, err);
         if (rc) goto fail;
     }
-    if (reconcile_devices(spec, obj, err) || train_spec_validate(&spec->train, err)) goto fail;
+    if (refuse_launch_flags(obj, err) || reconcile_devices(spec, obj, err) ||
+        train_spec_validate(&spec->train, err))
+        goto fail;
     return 0;
 fail:
     job_spec_free(spec);

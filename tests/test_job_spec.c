@@ -37,6 +37,10 @@ static void test_invalid_specs(void) {
     expect_spec("{" BASE ",\"muon_adjust_lr\":\"fast\"}",
                 "muon_adjust_lr: 'fast' is not one of original|match_rms_adamw");
     expect_spec("{" BASE ",\"tp_size\":2}", "tp_size: 2 is refused");
+    // astrai-train's multi-node launch flags: a job says "nodes" instead
+    expect_spec("{" BASE ",\"nnodes\":2}", "nnodes: astraid starts a job's ranks itself");
+    expect_spec("{" BASE ",\"node_rank\":0}", "node_rank: astraid starts a job's ranks itself");
+    expect_spec("{" BASE ",\"nproc_per_node\":2}", "nproc_per_node: astraid starts");
     expect_spec("{" BASE ",\"checkpoint_keep_last\":-1}", "checkpoint_keep_last");
     expect_spec("{" BASE ",\"checkpoint_keep_last\":3,\"checkpoint_keep_best\":1}", NULL);
     // pipelines (docs/design.md §13): devices = nprocs = pp_size x replicas

@@ -5,10 +5,12 @@
 #include "train/train_ckpt.h"
 
 #include <cjson/cJSON.h>
+#include <errno.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/random.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -86,6 +88,73 @@ static void print_cleaned(void *ctx, const char *what) {
 
 int train_ckpt_clean_dir(const TrainSpec *spec, Err *err) {
     return ckpt_remove_stale(spec->ckpt_dir, print_cleaned, NULL, err);
+}
+
+// The marker's name and content: "ckpt_dir/.astrai-shared-<32 hex digits>" holding the digits.
+#define MARKER_HEX 32
+
+static int write_marker(const char *dir, char *hex, char *path, size_t cap, Err *err) {
+    uint8_t raw[MARKER_HEX / 2];
+    if (getrandom(raw, sizeof raw, 0) != (ssize_t)sizeof raw)
+        return err_errno(err, errno, "ckpt_dir %s: no random bytes for its marker", dir);
+    for (size_t i = 0; i < sizeof raw; i++)
+        snprintf(hex + 2 * i, 3, "%02x", raw[i]);
+    snprintf(path, cap, "%s/.astrai-shared-%s", dir, hex);
+    return fs_mkdir_p(dir, err) || fs_write_file_synced(path, hex, MARKER_HEX, err);
+}
+
+// 1 when this rank reads rank 0's marker (named and holding hex) in dir.
+static int sees_marker(const char *dir, const char *hex) {
+    char path[4096], *data = NULL;
+    size_t len = 0;
+    Err ignored = {0};
+    snprintf(path, sizeof path, "%s/.astrai-shared-%s", dir, hex);
+    int ok = fs_read_file(path, &data, &len, &ignored) == 0 && len == MARKER_HEX &&
+             !memcmp(data, hex, MARKER_HEX);
+    free(data);
+    return ok;
+}
+
+// The error naming the ranks (and their hosts) that do not see the marker.
+static int not_shared(const char *dir, const float *seen, int world, const char *const *hosts,
+                      Err *err) {
+    char list[512] = "";
+    size_t used = 0;
+    for (int r = 0; r < world && used < sizeof list - 80; r++)
+        if (seen[r] < 0.5f)
+            used += (size_t)snprintf(list + used, sizeof list - used, "%srank %d (%s)",
+                                     used ? ", " : "", r, hosts ? hosts[r] : "?");
+    return err_set(err,
+                   "ckpt_dir %s is not the same directory on every host: %s cannot read the "
+                   "marker rank 0 wrote there; sharded checkpoints and --resume need a directory "
+                   "every host sees (a shared filesystem)",
+                   dir, list);
+}
+
+int train_ckpt_check_shared_dir(const TrainSpec *spec, Comm *comm, const char *const *hosts,
+                                Err *err) {
+    int rank = comm_rank(comm), world = comm_world_size(comm);
+    char hex[MARKER_HEX + 1] = "", path[4096] = "";
+    // A rank 0 that cannot write its marker still takes part, with an empty name nobody sees.
+    Err write_err = {0};
+    int wrote = rank != 0 || !write_marker(spec->ckpt_dir, hex, path, sizeof path, &write_err);
+    if (comm_broadcast(comm, hex, sizeof hex, 0, err)) return -1;
+    float mine = hex[0] && sees_marker(spec->ckpt_dir, hex),
+          *seen = malloc(sizeof(float) * (size_t)world);
+    if (!seen) return err_resource(err, "ckpt_dir check: out of memory for %d ranks", world);
+    int rc = comm_all_gather(comm, &mine, seen, 1, DT_F32, err);
+    if (rank == 0 && path[0]) unlink(path);
+    if (!rc && !wrote) {
+        *err = write_err;
+        rc = -1;
+    } else if (!rc && !hex[0]) {
+        rc = err_set(err, "ckpt_dir %s: rank 0 could not write its marker (its log says why)",
+                     spec->ckpt_dir);
+    }
+    for (int r = 0; !rc && r < world; r++)
+        if (seen[r] < 0.5f) rc = not_shared(spec->ckpt_dir, seen, world, hosts, err);
+    free(seen);
+    return rc;
 }
 
 // A Hugging Face model directory (config.json with an HF model_type) is converted as it is

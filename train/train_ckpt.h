@@ -11,6 +11,7 @@
 // last three .json/.safetensors files) resumes too: weights, epoch, consumed samples and the
 // schedule position (the step, from the directory name) continue; the optimizer starts fresh.
 #pragma once
+#include "comm/comm.h"
 #include <stddef.h>
 
 #include "common/error.h"
@@ -44,6 +45,13 @@ void train_ckpt_choose_run(const TrainSpec *spec, const char *resume_dir, int ra
 // removed, `.old-*` put back), one stderr line per entry. Rank 0 calls it when a run starts,
 // before any rank looks for the checkpoint to resume from.
 int train_ckpt_clean_dir(const TrainSpec *spec, Err *err);
+
+// A job on several hosts whose ranks read or write ckpt_dir themselves (sharded checkpoints, a
+// resume) needs a directory every host sees: rank 0 writes a marker file of a fresh random name
+// and content there, every rank reads it back, and when some cannot, every rank fails naming
+// them and their hosts (hosts[r]: rank r's). A collective over comm; rank 0 removes the marker.
+int train_ckpt_check_shared_dir(const TrainSpec *spec, Comm *comm, const char *const *hosts,
+                                Err *err);
 
 // Loads dir/model.safetensors (or its shards, or a Hugging Face directory's weights) into m's
 // weights; the config comes from ckpt_model_config (ckpt/model_dir.h).

@@ -146,6 +146,10 @@ static int connect_ranks(LaunchInfo *li, const TrainSpec *spec, const Backend *b
                           .hosts = rank_hosts(li)};
         print_layout(li, cfg.backend);
         rc = comm_create(comm, &cfg, err);
+        // Ranks that read or write ckpt_dir themselves need every host to see the same one.
+        if (!rc && rendezvous_hosts(li->meeting) > 1 &&
+            (spec->is.ckpt_format == CKPT_SHARDED || spec->resume))
+            rc = train_ckpt_check_shared_dir(spec, *comm, cfg.hosts, err);
     }
     launch_end_meeting(li);
     // The job's failure (a rank that never came, a peer that died, no shm segment or
