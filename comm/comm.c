@@ -9,10 +9,12 @@
 
 #include "comm/comm_backend.h"
 
+#define GLOO_NOT_BUILT "gloo backend not built (libgloo-dev not found at configure time)"
 #define NCCL_NOT_BUILT "nccl backend not built (CUDA/NCCL not found at configure time)"
 
 static int check_config(const CommConfig *cfg, Err *err) {
-    if (!cfg->backend) return err_set(err, "comm: backend is not set (want \"shm\" or \"nccl\")");
+    if (!cfg->backend)
+        return err_set(err, "comm: backend is not set (want \"shm\", \"gloo\" or \"nccl\")");
     if (cfg->world_size < 1)
         return err_set(err, "comm: world_size %d must be at least 1", cfg->world_size);
     if (cfg->rank < 0 || cfg->rank >= cfg->world_size)
@@ -25,6 +27,13 @@ static int check_config(const CommConfig *cfg, Err *err) {
 
 static int init_backend(Comm *c, const CommConfig *cfg, Err *err) {
     if (!strcmp(cfg->backend, "shm")) return shm_comm_init(c, cfg, err);
+    if (!strcmp(cfg->backend, "gloo")) {
+#ifdef ASTRAI_HAVE_GLOO
+        return gloo_comm_init(c, cfg, err);
+#else
+        return err_set(err, GLOO_NOT_BUILT);
+#endif
+    }
     if (!strcmp(cfg->backend, "nccl")) {
 #ifdef ASTRAI_HAVE_NCCL
         return nccl_comm_init(c, cfg, err);
@@ -32,7 +41,8 @@ static int init_backend(Comm *c, const CommConfig *cfg, Err *err) {
         return err_set(err, NCCL_NOT_BUILT);
 #endif
     }
-    return err_set(err, "comm: unknown backend \"%s\" (want \"shm\" or \"nccl\")", cfg->backend);
+    return err_set(err, "comm: unknown backend \"%s\" (want \"shm\", \"gloo\" or \"nccl\")",
+                   cfg->backend);
 }
 
 int comm_create(Comm **out, const CommConfig *cfg, Err *err) {

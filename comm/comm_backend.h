@@ -1,4 +1,4 @@
-// comm_backend.h: what a comm backend (shm.c, nccl.c) provides to the dispatch in comm.c
+// comm_backend.h: what a comm backend (shm.c, gloo.cc, nccl.c) provides to the dispatch in comm.c
 // (internal).
 #pragma once
 #include "comm/comm.h"
@@ -46,4 +46,12 @@ int shm_comm_init(Comm *c, const CommConfig *cfg, Err *err);
 #ifdef ASTRAI_HAVE_NCCL
 int nccl_comm_init(Comm *c, const CommConfig *cfg, Err *err);
 int nccl_unique_id(uint8_t id[COMM_NCCL_ID_BYTES], Err *err);
+#endif
+#ifdef ASTRAI_HAVE_GLOO
+// comm/gloo.cc (C++, extern "C"): needs cfg->exchange for the connect.
+#ifdef __cplusplus
+extern "C"
+#endif
+    int
+    gloo_comm_init(Comm *c, const CommConfig *cfg, Err *err);
 #endif

@@ -9,7 +9,7 @@
 #                           .venv-hf (Debian's torch plus transformers and tokenizers from PyPI,
 #                           pinned in tests/requirements-hf.txt) for the Hugging Face tests
 set -eu
-PKGS="build-essential cmake pkg-config libomp-dev libopenblas-dev libopenblas-openmp-dev \
+PKGS="build-essential cmake pkg-config libomp-dev libgloo-dev libopenblas-dev libopenblas-openmp-dev \
 libcjson-dev libyaml-dev libsqlite3-dev libuv1-dev libmicrohttpd-dev sqlite3 libdnnl-dev \
 libpcre2-dev libutf8proc-dev"
 if [ "${1:-}" = test ]; then

@@ -20,30 +20,7 @@
 
 #include "check.h"
 #include "comm/comm.h"
-
-#define MAX_WORLD 4
-
-// What each forked rank reports back to the parent (in MAP_SHARED memory).
-typedef struct {
-    int started;     // comm_create succeeded
-    int failed;      // a call returned an error
-    double fail_ms;  // when (CLOCK_MONOTONIC)
-    uint64_t digest; // FNV-1a of every result this rank got
-    char msg[ERR_MSG_MAX];
-} Report;
-
-static Report *reports; // [MAX_WORLD]
-
-static double now_ms(void) {
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return t.tv_sec * 1e3 + t.tv_nsec / 1e6;
-}
-
-static void sleep_ms(int ms) {
-    struct timespec t = {ms / 1000, (long)(ms % 1000) * 1000000L};
-    nanosleep(&t, NULL);
-}
+#include "comm_test_util.h"
 
 static CommConfig group_config(const char *name, int world, int rank, int timeout_ms,
                                size_t chunk) {
@@ -66,13 +43,6 @@ static int segment_exists(const char *name) {
     return access(path, F_OK) == 0;
 }
 
-static void report_failure(int rank, const Err *err) {
-    Report *r = &reports[rank];
-    r->fail_ms = now_ms();
-    snprintf(r->msg, sizeof r->msg, "%s", err->msg);
-    r->failed = 1;
-}
-
 typedef int (*RankBody)(Comm *c, void *ctx);
 
 // In the child: create, run the body, destroy. Exit 0 when the body is happy.
@@ -93,22 +63,6 @@ static pid_t spawn(const CommConfig *cfg, RankBody body, void *ctx) {
     pid_t pid = fork();
     if (pid == 0) rank_main(cfg, body, ctx);
     return pid;
-}
-
-// Waits for one child up to limit_ms; kills it past that. Returns its exit
-// code, or -1 when it had to be killed (a hang), -2 when a signal ended it.
-static int wait_child(pid_t pid, int limit_ms) {
-    double end = now_ms() + limit_ms;
-    int status;
-    while (waitpid(pid, &status, WNOHANG) == 0) {
-        if (now_ms() > end) {
-            kill(pid, SIGKILL);
-            waitpid(pid, &status, 0);
-            return -1;
-        }
-        sleep_ms(2);
-    }
-    return WIFEXITED(status) ? WEXITSTATUS(status) : -2;
 }
 
 // Waits up to limit_ms for pid to sleep (state S in /proc/PID/stat: blocked in a
@@ -158,28 +112,12 @@ static int run_group(const char *name, int world, int timeout_ms, size_t chunk, 
 
 // ---------------------------------------------------------------- values and expectations
 
-// A float for (seed, rank, i): irregular mantissas so that the order of the sum matters.
-static float value(uint32_t seed, int rank, size_t i) {
-    uint32_t h = seed * 2654435761u ^ (uint32_t)rank * 40503u ^ (uint32_t)i * 2246822519u;
-    h ^= h >> 15;
-    h *= 2654435761u;
-    h ^= h >> 13;
-    return ((float)(h % 2000003u) - 1000001.0f) / 7919.0f;
-}
-
 // The documented result: summed in rank order, AVG then scaled by 1/world.
 static float expected_reduce(uint32_t seed, int world, size_t i, CommOp op) {
     float acc = value(seed, 0, i);
     for (int r = 1; r < world; r++)
         acc += value(seed, r, i);
     return op == COMM_AVG ? acc * (1.0f / (float)world) : acc;
-}
-
-static uint64_t fnv(uint64_t h, const void *p, size_t n) {
-    const unsigned char *b = p;
-    for (size_t i = 0; i < n; i++)
-        h = (h ^ b[i]) * 1099511628211ull;
-    return h;
 }
 
 static int same_bits(float a, float b) {
@@ -205,12 +143,6 @@ typedef struct {
     size_t sizes[6];
     int nsizes;
 } SizesCtx;
-
-static int fail_call(Comm *c, const Err *err) {
-    report_failure(comm_rank(c), err);
-    fprintf(stderr, "%s\n", err->msg);
-    return 1;
-}
 
 static int check_all_reduce(Comm *c, size_t n, CommOp op, uint32_t seed, float *buf) {
     int me = comm_rank(c), W = comm_world_size(c);
@@ -541,30 +473,6 @@ static void test_mismatched_calls(void) {
 }
 
 // ---------------------------------------------------------------- point-to-point
-
-// Byte i of message `seed` from rank `from`: every message's bytes differ.
-static unsigned char byte_of(uint32_t seed, int from, size_t i) {
-    uint32_t h = seed * 2654435761u ^ (uint32_t)from * 40503u ^ (uint32_t)i * 2246822519u;
-    return (unsigned char)(h ^ h >> 13 ^ h >> 24);
-}
-
-static unsigned char *message(uint32_t seed, int from, size_t bytes) {
-    unsigned char *m = malloc(bytes + 1);
-    for (size_t i = 0; m && i < bytes; i++)
-        m[i] = byte_of(seed, from, i);
-    return m;
-}
-
-// 0 when got holds message (seed, from) exactly; prints the first difference.
-static int check_message(Comm *c, const unsigned char *got, uint32_t seed, int from, size_t bytes) {
-    for (size_t i = 0; i < bytes; i++)
-        if (got[i] != byte_of(seed, from, i)) {
-            fprintf(stderr, "rank %d: message %u of %zu bytes from rank %d: byte %zu differs\n",
-                    comm_rank(c), seed, bytes, from, i);
-            return 1;
-        }
-    return 0;
-}
 
 // One group: `bytes` to the next rank, the same from the previous one; odd seeds through
 // comm_p2p_start and comm_wait (on shm the same transfers, done by the start).
@@ -965,8 +873,8 @@ static void expect_create_error(CommConfig cfg, const char *want) {
 static void test_bad_configs(void) {
     CommConfig ok = group_config("/astrai-test-bad", 1, 0, 1000, 0);
     CommConfig cfg = ok;
-    cfg.backend = "gloo";
-    expect_create_error(cfg, "unknown backend \"gloo\"");
+    cfg.backend = "mpi";
+    expect_create_error(cfg, "unknown backend \"mpi\" (want \"shm\", \"gloo\" or \"nccl\")");
     cfg = ok, cfg.rank = 2, cfg.world_size = 2;
     expect_create_error(cfg, "rank 2 is outside 0..1");
     cfg = ok, cfg.world_size = 0;

@@ -1,0 +1,527 @@
+// test_comm_gloo.c: the gloo collectives with real processes (forked ranks on 127.0.0.1):
+// reductions against sums computed here and bitwise equal on every rank, gathers, broadcasts
+// from each root, all-to-all of random sizes, point-to-point rings, FIFO order and sizes that
+// differ, sub-communicators; a peer killed mid-collective, a rank that never comes, bad configs.
+//
+// The CommExchange of the connect is files: round k of rank r writes its blob to
+// <dir>/<k>.<r> (a temporary name, then rename, so a reader never sees half of it) and polls
+// for every other rank's file of round k until the timeout.
+#include <dirent.h>
+#include <errno.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "check.h"
+#include "comm/comm.h"
+#include "comm_test_util.h"
+
+#define TIMEOUT_MS 5000
+
+static const char *const HOSTS[MAX_WORLD] = {"host-a", "host-b", "host-c", "host-d"};
+
+// ---------------------------------------------------------------- the file exchange
+
+typedef struct {
+    char dir[128];
+    int rank, world, timeout_ms;
+    int round;
+} FileExchange;
+
+static int write_blob(const FileExchange *x, const void *mine, size_t len, Err *err) {
+    char tmp[192], path[192];
+    snprintf(tmp, sizeof tmp, "%s/tmp.%d", x->dir, x->rank);
+    snprintf(path, sizeof path, "%s/%d.%d", x->dir, x->round, x->rank);
+    FILE *f = fopen(tmp, "wb");
+    if (!f) return err_errno(err, errno, "exchange: %s", tmp);
+    int bad = fwrite(mine, 1, len, f) != len;
+    bad |= fclose(f) != 0;
+    if (bad || rename(tmp, path)) return err_errno(err, errno, "exchange: writing %s", path);
+    return 0;
+}
+
+// Appends rank r's blob of this round to *all (grown); waits for it up to the timeout.
+static int read_blob(const FileExchange *x, int r, uint8_t **all, size_t *total, size_t *len,
+                     Err *err) {
+    char path[192];
+    snprintf(path, sizeof path, "%s/%d.%d", x->dir, x->round, r);
+    double end = now_ms() + x->timeout_ms;
+    FILE *f;
+    while (!(f = fopen(path, "rb"))) {
+        if (now_ms() > end)
+            return err_set(err, "exchange round %d: no blob from rank %d after %d ms", x->round, r,
+                           x->timeout_ms);
+        sleep_ms(2);
+    }
+    fseek(f, 0, SEEK_END);
+    *len = (size_t)ftell(f);
+    rewind(f);
+    uint8_t *grown = realloc(*all, *total + *len + 1);
+    int bad = !grown || fread(grown + *total, 1, *len, f) != *len;
+    fclose(f);
+    if (grown) *all = grown;
+    if (bad) return err_set(err, "exchange: reading %s", path);
+    *total += *len;
+    return 0;
+}
+
+static int file_all_gather(void *ctx, const void *mine, size_t len, uint8_t **all, size_t *lens,
+                           Err *err) {
+    FileExchange *x = ctx;
+    size_t total = 0;
+    *all = NULL;
+    int rc = write_blob(x, mine, len, err);
+    for (int r = 0; rc == 0 && r < x->world; r++)
+        rc = read_blob(x, r, all, &total, &lens[r], err);
+    x->round++;
+    if (rc) {
+        free(*all);
+        *all = NULL;
+    }
+    return rc;
+}
+
+static void remove_dir(const char *dir) {
+    DIR *d = opendir(dir);
+    struct dirent *e;
+    char path[400];
+    while (d && (e = readdir(d)))
+        if (e->d_name[0] != '.') {
+            snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
+            unlink(path);
+        }
+    if (d) closedir(d);
+    rmdir(dir);
+}
+
+// ---------------------------------------------------------------- forked ranks
+
+typedef int (*RankBody)(Comm *c, void *ctx);
+
+typedef struct {
+    int world, timeout_ms;
+    int hosts; // give CommConfig.hosts
+    RankBody body;
+    void *ctx;
+} Group;
+
+static void rank_main(const Group *g, const char *dir, int rank) {
+    FileExchange fx = {.rank = rank, .world = g->world, .timeout_ms = g->timeout_ms};
+    snprintf(fx.dir, sizeof fx.dir, "%s", dir);
+    CommExchange x = {file_all_gather, &fx};
+    CommConfig cfg = {.backend = "gloo",
+                      .rank = rank,
+                      .world_size = g->world,
+                      .timeout_ms = g->timeout_ms,
+                      .exchange = &x,
+                      .gloo_addr = "127.0.0.1",
+                      .hosts = g->hosts ? HOSTS : NULL};
+    Err err = {0};
+    Comm *c;
+    if (comm_create(&c, &cfg, &err)) {
+        report_failure(rank, &err);
+        _exit(3);
+    }
+    reports[rank].started = 1;
+    int rc = g->body(c, g->ctx);
+    comm_destroy(c);
+    _exit(rc);
+}
+
+// Forks ranks [0, spawned) of g (the rest never come) into pids; returns the exchange's dir.
+static void spawn_group(const Group *g, int spawned, pid_t *pids, char *dir, size_t size) {
+    memset(reports, 0, MAX_WORLD * sizeof *reports);
+    snprintf(dir, size, "/tmp/astrai-test-gloo-XXXXXX");
+    if (!mkdtemp(dir)) {
+        perror("mkdtemp");
+        exit(1);
+    }
+    for (int r = 0; r < spawned; r++)
+        if ((pids[r] = fork()) == 0) rank_main(g, dir, r);
+}
+
+// Runs every rank of g; returns how many did not exit 0 (a hang counts).
+static int run_group(const Group *g) {
+    pid_t pids[MAX_WORLD];
+    char dir[64];
+    spawn_group(g, g->world, pids, dir, sizeof dir);
+    int bad = 0;
+    for (int r = 0; r < g->world; r++) {
+        int rc = wait_child(pids[r], 60000);
+        if (rc != 0) fprintf(stderr, "rank %d exited %d: %s\n", r, rc, reports[r].msg);
+        bad += rc != 0;
+    }
+    remove_dir(dir);
+    return bad;
+}
+
+static int run(int world, RankBody body, void *ctx) {
+    Group g = {world, TIMEOUT_MS, 0, body, ctx};
+    return run_group(&g);
+}
+
+// ---------------------------------------------------------------- collectives
+
+// Sums in any order: within this tolerance of the rank-order sum (bitwise agreement between
+// ranks is checked through the digests).
+static int near(float got, float want, float scale) {
+    return fabsf(got - want) <= 1e-5f * scale;
+}
+
+static int check_all_reduce(Comm *c, size_t n, CommOp op, uint32_t seed) {
+    int me = comm_rank(c), W = comm_world_size(c);
+    float *buf = malloc(n * sizeof *buf + 1);
+    Err err;
+    for (size_t i = 0; i < n; i++)
+        buf[i] = value(seed, me, i);
+    if (comm_all_reduce(c, buf, n, DT_F32, op, &err)) return fail_call(c, &err);
+    for (size_t i = 0; i < n; i++) {
+        float want = 0, scale = 0;
+        for (int r = 0; r < W; r++) {
+            want += value(seed, r, i);
+            scale += fabsf(value(seed, r, i));
+        }
+        if (op == COMM_AVG) want *= 1.0f / (float)W;
+        if (!near(buf[i], want, scale)) {
+            fprintf(stderr, "rank %d: all_reduce n=%zu [%zu] = %.9g, want %.9g\n", me, n, i,
+                    (double)buf[i], (double)want);
+            return 1;
+        }
+    }
+    reports[me].digest = fnv(reports[me].digest, buf, n * sizeof(float));
+    free(buf);
+    return 0;
+}
+
+// Integer-valued floats sum exactly in any order: every element checked bitwise.
+static int check_reduce_scatter(Comm *c, size_t n, CommOp op) {
+    int me = comm_rank(c), W = comm_world_size(c);
+    float *send = malloc((size_t)W * n * sizeof *send + 1), *recv = malloc(n * sizeof *recv + 1);
+    Err err;
+    for (size_t i = 0; i < (size_t)W * n; i++)
+        send[i] = (float)((i * 7 + (size_t)me * 13) % 1001);
+    if (comm_reduce_scatter(c, send, recv, n, DT_F32, op, &err)) return fail_call(c, &err);
+    for (size_t i = 0; i < n; i++) {
+        float want = 0;
+        for (int r = 0; r < W; r++)
+            want += (float)(((me * n + i) * 7 + (size_t)r * 13) % 1001);
+        if (op == COMM_AVG) want *= 1.0f / (float)W;
+        if (memcmp(&recv[i], &want, sizeof want)) {
+            fprintf(stderr, "rank %d: reduce_scatter n=%zu [%zu] = %.9g, want %.9g\n", me, n, i,
+                    (double)recv[i], (double)want);
+            return 1;
+        }
+    }
+    free(send);
+    free(recv);
+    return 0;
+}
+
+// fp32 and bf16 (2 bytes: an odd n splits a float) gathered as bytes.
+static int check_all_gather(Comm *c, size_t n, DType dt, uint32_t seed) {
+    int me = comm_rank(c), W = comm_world_size(c);
+    size_t bytes = n * (dt == DT_F32 ? 4 : 2);
+    unsigned char *send = message(seed, me, bytes), *recv = malloc((size_t)W * bytes + 1);
+    Err err;
+    if (comm_all_gather(c, send, recv, n, dt, &err)) return fail_call(c, &err);
+    for (int r = 0; r < W; r++)
+        if (check_message(c, recv + r * bytes, seed, r, bytes)) return 1;
+    free(send);
+    free(recv);
+    return 0;
+}
+
+static int check_broadcasts(Comm *c, size_t bytes, uint32_t seed) {
+    int me = comm_rank(c);
+    Err err;
+    for (int root = 0; root < comm_world_size(c); root++) {
+        unsigned char *buf = message(seed + root, me, bytes);
+        if (comm_broadcast(c, buf, bytes, root, &err)) return fail_call(c, &err);
+        if (check_message(c, buf, seed + root, root, bytes)) return 1;
+        free(buf);
+    }
+    return 0;
+}
+
+static const size_t SIZES[] = {0, 1, 37, 1001, (1 << 20) / 4 * 3 + 5}; // the last > 1 MiB
+
+static int body_collectives(Comm *c, void *ctx) {
+    (void)ctx;
+    Err err;
+    for (size_t k = 0; k < sizeof SIZES / sizeof *SIZES; k++) {
+        size_t n = SIZES[k];
+        if (check_all_reduce(c, n, COMM_SUM, 10 + k) || check_all_reduce(c, n, COMM_AVG, 20 + k) ||
+            check_reduce_scatter(c, n, k % 2 ? COMM_AVG : COMM_SUM) ||
+            check_all_gather(c, n, DT_F32, 30 + k) || check_all_gather(c, n, DT_BF16, 40 + k) ||
+            check_broadcasts(c, n * 3 + 1, 50 + k))
+            return 1;
+        if (comm_barrier(c, &err)) return fail_call(c, &err);
+    }
+    return 0;
+}
+
+static void test_collectives(int world) {
+    int bad = run(world, body_collectives, NULL);
+    CHECK_MSG(bad == 0, "collectives of %d ranks: %d rank(s) failed", world, bad);
+    for (int r = 1; r < world; r++)
+        CHECK_MSG(reports[r].digest == reports[0].digest,
+                  "world %d: rank %d's all_reduce results differ from rank 0's", world, r);
+}
+
+// ---------------------------------------------------------------- all-to-all
+
+// Bytes `from` sends `to` in exchange `seed`: 0 for about a third of the pairs, else up to 70000.
+static size_t a2a_size(uint32_t seed, int from, int to) {
+    uint32_t h = (seed * 2654435761u ^ (uint32_t)from * 40503u ^ (uint32_t)to * 97u) * 2246822519u;
+    h ^= h >> 15;
+    return h % 3 == 0 ? 0 : h % 70001;
+}
+
+static int a2a_exchange(Comm *c, uint32_t seed) {
+    int me = comm_rank(c), W = comm_world_size(c);
+    size_t sb[MAX_WORLD], rb[MAX_WORLD], st = 0, rt = 0;
+    for (int r = 0; r < W; r++) {
+        st += sb[r] = a2a_size(seed, me, r);
+        rt += rb[r] = a2a_size(seed, r, me);
+    }
+    unsigned char *send = malloc(st + 1), *recv = malloc(rt + 1);
+    for (int r = 0, at = 0; r < W; at += (int)sb[r++]) {
+        unsigned char *part = message(seed * 16 + r, me, sb[r]);
+        memcpy(send + at, part, sb[r]);
+        free(part);
+    }
+    Err err;
+    if (comm_all_to_all(c, send, sb, recv, rb, &err)) return fail_call(c, &err);
+    size_t at = 0;
+    for (int q = 0; q < W; at += rb[q++])
+        if (check_message(c, recv + at, seed * 16 + me, q, rb[q])) return 1;
+    free(send);
+    free(recv);
+    return 0;
+}
+
+static int body_all_to_all(Comm *c, void *ctx) {
+    (void)ctx;
+    for (uint32_t seed = 1; seed <= 6; seed++)
+        if (a2a_exchange(c, seed)) return 1;
+    return 0;
+}
+
+// Rank 1 expects 99 bytes from rank 0, which sends it 100: every rank fails naming both.
+static int body_a2a_mismatch(Comm *c, void *ctx) {
+    (void)ctx;
+    int me = comm_rank(c);
+    size_t sb[2] = {10, me ? 10 : 100}, rb[2] = {me ? 99 : 10, 10};
+    static unsigned char send[200], recv[200];
+    Err err;
+    if (comm_all_to_all(c, send, sb, recv, rb, &err) == 0) return 1;
+    report_failure(comm_rank(c), &err);
+    return 0;
+}
+
+static void test_all_to_all(void) {
+    for (int world = 2; world <= 4; world++)
+        CHECK_MSG(run(world, body_all_to_all, NULL) == 0, "all_to_all of %d ranks failed", world);
+    CHECK(run(2, body_a2a_mismatch, NULL) == 0);
+    for (int r = 0; r < 2; r++)
+        CHECK_MSG(strstr(reports[r].msg, "rank 0 sends 100 bytes to rank 1, which receives 99"),
+                  "rank %d: %s", r, reports[r].msg);
+}
+
+// ---------------------------------------------------------------- point-to-point
+
+// `bytes` to the next rank and from the previous one (dir 1), or the other way (dir -1).
+static int ring_exchange(Comm *c, size_t bytes, uint32_t seed, int dir) {
+    int me = comm_rank(c), W = comm_world_size(c);
+    int to = (me + W + dir) % W, from = (me + W - dir) % W;
+    unsigned char *out = message(seed, me, bytes), *in = malloc(bytes + 1);
+    CommP2p ops[2] = {{.peer = to, .send = 1, .buf = out, .bytes = bytes},
+                      {.peer = from, .send = 0, .buf = in, .bytes = bytes}};
+    Err err;
+    int bad =
+        comm_p2p(c, ops, 2, &err) ? fail_call(c, &err) : check_message(c, in, seed, from, bytes);
+    free(out);
+    free(in);
+    return bad;
+}
+
+static int body_ring(Comm *c, void *ctx) {
+    (void)ctx;
+    const size_t sizes[] = {0, 1, 37, (3 << 20) + 1};
+    for (size_t k = 0; k < 4; k++)
+        if (ring_exchange(c, sizes[k], 100 + k, 1) || ring_exchange(c, sizes[k], 200 + k, -1))
+            return 1;
+    return 0;
+}
+
+// 12 messages of rank 0 to rank 1 and back, alternating, then three sends in one group taken
+// by three receives: they arrive in order.
+static int body_fifo(Comm *c, void *ctx) {
+    (void)ctx;
+    const size_t sizes[12] = {5, 0, 4096, 1, 9001, 63, 70000, 17, 0, 12345, 2, 300000};
+    int me = comm_rank(c), other = 1 - me;
+    Err err;
+    for (int k = 0; k < 12; k++) {
+        int from = k % 2;
+        unsigned char *m = message(300 + k, from, sizes[k]), *in = malloc(sizes[k] + 1);
+        int rc = me == from ? comm_send(c, m, sizes[k], other, &err)
+                            : comm_recv(c, in, sizes[k], other, &err);
+        if (rc) return fail_call(c, &err);
+        if (me != from && check_message(c, in, 300 + k, from, sizes[k])) return 1;
+        free(m);
+        free(in);
+    }
+    unsigned char *m[3], in[100];
+    CommP2p ops[3];
+    for (int k = 0; k < 3; k++) {
+        m[k] = message(400 + k, 0, 10 * (k + 1));
+        ops[k] = (CommP2p){.peer = 1, .send = 1, .buf = m[k], .bytes = 10 * (size_t)(k + 1)};
+    }
+    if (me == 0 && comm_p2p(c, ops, 3, &err)) return fail_call(c, &err);
+    for (int k = 0; me == 1 && k < 3; k++) {
+        if (comm_recv(c, in, 10 * (size_t)(k + 1), 0, &err)) return fail_call(c, &err);
+        if (check_message(c, in, 400 + k, 0, 10 * (size_t)(k + 1))) return 1;
+    }
+    for (int k = 0; k < 3; k++)
+        free(m[k]);
+    return 0;
+}
+
+// Rank 0 sends 100 bytes, rank 1 expects 99: both fail, naming both sizes.
+static int body_p2p_mismatch(Comm *c, void *ctx) {
+    (void)ctx;
+    static unsigned char buf[100];
+    Err err;
+    int rc = comm_rank(c) == 0 ? comm_send(c, buf, 100, 1, &err) : comm_recv(c, buf, 99, 0, &err);
+    if (rc == 0) return 1;
+    report_failure(comm_rank(c), &err);
+    return 0;
+}
+
+static void test_p2p(void) {
+    for (int world = 2; world <= 4; world++)
+        CHECK_MSG(run(world, body_ring, NULL) == 0, "p2p ring of %d ranks failed", world);
+    CHECK(run(2, body_fifo, NULL) == 0);
+    CHECK(run(2, body_p2p_mismatch, NULL) == 0);
+    CHECK_MSG(strstr(reports[0].msg, "rank 0 sends 100 bytes to rank 1, which receives 99"), "%s",
+              reports[0].msg);
+    CHECK_MSG(strstr(reports[1].msg, "rank 1 receives 99 bytes from rank 0, which sends 100"), "%s",
+              reports[1].msg);
+}
+
+// ---------------------------------------------------------------- sub-communicators
+
+// 4 ranks, colors rank % 2, keys reversed: {0, 2} and {1, 3}, each in descending rank order;
+// collectives inside, then in the world again.
+static int body_split(Comm *c, void *ctx) {
+    (void)ctx;
+    int me = comm_rank(c);
+    Comm *sub;
+    Err err;
+    if (comm_split(c, me % 2, -me, &sub, &err)) return fail_call(c, &err);
+    int want_rank = me < 2 ? 1 : 0;
+    if (comm_world_size(sub) != 2 || comm_rank(sub) != want_rank) {
+        fprintf(stderr, "rank %d: sub-rank %d/%d, want %d/2\n", me, comm_rank(sub),
+                comm_world_size(sub), want_rank);
+        return 1;
+    }
+    float x = (float)me;
+    if (comm_all_reduce(sub, &x, 1, DT_F32, COMM_SUM, &err)) return fail_call(sub, &err);
+    int bad = x != (float)(me % 2 ? 4 : 2);
+    bad = bad || check_all_gather(sub, 1001, DT_F32, 7) || ring_exchange(sub, 5000, 9, 1);
+    comm_destroy(sub);
+    return bad || check_all_reduce(c, 1001, COMM_SUM, 3);
+}
+
+// ---------------------------------------------------------------- failures
+
+static int body_until_error(Comm *c, void *ctx) {
+    (void)ctx;
+    size_t n = (size_t)64 << 10;
+    float *buf = calloc(n, sizeof *buf);
+    Err err;
+    double end = now_ms() + 30000;
+    while (now_ms() < end)
+        if (comm_all_reduce(c, buf, n, DT_F32, COMM_SUM, &err)) {
+            report_failure(comm_rank(c), &err);
+            free(buf);
+            return 0; // the expected way out
+        }
+    free(buf);
+    return 1;
+}
+
+// World 3, rank 2 (host-c) killed in the all_reduce loop: both others fail within the timeout
+// naming it.
+static void test_peer_killed(void) {
+    Group g = {3, 3000, 1, body_until_error, NULL};
+    pid_t pids[MAX_WORLD];
+    char dir[64];
+    spawn_group(&g, 3, pids, dir, sizeof dir);
+    double until = now_ms() + 10000;
+    for (int r = 0; r < 3; r++)
+        while (!reports[r].started && now_ms() < until)
+            sleep_ms(1);
+    sleep_ms(200);
+    double killed_at = now_ms();
+    kill(pids[2], SIGKILL);
+    for (int r = 0; r < 2; r++) {
+        int rc = wait_child(pids[r], 3 * g.timeout_ms);
+        CHECK_MSG(rc == 0, "survivor rank %d exited %d (-1: hung)", r, rc);
+        CHECK_MSG(strstr(reports[r].msg, "all_reduce") && strstr(reports[r].msg, "rank 2 (host-c)"),
+                  "rank %d: %s", r, reports[r].msg);
+        double took = reports[r].fail_ms - killed_at;
+        CHECK_MSG(reports[r].failed && took < g.timeout_ms + 1000,
+                  "rank %d noticed the death after %.0f ms (timeout %d)", r, took, g.timeout_ms);
+        fprintf(stderr, "peer killed: rank %d failed after %.0f ms: %s\n", r, took, reports[r].msg);
+    }
+    waitpid(pids[2], NULL, 0);
+    remove_dir(dir);
+}
+
+// Rank 0 of 2 alone: comm_create fails after the timeout, naming rank 1.
+static void test_rank_never_comes(void) {
+    Group g = {2, 1500, 0, body_until_error, NULL};
+    pid_t pids[MAX_WORLD];
+    char dir[64];
+    double start = now_ms();
+    spawn_group(&g, 1, pids, dir, sizeof dir);
+    int rc = wait_child(pids[0], 10000);
+    double took = now_ms() - start;
+    CHECK_MSG(rc == 3 && !reports[0].started, "rank 0 exited %d", rc);
+    CHECK_MSG(strstr(reports[0].msg, "gloo rank 0/2") && strstr(reports[0].msg, "rank 1"), "%s",
+              reports[0].msg);
+    CHECK_MSG(took >= g.timeout_ms && took < g.timeout_ms + 3000, "failed after %.0f ms", took);
+    remove_dir(dir);
+}
+
+static void test_bad_config(void) {
+    CommConfig cfg = {.backend = "gloo", .rank = 0, .world_size = 2, .timeout_ms = 1000};
+    Comm *c;
+    Err err;
+    CHECK(comm_create(&c, &cfg, &err) == -1 && c == NULL);
+    CHECK_MSG(strstr(err.msg, "gloo") && strstr(err.msg, "exchange is not set"), "%s", err.msg);
+    CommExchange empty = {NULL, NULL};
+    cfg.exchange = &empty;
+    CHECK(comm_create(&c, &cfg, &err) == -1);
+    CHECK_MSG(strstr(err.msg, "exchange has no all_gather"), "%s", err.msg);
+}
+
+int main(void) {
+    reports = mmap(NULL, MAX_WORLD * sizeof *reports, PROT_READ | PROT_WRITE,
+                   MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+    if (reports == MAP_FAILED) return 1;
+    test_bad_config();
+    for (int world = 2; world <= 4; world++)
+        test_collectives(world);
+    test_all_to_all();
+    test_p2p();
+    CHECK_MSG(run(4, body_split, NULL) == 0, "split failed");
+    test_peer_killed();
+    test_rank_never_comes();
+    CHECK_DONE();
+}
