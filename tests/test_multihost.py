@@ -196,10 +196,13 @@ def check_node_lost(hosts, root, model, data, straight, how, failures):
             failures.append(f"{how}: node 1 finished its run with its link down:\n{err1[-800:]}")
     else:
         procs[1].wait(timeout=60)
-    if rc0 == 0 or "rank 1" not in err0:
-        failures.append(f"{how}: node 0 exit {rc0}, want a failure naming rank 1:\n{err0[-1500:]}")
-    print(f"{how}: node 0 failed {took:.1f} s after (comm_timeout 5 s): "
-          f"{[l for l in err0.splitlines() if 'rank 1' in l][:1]}")
+    # The failure names the peer: its rank and its host.
+    named = [l for l in err0.splitlines()
+             if l.startswith("astrai-train:") and "rank 1" in l and hosts[1].name in l]
+    if rc0 == 0 or not named:
+        failures.append(f"{how}: node 0 exit {rc0}, want a failure naming rank 1 on "
+                        f"{hosts[1].name}:\n{err0[-1500:]}")
+    print(f"{how}: node 0 failed {took:.1f} s after (comm_timeout 5 s): {named[:1]}")
     run_nodes(hosts, 1, args + ["--resume=true"])
     compare(ckpt, straight, f"node lost ({how}), resumed, vs straight", failures)
 
