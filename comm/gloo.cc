@@ -172,18 +172,21 @@ std::vector<int> broken_peers(Comm *c) {
     return out;
 }
 
-// Who the failure is about: the rank whose address the message names, else the broken
-// connections, else every rank's host (when known).
+// Who the failure is about: the rank whose address the message names, and every other rank
+// whose connection is known lost (a peer that failed first may have closed its connections:
+// the death behind it shows as a lost connection), else every rank's host (when known).
 std::string which_peer(Comm *c, const std::string &msg) {
     Gloo *g = gloo_of(c);
-    for (int r = 0; r < c->world; r++)
+    int named = -1;
+    for (int r = 0; r < c->world && named < 0; r++)
         if (r != c->rank && !g->peer_ends[r].empty() &&
             msg.find(g->peer_ends[r]) != std::string::npos)
-            return " (peer: " + rank_name(g, r) + ")";
-    std::vector<int> lost = broken_peers(c);
-    std::string s;
-    for (int r : lost)
-        s += (s.empty() ? " (connection lost to " : ", ") + rank_name(g, r);
+            named = r;
+    std::string s = named >= 0 ? " (peer: " + rank_name(g, named) : "";
+    std::string lost;
+    for (int r : broken_peers(c))
+        if (r != named) lost += (lost.empty() ? "connection lost to " : ", ") + rank_name(g, r);
+    if (!lost.empty()) s += (s.empty() ? " (" : "; ") + lost;
     if (!s.empty()) return s + ")";
     for (int r = 0; r < c->world && !g->hosts.empty(); r++)
         s += (s.empty() ? " (ranks: " : ", ") + rank_name(g, r);
