@@ -1,8 +1,9 @@
 """Ranks on several hosts (network namespaces with their own /dev/shm and host name,
 tests/netns_util.py), started as torchrun starts them: one `astrai-train --nnodes N --node_rank R
 --nproc_per_node K --master_addr A` per host. Across hosts the CPU collectives are Gloo's:
-- ddp, fsdp and pp 2 with ranks on two hosts (1+1 and 2+2) train the one-host curve
-  (reduction-order noise); --backend gloo on one host trains shm's curve;
+- ddp, fsdp and pp 2 with ranks on two hosts (1+1 and 2+2), bf16, and experts over both hosts
+  (ep_size 2: all-to-all) train the one-host curve (reduction-order noise); --backend gloo on
+  one host trains shm's curve;
 - a two-host checkpoint resumes on one host, and a one-host checkpoint on two hosts;
 - SIGTERM to one node's launcher stops every rank of every node at one step with one
   checkpoint, and --resume completes the straight curve;
@@ -22,6 +23,7 @@ import time
 import netns_util as nu
 import test_launch_util as lu
 import train_util as tu
+from test_parallel import MOE_MLA_CONFIG
 from test_train_resume import wait_for_step
 
 WINDOW = 32
@@ -95,16 +97,19 @@ def one_host(model, data, ckpt, mode, world, **extra):
     return ckpt
 
 
-def check_curves(hosts, root, model, data, failures):
-    for mode, per_node, extra in (("ddp", 1, {}), ("fsdp", 1, {}), ("ddp", 1, {"pp_size": 2}),
-                                  ("ddp", 2, {}), ("fsdp", 2, {})):
+def check_curves(hosts, root, model, moe_model, data, failures):
+    """(mode, ranks per node, model, flags): the modes, a 2-byte dtype, and experts (all-to-all)."""
+    cases = (("ddp", 1, model, {}), ("fsdp", 1, model, {}), ("ddp", 1, model, {"pp_size": 2}),
+             ("ddp", 2, model, {}), ("fsdp", 2, model, {}), ("fsdp", 1, model, {"dtype": "bf16"}),
+             ("ddp", 1, moe_model, {"ep_size": 2}))
+    for mode, per_node, m, extra in cases:
         world = per_node * len(hosts)
-        name = f"{mode}-{per_node}x{len(hosts)}" + ("-pp2" if extra else "")
-        base = one_host(model, data, os.path.join(root, name + "-one"), mode, world, **extra)
+        name = "-".join([mode, f"{per_node}x{len(hosts)}"] + [f"{k}{v}" for k, v in extra.items()])
+        base = one_host(m, data, os.path.join(root, name + "-one"), mode, world, **extra)
         two = os.path.join(root, name)
-        res = run_nodes(hosts, per_node, flags(model, data, two, mode, world, **extra))
-        want = f"collectives: gloo, {world} ranks on 2 hosts: {hosts[0].name} (rank"
-        if want not in res[0][1]:
+        res = run_nodes(hosts, per_node, flags(m, data, two, mode, world, **extra))
+        want = f" {world} ranks on 2 hosts: {hosts[0].name} (rank"
+        if not re.search(r"collectives: \w+," + re.escape(want), res[0][1]):
             failures.append(f"{name}: node 0 did not say '{want}':\n{res[0][1][-1000:]}")
         compare(two, base, f"{name} on two hosts vs one host", failures)
 
@@ -225,11 +230,12 @@ def main():
     root = tu.tmpdir()
     failures = []
     model = tu.make_model(root)
+    moe_model = tu.make_model(os.path.join(root, "moe"), MOE_MLA_CONFIG)
     data, _ = tu.make_text_data(root, N_BYTES)
     try:
         with nu.Hosts(2) as hosts:
             straight = check_backend_gloo_one_host(root, model, data, failures)
-            check_curves(hosts, root, model, data, failures)
+            check_curves(hosts, root, model, moe_model, data, failures)
             check_resume_across(hosts, root, model, data, straight, failures)
             check_sigterm_one_node(hosts, root, model, data, straight, failures)
             check_node_never_starts(hosts, root, model, data, failures)
