@@ -47,3 +47,7 @@ endforeach()
 # astraid itself stopped with SIGSTOP past a healthy job's hang_timeout_s: no hang (issue 36 §9).
 astrai_py_test(daemon_stall test_daemon_stall.py)
 set_tests_properties(daemon_stall PROPERTIES TIMEOUT 300 LABELS daemon)
+# The same with two slurmd nodes, each inside its own test host (tests/netns_util.py): a job's
+# ranks spread one per node; exit 77 (skipped, with the reason) where it cannot start.
+astrai_py_test(daemon_slurm_nodes test_daemon_slurm_nodes.py)
+set_tests_properties(daemon_slurm_nodes PROPERTIES TIMEOUT 600 LABELS daemon SKIP_RETURN_CODE 77)

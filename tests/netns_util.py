@@ -6,6 +6,7 @@ several. Needs root, iproute2 (ip) and util-linux (unshare, nsenter).
     with Hosts(2) as hosts:          # raises Unavailable(reason) where namespaces cannot be made
         h = hosts[0]                 # h.name "astrai-<pid>-0", h.addr "10.77.0.1", h.index 0
         p = h.popen(argv, **kw)      # subprocess.Popen inside h (kw as Popen's)
+        h.argv(argv)                 # argv wrapped (nsenter) to run inside h, for other spawners
         r = h.run(argv, **kw)        # subprocess.run inside h
         h.link_down(); h.link_up()   # cuts / restores h's link to every other host
         hosts.addrs                  # ["10.77.0.1", "10.77.0.2"]
@@ -21,6 +22,7 @@ run left behind is removed at start.
 import atexit
 import os
 import re
+import shlex
 import shutil
 import signal
 import subprocess
@@ -115,18 +117,18 @@ class Host:
         self.addr = f"{SUBNET}.{index + 1}"
         self.holder = None
 
-    def _argv(self, argv):
-        """argv run inside this host (its network, mount and UTS namespaces)."""
+    def argv(self, argv):
+        """argv wrapped to run inside this host (its network, mount and UTS namespaces)."""
         return [_tool("nsenter"), f"--target={self.holder.pid}", "--net", "--mount", "--uts",
                 "--", *argv]
 
     def popen(self, argv, **kw):
         """subprocess.Popen(argv, **kw) inside this host."""
-        return subprocess.Popen(self._argv(list(argv)), **kw)
+        return subprocess.Popen(self.argv(list(argv)), **kw)
 
     def run(self, argv, **kw):
         """subprocess.run(argv, **kw) inside this host."""
-        return subprocess.run(self._argv(list(argv)), **kw)
+        return subprocess.run(self.argv(list(argv)), **kw)
 
     def link_down(self):
         """Cuts this host's link to every other host (its eth0 down)."""
@@ -207,9 +209,11 @@ class Hosts:
             self._hold(h, etc_hosts)
 
     def _hold(self, h, etc_hosts):
-        """Starts h's holder (its private /dev/shm, /etc/hosts and hostname) and waits for it."""
-        script = ("mount -t tmpfs -o mode=1777 tmpfs /dev/shm && mount --bind \"$1\" /etc/hosts"
-                  " && hostname \"$2\" && echo ready && exec sleep infinity")
+        """Starts h's holder (its private /dev/shm, /etc/hosts and hostname, the machine's
+        cgroup mounts) and waits for it."""
+        script = (_cgroup_mounts() + "mount -t tmpfs -o mode=1777 tmpfs /dev/shm && "
+                  "mount --bind \"$1\" /etc/hosts && hostname \"$2\" && echo ready && "
+                  "exec sleep infinity")
         h.holder = subprocess.Popen(
             [_tool("ip"), "netns", "exec", h.name, _tool("unshare"), "--mount", "--uts",
              "--propagation", "private", "sh", "-c", script, "holder", etc_hosts, h.name],
@@ -240,6 +244,19 @@ class Hosts:
             signal.signal(signal.SIGTERM, self._old_term)
             self._old_term = None
         atexit.unregister(self.close)
+
+
+def _cgroup_mounts():
+    """Shell commands that mount again what the machine has on /sys/fs/cgroup (ip netns exec
+    mounts a fresh /sys without it; slurmd needs it), each best effort."""
+    cmds = ""
+    with open("/proc/self/mounts") as f:
+        for line in f:
+            src, mp, fstype, opts = line.split()[:4]
+            if mp == "/sys/fs/cgroup" or mp.startswith("/sys/fs/cgroup/"):
+                q = [shlex.quote(x) for x in (mp, fstype, opts, src)]
+                cmds += f"{{ mkdir -p {q[0]} && mount -t {q[1]} -o {q[2]} {q[3]} {q[0]}; }} 2>/dev/null; "
+    return cmds
 
 
 def _sigterm(signum, frame):

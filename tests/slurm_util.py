@@ -1,9 +1,14 @@
-"""A real one-host Slurm cluster for the tests: munged, slurmctld and slurmd (Debian's
-munge and slurm-wlm) on private ports, directories and a private munge socket, started
-and stopped by the test. Slurm's client commands find it through SLURM_CONF (Cluster.env).
+"""A real Slurm cluster for the tests: munged, slurmctld and slurmd (Debian's munge and
+slurm-wlm) on private ports, directories and a private munge socket, started and stopped by
+the test. Slurm's client commands find it through SLURM_CONF (Cluster.env).
 
     with Cluster(root) as c:       # raises Unavailable (with the reason) when it cannot start
         subprocess.run(["sbatch", ...], env=c.env)
+
+With hosts (tests/netns_util.py Hosts), one node per host: each host's slurmd (NodeName and
+NodeHostname the host's name, NodeAddr its address), slurmctld on hosts[0], munged on the
+machine (its socket is a file every host sees). Slurm's commands then reach slurmctld from
+hosts[0] only: c.run runs them there, c.argv(argv) wraps another command to run there.
 """
 
 import os
@@ -31,14 +36,20 @@ def find(name):
 
 
 class Cluster:
-    def __init__(self, root, cpus=None, partition="debug"):
+    def __init__(self, root, cpus=None, partition="debug", hosts=None):
         self.root = os.path.join(root, "slurm")
         self.cpus = cpus or os.cpu_count()
         self.partition = partition
         self.procs = []
         self.conf = os.path.join(self.root, "slurm.conf")
-        self.node = "astrai-node"
+        self.hosts = hosts
+        self.nodes = [h.name for h in hosts] if hosts else ["astrai-node"]
+        self.node = self.nodes[0]
         self.env = dict(os.environ, SLURM_CONF=self.conf)
+
+    def argv(self, argv):
+        """argv wrapped to run where Slurm's commands reach slurmctld (hosts[0], or here)."""
+        return self.hosts[0].argv(list(argv)) if self.hosts else list(argv)
 
     def __enter__(self):
         try:
@@ -56,8 +67,17 @@ class Cluster:
 
     def _write_conf(self, ctld_port, slurmd_port):
         host = socket.gethostname()
+        ctld = f"{self.hosts[0].name}({self.hosts[0].addr})" if self.hosts else f"{host}(127.0.0.1)"
+        # One slurmd per host: its own spool, pid and log files (%n: its node name).
+        n = "-%n" if self.hosts else ""
+        if self.hosts:
+            nodes = "".join(f"NodeName={h.name} NodeHostname={h.name} NodeAddr={h.addr} "
+                            f"CPUs={self.cpus} State=UNKNOWN\n" for h in self.hosts)
+        else:
+            nodes = (f"NodeName={self.node} NodeHostname={host} NodeAddr=127.0.0.1 "
+                     f"CPUs={self.cpus} State=UNKNOWN\n")
         conf = f"""ClusterName=astraitest
-SlurmctldHost={host}(127.0.0.1)
+SlurmctldHost={ctld}
 SlurmctldPort={ctld_port}
 SlurmdPort={slurmd_port}
 AuthType=auth/munge
@@ -66,11 +86,11 @@ CredType=cred/munge
 SlurmUser=root
 SlurmdUser=root
 StateSaveLocation={self._path("state")}
-SlurmdSpoolDir={self._path("spool")}
+SlurmdSpoolDir={self._path("spool" + n)}
 SlurmctldPidFile={self._path("slurmctld.pid")}
-SlurmdPidFile={self._path("slurmd.pid")}
+SlurmdPidFile={self._path(f"slurmd{n}.pid")}
 SlurmctldLogFile={self._path("slurmctld.log")}
-SlurmdLogFile={self._path("slurmd.log")}
+SlurmdLogFile={self._path(f"slurmd{n}.log")}
 ProctrackType=proctrack/linuxproc
 TaskPlugin=task/none
 SelectType=select/cons_tres
@@ -81,8 +101,7 @@ JobAcctGatherType=jobacct_gather/none
 MinJobAge=600
 KillWait=30
 SchedulerParameters=sched_interval=1
-NodeName={self.node} NodeHostname={host} NodeAddr=127.0.0.1 CPUs={self.cpus} State=UNKNOWN
-PartitionName={self.partition} Nodes=ALL Default=YES MaxTime=INFINITE State=UP
+{nodes}PartitionName={self.partition} Nodes=ALL Default=YES MaxTime=INFINITE State=UP
 """
         with open(self.conf, "w") as f:
             f.write(conf)
@@ -93,7 +112,8 @@ PartitionName={self.partition} Nodes=ALL Default=YES MaxTime=INFINITE State=UP
             raise Unavailable(f"not installed: {', '.join(missing)} (Debian slurm-wlm, munge)")
         if os.geteuid() != 0:
             raise Unavailable("the test cluster's slurmd runs as root")
-        for d in ("state", "spool", "munge"):
+        spools = [f"spool-{n}" for n in self.nodes] if self.hosts else ["spool"]
+        for d in ("state", "munge", *spools):
             os.makedirs(self._path(d), exist_ok=True)
         os.chmod(self._path("munge"), 0o700)
         key = self._path("munge", "munge.key")
@@ -102,20 +122,35 @@ PartitionName={self.partition} Nodes=ALL Default=YES MaxTime=INFINITE State=UP
         os.chmod(key, 0o600)
         self._start_munged()
         self._write_conf(tu.free_port(), tu.free_port())
-        self._daemon([find("slurmctld"), "-D", "-i", "-f", self.conf], "slurmctld")
-        self._daemon([find("slurmd"), "-D", "-f", self.conf, "-N", self.node], "slurmd")
-        self._wait(self._node_idle, "slurmd (node idle)", timeout=60)
+        self._start_ctld()
+        if self.hosts:
+            for h in self.hosts:
+                self._daemon([find("slurmd"), "-D", "-f", self.conf, "-N", h.name],
+                             f"slurmd-{h.name}", h)
+        else:
+            self._daemon([find("slurmd"), "-D", "-f", self.conf, "-N", self.node], "slurmd")
+        self._wait(self._nodes_idle, "slurmd (nodes idle)", timeout=60)
 
-    def _daemon(self, argv, name):
+    def _start_ctld(self):
+        """slurmctld (on hosts[0] where there are hosts)."""
+        self._daemon([find("slurmctld"), "-D", "-i", "-f", self.conf], "slurmctld",
+                     self.hosts[0] if self.hosts else None)
+
+    def _daemon(self, argv, name, host=None):
+        """Starts a daemon (inside host, if given), its output in <name>.out."""
         log = open(self._path(f"{name}.out"), "ab")
-        self.procs.append((name, subprocess.Popen(argv, stdout=log, stderr=log,
-                                                  env=self.env, start_new_session=True)))
+        popen = host.popen if host else subprocess.Popen
+        self.procs.append((name, popen(argv, stdout=log, stderr=log, env=self.env,
+                                       start_new_session=True)))
         log.close()
 
-    def _node_idle(self):
-        out = subprocess.run(["sinfo", "--noheader", "--format=%t"], env=self.env,
-                             capture_output=True, text=True, timeout=30)
-        return out.returncode == 0 and out.stdout.strip() == "idle"
+    def node_states(self):
+        """{node name: Slurm's short state word} of every node sinfo lists."""
+        out = self.run("sinfo", "--noheader", "--Node", "--format=%N %t", check=False)
+        return dict(line.split() for line in out.stdout.splitlines()) if out.returncode == 0 else {}
+
+    def _nodes_idle(self):
+        return self.node_states() == {n: "idle" for n in self.nodes}
 
     def _wait(self, ready, what, timeout=30):
         deadline = time.time() + timeout
@@ -126,7 +161,8 @@ PartitionName={self.partition} Nodes=ALL Default=YES MaxTime=INFINITE State=UP
             if ready():
                 return
             time.sleep(0.2)
-        raise Unavailable(f"{what} not ready within {timeout} s: {self.log_tail('slurmctld')}")
+        tails = "".join(f"\n--- {n} ---\n{self.log_tail(n)}" for n, _ in self.procs)
+        raise Unavailable(f"{what} not ready within {timeout} s:{tails}")
 
     def log_tail(self, name, n=2000):
         text = ""
@@ -137,7 +173,7 @@ PartitionName={self.partition} Nodes=ALL Default=YES MaxTime=INFINITE State=UP
         return text
 
     def run(self, *args, check=True):
-        out = subprocess.run(list(args), env=self.env, capture_output=True, text=True,
+        out = subprocess.run(self.argv(args), env=self.env, capture_output=True, text=True,
                              timeout=60)
         if check and out.returncode:
             raise AssertionError(f"{' '.join(args)}: {out.stdout}{out.stderr}")
@@ -161,7 +197,7 @@ PartitionName={self.partition} Nodes=ALL Default=YES MaxTime=INFINITE State=UP
 
     def start_ctld(self):
         """Starts slurmctld again (it reads back its jobs from its state directory)."""
-        self._daemon([find("slurmctld"), "-D", "-i", "-f", self.conf], "slurmctld")
+        self._start_ctld()
         self._wait(lambda: self.run("sinfo", check=False).returncode == 0, "slurmctld")
 
     def stop_munge(self):
@@ -205,7 +241,7 @@ PartitionName={self.partition} Nodes=ALL Default=YES MaxTime=INFINITE State=UP
 
     def stop(self):
         if self.procs and find("scancel"):
-            subprocess.run(["scancel", "--full", "--user=root"], env=self.env,
+            subprocess.run(self.argv(["scancel", "--full", "--user=root"]), env=self.env,
                            capture_output=True, timeout=30)
         for name, p in reversed(self.procs):
             if p.poll() is None:
@@ -216,7 +252,8 @@ PartitionName={self.partition} Nodes=ALL Default=YES MaxTime=INFINITE State=UP
                     os.killpg(p.pid, signal.SIGKILL)
                     p.wait()
         self.procs = []
-        shutil.rmtree(self._path("spool"), ignore_errors=True)
+        for n in self.nodes if self.hosts else [""]:
+            shutil.rmtree(self._path("spool" + (n and f"-{n}")), ignore_errors=True)
 
 
 def main(run):
