@@ -5,7 +5,7 @@
 #                           PyTorch for the numerical reference, systemd-analyze, Prometheus
 #                           and headless Chromium for the metrics and web page tests, a
 #                           one-host Slurm cluster for the slurm executor's, gdb for the hang
-#                           watchdog's stacks), and the venv
+#                           watchdog's stacks, iproute2 for the network-namespace hosts), and the venv
 #                           .venv-hf (Debian's torch plus transformers and tokenizers from PyPI,
 #                           pinned in tests/requirements-hf.txt) for the Hugging Face tests
 set -eu
@@ -14,7 +14,7 @@ libcjson-dev libyaml-dev libsqlite3-dev libuv1-dev libmicrohttpd-dev sqlite3 lib
 libpcre2-dev libutf8proc-dev"
 if [ "${1:-}" = test ]; then
     PKGS="$PKGS clang libclang-rt-14-dev systemd python3 python3-venv python3-torch python3-numpy \
-prometheus chromium slurmctld slurmd slurm-client munge gdb"
+prometheus chromium slurmctld slurmd slurm-client munge gdb iproute2"
 fi
 missing=""
 for p in $PKGS; do
