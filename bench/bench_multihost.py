@@ -67,6 +67,13 @@ def train_flags(args, model, data, ckpt, world):
     return [f"--{k}={v}" for k, v in a.items()]
 
 
+def check_backend(name, world, log):
+    """Exits unless rank 0's log says the run used the collectives its name says."""
+    want = f"collectives: {name.split()[0]}, {world} ranks" if world > 1 else ""
+    if want not in log:
+        sys.exit(f"bench_multihost: {name}: rank 0 did not say '{want}':\n{log[-1500:]}")
+
+
 def run_training(args, root, hosts, model, data, name, per_host, n_hosts):
     """One run; its steady samples/s from progress.db (warm-up steps left out)."""
     world = per_host * n_hosts
@@ -74,10 +81,15 @@ def run_training(args, root, hosts, model, data, name, per_host, n_hosts):
     flags = train_flags(args, model, data, ckpt, world)
     if n_hosts == 1:
         bt.run_child([tu.binary("astrai-train"), f"--nprocs={world}"] + flags, ckpt + ".log", 1)
+        with open(ckpt + ".log") as f:
+            err = f.read()
     else:
-        for node, (rc, err) in tm.finish(tm.start_nodes(hosts, per_host, flags), 900).items():
+        res = tm.finish(tm.start_nodes(hosts, per_host, flags), 900)
+        for node, (rc, e) in res.items():
             if rc:
-                sys.exit(f"bench_multihost: {name} node {node} exited {rc}:\n{err[-3000:]}")
+                sys.exit(f"bench_multihost: {name} node {node} exited {rc}:\n{e[-3000:]}")
+        err = res[0][1]
+    check_backend(name, world, err)
     with sqlite3.connect(os.path.join(ckpt, "progress.db")) as db:
         rows = db.execute("SELECT loss, wall_time FROM steps ORDER BY step").fetchall()
     shape = types.SimpleNamespace(warmup=args.warmup, batch=args.batch * world, window=args.window)
