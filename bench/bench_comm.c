@@ -9,6 +9,10 @@
 // the same bytes. Times are the best of several runs (the machine is shared and noisy).
 //
 // usage: bench_comm [chunk_bytes]   (default COMM_SHM_DEFAULT_CHUNK)
+//        bench_comm --backend gloo --rank R --world W --master ADDR:PORT
+// The second form is one rank of a gloo all_reduce bench (one process per host, each started by
+// hand or by bench/bench_multihost.py): the ranks meet through train/rendezvous.h, rank 0
+// prints the all_reduce table (its memcpy column is rank 0's own).
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -19,6 +23,7 @@
 #include <unistd.h>
 
 #include "comm/comm.h"
+#include "train/rendezvous.h"
 
 #define WORLD 2
 #define MiB ((size_t)1 << 20)
@@ -151,26 +156,89 @@ static void print_a2a(const Times *times) {
     }
 }
 
-int main(int argc, char **argv) {
-    size_t chunk = argc > 1 ? strtoull(argv[1], NULL, 0) : 0;
-    Times *times =
-        mmap(NULL, sizeof *times, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
-    if (times == MAP_FAILED || run_ranks(chunk, times)) return 1;
-    printf("shm all_reduce (AVG, fp32), %d ranks, chunk %zu bytes; best of several rounds, memcpy "
-           "(1 thread) measured in the same rounds\n",
-           WORLD, chunk ? chunk : COMM_SHM_DEFAULT_CHUNK);
+// The all_reduce table of times (rank 0's) over world ranks of backend.
+static double print_all_reduce(const char *backend, int world, const char *extra,
+                               const Times *times) {
+    printf("%s all_reduce (AVG, fp32), %d ranks%s; best of several rounds, memcpy (1 thread) "
+           "measured in the same rounds\n",
+           backend, world, extra);
     printf("%10s %14s %14s %14s %8s\n", "size", "all_reduce ms", "busbw GB/s", "memcpy GB/s",
            "ratio");
     double ratio64 = 0;
     for (size_t k = 0; k < NSIZES; k++) {
         double bytes = (double)(SIZES_MIB[k] * MiB);
-        double busbw = 2.0 * (WORLD - 1) / WORLD * bytes / times->all_reduce[k] / 1e9;
+        double busbw = 2.0 * (world - 1) / world * bytes / times->all_reduce[k] / 1e9;
         double copy = bytes / times->memcpy[k] / 1e9;
         printf("%7zu MiB %14.3f %14.2f %14.2f %7.0f%%\n", SIZES_MIB[k], times->all_reduce[k] * 1e3,
                busbw, copy, 100 * busbw / copy);
         if (SIZES_MIB[k] == 64) ratio64 = busbw / copy;
     }
+    return ratio64;
+}
+
+static int shm_main(size_t chunk) {
+    Times *times =
+        mmap(NULL, sizeof *times, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+    if (times == MAP_FAILED || run_ranks(chunk, times)) return 1;
+    char extra[64];
+    snprintf(extra, sizeof extra, ", chunk %zu bytes", chunk ? chunk : COMM_SHM_DEFAULT_CHUNK);
+    double ratio64 = print_all_reduce("shm", WORLD, extra, times);
     printf("at 64 MiB: busbw / memcpy = %.0f%% (target >= 50%%)\n", 100 * ratio64);
     print_a2a(times);
     return 0;
+}
+
+// The all_reduce sizes over an open gloo Comm; rank 0 prints them.
+static int gloo_measure(Comm *c, Err *err) {
+    Times times = {0};
+    for (size_t k = 0; k < NSIZES; k++)
+        if (measure(c, k, &times, err)) return -1;
+    if (comm_rank(c) == 0) print_all_reduce("gloo", comm_world_size(c), "", &times);
+    return 0;
+}
+
+// One gloo rank: the meeting at master ("ADDR:PORT"), the Comm, the sizes.
+static int gloo_main(int rank, int world, const char *master) {
+    char addr[256];
+    const char *colon = strrchr(master, ':');
+    if (!colon || (size_t)(colon - master) >= sizeof addr)
+        return fprintf(stderr, "bad --master\n"), 2;
+    snprintf(addr, sizeof addr, "%.*s", (int)(colon - master), master);
+    RendezvousConfig rc_cfg = {.rank = rank,
+                               .world_size = world,
+                               .master_addr = addr,
+                               .port = atoi(colon + 1),
+                               .listen_fd = -1,
+                               .timeout_ms = 60000};
+    uint8_t payload[8] = {0};
+    Rendezvous *r = NULL;
+    Comm *c = NULL;
+    Err err;
+    int rc = rendezvous_open(&rc_cfg, payload, sizeof payload, &r, &err);
+    if (!rc) {
+        CommExchange exchange = {.all_gather = rendezvous_all_gather, .ctx = r};
+        CommConfig cfg = {.backend = "gloo",
+                          .rank = rank,
+                          .world_size = world,
+                          .timeout_ms = 120000,
+                          .exchange = &exchange,
+                          .gloo_addr = rendezvous_local_addr(r)};
+        rc = comm_create(&c, &cfg, &err) || gloo_measure(c, &err);
+    }
+    if (rc) fprintf(stderr, "rank %d: %s\n", rank, err.msg);
+    if (c) comm_destroy(c);
+    if (r) rendezvous_close(r);
+    return rc ? 1 : 0;
+}
+
+int main(int argc, char **argv) {
+    if (argc > 1 && !strcmp(argv[1], "--backend")) {
+        if (argc != 9 || strcmp(argv[2], "gloo") || strcmp(argv[3], "--rank") ||
+            strcmp(argv[5], "--world") || strcmp(argv[7], "--master"))
+            return fprintf(stderr, "usage: bench_comm --backend gloo --rank R --world W --master "
+                                   "ADDR:PORT\n"),
+                   2;
+        return gloo_main(atoi(argv[4]), atoi(argv[6]), argv[8]);
+    }
+    return shm_main(argc > 1 ? strtoull(argv[1], NULL, 0) : 0);
 }
