@@ -9,7 +9,9 @@
 //   cross - gloo among the ranks of one local index, one per host, ranked by host;
 //   local - shm among the ranks of this host, ranked by world rank (its rank 0, the host's
 //           lowest rank, creates the segment "<shm_name>-h<host>": one per host).
-// Hosts are numbered by their lowest rank. Each sub-call has the call timeout of its own.
+// Hosts are numbered by their lowest rank. Each sub-call has the call timeout of its own. An
+// error is the failed sub-Comm's (its label first) behind the hier call that made it:
+// "hier rank 0/4: all_reduce: shm /astrai-x-h0 rank 0/2: ...".
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -154,7 +156,7 @@ static int hier_all_reduce(Comm *c, void *buf, size_t n, DType dt, CommOp op, Er
          (t && comm_all_gather(h->local, s + k, tail, 1, DT_F32, err));
     if (!rc) memcpy(x + L * k, tail, t * sizeof *x);
     free(s);
-    return rc ? -1 : 0;
+    return rc ? err_prefix(err, "all_reduce") : 0;
 }
 
 // send: (W, n) by world rank, regrouped as (L, H, n): local rank l's share is every host's
@@ -176,7 +178,7 @@ static int hier_reduce_scatter(Comm *c, const void *send, void *recv, size_t n, 
              comm_reduce_scatter(h->cross, mid, recv, n, DT_F32, COMM_SUM, err);
     scale_avg(recv, n, c->world, op);
     free(grouped);
-    return rc ? -1 : 0;
+    return rc ? err_prefix(err, "reduce_scatter") : 0;
 }
 
 // Local all_gather: (L, n) of this host; cross all_gather: (H, L, n), put in world rank order
@@ -193,7 +195,7 @@ static int hier_all_gather(Comm *c, const void *send, void *recv, size_t n, DTyp
     for (size_t i = 0; !rc && !h->contiguous && i < W; i++)
         memcpy((char *)recv + (size_t)h->rank_of[i] * b, all + i * b, b);
     free(tmp);
-    return rc ? -1 : 0;
+    return rc ? err_prefix(err, "all_gather") : 0;
 }
 
 // ---------------------------------------------------------------- the flat ops

@@ -147,6 +147,17 @@ static inline void spawn_group(const Group *g, int spawned, pid_t *pids, char *d
         if ((pids[r] = fork()) == 0) rank_main(g, dir, r);
 }
 
+// Forks every rank of g and waits (up to 10 s) until each has connected, then 200 ms of its
+// collectives: the moment to kill one.
+static inline void spawn_connected(const Group *g, pid_t *pids, char *dir, size_t size) {
+    spawn_group(g, g->world, pids, dir, size);
+    double until = now_ms() + 10000;
+    for (int r = 0; r < g->world; r++)
+        while (!reports[r].started && now_ms() < until)
+            sleep_ms(1);
+    sleep_ms(200);
+}
+
 // Runs every rank of g; returns how many did not exit 0 (a hang counts).
 static inline int run_group(const Group *g) {
     pid_t pids[MAX_WORLD];
@@ -279,4 +290,21 @@ static inline void test_collectives_of(Group g) {
 
 static inline void test_collectives(int world) {
     test_collectives_of((Group){world, TIMEOUT_MS, 0, NULL, NULL, NULL, NULL});
+}
+
+// all_reduce until one fails (a peer killed): that error is the expected way out (exit 0).
+static inline int body_until_error(Comm *c, void *ctx) {
+    (void)ctx;
+    size_t n = (size_t)64 << 10;
+    float *buf = calloc(n, sizeof *buf);
+    Err err;
+    double end = now_ms() + 30000;
+    while (now_ms() < end)
+        if (comm_all_reduce(c, buf, n, DT_F32, COMM_SUM, &err)) {
+            report_failure(comm_rank(c), &err);
+            free(buf);
+            return 0; // the expected way out
+        }
+    free(buf);
+    return 1;
 }

@@ -182,34 +182,13 @@ static int body_split(Comm *c, void *ctx) {
 
 // ---------------------------------------------------------------- failures
 
-static int body_until_error(Comm *c, void *ctx) {
-    (void)ctx;
-    size_t n = (size_t)64 << 10;
-    float *buf = calloc(n, sizeof *buf);
-    Err err;
-    double end = now_ms() + 30000;
-    while (now_ms() < end)
-        if (comm_all_reduce(c, buf, n, DT_F32, COMM_SUM, &err)) {
-            report_failure(comm_rank(c), &err);
-            free(buf);
-            return 0; // the expected way out
-        }
-    free(buf);
-    return 1;
-}
-
 // World 3, rank 2 (host-c) killed in the all_reduce loop: both others fail within the timeout
 // naming it.
 static void test_peer_killed(void) {
     Group g = {3, 3000, 1, body_until_error, NULL, NULL, NULL};
     pid_t pids[MAX_WORLD];
     char dir[64];
-    spawn_group(&g, 3, pids, dir, sizeof dir);
-    double until = now_ms() + 10000;
-    for (int r = 0; r < 3; r++)
-        while (!reports[r].started && now_ms() < until)
-            sleep_ms(1);
-    sleep_ms(200);
+    spawn_connected(&g, pids, dir, sizeof dir);
     double killed_at = now_ms();
     kill(pids[2], SIGKILL);
     for (int r = 0; r < 2; r++) {
