@@ -14,7 +14,8 @@
 
 static int check_config(const CommConfig *cfg, Err *err) {
     if (!cfg->backend)
-        return err_set(err, "comm: backend is not set (want \"shm\", \"gloo\" or \"nccl\")");
+        return err_set(err,
+                       "comm: backend is not set (want \"shm\", \"gloo\", \"hier\" or \"nccl\")");
     if (cfg->world_size < 1)
         return err_set(err, "comm: world_size %d must be at least 1", cfg->world_size);
     if (cfg->rank < 0 || cfg->rank >= cfg->world_size)
@@ -27,6 +28,7 @@ static int check_config(const CommConfig *cfg, Err *err) {
 
 static int init_backend(Comm *c, const CommConfig *cfg, Err *err) {
     if (!strcmp(cfg->backend, "shm")) return shm_comm_init(c, cfg, err);
+    if (!strcmp(cfg->backend, "hier")) return hier_comm_init(c, cfg, err);
     if (!strcmp(cfg->backend, "gloo")) {
 #ifdef ASTRAI_HAVE_GLOO
         return gloo_comm_init(c, cfg, err);
@@ -41,7 +43,8 @@ static int init_backend(Comm *c, const CommConfig *cfg, Err *err) {
         return err_set(err, NCCL_NOT_BUILT);
 #endif
     }
-    return err_set(err, "comm: unknown backend \"%s\" (want \"shm\", \"gloo\" or \"nccl\")",
+    return err_set(err,
+                   "comm: unknown backend \"%s\" (want \"shm\", \"gloo\", \"hier\" or \"nccl\")",
                    cfg->backend);
 }
 

@@ -1,9 +1,11 @@
 // comm.h: collectives between the ranks of one job (docs/design.md §9).
 //
-// One interface, three backends: `shm` (CPU ranks on one host, process-shared
+// One interface, four backends: `shm` (CPU ranks on one host, process-shared
 // memory: each rank reduces its slice of the buffer, then every rank gathers
 // the slices), `gloo` (CPU ranks on any hosts: Facebook's Gloo over TCP, through
-// the C++ shim gloo.cc) and `nccl` (GPU, compiled when NCCL and CUDA are found).
+// the C++ shim gloo.cc), `hier` (CPU ranks, the same number on each of several
+// hosts: shm within a host and gloo between hosts, comm/hier.c) and `nccl` (GPU,
+// compiled when NCCL and CUDA are found).
 // Every call has a timeout: a dead or stuck peer gives a clear error naming it
 // (and a non-zero exit in the caller), never a silent hang. Results of the
 // reductions, gathers and broadcasts are bitwise identical on every rank.
@@ -41,7 +43,7 @@ typedef struct {
 } CommExchange;
 
 typedef struct {
-    const char *backend; // "shm" | "gloo" | "nccl"
+    const char *backend; // "shm" | "gloo" | "hier" | "nccl"
     int rank, world_size;
     int timeout_ms; // per collective call (and for comm_create to see every rank)
     // shm: the segment name, the same on every rank ("/astrai-<job>-<nonce>").
@@ -64,6 +66,10 @@ typedef struct {
     const CommExchange *exchange;
     const char *gloo_addr;
     const char *const *hosts;
+    // hier: each rank's host (world_size entries; equal values = one host; NULL: unknown,
+    // which hier refuses). Within a host it takes shm_name + "-h<host index>" as its segment
+    // and needs shm_chunk_bytes valid for the host's ranks; between hosts gloo's fields above.
+    const int *host_of;
 } CommConfig;
 
 #define COMM_SHM_DEFAULT_CHUNK ((size_t)512 << 10)

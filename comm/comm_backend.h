@@ -1,5 +1,5 @@
-// comm_backend.h: what a comm backend (shm.c, gloo.cc, nccl.c) provides to the dispatch in comm.c
-// (internal).
+// comm_backend.h: what a comm backend (shm.c, gloo.cc, hier.c, nccl.c) provides to the dispatch in
+// comm.c (internal).
 #pragma once
 #include "comm/comm.h"
 
@@ -43,6 +43,8 @@ struct Comm {
 // Each fills c->ops, c->state and c->label (c->rank, world, timeout_ms are set); on
 // failure it frees what it allocated and leaves c->state NULL.
 int shm_comm_init(Comm *c, const CommConfig *cfg, Err *err);
+// comm/hier.c: its gloo sub-Comms fail with comm.c's "not built" message without gloo.
+int hier_comm_init(Comm *c, const CommConfig *cfg, Err *err);
 #ifdef ASTRAI_HAVE_NCCL
 int nccl_comm_init(Comm *c, const CommConfig *cfg, Err *err);
 int nccl_unique_id(uint8_t id[COMM_NCCL_ID_BYTES], Err *err);

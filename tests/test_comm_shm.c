@@ -874,7 +874,8 @@ static void test_bad_configs(void) {
     CommConfig ok = group_config("/astrai-test-bad", 1, 0, 1000, 0);
     CommConfig cfg = ok;
     cfg.backend = "mpi";
-    expect_create_error(cfg, "unknown backend \"mpi\" (want \"shm\", \"gloo\" or \"nccl\")");
+    expect_create_error(cfg,
+                        "unknown backend \"mpi\" (want \"shm\", \"gloo\", \"hier\" or \"nccl\")");
     cfg = ok, cfg.rank = 2, cfg.world_size = 2;
     expect_create_error(cfg, "rank 2 is outside 0..1");
     cfg = ok, cfg.world_size = 0;

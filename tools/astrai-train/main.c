@@ -88,8 +88,20 @@ static const char *const *rank_hosts(const LaunchInfo *li) {
     return (const char *const *)hosts;
 }
 
+// Each rank's host index from the meeting's layout (CommConfig.host_of), kept for the life of
+// the process as rank_hosts' names are (NULL when out of memory: hier then refuses).
+static const int *rank_host_of(const LaunchInfo *li) {
+    static int *host_of;
+    if (host_of) return host_of;
+    host_of = calloc((size_t)li->world_size, sizeof *host_of);
+    for (int r = 0; host_of && r < li->world_size; r++)
+        host_of[r] = rendezvous_host_of(li->meeting, r);
+    return host_of;
+}
+
 // The CPU collectives: shared memory when every rank is on one host (the fastest), Gloo across
-// hosts, and Gloo whenever --backend gloo is given (AstrAI's meaning).
+// hosts (not comm/hier.c's "hier": no faster than Gloo at 64 MiB, bench/README.md), and Gloo
+// whenever --backend gloo is given (AstrAI's meaning).
 static const char *cpu_backend(const LaunchInfo *li, const TrainSpec *spec) {
     if (train_spec_given(spec, "backend") && spec->is.backend == COLLECTIVES_GLOO) return "gloo";
     return rendezvous_hosts(li->meeting) > 1 ? "gloo" : "shm";
@@ -143,7 +155,8 @@ static int connect_ranks(LaunchInfo *li, const TrainSpec *spec, const Backend *b
                           .cuda_stream = be->stream(),
                           .exchange = &exchange,
                           .gloo_addr = rendezvous_local_addr(li->meeting),
-                          .hosts = rank_hosts(li)};
+                          .hosts = rank_hosts(li),
+                          .host_of = rank_host_of(li)};
         print_layout(li, cfg.backend);
         rc = comm_create(comm, &cfg, err);
         // Ranks that read or write ckpt_dir themselves need every host to see the same one.
